@@ -1,0 +1,190 @@
+//! Agent processes: spawned in their own process group so that the agent and
+//! everything it started can be killed together; stderr is logged with the
+//! conversation id and its last lines kept for error reports.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+use crate::config::AgentProfile;
+
+/// How many stderr lines are kept for error reports.
+const STDERR_TAIL_LINES: usize = 20;
+/// Longest stderr line kept (the log gets it whole).
+const STDERR_LINE_MAX: usize = 1000;
+
+/// A running agent subprocess.
+pub struct AgentProcess {
+    child: Child,
+    pgid: Option<i32>,
+    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    stderr_task: Option<JoinHandle<()>>,
+    exit: Option<ExitStatus>,
+}
+
+/// The pipes of a freshly spawned agent.
+pub struct AgentPipes {
+    pub stdin: ChildStdin,
+    pub stdout: ChildStdout,
+}
+
+impl AgentProcess {
+    /// Starts the profile's command in `cwd`.
+    pub fn spawn(
+        profile: &AgentProfile,
+        cwd: &Path,
+        conversation_id: Uuid,
+    ) -> anyhow::Result<(AgentProcess, AgentPipes)> {
+        let program = crate::config::resolve_command(
+            &profile.command,
+            profile.env.get("PATH").map(String::as_str),
+        )
+        .map_err(|reason| anyhow::anyhow!("cannot start agent {:?}: {reason}", profile.name))?;
+        let mut command = Command::new(program);
+        command
+            .args(&profile.args)
+            .envs(&profile.env)
+            .current_dir(cwd)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own group: killing the group reaches the agent's children too,
+            // and a Ctrl-C on the gateway's terminal does not hit the agents.
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = command.spawn().with_context(|| {
+            format!(
+                "cannot start agent {:?} ({})",
+                profile.name, profile.command
+            )
+        })?;
+        let pgid = child.id().map(|pid| pid as i32);
+        let stdin = child.stdin.take().context("agent stdin missing")?;
+        let stdout = child.stdout.take().context("agent stdout missing")?;
+        let stderr = child.stderr.take().context("agent stderr missing")?;
+        let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
+        let tail = stderr_tail.clone();
+        let agent = profile.name.clone();
+        let stderr_task = tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                tracing::info!(target: "agent_stderr", %conversation_id, agent = %agent, "{line}");
+                let mut tail = tail.lock().unwrap();
+                if tail.len() == STDERR_TAIL_LINES {
+                    tail.pop_front();
+                }
+                tail.push_back(truncate(&line, STDERR_LINE_MAX));
+            }
+        });
+        Ok((
+            AgentProcess {
+                child,
+                pgid,
+                stderr_tail,
+                stderr_task: Some(stderr_task),
+                exit: None,
+            },
+            AgentPipes { stdin, stdout },
+        ))
+    }
+
+    /// The last lines the agent wrote to stderr, joined by newlines.
+    pub fn stderr_tail(&self) -> String {
+        let tail = self.stderr_tail.lock().unwrap();
+        tail.iter().cloned().collect::<Vec<_>>().join("\n")
+    }
+
+    /// Resolves when the agent exits (cancel-safe; returns at once afterwards).
+    pub async fn wait(&mut self) -> ExitStatus {
+        if let Some(status) = self.exit {
+            return status;
+        }
+        let status = match self.child.wait().await {
+            Ok(status) => status,
+            Err(e) => {
+                tracing::warn!(error = %e, "failed to wait for agent; treating it as gone");
+                std::os::unix::process::ExitStatusExt::from_raw(-1)
+            }
+        };
+        self.exit = Some(status);
+        // Whatever the agent left behind in its group goes with it.
+        self.kill_group();
+        status
+    }
+
+    /// Waits until the stderr reader has seen everything (bounded: a child
+    /// of the agent may still hold the pipe open).
+    pub async fn drain_stderr(&mut self) {
+        if let Some(task) = self.stderr_task.take() {
+            let _ = tokio::time::timeout(Duration::from_millis(500), task).await;
+        }
+    }
+
+    /// Stops the agent: SIGTERM to its group, SIGKILL after `grace`.
+    pub async fn terminate(&mut self, grace: Duration) -> ExitStatus {
+        if self.exit.is_none() {
+            self.signal_group(libc::SIGTERM);
+            if tokio::time::timeout(grace, self.wait()).await.is_err() {
+                self.kill_group();
+            }
+        }
+        let status = self.wait().await;
+        self.drain_stderr().await;
+        status
+    }
+
+    fn kill_group(&self) {
+        self.signal_group(libc::SIGKILL);
+    }
+
+    fn signal_group(&self, signal: i32) {
+        if let Some(pgid) = self.pgid {
+            // SAFETY: killpg has no memory-safety preconditions; an already
+            // empty group just yields ESRCH.
+            unsafe {
+                libc::killpg(pgid, signal);
+            }
+        }
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        // Nothing outlives its conversation by accident.
+        self.kill_group();
+    }
+}
+
+/// Describes how an agent ended, with its last stderr lines.
+pub fn describe_exit(status: ExitStatus, stderr_tail: &str) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    let how = match (status.code(), status.signal()) {
+        (Some(code), _) => format!("agent exited with code {code}"),
+        (None, Some(signal)) => format!("agent was killed by signal {signal}"),
+        _ => "agent exited".to_owned(),
+    };
+    if stderr_tail.is_empty() {
+        how
+    } else {
+        format!("{how}; last stderr lines:\n{stderr_tail}")
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}

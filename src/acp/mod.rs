@@ -1,0 +1,4 @@
+//! The protocol side: JSON-RPC framing and multiplexing, and agent processes.
+
+pub mod agent;
+pub mod rpc;

@@ -1,0 +1,283 @@
+//! `/api/v1/conversations`: create, list, prompt, cancel, close, and read a
+//! conversation's history.
+
+use std::path::PathBuf;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use super::{AppJson, AppPath, AppQuery, AppState, Page};
+use crate::error::{Error, Result};
+use crate::journal::Journal;
+use crate::model::{self, Conversation, ConversationStatus, Event, Message, ToolCall};
+use crate::session::{self, StartParams};
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/conversations", post(create).get(list))
+        .route("/api/v1/conversations/{id}", get(show).delete(close))
+        .route("/api/v1/conversations/{id}/prompts", post(prompt))
+        .route("/api/v1/conversations/{id}/cancel", post(cancel))
+        .route("/api/v1/conversations/{id}/messages", get(messages))
+        .route("/api/v1/conversations/{id}/tool-calls", get(tool_calls))
+        .route("/api/v1/conversations/{id}/events", get(events))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateBody {
+    agent: String,
+    title: Option<String>,
+    cwd: Option<String>,
+}
+
+async fn create(
+    State(state): State<AppState>,
+    AppJson(body): AppJson<CreateBody>,
+) -> Result<impl IntoResponse> {
+    let profile = state
+        .config()
+        .agent(&body.agent)
+        .ok_or_else(|| Error::NotFound(format!("no agent named {:?}", body.agent)))?
+        .clone();
+    let cwd = match body.cwd.map(PathBuf::from).or_else(|| profile.cwd.clone()) {
+        Some(cwd) => cwd,
+        None => std::env::current_dir().map_err(anyhow::Error::from)?,
+    };
+    if !cwd.is_absolute() {
+        return Err(Error::Unprocessable(format!(
+            "cwd {cwd:?} must be an absolute path"
+        )));
+    }
+    if !cwd.is_dir() {
+        return Err(Error::Unprocessable(format!(
+            "cwd {cwd:?} is not a directory"
+        )));
+    }
+    let now = model::now();
+    let conversation = Conversation {
+        id: model::new_id(),
+        agent: profile.name.clone(),
+        title: body.title,
+        cwd: cwd.to_string_lossy().into_owned(),
+        status: ConversationStatus::Starting,
+        acp_session_id: None,
+        last_seq: 0,
+        created_at: now,
+        updated_at: now,
+    };
+    let id = conversation.id;
+    let (handle, conversation, task) = session::start(StartParams {
+        sink: state.sink().clone(),
+        profile,
+        conversation,
+        max_line_bytes: state.config().max_line_bytes,
+        shutdown: state.shutdown_token().child_token(),
+    })
+    .await?;
+    state.adopt(id, handle, task);
+    Ok((StatusCode::CREATED, Json(conversation)))
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    limit: Option<i64>,
+    cursor: Option<String>,
+}
+
+async fn list(
+    State(state): State<AppState>,
+    AppQuery(q): AppQuery<ListQuery>,
+) -> Result<Json<Page<Conversation>>> {
+    let limit = q.limit.unwrap_or(50);
+    if !(1..=200).contains(&limit) {
+        return Err(Error::Unprocessable(
+            "limit must be between 1 and 200".into(),
+        ));
+    }
+    let before = match q.cursor.as_deref() {
+        None | Some("") => None,
+        Some(c) => Some(
+            Uuid::parse_str(c)
+                .map_err(|_| Error::Unprocessable(format!("invalid cursor {c:?}")))?,
+        ),
+    };
+    let mut items = state.store().list_conversations(limit + 1, before).await?;
+    let next_cursor = if items.len() as i64 > limit {
+        items.truncate(limit as usize);
+        items.last().map(|c| c.id.to_string())
+    } else {
+        None
+    };
+    Ok(Json(Page { items, next_cursor }))
+}
+
+async fn load(state: &AppState, id: Uuid) -> Result<Conversation> {
+    state
+        .store()
+        .get_conversation(id)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("no conversation {id}")))
+}
+
+async fn show(
+    State(state): State<AppState>,
+    AppPath(id): AppPath<Uuid>,
+) -> Result<Json<Conversation>> {
+    load(&state, id).await.map(Json)
+}
+
+async fn close(State(state): State<AppState>, AppPath(id): AppPath<Uuid>) -> Result<StatusCode> {
+    let conversation = load(&state, id).await?;
+    match state.session(id) {
+        Some(session) => session.close().await,
+        None if conversation.status != ConversationStatus::Closed => {
+            // No agent here (it failed, or the gateway restarted): just record it.
+            let mut journal = Journal::new(state.sink().clone(), &conversation, None);
+            journal.set_status(ConversationStatus::Closed);
+            journal.flush().await?;
+        }
+        None => {}
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn not_live(conversation: &Conversation) -> Error {
+    match conversation.status {
+        ConversationStatus::Closed => {
+            Error::conflict("conversation_closed", "the conversation is closed")
+        }
+        _ => Error::conflict(
+            "agent_unavailable",
+            format!(
+                "the conversation's agent is not running (status {})",
+                conversation.status.as_str()
+            ),
+        ),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PromptBody {
+    text: Option<String>,
+    content: Option<Vec<Value>>,
+}
+
+impl PromptBody {
+    fn content(self) -> Result<Vec<Value>> {
+        let content = match (self.text, self.content) {
+            (Some(text), None) => vec![json!({"type": "text", "text": text})],
+            (None, Some(content)) => content,
+            _ => {
+                return Err(Error::Unprocessable(
+                    "give exactly one of text or content".into(),
+                ))
+            }
+        };
+        if content.is_empty() {
+            return Err(Error::Unprocessable("content must not be empty".into()));
+        }
+        for (i, block) in content.iter().enumerate() {
+            if block.get("type").and_then(Value::as_str).is_none() {
+                return Err(Error::Unprocessable(format!(
+                    "content[{i}] must be an ACP ContentBlock with a string \"type\""
+                )));
+            }
+        }
+        Ok(content)
+    }
+}
+
+async fn prompt(
+    State(state): State<AppState>,
+    AppPath(id): AppPath<Uuid>,
+    AppJson(body): AppJson<PromptBody>,
+) -> Result<impl IntoResponse> {
+    let content = body.content()?;
+    let conversation = load(&state, id).await?;
+    let session = state.session(id).ok_or_else(|| not_live(&conversation))?;
+    match session.prompt(content).await {
+        Some(result) => {
+            let turn_id = result?;
+            Ok((StatusCode::ACCEPTED, Json(json!({"turn_id": turn_id}))))
+        }
+        None => Err(not_live(&load(&state, id).await?)),
+    }
+}
+
+async fn cancel(
+    State(state): State<AppState>,
+    AppPath(id): AppPath<Uuid>,
+) -> Result<impl IntoResponse> {
+    let conversation = load(&state, id).await?;
+    if let Some(session) = state.session(id) {
+        if let Some(result) = session.cancel().await {
+            result?;
+            return Ok((StatusCode::ACCEPTED, Json(json!({}))));
+        }
+    }
+    if conversation.status.is_final() {
+        return Err(not_live(&conversation));
+    }
+    Ok((StatusCode::ACCEPTED, Json(json!({}))))
+}
+
+async fn messages(
+    State(state): State<AppState>,
+    AppPath(id): AppPath<Uuid>,
+) -> Result<Json<Page<Message>>> {
+    load(&state, id).await?;
+    let items = state.store().list_messages(id).await?;
+    Ok(Json(Page {
+        items,
+        next_cursor: None,
+    }))
+}
+
+async fn tool_calls(
+    State(state): State<AppState>,
+    AppPath(id): AppPath<Uuid>,
+) -> Result<Json<Page<ToolCall>>> {
+    load(&state, id).await?;
+    let items = state.store().list_tool_calls(id).await?;
+    Ok(Json(Page {
+        items,
+        next_cursor: None,
+    }))
+}
+
+#[derive(Deserialize)]
+struct EventsQuery {
+    after: Option<i64>,
+    limit: Option<i64>,
+}
+
+async fn events(
+    State(state): State<AppState>,
+    AppPath(id): AppPath<Uuid>,
+    AppQuery(q): AppQuery<EventsQuery>,
+) -> Result<Json<Page<Event>>> {
+    load(&state, id).await?;
+    let after = q.after.unwrap_or(0);
+    let limit = q.limit.unwrap_or(1000);
+    if after < 0 {
+        return Err(Error::Unprocessable("after must not be negative".into()));
+    }
+    if !(1..=10_000).contains(&limit) {
+        return Err(Error::Unprocessable(
+            "limit must be between 1 and 10000".into(),
+        ));
+    }
+    let items = state.store().list_events(id, after, limit).await?;
+    let next_cursor = (items.len() as i64 == limit)
+        .then(|| items.last().map(|e| e.seq.to_string()))
+        .flatten();
+    Ok(Json(Page { items, next_cursor }))
+}

@@ -1,0 +1,154 @@
+//! The HTTP API: one router per resource, merged in [`router`]. The contract
+//! is `../shared/docs/api.md`.
+
+mod conversations;
+mod extract;
+mod permissions;
+mod ws;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Serialize;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+use crate::config::Config;
+use crate::journal::Sink;
+use crate::session::SessionHandle;
+
+pub use extract::{AppJson, AppPath, AppQuery};
+
+/// Shared state of the API: cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    config: Config,
+    sink: Sink,
+    sessions: Mutex<HashMap<Uuid, SessionHandle>>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl AppState {
+    pub fn new(
+        config: Config,
+        sink: Sink,
+        shutdown: CancellationToken,
+        tasks: TaskTracker,
+    ) -> Self {
+        AppState {
+            inner: Arc::new(Shared {
+                config,
+                sink,
+                sessions: Mutex::new(HashMap::new()),
+                shutdown,
+                tasks,
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    pub fn sink(&self) -> &Sink {
+        &self.inner.sink
+    }
+
+    pub fn store(&self) -> &dyn crate::store::Store {
+        &*self.inner.sink.store
+    }
+
+    /// The live session of a conversation, if its agent runs on this node.
+    pub fn session(&self, id: Uuid) -> Option<SessionHandle> {
+        let sessions = self.inner.sessions.lock().unwrap();
+        sessions.get(&id).filter(|h| !h.is_closed()).cloned()
+    }
+
+    pub fn shutdown_token(&self) -> &CancellationToken {
+        &self.inner.shutdown
+    }
+
+    /// Registers a started session and forgets it when its task ends.
+    fn adopt(&self, id: Uuid, handle: SessionHandle, task: tokio::task::JoinHandle<()>) {
+        self.inner.sessions.lock().unwrap().insert(id, handle);
+        let state = self.clone();
+        self.inner.tasks.spawn(async move {
+            let _ = task.await;
+            state.inner.sessions.lock().unwrap().remove(&id);
+        });
+    }
+}
+
+/// Lists in the contract's shape.
+#[derive(Serialize)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub next_cursor: Option<String>,
+}
+
+/// The whole API.
+pub fn router(state: AppState) -> Router {
+    let max_body = state.config().max_body_bytes;
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/api/v1/agents", get(list_agents))
+        .merge(conversations::router())
+        .merge(permissions::router())
+        .merge(ws::router())
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    match state.store().ping().await {
+        Ok(()) => (StatusCode::OK, Json(json!({"status": "ready"}))),
+        Err(e) => {
+            tracing::warn!(error = %e, "database not reachable");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({"status": "unavailable", "detail": "database not reachable"})),
+            )
+        }
+    }
+}
+
+async fn list_agents(State(state): State<AppState>) -> Json<serde_json::Value> {
+    let items: Vec<_> = state
+        .config()
+        .agents
+        .iter()
+        .map(|a| {
+            let reason = a.unavailable_reason();
+            json!({
+                "name": a.name,
+                "title": a.title.clone().unwrap_or_else(|| a.name.clone()),
+                "available": reason.is_none(),
+                "unavailable_reason": reason,
+            })
+        })
+        .collect();
+    Json(json!({"items": items, "next_cursor": null}))
+}
+
+async fn not_found() -> crate::error::Error {
+    crate::error::Error::NotFound("no such endpoint".into())
+}

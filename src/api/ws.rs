@@ -1,0 +1,213 @@
+//! Live updates over WebSocket.
+//!
+//! Per conversation: subscribe to the bus first, then replay from the store
+//! everything after the client's `after`, then forward live events, skipping
+//! what was already sent and filling any hole (a lagged receiver) from the
+//! store. Events are committed before they are published, so the store always
+//! has whatever the bus skipped: no gap and no duplicate.
+
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
+use axum::extract::State;
+use axum::response::Response;
+use axum::routing::get;
+use axum::Router;
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::broadcast::error::RecvError;
+use uuid::Uuid;
+
+use super::{AppPath, AppQuery, AppState};
+use crate::error::{Error, Result};
+use crate::store::PermissionFilter;
+
+/// Events read from the store per page while replaying.
+const REPLAY_PAGE: i64 = 500;
+/// A client that takes longer than this to accept one frame is closed (4008).
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+/// Close code for a client that cannot keep up; it may resume with `after`.
+const CLOSE_TOO_SLOW: u16 = 4008;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/conversations/{id}/ws", get(conversation_ws))
+        .route("/api/v1/ws", get(inbox_ws))
+}
+
+#[derive(Deserialize)]
+struct WsQuery {
+    after: Option<i64>,
+}
+
+async fn conversation_ws(
+    State(state): State<AppState>,
+    AppPath(id): AppPath<Uuid>,
+    AppQuery(q): AppQuery<WsQuery>,
+    upgrade: WebSocketUpgrade,
+) -> Result<Response> {
+    state
+        .store()
+        .get_conversation(id)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("no conversation {id}")))?;
+    let after = q.after.unwrap_or(0).max(0);
+    Ok(upgrade.on_upgrade(move |socket| async move {
+        if let Err(e) = serve_conversation(state, id, after, socket).await {
+            tracing::debug!(conversation_id = %id, error = %e, "websocket ended");
+        }
+    }))
+}
+
+/// Why a socket loop stopped.
+#[derive(Debug, thiserror::Error)]
+enum WsEnd {
+    #[error("client gone")]
+    ClientGone,
+    #[error("client too slow")]
+    TooSlow,
+    #[error(transparent)]
+    Store(#[from] Error),
+}
+
+async fn send(socket: &mut WebSocket, text: &str) -> Result<(), WsEnd> {
+    match tokio::time::timeout(
+        SEND_TIMEOUT,
+        socket.send(Message::Text(Utf8Bytes::from(text))),
+    )
+    .await
+    {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(WsEnd::ClientGone),
+        Err(_) => Err(WsEnd::TooSlow),
+    }
+}
+
+/// Sends stored events after `*last` up to `until` (inclusive, or all).
+async fn replay(
+    state: &AppState,
+    id: Uuid,
+    socket: &mut WebSocket,
+    last: &mut i64,
+    until: Option<i64>,
+) -> Result<(), WsEnd> {
+    loop {
+        let page = state.store().list_events(id, *last, REPLAY_PAGE).await?;
+        let full = page.len() as i64 == REPLAY_PAGE;
+        for event in page {
+            if until.is_some_and(|u| event.seq > u) {
+                return Ok(());
+            }
+            let text = serde_json::to_string(&event).expect("events serialize");
+            send(socket, &text).await?;
+            *last = event.seq;
+        }
+        if !full {
+            return Ok(());
+        }
+    }
+}
+
+async fn serve_conversation(
+    state: AppState,
+    id: Uuid,
+    after: i64,
+    mut socket: WebSocket,
+) -> Result<(), WsEnd> {
+    let mut sub = state.sink().bus.subscribe(id);
+    let mut last = after;
+    let shutdown = state.shutdown_token().clone();
+    let result = async {
+        replay(&state, id, &mut socket, &mut last, None).await?;
+        loop {
+            tokio::select! {
+                received = sub.rx.recv() => match received {
+                    Ok(published) => {
+                        let seq = published.event.seq;
+                        if seq <= last {
+                            continue;
+                        }
+                        if seq > last + 1 {
+                            replay(&state, id, &mut socket, &mut last, Some(seq)).await?;
+                        } else {
+                            send(&mut socket, &published.json).await?;
+                            last = seq;
+                        }
+                    }
+                    Err(RecvError::Lagged(_)) => replay(&state, id, &mut socket, &mut last, None).await?,
+                    Err(RecvError::Closed) => return Ok(()),
+                },
+                incoming = socket.recv() => match incoming {
+                    // Commands go over REST; pings are answered by the library.
+                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return Err(WsEnd::ClientGone),
+                    Some(Ok(_)) => {}
+                },
+                _ = shutdown.cancelled() => return Ok(()),
+            }
+        }
+    }
+    .await;
+    close_for(&mut socket, &result).await;
+    result
+}
+
+async fn close_for(socket: &mut WebSocket, result: &Result<(), WsEnd>) {
+    let (code, reason) = match result {
+        Ok(()) => (1001, "gateway shutting down"),
+        Err(WsEnd::TooSlow) => (CLOSE_TOO_SLOW, "too slow; resume with ?after="),
+        Err(WsEnd::Store(_)) => (1011, "internal error"),
+        Err(WsEnd::ClientGone) => return,
+    };
+    let frame = CloseFrame {
+        code,
+        reason: Utf8Bytes::from_static(reason),
+    };
+    let _ = tokio::time::timeout(
+        Duration::from_secs(1),
+        socket.send(Message::Close(Some(frame))),
+    )
+    .await;
+}
+
+async fn inbox_ws(State(state): State<AppState>, upgrade: WebSocketUpgrade) -> Response {
+    upgrade.on_upgrade(move |socket| async move {
+        if let Err(e) = serve_inbox(state, socket).await {
+            tracing::debug!(error = %e, "inbox websocket ended");
+        }
+    })
+}
+
+async fn serve_inbox(state: AppState, mut socket: WebSocket) -> Result<(), WsEnd> {
+    // Subscribe before taking the snapshot so nothing falls between them.
+    let mut rx = state.sink().bus.subscribe_all();
+    let shutdown = state.shutdown_token().clone();
+    let result = async {
+        let pending = state
+            .store()
+            .list_permissions(&PermissionFilter {
+                pending_only: true,
+                conversation_id: None,
+            })
+            .await?;
+        let snapshot = json!({"type": "snapshot", "pending_permissions": pending});
+        send(&mut socket, &snapshot.to_string()).await?;
+        loop {
+            tokio::select! {
+                received = rx.recv() => match received {
+                    Ok(published) => send(&mut socket, &published.json).await?,
+                    // A fresh snapshot is the way back: reconnect.
+                    Err(RecvError::Lagged(_)) => return Err(WsEnd::TooSlow),
+                    Err(RecvError::Closed) => return Ok(()),
+                },
+                incoming = socket.recv() => match incoming {
+                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return Err(WsEnd::ClientGone),
+                    Some(Ok(_)) => {}
+                },
+                _ = shutdown.cancelled() => return Ok(()),
+            }
+        }
+    }
+    .await;
+    close_for(&mut socket, &result).await;
+    result
+}

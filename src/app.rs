@@ -1,0 +1,141 @@
+//! Building and running the gateway: connect the store, apply migrations,
+//! settle what a previous run left behind, bind, serve, stop cleanly.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::api::{self, AppState};
+use crate::bus::EventBus;
+use crate::config::Config;
+use crate::journal::{Journal, Sink};
+use crate::model::{self, event_type, ConversationStatus, Decision, PermissionStatus};
+use crate::store::{PermissionFilter, PgStore, Resolution};
+
+/// How far a live subscriber may fall behind before it catches up from the store.
+const BUS_CAPACITY: usize = 1024;
+/// How long stopping may take before agents are left to `kill_on_drop`.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// A gateway bound to its port, ready to serve.
+pub struct Gateway {
+    state: AppState,
+    listener: TcpListener,
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+impl Gateway {
+    /// Connects to Postgres, migrates, recovers, and binds `config.listen`
+    /// (port 0 picks a free port: see [`Gateway::local_addr`]).
+    pub async fn build(config: Config) -> anyhow::Result<Gateway> {
+        let url = config
+            .database_url
+            .clone()
+            .context("database_url is not set")?;
+        let store = PgStore::connect(&url).await?;
+        store.migrate().await?;
+        let sink = Sink {
+            store: Arc::new(store),
+            bus: EventBus::new(BUS_CAPACITY),
+        };
+        recover(&sink)
+            .await
+            .context("Failed to settle conversations left by a previous run")?;
+        let listener = TcpListener::bind(&config.listen)
+            .await
+            .with_context(|| format!("Failed to bind {}", config.listen))?;
+        let shutdown = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let state = AppState::new(config, sink, shutdown.clone(), tasks.clone());
+        Ok(Gateway {
+            state,
+            listener,
+            tasks,
+            shutdown,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("bound listener has an address")
+    }
+
+    /// Serves until `stop` resolves, then closes every conversation's agent.
+    pub async fn run(self, stop: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+        let app = api::router(self.state.clone());
+        let shutdown = self.shutdown.clone();
+        tracing::info!(addr = %self.local_addr(), "acp-gateway listening");
+        let stopping = async move {
+            stop.await;
+            shutdown.cancel();
+        };
+        axum::serve(self.listener, app)
+            .with_graceful_shutdown(stopping)
+            .await
+            .context("HTTP server failed")?;
+        self.shutdown.cancel();
+        self.tasks.close();
+        if tokio::time::timeout(STOP_GRACE, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("some sessions did not stop in time");
+        }
+        Ok(())
+    }
+}
+
+/// Conversations that still claim an agent belong to a previous run whose
+/// agents are gone: end their turns, expire their pending requests, close
+/// them, each with events so clients learn what happened.
+async fn recover(sink: &Sink) -> anyhow::Result<()> {
+    let detail = "the gateway restarted; the agent process is gone";
+    for (conversation, turn_id) in sink.store.live_conversations().await? {
+        tracing::info!(conversation_id = %conversation.id, "closing conversation left by a previous run");
+        let mut journal = Journal::new(sink.clone(), &conversation, turn_id);
+        let pending = sink
+            .store
+            .list_permissions(&PermissionFilter {
+                pending_only: true,
+                conversation_id: Some(conversation.id),
+            })
+            .await?;
+        for request in pending {
+            let resolution = Resolution {
+                permission_id: request.id,
+                status: PermissionStatus::Expired,
+                decision: Decision {
+                    option_id: None,
+                    outcome: "cancelled".into(),
+                    decided_by: "system".into(),
+                    reason: Some(detail.into()),
+                    decided_at: model::now(),
+                },
+            };
+            journal.resolve(&resolution).await?;
+        }
+        if let Some(turn_id) = turn_id {
+            journal.event(
+                event_type::TURN_ENDED,
+                json!({"turn_id": turn_id, "stop_reason": "error", "error": detail}),
+            );
+        }
+        journal.event(
+            event_type::AGENT_STATUS,
+            json!({"status": "exited", "detail": detail}),
+        );
+        journal.set_turn(None);
+        journal.set_status(ConversationStatus::Closed);
+        journal.flush().await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,100 @@
+//! Live fan-out of published events: one broadcast channel per conversation
+//! (for its WebSocket) and one for everything (the `/api/v1/ws` inbox).
+//!
+//! Events reach the bus only after they are committed, so a subscriber that
+//! falls behind (a lagged broadcast receiver) can always catch up from the
+//! store. Each event is serialized once, here, not once per subscriber.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::broadcast;
+use uuid::Uuid;
+
+use crate::model::Event;
+
+/// An event and its JSON text, shared by all subscribers.
+#[derive(Debug)]
+pub struct Published {
+    pub event: Event,
+    pub json: String,
+}
+
+/// A cheap-to-clone handle to the fan-out.
+#[derive(Clone)]
+pub struct EventBus {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    global: broadcast::Sender<Arc<Published>>,
+    per_conversation: Mutex<HashMap<Uuid, broadcast::Sender<Arc<Published>>>>,
+    capacity: usize,
+}
+
+impl EventBus {
+    /// `capacity` is how many events a subscriber may lag behind before it
+    /// has to catch up from the store.
+    pub fn new(capacity: usize) -> Self {
+        EventBus {
+            inner: Arc::new(Inner {
+                global: broadcast::channel(capacity * 4).0,
+                per_conversation: Mutex::new(HashMap::new()),
+                capacity,
+            }),
+        }
+    }
+
+    /// Publishes committed events, in order.
+    pub fn publish(&self, events: impl IntoIterator<Item = Event>) {
+        let map = self.inner.per_conversation.lock().unwrap();
+        for event in events {
+            let json = serde_json::to_string(&event).expect("events serialize");
+            let published = Arc::new(Published { event, json });
+            if let Some(tx) = map.get(&published.event.conversation_id) {
+                let _ = tx.send(published.clone());
+            }
+            let _ = self.inner.global.send(published);
+        }
+    }
+
+    /// Live events of one conversation from now on.
+    pub fn subscribe(&self, conversation_id: Uuid) -> Subscription {
+        let mut map = self.inner.per_conversation.lock().unwrap();
+        let rx = map
+            .entry(conversation_id)
+            .or_insert_with(|| broadcast::channel(self.inner.capacity).0)
+            .subscribe();
+        Subscription {
+            rx,
+            bus: self.clone(),
+            conversation_id,
+        }
+    }
+
+    /// Live events of every conversation from now on.
+    pub fn subscribe_all(&self) -> broadcast::Receiver<Arc<Published>> {
+        self.inner.global.subscribe()
+    }
+}
+
+/// A receiver of one conversation's events; dropping the last one frees the
+/// channel.
+pub struct Subscription {
+    pub rx: broadcast::Receiver<Arc<Published>>,
+    bus: EventBus,
+    conversation_id: Uuid,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut map = self.bus.inner.per_conversation.lock().unwrap();
+        // Our receiver still counts until this drop returns.
+        if map
+            .get(&self.conversation_id)
+            .is_some_and(|tx| tx.receiver_count() <= 1)
+        {
+            map.remove(&self.conversation_id);
+        }
+    }
+}

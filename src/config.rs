@@ -1,0 +1,260 @@
+//! Gateway configuration: a TOML file (see the README and `../shared/docs/api.md`)
+//! plus the `DATABASE_URL` and `ACP_GATEWAY_LISTEN` environment overrides.
+//!
+//! Everything is validated when the gateway starts; every error names the key
+//! that is wrong (`agents[1].cwd: must be an absolute path`).
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+
+/// The default config file looked up in the working directory.
+pub const DEFAULT_CONFIG_FILE: &str = "acp-gateway.toml";
+
+/// The whole configuration of one gateway process.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Address the HTTP server binds.
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// Postgres connection URL.
+    #[serde(default)]
+    pub database_url: Option<String>,
+    /// Longest line accepted from an agent's stdout; longer lines are discarded.
+    #[serde(default = "default_max_line_bytes")]
+    pub max_line_bytes: usize,
+    /// Largest accepted REST request body.
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: usize,
+    /// The agent profiles conversations can be started with.
+    #[serde(default)]
+    pub agents: Vec<AgentProfile>,
+}
+
+/// How to start one kind of agent.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentProfile {
+    /// Unique name, `[a-z0-9_-]+`.
+    pub name: String,
+    /// Human readable name.
+    #[serde(default)]
+    pub title: Option<String>,
+    /// Program to run (looked up in `PATH` unless it contains a `/`).
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Default working directory of its sessions (absolute).
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+    /// MCP servers passed verbatim in `session/new` (ACP's `McpServer` objects).
+    #[serde(default)]
+    pub mcp_servers: Vec<serde_json::Value>,
+    /// How long `initialize` and `session/new` may take each.
+    #[serde(default = "default_startup_timeout", with = "humantime_serde")]
+    pub startup_timeout: Duration,
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8080".into()
+}
+fn default_max_line_bytes() -> usize {
+    32 * 1024 * 1024
+}
+fn default_max_body_bytes() -> usize {
+    8 * 1024 * 1024
+}
+fn default_startup_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+
+impl Config {
+    /// Loads the config: the given file, else `acp-gateway.toml` if present,
+    /// else defaults; then applies the environment overrides and validates.
+    pub fn load(path: Option<&Path>) -> anyhow::Result<Config> {
+        let mut config = match path {
+            Some(path) => Self::from_file(path)?,
+            None if Path::new(DEFAULT_CONFIG_FILE).exists() => {
+                Self::from_file(Path::new(DEFAULT_CONFIG_FILE))?
+            }
+            None => Self::parse("")?,
+        };
+        if let Ok(url) = std::env::var("DATABASE_URL") {
+            config.database_url = Some(url);
+        }
+        if let Ok(listen) = std::env::var("ACP_GATEWAY_LISTEN") {
+            config.listen = listen;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn from_file(path: &Path) -> anyhow::Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("Failed to read config file {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("Invalid config file {}", path.display()))
+    }
+
+    /// Parses TOML text (no environment overrides, no validation).
+    pub fn parse(text: &str) -> anyhow::Result<Config> {
+        // toml's error message names the key and shows the offending line.
+        Ok(toml::from_str(text)?)
+    }
+
+    /// Checks what serde cannot: formats, uniqueness, absolute paths.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.listen.parse::<SocketAddr>().map_err(|e| {
+            anyhow::anyhow!("listen: {e} (expected host:port, got {:?})", self.listen)
+        })?;
+        match &self.database_url {
+            None => bail!("database_url: missing (set it in the config file or DATABASE_URL)"),
+            Some(url) if !url.starts_with("postgres://") && !url.starts_with("postgresql://") => {
+                bail!("database_url: must start with postgres:// or postgresql://")
+            }
+            Some(_) => {}
+        }
+        if self.max_line_bytes < 1024 {
+            bail!("max_line_bytes: must be at least 1024");
+        }
+        if self.max_body_bytes < 1024 {
+            bail!("max_body_bytes: must be at least 1024");
+        }
+        let mut names = HashSet::new();
+        for (i, agent) in self.agents.iter().enumerate() {
+            let key = format!("agents[{i}]");
+            if agent.name.is_empty()
+                || !agent
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+            {
+                bail!("{key}.name: {:?} must match [a-z0-9_-]+", agent.name);
+            }
+            if !names.insert(agent.name.as_str()) {
+                bail!("{key}.name: {:?} is used by an earlier agent", agent.name);
+            }
+            if agent.command.trim().is_empty() {
+                bail!("{key}.command: must not be empty");
+            }
+            if let Some(cwd) = &agent.cwd {
+                if !cwd.is_absolute() {
+                    bail!("{key}.cwd: {:?} must be an absolute path", cwd);
+                }
+            }
+            if agent.startup_timeout.is_zero() {
+                bail!("{key}.startup_timeout: must be greater than zero");
+            }
+            for (j, server) in agent.mcp_servers.iter().enumerate() {
+                if !server.is_object() {
+                    bail!("{key}.mcp_servers[{j}]: must be a table");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The profile with this name.
+    pub fn agent(&self, name: &str) -> Option<&AgentProfile> {
+        self.agents.iter().find(|a| a.name == name)
+    }
+}
+
+impl AgentProfile {
+    /// Why the command cannot be run, or `None` if it looks runnable.
+    pub fn unavailable_reason(&self) -> Option<String> {
+        resolve_command(&self.command, self.env.get("PATH").map(String::as_str)).err()
+    }
+}
+
+/// Finds the executable a command names, the way a shell would.
+pub fn resolve_command(command: &str, path_override: Option<&str>) -> Result<PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let is_executable = |p: &Path| {
+        std::fs::metadata(p)
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
+    if command.contains('/') {
+        let p = PathBuf::from(command);
+        return if is_executable(&p) {
+            // Absolute, so that the agent's own cwd does not change its meaning;
+            // symlinks are kept (a venv's python must stay the venv's).
+            Ok(std::path::absolute(&p).unwrap_or(p))
+        } else if p.exists() {
+            Err(format!("{command} is not an executable file"))
+        } else {
+            Err(format!("{command} does not exist"))
+        };
+    }
+    let path = path_override
+        .map(str::to_owned)
+        .or_else(|| std::env::var("PATH").ok())
+        .unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(command))
+        .find(|p| is_executable(p))
+        .ok_or_else(|| format!("{command} not found in PATH"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+listen = "127.0.0.1:0"
+database_url = "postgres://localhost/x"
+[[agents]]
+name = "demo"
+command = "sh"
+cwd = "/tmp"
+startup_timeout = "5s"
+"#;
+
+    #[test]
+    fn a_valid_config_parses_and_validates() {
+        let config = Config::parse(GOOD).unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.agents[0].startup_timeout, Duration::from_secs(5));
+        assert!(config.agent("demo").unwrap().unavailable_reason().is_none());
+    }
+
+    #[test]
+    fn errors_name_the_bad_key() {
+        let err = Config::parse(&GOOD.replace("name = \"demo\"", "name = \"Demo!\""))
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().starts_with("agents[0].name"), "{err}");
+        let err = Config::parse(&GOOD.replace("cwd = \"/tmp\"", "cwd = \"tmp\""))
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().starts_with("agents[0].cwd"), "{err}");
+        let err = Config::parse(&GOOD.replace("command = \"sh\"", "comand = \"sh\"")).unwrap_err();
+        assert!(format!("{err:#}").contains("comand"), "{err:#}");
+        let err = Config::parse(&GOOD.replace("\"5s\"", "\"five\"")).unwrap_err();
+        assert!(format!("{err:#}").contains("startup_timeout"), "{err:#}");
+    }
+
+    #[test]
+    fn duplicate_agent_names_are_rejected() {
+        let text = format!("{GOOD}\n[[agents]]\nname = \"demo\"\ncommand = \"sh\"\n");
+        let err = Config::parse(&text).unwrap().validate().unwrap_err();
+        assert!(err.to_string().starts_with("agents[1].name"), "{err}");
+    }
+
+    #[test]
+    fn missing_commands_are_reported_unavailable() {
+        let mut config = Config::parse(GOOD).unwrap();
+        config.agents[0].command = "definitely-not-a-command-xyz".into();
+        let reason = config.agents[0].unavailable_reason().unwrap();
+        assert!(reason.contains("not found"), "{reason}");
+    }
+}

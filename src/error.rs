@@ -1,0 +1,110 @@
+//! One error type for the HTTP API, rendered as RFC 9457 problem details
+//! (`application/problem+json`) with a stable snake_case `code`.
+//!
+//! 5xx details that come from inside the gateway are logged, not sent; the
+//! agent-facing 502/504 errors do carry their cause, because the user needs
+//! it to fix their agent setup.
+
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+/// Result alias used across the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything a request can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    /// Well-formed input of the wrong shape.
+    #[error("{0}")]
+    Unprocessable(String),
+    /// The resource is in a state that forbids the request.
+    #[error("{detail}")]
+    Conflict {
+        code: &'static str,
+        detail: String,
+        /// Extra members merged into the problem body (e.g. the current request).
+        extra: Option<Value>,
+    },
+    /// The agent could not be started or failed while starting.
+    #[error("{0}")]
+    AgentFailed(String),
+    /// The agent did not answer in time.
+    #[error("{0}")]
+    AgentTimeout(String),
+    #[error("service unavailable: {0}")]
+    Unavailable(String),
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+impl Error {
+    pub fn conflict(code: &'static str, detail: impl Into<String>) -> Self {
+        Error::Conflict {
+            code,
+            detail: detail.into(),
+            extra: None,
+        }
+    }
+
+    fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            Error::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            Error::BadRequest(_) => (StatusCode::BAD_REQUEST, "malformed_json"),
+            Error::UnsupportedMediaType(_) => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
+            }
+            Error::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            Error::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"),
+            Error::Conflict { code, .. } => (StatusCode::CONFLICT, code),
+            Error::AgentFailed(_) => (StatusCode::BAD_GATEWAY, "agent_failed"),
+            Error::AgentTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, "agent_timeout"),
+            Error::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            Error::Database(_) | Error::Internal(_) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "internal_error")
+            }
+        }
+    }
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
+        let detail = if status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!(error = ?self, "request failed");
+            "internal error; see the gateway log".to_owned()
+        } else {
+            self.to_string()
+        };
+        let mut body = json!({
+            "type": format!("urn:acp-gateway:problem:{code}"),
+            "title": status.canonical_reason().unwrap_or("Error"),
+            "status": status.as_u16(),
+            "detail": detail,
+            "code": code,
+        });
+        if let Error::Conflict {
+            extra: Some(Value::Object(extra)),
+            ..
+        } = self
+        {
+            body.as_object_mut().unwrap().extend(extra);
+        }
+        (
+            status,
+            [(header::CONTENT_TYPE, "application/problem+json")],
+            body.to_string(),
+        )
+            .into_response()
+    }
+}

@@ -1,0 +1,34 @@
+//! # acp-gateway
+//!
+//! Puts ACP (Agent Client Protocol) coding agents behind REST + WebSocket,
+//! with everything persisted in Postgres.
+//!
+//! How the parts fit:
+//! - [`config`]: the TOML config and its validation.
+//! - [`acp`]: the protocol side. [`acp::rpc`] frames and multiplexes JSON-RPC
+//!   over any `AsyncRead`/`AsyncWrite`; [`acp::agent`] spawns and kills agent
+//!   processes.
+//! - [`session`]: one task per live conversation, owning its agent; turns ACP
+//!   traffic into events and state, carries out API commands.
+//! - [`journal`]: a conversation's single writer: assigns `seq`, batches writes,
+//!   commits, then publishes to the [`bus`].
+//! - [`store`]: persistence behind one trait ([`store::Store`]); Postgres now.
+//! - [`api`]: the HTTP + WebSocket API of `../shared/docs/api.md`.
+//! - [`app`]: building and running the whole gateway.
+//!
+//! Data flows agent stdout → rpc → session → journal (store, then bus) →
+//! WebSocket; commands flow REST → session handle → rpc → agent stdin.
+
+pub mod acp;
+pub mod api;
+pub mod app;
+pub mod bus;
+pub mod config;
+pub mod error;
+pub mod journal;
+pub mod model;
+pub mod session;
+pub mod store;
+
+pub use app::Gateway;
+pub use config::Config;

@@ -1,0 +1,997 @@
+//! One live conversation: the task that owns its agent process and ACP
+//! connection, turns agent messages into events and state, and carries out
+//! commands from the API (prompt, cancel, answer a permission request, close).
+//!
+//! Data flows agent stdout → rpc → this task → [`Journal`] (commit, then
+//! publish); commands flow API → [`SessionHandle`] → this task → rpc → agent
+//! stdin. Everything about one conversation happens in this one task, so its
+//! state needs no locks and its events have one order.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::acp::agent::{describe_exit, AgentProcess};
+use crate::acp::rpc::{Incoming, IncomingRequest, Responder, RpcConfig, RpcError, RpcPeer};
+use crate::config::AgentProfile;
+use crate::error::{Error, Result};
+use crate::journal::{Journal, Sink};
+use crate::model::{
+    self, event_type, Conversation, ConversationStatus, Decision, Message, PermissionRequest,
+    PermissionStatus, Role, ToolCall,
+};
+use crate::store::Resolution;
+
+/// Most events committed in one batch while an agent streams.
+const MAX_BATCH_EVENTS: usize = 512;
+/// How long an agent gets to exit after SIGTERM.
+const TERMINATE_GRACE: Duration = Duration::from_secs(2);
+/// How long we wait for the process after its stdout closed.
+const EXIT_AFTER_EOF: Duration = Duration::from_secs(3);
+
+/// A user's answer to a permission request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    Option(String),
+    Cancelled,
+}
+
+/// Checks an answer against a request: the option must exist (422).
+pub fn validate_answer(request: &PermissionRequest, answer: &Answer) -> Result<PermissionStatus> {
+    match answer {
+        Answer::Cancelled => Ok(PermissionStatus::Cancelled),
+        Answer::Option(id) => request.status_for_option(id).ok_or_else(|| {
+            Error::Unprocessable(format!(
+                "option_id {id:?} is not one of the request's options"
+            ))
+        }),
+    }
+}
+
+/// The reply to an answer for a request that is already resolved: the same
+/// answer again succeeds (a retrying phone), a different one is a conflict.
+pub fn answer_resolved(request: PermissionRequest, answer: &Answer) -> Result<PermissionRequest> {
+    let same = match (&request.decision, answer) {
+        (Some(d), Answer::Option(id)) => {
+            d.outcome == "selected" && d.option_id.as_ref() == Some(id)
+        }
+        (Some(d), Answer::Cancelled) => d.outcome == "cancelled",
+        (None, _) => false,
+    };
+    if same {
+        return Ok(request);
+    }
+    Err(Error::Conflict {
+        code: "already_resolved",
+        detail: format!(
+            "permission request {} is already {}",
+            request.id,
+            request.status.as_str()
+        ),
+        extra: Some(json!({ "request": request })),
+    })
+}
+
+enum Command {
+    Prompt {
+        content: Vec<Value>,
+        reply: oneshot::Sender<Result<Uuid>>,
+    },
+    Cancel {
+        reply: oneshot::Sender<Result<()>>,
+    },
+    Respond {
+        permission_id: Uuid,
+        answer: Answer,
+        decided_by: String,
+        reply: oneshot::Sender<Result<PermissionRequest>>,
+    },
+    Close {
+        reply: oneshot::Sender<()>,
+    },
+}
+
+/// The API's handle to a live conversation.
+#[derive(Clone)]
+pub struct SessionHandle {
+    tx: mpsc::Sender<Command>,
+}
+
+impl SessionHandle {
+    async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(make(reply)).await.ok()?;
+        rx.await.ok()
+    }
+
+    /// Starts a turn; returns its id once `turn_started` is committed.
+    /// `None`: the session has ended.
+    pub async fn prompt(&self, content: Vec<Value>) -> Option<Result<Uuid>> {
+        self.call(|reply| Command::Prompt { content, reply }).await
+    }
+
+    pub async fn cancel(&self) -> Option<Result<()>> {
+        self.call(|reply| Command::Cancel { reply }).await
+    }
+
+    pub async fn respond(
+        &self,
+        permission_id: Uuid,
+        answer: Answer,
+        decided_by: String,
+    ) -> Option<Result<PermissionRequest>> {
+        self.call(|reply| Command::Respond {
+            permission_id,
+            answer,
+            decided_by,
+            reply,
+        })
+        .await
+    }
+
+    /// Closes the conversation; returns when the agent is gone.
+    pub async fn close(&self) {
+        self.call(|reply| Command::Close { reply }).await;
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+/// Everything needed to start a session.
+pub struct StartParams {
+    pub sink: Sink,
+    pub profile: AgentProfile,
+    pub conversation: Conversation,
+    pub max_line_bytes: usize,
+    /// Cancelled when the gateway stops: the session closes its agent.
+    pub shutdown: CancellationToken,
+}
+
+/// Starts the agent, runs `initialize` and `session/new`, and spawns the
+/// session task. The conversation is persisted whatever happens, with its
+/// `agent_status` events; on failure its status is `failed`.
+pub async fn start(
+    params: StartParams,
+) -> Result<(SessionHandle, Conversation, tokio::task::JoinHandle<()>)> {
+    let StartParams {
+        sink,
+        profile,
+        mut conversation,
+        max_line_bytes,
+        shutdown,
+    } = params;
+    let id = conversation.id;
+    let span = tracing::info_span!("conversation", conversation_id = %id, agent = %profile.name);
+    sink.store.insert_conversation(&conversation).await?;
+    let mut journal = Journal::new(sink, &conversation, None);
+    journal.event(
+        event_type::AGENT_STATUS,
+        json!({"status": "starting", "detail": null}),
+    );
+    journal.flush().await?;
+
+    let started = connect(&profile, &conversation, max_line_bytes)
+        .instrument(span.clone())
+        .await;
+    let (process, peer, incoming, acp_session_id) = match started {
+        Ok(parts) => parts,
+        Err(err) => {
+            tracing::warn!(parent: &span, error = %err, "agent failed to start");
+            journal.event(
+                event_type::AGENT_STATUS,
+                json!({"status": "failed", "detail": err.to_string()}),
+            );
+            journal.set_status(ConversationStatus::Failed);
+            journal.flush().await?;
+            return Err(err);
+        }
+    };
+    journal.acp_session_id = Some(acp_session_id.clone());
+    journal.event(
+        event_type::AGENT_STATUS,
+        json!({"status": "ready", "detail": null}),
+    );
+    journal.set_status(ConversationStatus::Idle);
+    journal.flush().await?;
+    conversation.status = journal.status;
+    conversation.acp_session_id = Some(acp_session_id.clone());
+    conversation.last_seq = journal.last_seq();
+    conversation.updated_at = model::now();
+
+    let (tx, rx) = mpsc::channel(32);
+    let session = Session {
+        journal,
+        process,
+        peer,
+        incoming: Some(incoming),
+        commands: rx,
+        acp_session_id,
+        cwd: PathBuf::from(&conversation.cwd),
+        turn: None,
+        prompt: None,
+        pending: HashMap::new(),
+        message: None,
+        tool_calls: HashMap::new(),
+        dirty_tool_calls: Vec::new(),
+    };
+    let task = tokio::spawn(session.run(shutdown).instrument(span));
+    Ok((SessionHandle { tx }, conversation, task))
+}
+
+/// Spawns the process and performs the ACP handshake.
+async fn connect(
+    profile: &AgentProfile,
+    conversation: &Conversation,
+    max_line_bytes: usize,
+) -> Result<(AgentProcess, RpcPeer, mpsc::Receiver<Incoming>, String)> {
+    let cwd = PathBuf::from(&conversation.cwd);
+    let (mut process, pipes) = AgentProcess::spawn(profile, &cwd, conversation.id)
+        .map_err(|e| Error::AgentFailed(format!("{e:#}")))?;
+    let (peer, incoming) = RpcPeer::spawn(
+        pipes.stdout,
+        pipes.stdin,
+        RpcConfig {
+            max_line_bytes,
+            label: conversation.id.to_string(),
+            ..RpcConfig::default()
+        },
+    );
+    let handshake = async {
+        let init = call(
+            &peer,
+            &mut process,
+            profile.startup_timeout,
+            "initialize",
+            json!({
+                "protocolVersion": 1,
+                // We serve neither files nor terminals (yet): agents must not ask.
+                "clientCapabilities": {"fs": {"readTextFile": false, "writeTextFile": false}, "terminal": false},
+                "clientInfo": {"name": "acp-gateway", "version": env!("CARGO_PKG_VERSION")},
+            }),
+        )
+        .await?;
+        let version = init.get("protocolVersion").and_then(Value::as_u64);
+        if version != Some(1) {
+            return Err(Error::AgentFailed(format!(
+                "agent speaks ACP protocol version {}, the gateway speaks 1",
+                init.get("protocolVersion").unwrap_or(&Value::Null)
+            )));
+        }
+        let new = call(
+            &peer,
+            &mut process,
+            profile.startup_timeout,
+            "session/new",
+            json!({"cwd": conversation.cwd, "mcpServers": profile.mcp_servers}),
+        )
+        .await?;
+        new.get("sessionId")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| Error::AgentFailed("session/new answered without a sessionId".into()))
+    };
+    match handshake.await {
+        Ok(session_id) => Ok((process, peer, incoming, session_id)),
+        Err(err) => {
+            process.terminate(TERMINATE_GRACE).await;
+            Err(err)
+        }
+    }
+}
+
+/// One handshake request, with a timeout and errors that carry the agent's
+/// stderr.
+async fn call(
+    peer: &RpcPeer,
+    process: &mut AgentProcess,
+    timeout: Duration,
+    method: &str,
+    params: Value,
+) -> Result<Value> {
+    let outcome = tokio::select! {
+        r = tokio::time::timeout(timeout, peer.request(method, params)) => r,
+        status = process.wait() => {
+            process.drain_stderr().await;
+            return Err(Error::AgentFailed(format!(
+                "{} during {method}", describe_exit(status, &process.stderr_tail())
+            )));
+        }
+    };
+    match outcome {
+        Ok(Ok(result)) => Ok(result),
+        Ok(Err(RpcError::Remote { code, message, .. })) => Err(Error::AgentFailed(with_stderr(
+            format!("agent answered {method} with error {code}: {message}"),
+            process,
+        ))),
+        Ok(Err(RpcError::Closed(reason))) => {
+            let status = tokio::time::timeout(EXIT_AFTER_EOF, process.wait()).await;
+            process.drain_stderr().await;
+            Err(Error::AgentFailed(match status {
+                Ok(status) => format!(
+                    "{} during {method}",
+                    describe_exit(status, &process.stderr_tail())
+                ),
+                Err(_) => with_stderr(
+                    format!("agent closed its output during {method}: {reason}"),
+                    process,
+                ),
+            }))
+        }
+        Err(_) => Err(Error::AgentTimeout(with_stderr(
+            format!(
+                "agent did not answer {method} within {}",
+                humantime_fmt(timeout)
+            ),
+            process,
+        ))),
+    }
+}
+
+fn with_stderr(text: String, process: &AgentProcess) -> String {
+    let tail = process.stderr_tail();
+    if tail.is_empty() {
+        text
+    } else {
+        format!("{text}; last stderr lines:\n{tail}")
+    }
+}
+
+fn humantime_fmt(d: Duration) -> String {
+    humantime_serde::re::humantime::format_duration(d).to_string()
+}
+
+/// A turn in progress.
+struct Turn {
+    id: Uuid,
+    cancel_requested: bool,
+}
+
+/// A permission request waiting for its answer.
+struct Pending {
+    request: PermissionRequest,
+    responder: Responder,
+}
+
+type PromptFuture = Pin<Box<dyn Future<Output = Result<Value, RpcError>> + Send>>;
+
+struct Session {
+    journal: Journal,
+    process: AgentProcess,
+    peer: RpcPeer,
+    /// `None` once the agent's stdout has closed.
+    incoming: Option<mpsc::Receiver<Incoming>>,
+    commands: mpsc::Receiver<Command>,
+    acp_session_id: String,
+    #[allow(dead_code)]
+    cwd: PathBuf,
+    turn: Option<Turn>,
+    /// The outstanding `session/prompt` request.
+    prompt: Option<PromptFuture>,
+    pending: HashMap<Uuid, Pending>,
+    /// The message chunks are currently merged into.
+    message: Option<(Message, bool)>,
+    tool_calls: HashMap<String, ToolCall>,
+    dirty_tool_calls: Vec<String>,
+}
+
+/// Why the session loop ended.
+enum End {
+    AgentGone,
+    Closed {
+        reply: Option<oneshot::Sender<()>>,
+        detail: &'static str,
+    },
+}
+
+async fn next_incoming(rx: &mut Option<mpsc::Receiver<Incoming>>) -> Option<Incoming> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn next_prompt_result(prompt: &mut Option<PromptFuture>) -> Result<Value, RpcError> {
+    match prompt {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Session {
+    async fn run(mut self, shutdown: CancellationToken) {
+        let end = match self.serve(&shutdown).await {
+            Ok(end) => end,
+            Err(e) => {
+                tracing::error!(error = %e, "session failed; stopping its agent");
+                End::Closed {
+                    reply: None,
+                    detail: "the gateway could not persist the conversation",
+                }
+            }
+        };
+        if let Err(e) = self.finish(end).await {
+            tracing::error!(error = %e, "failed to record the end of the session");
+        }
+    }
+
+    async fn serve(&mut self, shutdown: &CancellationToken) -> Result<End> {
+        loop {
+            tokio::select! {
+                biased;
+                msg = next_incoming(&mut self.incoming) => match msg {
+                    Some(msg) => {
+                        self.handle_incoming(msg).await?;
+                        self.drain_incoming(MAX_BATCH_EVENTS).await?;
+                        self.flush().await?;
+                    }
+                    None => {
+                        self.incoming = None;
+                        if tokio::time::timeout(EXIT_AFTER_EOF, self.process.wait()).await.is_err() {
+                            tracing::warn!("agent closed stdout but kept running; killing it");
+                            self.process.terminate(TERMINATE_GRACE).await;
+                        }
+                        return Ok(End::AgentGone);
+                    }
+                },
+                result = next_prompt_result(&mut self.prompt) => {
+                    self.prompt = None;
+                    // Everything the agent sent before its answer is queued
+                    // already: apply it first so the turn ends last.
+                    self.drain_incoming(usize::MAX).await?;
+                    if let Err(RpcError::Closed(_)) = result {
+                        // The agent is going away; the exit path ends the turn.
+                        continue;
+                    }
+                    self.end_turn(result);
+                    self.flush().await?;
+                }
+                _ = self.process.wait() => {
+                    self.drain_incoming(usize::MAX).await?;
+                    return Ok(End::AgentGone);
+                }
+                cmd = self.commands.recv() => match cmd {
+                    Some(Command::Close { reply }) => {
+                        return Ok(End::Closed { reply: Some(reply), detail: "conversation closed" });
+                    }
+                    Some(cmd) => self.handle_command(cmd).await?,
+                    None => return Ok(End::Closed { reply: None, detail: "conversation closed" }),
+                },
+                _ = shutdown.cancelled() => {
+                    return Ok(End::Closed { reply: None, detail: "gateway shutting down" });
+                }
+            }
+        }
+    }
+
+    /// Applies whatever the agent has already sent, up to `max` messages.
+    async fn drain_incoming(&mut self, max: usize) -> Result<()> {
+        let mut n = 0;
+        while n < max {
+            let Some(rx) = self.incoming.as_mut() else {
+                break;
+            };
+            match rx.try_recv() {
+                Ok(msg) => self.handle_incoming(msg).await?,
+                Err(_) => break,
+            }
+            n += 1;
+            if self.journal.batch.events.len() >= MAX_BATCH_EVENTS {
+                self.flush().await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<()> {
+        if let Some((message, dirty)) = &mut self.message {
+            if *dirty {
+                self.journal.batch.messages.push(message.clone());
+                *dirty = false;
+            }
+        }
+        for id in self.dirty_tool_calls.drain(..) {
+            if let Some(call) = self.tool_calls.get(&id) {
+                self.journal.batch.tool_calls.push(call.clone());
+            }
+        }
+        self.journal.flush().await
+    }
+
+    fn status_now(&self) -> ConversationStatus {
+        if !self.pending.is_empty() {
+            ConversationStatus::AwaitingPermission
+        } else if self.turn.is_some() {
+            ConversationStatus::Running
+        } else {
+            ConversationStatus::Idle
+        }
+    }
+
+    fn turn_id(&self) -> Option<Uuid> {
+        self.turn.as_ref().map(|t| t.id)
+    }
+
+    async fn handle_incoming(&mut self, msg: Incoming) -> Result<()> {
+        match msg {
+            Incoming::Notification { method, params } => match method.as_str() {
+                "session/update" => self.on_update(params),
+                "$/cancel_request" => self.on_cancel_request(params).await?,
+                other => tracing::debug!(method = other, "ignoring notification"),
+            },
+            Incoming::Request(request) => match request.method.as_str() {
+                "session/request_permission" => self.on_permission_request(request),
+                _ => request.reject_unknown_method(),
+            },
+        }
+        Ok(())
+    }
+
+    fn on_update(&mut self, params: Value) {
+        let Some(update) = params.get("update").filter(|u| u.is_object()) else {
+            tracing::warn!("session/update without an update object; ignored");
+            return;
+        };
+        let update = update.clone();
+        let kind = update
+            .get("sessionUpdate")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let turn_id = self.turn_id();
+        match kind {
+            "agent_message_chunk" | "agent_thought_chunk" | "user_message_chunk" => {
+                let role = match kind {
+                    "agent_message_chunk" => Role::Agent,
+                    "agent_thought_chunk" => Role::Thought,
+                    _ => Role::User,
+                };
+                if let Some(block) = update.get("content") {
+                    self.add_to_message(role, block.clone());
+                }
+                if self.merge_chunk(&update) {
+                    return;
+                }
+            }
+            "tool_call" | "tool_call_update" => {
+                if let Some(id) = update.get("toolCallId").and_then(Value::as_str) {
+                    self.apply_tool_call(id, &update);
+                }
+            }
+            _ => {}
+        }
+        self.journal.event(
+            event_type::SESSION_UPDATE,
+            json!({"turn_id": turn_id, "update": update}),
+        );
+    }
+
+    /// Joins a plain text chunk onto the previous uncommitted event when that
+    /// is a chunk of the same kind and turn that differs only in its text.
+    fn merge_chunk(&mut self, update: &Value) -> bool {
+        let turn_id = self.turn_id();
+        let Some(last) = self.journal.batch.events.last_mut() else {
+            return false;
+        };
+        if last.kind != event_type::SESSION_UPDATE
+            || last
+                .data
+                .get("turn_id")
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+                != turn_id.map(|t| t.to_string())
+        {
+            return false;
+        }
+        let prev = &mut last.data["update"];
+        let (Some(new_text), Some(_)) = (
+            update.get("content").and_then(model::plain_text),
+            prev.get("content").and_then(model::plain_text),
+        ) else {
+            return false;
+        };
+        let same_shape = {
+            let mut a = prev.clone();
+            let mut b = update.clone();
+            a["content"]["text"] = Value::Null;
+            b["content"]["text"] = Value::Null;
+            a == b
+        };
+        if !same_shape {
+            return false;
+        }
+        let joined = format!(
+            "{}{}",
+            prev["content"]["text"].as_str().unwrap_or(""),
+            new_text
+        );
+        prev["content"]["text"] = Value::String(joined);
+        true
+    }
+
+    fn add_to_message(&mut self, role: Role, block: Value) {
+        let turn_id = self.turn_id();
+        match &mut self.message {
+            Some((message, dirty)) if message.role == role && message.turn_id == turn_id => {
+                message.push_block(block);
+                *dirty = true;
+            }
+            _ => {
+                if let Some((message, true)) = self.message.take() {
+                    self.journal.batch.messages.push(message);
+                }
+                let mut message = Message {
+                    id: model::new_id(),
+                    turn_id,
+                    role,
+                    content: Vec::new(),
+                    created_at: model::now(),
+                };
+                message.push_block(block);
+                self.message = Some((message, true));
+            }
+        }
+    }
+
+    fn apply_tool_call(&mut self, id: &str, update: &Value) {
+        let at = model::now();
+        let turn_id = self.turn_id();
+        let call = self
+            .tool_calls
+            .entry(id.to_owned())
+            .or_insert_with(|| ToolCall::new(id.to_owned(), turn_id, at));
+        call.apply(update, at);
+        if !self.dirty_tool_calls.iter().any(|d| d == id) {
+            self.dirty_tool_calls.push(id.to_owned());
+        }
+    }
+
+    fn on_permission_request(&mut self, request: IncomingRequest) {
+        let params = &request.params;
+        let tool_call = params.get("toolCall").filter(|v| v.is_object()).cloned();
+        let options = params.get("options").and_then(Value::as_array).cloned();
+        let (Some(tool_call), Some(options)) = (tool_call, options) else {
+            request.responder.respond_error(
+                -32602,
+                "session/request_permission needs toolCall (object) and options (array)",
+                None,
+            );
+            return;
+        };
+        let permission = PermissionRequest {
+            id: model::new_id(),
+            conversation_id: self.journal.conversation_id,
+            turn_id: self.turn_id(),
+            tool_call,
+            options,
+            status: PermissionStatus::Pending,
+            decision: None,
+            created_at: model::now(),
+        };
+        tracing::info!(permission_id = %permission.id, "agent asks permission");
+        self.journal.batch.new_permissions.push(permission.clone());
+        self.journal.event(
+            event_type::PERMISSION_REQUESTED,
+            serde_json::to_value(&permission).expect("serializes"),
+        );
+        self.pending.insert(
+            permission.id,
+            Pending {
+                request: permission,
+                responder: request.responder,
+            },
+        );
+        self.journal.set_status(self.status_now());
+    }
+
+    /// The agent withdrew one of its own requests.
+    async fn on_cancel_request(&mut self, params: Value) -> Result<()> {
+        let Some(request_id) = params.get("requestId") else {
+            return Ok(());
+        };
+        let found = self
+            .pending
+            .iter()
+            .find(|(_, p)| p.responder.id() == request_id)
+            .map(|(id, _)| *id);
+        if let Some(id) = found {
+            self.resolve(
+                id,
+                PermissionStatus::Cancelled,
+                None,
+                "system",
+                Some("withdrawn by the agent"),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Decides a pending request: persisted first, then the agent is
+    /// answered, then `permission_resolved` is published.
+    async fn resolve(
+        &mut self,
+        id: Uuid,
+        status: PermissionStatus,
+        option_id: Option<String>,
+        decided_by: &str,
+        reason: Option<&str>,
+    ) -> Result<Option<PermissionRequest>> {
+        self.flush().await?;
+        let Some(pending) = self.pending.remove(&id) else {
+            return Ok(None);
+        };
+        let decision = Decision {
+            outcome: if option_id.is_some() {
+                "selected"
+            } else {
+                "cancelled"
+            }
+            .to_owned(),
+            option_id,
+            decided_by: decided_by.to_owned(),
+            reason: reason.map(str::to_owned),
+            decided_at: model::now(),
+        };
+        self.journal.set_status(self.status_now());
+        let resolution = Resolution {
+            permission_id: id,
+            status,
+            decision: decision.clone(),
+        };
+        match self.journal.resolve(&resolution).await {
+            Ok(Some(request)) => {
+                pending.responder.respond(decision.acp_result());
+                Ok(Some(request))
+            }
+            Ok(None) => {
+                // Resolved elsewhere (cannot happen while we own it, but the
+                // store is the arbiter): answer the agent with what won.
+                let current = self.journal.store().get_permission(id).await?;
+                if let Some(d) = current.as_ref().and_then(|c| c.decision.as_ref()) {
+                    pending.responder.respond(d.acp_result());
+                }
+                Ok(current)
+            }
+            Err(e) => {
+                // Not persisted: keep it pending so nothing is lost.
+                self.pending.insert(id, pending);
+                self.journal.set_status(self.status_now());
+                Err(e)
+            }
+        }
+    }
+
+    async fn resolve_all(&mut self, status: PermissionStatus, reason: &str) -> Result<()> {
+        let mut ids: Vec<Uuid> = self.pending.keys().copied().collect();
+        ids.sort();
+        for id in ids {
+            self.resolve(id, status, None, "system", Some(reason))
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn handle_command(&mut self, cmd: Command) -> Result<()> {
+        match cmd {
+            Command::Prompt { content, reply } => {
+                let result = self.start_turn(content).await;
+                let _ = reply.send(result);
+            }
+            Command::Cancel { reply } => {
+                let result = self.cancel_turn().await;
+                let _ = reply.send(result);
+            }
+            Command::Respond {
+                permission_id,
+                answer,
+                decided_by,
+                reply,
+            } => {
+                let result = self.answer(permission_id, answer, &decided_by).await;
+                let _ = reply.send(result);
+            }
+            Command::Close { reply } => {
+                let _ = reply.send(());
+            }
+        }
+        Ok(())
+    }
+
+    async fn start_turn(&mut self, content: Vec<Value>) -> Result<Uuid> {
+        if self.turn.is_some() {
+            return Err(Error::conflict(
+                "turn_in_progress",
+                "a turn is already running; cancel it or wait for turn_ended",
+            ));
+        }
+        let turn_id = model::new_id();
+        self.turn = Some(Turn {
+            id: turn_id,
+            cancel_requested: false,
+        });
+        self.journal.set_turn(Some(turn_id));
+        self.journal.event(
+            event_type::TURN_STARTED,
+            json!({"turn_id": turn_id, "content": content}),
+        );
+        if let Some((message, true)) = self.message.take() {
+            self.journal.batch.messages.push(message);
+        }
+        self.journal.batch.messages.push(Message {
+            id: model::new_id(),
+            turn_id: Some(turn_id),
+            role: Role::User,
+            content: content.clone(),
+            created_at: model::now(),
+        });
+        self.journal.set_status(self.status_now());
+        if let Err(e) = self.flush().await {
+            self.turn = None;
+            self.journal.set_turn(None);
+            return Err(e);
+        }
+        tracing::info!(%turn_id, "turn started");
+        let peer = self.peer.clone();
+        let params = json!({"sessionId": self.acp_session_id, "prompt": content});
+        self.prompt = Some(Box::pin(async move {
+            peer.request("session/prompt", params).await
+        }));
+        Ok(turn_id)
+    }
+
+    /// The ACP cancel rule: `session/cancel`, then every pending request of
+    /// the session is answered with the cancelled outcome.
+    async fn cancel_turn(&mut self) -> Result<()> {
+        let Some(turn) = self.turn.as_mut() else {
+            return Ok(());
+        };
+        turn.cancel_requested = true;
+        let params = json!({"sessionId": self.acp_session_id});
+        if let Err(e) = self.peer.notify("session/cancel", params).await {
+            tracing::warn!(error = %e, "could not send session/cancel");
+        }
+        self.resolve_all(PermissionStatus::Cancelled, "turn cancelled")
+            .await
+    }
+
+    async fn answer(
+        &mut self,
+        id: Uuid,
+        answer: Answer,
+        decided_by: &str,
+    ) -> Result<PermissionRequest> {
+        let Some(pending) = self.pending.get(&id) else {
+            let request = self
+                .journal
+                .store()
+                .get_permission(id)
+                .await?
+                .ok_or_else(|| Error::NotFound(format!("no permission request {id}")))?;
+            validate_answer(&request, &answer)?;
+            if request.status == PermissionStatus::Pending {
+                return Err(Error::conflict(
+                    "agent_gone",
+                    "the agent that asked is no longer running",
+                ));
+            }
+            return answer_resolved(request, &answer);
+        };
+        let status = validate_answer(&pending.request, &answer)?;
+        let option_id = match answer.clone() {
+            Answer::Option(id) => Some(id),
+            Answer::Cancelled => None,
+        };
+        // What was stored is the truth: our own decision reads back as the
+        // identical answer.
+        match self
+            .resolve(id, status, option_id, decided_by, None)
+            .await?
+        {
+            Some(request) => answer_resolved(request, &answer),
+            None => Err(Error::NotFound(format!("no permission request {id}"))),
+        }
+    }
+
+    fn end_turn(&mut self, result: Result<Value, RpcError>) {
+        let Some(turn) = self.turn.take() else { return };
+        let (stop_reason, error) = match result {
+            Ok(value) => match value.get("stopReason").and_then(Value::as_str) {
+                Some(reason) => (reason.to_owned(), None),
+                None => (
+                    "error".to_owned(),
+                    Some("agent answered session/prompt without a stopReason".to_owned()),
+                ),
+            },
+            Err(_) if turn.cancel_requested => ("cancelled".to_owned(), None),
+            Err(RpcError::Remote { code, message, .. }) => (
+                "error".to_owned(),
+                Some(format!("agent error {code}: {message}")),
+            ),
+            Err(RpcError::Closed(reason)) => ("error".to_owned(), Some(reason)),
+        };
+        tracing::info!(turn_id = %turn.id, %stop_reason, "turn ended");
+        self.journal.event(
+            event_type::TURN_ENDED,
+            json!({"turn_id": turn.id, "stop_reason": stop_reason, "error": error}),
+        );
+        self.journal.set_turn(None);
+        self.journal.set_status(self.status_now());
+    }
+
+    /// Records how the session ended and makes sure the agent is gone.
+    async fn finish(&mut self, end: End) -> Result<()> {
+        let (agent_status, detail, final_status, reply) = match end {
+            End::AgentGone => {
+                let status = self.process.wait().await;
+                self.process.drain_stderr().await;
+                let detail = describe_exit(status, &self.process.stderr_tail());
+                tracing::warn!(%detail, "agent exited");
+                let agent_status = if status.success() { "exited" } else { "failed" };
+                (agent_status, detail, ConversationStatus::Failed, None)
+            }
+            End::Closed { reply, detail } => {
+                if let Some(turn) = self.turn.as_mut() {
+                    turn.cancel_requested = true;
+                    let _ = self
+                        .peer
+                        .notify("session/cancel", json!({"sessionId": self.acp_session_id}))
+                        .await;
+                }
+                self.resolve_all(PermissionStatus::Cancelled, detail)
+                    .await?;
+                self.process.terminate(TERMINATE_GRACE).await;
+                self.drain_incoming(usize::MAX).await?;
+                (
+                    "exited",
+                    detail.to_owned(),
+                    ConversationStatus::Closed,
+                    reply,
+                )
+            }
+        };
+        // Requests the agent can no longer receive an answer for.
+        let reason = format!("the agent went away: {}", first_line(&detail));
+        self.resolve_all(PermissionStatus::Expired, &reason).await?;
+        if self.turn.is_some() {
+            let error = if final_status == ConversationStatus::Closed {
+                None
+            } else {
+                Some(detail.clone())
+            };
+            let cancelled = final_status == ConversationStatus::Closed;
+            let turn = self.turn.take().expect("checked");
+            self.journal.event(
+                event_type::TURN_ENDED,
+                json!({
+                    "turn_id": turn.id,
+                    "stop_reason": if cancelled { "cancelled" } else { "error" },
+                    "error": error,
+                }),
+            );
+        }
+        self.journal.event(
+            event_type::AGENT_STATUS,
+            json!({"status": agent_status, "detail": detail}),
+        );
+        self.journal.set_turn(None);
+        self.journal.set_status(final_status);
+        self.flush().await?;
+        if let Some(reply) = reply {
+            let _ = reply.send(());
+        }
+        Ok(())
+    }
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or(s)
+}

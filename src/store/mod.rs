@@ -1,0 +1,118 @@
+//! Persistence behind one trait, so that a second backend (an embedded one)
+//! can be added without touching the API or the ACP code.
+//!
+//! Writes are shaped for streaming: a conversation's single writer (its
+//! session task) collects events, merged messages, tool-call states and new
+//! permission requests into a [`Batch`] and commits it in one transaction,
+//! instead of one round-trip per streamed chunk.
+
+pub mod postgres;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::error::Result;
+use crate::model::{
+    Conversation, ConversationStatus, Decision, Event, Message, PermissionRequest,
+    PermissionStatus, ToolCall,
+};
+
+pub use postgres::PgStore;
+
+/// What one commit changes in a conversation.
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// New events, with consecutive `seq`s following the conversation's `last_seq`.
+    pub events: Vec<Event>,
+    /// Messages to insert or replace (by id).
+    pub messages: Vec<Message>,
+    /// Tool-call states to insert or replace (by conversation and tool call id).
+    pub tool_calls: Vec<ToolCall>,
+    /// Permission requests to insert.
+    pub new_permissions: Vec<PermissionRequest>,
+    /// New conversation state, if it changed.
+    pub conversation: Option<ConversationPatch>,
+}
+
+impl Batch {
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+            && self.messages.is_empty()
+            && self.tool_calls.is_empty()
+            && self.new_permissions.is_empty()
+            && self.conversation.is_none()
+    }
+}
+
+/// The mutable columns of a conversation.
+#[derive(Debug, Clone)]
+pub struct ConversationPatch {
+    pub status: ConversationStatus,
+    pub acp_session_id: Option<String>,
+    pub last_seq: i64,
+    /// The turn in progress, if any.
+    pub current_turn_id: Option<Uuid>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A decision on a pending permission request, applied only if it is still
+/// pending (compare-and-set: of two concurrent answers exactly one wins).
+#[derive(Debug, Clone)]
+pub struct Resolution {
+    pub permission_id: Uuid,
+    pub status: PermissionStatus,
+    pub decision: Decision,
+}
+
+/// Which permission requests to list.
+#[derive(Debug, Clone, Default)]
+pub struct PermissionFilter {
+    pub pending_only: bool,
+    pub conversation_id: Option<Uuid>,
+}
+
+/// The gateway's storage.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Answers when the database is reachable.
+    async fn ping(&self) -> Result<()>;
+
+    async fn insert_conversation(&self, conversation: &Conversation) -> Result<()>;
+    async fn get_conversation(&self, id: Uuid) -> Result<Option<Conversation>>;
+    /// Newest first; `before` is the last id of the previous page.
+    async fn list_conversations(
+        &self,
+        limit: i64,
+        before: Option<Uuid>,
+    ) -> Result<Vec<Conversation>>;
+    /// Conversations whose status says an agent is attached, each with the
+    /// turn it was running.
+    async fn live_conversations(&self) -> Result<Vec<(Conversation, Option<Uuid>)>>;
+
+    /// Writes a batch atomically.
+    async fn commit(&self, conversation_id: Uuid, batch: &Batch) -> Result<()>;
+
+    /// Applies `resolution` if the request is still pending and, in the same
+    /// transaction, appends `event` (its data is replaced by the resolved
+    /// request) and moves the conversation to `patch`. Returns the resolved
+    /// request, or `None` when it was no longer pending (nothing is written).
+    async fn resolve_permission(
+        &self,
+        resolution: &Resolution,
+        event: Event,
+        patch: &ConversationPatch,
+    ) -> Result<Option<(PermissionRequest, Event)>>;
+
+    async fn list_events(
+        &self,
+        conversation_id: Uuid,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<Event>>;
+    async fn list_messages(&self, conversation_id: Uuid) -> Result<Vec<Message>>;
+    async fn list_tool_calls(&self, conversation_id: Uuid) -> Result<Vec<ToolCall>>;
+    async fn get_permission(&self, id: Uuid) -> Result<Option<PermissionRequest>>;
+    /// Oldest first.
+    async fn list_permissions(&self, filter: &PermissionFilter) -> Result<Vec<PermissionRequest>>;
+}

@@ -1,0 +1,369 @@
+//! Shared test support: a database per test, a real gateway on a free port,
+//! real agent subprocesses, HTTP and WebSocket clients. Nothing sleeps: every
+//! wait is on an event, with a bound.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use acp_gateway::config::{AgentProfile, Config};
+use acp_gateway::Gateway;
+use futures::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tokio_util::sync::CancellationToken;
+
+/// How long any single wait in a test may take before it fails.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// The server that test databases are created on.
+pub fn admin_url() -> String {
+    std::env::var("TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// A database of one's own, dropped (best effort) at the end of the test.
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+}
+
+impl TestDb {
+    pub async fn new() -> TestDb {
+        use sqlx::Connection;
+        let admin = admin_url();
+        let name = format!("acpgw_test_{}", uuid::Uuid::now_v7().simple());
+        let mut conn = sqlx::PgConnection::connect(&admin)
+            .await
+            .expect("connect to the test Postgres (set TEST_DATABASE_URL)");
+        sqlx::query(&format!("create database {name}"))
+            .execute(&mut conn)
+            .await
+            .expect("create test database");
+        let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
+        TestDb {
+            url: format!("{base}/{name}"),
+            name,
+        }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // Drop runs outside async context guarantees: use a thread of our own.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                use sqlx::Connection;
+                if let Ok(mut conn) = sqlx::PgConnection::connect(&admin_url()).await {
+                    let _ = sqlx::query(&format!("drop database if exists {name} with (force)"))
+                        .execute(&mut conn)
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// The demo agent binary built with this package.
+pub fn demo_agent_path() -> &'static str {
+    env!("CARGO_BIN_EXE_acp-demo-agent")
+}
+
+/// A profile running the demo agent with extra arguments.
+pub fn demo_profile(name: &str, args: &[&str]) -> AgentProfile {
+    profile(name, demo_agent_path(), args)
+}
+
+pub fn profile(name: &str, command: &str, args: &[&str]) -> AgentProfile {
+    AgentProfile {
+        name: name.into(),
+        title: None,
+        command: command.into(),
+        args: args.iter().map(|s| s.to_string()).collect(),
+        env: BTreeMap::new(),
+        cwd: Some(std::env::temp_dir()),
+        mcp_servers: vec![],
+        startup_timeout: Duration::from_secs(20),
+    }
+}
+
+/// Installs the SDK-based agents once per test binary.
+pub fn sdk_agents_dir() -> &'static Path {
+    static INSTALLED: OnceLock<PathBuf> = OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk-agents");
+        let status = std::process::Command::new("bash")
+            .arg(dir.join("install.sh"))
+            .status()
+            .expect("run tests/sdk-agents/install.sh");
+        assert!(status.success(), "installing the SDK agents failed");
+        dir
+    })
+}
+
+/// A profile for the agent built on the npm SDK.
+pub fn node_sdk_profile(name: &str) -> AgentProfile {
+    let script = sdk_agents_dir().join("node-agent.mjs");
+    profile(name, "node", &[script.to_str().unwrap()])
+}
+
+/// A profile for the agent built on the PyPI SDK.
+pub fn python_sdk_profile(name: &str) -> AgentProfile {
+    let dir = sdk_agents_dir();
+    let python = dir.join(".venv/bin/python");
+    let script = dir.join("python_agent.py");
+    profile(name, python.to_str().unwrap(), &[script.to_str().unwrap()])
+}
+
+/// A gateway serving on a free port.
+pub struct TestGateway {
+    pub base: String,
+    pub config: Config,
+    stop: CancellationToken,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    pub http: reqwest::Client,
+}
+
+impl TestGateway {
+    pub async fn start(db: &TestDb, agents: Vec<AgentProfile>) -> TestGateway {
+        let config = Config {
+            listen: "127.0.0.1:0".into(),
+            database_url: Some(db.url.clone()),
+            max_line_bytes: 1024 * 1024,
+            max_body_bytes: 64 * 1024,
+            agents,
+        };
+        Self::start_with(config).await
+    }
+
+    pub async fn start_with(config: Config) -> TestGateway {
+        config.validate().expect("valid test config");
+        let gateway = Gateway::build(config.clone())
+            .await
+            .expect("gateway builds");
+        let base = format!("http://{}", gateway.local_addr());
+        let stop = CancellationToken::new();
+        let token = stop.clone();
+        let task = tokio::spawn(gateway.run(async move { token.cancelled().await }));
+        TestGateway {
+            base,
+            config,
+            stop,
+            task: Some(task),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// Stops the gateway (closing its agents) and waits until it has.
+    pub async fn stop(mut self) -> Config {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(WAIT, task)
+                .await
+                .expect("gateway stops in time")
+                .unwrap()
+                .unwrap();
+        }
+        self.config.clone()
+    }
+
+    /// Stops this gateway and starts a new one on the same database.
+    pub async fn restart(self) -> TestGateway {
+        let config = self.stop().await;
+        TestGateway::start_with(config).await
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let resp = self.http.get(self.url(path)).send().await.unwrap();
+        decode(resp).await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let resp = self
+            .http
+            .post(self.url(path))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        decode(resp).await
+    }
+
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        content_type: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> (u16, Value) {
+        let resp = self
+            .http
+            .post(self.url(path))
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        decode(resp).await
+    }
+
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        let resp = self.http.delete(self.url(path)).send().await.unwrap();
+        decode(resp).await
+    }
+
+    /// Creates a conversation and returns its JSON (asserting 201).
+    pub async fn create_conversation(&self, agent: &str) -> Value {
+        let (status, body) = self
+            .post("/api/v1/conversations", json!({"agent": agent}))
+            .await;
+        assert_eq!(status, 201, "create conversation: {body}");
+        body
+    }
+
+    /// Sends a text prompt and returns the turn id (asserting 202).
+    pub async fn prompt(&self, conversation: &str, text: &str) -> String {
+        let (status, body) = self
+            .post(
+                &format!("/api/v1/conversations/{conversation}/prompts"),
+                json!({"text": text}),
+            )
+            .await;
+        assert_eq!(status, 202, "prompt: {body}");
+        body["turn_id"].as_str().unwrap().to_owned()
+    }
+
+    pub async fn ws(&self, path: &str) -> Ws {
+        let url = self.url(path).replacen("http://", "ws://", 1);
+        let (stream, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url))
+            .await
+            .expect("websocket connects in time")
+            .expect("websocket connects");
+        Ws { stream }
+    }
+
+    pub async fn conversation_ws(&self, conversation: &str, after: i64) -> Ws {
+        self.ws(&format!(
+            "/api/v1/conversations/{conversation}/ws?after={after}"
+        ))
+        .await
+    }
+
+    /// All events of a conversation from REST.
+    pub async fn events(&self, conversation: &str) -> Vec<Value> {
+        let (status, body) = self
+            .get(&format!(
+                "/api/v1/conversations/{conversation}/events?limit=10000"
+            ))
+            .await;
+        assert_eq!(status, 200, "{body}");
+        body["items"].as_array().unwrap().clone()
+    }
+}
+
+impl Drop for TestGateway {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn decode(resp: reqwest::Response) -> (u16, Value) {
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    let body = if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or(Value::String(text))
+    };
+    (status, body)
+}
+
+/// A WebSocket client reading JSON frames.
+pub struct Ws {
+    pub stream: WebSocketStream<MaybeTlsStream<TcpStream>>,
+}
+
+impl Ws {
+    /// The next JSON frame, failing the test after [`WAIT`].
+    pub async fn next(&mut self) -> Value {
+        loop {
+            let msg = tokio::time::timeout(WAIT, self.stream.next())
+                .await
+                .expect("a websocket frame arrives in time")
+                .expect("websocket still open")
+                .expect("websocket frame");
+            match msg {
+                WsMessage::Text(text) => return serde_json::from_str(&text).unwrap(),
+                WsMessage::Ping(_) | WsMessage::Pong(_) => continue,
+                other => panic!("unexpected websocket frame {other:?}"),
+            }
+        }
+    }
+
+    /// Reads frames until one matches, returning all frames read (the match last).
+    pub async fn until(&mut self, pred: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let mut seen = Vec::new();
+        loop {
+            let frame = self.next().await;
+            let done = pred(&frame);
+            seen.push(frame);
+            if done {
+                return seen;
+            }
+        }
+    }
+
+    /// Reads until an event of this type (and optionally matching more).
+    pub async fn until_type(&mut self, kind: &str) -> Vec<Value> {
+        self.until(|e| e["type"] == kind).await
+    }
+
+    /// Reads until the agent is reported gone (`agent_status` exited or failed).
+    pub async fn until_agent_gone(&mut self) -> Vec<Value> {
+        self.until(|e| {
+            e["type"] == "agent_status"
+                && matches!(e["data"]["status"].as_str(), Some("exited" | "failed"))
+        })
+        .await
+    }
+
+    pub async fn close(mut self) {
+        let _ = self.stream.send(WsMessage::Close(None)).await;
+    }
+}
+
+/// The concatenated text of every `session_update` of one kind.
+pub fn streamed_text(events: &[Value], update_kind: &str) -> String {
+    events
+        .iter()
+        .filter(|e| {
+            e["type"] == "session_update" && e["data"]["update"]["sessionUpdate"] == update_kind
+        })
+        .filter_map(|e| e["data"]["update"]["content"]["text"].as_str())
+        .collect()
+}
+
+/// Asserts seqs are consecutive, starting right after `after`.
+pub fn assert_consecutive(events: &[Value], after: i64) {
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(
+            e["seq"].as_i64().unwrap(),
+            after + 1 + i as i64,
+            "event {i}: {e}"
+        );
+    }
+}

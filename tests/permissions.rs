@@ -1,0 +1,239 @@
+//! Permission requests: parked, listed, answered over REST, and the agent
+//! gets the right outcome.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+async fn ask(gw: &TestGateway, ws: &mut Ws, id: &str, text: &str) -> Value {
+    gw.prompt(id, text).await;
+    ws.until_type("permission_requested").await.pop().unwrap()["data"].clone()
+}
+
+fn respond_path(request: &Value) -> String {
+    format!(
+        "/api/v1/permissions/{}/respond",
+        request["id"].as_str().unwrap()
+    )
+}
+
+async fn setup() -> (TestDb, TestGateway, String, Ws) {
+    let db = TestDb::new().await;
+    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
+    let id = gw.create_conversation("demo").await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let ws = gw.conversation_ws(&id, 0).await;
+    (db, gw, id, ws)
+}
+
+fn tool_status(frames: &[Value]) -> Vec<String> {
+    frames
+        .iter()
+        .filter(|e| e["data"]["update"]["sessionUpdate"] == "tool_call_update")
+        .filter_map(|e| e["data"]["update"]["status"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test]
+async fn an_approval_reaches_the_agent_and_a_second_different_answer_gets_409() {
+    let (_db, gw, id, mut ws) = setup().await;
+    let request = ask(&gw, &mut ws, &id, "tool").await;
+    let (_, conv) = gw.get(&format!("/api/v1/conversations/{id}")).await;
+    assert_eq!(conv["status"], "awaiting_permission");
+    let (_, pending) = gw.get("/api/v1/permissions?status=pending").await;
+    assert_eq!(pending["items"].as_array().unwrap().len(), 1);
+    assert_eq!(pending["items"][0]["id"], request["id"]);
+    assert_eq!(pending["items"][0]["options"][0]["optionId"], "allow-once");
+    assert_eq!(pending["items"][0]["tool_call"]["toolCallId"], "call_1");
+
+    let (status, body) = gw
+        .post(&respond_path(&request), json!({"option_id": "allow-once"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "approved");
+    assert_eq!(body["decision"]["option_id"], "allow-once");
+    assert_eq!(body["decision"]["outcome"], "selected");
+    assert_eq!(body["decision"]["decided_by"], "user:anonymous");
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(tool_status(&frames), ["in_progress", "completed"]);
+    let resolved = frames
+        .iter()
+        .find(|e| e["type"] == "permission_resolved")
+        .unwrap();
+    assert_eq!(resolved["data"], body);
+
+    // The identical answer again is fine; a different one conflicts.
+    let (status, again) = gw
+        .post(&respond_path(&request), json!({"option_id": "allow-once"}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(again, body);
+    let (status, conflict) = gw
+        .post(&respond_path(&request), json!({"option_id": "reject-once"}))
+        .await;
+    assert_eq!(status, 409, "{conflict}");
+    assert_eq!(conflict["code"], "already_resolved");
+    assert_eq!(conflict["request"], body);
+    let (_, pending) = gw.get("/api/v1/permissions?status=pending").await;
+    assert_eq!(pending["items"], json!([]));
+    let (_, all) = gw
+        .get(&format!(
+            "/api/v1/permissions?status=all&conversation_id={id}"
+        ))
+        .await;
+    assert_eq!(all["items"][0], body);
+}
+
+#[tokio::test]
+async fn a_rejection_reaches_the_agent() {
+    let (_db, gw, id, mut ws) = setup().await;
+    let request = ask(&gw, &mut ws, &id, "tool").await;
+    let (status, body) = gw
+        .post(&respond_path(&request), json!({"option_id": "reject-once"}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(body["status"], "rejected");
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(tool_status(&frames), ["failed"]);
+    assert_eq!(
+        streamed_text(&frames, "agent_message_chunk"),
+        "Permission denied."
+    );
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+}
+
+#[tokio::test]
+async fn cancelling_the_turn_answers_the_pending_request_cancelled() {
+    let (_db, gw, id, mut ws) = setup().await;
+    let request = ask(&gw, &mut ws, &id, "tool").await;
+    let (status, _) = gw
+        .post(&format!("/api/v1/conversations/{id}/cancel"), json!({}))
+        .await;
+    assert_eq!(status, 202);
+    let frames = ws.until_type("turn_ended").await;
+    let resolved = frames
+        .iter()
+        .find(|e| e["type"] == "permission_resolved")
+        .unwrap();
+    assert_eq!(resolved["data"]["id"], request["id"]);
+    assert_eq!(resolved["data"]["status"], "cancelled");
+    assert_eq!(resolved["data"]["decision"]["outcome"], "cancelled");
+    assert_eq!(resolved["data"]["decision"]["decided_by"], "system");
+    assert_eq!(tool_status(&frames), ["failed"]);
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "cancelled");
+    // A user answering afterwards loses to the cancellation.
+    let (status, body) = gw
+        .post(&respond_path(&request), json!({"option_id": "allow-once"}))
+        .await;
+    assert_eq!(status, 409, "{body}");
+    let (_, conv) = gw.get(&format!("/api/v1/conversations/{id}")).await;
+    assert_eq!(conv["status"], "idle");
+}
+
+#[tokio::test]
+async fn a_user_can_answer_with_the_cancelled_outcome() {
+    let (_db, gw, id, mut ws) = setup().await;
+    let request = ask(&gw, &mut ws, &id, "tool").await;
+    let (status, body) = gw
+        .post(&respond_path(&request), json!({"outcome": "cancelled"}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(body["status"], "cancelled");
+    assert_eq!(body["decision"]["decided_by"], "user:anonymous");
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "cancelled");
+}
+
+#[tokio::test]
+async fn bad_answers_get_422_and_unknown_ids_404() {
+    let (_db, gw, id, mut ws) = setup().await;
+    let request = ask(&gw, &mut ws, &id, "tool").await;
+    let path = respond_path(&request);
+    for body in [
+        json!({"option_id": "no-such-option"}),
+        json!({"outcome": "selected"}),
+        json!({}),
+        json!({"option_id": "allow-once", "outcome": "cancelled"}),
+        json!({"option_id": 5}),
+    ] {
+        let (status, problem) = gw.post(&path, body.clone()).await;
+        assert_eq!(status, 422, "{body} → {problem}");
+    }
+    // Still pending after all that.
+    let (_, current) = gw
+        .get(&format!(
+            "/api/v1/permissions/{}",
+            request["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(current["status"], "pending");
+    let unknown = uuid::Uuid::now_v7();
+    let (status, problem) = gw
+        .post(
+            &format!("/api/v1/permissions/{unknown}/respond"),
+            json!({"option_id": "allow-once"}),
+        )
+        .await;
+    assert_eq!(status, 404);
+    assert_eq!(problem["code"], "not_found");
+    let (status, _) = gw.get(&format!("/api/v1/permissions/{unknown}")).await;
+    assert_eq!(status, 404);
+    let (status, _) = gw.get("/api/v1/permissions/not-a-uuid").await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn two_people_answering_at_once_exactly_one_wins() {
+    let (_db, gw, id, mut ws) = setup().await;
+    let request = ask(&gw, &mut ws, &id, "tool").await;
+    let path = respond_path(&request);
+    let (a, b) = tokio::join!(
+        gw.post(&path, json!({"option_id": "allow-once"})),
+        gw.post(&path, json!({"option_id": "reject-once"})),
+    );
+    let mut statuses = [a.0, b.0];
+    statuses.sort();
+    assert_eq!(statuses, [200, 409], "{a:?} {b:?}");
+    let frames = ws.until_type("turn_ended").await;
+    let resolved: Vec<_> = frames
+        .iter()
+        .filter(|e| e["type"] == "permission_resolved")
+        .collect();
+    assert_eq!(resolved.len(), 1);
+    let winner = if a.0 == 200 { &a.1 } else { &b.1 };
+    assert_eq!(&resolved[0]["data"], winner);
+}
+
+#[tokio::test]
+async fn an_agent_withdrawing_its_request_resolves_it_cancelled() {
+    let (_db, gw, id, mut ws) = setup().await;
+    gw.prompt(&id, "withdraw").await;
+    let frames = ws.until_type("turn_ended").await;
+    let resolved = frames
+        .iter()
+        .find(|e| e["type"] == "permission_resolved")
+        .unwrap();
+    assert_eq!(resolved["data"]["status"], "cancelled");
+    assert_eq!(resolved["data"]["decision"]["decided_by"], "system");
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+}
+
+#[tokio::test]
+async fn the_inbox_starts_with_the_pending_snapshot_and_streams_decisions() {
+    let (_db, gw, id, mut ws) = setup().await;
+    let request = ask(&gw, &mut ws, &id, "tool").await;
+    let mut inbox = gw.ws("/api/v1/ws").await;
+    let snapshot = inbox.next().await;
+    assert_eq!(snapshot["type"], "snapshot");
+    let (_, pending) = gw.get("/api/v1/permissions?status=pending").await;
+    assert_eq!(snapshot["pending_permissions"], pending["items"]);
+    assert_eq!(snapshot["pending_permissions"][0]["id"], request["id"]);
+    gw.post(&respond_path(&request), json!({"option_id": "allow-once"}))
+        .await;
+    let frames = inbox.until_type("permission_resolved").await;
+    assert_eq!(frames.last().unwrap()["data"]["id"], request["id"]);
+    assert_eq!(frames.last().unwrap()["conversation_id"], id.as_str());
+}

@@ -1,0 +1,57 @@
+//! Live updates: replay after `after`, no gap and no duplicate across the
+//! switch from replay to live, reconnecting mid-turn.
+
+mod common;
+
+use common::*;
+
+#[tokio::test]
+async fn a_client_reconnecting_mid_turn_gets_exactly_the_missed_events_then_live_ones() {
+    let db = TestDb::new().await;
+    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
+    let id = gw.create_conversation("demo").await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    gw.prompt(&id, "slow 30").await;
+    // Read a few streamed events, then drop the connection mid-turn.
+    let first = ws
+        .until(|e| e["type"] == "session_update" && e["data"]["update"]["content"]["text"] == "s3 ")
+        .await;
+    let last_seen = first.last().unwrap()["seq"].as_i64().unwrap();
+    ws.close().await;
+    // Reconnect while the agent keeps streaming.
+    let mut ws = gw.conversation_ws(&id, last_seen).await;
+    let rest = ws.until_type("turn_ended").await;
+    assert_consecutive(&rest, last_seen);
+    let all: Vec<_> = first.iter().chain(&rest).cloned().collect();
+    assert_consecutive(&all, 0);
+    let text = streamed_text(&all, "agent_message_chunk");
+    let expected: String = (0..30).map(|i| format!("s{i} ")).collect();
+    assert_eq!(text, expected);
+    assert_eq!(gw.events(&id).await, all);
+}
+
+#[tokio::test]
+async fn a_client_connecting_after_the_turn_gets_the_whole_history_then_live_events() {
+    let db = TestDb::new().await;
+    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
+    let id = gw.create_conversation("demo").await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    gw.prompt(&id, "long 2000").await;
+    ws.until_type("turn_ended").await;
+    let stored = gw.events(&id).await;
+    let mut late = gw.conversation_ws(&id, 2).await;
+    let mut replayed = Vec::new();
+    for _ in 2..stored.len() {
+        replayed.push(late.next().await);
+    }
+    assert_eq!(&replayed[..], &stored[2..]);
+    gw.prompt(&id, "hello").await;
+    let live = late.until_type("turn_ended").await;
+    assert_consecutive(&live, stored.len() as i64);
+}
