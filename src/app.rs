@@ -19,8 +19,6 @@ use crate::journal::{Journal, Sink};
 use crate::model::{self, event_type, ConversationStatus, Decision, PermissionStatus};
 use crate::store::{PermissionFilter, PgStore, Resolution};
 
-/// How far a live subscriber may fall behind before it catches up from the store.
-const BUS_CAPACITY: usize = 1024;
 /// How long stopping may take before agents are left to `kill_on_drop`.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
@@ -44,7 +42,7 @@ impl Gateway {
         store.migrate().await?;
         let sink = Sink {
             store: Arc::new(store),
-            bus: EventBus::new(BUS_CAPACITY),
+            bus: EventBus::new(config.event_buffer),
         };
         recover(&sink)
             .await

@@ -31,6 +31,10 @@ pub struct Config {
     /// Largest accepted REST request body.
     #[serde(default = "default_max_body_bytes")]
     pub max_body_bytes: usize,
+    /// How many live events a WebSocket subscriber may fall behind before it
+    /// catches up from the database instead.
+    #[serde(default = "default_event_buffer")]
+    pub event_buffer: usize,
     /// The agent profiles conversations can be started with.
     #[serde(default)]
     pub agents: Vec<AgentProfile>,
@@ -54,9 +58,10 @@ pub struct AgentProfile {
     /// Default working directory of its sessions (absolute).
     #[serde(default)]
     pub cwd: Option<PathBuf>,
-    /// MCP servers passed verbatim in `session/new` (ACP's `McpServer` objects).
+    /// MCP servers passed in `session/new`, in ACP's `McpServer` shape
+    /// (checked when the config is loaded).
     #[serde(default)]
-    pub mcp_servers: Vec<serde_json::Value>,
+    pub mcp_servers: Vec<agent_client_protocol_schema::v1::McpServer>,
     /// How long `initialize` and `session/new` may take each.
     #[serde(default = "default_startup_timeout", with = "humantime_serde")]
     pub startup_timeout: Duration,
@@ -70,6 +75,9 @@ fn default_max_line_bytes() -> usize {
 }
 fn default_max_body_bytes() -> usize {
     8 * 1024 * 1024
+}
+fn default_event_buffer() -> usize {
+    1024
 }
 fn default_startup_timeout() -> Duration {
     Duration::from_secs(60)
@@ -126,6 +134,9 @@ impl Config {
         if self.max_body_bytes < 1024 {
             bail!("max_body_bytes: must be at least 1024");
         }
+        if self.event_buffer == 0 {
+            bail!("event_buffer: must be at least 1");
+        }
         let mut names = HashSet::new();
         for (i, agent) in self.agents.iter().enumerate() {
             let key = format!("agents[{i}]");
@@ -150,11 +161,6 @@ impl Config {
             }
             if agent.startup_timeout.is_zero() {
                 bail!("{key}.startup_timeout: must be greater than zero");
-            }
-            for (j, server) in agent.mcp_servers.iter().enumerate() {
-                if !server.is_object() {
-                    bail!("{key}.mcp_servers[{j}]: must be a table");
-                }
             }
         }
         Ok(())
@@ -241,6 +247,19 @@ startup_timeout = "5s"
         assert!(format!("{err:#}").contains("comand"), "{err:#}");
         let err = Config::parse(&GOOD.replace("\"5s\"", "\"five\"")).unwrap_err();
         assert!(format!("{err:#}").contains("startup_timeout"), "{err:#}");
+    }
+
+    #[test]
+    fn mcp_servers_are_checked_against_the_acp_schema() {
+        let good = GOOD.replace(
+            "startup_timeout = \"5s\"",
+            "mcp_servers = [{ name = \"fs\", command = \"/bin/mcp-fs\", args = [], env = [] }]",
+        );
+        let config = Config::parse(&good).unwrap();
+        assert_eq!(config.agents[0].mcp_servers.len(), 1);
+        let bad = GOOD.replace("startup_timeout = \"5s\"", "mcp_servers = [{ nam = 1 }]");
+        let err = Config::parse(&bad).unwrap_err();
+        assert!(format!("{err:#}").contains("mcp_servers"), "{err:#}");
     }
 
     #[test]

@@ -19,6 +19,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use agent_client_protocol_schema as acp_schema;
+use agent_client_protocol_schema::v1 as acp;
+
 use crate::acp::agent::{describe_exit, AgentProcess};
 use crate::acp::rpc::{Incoming, IncomingRequest, Responder, RpcConfig, RpcError, RpcPeer};
 use crate::config::AgentProfile;
@@ -247,38 +250,41 @@ async fn connect(
         },
     );
     let handshake = async {
+        // We serve neither files nor terminals (yet): the default capabilities
+        // say so, and agents must not ask for them.
+        let init = acp::InitializeRequest::new(acp_schema::ProtocolVersion::V1)
+            .client_capabilities(acp::ClientCapabilities::default())
+            .client_info(acp::Implementation::new(
+                "acp-gateway",
+                env!("CARGO_PKG_VERSION"),
+            ));
         let init = call(
             &peer,
             &mut process,
             profile.startup_timeout,
             "initialize",
-            json!({
-                "protocolVersion": 1,
-                // We serve neither files nor terminals (yet): agents must not ask.
-                "clientCapabilities": {"fs": {"readTextFile": false, "writeTextFile": false}, "terminal": false},
-                "clientInfo": {"name": "acp-gateway", "version": env!("CARGO_PKG_VERSION")},
-            }),
+            to_json(&init),
         )
         .await?;
-        let version = init.get("protocolVersion").and_then(Value::as_u64);
-        if version != Some(1) {
+        let init: acp::InitializeResponse = from_json("initialize", init)?;
+        if init.protocol_version != acp_schema::ProtocolVersion::V1 {
             return Err(Error::AgentFailed(format!(
                 "agent speaks ACP protocol version {}, the gateway speaks 1",
-                init.get("protocolVersion").unwrap_or(&Value::Null)
+                to_json(&init.protocol_version)
             )));
         }
+        let new =
+            acp::NewSessionRequest::new(&conversation.cwd).mcp_servers(profile.mcp_servers.clone());
         let new = call(
             &peer,
             &mut process,
             profile.startup_timeout,
             "session/new",
-            json!({"cwd": conversation.cwd, "mcpServers": profile.mcp_servers}),
+            to_json(&new),
         )
         .await?;
-        new.get("sessionId")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-            .ok_or_else(|| Error::AgentFailed("session/new answered without a sessionId".into()))
+        let new: acp::NewSessionResponse = from_json("session/new", new)?;
+        Ok(new.session_id.0.to_string())
     };
     match handshake.await {
         Ok(session_id) => Ok((process, peer, incoming, session_id)),
@@ -287,6 +293,18 @@ async fn connect(
             Err(err)
         }
     }
+}
+
+fn to_json(value: &impl serde::Serialize) -> Value {
+    serde_json::to_value(value).expect("ACP types serialize")
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(method: &str, value: Value) -> Result<T> {
+    serde_json::from_value(value).map_err(|e| {
+        Error::AgentFailed(format!(
+            "agent answered {method} with an invalid result: {e}"
+        ))
+    })
 }
 
 /// One handshake request, with a timeout and errors that carry the agent's

@@ -55,3 +55,42 @@ async fn a_client_connecting_after_the_turn_gets_the_whole_history_then_live_eve
     let live = late.until_type("turn_ended").await;
     assert_consecutive(&live, stored.len() as i64);
 }
+
+#[tokio::test]
+async fn a_subscriber_that_falls_behind_catches_up_from_the_database_in_order() {
+    let db = TestDb::new().await;
+    let mut config = TestGateway::start(&db, vec![demo_profile("demo", &[])])
+        .await
+        .stop()
+        .await;
+    // A live buffer of one event: every burst of events overflows it.
+    config.event_buffer = 1;
+    let gw = TestGateway::start_with(config).await;
+    let id = gw.create_conversation("demo").await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    let mut inbox_frames = Vec::new();
+    for prompt in ["parallel 5", "plan", "unknown", "slow 10"] {
+        gw.prompt(&id, prompt).await;
+        loop {
+            let frames = ws
+                .until(|e| e["type"] == "permission_requested" || e["type"] == "turn_ended")
+                .await;
+            let last = frames.last().unwrap().clone();
+            inbox_frames.extend(frames);
+            if last["type"] == "turn_ended" {
+                break;
+            }
+            let perm = last["data"]["id"].as_str().unwrap();
+            gw.post(
+                &format!("/api/v1/permissions/{perm}/respond"),
+                serde_json::json!({"option_id": "allow-once"}),
+            )
+            .await;
+        }
+    }
+    assert_consecutive(&inbox_frames, 0);
+    assert_eq!(gw.events(&id).await, inbox_frames);
+}

@@ -3,7 +3,7 @@
 //! ACP agents speak JSON-RPC 2.0 on their stdio, one JSON message per line, and both sides
 //! send requests: we call `session/prompt`, the agent calls `session/request_permission`. This
 //! module turns an `AsyncRead`/`AsyncWrite` pair into an [`RpcPeer`] handle plus a stream of
-//! [`Incoming`] messages, and knows nothing about ACP methods (that is `client.rs`' job).
+//! [`Incoming`] messages, and knows nothing about ACP methods (that is the session's job).
 //!
 //! # Design
 //!

@@ -142,6 +142,7 @@ impl TestGateway {
             database_url: Some(db.url.clone()),
             max_line_bytes: 1024 * 1024,
             max_body_bytes: 64 * 1024,
+            event_buffer: 1024,
             agents,
         };
         Self::start_with(config).await
