@@ -62,6 +62,13 @@ pub struct AgentProfile {
     /// (checked when the config is loaded).
     #[serde(default)]
     pub mcp_servers: Vec<agent_client_protocol_schema::v1::McpServer>,
+    /// How long a permission request may wait for an answer (default: as
+    /// long as the agent waits).
+    #[serde(default, with = "humantime_serde")]
+    pub permission_timeout: Option<Duration>,
+    /// What a timed-out request is answered with: `reject` or `cancel`.
+    #[serde(default)]
+    pub on_timeout: crate::permissions::OnTimeout,
     /// How long `initialize` and `session/new` may take each.
     #[serde(default = "default_startup_timeout", with = "humantime_serde")]
     pub startup_timeout: Duration,
@@ -159,6 +166,9 @@ impl Config {
                     bail!("{key}.cwd: {:?} must be an absolute path", cwd);
                 }
             }
+            if agent.permission_timeout.is_some_and(|t| t.is_zero()) {
+                bail!("{key}.permission_timeout: must be greater than zero");
+            }
             if agent.startup_timeout.is_zero() {
                 bail!("{key}.startup_timeout: must be greater than zero");
             }
@@ -228,6 +238,20 @@ startup_timeout = "5s"
         let config = Config::parse(GOOD).unwrap();
         config.validate().unwrap();
         assert_eq!(config.agents[0].startup_timeout, Duration::from_secs(5));
+        assert_eq!(config.agents[0].permission_timeout, None);
+        let timed = GOOD.replace(
+            "startup_timeout = \"5s\"",
+            "permission_timeout = \"5m\"\non_timeout = \"cancel\"",
+        );
+        let config = Config::parse(&timed).unwrap();
+        assert_eq!(
+            config.agents[0].permission_timeout,
+            Some(Duration::from_secs(300))
+        );
+        assert_eq!(
+            config.agents[0].on_timeout,
+            crate::permissions::OnTimeout::Cancel
+        );
         assert!(config.agent("demo").unwrap().unavailable_reason().is_none());
     }
 

@@ -12,6 +12,8 @@
 //!   traffic into events and state, carries out API commands.
 //! - [`journal`]: a conversation's single writer: assigns `seq`, batches writes,
 //!   commits, then publishes to the [`bus`].
+//! - [`permissions`]: answer checks, timeouts and remembered "always" rules
+//!   (pure functions the session applies).
 //! - [`store`]: persistence behind one trait ([`store::Store`]); Postgres now.
 //! - [`api`]: the HTTP + WebSocket API of `../shared/docs/api.md`.
 //! - [`app`]: building and running the whole gateway.
@@ -27,6 +29,7 @@ pub mod config;
 pub mod error;
 pub mod journal;
 pub mod model;
+pub mod permissions;
 pub mod session;
 pub mod store;
 

@@ -31,6 +31,10 @@ use crate::model::{
     self, event_type, Conversation, ConversationStatus, Decision, Message, PermissionRequest,
     PermissionStatus, Role, ToolCall,
 };
+use crate::permissions::{
+    answer_resolved, option_kind, remembered_option, timeout_option, tool_key, validate_answer,
+    Answer, OnTimeout, Rule,
+};
 use crate::store::Resolution;
 
 /// Most events committed in one batch while an agent streams.
@@ -39,49 +43,6 @@ const MAX_BATCH_EVENTS: usize = 512;
 const TERMINATE_GRACE: Duration = Duration::from_secs(2);
 /// How long we wait for the process after its stdout closed.
 const EXIT_AFTER_EOF: Duration = Duration::from_secs(3);
-
-/// A user's answer to a permission request.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Answer {
-    Option(String),
-    Cancelled,
-}
-
-/// Checks an answer against a request: the option must exist (422).
-pub fn validate_answer(request: &PermissionRequest, answer: &Answer) -> Result<PermissionStatus> {
-    match answer {
-        Answer::Cancelled => Ok(PermissionStatus::Cancelled),
-        Answer::Option(id) => request.status_for_option(id).ok_or_else(|| {
-            Error::Unprocessable(format!(
-                "option_id {id:?} is not one of the request's options"
-            ))
-        }),
-    }
-}
-
-/// The reply to an answer for a request that is already resolved: the same
-/// answer again succeeds (a retrying phone), a different one is a conflict.
-pub fn answer_resolved(request: PermissionRequest, answer: &Answer) -> Result<PermissionRequest> {
-    let same = match (&request.decision, answer) {
-        (Some(d), Answer::Option(id)) => {
-            d.outcome == "selected" && d.option_id.as_ref() == Some(id)
-        }
-        (Some(d), Answer::Cancelled) => d.outcome == "cancelled",
-        (None, _) => false,
-    };
-    if same {
-        return Ok(request);
-    }
-    Err(Error::Conflict {
-        code: "already_resolved",
-        detail: format!(
-            "permission request {} is already {}",
-            request.id,
-            request.status.as_str()
-        ),
-        extra: Some(json!({ "request": request })),
-    })
-}
 
 enum Command {
     Prompt {
@@ -219,7 +180,8 @@ pub async fn start(
         incoming: Some(incoming),
         commands: rx,
         acp_session_id,
-        cwd: PathBuf::from(&conversation.cwd),
+        permission_timeout: profile.permission_timeout,
+        on_timeout: profile.on_timeout,
         turn: None,
         prompt: None,
         pending: HashMap::new(),
@@ -378,6 +340,8 @@ struct Turn {
 struct Pending {
     request: PermissionRequest,
     responder: Responder,
+    /// When the profile's `permission_timeout` answers it.
+    deadline: Option<tokio::time::Instant>,
 }
 
 type PromptFuture = Pin<Box<dyn Future<Output = Result<Value, RpcError>> + Send>>;
@@ -390,8 +354,8 @@ struct Session {
     incoming: Option<mpsc::Receiver<Incoming>>,
     commands: mpsc::Receiver<Command>,
     acp_session_id: String,
-    #[allow(dead_code)]
-    cwd: PathBuf,
+    permission_timeout: Option<Duration>,
+    on_timeout: OnTimeout,
     turn: Option<Turn>,
     /// The outstanding `session/prompt` request.
     prompt: Option<PromptFuture>,
@@ -404,16 +368,25 @@ struct Session {
 
 /// Why the session loop ended.
 enum End {
+    /// The agent exited (or closed its stdout) by itself.
     AgentGone,
-    Closed {
-        reply: Option<oneshot::Sender<()>>,
-        detail: &'static str,
-    },
+    /// A user closed the conversation: its turn and requests are cancelled.
+    ClosedByUser { reply: Option<oneshot::Sender<()>> },
+    /// The gateway stops the agent under a running conversation: its requests
+    /// expire, its turn ends with an error.
+    Stopped { detail: &'static str },
 }
 
 async fn next_incoming(rx: &mut Option<mpsc::Receiver<Incoming>>) -> Option<Incoming> {
     match rx {
         Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
     }
 }
@@ -431,8 +404,7 @@ impl Session {
             Ok(end) => end,
             Err(e) => {
                 tracing::error!(error = %e, "session failed; stopping its agent");
-                End::Closed {
-                    reply: None,
+                End::Stopped {
                     detail: "the gateway could not persist the conversation",
                 }
             }
@@ -444,6 +416,7 @@ impl Session {
 
     async fn serve(&mut self, shutdown: &CancellationToken) -> Result<End> {
         loop {
+            let deadline = self.next_deadline();
             tokio::select! {
                 biased;
                 msg = next_incoming(&mut self.incoming) => match msg {
@@ -477,15 +450,16 @@ impl Session {
                     self.drain_incoming(usize::MAX).await?;
                     return Ok(End::AgentGone);
                 }
+                _ = sleep_until(deadline) => self.time_out_due().await?,
                 cmd = self.commands.recv() => match cmd {
                     Some(Command::Close { reply }) => {
-                        return Ok(End::Closed { reply: Some(reply), detail: "conversation closed" });
+                        return Ok(End::ClosedByUser { reply: Some(reply) });
                     }
                     Some(cmd) => self.handle_command(cmd).await?,
-                    None => return Ok(End::Closed { reply: None, detail: "conversation closed" }),
+                    None => return Ok(End::ClosedByUser { reply: None }),
                 },
                 _ = shutdown.cancelled() => {
-                    return Ok(End::Closed { reply: None, detail: "gateway shutting down" });
+                    return Ok(End::Stopped { detail: "the gateway is shutting down" });
                 }
             }
         }
@@ -547,7 +521,7 @@ impl Session {
                 other => tracing::debug!(method = other, "ignoring notification"),
             },
             Incoming::Request(request) => match request.method.as_str() {
-                "session/request_permission" => self.on_permission_request(request),
+                "session/request_permission" => self.on_permission_request(request).await?,
                 _ => request.reject_unknown_method(),
             },
         }
@@ -672,17 +646,17 @@ impl Session {
         }
     }
 
-    fn on_permission_request(&mut self, request: IncomingRequest) {
+    async fn on_permission_request(&mut self, request: IncomingRequest) -> Result<()> {
         let params = &request.params;
         let tool_call = params.get("toolCall").filter(|v| v.is_object()).cloned();
         let options = params.get("options").and_then(Value::as_array).cloned();
         let (Some(tool_call), Some(options)) = (tool_call, options) else {
             request.responder.respond_error(
-                -32602,
+                crate::acp::rpc::INVALID_PARAMS,
                 "session/request_permission needs toolCall (object) and options (array)",
                 None,
             );
-            return;
+            return Ok(());
         };
         let permission = PermissionRequest {
             id: model::new_id(),
@@ -694,20 +668,109 @@ impl Session {
             decision: None,
             created_at: model::now(),
         };
-        tracing::info!(permission_id = %permission.id, "agent asks permission");
+        let id = permission.id;
+        tracing::info!(permission_id = %id, "agent asks permission");
+        // The request's toolCall is an update: complete it with what we know.
+        let key = tool_key(&self.known_tool_call(&permission.tool_call));
         self.journal.batch.new_permissions.push(permission.clone());
         self.journal.event(
             event_type::PERMISSION_REQUESTED,
             serde_json::to_value(&permission).expect("serializes"),
         );
+        let rule = self
+            .journal
+            .store()
+            .find_rule(permission.conversation_id, &key)
+            .await?;
+        let remembered = rule
+            .as_ref()
+            .and_then(|rule| Some((rule, remembered_option(&permission, rule)?)));
+        let remembered = remembered.map(|(rule, option)| {
+            let reason = format!(
+                "remembered {} for {} {}",
+                rule.option_kind, rule.tool_kind, rule.subject
+            );
+            (option, reason)
+        });
         self.pending.insert(
-            permission.id,
+            id,
             Pending {
                 request: permission,
                 responder: request.responder,
+                deadline: self
+                    .permission_timeout
+                    .map(|t| tokio::time::Instant::now() + t),
             },
         );
         self.journal.set_status(self.status_now());
+        if let Some((option, reason)) = remembered {
+            // Published as requested, then resolved: the user sees what happened.
+            let status = self.pending[&id]
+                .request
+                .status_for_option(&option)
+                .expect("offered");
+            self.resolve(id, status, Some(option), "policy:remembered", Some(&reason))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// What the gateway knows of a tool call, overlaid with `update`.
+    fn known_tool_call(&self, update: &Value) -> Value {
+        let mut merged = json!({});
+        let known = update
+            .get("toolCallId")
+            .and_then(Value::as_str)
+            .and_then(|id| self.tool_calls.get(id));
+        if let Some(call) = known {
+            merged = json!({
+                "kind": call.kind, "title": call.title,
+                "locations": call.locations, "rawInput": call.raw_input,
+            });
+        }
+        if let (Some(merged), Some(update)) = (merged.as_object_mut(), update.as_object()) {
+            for (k, v) in update {
+                if !v.is_null() {
+                    merged.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        merged
+    }
+
+    fn next_deadline(&self) -> Option<tokio::time::Instant> {
+        self.pending.values().filter_map(|p| p.deadline).min()
+    }
+
+    /// Answers the requests whose `permission_timeout` ran out.
+    async fn time_out_due(&mut self) -> Result<()> {
+        let now = tokio::time::Instant::now();
+        let mut due: Vec<(Uuid, Option<String>)> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.deadline.is_some_and(|d| d <= now))
+            .map(|(id, p)| (*id, timeout_option(&p.request, self.on_timeout)))
+            .collect();
+        due.sort();
+        let reason = format!(
+            "no answer within {} (on_timeout = {})",
+            humantime_fmt(self.permission_timeout.unwrap_or_default()),
+            match self.on_timeout {
+                OnTimeout::Reject => "reject",
+                OnTimeout::Cancel => "cancel",
+            }
+        );
+        for (id, option) in due {
+            self.resolve(
+                id,
+                PermissionStatus::TimedOut,
+                option,
+                "system",
+                Some(&reason),
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     /// The agent withdrew one of its own requests.
@@ -908,15 +971,38 @@ impl Session {
             Answer::Option(id) => Some(id),
             Answer::Cancelled => None,
         };
+        let always = option_id
+            .as_deref()
+            .and_then(|o| option_kind(&pending.request, o))
+            .filter(|kind| kind.ends_with("_always"))
+            .map(|kind| {
+                let key = tool_key(&self.known_tool_call(&pending.request.tool_call));
+                (kind.to_owned(), key)
+            });
         // What was stored is the truth: our own decision reads back as the
         // identical answer.
-        match self
+        let request = match self
             .resolve(id, status, option_id, decided_by, None)
             .await?
         {
-            Some(request) => answer_resolved(request, &answer),
-            None => Err(Error::NotFound(format!("no permission request {id}"))),
+            Some(request) => answer_resolved(request, &answer)?,
+            None => return Err(Error::NotFound(format!("no permission request {id}"))),
+        };
+        if let Some((option_kind, key)) = always {
+            let rule = Rule {
+                id: model::new_id(),
+                conversation_id: request.conversation_id,
+                tool_kind: key.kind,
+                subject: key.subject,
+                option_kind,
+                permission_id: request.id,
+                created_at: model::now(),
+            };
+            let rule = self.journal.store().upsert_rule(&rule).await?;
+            tracing::info!(rule_id = %rule.id, kind = %rule.tool_kind, subject = %rule.subject,
+                "remembered {}", rule.option_kind);
         }
+        Ok(request)
     }
 
     fn end_turn(&mut self, result: Result<Value, RpcError>) {
@@ -947,53 +1033,44 @@ impl Session {
 
     /// Records how the session ended and makes sure the agent is gone.
     async fn finish(&mut self, end: End) -> Result<()> {
-        let (agent_status, detail, final_status, reply) = match end {
-            End::AgentGone => {
-                let status = self.process.wait().await;
-                self.process.drain_stderr().await;
-                let detail = describe_exit(status, &self.process.stderr_tail());
-                tracing::warn!(%detail, "agent exited");
-                let agent_status = if status.success() { "exited" } else { "failed" };
-                (agent_status, detail, ConversationStatus::Failed, None)
+        let (detail, stop_reason, reply) = match end {
+            End::AgentGone => (String::new(), "error", None),
+            End::ClosedByUser { reply } => ("conversation closed".to_owned(), "cancelled", reply),
+            End::Stopped { detail } => (detail.to_owned(), "error", None),
+        };
+        let closing = !detail.is_empty();
+        if closing {
+            if let Some(turn) = self.turn.as_mut() {
+                // Politely first: the agent may still wrap up its updates.
+                turn.cancel_requested = true;
+                let params = json!({"sessionId": self.acp_session_id});
+                let _ = self.peer.notify("session/cancel", params).await;
             }
-            End::Closed { reply, detail } => {
-                if let Some(turn) = self.turn.as_mut() {
-                    turn.cancel_requested = true;
-                    let _ = self
-                        .peer
-                        .notify("session/cancel", json!({"sessionId": self.acp_session_id}))
-                        .await;
-                }
-                self.resolve_all(PermissionStatus::Cancelled, detail)
+            if stop_reason == "cancelled" {
+                self.resolve_all(PermissionStatus::Cancelled, &detail)
                     .await?;
-                self.process.terminate(TERMINATE_GRACE).await;
-                self.drain_incoming(usize::MAX).await?;
-                (
-                    "exited",
-                    detail.to_owned(),
-                    ConversationStatus::Closed,
-                    reply,
-                )
             }
+            self.process.terminate(TERMINATE_GRACE).await;
+            self.drain_incoming(usize::MAX).await?;
+        }
+        let (agent_status, detail, final_status) = if closing {
+            ("exited", detail, ConversationStatus::Closed)
+        } else {
+            let status = self.process.wait().await;
+            self.process.drain_stderr().await;
+            let detail = describe_exit(status, &self.process.stderr_tail());
+            tracing::warn!(%detail, "agent exited");
+            let agent_status = if status.success() { "exited" } else { "failed" };
+            (agent_status, detail, ConversationStatus::Failed)
         };
         // Requests the agent can no longer receive an answer for.
         let reason = format!("the agent went away: {}", first_line(&detail));
         self.resolve_all(PermissionStatus::Expired, &reason).await?;
-        if self.turn.is_some() {
-            let error = if final_status == ConversationStatus::Closed {
-                None
-            } else {
-                Some(detail.clone())
-            };
-            let cancelled = final_status == ConversationStatus::Closed;
-            let turn = self.turn.take().expect("checked");
+        if let Some(turn) = self.turn.take() {
+            let error = (stop_reason == "error").then(|| detail.clone());
             self.journal.event(
                 event_type::TURN_ENDED,
-                json!({
-                    "turn_id": turn.id,
-                    "stop_reason": if cancelled { "cancelled" } else { "error" },
-                    "error": error,
-                }),
+                json!({"turn_id": turn.id, "stop_reason": stop_reason, "error": error}),
             );
         }
         self.journal.event(

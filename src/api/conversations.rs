@@ -16,6 +16,7 @@ use super::{AppJson, AppPath, AppQuery, AppState, Page};
 use crate::error::{Error, Result};
 use crate::journal::Journal;
 use crate::model::{self, Conversation, ConversationStatus, Event, Message, ToolCall};
+use crate::permissions::Rule;
 use crate::session::{self, StartParams};
 
 pub fn router() -> Router<AppState> {
@@ -27,6 +28,14 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/conversations/{id}/messages", get(messages))
         .route("/api/v1/conversations/{id}/tool-calls", get(tool_calls))
         .route("/api/v1/conversations/{id}/events", get(events))
+        .route(
+            "/api/v1/conversations/{id}/rules",
+            get(list_rules).delete(forget_rules),
+        )
+        .route(
+            "/api/v1/conversations/{id}/rules/{rule_id}",
+            get(show_rule).delete(forget_rule),
+        )
 }
 
 #[derive(Deserialize)]
@@ -280,4 +289,57 @@ async fn events(
         .then(|| items.last().map(|e| e.seq.to_string()))
         .flatten();
     Ok(Json(Page { items, next_cursor }))
+}
+
+async fn list_rules(
+    State(state): State<AppState>,
+    AppPath(id): AppPath<Uuid>,
+) -> Result<Json<Page<Rule>>> {
+    load(&state, id).await?;
+    let items = state.store().list_rules(id).await?;
+    Ok(Json(Page {
+        items,
+        next_cursor: None,
+    }))
+}
+
+async fn show_rule(
+    State(state): State<AppState>,
+    AppPath((id, rule_id)): AppPath<(Uuid, Uuid)>,
+) -> Result<Json<Rule>> {
+    load(&state, id).await?;
+    state
+        .store()
+        .list_rules(id)
+        .await?
+        .into_iter()
+        .find(|r| r.id == rule_id)
+        .map(Json)
+        .ok_or_else(|| Error::NotFound(format!("no rule {rule_id} in conversation {id}")))
+}
+
+/// Forgets every remembered rule of the conversation.
+async fn forget_rules(
+    State(state): State<AppState>,
+    AppPath(id): AppPath<Uuid>,
+) -> Result<StatusCode> {
+    load(&state, id).await?;
+    for rule in state.store().list_rules(id).await? {
+        state.store().delete_rule(id, rule.id).await?;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn forget_rule(
+    State(state): State<AppState>,
+    AppPath((id, rule_id)): AppPath<(Uuid, Uuid)>,
+) -> Result<StatusCode> {
+    load(&state, id).await?;
+    if state.store().delete_rule(id, rule_id).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(Error::NotFound(format!(
+            "no rule {rule_id} in conversation {id}"
+        )))
+    }
 }

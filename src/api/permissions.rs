@@ -9,7 +9,7 @@ use uuid::Uuid;
 use super::{AppJson, AppPath, AppQuery, AppState, Page};
 use crate::error::{Error, Result};
 use crate::model::PermissionRequest;
-use crate::session::{answer_resolved, validate_answer, Answer};
+use crate::permissions::{answer_resolved, validate_answer, Answer};
 use crate::store::PermissionFilter;
 
 pub fn router() -> Router<AppState> {

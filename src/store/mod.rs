@@ -17,6 +17,7 @@ use crate::model::{
     Conversation, ConversationStatus, Decision, Event, Message, PermissionRequest,
     PermissionStatus, ToolCall,
 };
+use crate::permissions::{Rule, ToolKey};
 
 pub use postgres::PgStore;
 
@@ -115,4 +116,12 @@ pub trait Store: Send + Sync + 'static {
     async fn get_permission(&self, id: Uuid) -> Result<Option<PermissionRequest>>;
     /// Oldest first.
     async fn list_permissions(&self, filter: &PermissionFilter) -> Result<Vec<PermissionRequest>>;
+
+    /// Remembers a rule, replacing one with the same conversation and key.
+    async fn upsert_rule(&self, rule: &Rule) -> Result<Rule>;
+    async fn find_rule(&self, conversation_id: Uuid, key: &ToolKey) -> Result<Option<Rule>>;
+    /// Oldest first.
+    async fn list_rules(&self, conversation_id: Uuid) -> Result<Vec<Rule>>;
+    /// Forgets a rule; `false` if there was none with this id in the conversation.
+    async fn delete_rule(&self, conversation_id: Uuid, rule_id: Uuid) -> Result<bool>;
 }

@@ -14,6 +14,7 @@ use crate::model::{
     Conversation, ConversationStatus, Decision, Event, Message, PermissionRequest,
     PermissionStatus, Role, ToolCall,
 };
+use crate::permissions::{Rule, ToolKey};
 
 /// Migrations embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -128,6 +129,18 @@ fn permission_from_row(row: &PgRow) -> Result<PermissionRequest> {
         decision: row
             .try_get::<Option<Json<Decision>>, _>("decision")?
             .map(|j| j.0),
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+fn rule_from_row(row: &PgRow) -> Result<Rule> {
+    Ok(Rule {
+        id: row.try_get("id")?,
+        conversation_id: row.try_get("conversation_id")?,
+        tool_kind: row.try_get("tool_kind")?,
+        subject: row.try_get("subject")?,
+        option_kind: row.try_get("option_kind")?,
+        permission_id: row.try_get("permission_id")?,
         created_at: row.try_get("created_at")?,
     })
 }
@@ -409,5 +422,64 @@ impl Store for PgStore {
         .iter()
         .map(permission_from_row)
         .collect()
+    }
+
+    async fn upsert_rule(&self, rule: &Rule) -> Result<Rule> {
+        let row = sqlx::query(
+            "insert into permission_rules
+               (id, conversation_id, tool_kind, subject, option_kind, permission_id, created_at)
+             values ($1, $2, $3, $4, $5, $6, $7)
+             on conflict (conversation_id, tool_kind, subject) do update set
+               option_kind = excluded.option_kind, permission_id = excluded.permission_id,
+               created_at = excluded.created_at
+             returning *",
+        )
+        .bind(rule.id)
+        .bind(rule.conversation_id)
+        .bind(&rule.tool_kind)
+        .bind(&rule.subject)
+        .bind(&rule.option_kind)
+        .bind(rule.permission_id)
+        .bind(rule.created_at)
+        .fetch_one(&self.pool)
+        .await?;
+        rule_from_row(&row)
+    }
+
+    async fn find_rule(&self, conversation_id: Uuid, key: &ToolKey) -> Result<Option<Rule>> {
+        sqlx::query(
+            "select * from permission_rules
+             where conversation_id = $1 and tool_kind = $2 and subject = $3",
+        )
+        .bind(conversation_id)
+        .bind(&key.kind)
+        .bind(&key.subject)
+        .fetch_optional(&self.pool)
+        .await?
+        .as_ref()
+        .map(rule_from_row)
+        .transpose()
+    }
+
+    async fn list_rules(&self, conversation_id: Uuid) -> Result<Vec<Rule>> {
+        sqlx::query(
+            "select * from permission_rules where conversation_id = $1 order by created_at, id",
+        )
+        .bind(conversation_id)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(rule_from_row)
+        .collect()
+    }
+
+    async fn delete_rule(&self, conversation_id: Uuid, rule_id: Uuid) -> Result<bool> {
+        let done =
+            sqlx::query("delete from permission_rules where conversation_id = $1 and id = $2")
+                .bind(conversation_id)
+                .bind(rule_id)
+                .execute(&self.pool)
+                .await?;
+        Ok(done.rows_affected() > 0)
     }
 }

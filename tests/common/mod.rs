@@ -94,6 +94,8 @@ pub fn profile(name: &str, command: &str, args: &[&str]) -> AgentProfile {
         env: BTreeMap::new(),
         cwd: Some(std::env::temp_dir()),
         mcp_servers: vec![],
+        permission_timeout: None,
+        on_timeout: Default::default(),
         startup_timeout: Duration::from_secs(20),
     }
 }

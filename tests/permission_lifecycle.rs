@@ -1,0 +1,365 @@
+//! The permission lifecycle made trustworthy: concurrent requests, the cancel
+//! rule, expiry, timeouts, remembered "always" answers and the inbox.
+
+mod common;
+
+use std::time::Duration;
+
+use acp_gateway::permissions::OnTimeout;
+use common::*;
+use serde_json::{json, Value};
+
+fn respond_path(request: &Value) -> String {
+    format!(
+        "/api/v1/permissions/{}/respond",
+        request["id"].as_str().unwrap()
+    )
+}
+
+/// Reads until `n` permission requests have been announced; returns them in order.
+async fn requests(ws: &mut Ws, n: usize) -> Vec<Value> {
+    let mut found = Vec::new();
+    while found.len() < n {
+        let frame = ws.until_type("permission_requested").await.pop().unwrap();
+        found.push(frame["data"].clone());
+    }
+    found
+}
+
+async fn start(profile: acp_gateway::config::AgentProfile) -> (TestDb, TestGateway, String, Ws) {
+    let db = TestDb::new().await;
+    let gw = TestGateway::start(&db, vec![profile]).await;
+    let id = gw.create_conversation("demo").await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let ws = gw.conversation_ws(&id, 0).await;
+    (db, gw, id, ws)
+}
+
+#[tokio::test]
+async fn two_concurrent_requests_answered_in_reverse_order_each_reach_their_tool_call() {
+    let (_db, gw, id, mut ws) = start(demo_profile("demo", &[])).await;
+    gw.prompt(&id, "parallel 2").await;
+    let reqs = requests(&mut ws, 2).await;
+    let (_, listed) = gw
+        .get(&format!("/api/v1/permissions?conversation_id={id}"))
+        .await;
+    let listed_ids: Vec<_> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].clone())
+        .collect();
+    assert_eq!(
+        listed_ids,
+        [reqs[0]["id"].clone(), reqs[1]["id"].clone()],
+        "oldest first"
+    );
+    let call = |r: &Value| r["tool_call"]["toolCallId"].as_str().unwrap().to_owned();
+    assert_ne!(call(&reqs[0]), call(&reqs[1]));
+
+    let (status, second) = gw
+        .post(&respond_path(&reqs[1]), json!({"option_id": "allow-once"}))
+        .await;
+    assert_eq!((status, second["status"].as_str()), (200, Some("approved")));
+    let (status, first) = gw
+        .post(&respond_path(&reqs[0]), json!({"option_id": "reject-once"}))
+        .await;
+    assert_eq!((status, first["status"].as_str()), (200, Some("rejected")));
+    ws.until_type("turn_ended").await;
+
+    let (_, tools) = gw
+        .get(&format!("/api/v1/conversations/{id}/tool-calls"))
+        .await;
+    let status_of = |call_id: &str| {
+        tools["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["tool_call_id"] == call_id)
+            .unwrap()["status"]
+            .clone()
+    };
+    assert_eq!(status_of(&call(&reqs[1])), "completed");
+    assert_eq!(status_of(&call(&reqs[0])), "failed");
+}
+
+#[tokio::test]
+async fn cancel_with_two_requests_pending_answers_both_cancelled_and_the_turn_ends_cancelled() {
+    let (_db, gw, id, mut ws) = start(demo_profile("demo", &[])).await;
+    gw.prompt(&id, "parallel 2").await;
+    let reqs = requests(&mut ws, 2).await;
+    let (status, _) = gw
+        .post(&format!("/api/v1/conversations/{id}/cancel"), json!({}))
+        .await;
+    assert_eq!(status, 202);
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "cancelled");
+    for request in &reqs {
+        let (_, current) = gw
+            .get(&format!(
+                "/api/v1/permissions/{}",
+                request["id"].as_str().unwrap()
+            ))
+            .await;
+        assert_eq!(current["status"], "cancelled");
+        assert_eq!(current["decision"]["outcome"], "cancelled");
+        assert_eq!(current["decision"]["decided_by"], "system");
+    }
+    let resolved = frames
+        .iter()
+        .filter(|e| e["type"] == "permission_resolved")
+        .count();
+    assert_eq!(resolved, 2);
+}
+
+#[tokio::test]
+async fn a_request_pending_when_the_gateway_restarts_is_expired_on_start() {
+    let (_db, gw, id, mut ws) = start(demo_profile("demo", &[])).await;
+    gw.prompt(&id, "tool").await;
+    let request = requests(&mut ws, 1).await.pop().unwrap();
+    // Simulate a crash: the new gateway finds the request still pending.
+    let db_url = gw.config.database_url.clone().unwrap();
+    let pool = sqlx::PgPool::connect(&db_url).await.unwrap();
+    let gw = gw.restart().await;
+    // A graceful stop takes the agent away: the request expires, saying why.
+    let (_, current) = gw
+        .get(&format!(
+            "/api/v1/permissions/{}",
+            request["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(current["status"], "expired", "{current}");
+    assert!(
+        current["decision"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("shutting down"),
+        "{current}"
+    );
+    // A crash leaves it pending for the next start: put it back as a crashed
+    // gateway would have left it.
+    sqlx::query("update permission_requests set status = 'pending', decision = null where id = $1")
+        .bind(uuid::Uuid::parse_str(request["id"].as_str().unwrap()).unwrap())
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("update conversations set status = 'awaiting_permission' where id = $1")
+        .bind(uuid::Uuid::parse_str(&id).unwrap())
+        .execute(&pool)
+        .await
+        .unwrap();
+    let gw = gw.restart().await;
+    let (_, current) = gw
+        .get(&format!(
+            "/api/v1/permissions/{}",
+            request["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(current["status"], "expired", "{current}");
+    assert_eq!(current["decision"]["decided_by"], "system");
+    assert!(current["decision"]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("restarted"));
+    let (_, pending) = gw.get("/api/v1/permissions?status=pending").await;
+    assert_eq!(pending["items"], json!([]));
+    // Each expiry was published: once at the graceful stop, once on start.
+    let events = gw.events(&id).await;
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e["type"] == "permission_resolved" && e["data"]["status"] == "expired")
+            .count(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn a_timeout_with_on_timeout_reject_sends_the_reject_option_and_reports_timed_out() {
+    let mut profile = demo_profile("demo", &[]);
+    profile.permission_timeout = Some(Duration::from_millis(300));
+    profile.on_timeout = OnTimeout::Reject;
+    let (_db, gw, id, mut ws) = start(profile).await;
+    gw.prompt(&id, "tool").await;
+    let request = requests(&mut ws, 1).await.pop().unwrap();
+    let frames = ws.until_type("turn_ended").await;
+    let resolved = &frames
+        .iter()
+        .find(|e| e["type"] == "permission_resolved")
+        .unwrap()["data"];
+    assert_eq!(resolved["id"], request["id"]);
+    assert_eq!(resolved["status"], "timed_out");
+    assert_eq!(resolved["decision"]["option_id"], "reject-once");
+    assert_eq!(resolved["decision"]["outcome"], "selected");
+    assert_eq!(resolved["decision"]["decided_by"], "system");
+    assert!(resolved["decision"]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("no answer within"));
+    // The agent received the reject option.
+    assert_eq!(
+        streamed_text(&frames, "agent_message_chunk"),
+        "Permission denied."
+    );
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+    // A late answer from the user is a conflict, not a silent success.
+    let (status, _) = gw
+        .post(&respond_path(&request), json!({"option_id": "allow-once"}))
+        .await;
+    assert_eq!(status, 409);
+}
+
+#[tokio::test]
+async fn a_timeout_with_on_timeout_cancel_sends_the_cancelled_outcome() {
+    let mut profile = demo_profile("demo", &[]);
+    profile.permission_timeout = Some(Duration::from_millis(300));
+    profile.on_timeout = OnTimeout::Cancel;
+    let (_db, gw, id, mut ws) = start(profile).await;
+    gw.prompt(&id, "tool").await;
+    let frames = ws.until_type("turn_ended").await;
+    let resolved = &frames
+        .iter()
+        .find(|e| e["type"] == "permission_resolved")
+        .unwrap()["data"];
+    assert_eq!(resolved["status"], "timed_out");
+    assert_eq!(resolved["decision"]["outcome"], "cancelled");
+    assert_eq!(resolved["decision"]["option_id"], json!(null));
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "cancelled");
+}
+
+#[tokio::test]
+async fn allow_always_answers_matching_requests_itself_until_the_rule_is_forgotten() {
+    let (_db, gw, id, mut ws) = start(demo_profile("demo", &[])).await;
+    gw.prompt(&id, "execute git status").await;
+    let first = requests(&mut ws, 1).await.pop().unwrap();
+    let (status, _) = gw
+        .post(&respond_path(&first), json!({"option_id": "allow-always"}))
+        .await;
+    assert_eq!(status, 200);
+    ws.until_type("turn_ended").await;
+    let (_, rules) = gw.get(&format!("/api/v1/conversations/{id}/rules")).await;
+    let rules = rules["items"].as_array().unwrap().clone();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0]["tool_kind"], "execute");
+    assert_eq!(rules[0]["subject"], "git");
+    assert_eq!(rules[0]["option_kind"], "allow_always");
+    assert_eq!(rules[0]["permission_id"], first["id"]);
+
+    // Same program: answered by the gateway, and the user still sees it.
+    gw.prompt(&id, "execute git log --oneline").await;
+    let frames = ws.until_type("turn_ended").await;
+    let requested = frames
+        .iter()
+        .find(|e| e["type"] == "permission_requested")
+        .unwrap();
+    let resolved = frames
+        .iter()
+        .find(|e| e["type"] == "permission_resolved")
+        .unwrap();
+    assert_eq!(requested["data"]["id"], resolved["data"]["id"]);
+    assert_eq!(resolved["data"]["status"], "approved");
+    assert_eq!(resolved["data"]["decision"]["option_id"], "allow-always");
+    assert_eq!(
+        resolved["data"]["decision"]["decided_by"],
+        "policy:remembered"
+    );
+    assert_eq!(streamed_text(&frames, "agent_message_chunk"), "Done.");
+
+    // Another program still waits for a person.
+    gw.prompt(&id, "execute rm -rf build").await;
+    let other = requests(&mut ws, 1).await.pop().unwrap();
+    let (_, current) = gw
+        .get(&format!(
+            "/api/v1/permissions/{}",
+            other["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(current["status"], "pending");
+    gw.post(&respond_path(&other), json!({"option_id": "reject-once"}))
+        .await;
+    ws.until_type("turn_ended").await;
+
+    // Forgotten: git waits again.
+    let rule_id = rules[0]["id"].as_str().unwrap();
+    let (status, _) = gw
+        .delete(&format!("/api/v1/conversations/{id}/rules/{rule_id}"))
+        .await;
+    assert_eq!(status, 204);
+    let (status, _) = gw
+        .delete(&format!("/api/v1/conversations/{id}/rules/{rule_id}"))
+        .await;
+    assert_eq!(status, 404);
+    gw.prompt(&id, "execute git push").await;
+    let again = requests(&mut ws, 1).await.pop().unwrap();
+    let (_, current) = gw
+        .get(&format!(
+            "/api/v1/permissions/{}",
+            again["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(current["status"], "pending");
+    gw.post(&respond_path(&again), json!({"option_id": "allow-once"}))
+        .await;
+    ws.until_type("turn_ended").await;
+}
+
+#[tokio::test]
+async fn reject_always_on_a_path_rejects_the_same_path_again() {
+    let (_db, gw, id, mut ws) = start(demo_profile("demo", &[])).await;
+    gw.prompt(&id, "tool").await;
+    let first = requests(&mut ws, 1).await.pop().unwrap();
+    gw.post(&respond_path(&first), json!({"option_id": "reject-always"}))
+        .await;
+    ws.until_type("turn_ended").await;
+    gw.prompt(&id, "tool").await;
+    let frames = ws.until_type("turn_ended").await;
+    let resolved = frames
+        .iter()
+        .find(|e| e["type"] == "permission_resolved")
+        .unwrap();
+    assert_eq!(resolved["data"]["status"], "rejected");
+    assert_eq!(
+        resolved["data"]["decision"]["decided_by"],
+        "policy:remembered"
+    );
+    assert_eq!(
+        streamed_text(&frames, "agent_message_chunk"),
+        "Permission denied."
+    );
+    let (status, _) = gw
+        .delete(&format!("/api/v1/conversations/{id}/rules"))
+        .await;
+    assert_eq!(status, 204);
+    let (_, rules) = gw.get(&format!("/api/v1/conversations/{id}/rules")).await;
+    assert_eq!(rules["items"], json!([]));
+}
+
+#[tokio::test]
+async fn the_inbox_snapshot_after_a_reconnect_equals_the_pending_list() {
+    let (_db, gw, id, mut ws) = start(demo_profile("demo", &[])).await;
+    gw.prompt(&id, "parallel 3").await;
+    let reqs = requests(&mut ws, 3).await;
+    let mut inbox = gw.ws("/api/v1/ws").await;
+    let snapshot = inbox.next().await;
+    let (_, pending) = gw.get("/api/v1/permissions?status=pending").await;
+    assert_eq!(snapshot["pending_permissions"], pending["items"]);
+    assert_eq!(pending["items"].as_array().unwrap().len(), 3);
+    inbox.close().await;
+    // While the phone is away, one request is answered.
+    gw.post(&respond_path(&reqs[1]), json!({"option_id": "allow-once"}))
+        .await;
+    let mut inbox = gw.ws("/api/v1/ws").await;
+    let snapshot = inbox.next().await;
+    assert_eq!(snapshot["type"], "snapshot");
+    let (_, pending) = gw.get("/api/v1/permissions?status=pending").await;
+    assert_eq!(snapshot["pending_permissions"], pending["items"]);
+    let ids: Vec<_> = pending["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].clone())
+        .collect();
+    assert_eq!(ids, [reqs[0]["id"].clone(), reqs[2]["id"].clone()]);
+}
