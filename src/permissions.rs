@@ -2,9 +2,13 @@
 //! the "always" rules a conversation remembers. Everything here is pure; the
 //! session applies it.
 
+use std::collections::HashMap;
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
@@ -80,6 +84,43 @@ fn option_of_kind(request: &PermissionRequest, kind: &str) -> Option<String> {
         .find(|o| o.get("kind").and_then(Value::as_str) == Some(kind))
         .and_then(|o| o.get("optionId").and_then(Value::as_str))
         .map(str::to_owned)
+}
+
+/// When pending requests run out of time. Owned by one session; waiting on
+/// [`Deadlines::due`] is cancel-safe, so it can sit in a `select!`.
+#[derive(Debug, Default)]
+pub struct Deadlines {
+    at: HashMap<Uuid, Instant>,
+}
+
+impl Deadlines {
+    /// `id` times out `after` from now.
+    pub fn set(&mut self, id: Uuid, after: Duration) {
+        self.at.insert(id, Instant::now() + after);
+    }
+
+    /// `id` was answered: it no longer times out.
+    pub fn remove(&mut self, id: Uuid) {
+        self.at.remove(&id);
+    }
+
+    /// Waits until a deadline has passed, then returns every id that is due,
+    /// earliest first. Never returns while there is none.
+    pub async fn due(&self) -> Vec<Uuid> {
+        let Some(next) = self.at.values().min().copied() else {
+            return std::future::pending().await;
+        };
+        tokio::time::sleep_until(next).await;
+        let now = Instant::now();
+        let mut due: Vec<(Instant, Uuid)> = self
+            .at
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(id, at)| (*at, *id))
+            .collect();
+        due.sort();
+        due.into_iter().map(|(_, id)| id).collect()
+    }
 }
 
 /// The kind of an option the request offers.
@@ -215,6 +256,35 @@ mod tests {
         assert_eq!(timeout_option(&r, OnTimeout::Cancel), None);
         let only_allow = request(json!([{"optionId": "a", "name": "A", "kind": "allow_once"}]));
         assert_eq!(timeout_option(&only_allow, OnTimeout::Reject), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deadlines_fire_in_order_as_time_passes_and_answered_ones_never() {
+        let (a, b, c) = (model::new_id(), model::new_id(), model::new_id());
+        let mut deadlines = Deadlines::default();
+        let start = Instant::now();
+        deadlines.set(b, Duration::from_secs(20));
+        deadlines.set(a, Duration::from_secs(10));
+        deadlines.set(c, Duration::from_secs(15));
+        deadlines.remove(c); // answered in time
+        assert_eq!(deadlines.due().await, [a]);
+        assert_eq!(start.elapsed(), Duration::from_secs(10));
+        deadlines.remove(a);
+        assert_eq!(deadlines.due().await, [b]);
+        assert_eq!(start.elapsed(), Duration::from_secs(20));
+        deadlines.remove(b);
+        let nothing = tokio::time::timeout(Duration::from_secs(3600), deadlines.due()).await;
+        assert!(nothing.is_err(), "no deadline, nothing due");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deadlines_that_passed_together_are_returned_together() {
+        let (a, b) = (model::new_id(), model::new_id());
+        let mut deadlines = Deadlines::default();
+        deadlines.set(a, Duration::from_secs(5));
+        deadlines.set(b, Duration::from_secs(1));
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert_eq!(deadlines.due().await, [b, a]);
     }
 
     #[test]

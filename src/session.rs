@@ -33,7 +33,7 @@ use crate::model::{
 };
 use crate::permissions::{
     answer_resolved, option_kind, remembered_option, timeout_option, tool_key, validate_answer,
-    Answer, OnTimeout, Rule,
+    Answer, Deadlines, OnTimeout, Rule,
 };
 use crate::store::Resolution;
 
@@ -185,6 +185,7 @@ pub async fn start(
         turn: None,
         prompt: None,
         pending: HashMap::new(),
+        deadlines: Deadlines::default(),
         message: None,
         tool_calls: HashMap::new(),
         dirty_tool_calls: Vec::new(),
@@ -340,8 +341,6 @@ struct Turn {
 struct Pending {
     request: PermissionRequest,
     responder: Responder,
-    /// When the profile's `permission_timeout` answers it.
-    deadline: Option<tokio::time::Instant>,
 }
 
 type PromptFuture = Pin<Box<dyn Future<Output = Result<Value, RpcError>> + Send>>;
@@ -360,6 +359,8 @@ struct Session {
     /// The outstanding `session/prompt` request.
     prompt: Option<PromptFuture>,
     pending: HashMap<Uuid, Pending>,
+    /// When pending requests time out (only with a `permission_timeout`).
+    deadlines: Deadlines,
     /// The message chunks are currently merged into.
     message: Option<(Message, bool)>,
     tool_calls: HashMap<String, ToolCall>,
@@ -380,13 +381,6 @@ enum End {
 async fn next_incoming(rx: &mut Option<mpsc::Receiver<Incoming>>) -> Option<Incoming> {
     match rx {
         Some(rx) => rx.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
     }
 }
@@ -416,7 +410,6 @@ impl Session {
 
     async fn serve(&mut self, shutdown: &CancellationToken) -> Result<End> {
         loop {
-            let deadline = self.next_deadline();
             tokio::select! {
                 biased;
                 msg = next_incoming(&mut self.incoming) => match msg {
@@ -450,7 +443,7 @@ impl Session {
                     self.drain_incoming(usize::MAX).await?;
                     return Ok(End::AgentGone);
                 }
-                _ = sleep_until(deadline) => self.time_out_due().await?,
+                due = self.deadlines.due() => self.time_out(due).await?,
                 cmd = self.commands.recv() => match cmd {
                     Some(Command::Close { reply }) => {
                         return Ok(End::ClosedByUser { reply: Some(reply) });
@@ -697,11 +690,11 @@ impl Session {
             Pending {
                 request: permission,
                 responder: request.responder,
-                deadline: self
-                    .permission_timeout
-                    .map(|t| tokio::time::Instant::now() + t),
             },
         );
+        if let Some(timeout) = self.permission_timeout {
+            self.deadlines.set(id, timeout);
+        }
         self.journal.set_status(self.status_now());
         if let Some((option, reason)) = remembered {
             // Published as requested, then resolved: the user sees what happened.
@@ -738,20 +731,8 @@ impl Session {
         merged
     }
 
-    fn next_deadline(&self) -> Option<tokio::time::Instant> {
-        self.pending.values().filter_map(|p| p.deadline).min()
-    }
-
     /// Answers the requests whose `permission_timeout` ran out.
-    async fn time_out_due(&mut self) -> Result<()> {
-        let now = tokio::time::Instant::now();
-        let mut due: Vec<(Uuid, Option<String>)> = self
-            .pending
-            .iter()
-            .filter(|(_, p)| p.deadline.is_some_and(|d| d <= now))
-            .map(|(id, p)| (*id, timeout_option(&p.request, self.on_timeout)))
-            .collect();
-        due.sort();
+    async fn time_out(&mut self, due: Vec<Uuid>) -> Result<()> {
         let reason = format!(
             "no answer within {} (on_timeout = {})",
             humantime_fmt(self.permission_timeout.unwrap_or_default()),
@@ -760,7 +741,12 @@ impl Session {
                 OnTimeout::Cancel => "cancel",
             }
         );
-        for (id, option) in due {
+        for id in due {
+            self.deadlines.remove(id);
+            let Some(pending) = self.pending.get(&id) else {
+                continue;
+            };
+            let option = timeout_option(&pending.request, self.on_timeout);
             self.resolve(
                 id,
                 PermissionStatus::TimedOut,
@@ -807,6 +793,7 @@ impl Session {
         reason: Option<&str>,
     ) -> Result<Option<PermissionRequest>> {
         self.flush().await?;
+        self.deadlines.remove(id);
         let Some(pending) = self.pending.remove(&id) else {
             return Ok(None);
         };
