@@ -2,7 +2,8 @@
 //! demo-agent subprocesses, a real WebSocket. Prints its figures; asserts
 //! nothing about speed.
 //!
-//! `cargo bench --bench gateway` (needs the test Postgres, as `cargo test`).
+//! `cargo bench --bench gateway`: on SQLite, and on Postgres when the test
+//! Postgres (TEST_DATABASE_URL, as for `cargo test`) answers.
 //! Sizes can be changed with BENCH_CHUNKS, BENCH_STREAMS and BENCH_IDLE.
 
 #[path = "../tests/common/mod.rs"]
@@ -53,16 +54,23 @@ async fn stream_once(gw: &TestGateway, chunks: usize) -> (f64, usize) {
 
 #[tokio::main]
 async fn main() {
+    run("sqlite", TestDb::sqlite().await).await;
+    match TestDb::postgres().await {
+        Some(db) => run("postgres", db).await,
+        None => println!("[postgres] skipped: no Postgres at TEST_DATABASE_URL"),
+    }
+}
+
+async fn run(backend: &str, db: TestDb) {
     let chunks = env_usize("BENCH_CHUNKS", 20_000);
     let streams = env_usize("BENCH_STREAMS", 8);
     let idle = env_usize("BENCH_IDLE", 200);
-    let db = TestDb::new().await;
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
 
     // 1. One fast agent: chunks per second through agent → store → WebSocket.
     let (secs, events) = stream_once(&gw, chunks).await;
     println!(
-        "single stream: {chunks} chunks in {secs:.3} s = {:.0} chunks/s; {events} events stored ({:.1} chunks per event)",
+        "[{backend}] single stream: {chunks} chunks in {secs:.3} s = {:.0} chunks/s; {events} events stored ({:.1} chunks per event)",
         chunks as f64 / secs,
         chunks as f64 / events as f64
     );
@@ -75,7 +83,7 @@ async fn main() {
     let total = streams * (chunks / 4);
     let events: usize = results.iter().map(|r| r.1).sum();
     println!(
-        "{streams} concurrent streams: {total} chunks in {secs:.3} s = {:.0} chunks/s; {events} events stored",
+        "[{backend}] {streams} concurrent streams: {total} chunks in {secs:.3} s = {:.0} chunks/s; {events} events stored",
         total as f64 / secs
     );
 
@@ -89,7 +97,7 @@ async fn main() {
     let secs = started.elapsed().as_secs_f64();
     let after = rss_kib();
     println!(
-        "{idle} idle conversations: created in {secs:.2} s ({:.1} ms each); gateway RSS {before} KiB → {after} KiB = {:.1} KiB per conversation",
+        "[{backend}] {idle} idle conversations: created in {secs:.2} s ({:.1} ms each); gateway RSS {before} KiB → {after} KiB = {:.1} KiB per conversation",
         secs * 1000.0 / idle as f64,
         (after.saturating_sub(before)) as f64 / idle as f64
     );

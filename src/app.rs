@@ -3,7 +3,6 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -17,7 +16,7 @@ use crate::bus::EventBus;
 use crate::config::Config;
 use crate::journal::{Journal, Sink};
 use crate::model::{self, event_type, ConversationStatus, Decision, PermissionStatus};
-use crate::store::{PermissionFilter, PgStore, Resolution};
+use crate::store::{PermissionFilter, Resolution};
 
 /// How long stopping may take before agents are left to `kill_on_drop`.
 const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -34,14 +33,10 @@ impl Gateway {
     /// Connects to Postgres, migrates, recovers, and binds `config.listen`
     /// (port 0 picks a free port: see [`Gateway::local_addr`]).
     pub async fn build(config: Config) -> anyhow::Result<Gateway> {
-        let url = config
-            .database_url
-            .clone()
-            .context("database_url is not set")?;
-        let store = PgStore::connect(&url).await?;
-        store.migrate().await?;
+        let url = config.database_url();
+        tracing::info!(database = %redact_url(&url), "opening the database");
         let sink = Sink {
-            store: Arc::new(store),
+            store: crate::store::open(&url).await?,
             bus: EventBus::new(config.event_buffer),
         };
         recover(&sink)
@@ -136,4 +131,16 @@ async fn recover(sink: &Sink) -> anyhow::Result<()> {
         journal.flush().await?;
     }
     Ok(())
+}
+
+/// A database URL without its password, for logs.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let userinfo = &url[scheme_end + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{}:***{}", &url[..scheme_end + 3], user, &url[at..])
+        }
+        _ => url.to_owned(),
+    }
 }

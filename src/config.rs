@@ -22,7 +22,7 @@ pub struct Config {
     /// Address the HTTP server binds.
     #[serde(default = "default_listen")]
     pub listen: String,
-    /// Postgres connection URL.
+    /// `postgres://…` or `sqlite://PATH`; default: SQLite in the data directory.
     #[serde(default)]
     pub database_url: Option<String>,
     /// Longest line accepted from an agent's stdout; longer lines are discarded.
@@ -128,12 +128,11 @@ impl Config {
         self.listen.parse::<SocketAddr>().map_err(|e| {
             anyhow::anyhow!("listen: {e} (expected host:port, got {:?})", self.listen)
         })?;
-        match &self.database_url {
-            None => bail!("database_url: missing (set it in the config file or DATABASE_URL)"),
-            Some(url) if !url.starts_with("postgres://") && !url.starts_with("postgresql://") => {
-                bail!("database_url: must start with postgres:// or postgresql://")
+        if let Some(url) = &self.database_url {
+            let known = ["postgres://", "postgresql://", "sqlite:"];
+            if !known.iter().any(|scheme| url.starts_with(scheme)) {
+                bail!("database_url: must start with postgres://, postgresql:// or sqlite://");
             }
-            Some(_) => {}
         }
         if self.max_line_bytes < 1024 {
             bail!("max_line_bytes: must be at least 1024");
@@ -174,6 +173,19 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The database to use: the configured URL, else an SQLite file in the
+    /// data directory (`$XDG_DATA_HOME/acp-gateway/`, else `./data/`).
+    pub fn database_url(&self) -> String {
+        if let Some(url) = &self.database_url {
+            return url.clone();
+        }
+        let dir = match std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
+            Some(data_home) => PathBuf::from(data_home).join("acp-gateway"),
+            None => PathBuf::from("data"),
+        };
+        format!("sqlite://{}", dir.join("acp-gateway.db").display())
     }
 
     /// The profile with this name.

@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -47,9 +46,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Cmd::Migrate { config } => {
             let config = acp_gateway::Config::load(config.as_deref())?;
-            let url = config.database_url.context("database_url is not set")?;
-            let store = acp_gateway::store::PgStore::connect(&url).await?;
-            store.migrate().await?;
+            acp_gateway::store::open(&config.database_url()).await?;
             println!("migrations applied");
             Ok(())
         }

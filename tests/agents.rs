@@ -8,9 +8,7 @@ use std::time::Duration;
 use common::*;
 use serde_json::json;
 
-#[tokio::test]
-async fn an_agent_crashing_mid_turn_ends_the_turn_with_error_and_reports_the_crash() {
-    let db = TestDb::new().await;
+async fn an_agent_crashing_mid_turn_ends_the_turn_with_error_and_reports_the_crash(db: TestDb) {
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
     let id = gw.create_conversation("demo").await["id"]
         .as_str()
@@ -51,9 +49,7 @@ async fn an_agent_crashing_mid_turn_ends_the_turn_with_error_and_reports_the_cra
     assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
 }
 
-#[tokio::test]
-async fn an_agent_killed_with_a_request_pending_expires_it() {
-    let db = TestDb::new().await;
+async fn an_agent_killed_with_a_request_pending_expires_it(db: TestDb) {
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
     // A working directory of its own identifies this test's agent process.
     let dir = tempfile::tempdir().unwrap();
@@ -103,9 +99,7 @@ fn process_with_cwd(cwd: &std::path::Path) -> u32 {
     pids[0]
 }
 
-#[tokio::test]
-async fn garbage_on_stdout_is_skipped_and_the_turn_completes() {
-    let db = TestDb::new().await;
+async fn garbage_on_stdout_is_skipped_and_the_turn_completes(db: TestDb) {
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &["--stdout-banner"])]).await;
     let id = gw.create_conversation("demo").await["id"]
         .as_str()
@@ -118,9 +112,7 @@ async fn garbage_on_stdout_is_skipped_and_the_turn_completes() {
     assert!(!streamed_text(&frames, "agent_message_chunk").is_empty());
 }
 
-#[tokio::test]
-async fn an_unknown_session_update_is_forwarded_verbatim() {
-    let db = TestDb::new().await;
+async fn an_unknown_session_update_is_forwarded_verbatim(db: TestDb) {
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
     let id = gw.create_conversation("demo").await["id"]
         .as_str()
@@ -140,9 +132,7 @@ async fn an_unknown_session_update_is_forwarded_verbatim() {
     assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
 }
 
-#[tokio::test]
-async fn refusals_and_prompt_errors_end_the_turn_with_their_reason() {
-    let db = TestDb::new().await;
+async fn refusals_and_prompt_errors_end_the_turn_with_their_reason(db: TestDb) {
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
     let id = gw.create_conversation("demo").await["id"]
         .as_str()
@@ -169,9 +159,7 @@ async fn refusals_and_prompt_errors_end_the_turn_with_their_reason() {
     assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
 }
 
-#[tokio::test]
-async fn a_hanging_turn_is_cancelled_by_the_cancel_rule() {
-    let db = TestDb::new().await;
+async fn a_hanging_turn_is_cancelled_by_the_cancel_rule(db: TestDb) {
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
     let id = gw.create_conversation("demo").await["id"]
         .as_str()
@@ -195,9 +183,7 @@ async fn a_hanging_turn_is_cancelled_by_the_cancel_rule() {
     assert_eq!(status, 202);
 }
 
-#[tokio::test]
-async fn agents_that_fail_at_start_get_502_with_their_stderr_and_504_when_silent() {
-    let db = TestDb::new().await;
+async fn agents_that_fail_at_start_get_502_with_their_stderr_and_504_when_silent(db: TestDb) {
     let mut silent = demo_profile("silent", &["--hang-on", "initialize"]);
     silent.startup_timeout = Duration::from_millis(300);
     let gw = TestGateway::start(
@@ -272,3 +258,13 @@ async fn agents_that_fail_at_start_get_502_with_their_stderr_and_504_when_silent
     assert_eq!(exits["available"], true);
     assert_eq!(exits["unavailable_reason"], json!(null));
 }
+
+backend_tests!(
+    an_agent_crashing_mid_turn_ends_the_turn_with_error_and_reports_the_crash,
+    an_agent_killed_with_a_request_pending_expires_it,
+    garbage_on_stdout_is_skipped_and_the_turn_completes,
+    an_unknown_session_update_is_forwarded_verbatim,
+    refusals_and_prompt_errors_end_the_turn_with_their_reason,
+    a_hanging_turn_is_cancelled_by_the_cancel_rule,
+    agents_that_fail_at_start_get_502_with_their_stderr_and_504_when_silent,
+);

@@ -6,17 +6,13 @@ mod common;
 use common::*;
 use serde_json::json;
 
-#[tokio::test]
-async fn health_and_readiness_answer() {
-    let db = TestDb::new().await;
+async fn health_and_readiness_answer(db: TestDb) {
     let gw = TestGateway::start(&db, vec![]).await;
     assert_eq!(gw.get("/healthz").await, (200, json!({"status": "ok"})));
     assert_eq!(gw.get("/readyz").await.0, 200);
 }
 
-#[tokio::test]
-async fn malformed_json_wrong_shapes_wrong_media_types_and_huge_bodies_get_problems() {
-    let db = TestDb::new().await;
+async fn malformed_json_wrong_shapes_wrong_media_types_and_huge_bodies_get_problems(db: TestDb) {
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
     let id = gw.create_conversation("demo").await["id"]
         .as_str()
@@ -72,9 +68,7 @@ async fn malformed_json_wrong_shapes_wrong_media_types_and_huge_bodies_get_probl
     ws.until_type("turn_ended").await;
 }
 
-#[tokio::test]
-async fn unknown_conversations_and_agents_get_404() {
-    let db = TestDb::new().await;
+async fn unknown_conversations_and_agents_get_404(db: TestDb) {
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
     let unknown = uuid::Uuid::now_v7();
     for path in ["", "/messages", "/tool-calls", "/events"] {
@@ -115,9 +109,7 @@ async fn unknown_conversations_and_agents_get_404() {
     assert_eq!(status, 404, "{problem}");
 }
 
-#[tokio::test]
-async fn conversation_input_is_validated() {
-    let db = TestDb::new().await;
+async fn conversation_input_is_validated(db: TestDb) {
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
     for body in [
         json!({"agent": "demo", "cwd": "relative/path"}),
@@ -145,9 +137,7 @@ async fn conversation_input_is_validated() {
     assert_eq!(conv["cwd"], "/tmp");
 }
 
-#[tokio::test]
-async fn a_prompt_while_a_turn_runs_gets_409_turn_in_progress() {
-    let db = TestDb::new().await;
+async fn a_prompt_while_a_turn_runs_gets_409_turn_in_progress(db: TestDb) {
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
     let id = gw.create_conversation("demo").await["id"]
         .as_str()
@@ -174,3 +164,11 @@ async fn a_prompt_while_a_turn_runs_gets_409_turn_in_progress() {
         1
     );
 }
+
+backend_tests!(
+    health_and_readiness_answer,
+    malformed_json_wrong_shapes_wrong_media_types_and_huge_bodies_get_problems,
+    unknown_conversations_and_agents_get_404,
+    conversation_input_is_validated,
+    a_prompt_while_a_turn_runs_gets_409_turn_in_progress,
+);

@@ -26,8 +26,10 @@ async fn requests(ws: &mut Ws, n: usize) -> Vec<Value> {
     found
 }
 
-async fn start(profile: acp_gateway::config::AgentProfile) -> (TestDb, TestGateway, String, Ws) {
-    let db = TestDb::new().await;
+async fn start(
+    db: TestDb,
+    profile: acp_gateway::config::AgentProfile,
+) -> (TestDb, TestGateway, String, Ws) {
     let gw = TestGateway::start(&db, vec![profile]).await;
     let id = gw.create_conversation("demo").await["id"]
         .as_str()
@@ -37,9 +39,8 @@ async fn start(profile: acp_gateway::config::AgentProfile) -> (TestDb, TestGatew
     (db, gw, id, ws)
 }
 
-#[tokio::test]
-async fn two_concurrent_requests_answered_in_reverse_order_each_reach_their_tool_call() {
-    let (_db, gw, id, mut ws) = start(demo_profile("demo", &[])).await;
+async fn two_concurrent_requests_answered_in_reverse_order_each_reach_their_tool_call(db: TestDb) {
+    let (_db, gw, id, mut ws) = start(db, demo_profile("demo", &[])).await;
     gw.prompt(&id, "parallel 2").await;
     let reqs = requests(&mut ws, 2).await;
     let (_, listed) = gw
@@ -85,9 +86,10 @@ async fn two_concurrent_requests_answered_in_reverse_order_each_reach_their_tool
     assert_eq!(status_of(&call(&reqs[0])), "failed");
 }
 
-#[tokio::test]
-async fn cancel_with_two_requests_pending_answers_both_cancelled_and_the_turn_ends_cancelled() {
-    let (_db, gw, id, mut ws) = start(demo_profile("demo", &[])).await;
+async fn cancel_with_two_requests_pending_answers_both_cancelled_and_the_turn_ends_cancelled(
+    db: TestDb,
+) {
+    let (_db, gw, id, mut ws) = start(db, demo_profile("demo", &[])).await;
     gw.prompt(&id, "parallel 2").await;
     let reqs = requests(&mut ws, 2).await;
     let (status, _) = gw
@@ -114,16 +116,73 @@ async fn cancel_with_two_requests_pending_answers_both_cancelled_and_the_turn_en
     assert_eq!(resolved, 2);
 }
 
-#[tokio::test]
-async fn a_request_pending_when_the_gateway_restarts_is_expired_on_start() {
-    let (_db, gw, id, mut ws) = start(demo_profile("demo", &[])).await;
+async fn a_request_pending_when_the_gateway_restarts_is_expired_on_start(db: TestDb) {
+    // The gateway runs as its own process so that it can really crash.
+    let process = GatewayProcess::start(&db, &[demo_profile("demo", &[])]);
+    let http = reqwest::Client::new();
+    let created: Value = http
+        .post(format!("{}/api/v1/conversations", process.base))
+        .json(&json!({"agent": "demo"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["id"].as_str().unwrap().to_owned();
+    let url = format!("{}/api/v1/conversations/{id}/ws", process.base).replacen("http", "ws", 1);
+    let (stream, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    let mut ws = Ws { stream };
+    let status = http
+        .post(format!(
+            "{}/api/v1/conversations/{id}/prompts",
+            process.base
+        ))
+        .json(&json!({"text": "tool"}))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 202);
+    let request = requests(&mut ws, 1).await.pop().unwrap();
+    process.kill();
+
+    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
+    let (_, current) = gw
+        .get(&format!(
+            "/api/v1/permissions/{}",
+            request["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(current["status"], "expired", "{current}");
+    assert_eq!(current["decision"]["decided_by"], "system");
+    assert!(
+        current["decision"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("restarted"),
+        "{current}"
+    );
+    let (_, pending) = gw.get("/api/v1/permissions?status=pending").await;
+    assert_eq!(pending["items"], json!([]));
+    let events = gw.events(&id).await;
+    assert_consecutive(&events, 0);
+    let resolved = events
+        .iter()
+        .find(|e| e["type"] == "permission_resolved")
+        .unwrap();
+    assert_eq!(resolved["data"], current);
+    let ended = events.iter().find(|e| e["type"] == "turn_ended").unwrap();
+    assert_eq!(ended["data"]["stop_reason"], "error");
+    let (_, conv) = gw.get(&format!("/api/v1/conversations/{id}")).await;
+    assert_eq!(conv["status"], "closed");
+}
+
+async fn a_graceful_stop_expires_pending_requests_saying_why(db: TestDb) {
+    let (db, gw, id, mut ws) = start(db, demo_profile("demo", &[])).await;
     gw.prompt(&id, "tool").await;
     let request = requests(&mut ws, 1).await.pop().unwrap();
-    // Simulate a crash: the new gateway finds the request still pending.
-    let db_url = gw.config.database_url.clone().unwrap();
-    let pool = sqlx::PgPool::connect(&db_url).await.unwrap();
     let gw = gw.restart().await;
-    // A graceful stop takes the agent away: the request expires, saying why.
     let (_, current) = gw
         .get(&format!(
             "/api/v1/permissions/{}",
@@ -138,50 +197,16 @@ async fn a_request_pending_when_the_gateway_restarts_is_expired_on_start() {
             .contains("shutting down"),
         "{current}"
     );
-    // A crash leaves it pending for the next start: put it back as a crashed
-    // gateway would have left it.
-    sqlx::query("update permission_requests set status = 'pending', decision = null where id = $1")
-        .bind(uuid::Uuid::parse_str(request["id"].as_str().unwrap()).unwrap())
-        .execute(&pool)
-        .await
-        .unwrap();
-    sqlx::query("update conversations set status = 'awaiting_permission' where id = $1")
-        .bind(uuid::Uuid::parse_str(&id).unwrap())
-        .execute(&pool)
-        .await
-        .unwrap();
-    let gw = gw.restart().await;
-    let (_, current) = gw
-        .get(&format!(
-            "/api/v1/permissions/{}",
-            request["id"].as_str().unwrap()
-        ))
-        .await;
-    assert_eq!(current["status"], "expired", "{current}");
-    assert_eq!(current["decision"]["decided_by"], "system");
-    assert!(current["decision"]["reason"]
-        .as_str()
-        .unwrap()
-        .contains("restarted"));
-    let (_, pending) = gw.get("/api/v1/permissions?status=pending").await;
-    assert_eq!(pending["items"], json!([]));
-    // Each expiry was published: once at the graceful stop, once on start.
-    let events = gw.events(&id).await;
-    assert_eq!(
-        events
-            .iter()
-            .filter(|e| e["type"] == "permission_resolved" && e["data"]["status"] == "expired")
-            .count(),
-        2
-    );
+    drop(db);
 }
 
-#[tokio::test]
-async fn a_timeout_with_on_timeout_reject_sends_the_reject_option_and_reports_timed_out() {
+async fn a_timeout_with_on_timeout_reject_sends_the_reject_option_and_reports_timed_out(
+    db: TestDb,
+) {
     let mut profile = demo_profile("demo", &[]);
     profile.permission_timeout = Some(Duration::from_millis(300));
     profile.on_timeout = OnTimeout::Reject;
-    let (_db, gw, id, mut ws) = start(profile).await;
+    let (_db, gw, id, mut ws) = start(db, profile).await;
     gw.prompt(&id, "tool").await;
     let request = requests(&mut ws, 1).await.pop().unwrap();
     let frames = ws.until_type("turn_ended").await;
@@ -211,12 +236,11 @@ async fn a_timeout_with_on_timeout_reject_sends_the_reject_option_and_reports_ti
     assert_eq!(status, 409);
 }
 
-#[tokio::test]
-async fn a_timeout_with_on_timeout_cancel_sends_the_cancelled_outcome() {
+async fn a_timeout_with_on_timeout_cancel_sends_the_cancelled_outcome(db: TestDb) {
     let mut profile = demo_profile("demo", &[]);
     profile.permission_timeout = Some(Duration::from_millis(300));
     profile.on_timeout = OnTimeout::Cancel;
-    let (_db, gw, id, mut ws) = start(profile).await;
+    let (_db, gw, id, mut ws) = start(db, profile).await;
     gw.prompt(&id, "tool").await;
     let frames = ws.until_type("turn_ended").await;
     let resolved = &frames
@@ -229,9 +253,8 @@ async fn a_timeout_with_on_timeout_cancel_sends_the_cancelled_outcome() {
     assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "cancelled");
 }
 
-#[tokio::test]
-async fn allow_always_answers_matching_requests_itself_until_the_rule_is_forgotten() {
-    let (_db, gw, id, mut ws) = start(demo_profile("demo", &[])).await;
+async fn allow_always_answers_matching_requests_itself_until_the_rule_is_forgotten(db: TestDb) {
+    let (_db, gw, id, mut ws) = start(db, demo_profile("demo", &[])).await;
     gw.prompt(&id, "execute git status").await;
     let first = requests(&mut ws, 1).await.pop().unwrap();
     let (status, _) = gw
@@ -305,9 +328,8 @@ async fn allow_always_answers_matching_requests_itself_until_the_rule_is_forgott
     ws.until_type("turn_ended").await;
 }
 
-#[tokio::test]
-async fn reject_always_on_a_path_rejects_the_same_path_again() {
-    let (_db, gw, id, mut ws) = start(demo_profile("demo", &[])).await;
+async fn reject_always_on_a_path_rejects_the_same_path_again(db: TestDb) {
+    let (_db, gw, id, mut ws) = start(db, demo_profile("demo", &[])).await;
     gw.prompt(&id, "tool").await;
     let first = requests(&mut ws, 1).await.pop().unwrap();
     gw.post(&respond_path(&first), json!({"option_id": "reject-always"}))
@@ -336,9 +358,8 @@ async fn reject_always_on_a_path_rejects_the_same_path_again() {
     assert_eq!(rules["items"], json!([]));
 }
 
-#[tokio::test]
-async fn the_inbox_snapshot_after_a_reconnect_equals_the_pending_list() {
-    let (_db, gw, id, mut ws) = start(demo_profile("demo", &[])).await;
+async fn the_inbox_snapshot_after_a_reconnect_equals_the_pending_list(db: TestDb) {
+    let (_db, gw, id, mut ws) = start(db, demo_profile("demo", &[])).await;
     gw.prompt(&id, "parallel 3").await;
     let reqs = requests(&mut ws, 3).await;
     let mut inbox = gw.ws("/api/v1/ws").await;
@@ -363,3 +384,15 @@ async fn the_inbox_snapshot_after_a_reconnect_equals_the_pending_list() {
         .collect();
     assert_eq!(ids, [reqs[0]["id"].clone(), reqs[2]["id"].clone()]);
 }
+
+backend_tests!(
+    two_concurrent_requests_answered_in_reverse_order_each_reach_their_tool_call,
+    cancel_with_two_requests_pending_answers_both_cancelled_and_the_turn_ends_cancelled,
+    a_request_pending_when_the_gateway_restarts_is_expired_on_start,
+    a_graceful_stop_expires_pending_requests_saying_why,
+    a_timeout_with_on_timeout_reject_sends_the_reject_option_and_reports_timed_out,
+    a_timeout_with_on_timeout_cancel_sends_the_cancelled_outcome,
+    allow_always_answers_matching_requests_itself_until_the_rule_is_forgotten,
+    reject_always_on_a_path_rejects_the_same_path_again,
+    the_inbox_snapshot_after_a_reconnect_equals_the_pending_list,
+);

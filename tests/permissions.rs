@@ -18,8 +18,7 @@ fn respond_path(request: &Value) -> String {
     )
 }
 
-async fn setup() -> (TestDb, TestGateway, String, Ws) {
-    let db = TestDb::new().await;
+async fn setup(db: TestDb) -> (TestDb, TestGateway, String, Ws) {
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
     let id = gw.create_conversation("demo").await["id"]
         .as_str()
@@ -37,9 +36,8 @@ fn tool_status(frames: &[Value]) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test]
-async fn an_approval_reaches_the_agent_and_a_second_different_answer_gets_409() {
-    let (_db, gw, id, mut ws) = setup().await;
+async fn an_approval_reaches_the_agent_and_a_second_different_answer_gets_409(db: TestDb) {
+    let (_db, gw, id, mut ws) = setup(db).await;
     let request = ask(&gw, &mut ws, &id, "tool").await;
     let (_, conv) = gw.get(&format!("/api/v1/conversations/{id}")).await;
     assert_eq!(conv["status"], "awaiting_permission");
@@ -87,9 +85,8 @@ async fn an_approval_reaches_the_agent_and_a_second_different_answer_gets_409() 
     assert_eq!(all["items"][0], body);
 }
 
-#[tokio::test]
-async fn a_rejection_reaches_the_agent() {
-    let (_db, gw, id, mut ws) = setup().await;
+async fn a_rejection_reaches_the_agent(db: TestDb) {
+    let (_db, gw, id, mut ws) = setup(db).await;
     let request = ask(&gw, &mut ws, &id, "tool").await;
     let (status, body) = gw
         .post(&respond_path(&request), json!({"option_id": "reject-once"}))
@@ -105,9 +102,8 @@ async fn a_rejection_reaches_the_agent() {
     assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
 }
 
-#[tokio::test]
-async fn cancelling_the_turn_answers_the_pending_request_cancelled() {
-    let (_db, gw, id, mut ws) = setup().await;
+async fn cancelling_the_turn_answers_the_pending_request_cancelled(db: TestDb) {
+    let (_db, gw, id, mut ws) = setup(db).await;
     let request = ask(&gw, &mut ws, &id, "tool").await;
     let (status, _) = gw
         .post(&format!("/api/v1/conversations/{id}/cancel"), json!({}))
@@ -133,9 +129,8 @@ async fn cancelling_the_turn_answers_the_pending_request_cancelled() {
     assert_eq!(conv["status"], "idle");
 }
 
-#[tokio::test]
-async fn a_user_can_answer_with_the_cancelled_outcome() {
-    let (_db, gw, id, mut ws) = setup().await;
+async fn a_user_can_answer_with_the_cancelled_outcome(db: TestDb) {
+    let (_db, gw, id, mut ws) = setup(db).await;
     let request = ask(&gw, &mut ws, &id, "tool").await;
     let (status, body) = gw
         .post(&respond_path(&request), json!({"outcome": "cancelled"}))
@@ -147,9 +142,8 @@ async fn a_user_can_answer_with_the_cancelled_outcome() {
     assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "cancelled");
 }
 
-#[tokio::test]
-async fn bad_answers_get_422_and_unknown_ids_404() {
-    let (_db, gw, id, mut ws) = setup().await;
+async fn bad_answers_get_422_and_unknown_ids_404(db: TestDb) {
+    let (_db, gw, id, mut ws) = setup(db).await;
     let request = ask(&gw, &mut ws, &id, "tool").await;
     let path = respond_path(&request);
     for body in [
@@ -185,9 +179,8 @@ async fn bad_answers_get_422_and_unknown_ids_404() {
     assert_eq!(status, 404);
 }
 
-#[tokio::test]
-async fn two_people_answering_at_once_exactly_one_wins() {
-    let (_db, gw, id, mut ws) = setup().await;
+async fn two_people_answering_at_once_exactly_one_wins(db: TestDb) {
+    let (_db, gw, id, mut ws) = setup(db).await;
     let request = ask(&gw, &mut ws, &id, "tool").await;
     let path = respond_path(&request);
     let (a, b) = tokio::join!(
@@ -207,9 +200,8 @@ async fn two_people_answering_at_once_exactly_one_wins() {
     assert_eq!(&resolved[0]["data"], winner);
 }
 
-#[tokio::test]
-async fn an_agent_withdrawing_its_request_resolves_it_cancelled() {
-    let (_db, gw, id, mut ws) = setup().await;
+async fn an_agent_withdrawing_its_request_resolves_it_cancelled(db: TestDb) {
+    let (_db, gw, id, mut ws) = setup(db).await;
     gw.prompt(&id, "withdraw").await;
     let frames = ws.until_type("turn_ended").await;
     let resolved = frames
@@ -221,9 +213,8 @@ async fn an_agent_withdrawing_its_request_resolves_it_cancelled() {
     assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
 }
 
-#[tokio::test]
-async fn the_inbox_starts_with_the_pending_snapshot_and_streams_decisions() {
-    let (_db, gw, id, mut ws) = setup().await;
+async fn the_inbox_starts_with_the_pending_snapshot_and_streams_decisions(db: TestDb) {
+    let (_db, gw, id, mut ws) = setup(db).await;
     let request = ask(&gw, &mut ws, &id, "tool").await;
     let mut inbox = gw.ws("/api/v1/ws").await;
     let snapshot = inbox.next().await;
@@ -237,3 +228,14 @@ async fn the_inbox_starts_with_the_pending_snapshot_and_streams_decisions() {
     assert_eq!(frames.last().unwrap()["data"]["id"], request["id"]);
     assert_eq!(frames.last().unwrap()["conversation_id"], id.as_str());
 }
+
+backend_tests!(
+    an_approval_reaches_the_agent_and_a_second_different_answer_gets_409,
+    a_rejection_reaches_the_agent,
+    cancelling_the_turn_answers_the_pending_request_cancelled,
+    a_user_can_answer_with_the_cancelled_outcome,
+    bad_answers_get_422_and_unknown_ids_404,
+    two_people_answering_at_once_exactly_one_wins,
+    an_agent_withdrawing_its_request_resolves_it_cancelled,
+    the_inbox_starts_with_the_pending_snapshot_and_streams_decisions,
+);

@@ -8,8 +8,7 @@ use acp_gateway::config::AgentProfile;
 use common::*;
 use serde_json::json;
 
-async fn full_turns_work_with(profile: AgentProfile) {
-    let db = TestDb::new().await;
+async fn full_turns_work_with(db: TestDb, profile: AgentProfile) {
     let gw = TestGateway::start(&db, vec![profile]).await;
     let conv = gw.create_conversation("sdk").await;
     assert_eq!(conv["status"], "idle");
@@ -77,12 +76,15 @@ async fn full_turns_work_with(profile: AgentProfile) {
     assert_eq!(frames.last().unwrap()["data"]["status"], "exited");
 }
 
-#[tokio::test]
-async fn full_turns_work_with_the_npm_sdk_agent() {
-    full_turns_work_with(node_sdk_profile("sdk")).await;
+async fn full_turns_work_with_the_npm_sdk_agent(db: TestDb) {
+    full_turns_work_with(db, node_sdk_profile("sdk")).await;
 }
 
-#[tokio::test]
-async fn full_turns_work_with_the_python_sdk_agent() {
-    full_turns_work_with(python_sdk_profile("sdk")).await;
+async fn full_turns_work_with_the_python_sdk_agent(db: TestDb) {
+    full_turns_work_with(db, python_sdk_profile("sdk")).await;
 }
+
+backend_tests!(
+    full_turns_work_with_the_npm_sdk_agent,
+    full_turns_work_with_the_python_sdk_agent,
+);

@@ -6,9 +6,7 @@ mod common;
 use common::*;
 use serde_json::json;
 
-#[tokio::test]
-async fn a_prompt_streams_chunks_a_tool_call_and_turn_ended_and_survives_a_restart() {
-    let db = TestDb::new().await;
+async fn a_prompt_streams_chunks_a_tool_call_and_turn_ended_and_survives_a_restart(db: TestDb) {
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
     let conv = gw.create_conversation("demo").await;
     let id = conv["id"].as_str().unwrap().to_owned();
@@ -110,9 +108,7 @@ async fn a_prompt_streams_chunks_a_tool_call_and_turn_ended_and_survives_a_resta
     assert_eq!(conv["last_seq"], events_after.last().unwrap()["seq"]);
 }
 
-#[tokio::test]
-async fn a_long_stream_of_small_chunks_is_merged_without_losing_text() {
-    let db = TestDb::new().await;
+async fn a_long_stream_of_small_chunks_is_merged_without_losing_text(db: TestDb) {
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
     let id = gw.create_conversation("demo").await["id"]
         .as_str()
@@ -139,9 +135,7 @@ async fn a_long_stream_of_small_chunks_is_merged_without_losing_text() {
     assert_eq!(agent[0]["content"][0]["text"], expected.as_str());
 }
 
-#[tokio::test]
-async fn a_plan_and_content_blocks_pass_through_verbatim() {
-    let db = TestDb::new().await;
+async fn a_plan_and_content_blocks_pass_through_verbatim(db: TestDb) {
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
     let id = gw.create_conversation("demo").await["id"]
         .as_str()
@@ -169,9 +163,7 @@ async fn a_plan_and_content_blocks_pass_through_verbatim() {
     );
 }
 
-#[tokio::test]
-async fn conversations_are_listed_newest_first_with_a_cursor() {
-    let db = TestDb::new().await;
+async fn conversations_are_listed_newest_first_with_a_cursor(db: TestDb) {
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
     let mut ids = Vec::new();
     for _ in 0..3 {
@@ -198,9 +190,7 @@ async fn conversations_are_listed_newest_first_with_a_cursor() {
     assert_eq!(page2["next_cursor"], json!(null));
 }
 
-#[tokio::test]
-async fn closing_a_conversation_stops_its_agent_and_keeps_its_history() {
-    let db = TestDb::new().await;
+async fn closing_a_conversation_stops_its_agent_and_keeps_its_history(db: TestDb) {
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
     let id = gw.create_conversation("demo").await["id"]
         .as_str()
@@ -233,3 +223,11 @@ async fn closing_a_conversation_stops_its_agent_and_keeps_its_history() {
     assert_eq!(status, 204);
     assert!(!gw.events(&id).await.is_empty());
 }
+
+backend_tests!(
+    a_prompt_streams_chunks_a_tool_call_and_turn_ended_and_survives_a_restart,
+    a_long_stream_of_small_chunks_is_merged_without_losing_text,
+    a_plan_and_content_blocks_pass_through_verbatim,
+    conversations_are_listed_newest_first_with_a_cursor,
+    closing_a_conversation_stops_its_agent_and_keeps_its_history,
+);

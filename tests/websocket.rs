@@ -5,9 +5,7 @@ mod common;
 
 use common::*;
 
-#[tokio::test]
-async fn a_client_reconnecting_mid_turn_gets_exactly_the_missed_events_then_live_ones() {
-    let db = TestDb::new().await;
+async fn a_client_reconnecting_mid_turn_gets_exactly_the_missed_events_then_live_ones(db: TestDb) {
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
     let id = gw.create_conversation("demo").await["id"]
         .as_str()
@@ -33,9 +31,7 @@ async fn a_client_reconnecting_mid_turn_gets_exactly_the_missed_events_then_live
     assert_eq!(gw.events(&id).await, all);
 }
 
-#[tokio::test]
-async fn a_client_connecting_after_the_turn_gets_the_whole_history_then_live_events() {
-    let db = TestDb::new().await;
+async fn a_client_connecting_after_the_turn_gets_the_whole_history_then_live_events(db: TestDb) {
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
     let id = gw.create_conversation("demo").await["id"]
         .as_str()
@@ -56,9 +52,7 @@ async fn a_client_connecting_after_the_turn_gets_the_whole_history_then_live_eve
     assert_consecutive(&live, stored.len() as i64);
 }
 
-#[tokio::test]
-async fn a_subscriber_that_falls_behind_catches_up_from_the_database_in_order() {
-    let db = TestDb::new().await;
+async fn a_subscriber_that_falls_behind_catches_up_from_the_database_in_order(db: TestDb) {
     let mut config = TestGateway::start(&db, vec![demo_profile("demo", &[])])
         .await
         .stop()
@@ -94,3 +88,9 @@ async fn a_subscriber_that_falls_behind_catches_up_from_the_database_in_order() 
     assert_consecutive(&inbox_frames, 0);
     assert_eq!(gw.events(&id).await, inbox_frames);
 }
+
+backend_tests!(
+    a_client_reconnecting_mid_turn_gets_exactly_the_missed_events_then_live_ones,
+    a_client_connecting_after_the_turn_gets_the_whole_history_then_live_events,
+    a_subscriber_that_falls_behind_catches_up_from_the_database_in_order,
+);

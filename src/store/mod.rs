@@ -7,6 +7,9 @@
 //! instead of one round-trip per streamed chunk.
 
 pub mod postgres;
+mod rows;
+mod sql;
+pub mod sqlite;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -20,6 +23,19 @@ use crate::model::{
 use crate::permissions::{Rule, ToolKey};
 
 pub use postgres::PgStore;
+pub use sqlite::SqliteStore;
+
+/// Opens the store a database URL names (`postgres://…` or `sqlite://PATH`),
+/// creating the database if needed and applying its migrations.
+pub async fn open(url: &str) -> anyhow::Result<std::sync::Arc<dyn Store>> {
+    if url.starts_with("sqlite:") {
+        Ok(std::sync::Arc::new(SqliteStore::open(url).await?))
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(std::sync::Arc::new(PgStore::open(url).await?))
+    } else {
+        anyhow::bail!("unsupported database URL {url:?}: use postgres://… or sqlite://PATH")
+    }
+}
 
 /// What one commit changes in a conversation.
 #[derive(Debug, Default)]

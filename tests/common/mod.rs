@@ -21,42 +21,67 @@ use tokio_util::sync::CancellationToken;
 /// How long any single wait in a test may take before it fails.
 pub const WAIT: Duration = Duration::from_secs(20);
 
-/// The server that test databases are created on.
+/// The Postgres server that test databases are created on.
 pub fn admin_url() -> String {
     std::env::var("TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
 }
 
-/// A database of one's own, dropped (best effort) at the end of the test.
+/// Set (by `.ci/run`) to make a missing Postgres fail the Postgres tests
+/// instead of skipping them.
+pub const REQUIRE_POSTGRES: &str = "ACP_GATEWAY_REQUIRE_POSTGRES";
+
+/// A database of one's own: an SQLite file in a temporary directory, or a
+/// fresh Postgres database dropped (best effort) at the end of the test.
 pub struct TestDb {
-    pub name: String,
     pub url: String,
+    pg_name: Option<String>,
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl TestDb {
-    pub async fn new() -> TestDb {
+    pub async fn sqlite() -> TestDb {
+        let dir = tempfile::tempdir().unwrap();
+        TestDb {
+            url: format!("sqlite://{}", dir.path().join("gateway.db").display()),
+            pg_name: None,
+            _dir: Some(dir),
+        }
+    }
+
+    /// `None` when no Postgres answers and it is not required: the test is
+    /// skipped (and says so).
+    pub async fn postgres() -> Option<TestDb> {
         use sqlx::Connection;
         let admin = admin_url();
+        let mut conn = match sqlx::PgConnection::connect(&admin).await {
+            Ok(conn) => conn,
+            Err(e) if std::env::var_os(REQUIRE_POSTGRES).is_none() => {
+                eprintln!("skipping the Postgres variant: no Postgres at TEST_DATABASE_URL ({e})");
+                return None;
+            }
+            Err(e) => panic!("{REQUIRE_POSTGRES} is set but Postgres is not reachable: {e}"),
+        };
         let name = format!("acpgw_test_{}", uuid::Uuid::now_v7().simple());
-        let mut conn = sqlx::PgConnection::connect(&admin)
-            .await
-            .expect("connect to the test Postgres (set TEST_DATABASE_URL)");
         sqlx::query(&format!("create database {name}"))
             .execute(&mut conn)
             .await
             .expect("create test database");
         let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
-        TestDb {
+        Some(TestDb {
             url: format!("{base}/{name}"),
-            name,
-        }
+            pg_name: Some(name),
+            _dir: None,
+        })
     }
 }
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        let name = self.name.clone();
-        // Drop runs outside async context guarantees: use a thread of our own.
+        let Some(name) = self.pg_name.clone() else {
+            return;
+        };
+        // Drop may run where no runtime can block: use a thread of our own.
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -73,6 +98,32 @@ impl Drop for TestDb {
         })
         .join();
     }
+}
+
+/// Runs each named `async fn name(db: TestDb)` once per backend: as
+/// `sqlite::name` and `postgres::name`.
+#[macro_export]
+macro_rules! backend_tests {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name($crate::common::TestDb::sqlite().await).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    if let Some(db) = $crate::common::TestDb::postgres().await {
+                        super::$name(db).await
+                    }
+                }
+            )*
+        }
+    };
 }
 
 /// The demo agent binary built with this package.
@@ -126,6 +177,71 @@ pub fn python_sdk_profile(name: &str) -> AgentProfile {
     let python = dir.join(".venv/bin/python");
     let script = dir.join("python_agent.py");
     profile(name, python.to_str().unwrap(), &[script.to_str().unwrap()])
+}
+
+/// A gateway running as a separate `acp-gateway serve` process, for tests
+/// that need to kill it the hard way.
+pub struct GatewayProcess {
+    pub child: std::process::Child,
+    pub base: String,
+    _config: tempfile::NamedTempFile,
+}
+
+impl GatewayProcess {
+    pub fn start(db: &TestDb, agents: &[AgentProfile]) -> GatewayProcess {
+        use std::io::{BufRead, Write};
+        let mut config = tempfile::NamedTempFile::new().unwrap();
+        let mut text = format!("listen = \"127.0.0.1:0\"\ndatabase_url = {:?}\n", db.url);
+        for a in agents {
+            text += &format!(
+                "[[agents]]\nname = {:?}\ncommand = {:?}\nargs = {:?}\ncwd = {:?}\n",
+                a.name,
+                a.command,
+                a.args,
+                a.cwd.as_ref().unwrap()
+            );
+        }
+        config.write_all(text.as_bytes()).unwrap();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_acp-gateway"))
+            .args(["serve", "--config"])
+            .arg(config.path())
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("start acp-gateway");
+        // It logs its address once it listens; the rest of its log is drained.
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if let Some(addr) = line.split("addr=").nth(1) {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(addr.split_whitespace().next().unwrap_or("").to_owned());
+                    }
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(WAIT)
+            .expect("acp-gateway reports its address");
+        GatewayProcess {
+            child,
+            base: format!("http://{addr}"),
+            _config: config,
+        }
+    }
+
+    /// SIGKILL: no shutdown code runs, as in a crash.
+    pub fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
 }
 
 /// A gateway serving on a free port.

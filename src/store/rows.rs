@@ -1,0 +1,189 @@
+//! Row shapes shared by both backends: every column type here decodes from
+//! Postgres and from SQLite alike, so each backend only owns its SQL.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+use crate::model::{
+    Conversation, ConversationStatus, Decision, Event, Message, PermissionRequest,
+    PermissionStatus, Role, ToolCall,
+};
+use crate::permissions::Rule;
+
+fn bad(what: &str, value: &str) -> Error {
+    Error::Internal(anyhow::anyhow!("bad {what} {value:?} in the database"))
+}
+
+#[derive(sqlx::FromRow)]
+pub struct ConversationRow {
+    id: Uuid,
+    agent: String,
+    title: Option<String>,
+    cwd: String,
+    status: String,
+    acp_session_id: Option<String>,
+    last_seq: i64,
+    current_turn_id: Option<Uuid>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl ConversationRow {
+    /// The conversation and the turn it was running.
+    pub fn into_parts(self) -> Result<(Conversation, Option<Uuid>)> {
+        let status = ConversationStatus::parse(&self.status)
+            .ok_or_else(|| bad("conversation status", &self.status))?;
+        Ok((
+            Conversation {
+                id: self.id,
+                agent: self.agent,
+                title: self.title,
+                cwd: self.cwd,
+                status,
+                acp_session_id: self.acp_session_id,
+                last_seq: self.last_seq,
+                created_at: self.created_at,
+                updated_at: self.updated_at,
+            },
+            self.current_turn_id,
+        ))
+    }
+
+    pub fn into_conversation(self) -> Result<Conversation> {
+        Ok(self.into_parts()?.0)
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub struct EventRow {
+    conversation_id: Uuid,
+    seq: i64,
+    #[sqlx(rename = "type")]
+    kind: String,
+    at: DateTime<Utc>,
+    data: Json<Value>,
+}
+
+impl From<EventRow> for Event {
+    fn from(r: EventRow) -> Event {
+        Event {
+            seq: r.seq,
+            conversation_id: r.conversation_id,
+            kind: r.kind,
+            at: r.at,
+            data: r.data.0,
+        }
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub struct MessageRow {
+    id: Uuid,
+    turn_id: Option<Uuid>,
+    role: String,
+    content: Json<Vec<Value>>,
+    created_at: DateTime<Utc>,
+}
+
+impl TryFrom<MessageRow> for Message {
+    type Error = Error;
+    fn try_from(r: MessageRow) -> Result<Message> {
+        Ok(Message {
+            id: r.id,
+            turn_id: r.turn_id,
+            role: Role::parse(&r.role).ok_or_else(|| bad("role", &r.role))?,
+            content: r.content.0,
+            created_at: r.created_at,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub struct ToolCallRow {
+    tool_call_id: String,
+    turn_id: Option<Uuid>,
+    title: Option<String>,
+    kind: Option<String>,
+    status: Option<String>,
+    content: Option<Json<Value>>,
+    locations: Option<Json<Value>>,
+    raw_input: Option<Json<Value>>,
+    raw_output: Option<Json<Value>>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl From<ToolCallRow> for ToolCall {
+    fn from(r: ToolCallRow) -> ToolCall {
+        ToolCall {
+            tool_call_id: r.tool_call_id,
+            turn_id: r.turn_id,
+            title: r.title,
+            kind: r.kind,
+            status: r.status,
+            content: r.content.map(|j| j.0),
+            locations: r.locations.map(|j| j.0),
+            raw_input: r.raw_input.map(|j| j.0),
+            raw_output: r.raw_output.map(|j| j.0),
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub struct PermissionRow {
+    id: Uuid,
+    conversation_id: Uuid,
+    turn_id: Option<Uuid>,
+    tool_call: Json<Value>,
+    options: Json<Vec<Value>>,
+    status: String,
+    decision: Option<Json<Decision>>,
+    created_at: DateTime<Utc>,
+}
+
+impl TryFrom<PermissionRow> for PermissionRequest {
+    type Error = Error;
+    fn try_from(r: PermissionRow) -> Result<PermissionRequest> {
+        Ok(PermissionRequest {
+            id: r.id,
+            conversation_id: r.conversation_id,
+            turn_id: r.turn_id,
+            tool_call: r.tool_call.0,
+            options: r.options.0,
+            status: PermissionStatus::parse(&r.status)
+                .ok_or_else(|| bad("permission status", &r.status))?,
+            decision: r.decision.map(|j| j.0),
+            created_at: r.created_at,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub struct RuleRow {
+    id: Uuid,
+    conversation_id: Uuid,
+    tool_kind: String,
+    subject: String,
+    option_kind: String,
+    permission_id: Uuid,
+    created_at: DateTime<Utc>,
+}
+
+impl From<RuleRow> for Rule {
+    fn from(r: RuleRow) -> Rule {
+        Rule {
+            id: r.id,
+            conversation_id: r.conversation_id,
+            tool_kind: r.tool_kind,
+            subject: r.subject,
+            option_kind: r.option_kind,
+            permission_id: r.permission_id,
+            created_at: r.created_at,
+        }
+    }
+}

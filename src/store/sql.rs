@@ -1,0 +1,330 @@
+//! The SQL both backends share. Postgres and SQLite accept the same
+//! statements here (`$n` parameters, `on conflict`, `returning`), and every
+//! bound and decoded type exists in both drivers, so [`impl_store!`] writes
+//! the [`Store`](super::Store) implementation once and each backend expands
+//! it against its own pool. A backend supplies only what differs: its
+//! `insert_events` (Postgres inserts a whole batch with one `unnest`).
+
+/// Implements [`Store`](super::Store) for a backend type with a `pool` field.
+/// The invoking module must define
+/// `async fn insert_events(&mut Connection, Uuid, &[Event]) -> Result<()>`.
+macro_rules! impl_store {
+    ($store:ty, $conn:ty) => {
+        async fn update_conversation(
+            tx: &mut $conn,
+            conversation_id: Uuid,
+            patch: &ConversationPatch,
+        ) -> Result<()> {
+            sqlx::query(
+                "update conversations set status = $2, acp_session_id = $3, last_seq = $4,
+                   current_turn_id = $5, updated_at = $6
+                 where id = $1",
+            )
+            .bind(conversation_id)
+            .bind(patch.status.as_str())
+            .bind(&patch.acp_session_id)
+            .bind(patch.last_seq)
+            .bind(patch.current_turn_id)
+            .bind(patch.updated_at)
+            .execute(tx)
+            .await?;
+            Ok(())
+        }
+
+        #[async_trait::async_trait]
+        impl Store for $store {
+            async fn ping(&self) -> Result<()> {
+                sqlx::query("select 1").execute(&self.pool).await?;
+                Ok(())
+            }
+
+            async fn insert_conversation(&self, c: &Conversation) -> Result<()> {
+                sqlx::query(
+                    "insert into conversations (id, agent, title, cwd, status, acp_session_id,
+                       last_seq, created_at, updated_at)
+                     values ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                )
+                .bind(c.id)
+                .bind(&c.agent)
+                .bind(&c.title)
+                .bind(&c.cwd)
+                .bind(c.status.as_str())
+                .bind(&c.acp_session_id)
+                .bind(c.last_seq)
+                .bind(c.created_at)
+                .bind(c.updated_at)
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            }
+
+            async fn get_conversation(&self, id: Uuid) -> Result<Option<Conversation>> {
+                sqlx::query_as::<_, ConversationRow>("select * from conversations where id = $1")
+                    .bind(id)
+                    .fetch_optional(&self.pool)
+                    .await?
+                    .map(ConversationRow::into_conversation)
+                    .transpose()
+            }
+
+            async fn list_conversations(
+                &self,
+                limit: i64,
+                before: Option<Uuid>,
+            ) -> Result<Vec<Conversation>> {
+                sqlx::query_as::<_, ConversationRow>(
+                    "select * from conversations where ($1 is null or id < $1)
+                     order by id desc limit $2",
+                )
+                .bind(before)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?
+                .into_iter()
+                .map(ConversationRow::into_conversation)
+                .collect()
+            }
+
+            async fn live_conversations(&self) -> Result<Vec<(Conversation, Option<Uuid>)>> {
+                sqlx::query_as::<_, ConversationRow>(
+                    "select * from conversations where status not in ('closed', 'failed')
+                     order by id",
+                )
+                .fetch_all(&self.pool)
+                .await?
+                .into_iter()
+                .map(ConversationRow::into_parts)
+                .collect()
+            }
+
+            async fn commit(&self, conversation_id: Uuid, batch: &Batch) -> Result<()> {
+                if batch.is_empty() {
+                    return Ok(());
+                }
+                let mut tx = self.pool.begin().await?;
+                // Permission requests first: an event announcing one must
+                // never be visible without the request itself.
+                for p in &batch.new_permissions {
+                    sqlx::query(
+                        "insert into permission_requests (id, conversation_id, turn_id,
+                           tool_call, options, status, decision, created_at)
+                         values ($1, $2, $3, $4, $5, $6, $7, $8)",
+                    )
+                    .bind(p.id)
+                    .bind(p.conversation_id)
+                    .bind(p.turn_id)
+                    .bind(Json(&p.tool_call))
+                    .bind(Json(&p.options))
+                    .bind(p.status.as_str())
+                    .bind(p.decision.as_ref().map(Json))
+                    .bind(p.created_at)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                insert_events(&mut tx, conversation_id, &batch.events).await?;
+                for m in &batch.messages {
+                    sqlx::query(
+                        "insert into messages (id, conversation_id, turn_id, role, content, created_at)
+                         values ($1, $2, $3, $4, $5, $6)
+                         on conflict (id) do update set content = excluded.content",
+                    )
+                    .bind(m.id)
+                    .bind(conversation_id)
+                    .bind(m.turn_id)
+                    .bind(m.role.as_str())
+                    .bind(Json(&m.content))
+                    .bind(m.created_at)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                for t in &batch.tool_calls {
+                    sqlx::query(
+                        "insert into tool_calls (conversation_id, tool_call_id, turn_id, title, kind,
+                           status, content, locations, raw_input, raw_output, created_at, updated_at)
+                         values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                         on conflict (conversation_id, tool_call_id) do update set
+                           title = excluded.title, kind = excluded.kind, status = excluded.status,
+                           content = excluded.content, locations = excluded.locations,
+                           raw_input = excluded.raw_input, raw_output = excluded.raw_output,
+                           updated_at = excluded.updated_at",
+                    )
+                    .bind(conversation_id)
+                    .bind(&t.tool_call_id)
+                    .bind(t.turn_id)
+                    .bind(&t.title)
+                    .bind(&t.kind)
+                    .bind(&t.status)
+                    .bind(t.content.as_ref().map(Json))
+                    .bind(t.locations.as_ref().map(Json))
+                    .bind(t.raw_input.as_ref().map(Json))
+                    .bind(t.raw_output.as_ref().map(Json))
+                    .bind(t.created_at)
+                    .bind(t.updated_at)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                if let Some(patch) = &batch.conversation {
+                    update_conversation(&mut tx, conversation_id, patch).await?;
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn resolve_permission(
+                &self,
+                resolution: &Resolution,
+                mut event: Event,
+                patch: &ConversationPatch,
+            ) -> Result<Option<(PermissionRequest, Event)>> {
+                let mut tx = self.pool.begin().await?;
+                // A write first: the transaction takes the write lock at once.
+                let row = sqlx::query_as::<_, PermissionRow>(
+                    "update permission_requests set status = $2, decision = $3
+                     where id = $1 and status = 'pending' returning *",
+                )
+                .bind(resolution.permission_id)
+                .bind(resolution.status.as_str())
+                .bind(Json(&resolution.decision))
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(row) = row else {
+                    return Ok(None);
+                };
+                let request = PermissionRequest::try_from(row)?;
+                event.data = serde_json::to_value(&request).map_err(anyhow::Error::from)?;
+                insert_events(&mut tx, event.conversation_id, std::slice::from_ref(&event)).await?;
+                update_conversation(&mut tx, event.conversation_id, patch).await?;
+                tx.commit().await?;
+                Ok(Some((request, event)))
+            }
+
+            async fn list_events(
+                &self,
+                conversation_id: Uuid,
+                after: i64,
+                limit: i64,
+            ) -> Result<Vec<Event>> {
+                let rows = sqlx::query_as::<_, EventRow>(
+                    "select * from events where conversation_id = $1 and seq > $2
+                     order by seq limit $3",
+                )
+                .bind(conversation_id)
+                .bind(after)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?;
+                Ok(rows.into_iter().map(Event::from).collect())
+            }
+
+            async fn list_messages(&self, conversation_id: Uuid) -> Result<Vec<Message>> {
+                sqlx::query_as::<_, MessageRow>(
+                    "select * from messages where conversation_id = $1 order by id",
+                )
+                .bind(conversation_id)
+                .fetch_all(&self.pool)
+                .await?
+                .into_iter()
+                .map(Message::try_from)
+                .collect()
+            }
+
+            async fn list_tool_calls(&self, conversation_id: Uuid) -> Result<Vec<ToolCall>> {
+                let rows = sqlx::query_as::<_, ToolCallRow>(
+                    "select * from tool_calls where conversation_id = $1
+                     order by created_at, tool_call_id",
+                )
+                .bind(conversation_id)
+                .fetch_all(&self.pool)
+                .await?;
+                Ok(rows.into_iter().map(ToolCall::from).collect())
+            }
+
+            async fn get_permission(&self, id: Uuid) -> Result<Option<PermissionRequest>> {
+                sqlx::query_as::<_, PermissionRow>("select * from permission_requests where id = $1")
+                    .bind(id)
+                    .fetch_optional(&self.pool)
+                    .await?
+                    .map(PermissionRequest::try_from)
+                    .transpose()
+            }
+
+            async fn list_permissions(
+                &self,
+                filter: &PermissionFilter,
+            ) -> Result<Vec<PermissionRequest>> {
+                // Ids are UUIDv7: their order is the order of creation.
+                sqlx::query_as::<_, PermissionRow>(
+                    "select * from permission_requests
+                     where ($1 = false or status = 'pending')
+                       and ($2 is null or conversation_id = $2)
+                     order by id",
+                )
+                .bind(filter.pending_only)
+                .bind(filter.conversation_id)
+                .fetch_all(&self.pool)
+                .await?
+                .into_iter()
+                .map(PermissionRequest::try_from)
+                .collect()
+            }
+
+            async fn upsert_rule(&self, rule: &Rule) -> Result<Rule> {
+                let row = sqlx::query_as::<_, RuleRow>(
+                    "insert into permission_rules (id, conversation_id, tool_kind, subject,
+                       option_kind, permission_id, created_at)
+                     values ($1, $2, $3, $4, $5, $6, $7)
+                     on conflict (conversation_id, tool_kind, subject) do update set
+                       option_kind = excluded.option_kind, permission_id = excluded.permission_id,
+                       created_at = excluded.created_at
+                     returning *",
+                )
+                .bind(rule.id)
+                .bind(rule.conversation_id)
+                .bind(&rule.tool_kind)
+                .bind(&rule.subject)
+                .bind(&rule.option_kind)
+                .bind(rule.permission_id)
+                .bind(rule.created_at)
+                .fetch_one(&self.pool)
+                .await?;
+                Ok(row.into())
+            }
+
+            async fn find_rule(&self, conversation_id: Uuid, key: &ToolKey) -> Result<Option<Rule>> {
+                let row = sqlx::query_as::<_, RuleRow>(
+                    "select * from permission_rules
+                     where conversation_id = $1 and tool_kind = $2 and subject = $3",
+                )
+                .bind(conversation_id)
+                .bind(&key.kind)
+                .bind(&key.subject)
+                .fetch_optional(&self.pool)
+                .await?;
+                Ok(row.map(Rule::from))
+            }
+
+            async fn list_rules(&self, conversation_id: Uuid) -> Result<Vec<Rule>> {
+                let rows = sqlx::query_as::<_, RuleRow>(
+                    "select * from permission_rules where conversation_id = $1 order by id",
+                )
+                .bind(conversation_id)
+                .fetch_all(&self.pool)
+                .await?;
+                Ok(rows.into_iter().map(Rule::from).collect())
+            }
+
+            async fn delete_rule(&self, conversation_id: Uuid, rule_id: Uuid) -> Result<bool> {
+                let done = sqlx::query(
+                    "delete from permission_rules where conversation_id = $1 and id = $2",
+                )
+                .bind(conversation_id)
+                .bind(rule_id)
+                .execute(&self.pool)
+                .await?;
+                Ok(done.rows_affected() > 0)
+            }
+        }
+    };
+}
+
+pub(crate) use impl_store;

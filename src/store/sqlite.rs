@@ -1,0 +1,92 @@
+//! The embedded backend of [`Store`](super::Store): SQLite in one file, so a
+//! gateway on a laptop needs nothing installed. WAL mode and a busy timeout
+//! let concurrent writers wait for each other instead of failing.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
+};
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use super::rows::{ConversationRow, EventRow, MessageRow, PermissionRow, RuleRow, ToolCallRow};
+use super::sql::impl_store;
+use super::{Batch, ConversationPatch, PermissionFilter, Resolution, Store};
+use crate::error::Result;
+use crate::model::{Conversation, Event, Message, PermissionRequest, ToolCall};
+use crate::permissions::{Rule, ToolKey};
+
+/// Migrations embedded in the binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+
+/// How long a writer waits for another one before giving up.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// SQLite storage over a connection pool.
+#[derive(Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens (creating the file and its directory if needed) and migrates.
+    pub async fn open(url: &str) -> anyhow::Result<SqliteStore> {
+        use anyhow::Context;
+        let options = SqliteConnectOptions::from_str(url)
+            .with_context(|| format!("Invalid SQLite URL {url:?}"))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(BUSY_TIMEOUT)
+            .foreign_keys(true);
+        if let Some(dir) = Path::new(options.get_filename()).parent() {
+            if !dir.as_os_str().is_empty() {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("Failed to create {}", dir.display()))?;
+            }
+        }
+        let pool = SqlitePoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(BUSY_TIMEOUT)
+            .connect_with(options)
+            .await
+            .with_context(|| format!("Failed to open SQLite database {url}"))?;
+        MIGRATOR
+            .run(&pool)
+            .await
+            .context("Failed to apply database migrations")?;
+        Ok(SqliteStore { pool })
+    }
+
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+}
+
+/// Events one statement each: SQLite runs in-process, a statement is cheap,
+/// and the transaction around the batch makes it one write.
+async fn insert_events(
+    tx: &mut SqliteConnection,
+    conversation_id: Uuid,
+    events: &[Event],
+) -> Result<()> {
+    for e in events {
+        sqlx::query(
+            "insert into events (conversation_id, seq, type, at, data) values ($1, $2, $3, $4, $5)",
+        )
+        .bind(conversation_id)
+        .bind(e.seq)
+        .bind(&e.kind)
+        .bind(e.at)
+        .bind(Json(&e.data))
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(())
+}
+
+impl_store!(SqliteStore, SqliteConnection);
