@@ -99,7 +99,12 @@ impl Config {
             None if Path::new(DEFAULT_CONFIG_FILE).exists() => {
                 Self::from_file(Path::new(DEFAULT_CONFIG_FILE))?
             }
-            None => Self::parse("")?,
+            None => {
+                tracing::info!("no config file: serving the built-in demo agent");
+                let mut config = Self::parse("")?;
+                config.agents.push(AgentProfile::builtin_demo()?);
+                config
+            }
         };
         if let Ok(url) = std::env::var("DATABASE_URL") {
             config.database_url = Some(url);
@@ -178,10 +183,14 @@ impl Config {
     /// The database to use: the configured URL, else an SQLite file in the
     /// data directory (`$XDG_DATA_HOME/acp-gateway/`, else `./data/`).
     pub fn database_url(&self) -> String {
+        self.database_url_with(std::env::var_os("XDG_DATA_HOME"))
+    }
+
+    fn database_url_with(&self, xdg_data_home: Option<std::ffi::OsString>) -> String {
         if let Some(url) = &self.database_url {
             return url.clone();
         }
-        let dir = match std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
+        let dir = match xdg_data_home.filter(|d| !d.is_empty()) {
             Some(data_home) => PathBuf::from(data_home).join("acp-gateway"),
             None => PathBuf::from("data"),
         };
@@ -195,6 +204,24 @@ impl Config {
 }
 
 impl AgentProfile {
+    /// The scripted demo agent built into this executable
+    /// (`acp-gateway demo-agent`), so a gateway is useful with no setup.
+    pub fn builtin_demo() -> anyhow::Result<AgentProfile> {
+        let exe = std::env::current_exe().context("Failed to find the gateway's own executable")?;
+        Ok(AgentProfile {
+            name: "demo".into(),
+            title: Some("Demo agent".into()),
+            command: exe.to_string_lossy().into_owned(),
+            args: vec!["demo-agent".into(), "--chunk-delay-ms".into(), "40".into()],
+            env: BTreeMap::new(),
+            cwd: None,
+            mcp_servers: Vec::new(),
+            permission_timeout: None,
+            on_timeout: Default::default(),
+            startup_timeout: default_startup_timeout(),
+        })
+    }
+
     /// Why the command cannot be run, or `None` if it looks runnable.
     pub fn unavailable_reason(&self) -> Option<String> {
         resolve_command(&self.command, self.env.get("PATH").map(String::as_str)).err()
@@ -296,6 +323,28 @@ startup_timeout = "5s"
         let bad = GOOD.replace("startup_timeout = \"5s\"", "mcp_servers = [{ nam = 1 }]");
         let err = Config::parse(&bad).unwrap_err();
         assert!(format!("{err:#}").contains("mcp_servers"), "{err:#}");
+    }
+
+    #[test]
+    fn without_a_database_url_the_embedded_database_lives_in_the_data_directory() {
+        let config = Config::parse("").unwrap();
+        config.validate().unwrap();
+        assert_eq!(
+            config.database_url_with(None),
+            "sqlite://data/acp-gateway.db"
+        );
+        assert_eq!(
+            config.database_url_with(Some("/home/u/.local/share".into())),
+            "sqlite:///home/u/.local/share/acp-gateway/acp-gateway.db"
+        );
+        let pg = Config::parse("database_url = \"postgres://db/x\"").unwrap();
+        assert_eq!(pg.database_url_with(None), "postgres://db/x");
+        let bad = Config::parse("database_url = \"mysql://db/x\"").unwrap();
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("database_url"));
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub mod api;
 pub mod app;
 pub mod bus;
 pub mod config;
+pub mod demo_agent;
 pub mod error;
 pub mod journal;
 pub mod model;

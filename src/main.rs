@@ -1,4 +1,5 @@
-//! The `acp-gateway` command: `serve` and `migrate`.
+//! The `acp-gateway` command: `serve`, `migrate`, `export`, and the built-in
+//! demo agent.
 
 use std::path::PathBuf;
 
@@ -19,7 +20,8 @@ struct Cli {
 enum Cmd {
     /// Run the gateway.
     Serve {
-        /// Config file (default: acp-gateway.toml in the working directory, if present).
+        /// Config file (default: acp-gateway.toml in the working directory, if present;
+        /// without one: the embedded database and the built-in demo agent).
         #[arg(long)]
         config: Option<PathBuf>,
     },
@@ -28,17 +30,41 @@ enum Cmd {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Copy the whole history of the configured database into another one
+    /// (e.g. from the embedded SQLite file into Postgres).
+    Export {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The target database URL (postgres://… or sqlite://PATH).
+        #[arg(long)]
+        to: String,
+    },
+    /// Run the scripted demo agent on stdin/stdout (what the built-in "demo"
+    /// profile starts). Arguments are the demo agent's own.
+    #[command(hide = true)]
+    DemoAgent {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    if let Cmd::DemoAgent { args } = cli.command {
+        // Its stdout is the protocol: no logging set up here.
+        acp_gateway::demo_agent::run(args).await;
+        return Ok(());
+    }
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
+        .with_ansi(std::io::stdout().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,sqlx=warn,tower_http=info".into()),
         )
         .init();
-    match Cli::parse().command {
+    match cli.command {
         Cmd::Serve { config } => {
             let config = acp_gateway::Config::load(config.as_deref())?;
             let gateway = acp_gateway::Gateway::build(config).await?;
@@ -50,6 +76,25 @@ async fn main() -> anyhow::Result<()> {
             println!("migrations applied");
             Ok(())
         }
+        Cmd::Export { config, to } => {
+            let config = acp_gateway::Config::load(config.as_deref())?;
+            let from = acp_gateway::store::open(&config.database_url()).await?;
+            let target = acp_gateway::store::open(&to).await?;
+            let stats = acp_gateway::store::export::copy_all(&*from, &*target).await?;
+            println!(
+                "exported {} conversations ({} already there): {} events, {} messages, \
+                 {} tool calls, {} permission requests, {} rules",
+                stats.conversations,
+                stats.skipped,
+                stats.events,
+                stats.messages,
+                stats.tool_calls,
+                stats.permission_requests,
+                stats.rules
+            );
+            Ok(())
+        }
+        Cmd::DemoAgent { .. } => unreachable!("handled above"),
     }
 }
 

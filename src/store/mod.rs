@@ -6,6 +6,7 @@
 //! permission requests into a [`Batch`] and commits it in one transaction,
 //! instead of one round-trip per streamed chunk.
 
+pub mod export;
 pub mod postgres;
 mod rows;
 mod sql;

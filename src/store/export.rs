@@ -1,0 +1,118 @@
+//! Copying a whole gateway history from one store to another (e.g. from the
+//! embedded SQLite file into Postgres when a laptop setup grows into a team
+//! one). It goes through the [`Store`] trait only, so any direction works.
+
+use std::collections::HashMap;
+
+use uuid::Uuid;
+
+use super::{Batch, ConversationPatch, PermissionFilter, Store};
+use crate::error::Result;
+use crate::model::Conversation;
+
+/// What a copy moved.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CopyStats {
+    pub conversations: usize,
+    /// Conversations the target already had, complete, and were left alone.
+    pub skipped: usize,
+    pub events: usize,
+    pub messages: usize,
+    pub tool_calls: usize,
+    pub permission_requests: usize,
+    pub rules: usize,
+}
+
+/// Conversations read per page.
+const PAGE: i64 = 100;
+
+/// Copies every conversation with its events, messages, tool calls,
+/// permission requests and remembered rules. A conversation the target
+/// already holds with the same history is skipped, so an interrupted export
+/// can be run again; one it holds with a different history is an error.
+pub async fn copy_all(from: &dyn Store, to: &dyn Store) -> Result<CopyStats> {
+    let turns: HashMap<Uuid, Option<Uuid>> = from
+        .live_conversations()
+        .await?
+        .into_iter()
+        .map(|(c, turn)| (c.id, turn))
+        .collect();
+    let mut stats = CopyStats::default();
+    let mut cursor = None;
+    loop {
+        let page = from.list_conversations(PAGE, cursor).await?;
+        let Some(last) = page.last() else { break };
+        cursor = Some(last.id);
+        for conversation in &page {
+            let existing = to.get_conversation(conversation.id).await?;
+            let fresh = match existing {
+                None => true,
+                Some(c) if c.last_seq == conversation.last_seq => {
+                    stats.skipped += 1;
+                    continue;
+                }
+                // Its row was written but the history's transaction was not.
+                Some(c) if c.last_seq == 0 => false,
+                Some(_) => {
+                    return Err(anyhow::anyhow!(
+                        "conversation {} already exists in the target with a different \
+                         history; export into an empty database",
+                        conversation.id
+                    )
+                    .into())
+                }
+            };
+            let turn = turns.get(&conversation.id).copied().flatten();
+            copy_conversation(from, to, conversation, turn, fresh, &mut stats).await?;
+        }
+    }
+    Ok(stats)
+}
+
+async fn copy_conversation(
+    from: &dyn Store,
+    to: &dyn Store,
+    conversation: &Conversation,
+    turn: Option<Uuid>,
+    fresh: bool,
+    stats: &mut CopyStats,
+) -> Result<()> {
+    let id = conversation.id;
+    let events = from.list_events(id, 0, i64::MAX).await?;
+    let batch = Batch {
+        events,
+        messages: from.list_messages(id).await?,
+        tool_calls: from.list_tool_calls(id).await?,
+        new_permissions: from
+            .list_permissions(&PermissionFilter {
+                pending_only: false,
+                conversation_id: Some(id),
+            })
+            .await?,
+        conversation: Some(ConversationPatch {
+            status: conversation.status,
+            acp_session_id: conversation.acp_session_id.clone(),
+            last_seq: conversation.last_seq,
+            current_turn_id: turn,
+            updated_at: conversation.updated_at,
+        }),
+    };
+    // The row first (the rest refers to it), then everything in one transaction.
+    if fresh {
+        let mut row = conversation.clone();
+        row.last_seq = 0;
+        to.insert_conversation(&row).await?;
+    }
+    to.commit(id, &batch).await?;
+    let rules = from.list_rules(id).await?;
+    for rule in &rules {
+        to.upsert_rule(rule).await?;
+    }
+    stats.conversations += 1;
+    stats.events += batch.events.len();
+    stats.messages += batch.messages.len();
+    stats.tool_calls += batch.tool_calls.len();
+    stats.permission_requests += batch.new_permissions.len();
+    stats.rules += rules.len();
+    Ok(())
+}
