@@ -16,6 +16,7 @@ use crate::bus::EventBus;
 use crate::config::Config;
 use crate::journal::{Journal, Sink};
 use crate::model::{self, event_type, ConversationStatus, Decision, PermissionStatus};
+use crate::policy::PolicyHandle;
 use crate::store::{PermissionFilter, Resolution};
 
 /// How long stopping may take before agents are left to `kill_on_drop`.
@@ -47,7 +48,13 @@ impl Gateway {
             .with_context(|| format!("Failed to bind {}", config.listen))?;
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
-        let state = AppState::new(config, sink, shutdown.clone(), tasks.clone());
+        let policies =
+            PolicyHandle::new(config.policies.clone()).map_err(|e| anyhow::anyhow!(e))?;
+        policies
+            .refresh(&*sink.store)
+            .await
+            .context("Failed to load the operator policies")?;
+        let state = AppState::new(config, sink, policies, shutdown.clone(), tasks.clone());
         Ok(Gateway {
             state,
             listener,

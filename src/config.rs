@@ -38,6 +38,9 @@ pub struct Config {
     /// The agent profiles conversations can be started with.
     #[serde(default)]
     pub agents: Vec<AgentProfile>,
+    /// Operator auto-approve rules, in order (the API can replace them).
+    #[serde(default)]
+    pub policies: Vec<crate::policy::PolicyRule>,
 }
 
 /// How to start one kind of agent.
@@ -69,6 +72,9 @@ pub struct AgentProfile {
     /// What a timed-out request is answered with: `reject` or `cancel`.
     #[serde(default)]
     pub on_timeout: crate::permissions::OnTimeout,
+    /// `ask` (policies decide, the rest asks), `read_only` or `trusted`.
+    #[serde(default)]
+    pub mode: crate::policy::Mode,
     /// How long `initialize` and `session/new` may take each.
     #[serde(default = "default_startup_timeout", with = "humantime_serde")]
     pub startup_timeout: Duration,
@@ -148,6 +154,7 @@ impl Config {
         if self.event_buffer == 0 {
             bail!("event_buffer: must be at least 1");
         }
+        crate::policy::Policies::compile(&self.policies).map_err(|e| anyhow::anyhow!(e))?;
         let mut names = HashSet::new();
         for (i, agent) in self.agents.iter().enumerate() {
             let key = format!("agents[{i}]");
@@ -218,6 +225,7 @@ impl AgentProfile {
             mcp_servers: Vec::new(),
             permission_timeout: None,
             on_timeout: Default::default(),
+            mode: Default::default(),
             startup_timeout: default_startup_timeout(),
         })
     }

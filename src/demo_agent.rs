@@ -32,6 +32,7 @@
 //! |---|---|---|
 //! | anything else, e.g. `hello` | thought chunk `Thinking about: <text>`, then `You said: <text>` in 4 message chunks | `end_turn` |
 //! | `tool` or `write` | `tool_call` "Write hello.txt" (kind `edit`, location `<cwd>/hello.txt`), then a permission request for it: allowed → `in_progress`, `completed` and message "Done."; rejected → `failed` and "Permission denied."; cancelled → `failed` | `end_turn`, or `cancelled` |
+//! | `read <path>`, `edit <path>` | like `tool`, with that kind, on `<cwd>/<path>` (joined as given, so `..` stays in it; default `README.md`) | as `tool` |
 //! | `execute <command…>` | like `tool`, with kind `execute`, title `Run <command>` and raw input `{"command": …}` (the command defaults to `echo hello`) | as `tool` |
 //! | `parallel [N]` | N tool calls (default 2), then N permission requests all outstanding at once; each tool call completes or fails as its own answer arrives, in any order; then a summary chunk | `end_turn`, or `cancelled` if any answer was cancelled |
 //! | `plan` | a `plan` update with three entries, then a message chunk | `end_turn` |
@@ -140,7 +141,7 @@ const USAGE: &str = "\
 usage: acp-demo-agent [--chunk-delay-ms N] [--fail-on METHOD] [--hang-on METHOD]
                       [--exit-on METHOD] [--stdout-banner] [--scenario WORD]
 A scripted ACP agent speaking JSON-RPC on stdin/stdout. The first word of each prompt picks
-a scenario: tool, write, execute, parallel, plan, long, slow, crash, garbage, unknown, hang,
+a scenario: tool, write, execute, read, edit, parallel, plan, long, slow, crash, garbage, unknown, hang,
 refuse, error, withdraw, stderr; any other text is echoed.";
 
 /// Writes a line to stderr with the agent's prefix; stdout is reserved for protocol messages.
@@ -269,6 +270,8 @@ enum Scenario {
     Echo,
     Tool,
     Execute,
+    Read,
+    Edit,
     Parallel,
     Plan,
     Long,
@@ -290,6 +293,8 @@ impl Scenario {
             "echo" => Self::Echo,
             "tool" | "write" => Self::Tool,
             "execute" => Self::Execute,
+            "read" => Self::Read,
+            "edit" => Self::Edit,
             "parallel" => Self::Parallel,
             "plan" => Self::Plan,
             "long" => Self::Long,
@@ -886,6 +891,8 @@ impl Turn {
             Scenario::Echo => self.echo().await,
             Scenario::Tool => self.write_file().await,
             Scenario::Execute => self.execute(args).await,
+            Scenario::Read => self.path_tool("read", "Read", args).await,
+            Scenario::Edit => self.path_tool("edit", "Edit", args).await,
             Scenario::Parallel => self.parallel(count_arg(args, 2)).await,
             Scenario::Plan => self.plan().await,
             Scenario::Long => self.long(count_arg(args, 1000)).await,
@@ -935,6 +942,30 @@ impl Turn {
             locations: None,
             raw_input: json!({ "command": command }),
             done_text: format!("ran {command}"),
+        };
+        self.single_tool_call(call, false).await
+    }
+
+    /// Scenarios `read <path>` and `edit <path>`: one tool call of that kind
+    /// on the path (joined to the session's cwd as given, `..` and all).
+    async fn path_tool(
+        &self,
+        kind: &'static str,
+        verb: &str,
+        path: &str,
+    ) -> Result<TurnEnd, Cancelled> {
+        let path = self
+            .cwd
+            .join(if path.is_empty() { "README.md" } else { path })
+            .display()
+            .to_string();
+        let call = ToolCall {
+            id: self.next_tool_call_id(),
+            title: format!("{verb} {path}"),
+            kind,
+            locations: Some(json!([{ "path": path }])),
+            raw_input: json!({ "path": path }),
+            done_text: format!("{verb} {path}: done"),
         };
         self.single_tool_call(call, false).await
     }

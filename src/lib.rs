@@ -31,6 +31,7 @@ pub mod error;
 pub mod journal;
 pub mod model;
 pub mod permissions;
+pub mod policy;
 pub mod session;
 pub mod store;
 

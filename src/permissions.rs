@@ -198,16 +198,38 @@ pub struct Rule {
     pub created_at: DateTime<Utc>,
 }
 
-/// The option a remembered rule answers a request with: one of the same kind,
-/// else the `_once` option of the same direction. `None`: nothing fits, ask
-/// the user.
-pub fn remembered_option(request: &PermissionRequest, rule: &Rule) -> Option<String> {
-    let fallback = match rule.option_kind.as_str() {
-        "allow_always" => "allow_once",
-        "reject_always" => "reject_once",
-        _ => return None,
-    };
-    option_of_kind(request, &rule.option_kind).or_else(|| option_of_kind(request, fallback))
+/// How a policy verdict answers a request: the option to pick (`None`: the
+/// cancelled outcome) and the status it leads to; `None` when a person must
+/// decide. `allow` picks `allow_once` (`allow_always` only for a rule that
+/// remembers, or a remembered answer); `deny` picks `reject_once`
+/// (`reject_always` for a remembered answer), or the cancelled outcome when
+/// the agent offered no way to reject.
+pub fn automatic_answer(
+    request: &PermissionRequest,
+    verdict: &crate::policy::Verdict,
+) -> Option<(PermissionStatus, Option<String>)> {
+    use crate::policy::Decision;
+    let remembered = verdict.rule.as_deref() == Some("remembered");
+    let pick = |kinds: &[&str]| kinds.iter().find_map(|k| option_of_kind(request, k));
+    match verdict.decision {
+        Decision::Ask => None,
+        Decision::Allow => {
+            let kinds: &[&str] = if remembered || verdict.remember {
+                &["allow_always", "allow_once"]
+            } else {
+                &["allow_once"]
+            };
+            pick(kinds).map(|option| (PermissionStatus::Approved, Some(option)))
+        }
+        Decision::Deny => {
+            let kinds: &[&str] = if remembered {
+                &["reject_always", "reject_once"]
+            } else {
+                &["reject_once"]
+            };
+            Some((PermissionStatus::Rejected, pick(kinds)))
+        }
+    }
 }
 
 #[cfg(test)]
@@ -288,30 +310,52 @@ mod tests {
     }
 
     #[test]
-    fn remembered_rules_pick_the_same_kind_of_option_or_the_once_one() {
-        let rule = |kind: &str| Rule {
-            id: model::new_id(),
-            conversation_id: model::new_id(),
-            tool_kind: "edit".into(),
-            subject: "/a".into(),
-            option_kind: kind.into(),
-            permission_id: model::new_id(),
-            created_at: model::now(),
-        };
+    fn verdicts_pick_once_options_unless_remembering() {
+        use crate::policy::{Decision, Verdict};
         let r = request(json!([
             {"optionId": "a1", "name": "A", "kind": "allow_once"},
             {"optionId": "aa", "name": "AA", "kind": "allow_always"},
-            {"optionId": "r1", "name": "R", "kind": "reject_once"}
+            {"optionId": "r1", "name": "R", "kind": "reject_once"},
+            {"optionId": "ra", "name": "RA", "kind": "reject_always"}
         ]));
+        let v = |decision, rule: &str, remember| {
+            let mut v = Verdict::new(decision, Some(rule), String::new());
+            v.remember = remember;
+            v
+        };
+        let answer =
+            |verdict| automatic_answer(&r, &verdict).map(|(s, o)| (s, o.unwrap_or_default()));
+        use PermissionStatus::*;
         assert_eq!(
-            remembered_option(&r, &rule("allow_always")).as_deref(),
-            Some("aa")
+            answer(v(Decision::Allow, "read-only", false)),
+            Some((Approved, "a1".into()))
         );
         assert_eq!(
-            remembered_option(&r, &rule("reject_always")).as_deref(),
-            Some("r1")
+            answer(v(Decision::Allow, "edits", true)),
+            Some((Approved, "aa".into()))
         );
-        let none = request(json!([{"optionId": "a1", "name": "A", "kind": "allow_once"}]));
-        assert_eq!(remembered_option(&none, &rule("reject_always")), None);
+        assert_eq!(
+            answer(v(Decision::Allow, "remembered", false)),
+            Some((Approved, "aa".into()))
+        );
+        assert_eq!(
+            answer(v(Decision::Deny, "no rm", false)),
+            Some((Rejected, "r1".into()))
+        );
+        assert_eq!(
+            answer(v(Decision::Deny, "remembered", false)),
+            Some((Rejected, "ra".into()))
+        );
+        assert_eq!(answer(v(Decision::Ask, "ask", false)), None);
+        let only_allow = request(json!([{"optionId": "a1", "name": "A", "kind": "allow_once"}]));
+        assert_eq!(
+            automatic_answer(&only_allow, &v(Decision::Deny, "no rm", false)),
+            Some((Rejected, None))
+        );
+        let only_always = request(json!([{"optionId": "aa", "name": "A", "kind": "allow_always"}]));
+        assert_eq!(
+            automatic_answer(&only_always, &v(Decision::Allow, "read-only", false)),
+            None
+        );
     }
 }

@@ -32,9 +32,10 @@ use crate::model::{
     PermissionStatus, Role, ToolCall,
 };
 use crate::permissions::{
-    answer_resolved, option_kind, remembered_option, timeout_option, tool_key, validate_answer,
+    answer_resolved, automatic_answer, option_kind, timeout_option, tool_key, validate_answer,
     Answer, Deadlines, OnTimeout, Rule,
 };
+use crate::policy::{Facts, Mode, PolicyHandle, RateLimiter};
 use crate::store::Resolution;
 
 /// Most events committed in one batch while an agent streams.
@@ -119,6 +120,8 @@ pub struct StartParams {
     pub max_line_bytes: usize,
     /// Cancelled when the gateway stops: the session closes its agent.
     pub shutdown: CancellationToken,
+    /// The operator policies that may answer permission requests.
+    pub policies: PolicyHandle,
 }
 
 /// Starts the agent, runs `initialize` and `session/new`, and spawns the
@@ -133,6 +136,7 @@ pub async fn start(
         mut conversation,
         max_line_bytes,
         shutdown,
+        policies,
     } = params;
     let id = conversation.id;
     let span = tracing::info_span!("conversation", conversation_id = %id, agent = %profile.name);
@@ -182,6 +186,11 @@ pub async fn start(
         acp_session_id,
         permission_timeout: profile.permission_timeout,
         on_timeout: profile.on_timeout,
+        agent: profile.name.clone(),
+        mode: profile.mode,
+        cwd: PathBuf::from(&conversation.cwd),
+        policies,
+        limiter: RateLimiter::default(),
         turn: None,
         prompt: None,
         pending: HashMap::new(),
@@ -355,6 +364,12 @@ struct Session {
     acp_session_id: String,
     permission_timeout: Option<Duration>,
     on_timeout: OnTimeout,
+    /// The profile's name, mode and the conversation's cwd, for the policies.
+    agent: String,
+    mode: Mode,
+    cwd: PathBuf,
+    policies: PolicyHandle,
+    limiter: RateLimiter,
     turn: Option<Turn>,
     /// The outstanding `session/prompt` request.
     prompt: Option<PromptFuture>,
@@ -664,27 +679,59 @@ impl Session {
         let id = permission.id;
         tracing::info!(permission_id = %id, "agent asks permission");
         // The request's toolCall is an update: complete it with what we know.
-        let key = tool_key(&self.known_tool_call(&permission.tool_call));
-        self.journal.batch.new_permissions.push(permission.clone());
+        let tool_call = self.known_tool_call(&permission.tool_call);
+        let policies = self.policies.refresh(self.journal.store()).await?;
+        let remembered = self
+            .journal
+            .store()
+            .list_rules(permission.conversation_id)
+            .await?;
+        let now = tokio::time::Instant::now();
+        let facts = Facts {
+            agent: &self.agent,
+            tool_call: &tool_call,
+            cwd: &self.cwd,
+            mode: self.mode,
+        };
+        let verdict = policies.evaluate(&facts, &remembered, Some(&self.limiter), now);
         self.journal.event(
             event_type::PERMISSION_REQUESTED,
             serde_json::to_value(&permission).expect("serializes"),
         );
-        let rule = self
-            .journal
-            .store()
-            .find_rule(permission.conversation_id, &key)
-            .await?;
-        let remembered = rule
-            .as_ref()
-            .and_then(|rule| Some((rule, remembered_option(&permission, rule)?)));
-        let remembered = remembered.map(|(rule, option)| {
-            let reason = format!(
-                "remembered {} for {} {}",
-                rule.option_kind, rule.tool_kind, rule.subject
+        if let Some((status, option_id)) = automatic_answer(&permission, &verdict) {
+            // Decided by policy: requested and resolved are committed together
+            // (nobody could answer in between) and both published, so the
+            // audit trail shows what ran without a person, and which rule let it.
+            let rule = verdict.rule.as_deref().unwrap_or("default");
+            tracing::info!(permission_id = %id, rule, decision = ?verdict.decision, "decided by policy");
+            let decision = Decision {
+                outcome: if option_id.is_some() {
+                    "selected"
+                } else {
+                    "cancelled"
+                }
+                .to_owned(),
+                option_id,
+                decided_by: format!("policy:{rule}"),
+                reason: Some(verdict.reason.clone()),
+                decided_at: model::now(),
+            };
+            let resolved = PermissionRequest {
+                status,
+                decision: Some(decision.clone()),
+                ..permission
+            };
+            self.journal.batch.new_permissions.push(resolved.clone());
+            self.journal.event(
+                event_type::PERMISSION_RESOLVED,
+                serde_json::to_value(&resolved).expect("serializes"),
             );
-            (option, reason)
-        });
+            self.flush().await?;
+            self.limiter.record(&verdict, now);
+            request.responder.respond(decision.acp_result());
+            return Ok(());
+        }
+        self.journal.batch.new_permissions.push(permission.clone());
         self.pending.insert(
             id,
             Pending {
@@ -696,15 +743,6 @@ impl Session {
             self.deadlines.set(id, timeout);
         }
         self.journal.set_status(self.status_now());
-        if let Some((option, reason)) = remembered {
-            // Published as requested, then resolved: the user sees what happened.
-            let status = self.pending[&id]
-                .request
-                .status_for_option(&option)
-                .expect("offered");
-            self.resolve(id, status, Some(option), "policy:remembered", Some(&reason))
-                .await?;
-        }
         Ok(())
     }
 

@@ -88,6 +88,7 @@ async fn create(
         conversation,
         max_line_bytes: state.config().max_line_bytes,
         shutdown: state.shutdown_token().child_token(),
+        policies: state.policies().clone(),
     })
     .await?;
     state.adopt(id, handle, task);

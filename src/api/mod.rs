@@ -4,6 +4,7 @@
 mod conversations;
 mod extract;
 mod permissions;
+mod policies;
 mod ws;
 
 use std::collections::HashMap;
@@ -22,6 +23,7 @@ use uuid::Uuid;
 
 use crate::config::Config;
 use crate::journal::Sink;
+use crate::policy::PolicyHandle;
 use crate::session::SessionHandle;
 
 pub use extract::{AppJson, AppPath, AppQuery};
@@ -38,12 +40,14 @@ struct Shared {
     sessions: Mutex<HashMap<Uuid, SessionHandle>>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
+    policies: PolicyHandle,
 }
 
 impl AppState {
     pub fn new(
         config: Config,
         sink: Sink,
+        policies: PolicyHandle,
         shutdown: CancellationToken,
         tasks: TaskTracker,
     ) -> Self {
@@ -54,8 +58,14 @@ impl AppState {
                 sessions: Mutex::new(HashMap::new()),
                 shutdown,
                 tasks,
+                policies,
             }),
         }
+    }
+
+    /// The operator policies in force.
+    pub fn policies(&self) -> &PolicyHandle {
+        &self.inner.policies
     }
 
     pub fn config(&self) -> &Config {
@@ -107,6 +117,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/agents", get(list_agents))
         .merge(conversations::router())
         .merge(permissions::router())
+        .merge(policies::router())
         .merge(ws::router())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body))

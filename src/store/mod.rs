@@ -21,7 +21,7 @@ use crate::model::{
     Conversation, ConversationStatus, Decision, Event, Message, PermissionRequest,
     PermissionStatus, ToolCall,
 };
-use crate::permissions::{Rule, ToolKey};
+use crate::permissions::Rule;
 
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
@@ -83,6 +83,15 @@ pub struct Resolution {
     pub decision: Decision,
 }
 
+/// A list of operator policies and who set it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PolicySet {
+    pub id: Uuid,
+    pub rules: Vec<crate::policy::PolicyRule>,
+    pub updated_by: String,
+    pub updated_at: DateTime<Utc>,
+}
+
 /// Which permission requests to list.
 #[derive(Debug, Clone, Default)]
 pub struct PermissionFilter {
@@ -136,9 +145,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Remembers a rule, replacing one with the same conversation and key.
     async fn upsert_rule(&self, rule: &Rule) -> Result<Rule>;
-    async fn find_rule(&self, conversation_id: Uuid, key: &ToolKey) -> Result<Option<Rule>>;
     /// Oldest first.
     async fn list_rules(&self, conversation_id: Uuid) -> Result<Vec<Rule>>;
     /// Forgets a rule; `false` if there was none with this id in the conversation.
     async fn delete_rule(&self, conversation_id: Uuid, rule_id: Uuid) -> Result<bool>;
+
+    /// The operator policies in force, if they were ever set at run time.
+    async fn current_policies(&self) -> Result<Option<PolicySet>>;
+    /// Records a new list of operator policies (the history is kept).
+    async fn save_policies(&self, set: &PolicySet) -> Result<()>;
 }

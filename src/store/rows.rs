@@ -187,3 +187,22 @@ impl From<RuleRow> for Rule {
         }
     }
 }
+
+#[derive(sqlx::FromRow)]
+pub struct PolicySetRow {
+    id: Uuid,
+    rules: Json<Vec<crate::policy::PolicyRule>>,
+    updated_by: String,
+    updated_at: DateTime<Utc>,
+}
+
+impl From<PolicySetRow> for super::PolicySet {
+    fn from(r: PolicySetRow) -> super::PolicySet {
+        super::PolicySet {
+            id: r.id,
+            rules: r.rules.0,
+            updated_by: r.updated_by,
+            updated_at: r.updated_at,
+        }
+    }
+}

@@ -290,19 +290,6 @@ macro_rules! impl_store {
                 Ok(row.into())
             }
 
-            async fn find_rule(&self, conversation_id: Uuid, key: &ToolKey) -> Result<Option<Rule>> {
-                let row = sqlx::query_as::<_, RuleRow>(
-                    "select * from permission_rules
-                     where conversation_id = $1 and tool_kind = $2 and subject = $3",
-                )
-                .bind(conversation_id)
-                .bind(&key.kind)
-                .bind(&key.subject)
-                .fetch_optional(&self.pool)
-                .await?;
-                Ok(row.map(Rule::from))
-            }
-
             async fn list_rules(&self, conversation_id: Uuid) -> Result<Vec<Rule>> {
                 let rows = sqlx::query_as::<_, RuleRow>(
                     "select * from permission_rules where conversation_id = $1 order by id",
@@ -322,6 +309,29 @@ macro_rules! impl_store {
                 .execute(&self.pool)
                 .await?;
                 Ok(done.rows_affected() > 0)
+            }
+
+            async fn current_policies(&self) -> Result<Option<PolicySet>> {
+                let row = sqlx::query_as::<_, PolicySetRow>(
+                    "select * from policy_sets order by id desc limit 1",
+                )
+                .fetch_optional(&self.pool)
+                .await?;
+                Ok(row.map(PolicySet::from))
+            }
+
+            async fn save_policies(&self, set: &PolicySet) -> Result<()> {
+                sqlx::query(
+                    "insert into policy_sets (id, rules, updated_by, updated_at)
+                     values ($1, $2, $3, $4)",
+                )
+                .bind(set.id)
+                .bind(Json(&set.rules))
+                .bind(&set.updated_by)
+                .bind(set.updated_at)
+                .execute(&self.pool)
+                .await?;
+                Ok(())
             }
         }
     };

@@ -13,12 +13,14 @@ use sqlx::sqlite::{
 use sqlx::types::Json;
 use uuid::Uuid;
 
-use super::rows::{ConversationRow, EventRow, MessageRow, PermissionRow, RuleRow, ToolCallRow};
+use super::rows::{
+    ConversationRow, EventRow, MessageRow, PermissionRow, PolicySetRow, RuleRow, ToolCallRow,
+};
 use super::sql::impl_store;
-use super::{Batch, ConversationPatch, PermissionFilter, Resolution, Store};
+use super::{Batch, ConversationPatch, PermissionFilter, PolicySet, Resolution, Store};
 use crate::error::Result;
 use crate::model::{Conversation, Event, Message, PermissionRequest, ToolCall};
-use crate::permissions::{Rule, ToolKey};
+use crate::permissions::Rule;
 
 /// Migrations embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");

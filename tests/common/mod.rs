@@ -147,6 +147,7 @@ pub fn profile(name: &str, command: &str, args: &[&str]) -> AgentProfile {
         mcp_servers: vec![],
         permission_timeout: None,
         on_timeout: Default::default(),
+        mode: Default::default(),
         startup_timeout: Duration::from_secs(20),
     }
 }
@@ -255,15 +256,20 @@ pub struct TestGateway {
 
 impl TestGateway {
     pub async fn start(db: &TestDb, agents: Vec<AgentProfile>) -> TestGateway {
-        let config = Config {
+        Self::start_with(Self::config(db, agents)).await
+    }
+
+    /// The config tests start from: a free port, small limits.
+    pub fn config(db: &TestDb, agents: Vec<AgentProfile>) -> Config {
+        Config {
             listen: "127.0.0.1:0".into(),
             database_url: Some(db.url.clone()),
             max_line_bytes: 1024 * 1024,
             max_body_bytes: 64 * 1024,
             event_buffer: 1024,
             agents,
-        };
-        Self::start_with(config).await
+            policies: Vec::new(),
+        }
     }
 
     pub async fn start_with(config: Config) -> TestGateway {
