@@ -54,7 +54,17 @@ impl Gateway {
             .refresh(&*sink.store)
             .await
             .context("Failed to load the operator policies")?;
-        let state = AppState::new(config, sink, policies, shutdown.clone(), tasks.clone());
+        let auth_required = sink.store.any_active_token().await?;
+        check_exposure(&config, auth_required)?;
+        let auth = crate::auth::Auth::new(auth_required, config.rate_limits.clone());
+        let state = AppState::new(
+            config,
+            sink,
+            policies,
+            auth,
+            shutdown.clone(),
+            tasks.clone(),
+        );
         Ok(Gateway {
             state,
             listener,
@@ -107,6 +117,7 @@ async fn recover(sink: &Sink) -> anyhow::Result<()> {
             .list_permissions(&PermissionFilter {
                 pending_only: true,
                 conversation_id: Some(conversation.id),
+                owner: None,
             })
             .await?;
         for request in pending {
@@ -150,4 +161,29 @@ pub fn redact_url(url: &str) -> String {
         }
         _ => url.to_owned(),
     }
+}
+
+/// Secure defaults: without any token the API is open, so it may only be
+/// reachable from this machine. Also warns about agents that would run as root.
+fn check_exposure(config: &Config, auth_required: bool) -> anyhow::Result<()> {
+    let addr: SocketAddr = config.listen.parse().context("listen is not host:port")?;
+    if !auth_required {
+        if !addr.ip().is_loopback() {
+            anyhow::bail!(
+                "refusing to listen on {addr} without authentication: no token exists yet. \
+                 Create one first (acp-gateway token create --user NAME --role operator) \
+                 or listen on 127.0.0.1"
+            );
+        }
+        tracing::warn!(
+            "no tokens exist: serving without authentication, on loopback only; \
+             every caller is the operator \"anonymous\""
+        );
+    }
+    if crate::acp::agent::running_as_root() {
+        for agent in config.agents.iter().filter(|a| a.user.is_none()) {
+            tracing::warn!(agent = %agent.name, "the gateway runs as root and this agent profile names no user: its agents will run as root");
+        }
+    }
+    Ok(())
 }

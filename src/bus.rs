@@ -18,6 +18,8 @@ use crate::model::Event;
 pub struct Published {
     pub event: Event,
     pub json: String,
+    /// The user whose conversation it is, for filtering the inbox.
+    pub owner: Option<String>,
 }
 
 /// A cheap-to-clone handle to the fan-out.
@@ -45,12 +47,16 @@ impl EventBus {
         }
     }
 
-    /// Publishes committed events, in order.
-    pub fn publish(&self, events: impl IntoIterator<Item = Event>) {
+    /// Publishes committed events of a conversation owned by `owner`, in order.
+    pub fn publish(&self, owner: Option<&str>, events: impl IntoIterator<Item = Event>) {
         let map = self.inner.per_conversation.lock().unwrap();
         for event in events {
             let json = serde_json::to_string(&event).expect("events serialize");
-            let published = Arc::new(Published { event, json });
+            let published = Arc::new(Published {
+                event,
+                json,
+                owner: owner.map(str::to_owned),
+            });
             if let Some(tx) = map.get(&published.event.conversation_id) {
                 let _ = tx.send(published.clone());
             }

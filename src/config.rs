@@ -41,6 +41,12 @@ pub struct Config {
     /// Operator auto-approve rules, in order (the API can replace them).
     #[serde(default)]
     pub policies: Vec<crate::policy::PolicyRule>,
+    /// Origins allowed to call the API from a browser (CORS is off without).
+    #[serde(default)]
+    pub cors_origins: Vec<String>,
+    /// Per-token request limits.
+    #[serde(default)]
+    pub rate_limits: crate::auth::RateLimits,
 }
 
 /// How to start one kind of agent.
@@ -75,6 +81,12 @@ pub struct AgentProfile {
     /// `ask` (policies decide, the rest asks), `read_only` or `trusted`.
     #[serde(default)]
     pub mode: crate::policy::Mode,
+    /// The (unprivileged) system user the agent runs as.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Directories a conversation's cwd must be inside (empty: anywhere).
+    #[serde(default)]
+    pub allowed_roots: Vec<PathBuf>,
     /// How long `initialize` and `session/new` may take each.
     #[serde(default = "default_startup_timeout", with = "humantime_serde")]
     pub startup_timeout: Duration,
@@ -155,6 +167,17 @@ impl Config {
             bail!("event_buffer: must be at least 1");
         }
         crate::policy::Policies::compile(&self.policies).map_err(|e| anyhow::anyhow!(e))?;
+        for (i, origin) in self.cors_origins.iter().enumerate() {
+            if origin.parse::<axum::http::HeaderValue>().is_err() || !origin.contains("://") {
+                bail!(
+                    "cors_origins[{i}]: {origin:?} is not an origin like https://app.example.com"
+                );
+            }
+        }
+        if self.rate_limits.prompts_per_minute == 0 || self.rate_limits.connections_per_minute == 0
+        {
+            bail!("rate_limits: limits must be at least 1 per minute");
+        }
         let mut names = HashSet::new();
         for (i, agent) in self.agents.iter().enumerate() {
             let key = format!("agents[{i}]");
@@ -176,6 +199,15 @@ impl Config {
                 if !cwd.is_absolute() {
                     bail!("{key}.cwd: {:?} must be an absolute path", cwd);
                 }
+            }
+            for (j, root) in agent.allowed_roots.iter().enumerate() {
+                if !root.is_absolute() {
+                    bail!("{key}.allowed_roots[{j}]: {root:?} must be an absolute path");
+                }
+            }
+            if let Some(user) = &agent.user {
+                crate::acp::agent::lookup_user(user)
+                    .map_err(|e| anyhow::anyhow!("{key}.user: {e}"))?;
             }
             if agent.permission_timeout.is_some_and(|t| t.is_zero()) {
                 bail!("{key}.permission_timeout: must be greater than zero");
@@ -226,6 +258,8 @@ impl AgentProfile {
             permission_timeout: None,
             on_timeout: Default::default(),
             mode: Default::default(),
+            user: None,
+            allowed_roots: Vec::new(),
             startup_timeout: default_startup_timeout(),
         })
     }

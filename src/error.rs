@@ -17,6 +17,15 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     #[error("{0}")]
     NotFound(String),
+    /// No valid credentials.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// Valid credentials, not enough rights.
+    #[error("{0}")]
+    Forbidden(String),
+    /// Over a rate limit; try again after `retry_after` seconds.
+    #[error("{detail}")]
+    TooManyRequests { detail: String, retry_after: u64 },
     #[error("{0}")]
     BadRequest(String),
     #[error("{0}")]
@@ -60,6 +69,9 @@ impl Error {
     fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
             Error::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            Error::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            Error::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            Error::TooManyRequests { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             Error::BadRequest(_) => (StatusCode::BAD_REQUEST, "malformed_json"),
             Error::UnsupportedMediaType(_) => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
@@ -93,6 +105,10 @@ impl IntoResponse for Error {
             "detail": detail,
             "code": code,
         });
+        let retry_after = match &self {
+            Error::TooManyRequests { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        };
         if let Error::Conflict {
             extra: Some(Value::Object(extra)),
             ..
@@ -100,11 +116,23 @@ impl IntoResponse for Error {
         {
             body.as_object_mut().unwrap().extend(extra);
         }
-        (
+        let mut response = (
             status,
             [(header::CONTENT_TYPE, "application/problem+json")],
             body.to_string(),
         )
-            .into_response()
+            .into_response();
+        if let Some(seconds) = retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
     }
 }

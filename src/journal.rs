@@ -30,6 +30,8 @@ pub struct Journal {
     pub status: ConversationStatus,
     pub acp_session_id: Option<String>,
     pub turn_id: Option<Uuid>,
+    /// The conversation's owner, carried along with published events.
+    owner: Option<String>,
     /// What has not been committed yet.
     pub batch: Batch,
     dirty: bool,
@@ -44,6 +46,7 @@ impl Journal {
             status: conversation.status,
             acp_session_id: conversation.acp_session_id.clone(),
             turn_id,
+            owner: conversation.owner.clone(),
             batch: Batch::default(),
             dirty: false,
         }
@@ -123,7 +126,7 @@ impl Journal {
         }
         let batch = std::mem::take(&mut self.batch);
         self.dirty = false;
-        self.sink.bus.publish(batch.events);
+        self.sink.bus.publish(self.owner.as_deref(), batch.events);
         Ok(())
     }
 
@@ -143,7 +146,7 @@ impl Journal {
             Some((request, event)) => {
                 self.last_seq = event.seq;
                 self.dirty = false;
-                self.sink.bus.publish([event]);
+                self.sink.bus.publish(self.owner.as_deref(), [event]);
                 Ok(Some(request))
             }
             None => Ok(None),

@@ -15,6 +15,7 @@
 //! - [`permissions`]: answer checks, timeouts and remembered "always" rules
 //!   (pure functions the session applies).
 //! - [`store`]: persistence behind one trait ([`store::Store`]); Postgres now.
+//! - [`auth`]: bearer tokens, roles, per-token rate limits.
 //! - [`api`]: the HTTP + WebSocket API of `../shared/docs/api.md`.
 //! - [`app`]: building and running the whole gateway.
 //!
@@ -24,6 +25,7 @@
 pub mod acp;
 pub mod api;
 pub mod app;
+pub mod auth;
 pub mod bus;
 pub mod config;
 pub mod demo_agent;

@@ -39,6 +39,13 @@ enum Cmd {
         #[arg(long)]
         to: String,
     },
+    /// Create, list and revoke bearer tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCmd,
+        #[arg(long, global = true)]
+        config: Option<PathBuf>,
+    },
     /// Run the scripted demo agent on stdin/stdout (what the built-in "demo"
     /// profile starts). Arguments are the demo agent's own.
     #[command(hide = true)]
@@ -46,6 +53,30 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+}
+
+#[derive(Subcommand)]
+enum TokenCmd {
+    /// Create a token for a user (created if new); the token is printed once.
+    Create {
+        #[arg(long)]
+        user: String,
+        #[arg(long, value_enum, default_value = "user")]
+        role: RoleArg,
+        /// What the token is for, e.g. "alice's phone".
+        #[arg(long)]
+        label: Option<String>,
+    },
+    /// List tokens (never their values).
+    List,
+    /// Revoke a token by id.
+    Revoke { id: uuid::Uuid },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum RoleArg {
+    User,
+    Operator,
 }
 
 #[tokio::main]
@@ -94,8 +125,63 @@ async fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Cmd::Token { command, config } => {
+            let config = acp_gateway::Config::load(config.as_deref())?;
+            let store = acp_gateway::store::open(&config.database_url()).await?;
+            token_command(&*store, command).await
+        }
         Cmd::DemoAgent { .. } => unreachable!("handled above"),
     }
+}
+
+async fn token_command(
+    store: &dyn acp_gateway::store::Store,
+    command: TokenCmd,
+) -> anyhow::Result<()> {
+    use acp_gateway::auth::{hash_token, new_token, Role};
+    match command {
+        TokenCmd::Create { user, role, label } => {
+            let role = match role {
+                RoleArg::User => Role::User,
+                RoleArg::Operator => Role::Operator,
+            };
+            let token = new_token();
+            let info = store
+                .create_token(&user, role, label.as_deref(), &hash_token(&token))
+                .await?;
+            eprintln!(
+                "created token {} for {} ({}); it is shown only now:",
+                info.id,
+                info.user,
+                info.role.as_str()
+            );
+            println!("{token}");
+        }
+        TokenCmd::List => {
+            for t in store.list_tokens().await? {
+                let state = match t.revoked_at {
+                    Some(at) => format!("revoked {at}"),
+                    None => "active".into(),
+                };
+                println!(
+                    "{}  {:<20} {:<8} {:<10} created {}  {}",
+                    t.id,
+                    t.user,
+                    t.role.as_str(),
+                    state,
+                    t.created_at,
+                    t.label.unwrap_or_default()
+                );
+            }
+        }
+        TokenCmd::Revoke { id } => {
+            if !store.revoke_token(id).await? {
+                anyhow::bail!("no active token {id}");
+            }
+            println!("revoked {id}");
+        }
+    }
+    Ok(())
 }
 
 async fn shutdown_signal() {

@@ -73,6 +73,9 @@ pub struct Conversation {
     pub last_seq: i64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// The user who started it (not part of the API object).
+    #[serde(skip_serializing, default)]
+    pub owner: Option<String>,
 }
 
 /// One entry of a conversation's event log.

@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use super::{AppJson, AppPath, AppQuery, AppState, Page};
+use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
 use crate::journal::Journal;
 use crate::model::{self, Conversation, ConversationStatus, Event, Message, ToolCall};
@@ -48,6 +49,7 @@ struct CreateBody {
 
 async fn create(
     State(state): State<AppState>,
+    caller: Caller,
     AppJson(body): AppJson<CreateBody>,
 ) -> Result<impl IntoResponse> {
     let profile = state
@@ -69,6 +71,7 @@ async fn create(
             "cwd {cwd:?} is not a directory"
         )));
     }
+    check_allowed_root(&profile, &cwd)?;
     let now = model::now();
     let conversation = Conversation {
         id: model::new_id(),
@@ -80,6 +83,7 @@ async fn create(
         last_seq: 0,
         created_at: now,
         updated_at: now,
+        owner: Some(caller.user.clone()),
     };
     let id = conversation.id;
     let (handle, conversation, task) = session::start(StartParams {
@@ -95,6 +99,27 @@ async fn create(
     Ok((StatusCode::CREATED, Json(conversation)))
 }
 
+/// A profile's `allowed_roots`: the cwd, with `..` and symlinks resolved,
+/// must be inside one of them.
+fn check_allowed_root(profile: &crate::config::AgentProfile, cwd: &std::path::Path) -> Result<()> {
+    if profile.allowed_roots.is_empty() {
+        return Ok(());
+    }
+    let real = std::fs::canonicalize(cwd)
+        .map_err(|e| Error::Unprocessable(format!("cwd {cwd:?} cannot be resolved: {e}")))?;
+    let inside = profile
+        .allowed_roots
+        .iter()
+        .any(|root| std::fs::canonicalize(root).is_ok_and(|root| real.starts_with(root)));
+    if inside {
+        Ok(())
+    } else {
+        Err(Error::Unprocessable(format!(
+            "cwd {cwd:?} is outside the agent's allowed_roots"
+        )))
+    }
+}
+
 #[derive(Deserialize)]
 struct ListQuery {
     limit: Option<i64>,
@@ -103,6 +128,7 @@ struct ListQuery {
 
 async fn list(
     State(state): State<AppState>,
+    caller: Caller,
     AppQuery(q): AppQuery<ListQuery>,
 ) -> Result<Json<Page<Conversation>>> {
     let limit = q.limit.unwrap_or(50);
@@ -118,7 +144,11 @@ async fn list(
                 .map_err(|_| Error::Unprocessable(format!("invalid cursor {c:?}")))?,
         ),
     };
-    let mut items = state.store().list_conversations(limit + 1, before).await?;
+    let owner = caller.owner_filter();
+    let mut items = state
+        .store()
+        .list_conversations(limit + 1, before, owner.as_deref())
+        .await?;
     let next_cursor = if items.len() as i64 > limit {
         items.truncate(limit as usize);
         items.last().map(|c| c.id.to_string())
@@ -128,23 +158,24 @@ async fn list(
     Ok(Json(Page { items, next_cursor }))
 }
 
-async fn load(state: &AppState, id: Uuid) -> Result<Conversation> {
-    state
-        .store()
-        .get_conversation(id)
-        .await?
-        .ok_or_else(|| Error::NotFound(format!("no conversation {id}")))
+async fn load(state: &AppState, caller: &Caller, id: Uuid) -> Result<Conversation> {
+    state.visible_conversation(caller, id).await
 }
 
 async fn show(
     State(state): State<AppState>,
+    caller: Caller,
     AppPath(id): AppPath<Uuid>,
 ) -> Result<Json<Conversation>> {
-    load(&state, id).await.map(Json)
+    load(&state, &caller, id).await.map(Json)
 }
 
-async fn close(State(state): State<AppState>, AppPath(id): AppPath<Uuid>) -> Result<StatusCode> {
-    let conversation = load(&state, id).await?;
+async fn close(
+    State(state): State<AppState>,
+    caller: Caller,
+    AppPath(id): AppPath<Uuid>,
+) -> Result<StatusCode> {
+    let conversation = load(&state, &caller, id).await?;
     match state.session(id) {
         Some(session) => session.close().await,
         None if conversation.status != ConversationStatus::Closed => {
@@ -207,26 +238,29 @@ impl PromptBody {
 
 async fn prompt(
     State(state): State<AppState>,
+    caller: Caller,
     AppPath(id): AppPath<Uuid>,
     AppJson(body): AppJson<PromptBody>,
 ) -> Result<impl IntoResponse> {
     let content = body.content()?;
-    let conversation = load(&state, id).await?;
+    let conversation = load(&state, &caller, id).await?;
+    state.auth().check_rate(&caller, Limited::Prompt)?;
     let session = state.session(id).ok_or_else(|| not_live(&conversation))?;
     match session.prompt(content).await {
         Some(result) => {
             let turn_id = result?;
             Ok((StatusCode::ACCEPTED, Json(json!({"turn_id": turn_id}))))
         }
-        None => Err(not_live(&load(&state, id).await?)),
+        None => Err(not_live(&load(&state, &caller, id).await?)),
     }
 }
 
 async fn cancel(
     State(state): State<AppState>,
+    caller: Caller,
     AppPath(id): AppPath<Uuid>,
 ) -> Result<impl IntoResponse> {
-    let conversation = load(&state, id).await?;
+    let conversation = load(&state, &caller, id).await?;
     if let Some(session) = state.session(id) {
         if let Some(result) = session.cancel().await {
             result?;
@@ -241,9 +275,10 @@ async fn cancel(
 
 async fn messages(
     State(state): State<AppState>,
+    caller: Caller,
     AppPath(id): AppPath<Uuid>,
 ) -> Result<Json<Page<Message>>> {
-    load(&state, id).await?;
+    load(&state, &caller, id).await?;
     let items = state.store().list_messages(id).await?;
     Ok(Json(Page {
         items,
@@ -253,9 +288,10 @@ async fn messages(
 
 async fn tool_calls(
     State(state): State<AppState>,
+    caller: Caller,
     AppPath(id): AppPath<Uuid>,
 ) -> Result<Json<Page<ToolCall>>> {
-    load(&state, id).await?;
+    load(&state, &caller, id).await?;
     let items = state.store().list_tool_calls(id).await?;
     Ok(Json(Page {
         items,
@@ -271,10 +307,11 @@ struct EventsQuery {
 
 async fn events(
     State(state): State<AppState>,
+    caller: Caller,
     AppPath(id): AppPath<Uuid>,
     AppQuery(q): AppQuery<EventsQuery>,
 ) -> Result<Json<Page<Event>>> {
-    load(&state, id).await?;
+    load(&state, &caller, id).await?;
     let after = q.after.unwrap_or(0);
     let limit = q.limit.unwrap_or(1000);
     if after < 0 {
@@ -294,9 +331,10 @@ async fn events(
 
 async fn list_rules(
     State(state): State<AppState>,
+    caller: Caller,
     AppPath(id): AppPath<Uuid>,
 ) -> Result<Json<Page<Rule>>> {
-    load(&state, id).await?;
+    load(&state, &caller, id).await?;
     let items = state.store().list_rules(id).await?;
     Ok(Json(Page {
         items,
@@ -306,9 +344,10 @@ async fn list_rules(
 
 async fn show_rule(
     State(state): State<AppState>,
+    caller: Caller,
     AppPath((id, rule_id)): AppPath<(Uuid, Uuid)>,
 ) -> Result<Json<Rule>> {
-    load(&state, id).await?;
+    load(&state, &caller, id).await?;
     state
         .store()
         .list_rules(id)
@@ -322,9 +361,10 @@ async fn show_rule(
 /// Forgets every remembered rule of the conversation.
 async fn forget_rules(
     State(state): State<AppState>,
+    caller: Caller,
     AppPath(id): AppPath<Uuid>,
 ) -> Result<StatusCode> {
-    load(&state, id).await?;
+    load(&state, &caller, id).await?;
     for rule in state.store().list_rules(id).await? {
         state.store().delete_rule(id, rule.id).await?;
     }
@@ -333,9 +373,10 @@ async fn forget_rules(
 
 async fn forget_rule(
     State(state): State<AppState>,
+    caller: Caller,
     AppPath((id, rule_id)): AppPath<(Uuid, Uuid)>,
 ) -> Result<StatusCode> {
-    load(&state, id).await?;
+    load(&state, &caller, id).await?;
     if state.store().delete_rule(id, rule_id).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {

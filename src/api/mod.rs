@@ -5,6 +5,7 @@ mod conversations;
 mod extract;
 mod permissions;
 mod policies;
+mod tokens;
 mod ws;
 
 use std::collections::HashMap;
@@ -41,6 +42,7 @@ struct Shared {
     shutdown: CancellationToken,
     tasks: TaskTracker,
     policies: PolicyHandle,
+    auth: crate::auth::Auth,
 }
 
 impl AppState {
@@ -48,6 +50,7 @@ impl AppState {
         config: Config,
         sink: Sink,
         policies: PolicyHandle,
+        auth: crate::auth::Auth,
         shutdown: CancellationToken,
         tasks: TaskTracker,
     ) -> Self {
@@ -59,8 +62,28 @@ impl AppState {
                 shutdown,
                 tasks,
                 policies,
+                auth,
             }),
         }
+    }
+
+    /// Authentication and rate limits.
+    pub fn auth(&self) -> &crate::auth::Auth {
+        &self.inner.auth
+    }
+
+    /// The conversation, if it exists and the caller may see it (another
+    /// user's conversation is "not found", not "forbidden").
+    pub async fn visible_conversation(
+        &self,
+        caller: &crate::auth::Caller,
+        id: Uuid,
+    ) -> crate::error::Result<crate::model::Conversation> {
+        self.store()
+            .get_conversation(id)
+            .await?
+            .filter(|c| caller.can_see(c.owner.as_deref()))
+            .ok_or_else(|| crate::error::Error::NotFound(format!("no conversation {id}")))
     }
 
     /// The operator policies in force.
@@ -118,10 +141,19 @@ pub fn router(state: AppState) -> Router {
         .merge(conversations::router())
         .merge(permissions::router())
         .merge(policies::router())
+        .merge(tokens::router())
         .merge(ws::router())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body))
-        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .layer(
+            // Paths only: a query string may carry an access token.
+            tower_http::trace::TraceLayer::new_for_http().make_span_with(
+                |req: &axum::http::Request<axum::body::Body>| {
+                    tracing::info_span!("http", method = %req.method(), path = %req.uri().path())
+                },
+            ),
+        )
+        .layer(cors(&state.config().cors_origins))
         .with_state(state)
 }
 
@@ -142,7 +174,10 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     }
 }
 
-async fn list_agents(State(state): State<AppState>) -> Json<serde_json::Value> {
+async fn list_agents(
+    State(state): State<AppState>,
+    _caller: crate::auth::Caller,
+) -> Json<serde_json::Value> {
     let items: Vec<_> = state
         .config()
         .agents
@@ -162,4 +197,27 @@ async fn list_agents(State(state): State<AppState>) -> Json<serde_json::Value> {
 
 async fn not_found() -> crate::error::Error {
     crate::error::Error::NotFound("no such endpoint".into())
+}
+
+/// CORS for the configured origins only; none configured means no CORS
+/// headers at all (browsers then refuse cross-origin calls).
+fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    if origins.is_empty() {
+        return CorsLayer::new();
+    }
+    let origins: Vec<axum::http::HeaderValue> =
+        origins.iter().filter_map(|o| o.parse().ok()).collect();
+    CorsLayer::new()
+        .allow_origin(AllowOrigin::list(origins))
+        .allow_methods([
+            axum::http::Method::GET,
+            axum::http::Method::POST,
+            axum::http::Method::PUT,
+            axum::http::Method::DELETE,
+        ])
+        .allow_headers([
+            axum::http::header::AUTHORIZATION,
+            axum::http::header::CONTENT_TYPE,
+        ])
 }

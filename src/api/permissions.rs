@@ -7,6 +7,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::{AppJson, AppPath, AppQuery, AppState, Page};
+use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::model::PermissionRequest;
 use crate::permissions::{answer_resolved, validate_answer, Answer};
@@ -34,11 +35,13 @@ struct ListQuery {
 
 async fn list(
     State(state): State<AppState>,
+    caller: Caller,
     AppQuery(q): AppQuery<ListQuery>,
 ) -> Result<Json<Page<PermissionRequest>>> {
     let filter = PermissionFilter {
         pending_only: !matches!(q.status, Some(StatusFilter::All)),
         conversation_id: q.conversation_id,
+        owner: caller.owner_filter(),
     };
     let items = state.store().list_permissions(&filter).await?;
     Ok(Json(Page {
@@ -49,14 +52,24 @@ async fn list(
 
 async fn show(
     State(state): State<AppState>,
+    caller: Caller,
     AppPath(id): AppPath<Uuid>,
 ) -> Result<Json<PermissionRequest>> {
-    state
+    visible_request(&state, &caller, id).await.map(Json)
+}
+
+/// The request, if it exists and belongs to a conversation the caller sees.
+async fn visible_request(state: &AppState, caller: &Caller, id: Uuid) -> Result<PermissionRequest> {
+    let request = state
         .store()
         .get_permission(id)
         .await?
-        .map(Json)
-        .ok_or_else(|| Error::NotFound(format!("no permission request {id}")))
+        .ok_or_else(|| Error::NotFound(format!("no permission request {id}")))?;
+    state
+        .visible_conversation(caller, request.conversation_id)
+        .await
+        .map_err(|_| Error::NotFound(format!("no permission request {id}")))?;
+    Ok(request)
 }
 
 #[derive(Deserialize)]
@@ -83,17 +96,13 @@ impl RespondBody {
 
 async fn respond(
     State(state): State<AppState>,
+    caller: Caller,
     AppPath(id): AppPath<Uuid>,
     AppJson(body): AppJson<RespondBody>,
 ) -> Result<Json<PermissionRequest>> {
     let answer = body.answer()?;
-    let request = state
-        .store()
-        .get_permission(id)
-        .await?
-        .ok_or_else(|| Error::NotFound(format!("no permission request {id}")))?;
-    // Until there are user accounts every REST caller is the same user.
-    let decided_by = "user:anonymous".to_owned();
+    let request = visible_request(&state, &caller, id).await?;
+    let decided_by = caller.decided_by();
     if let Some(session) = state.session(request.conversation_id) {
         if let Some(result) = session.respond(id, answer.clone(), decided_by).await {
             return result.map(Json);

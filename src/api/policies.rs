@@ -12,6 +12,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::{AppJson, AppState};
+use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::model;
 use crate::policy::{Decision, Facts, Policies, PolicyRule};
@@ -50,7 +51,7 @@ async fn current(state: &AppState) -> Result<PolicyList> {
     })
 }
 
-async fn show(State(state): State<AppState>) -> Result<Json<PolicyList>> {
+async fn show(State(state): State<AppState>, _caller: Caller) -> Result<Json<PolicyList>> {
     current(&state).await.map(Json)
 }
 
@@ -63,14 +64,15 @@ struct ReplaceBody {
 /// Replaces the whole list; an invalid rule changes nothing (422).
 async fn replace(
     State(state): State<AppState>,
+    caller: Caller,
     AppJson(body): AppJson<ReplaceBody>,
 ) -> Result<Json<PolicyList>> {
+    caller.require_operator()?;
     let policies = Policies::compile(&body.items).map_err(Error::Unprocessable)?;
     let set = PolicySet {
         id: model::new_id(),
         rules: body.items,
-        // Until there are user accounts every REST caller is the same user.
-        updated_by: "user:anonymous".into(),
+        updated_by: caller.decided_by(),
         updated_at: model::now(),
     };
     state.store().save_policies(&set).await?;
@@ -100,6 +102,7 @@ struct EvaluateResult {
 /// consumed, and not applied).
 async fn evaluate(
     State(state): State<AppState>,
+    caller: Caller,
     AppJson(body): AppJson<EvaluateBody>,
 ) -> Result<Json<EvaluateResult>> {
     let profile = state
@@ -122,7 +125,10 @@ async fn evaluate(
         None => std::env::current_dir().map_err(anyhow::Error::from)?,
     };
     let remembered = match body.conversation_id {
-        Some(id) => state.store().list_rules(id).await?,
+        Some(id) => {
+            state.visible_conversation(&caller, id).await?;
+            state.store().list_rules(id).await?
+        }
         None => Vec::new(),
     };
     let policies = state.policies().refresh(state.store()).await?;

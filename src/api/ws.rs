@@ -19,6 +19,7 @@ use tokio::sync::broadcast::error::RecvError;
 use uuid::Uuid;
 
 use super::{AppPath, AppQuery, AppState};
+use crate::auth::{bearer_subprotocol, Caller, Limited};
 use crate::error::{Error, Result};
 use crate::store::PermissionFilter;
 
@@ -38,25 +39,53 @@ pub fn router() -> Router<AppState> {
 #[derive(Deserialize)]
 struct WsQuery {
     after: Option<i64>,
+    /// Read by the `Caller` extractor; named here so it is not an error.
+    #[serde(rename = "access_token")]
+    _access_token: Option<String>,
+}
+
+/// A `bearer.<token>` subprotocol the client offered: a browser only accepts
+/// the connection if the server selects it.
+struct BearerProtocol(Option<String>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for BearerProtocol {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(BearerProtocol(bearer_subprotocol(parts).map(|(_, p)| p)))
+    }
+}
+
+impl BearerProtocol {
+    fn apply(self, upgrade: WebSocketUpgrade) -> WebSocketUpgrade {
+        match self.0 {
+            Some(protocol) => upgrade.protocols([protocol]),
+            None => upgrade,
+        }
+    }
 }
 
 async fn conversation_ws(
     State(state): State<AppState>,
+    caller: Caller,
     AppPath(id): AppPath<Uuid>,
     AppQuery(q): AppQuery<WsQuery>,
+    protocol: BearerProtocol,
     upgrade: WebSocketUpgrade,
 ) -> Result<Response> {
-    state
-        .store()
-        .get_conversation(id)
-        .await?
-        .ok_or_else(|| Error::NotFound(format!("no conversation {id}")))?;
+    state.visible_conversation(&caller, id).await?;
+    state.auth().check_rate(&caller, Limited::Connection)?;
     let after = q.after.unwrap_or(0).max(0);
-    Ok(upgrade.on_upgrade(move |socket| async move {
-        if let Err(e) = serve_conversation(state, id, after, socket).await {
-            tracing::debug!(conversation_id = %id, error = %e, "websocket ended");
-        }
-    }))
+    Ok(protocol
+        .apply(upgrade)
+        .on_upgrade(move |socket| async move {
+            if let Err(e) = serve_conversation(state, id, after, socket).await {
+                tracing::debug!(conversation_id = %id, error = %e, "websocket ended");
+            }
+        }))
 }
 
 /// Why a socket loop stopped.
@@ -169,15 +198,23 @@ async fn close_for(socket: &mut WebSocket, result: &Result<(), WsEnd>) {
     .await;
 }
 
-async fn inbox_ws(State(state): State<AppState>, upgrade: WebSocketUpgrade) -> Response {
-    upgrade.on_upgrade(move |socket| async move {
-        if let Err(e) = serve_inbox(state, socket).await {
-            tracing::debug!(error = %e, "inbox websocket ended");
-        }
-    })
+async fn inbox_ws(
+    State(state): State<AppState>,
+    caller: Caller,
+    protocol: BearerProtocol,
+    upgrade: WebSocketUpgrade,
+) -> Result<Response> {
+    state.auth().check_rate(&caller, Limited::Connection)?;
+    Ok(protocol
+        .apply(upgrade)
+        .on_upgrade(move |socket| async move {
+            if let Err(e) = serve_inbox(state, caller, socket).await {
+                tracing::debug!(error = %e, "inbox websocket ended");
+            }
+        }))
 }
 
-async fn serve_inbox(state: AppState, mut socket: WebSocket) -> Result<(), WsEnd> {
+async fn serve_inbox(state: AppState, caller: Caller, mut socket: WebSocket) -> Result<(), WsEnd> {
     // Subscribe before taking the snapshot so nothing falls between them.
     let mut rx = state.sink().bus.subscribe_all();
     let shutdown = state.shutdown_token().clone();
@@ -187,6 +224,7 @@ async fn serve_inbox(state: AppState, mut socket: WebSocket) -> Result<(), WsEnd
             .list_permissions(&PermissionFilter {
                 pending_only: true,
                 conversation_id: None,
+                owner: caller.owner_filter(),
             })
             .await?;
         let snapshot = json!({"type": "snapshot", "pending_permissions": pending});
@@ -194,7 +232,10 @@ async fn serve_inbox(state: AppState, mut socket: WebSocket) -> Result<(), WsEnd
         loop {
             tokio::select! {
                 received = rx.recv() => match received {
-                    Ok(published) => send(&mut socket, &published.json).await?,
+                    Ok(published) if caller.can_see(published.owner.as_deref()) => {
+                        send(&mut socket, &published.json).await?
+                    }
+                    Ok(_) => {}
                     // A fresh snapshot is the way back: reconnect.
                     Err(RecvError::Lagged(_)) => return Err(WsEnd::TooSlow),
                     Err(RecvError::Closed) => return Ok(()),

@@ -40,7 +40,7 @@ pub async fn copy_all(from: &dyn Store, to: &dyn Store) -> Result<CopyStats> {
     let mut stats = CopyStats::default();
     let mut cursor = None;
     loop {
-        let page = from.list_conversations(PAGE, cursor).await?;
+        let page = from.list_conversations(PAGE, cursor, None).await?;
         let Some(last) = page.last() else { break };
         cursor = Some(last.id);
         for conversation in &page {
@@ -87,6 +87,7 @@ async fn copy_conversation(
             .list_permissions(&PermissionFilter {
                 pending_only: false,
                 conversation_id: Some(id),
+                owner: None,
             })
             .await?,
         conversation: Some(ConversationPatch {

@@ -92,11 +92,24 @@ pub struct PolicySet {
     pub updated_at: DateTime<Utc>,
 }
 
+/// A bearer token as shown to operators (never its value or hash).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TokenInfo {
+    pub id: Uuid,
+    pub user: String,
+    pub role: crate::auth::Role,
+    pub label: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
 /// Which permission requests to list.
 #[derive(Debug, Clone, Default)]
 pub struct PermissionFilter {
     pub pending_only: bool,
     pub conversation_id: Option<Uuid>,
+    /// Only requests of this user's conversations.
+    pub owner: Option<String>,
 }
 
 /// The gateway's storage.
@@ -107,11 +120,13 @@ pub trait Store: Send + Sync + 'static {
 
     async fn insert_conversation(&self, conversation: &Conversation) -> Result<()>;
     async fn get_conversation(&self, id: Uuid) -> Result<Option<Conversation>>;
-    /// Newest first; `before` is the last id of the previous page.
+    /// Newest first; `before` is the last id of the previous page; `owner`
+    /// limits the list to one user's conversations.
     async fn list_conversations(
         &self,
         limit: i64,
         before: Option<Uuid>,
+        owner: Option<&str>,
     ) -> Result<Vec<Conversation>>;
     /// Conversations whose status says an agent is attached, each with the
     /// turn it was running.
@@ -154,4 +169,22 @@ pub trait Store: Send + Sync + 'static {
     async fn current_policies(&self) -> Result<Option<PolicySet>>;
     /// Records a new list of operator policies (the history is kept).
     async fn save_policies(&self, set: &PolicySet) -> Result<()>;
+
+    /// Creates a token for `user` (creating the user, or setting its role),
+    /// storing only the token's hash.
+    async fn create_token(
+        &self,
+        user: &str,
+        role: crate::auth::Role,
+        label: Option<&str>,
+        hash: &str,
+    ) -> Result<TokenInfo>;
+    /// The active (not revoked) token with this hash.
+    async fn find_token(&self, hash: &str) -> Result<Option<TokenInfo>>;
+    /// Oldest first, revoked ones included.
+    async fn list_tokens(&self) -> Result<Vec<TokenInfo>>;
+    /// `false` if there is no active token with this id.
+    async fn revoke_token(&self, id: Uuid) -> Result<bool>;
+    /// Whether any token is active (then every request needs one).
+    async fn any_active_token(&self) -> Result<bool>;
 }

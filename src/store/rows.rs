@@ -29,6 +29,7 @@ pub struct ConversationRow {
     current_turn_id: Option<Uuid>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
+    owner: Option<String>,
 }
 
 impl ConversationRow {
@@ -47,6 +48,7 @@ impl ConversationRow {
                 last_seq: self.last_seq,
                 created_at: self.created_at,
                 updated_at: self.updated_at,
+                owner: self.owner,
             },
             self.current_turn_id,
         ))
@@ -204,5 +206,29 @@ impl From<PolicySetRow> for super::PolicySet {
             updated_by: r.updated_by,
             updated_at: r.updated_at,
         }
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub struct TokenRow {
+    id: Uuid,
+    user_name: String,
+    role: String,
+    label: Option<String>,
+    created_at: DateTime<Utc>,
+    revoked_at: Option<DateTime<Utc>>,
+}
+
+impl TryFrom<TokenRow> for super::TokenInfo {
+    type Error = Error;
+    fn try_from(r: TokenRow) -> Result<super::TokenInfo> {
+        Ok(super::TokenInfo {
+            id: r.id,
+            role: crate::auth::Role::parse(&r.role).ok_or_else(|| bad("role", &r.role))?,
+            user: r.user_name,
+            label: r.label,
+            created_at: r.created_at,
+            revoked_at: r.revoked_at,
+        })
     }
 }

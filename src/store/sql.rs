@@ -41,8 +41,8 @@ macro_rules! impl_store {
             async fn insert_conversation(&self, c: &Conversation) -> Result<()> {
                 sqlx::query(
                     "insert into conversations (id, agent, title, cwd, status, acp_session_id,
-                       last_seq, created_at, updated_at)
-                     values ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                       last_seq, created_at, updated_at, owner)
+                     values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
                 )
                 .bind(c.id)
                 .bind(&c.agent)
@@ -53,6 +53,7 @@ macro_rules! impl_store {
                 .bind(c.last_seq)
                 .bind(c.created_at)
                 .bind(c.updated_at)
+                .bind(&c.owner)
                 .execute(&self.pool)
                 .await?;
                 Ok(())
@@ -71,13 +72,16 @@ macro_rules! impl_store {
                 &self,
                 limit: i64,
                 before: Option<Uuid>,
+                owner: Option<&str>,
             ) -> Result<Vec<Conversation>> {
                 sqlx::query_as::<_, ConversationRow>(
-                    "select * from conversations where ($1 is null or id < $1)
+                    "select * from conversations
+                     where ($1 is null or id < $1) and ($3 is null or owner = $3)
                      order by id desc limit $2",
                 )
                 .bind(before)
                 .bind(limit)
+                .bind(owner)
                 .fetch_all(&self.pool)
                 .await?
                 .into_iter()
@@ -254,13 +258,16 @@ macro_rules! impl_store {
             ) -> Result<Vec<PermissionRequest>> {
                 // Ids are UUIDv7: their order is the order of creation.
                 sqlx::query_as::<_, PermissionRow>(
-                    "select * from permission_requests
-                     where ($1 = false or status = 'pending')
-                       and ($2 is null or conversation_id = $2)
-                     order by id",
+                    "select p.* from permission_requests p
+                     join conversations c on c.id = p.conversation_id
+                     where ($1 = false or p.status = 'pending')
+                       and ($2 is null or p.conversation_id = $2)
+                       and ($3 is null or c.owner = $3)
+                     order by p.id",
                 )
                 .bind(filter.pending_only)
                 .bind(filter.conversation_id)
+                .bind(&filter.owner)
                 .fetch_all(&self.pool)
                 .await?
                 .into_iter()
@@ -332,6 +339,90 @@ macro_rules! impl_store {
                 .execute(&self.pool)
                 .await?;
                 Ok(())
+            }
+
+            async fn create_token(
+                &self,
+                user: &str,
+                role: crate::auth::Role,
+                label: Option<&str>,
+                hash: &str,
+            ) -> Result<TokenInfo> {
+                let mut tx = self.pool.begin().await?;
+                sqlx::query(
+                    "insert into users (name, role, created_at) values ($1, $2, $3)
+                     on conflict (name) do update set role = excluded.role",
+                )
+                .bind(user)
+                .bind(role.as_str())
+                .bind(crate::model::now())
+                .execute(&mut *tx)
+                .await?;
+                let id = crate::model::new_id();
+                sqlx::query(
+                    "insert into tokens (id, user_name, label, hash, created_at)
+                     values ($1, $2, $3, $4, $5)",
+                )
+                .bind(id)
+                .bind(user)
+                .bind(label)
+                .bind(hash)
+                .bind(crate::model::now())
+                .execute(&mut *tx)
+                .await?;
+                let row = sqlx::query_as::<_, TokenRow>(
+                    "select t.id, t.user_name, u.role, t.label, t.created_at, t.revoked_at
+                     from tokens t join users u on u.name = t.user_name where t.id = $1",
+                )
+                .bind(id)
+                .fetch_one(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                TokenInfo::try_from(row)
+            }
+
+            async fn find_token(&self, hash: &str) -> Result<Option<TokenInfo>> {
+                sqlx::query_as::<_, TokenRow>(
+                    "select t.id, t.user_name, u.role, t.label, t.created_at, t.revoked_at
+                     from tokens t join users u on u.name = t.user_name
+                     where t.hash = $1 and t.revoked_at is null",
+                )
+                .bind(hash)
+                .fetch_optional(&self.pool)
+                .await?
+                .map(TokenInfo::try_from)
+                .transpose()
+            }
+
+            async fn list_tokens(&self) -> Result<Vec<TokenInfo>> {
+                sqlx::query_as::<_, TokenRow>(
+                    "select t.id, t.user_name, u.role, t.label, t.created_at, t.revoked_at
+                     from tokens t join users u on u.name = t.user_name order by t.id",
+                )
+                .fetch_all(&self.pool)
+                .await?
+                .into_iter()
+                .map(TokenInfo::try_from)
+                .collect()
+            }
+
+            async fn revoke_token(&self, id: Uuid) -> Result<bool> {
+                let done = sqlx::query(
+                    "update tokens set revoked_at = $2 where id = $1 and revoked_at is null",
+                )
+                .bind(id)
+                .bind(crate::model::now())
+                .execute(&self.pool)
+                .await?;
+                Ok(done.rows_affected() > 0)
+            }
+
+            async fn any_active_token(&self) -> Result<bool> {
+                let row: Option<(i32,)> =
+                    sqlx::query_as("select 1 from tokens where revoked_at is null limit 1")
+                        .fetch_optional(&self.pool)
+                        .await?;
+                Ok(row.is_some())
             }
         }
     };

@@ -14,10 +14,11 @@ use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::rows::{
-    ConversationRow, EventRow, MessageRow, PermissionRow, PolicySetRow, RuleRow, ToolCallRow,
+    ConversationRow, EventRow, MessageRow, PermissionRow, PolicySetRow, RuleRow, TokenRow,
+    ToolCallRow,
 };
 use super::sql::impl_store;
-use super::{Batch, ConversationPatch, PermissionFilter, PolicySet, Resolution, Store};
+use super::{Batch, ConversationPatch, PermissionFilter, PolicySet, Resolution, Store, TokenInfo};
 use crate::error::Result;
 use crate::model::{Conversation, Event, Message, PermissionRequest, ToolCall};
 use crate::permissions::Rule;

@@ -148,6 +148,8 @@ pub fn profile(name: &str, command: &str, args: &[&str]) -> AgentProfile {
         permission_timeout: None,
         on_timeout: Default::default(),
         mode: Default::default(),
+        user: None,
+        allowed_roots: Vec::new(),
         startup_timeout: Duration::from_secs(20),
     }
 }
@@ -269,6 +271,8 @@ impl TestGateway {
             event_buffer: 1024,
             agents,
             policies: Vec::new(),
+            cors_origins: Vec::new(),
+            rate_limits: Default::default(),
         }
     }
 
