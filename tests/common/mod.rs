@@ -187,11 +187,18 @@ pub fn python_sdk_profile(name: &str) -> AgentProfile {
 pub struct GatewayProcess {
     pub child: std::process::Child,
     pub base: String,
+    /// Everything it logged so far (stdout and stderr).
+    log: std::sync::Arc<std::sync::Mutex<String>>,
     _config: tempfile::NamedTempFile,
 }
 
 impl GatewayProcess {
     pub fn start(db: &TestDb, agents: &[AgentProfile]) -> GatewayProcess {
+        Self::start_logging(db, agents, "info")
+    }
+
+    /// Starts it with `RUST_LOG` set to `log_filter`.
+    pub fn start_logging(db: &TestDb, agents: &[AgentProfile], log_filter: &str) -> GatewayProcess {
         use std::io::{BufRead, Write};
         let mut config = tempfile::NamedTempFile::new().unwrap();
         let mut text = format!("listen = \"127.0.0.1:0\"\ndatabase_url = {:?}\n", db.url);
@@ -208,15 +215,32 @@ impl GatewayProcess {
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_acp-gateway"))
             .args(["serve", "--config"])
             .arg(config.path())
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", log_filter)
             .env("NO_COLOR", "1")
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("start acp-gateway");
-        // It logs its address once it listens; the rest of its log is drained.
+        // It logs its address once it listens; the whole log is kept.
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let keep = |log: &std::sync::Arc<std::sync::Mutex<String>>, line: &str| {
+            let mut log = log.lock().unwrap();
+            log.push_str(line);
+            log.push('\n');
+        };
+        let stderr = child.stderr.take().unwrap();
+        let err_log = log.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                keep(&err_log, &line);
+            }
+        });
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
+        let out_log = log.clone();
         std::thread::spawn(move || {
             let mut tx = Some(tx);
             for line in std::io::BufReader::new(stdout)
@@ -228,6 +252,7 @@ impl GatewayProcess {
                         let _ = tx.send(addr.split_whitespace().next().unwrap_or("").to_owned());
                     }
                 }
+                keep(&out_log, &line);
             }
         });
         let addr = rx
@@ -236,8 +261,14 @@ impl GatewayProcess {
         GatewayProcess {
             child,
             base: format!("http://{addr}"),
+            log,
             _config: config,
         }
+    }
+
+    /// What it logged so far.
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().clone()
     }
 
     /// SIGKILL: no shutdown code runs, as in a crash.
@@ -245,6 +276,45 @@ impl GatewayProcess {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
     }
+
+    /// SIGTERM, and waits until it has stopped (its log complete).
+    pub fn stop(mut self) -> String {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc_kill(self.child.id() as i32, 15);
+        }
+        self.child.wait().unwrap();
+        let deadline = std::time::Instant::now() + WAIT;
+        // The reader threads finish when the pipes close.
+        while std::sync::Arc::strong_count(&self.log) > 1 && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        self.log_text()
+    }
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, signal: i32) -> i32;
+}
+
+/// Creates a token with the real CLI, as an operator would; returns it.
+pub fn cli_token(db: &TestDb, user: &str, role: &str) -> String {
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(config.path(), format!("database_url = {:?}\n", db.url)).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_acp-gateway"))
+        .args([
+            "token", "create", "--user", user, "--role", role, "--config",
+        ])
+        .arg(config.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "token create: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
 /// A gateway serving on a free port.

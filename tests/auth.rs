@@ -1,0 +1,583 @@
+//! Users, tokens and secure defaults: every endpoint checks who is calling,
+//! users see only their own conversations, operators see everything, and the
+//! gateway never opens itself to the network by accident.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+/// A gateway with an operator token (made with the real CLI), user tokens for
+/// alice and bob, a revoked one for carol, and a conversation of alice's with
+/// a permission request pending.
+struct World {
+    gw: TestGateway,
+    operator: String,
+    alice: String,
+    bob: String,
+    revoked: String,
+    conversation: String,
+    permission: String,
+    ws: Ws,
+}
+
+async fn call(
+    gw: &TestGateway,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = gw.http.request(method.parse().unwrap(), gw.url(path));
+    if let Some(token) = token {
+        req = req.bearer_auth(token);
+    }
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+async fn make_token(gw: &TestGateway, operator: &str, user: &str, role: &str) -> (String, String) {
+    let (status, body) = call(
+        gw,
+        "POST",
+        "/api/v1/tokens",
+        Some(operator),
+        Some(json!({"user": user, "role": role})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    (
+        body["token"].as_str().unwrap().to_owned(),
+        body["id"].as_str().unwrap().to_owned(),
+    )
+}
+
+async fn world(db: &TestDb) -> World {
+    let operator = cli_token(db, "root-op", "operator");
+    let gw = TestGateway::start(db, vec![demo_profile("demo", &[])]).await;
+    let (alice, _) = make_token(&gw, &operator, "alice", "user").await;
+    let (bob, _) = make_token(&gw, &operator, "bob", "user").await;
+    let (revoked, carol_id) = make_token(&gw, &operator, "carol", "user").await;
+    let (status, _) = call(
+        &gw,
+        "DELETE",
+        &format!("/api/v1/tokens/{carol_id}"),
+        Some(&operator),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, conv) = call(
+        &gw,
+        "POST",
+        "/api/v1/conversations",
+        Some(&alice),
+        Some(json!({"agent": "demo"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{conv}");
+    let conversation = conv["id"].as_str().unwrap().to_owned();
+    let url = gw
+        .url(&format!(
+            "/api/v1/conversations/{conversation}/ws?access_token={alice}"
+        ))
+        .replacen("http", "ws", 1);
+    let (stream, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    let mut ws = Ws { stream };
+    let (status, _) = call(
+        &gw,
+        "POST",
+        &format!("/api/v1/conversations/{conversation}/prompts"),
+        Some(&alice),
+        Some(json!({"text": "tool"})),
+    )
+    .await;
+    assert_eq!(status, 202);
+    let permission = ws.until_type("permission_requested").await.pop().unwrap()["data"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    World {
+        gw,
+        operator,
+        alice,
+        bob,
+        revoked,
+        conversation,
+        permission,
+        ws,
+    }
+}
+
+async fn every_endpoint_checks_the_token_and_the_role(db: TestDb) {
+    let w = world(&db).await;
+    let c = &w.conversation;
+    let p = &w.permission;
+    // (method, path, body): what alice may do with her own things.
+    let owned: Vec<(&str, String, Option<Value>)> = vec![
+        ("GET", format!("/api/v1/conversations/{c}"), None),
+        ("GET", format!("/api/v1/conversations/{c}/messages"), None),
+        ("GET", format!("/api/v1/conversations/{c}/tool-calls"), None),
+        ("GET", format!("/api/v1/conversations/{c}/events"), None),
+        ("GET", format!("/api/v1/conversations/{c}/rules"), None),
+        ("GET", format!("/api/v1/permissions/{p}"), None),
+    ];
+    let open: Vec<(&str, String, Option<Value>)> = vec![
+        ("GET", "/api/v1/agents".into(), None),
+        ("GET", "/api/v1/conversations".into(), None),
+        ("GET", "/api/v1/permissions".into(), None),
+        ("GET", "/api/v1/policies".into(), None),
+        (
+            "POST",
+            "/api/v1/policies/evaluate".into(),
+            Some(json!({"agent": "demo", "tool_call": {"kind": "read"}})),
+        ),
+    ];
+    let operator_only: Vec<(&str, String, Option<Value>)> = vec![
+        ("GET", "/api/v1/tokens".into(), None),
+        (
+            "POST",
+            "/api/v1/tokens".into(),
+            Some(json!({"user": "dave"})),
+        ),
+        ("PUT", "/api/v1/policies".into(), Some(json!({"items": []}))),
+    ];
+    for (method, path, body) in owned.iter().chain(&open).chain(&operator_only) {
+        for token in [
+            None,
+            Some("acpgw_not_a_real_token"),
+            Some(w.revoked.as_str()),
+        ] {
+            let (status, problem) = call(&w.gw, method, path, token, body.clone()).await;
+            assert_eq!(status, 401, "{method} {path} with {token:?}: {problem}");
+            assert_eq!(problem["code"], "unauthorized");
+        }
+    }
+    for (method, path, body) in &owned {
+        assert_eq!(
+            call(&w.gw, method, path, Some(&w.alice), body.clone())
+                .await
+                .0,
+            200,
+            "alice {method} {path}"
+        );
+        assert_eq!(
+            call(&w.gw, method, path, Some(&w.operator), body.clone())
+                .await
+                .0,
+            200,
+            "operator {method} {path}"
+        );
+        let (status, problem) = call(&w.gw, method, path, Some(&w.bob), body.clone()).await;
+        assert_eq!(status, 404, "bob {method} {path}: {problem}");
+    }
+    for (method, path, body) in &open {
+        for token in [&w.alice, &w.bob, &w.operator] {
+            assert_eq!(
+                call(&w.gw, method, path, Some(token), body.clone()).await.0,
+                200,
+                "{method} {path}"
+            );
+        }
+    }
+    for (method, path, body) in &operator_only {
+        let (status, problem) = call(&w.gw, method, path, Some(&w.alice), body.clone()).await;
+        assert_eq!(status, 403, "alice {method} {path}: {problem}");
+        assert_eq!(problem["code"], "forbidden");
+        let (status, _) = call(&w.gw, method, path, Some(&w.operator), body.clone()).await;
+        assert!(
+            status == 200 || status == 201,
+            "operator {method} {path}: {status}"
+        );
+    }
+    // Lists show a user only their own things.
+    let (_, bobs) = call(&w.gw, "GET", "/api/v1/conversations", Some(&w.bob), None).await;
+    assert_eq!(bobs["items"], json!([]));
+    let (_, alices) = call(&w.gw, "GET", "/api/v1/conversations", Some(&w.alice), None).await;
+    assert_eq!(alices["items"][0]["id"], c.as_str());
+    let (_, bobs) = call(
+        &w.gw,
+        "GET",
+        "/api/v1/permissions?status=all",
+        Some(&w.bob),
+        None,
+    )
+    .await;
+    assert_eq!(bobs["items"], json!([]));
+    let (_, ops) = call(&w.gw, "GET", "/api/v1/permissions", Some(&w.operator), None).await;
+    assert_eq!(ops["items"][0]["id"], p.as_str());
+    // Token lists never show a token or its hash.
+    let (_, tokens) = call(&w.gw, "GET", "/api/v1/tokens", Some(&w.operator), None).await;
+    let text = tokens.to_string();
+    assert!(!text.contains(&w.alice) && !text.contains("hash"), "{text}");
+    // Commands on another user's conversation are not found either.
+    for (method, path, body) in [
+        (
+            "POST",
+            format!("/api/v1/conversations/{c}/prompts"),
+            Some(json!({"text": "x"})),
+        ),
+        (
+            "POST",
+            format!("/api/v1/conversations/{c}/cancel"),
+            Some(json!({})),
+        ),
+        ("DELETE", format!("/api/v1/conversations/{c}/rules"), None),
+        ("DELETE", format!("/api/v1/conversations/{c}"), None),
+        (
+            "POST",
+            format!("/api/v1/permissions/{p}/respond"),
+            Some(json!({"option_id": "allow-once"})),
+        ),
+    ] {
+        let (status, _) = call(&w.gw, method, &path, Some(&w.bob), body).await;
+        assert_eq!(status, 404, "bob {method} {path}");
+    }
+    // The owner answers, and the decision names her.
+    let (status, answered) = call(
+        &w.gw,
+        "POST",
+        &format!("/api/v1/permissions/{p}/respond"),
+        Some(&w.alice),
+        Some(json!({"option_id": "allow-once"})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(answered["decision"]["decided_by"], "user:alice");
+    let (status, _) = call(
+        &w.gw,
+        "DELETE",
+        &format!("/api/v1/conversations/{c}"),
+        Some(&w.alice),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+}
+
+async fn websocket_clients_authenticate_by_header_query_or_subprotocol(db: TestDb) {
+    let mut w = world(&db).await;
+    let base = w.gw.base.replacen("http", "ws", 1);
+    let path = format!("{base}/api/v1/conversations/{}/ws", w.conversation);
+    // Header.
+    let mut req = path.clone().into_client_request().unwrap();
+    req.headers_mut().insert(
+        "authorization",
+        format!("Bearer {}", w.alice).parse().unwrap(),
+    );
+    let (stream, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    assert_eq!(Ws { stream }.next().await["seq"], 1);
+    // Query (the world's own socket uses it too).
+    let (stream, _) = tokio_tungstenite::connect_async(format!("{path}?access_token={}", w.alice))
+        .await
+        .unwrap();
+    assert_eq!(Ws { stream }.next().await["seq"], 1);
+    // Subprotocol, echoed back as browsers require.
+    let mut req = path.clone().into_client_request().unwrap();
+    req.headers_mut().insert(
+        "sec-websocket-protocol",
+        format!("bearer.{}", w.alice).parse().unwrap(),
+    );
+    let (stream, resp) = tokio_tungstenite::connect_async(req).await.unwrap();
+    assert_eq!(
+        resp.headers()["sec-websocket-protocol"],
+        format!("bearer.{}", w.alice).as_str()
+    );
+    assert_eq!(Ws { stream }.next().await["seq"], 1);
+    // No token, a revoked one, someone else's conversation.
+    for (url, expected) in [
+        (path.clone(), 401),
+        (format!("{path}?access_token={}", w.revoked), 401),
+        (format!("{path}?access_token={}", w.bob), 404),
+    ] {
+        match tokio_tungstenite::connect_async(url.clone()).await {
+            Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+                assert_eq!(resp.status(), expected, "{url}")
+            }
+            other => panic!("{url}: expected {expected}, got {other:?}"),
+        }
+    }
+    // Inboxes: bob sees nothing of alice's, alice and the operator do.
+    let inbox = |token: &str| format!("{base}/api/v1/ws?access_token={token}");
+    let (stream, _) = tokio_tungstenite::connect_async(inbox(&w.bob))
+        .await
+        .unwrap();
+    let mut bob = Ws { stream };
+    assert_eq!(bob.next().await["pending_permissions"], json!([]));
+    let (stream, _) = tokio_tungstenite::connect_async(inbox(&w.alice))
+        .await
+        .unwrap();
+    let mut alice = Ws { stream };
+    assert_eq!(
+        alice.next().await["pending_permissions"][0]["id"],
+        w.permission.as_str()
+    );
+    let (stream, _) = tokio_tungstenite::connect_async(inbox(&w.operator))
+        .await
+        .unwrap();
+    let mut operator = Ws { stream };
+    assert_eq!(
+        operator.next().await["pending_permissions"][0]["id"],
+        w.permission.as_str()
+    );
+    // Bob's own conversation shows up on bob's inbox; alice's events do not.
+    let (_, conv) = call(
+        &w.gw,
+        "POST",
+        "/api/v1/conversations",
+        Some(&w.bob),
+        Some(json!({"agent": "demo"})),
+    )
+    .await;
+    let p = &w.permission;
+    call(
+        &w.gw,
+        "POST",
+        &format!("/api/v1/permissions/{p}/respond"),
+        Some(&w.alice),
+        Some(json!({"option_id": "allow-once"})),
+    )
+    .await;
+    let resolved = alice.until_type("permission_resolved").await.pop().unwrap();
+    assert_eq!(resolved["data"]["id"], p.as_str());
+    operator.until_type("permission_resolved").await;
+    w.ws.until_type("turn_ended").await;
+    let first_for_bob = bob.next().await;
+    assert_eq!(
+        first_for_bob["conversation_id"], conv["id"],
+        "bob only sees his own: {first_for_bob}"
+    );
+}
+
+async fn rate_limits_answer_429_with_retry_after(db: TestDb) {
+    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    config.rate_limits.prompts_per_minute = 2;
+    let gw = TestGateway::start_with(config).await;
+    let id = gw.create_conversation("demo").await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    for _ in 0..2 {
+        gw.prompt(&id, "hello").await;
+        ws.until_type("turn_ended").await;
+    }
+    let resp = gw
+        .http
+        .post(gw.url(&format!("/api/v1/conversations/{id}/prompts")))
+        .json(&json!({"text": "one too many"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 429);
+    let wait: u64 = resp.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&wait), "{wait}");
+    let problem: Value = resp.json().await.unwrap();
+    assert_eq!(problem["code"], "rate_limited");
+}
+
+async fn startup_refuses_a_public_address_until_a_token_exists(db: TestDb) {
+    let mut config = TestGateway::config(&db, vec![]);
+    config.listen = "0.0.0.0:0".into();
+    let err = acp_gateway::Gateway::build(config.clone())
+        .await
+        .err()
+        .expect("refused");
+    let text = format!("{err:#}");
+    assert!(text.contains("refusing to listen on 0.0.0.0"), "{text}");
+    assert!(text.contains("token create"), "{text}");
+    cli_token(&db, "root-op", "operator");
+    let gateway = acp_gateway::Gateway::build(config)
+        .await
+        .expect("with a token it may listen anywhere");
+    assert!(gateway.local_addr().ip().is_unspecified());
+}
+
+async fn a_token_never_appears_in_the_log(db: TestDb) {
+    let operator = cli_token(&db, "root-op", "operator");
+    let process = GatewayProcess::start_logging(&db, &[demo_profile("demo", &[])], "debug");
+    let http = reqwest::Client::new();
+    let created: Value = http
+        .post(format!("{}/api/v1/tokens", process.base))
+        .bearer_auth(&operator)
+        .json(&json!({"user": "alice"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let alice = created["token"].as_str().unwrap().to_owned();
+    let conv: Value = http
+        .post(format!("{}/api/v1/conversations", process.base))
+        .bearer_auth(&alice)
+        .json(&json!({"agent": "demo"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = conv["id"].as_str().unwrap();
+    let status = http
+        .get(format!(
+            "{}/api/v1/conversations/{id}/events?access_token={alice}",
+            process.base
+        ))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 200);
+    let url = format!(
+        "{}/api/v1/conversations/{id}/ws?access_token={alice}",
+        process.base
+    )
+    .replacen("http", "ws", 1);
+    let (stream, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    let mut ws = Ws { stream };
+    ws.next().await;
+    let bad = http
+        .get(format!(
+            "{}/api/v1/conversations?access_token=acpgw_wrong{}",
+            process.base,
+            &alice[6..20]
+        ))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(bad, 401);
+    let log = process.stop();
+    assert!(
+        log.contains("token created"),
+        "the log was captured:\n{log}"
+    );
+    for secret in [
+        operator.as_str(),
+        alice.as_str(),
+        &alice[6..],
+        &alice[6..20],
+    ] {
+        assert!(!log.contains(secret), "a token leaked into the log:\n{log}");
+    }
+}
+
+async fn an_agent_profile_with_a_user_runs_its_process_under_that_uid(db: TestDb) {
+    if !acp_gateway::acp::agent::running_as_root() {
+        eprintln!("skipping: only a root gateway can switch users");
+        return;
+    }
+    let nobody = acp_gateway::acp::agent::lookup_user("nobody").expect("a nobody user");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let cwd = dir.path().canonicalize().unwrap();
+    let mut profile = demo_profile("demo", &[]);
+    profile.user = Some("nobody".into());
+    let gw = TestGateway::start(&db, vec![profile]).await;
+    let (status, conv) = gw
+        .post(
+            "/api/v1/conversations",
+            json!({"agent": "demo", "cwd": cwd.to_str().unwrap()}),
+        )
+        .await;
+    assert_eq!(status, 201, "{conv}");
+    let pid = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|p| p == cwd))
+        .expect("the agent process");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    let uids: Vec<u32> = uid_line
+        .split_whitespace()
+        .skip(1)
+        .map(|u| u.parse().unwrap())
+        .collect();
+    assert!(uids.iter().all(|u| *u == nobody.uid), "{uid_line}");
+    let gid_line = status.lines().find(|l| l.starts_with("Gid:")).unwrap();
+    assert!(
+        gid_line
+            .split_whitespace()
+            .skip(1)
+            .all(|g| g == nobody.gid.to_string()),
+        "{gid_line}"
+    );
+    let groups = status.lines().find(|l| l.starts_with("Groups:")).unwrap();
+    assert!(
+        !groups.split_whitespace().skip(1).any(|g| g == "0"),
+        "no root group: {groups}"
+    );
+    // And it works as that user.
+    let id = conv["id"].as_str().unwrap();
+    let mut ws = gw.conversation_ws(id, 0).await;
+    gw.prompt(id, "hello").await;
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+}
+
+async fn a_cwd_outside_the_allowed_roots_is_rejected_however_it_is_spelled(db: TestDb) {
+    let root = tempfile::tempdir().unwrap();
+    let root_path = root.path().canonicalize().unwrap();
+    std::fs::create_dir(root_path.join("project")).unwrap();
+    std::os::unix::fs::symlink("/etc", root_path.join("sneaky")).unwrap();
+    let mut profile = demo_profile("demo", &[]);
+    profile.allowed_roots = vec![root_path.clone()];
+    let gw = TestGateway::start(&db, vec![profile]).await;
+    let r = root_path.to_str().unwrap();
+    for cwd in [
+        format!("{r}/../../etc"),
+        format!("{r}/project/../../"),
+        format!("{r}/sneaky"),
+        "/etc".to_owned(),
+        "/".to_owned(),
+    ] {
+        let (status, problem) = gw
+            .post(
+                "/api/v1/conversations",
+                json!({"agent": "demo", "cwd": cwd}),
+            )
+            .await;
+        assert_eq!(status, 422, "{cwd}: {problem}");
+    }
+    for cwd in [
+        format!("{r}/project"),
+        format!("{r}/project/../project"),
+        r.to_owned(),
+    ] {
+        let (status, conv) = gw
+            .post(
+                "/api/v1/conversations",
+                json!({"agent": "demo", "cwd": cwd}),
+            )
+            .await;
+        assert_eq!(status, 201, "{cwd}: {conv}");
+    }
+}
+
+backend_tests!(
+    an_agent_profile_with_a_user_runs_its_process_under_that_uid,
+    a_cwd_outside_the_allowed_roots_is_rejected_however_it_is_spelled,
+    every_endpoint_checks_the_token_and_the_role,
+    websocket_clients_authenticate_by_header_query_or_subprotocol,
+    rate_limits_answer_429_with_retry_after,
+    startup_refuses_a_public_address_until_a_token_exists,
+    a_token_never_appears_in_the_log,
+);
