@@ -180,7 +180,7 @@ fn check_exposure(config: &Config, auth_required: bool) -> anyhow::Result<()> {
              every caller is the operator \"anonymous\""
         );
     }
-    if crate::acp::agent::running_as_root() {
+    if crate::acp::agent::running_as_root() && config.agent_user.is_none() {
         for agent in config.agents.iter().filter(|a| a.user.is_none()) {
             tracing::warn!(agent = %agent.name, "the gateway runs as root and this agent profile names no user: its agents will run as root");
         }

@@ -47,6 +47,9 @@ pub struct Config {
     /// Per-token request limits.
     #[serde(default)]
     pub rate_limits: crate::auth::RateLimits,
+    /// The system user agents run as when their profile names none.
+    #[serde(default)]
+    pub agent_user: Option<String>,
 }
 
 /// How to start one kind of agent.
@@ -174,6 +177,9 @@ impl Config {
                 );
             }
         }
+        if let Some(user) = &self.agent_user {
+            crate::acp::agent::lookup_user(user).map_err(|e| anyhow::anyhow!("agent_user: {e}"))?;
+        }
         if self.rate_limits.prompts_per_minute == 0 || self.rate_limits.connections_per_minute == 0
         {
             bail!("rate_limits: limits must be at least 1 per minute");
@@ -236,9 +242,14 @@ impl Config {
         format!("sqlite://{}", dir.join("acp-gateway.db").display())
     }
 
-    /// The profile with this name.
-    pub fn agent(&self, name: &str) -> Option<&AgentProfile> {
-        self.agents.iter().find(|a| a.name == name)
+    /// The profile with this name, with the gateway-wide `agent_user`
+    /// filled in where the profile names no user.
+    pub fn agent(&self, name: &str) -> Option<AgentProfile> {
+        let mut profile = self.agents.iter().find(|a| a.name == name)?.clone();
+        if profile.user.is_none() {
+            profile.user = self.agent_user.clone();
+        }
+        Some(profile)
     }
 }
 
@@ -334,6 +345,12 @@ startup_timeout = "5s"
             crate::permissions::OnTimeout::Cancel
         );
         assert!(config.agent("demo").unwrap().unavailable_reason().is_none());
+        let mut with_default = config.clone();
+        with_default.agent_user = Some("nobody".into());
+        assert_eq!(
+            with_default.agent("demo").unwrap().user.as_deref(),
+            Some("nobody")
+        );
     }
 
     #[test]

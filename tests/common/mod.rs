@@ -343,6 +343,7 @@ impl TestGateway {
             policies: Vec::new(),
             cors_origins: Vec::new(),
             rate_limits: Default::default(),
+            agent_user: None,
         }
     }
 
