@@ -15,7 +15,7 @@ use crate::api::{self, AppState};
 use crate::bus::EventBus;
 use crate::config::Config;
 use crate::journal::{Journal, Sink};
-use crate::model::{self, event_type, ConversationStatus, Decision, PermissionStatus};
+use crate::model::{event_type, ConversationStatus, Decision, PermissionStatus};
 use crate::policy::PolicyHandle;
 use crate::store::{PermissionFilter, Resolution};
 
@@ -124,13 +124,7 @@ async fn recover(sink: &Sink) -> anyhow::Result<()> {
             let resolution = Resolution {
                 permission_id: request.id,
                 status: PermissionStatus::Expired,
-                decision: Decision {
-                    option_id: None,
-                    outcome: "cancelled".into(),
-                    decided_by: "system".into(),
-                    reason: Some(detail.into()),
-                    decided_at: model::now(),
-                },
+                decision: Decision::new(None, "system".into(), Some(detail.into())),
             };
             journal.resolve(&resolution).await?;
         }

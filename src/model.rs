@@ -271,6 +271,22 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// A decision made now: the option chosen, or (`None`) the cancelled outcome.
+    pub fn new(option_id: Option<String>, decided_by: String, reason: Option<String>) -> Decision {
+        Decision {
+            outcome: if option_id.is_some() {
+                "selected"
+            } else {
+                "cancelled"
+            }
+            .to_owned(),
+            option_id,
+            decided_by,
+            reason,
+            decided_at: now(),
+        }
+    }
+
     /// The ACP result sent back to the agent.
     pub fn acp_result(&self) -> Value {
         match &self.option_id {

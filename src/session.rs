@@ -425,8 +425,9 @@ impl Session {
 
     async fn serve(&mut self, shutdown: &CancellationToken) -> Result<End> {
         loop {
+            // Unbiased: a fast-streaming agent must not starve the user's
+            // commands (a cancel above all).
             tokio::select! {
-                biased;
                 msg = next_incoming(&mut self.incoming) => match msg {
                     Some(msg) => {
                         self.handle_incoming(msg).await?;
@@ -704,18 +705,11 @@ impl Session {
             // audit trail shows what ran without a person, and which rule let it.
             let rule = verdict.rule.as_deref().unwrap_or("default");
             tracing::info!(permission_id = %id, rule, decision = ?verdict.decision, "decided by policy");
-            let decision = Decision {
-                outcome: if option_id.is_some() {
-                    "selected"
-                } else {
-                    "cancelled"
-                }
-                .to_owned(),
+            let decision = Decision::new(
                 option_id,
-                decided_by: format!("policy:{rule}"),
-                reason: Some(verdict.reason.clone()),
-                decided_at: model::now(),
-            };
+                format!("policy:{rule}"),
+                Some(verdict.reason.clone()),
+            );
             let resolved = PermissionRequest {
                 status,
                 decision: Some(decision.clone()),
@@ -835,18 +829,7 @@ impl Session {
         let Some(pending) = self.pending.remove(&id) else {
             return Ok(None);
         };
-        let decision = Decision {
-            outcome: if option_id.is_some() {
-                "selected"
-            } else {
-                "cancelled"
-            }
-            .to_owned(),
-            option_id,
-            decided_by: decided_by.to_owned(),
-            reason: reason.map(str::to_owned),
-            decided_at: model::now(),
-        };
+        let decision = Decision::new(option_id, decided_by.to_owned(), reason.map(str::to_owned));
         self.journal.set_status(self.status_now());
         let resolution = Resolution {
             permission_id: id,

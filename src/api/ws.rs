@@ -166,11 +166,7 @@ async fn serve_conversation(
                     Err(RecvError::Lagged(_)) => replay(&state, id, &mut socket, &mut last, None).await?,
                     Err(RecvError::Closed) => return Ok(()),
                 },
-                incoming = socket.recv() => match incoming {
-                    // Commands go over REST; pings are answered by the library.
-                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return Err(WsEnd::ClientGone),
-                    Some(Ok(_)) => {}
-                },
+                incoming = socket.recv() => client_frame(incoming)?,
                 _ = shutdown.cancelled() => return Ok(()),
             }
         }
@@ -178,6 +174,15 @@ async fn serve_conversation(
     .await;
     close_for(&mut socket, &result).await;
     result
+}
+
+/// What a frame from the client means: commands go over REST, pings are
+/// answered by the library, so only the end of the connection matters.
+fn client_frame(frame: Option<Result<Message, axum::Error>>) -> Result<(), WsEnd> {
+    match frame {
+        Some(Ok(Message::Close(_))) | Some(Err(_)) | None => Err(WsEnd::ClientGone),
+        Some(Ok(_)) => Ok(()),
+    }
 }
 
 async fn close_for(socket: &mut WebSocket, result: &Result<(), WsEnd>) {
@@ -240,10 +245,7 @@ async fn serve_inbox(state: AppState, caller: Caller, mut socket: WebSocket) -> 
                     Err(RecvError::Lagged(_)) => return Err(WsEnd::TooSlow),
                     Err(RecvError::Closed) => return Ok(()),
                 },
-                incoming = socket.recv() => match incoming {
-                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return Err(WsEnd::ClientGone),
-                    Some(Ok(_)) => {}
-                },
+                incoming = socket.recv() => client_frame(incoming)?,
                 _ = shutdown.cancelled() => return Ok(()),
             }
         }

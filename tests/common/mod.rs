@@ -189,6 +189,8 @@ pub struct GatewayProcess {
     pub base: String,
     /// Everything it logged so far (stdout and stderr).
     log: std::sync::Arc<std::sync::Mutex<String>>,
+    /// The threads copying its stdout and stderr into `log`.
+    readers: Vec<std::thread::JoinHandle<()>>,
     _config: tempfile::NamedTempFile,
 }
 
@@ -230,7 +232,7 @@ impl GatewayProcess {
         };
         let stderr = child.stderr.take().unwrap();
         let err_log = log.clone();
-        std::thread::spawn(move || {
+        let err_reader = std::thread::spawn(move || {
             for line in std::io::BufReader::new(stderr)
                 .lines()
                 .map_while(Result::ok)
@@ -241,7 +243,7 @@ impl GatewayProcess {
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let out_log = log.clone();
-        std::thread::spawn(move || {
+        let out_reader = std::thread::spawn(move || {
             let mut tx = Some(tx);
             for line in std::io::BufReader::new(stdout)
                 .lines()
@@ -262,6 +264,7 @@ impl GatewayProcess {
             child,
             base: format!("http://{addr}"),
             log,
+            readers: vec![err_reader, out_reader],
             _config: config,
         }
     }
@@ -284,10 +287,9 @@ impl GatewayProcess {
             libc_kill(self.child.id() as i32, 15);
         }
         self.child.wait().unwrap();
-        let deadline = std::time::Instant::now() + WAIT;
-        // The reader threads finish when the pipes close.
-        while std::sync::Arc::strong_count(&self.log) > 1 && std::time::Instant::now() < deadline {
-            std::thread::yield_now();
+        // The readers finish when the pipes close: the log is complete.
+        for reader in self.readers.drain(..) {
+            reader.join().unwrap();
         }
         self.log_text()
     }
