@@ -41,6 +41,7 @@
 //! | `crash` | one message chunk, `demo agent: crashing on purpose` on stderr, then exit code 3 without answering | none |
 //! | `garbage` | non-JSON lines on stdout (`this is not json`, `{"broken": `, `garbage`) between message chunks | `end_turn` |
 //! | `unknown` | a `session/update` of the made-up kind `future_variant_xyz` (with `_meta`), then a message chunk | `end_turn` |
+//! | `child` | starts `sleep 600` as its own child, says `child <pid>`, then hangs like `hang` | `cancelled` |
 //! | `hang` | nothing, until `session/cancel` arrives (or stdin closes) | `cancelled` |
 //! | `refuse` | nothing | `refusal` |
 //! | `error` | the prompt is answered with JSON-RPC error -32603 `demo agent failed on purpose` | none |
@@ -142,7 +143,7 @@ usage: acp-demo-agent [--chunk-delay-ms N] [--fail-on METHOD] [--hang-on METHOD]
                       [--exit-on METHOD] [--stdout-banner] [--scenario WORD]
 A scripted ACP agent speaking JSON-RPC on stdin/stdout. The first word of each prompt picks
 a scenario: tool, write, execute, read, edit, parallel, plan, long, slow, crash, garbage, unknown, hang,
-refuse, error, withdraw, stderr; any other text is echoed.";
+child, refuse, error, withdraw, stderr; any other text is echoed.";
 
 /// Writes a line to stderr with the agent's prefix; stdout is reserved for protocol messages.
 macro_rules! log {
@@ -280,6 +281,7 @@ enum Scenario {
     Garbage,
     Unknown,
     Hang,
+    Child,
     Refuse,
     Error,
     Withdraw,
@@ -303,6 +305,7 @@ impl Scenario {
             "garbage" => Self::Garbage,
             "unknown" => Self::Unknown,
             "hang" => Self::Hang,
+            "child" => Self::Child,
             "refuse" => Self::Refuse,
             "error" => Self::Error,
             "withdraw" => Self::Withdraw,
@@ -901,6 +904,7 @@ impl Turn {
             Scenario::Garbage => self.garbage().await,
             Scenario::Unknown => self.unknown().await,
             Scenario::Hang => self.hang().await,
+            Scenario::Child => self.child().await,
             Scenario::Refuse => Ok(TurnEnd::Stop(REFUSAL)),
             Scenario::Error => Ok(TurnEnd::Fail(RpcError::new(
                 INTERNAL_ERROR,
@@ -1110,6 +1114,23 @@ impl Turn {
             _ = stdin_closed.wait_for(|closed| *closed) => {}
         }
         Err(Cancelled)
+    }
+
+    /// Scenario `child`: starts a long `sleep` of its own, says its pid
+    /// (`child <pid>`), then hangs like `hang`: for checking that a
+    /// conversation's agent is stopped together with its children.
+    async fn child(&self) -> Result<TurnEnd, Cancelled> {
+        let child = std::process::Command::new("sleep")
+            .arg("600")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
+        match child {
+            Ok(child) => self.say(&format!("child {}", child.id())).await?,
+            Err(e) => self.say(&format!("could not start a child: {e}")).await?,
+        }
+        self.hang().await
     }
 
     /// Scenario `stderr`: logs five lines, then answers.

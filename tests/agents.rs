@@ -259,7 +259,75 @@ async fn agents_that_fail_at_start_get_502_with_their_stderr_and_504_when_silent
     assert_eq!(exits["unavailable_reason"], json!(null));
 }
 
+async fn closing_a_conversation_stops_the_agent_together_with_its_children(db: TestDb) {
+    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
+    let id = gw.create_conversation("demo").await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    gw.prompt(&id, "child").await;
+    let frames = ws
+        .until(|e| {
+            e["data"]["update"]["content"]["text"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("child "))
+        })
+        .await;
+    let text = frames.last().unwrap()["data"]["update"]["content"]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let pid: i32 = text.trim_start_matches("child ").parse().unwrap();
+    // A pidfd becomes readable when the process ends: an event to wait on.
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
+    assert!(fd >= 0, "the child {pid} runs");
+    let (status, _) = gw.delete(&format!("/api/v1/conversations/{id}")).await;
+    assert_eq!(status, 204);
+    let ended = tokio::task::spawn_blocking(move || {
+        let mut poll = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; the fd is ours and closed right after.
+        unsafe {
+            let ready = libc::poll(&mut poll, 1, WAIT.as_millis() as i32);
+            libc::close(fd);
+            ready
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(ended, 1, "the agent's child is stopped with it");
+}
+
+async fn a_cancel_gets_through_while_an_agent_streams_as_fast_as_it_can(db: TestDb) {
+    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
+    let id = gw.create_conversation("demo").await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    gw.prompt(&id, "long 1000000").await;
+    ws.until(|e| e["type"] == "session_update").await;
+    let (status, _) = gw
+        .post(&format!("/api/v1/conversations/{id}/cancel"), json!({}))
+        .await;
+    assert_eq!(status, 202);
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "cancelled");
+    let streamed = streamed_text(&frames, "agent_message_chunk");
+    assert!(
+        streamed.split_whitespace().count() < 1_000_000,
+        "cancelled before the end"
+    );
+}
+
 backend_tests!(
+    closing_a_conversation_stops_the_agent_together_with_its_children,
+    a_cancel_gets_through_while_an_agent_streams_as_fast_as_it_can,
     an_agent_crashing_mid_turn_ends_the_turn_with_error_and_reports_the_crash,
     an_agent_killed_with_a_request_pending_expires_it,
     garbage_on_stdout_is_skipped_and_the_turn_completes,
