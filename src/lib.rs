@@ -1,7 +1,7 @@
 //! # acp-gateway
 //!
 //! Puts ACP (Agent Client Protocol) coding agents behind REST + WebSocket,
-//! with everything persisted in Postgres.
+//! with everything persisted in Postgres or an embedded SQLite file.
 //!
 //! How the parts fit:
 //! - [`config`]: the TOML config and its validation.
@@ -14,10 +14,14 @@
 //!   commits, then publishes to the [`bus`].
 //! - [`permissions`]: answer checks, timeouts and remembered "always" rules
 //!   (pure functions the session applies).
-//! - [`store`]: persistence behind one trait ([`store::Store`]); Postgres now.
+//! - [`policy`]: the operator auto-approve engine (pure: rules in, verdict out).
+//! - [`store`]: persistence behind one trait ([`store::Store`]): Postgres and
+//!   SQLite from one SQL text, and export between them.
 //! - [`auth`]: bearer tokens, roles, per-token rate limits.
 //! - [`api`]: the HTTP + WebSocket API of `../shared/docs/api.md`.
 //! - [`app`]: building and running the whole gateway.
+//! - [`demo_agent`]: the scripted ACP agent for tests and demos.
+//! - [`model`], [`error`]: the API's objects and its one error type.
 //!
 //! Data flows agent stdout → rpc → session → journal (store, then bus) →
 //! WebSocket; commands flow REST → session handle → rpc → agent stdin.
