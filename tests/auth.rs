@@ -572,7 +572,36 @@ async fn a_cwd_outside_the_allowed_roots_is_rejected_however_it_is_spelled(db: T
     }
 }
 
+async fn cors_is_off_unless_origins_are_configured(db: TestDb) {
+    let preflight = |gw: &TestGateway, origin: &str| {
+        gw.http
+            .request(reqwest::Method::OPTIONS, gw.url("/api/v1/conversations"))
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization,content-type",
+            )
+            .send()
+    };
+    let gw = TestGateway::start(&db, vec![]).await;
+    let resp = preflight(&gw, "https://evil.example").await.unwrap();
+    assert!(resp.headers().get("access-control-allow-origin").is_none());
+    gw.stop().await;
+    let mut config = TestGateway::config(&db, vec![]);
+    config.cors_origins = vec!["https://app.example".into()];
+    let gw = TestGateway::start_with(config).await;
+    let resp = preflight(&gw, "https://app.example").await.unwrap();
+    assert_eq!(
+        resp.headers()["access-control-allow-origin"],
+        "https://app.example"
+    );
+    let resp = preflight(&gw, "https://evil.example").await.unwrap();
+    assert!(resp.headers().get("access-control-allow-origin").is_none());
+}
+
 backend_tests!(
+    cors_is_off_unless_origins_are_configured,
     an_agent_profile_with_a_user_runs_its_process_under_that_uid,
     a_cwd_outside_the_allowed_roots_is_rejected_however_it_is_spelled,
     every_endpoint_checks_the_token_and_the_role,
