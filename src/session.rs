@@ -456,7 +456,8 @@ impl Session {
                     self.flush().await?;
                 }
                 _ = self.process.wait() => {
-                    self.drain_incoming(usize::MAX).await?;
+                    // What it wrote before dying may still be in the pipe.
+                    self.drain_until_closed().await?;
                     return Ok(End::AgentGone);
                 }
                 due = self.deadlines.due() => self.time_out(due).await?,
@@ -472,6 +473,22 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// After the agent exited: applies everything left in its stdout until the
+    /// reader reaches the end (bounded, in case a stray process holds the pipe).
+    async fn drain_until_closed(&mut self) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + EXIT_AFTER_EOF;
+        while let Some(rx) = self.incoming.as_mut() {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(msg)) => self.handle_incoming(msg).await?,
+                Ok(None) | Err(_) => self.incoming = None,
+            }
+            if self.journal.batch.events.len() >= MAX_BATCH_EVENTS {
+                self.flush().await?;
+            }
+        }
+        Ok(())
     }
 
     /// Applies whatever the agent has already sent, up to `max` messages.
@@ -1059,7 +1076,7 @@ impl Session {
                     .await?;
             }
             self.process.terminate(TERMINATE_GRACE).await;
-            self.drain_incoming(usize::MAX).await?;
+            self.drain_until_closed().await?;
         }
         let (agent_status, detail, final_status) = if closing {
             ("exited", detail, ConversationStatus::Closed)
