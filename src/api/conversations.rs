@@ -55,8 +55,7 @@ async fn create(
     let profile = state
         .config()
         .agent(&body.agent)
-        .ok_or_else(|| Error::NotFound(format!("no agent named {:?}", body.agent)))?
-        .clone();
+        .ok_or_else(|| Error::NotFound(format!("no agent named {:?}", body.agent)))?;
     let cwd = match body.cwd.map(PathBuf::from).or_else(|| profile.cwd.clone()) {
         Some(cwd) => cwd,
         None => std::env::current_dir().map_err(anyhow::Error::from)?,
@@ -72,6 +71,8 @@ async fn create(
         )));
     }
     check_allowed_root(&profile, &cwd)?;
+    // The agent gets the directory as it really is: no `..`, no symlinks.
+    let cwd = std::fs::canonicalize(&cwd).map_err(anyhow::Error::from)?;
     let now = model::now();
     let conversation = Conversation {
         id: model::new_id(),

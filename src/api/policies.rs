@@ -108,8 +108,7 @@ async fn evaluate(
     let profile = state
         .config()
         .agent(&body.agent)
-        .ok_or_else(|| Error::NotFound(format!("no agent named {:?}", body.agent)))?
-        .clone();
+        .ok_or_else(|| Error::NotFound(format!("no agent named {:?}", body.agent)))?;
     if !body.tool_call.is_object() {
         return Err(Error::Unprocessable(
             "tool_call must be an ACP ToolCall object".into(),
