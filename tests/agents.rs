@@ -9,12 +9,7 @@ use common::*;
 use serde_json::json;
 
 async fn an_agent_crashing_mid_turn_ends_the_turn_with_error_and_reports_the_crash(db: TestDb) {
-    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
-    let id = gw.create_conversation("demo").await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let mut ws = gw.conversation_ws(&id, 0).await;
+    let (gw, id, mut ws) = demo_conversation(&db).await;
     gw.prompt(&id, "crash").await;
     let frames = ws.until_agent_gone().await;
     let ended = frames
@@ -113,12 +108,7 @@ async fn garbage_on_stdout_is_skipped_and_the_turn_completes(db: TestDb) {
 }
 
 async fn an_unknown_session_update_is_forwarded_verbatim(db: TestDb) {
-    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
-    let id = gw.create_conversation("demo").await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let mut ws = gw.conversation_ws(&id, 0).await;
+    let (gw, id, mut ws) = demo_conversation(&db).await;
     gw.prompt(&id, "unknown").await;
     let frames = ws.until_type("turn_ended").await;
     let unknown = frames
@@ -133,12 +123,7 @@ async fn an_unknown_session_update_is_forwarded_verbatim(db: TestDb) {
 }
 
 async fn refusals_and_prompt_errors_end_the_turn_with_their_reason(db: TestDb) {
-    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
-    let id = gw.create_conversation("demo").await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let mut ws = gw.conversation_ws(&id, 0).await;
+    let (gw, id, mut ws) = demo_conversation(&db).await;
     gw.prompt(&id, "refuse").await;
     let frames = ws.until_type("turn_ended").await;
     assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "refusal");
@@ -160,12 +145,7 @@ async fn refusals_and_prompt_errors_end_the_turn_with_their_reason(db: TestDb) {
 }
 
 async fn a_hanging_turn_is_cancelled_by_the_cancel_rule(db: TestDb) {
-    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
-    let id = gw.create_conversation("demo").await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let mut ws = gw.conversation_ws(&id, 0).await;
+    let (gw, id, mut ws) = demo_conversation(&db).await;
     gw.prompt(&id, "hang").await;
     ws.until_type("turn_started").await;
     let (_, conv) = gw.get(&format!("/api/v1/conversations/{id}")).await;
@@ -260,12 +240,7 @@ async fn agents_that_fail_at_start_get_502_with_their_stderr_and_504_when_silent
 }
 
 async fn closing_a_conversation_stops_the_agent_together_with_its_children(db: TestDb) {
-    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
-    let id = gw.create_conversation("demo").await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let mut ws = gw.conversation_ws(&id, 0).await;
+    let (gw, id, mut ws) = demo_conversation(&db).await;
     gw.prompt(&id, "child").await;
     let frames = ws
         .until(|e| {
@@ -304,12 +279,7 @@ async fn closing_a_conversation_stops_the_agent_together_with_its_children(db: T
 }
 
 async fn a_cancel_gets_through_while_an_agent_streams_as_fast_as_it_can(db: TestDb) {
-    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
-    let id = gw.create_conversation("demo").await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let mut ws = gw.conversation_ws(&id, 0).await;
+    let (gw, id, mut ws) = demo_conversation(&db).await;
     gw.prompt(&id, "long 1000000").await;
     ws.until(|e| e["type"] == "session_update").await;
     let (status, _) = gw

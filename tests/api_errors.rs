@@ -138,12 +138,7 @@ async fn conversation_input_is_validated(db: TestDb) {
 }
 
 async fn a_prompt_while_a_turn_runs_gets_409_turn_in_progress(db: TestDb) {
-    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
-    let id = gw.create_conversation("demo").await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let mut ws = gw.conversation_ws(&id, 0).await;
+    let (gw, id, mut ws) = demo_conversation(&db).await;
     gw.prompt(&id, "hang").await;
     let (status, problem) = gw
         .post(

@@ -19,12 +19,7 @@ fn respond_path(request: &Value) -> String {
 }
 
 async fn setup(db: TestDb) -> (TestDb, TestGateway, String, Ws) {
-    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
-    let id = gw.create_conversation("demo").await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let ws = gw.conversation_ws(&id, 0).await;
+    let (gw, id, ws) = demo_conversation(&db).await;
     (db, gw, id, ws)
 }
 

@@ -109,12 +109,7 @@ async fn a_prompt_streams_chunks_a_tool_call_and_turn_ended_and_survives_a_resta
 }
 
 async fn a_long_stream_of_small_chunks_is_merged_without_losing_text(db: TestDb) {
-    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
-    let id = gw.create_conversation("demo").await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let mut ws = gw.conversation_ws(&id, 0).await;
+    let (gw, id, mut ws) = demo_conversation(&db).await;
     gw.prompt(&id, "long 3000").await;
     let live = ws.until_type("turn_ended").await;
     let expected: String = (0..3000).map(|i| format!("w{i} ")).collect();
@@ -136,12 +131,7 @@ async fn a_long_stream_of_small_chunks_is_merged_without_losing_text(db: TestDb)
 }
 
 async fn a_plan_and_content_blocks_pass_through_verbatim(db: TestDb) {
-    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
-    let id = gw.create_conversation("demo").await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let mut ws = gw.conversation_ws(&id, 0).await;
+    let (gw, id, mut ws) = demo_conversation(&db).await;
     let content = json!([{"type": "text", "text": "plan"}, {"type": "resource_link", "uri": "file:///a.rs", "name": "a.rs"}]);
     let (status, body) = gw
         .post(
@@ -191,12 +181,7 @@ async fn conversations_are_listed_newest_first_with_a_cursor(db: TestDb) {
 }
 
 async fn closing_a_conversation_stops_its_agent_and_keeps_its_history(db: TestDb) {
-    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
-    let id = gw.create_conversation("demo").await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let mut ws = gw.conversation_ws(&id, 0).await;
+    let (gw, id, mut ws) = demo_conversation(&db).await;
     gw.prompt(&id, "hang").await;
     ws.until_type("turn_started").await;
     let (status, _) = gw.delete(&format!("/api/v1/conversations/{id}")).await;

@@ -6,12 +6,7 @@ mod common;
 use common::*;
 
 async fn a_client_reconnecting_mid_turn_gets_exactly_the_missed_events_then_live_ones(db: TestDb) {
-    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
-    let id = gw.create_conversation("demo").await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let mut ws = gw.conversation_ws(&id, 0).await;
+    let (gw, id, mut ws) = demo_conversation(&db).await;
     gw.prompt(&id, "slow 30").await;
     // Read a few streamed events, then drop the connection mid-turn.
     // (Chunks that arrive together may be merged into one event.)
@@ -38,12 +33,7 @@ async fn a_client_reconnecting_mid_turn_gets_exactly_the_missed_events_then_live
 }
 
 async fn a_client_connecting_after_the_turn_gets_the_whole_history_then_live_events(db: TestDb) {
-    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
-    let id = gw.create_conversation("demo").await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let mut ws = gw.conversation_ws(&id, 0).await;
+    let (gw, id, mut ws) = demo_conversation(&db).await;
     gw.prompt(&id, "long 2000").await;
     ws.until_type("turn_ended").await;
     let stored = gw.events(&id).await;

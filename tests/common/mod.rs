@@ -319,6 +319,18 @@ pub fn cli_token(db: &TestDb, user: &str, role: &str) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
+/// A gateway with the demo agent, one conversation, and a WebSocket on it
+/// from the start: the setup most tests begin with.
+pub async fn demo_conversation(db: &TestDb) -> (TestGateway, String, Ws) {
+    let gw = TestGateway::start(db, vec![demo_profile("demo", &[])]).await;
+    let id = gw.create_conversation("demo").await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let ws = gw.conversation_ws(&id, 0).await;
+    (gw, id, ws)
+}
+
 /// A gateway serving on a free port.
 pub struct TestGateway {
     pub base: String,
