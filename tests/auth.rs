@@ -410,27 +410,17 @@ async fn a_token_never_appears_in_the_log(db: TestDb) {
     let operator = cli_token(&db, "root-op", "operator");
     let process = GatewayProcess::start_logging(&db, &[demo_profile("demo", &[])], "debug");
     let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{}/api/v1/tokens", process.base))
-        .bearer_auth(&operator)
-        .json(&json!({"user": "alice"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let created = process
+        .post("/api/v1/tokens", Some(&operator), json!({"user": "alice"}))
+        .await;
     let alice = created["token"].as_str().unwrap().to_owned();
-    let conv: Value = http
-        .post(format!("{}/api/v1/conversations", process.base))
-        .bearer_auth(&alice)
-        .json(&json!({"agent": "demo"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let conv = process
+        .post(
+            "/api/v1/conversations",
+            Some(&alice),
+            json!({"agent": "demo"}),
+        )
+        .await;
     let id = conv["id"].as_str().unwrap();
     let status = http
         .get(format!(

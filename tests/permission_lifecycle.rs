@@ -26,6 +26,29 @@ async fn requests(ws: &mut Ws, n: usize) -> Vec<Value> {
     found
 }
 
+/// Prompts, checks that the permission request waits for a person, then
+/// answers it with `option` and waits for the turn to end.
+async fn expect_a_person_decides(
+    gw: &TestGateway,
+    ws: &mut Ws,
+    id: &str,
+    prompt: &str,
+    option: &str,
+) {
+    gw.prompt(id, prompt).await;
+    let request = requests(ws, 1).await.pop().unwrap();
+    let (_, current) = gw
+        .get(&format!(
+            "/api/v1/permissions/{}",
+            request["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(current["status"], "pending", "{prompt}");
+    gw.post(&respond_path(&request), json!({"option_id": option}))
+        .await;
+    ws.until_type("turn_ended").await;
+}
+
 async fn start(
     db: TestDb,
     profile: acp_gateway::config::AgentProfile,
@@ -119,31 +142,21 @@ async fn cancel_with_two_requests_pending_answers_both_cancelled_and_the_turn_en
 async fn a_request_pending_when_the_gateway_restarts_is_expired_on_start(db: TestDb) {
     // The gateway runs as its own process so that it can really crash.
     let process = GatewayProcess::start(&db, &[demo_profile("demo", &[])]);
-    let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{}/api/v1/conversations", process.base))
-        .json(&json!({"agent": "demo"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let created = process
+        .post("/api/v1/conversations", None, json!({"agent": "demo"}))
+        .await;
     let id = created["id"].as_str().unwrap().to_owned();
     let url = format!("{}/api/v1/conversations/{id}/ws", process.base).replacen("http", "ws", 1);
     let (stream, _) = tokio_tungstenite::connect_async(url).await.unwrap();
     let mut ws = Ws { stream };
-    let status = http
-        .post(format!(
-            "{}/api/v1/conversations/{id}/prompts",
-            process.base
-        ))
-        .json(&json!({"text": "tool"}))
-        .send()
-        .await
-        .unwrap()
-        .status();
-    assert_eq!(status, 202);
+    let turn = process
+        .post(
+            &format!("/api/v1/conversations/{id}/prompts"),
+            None,
+            json!({"text": "tool"}),
+        )
+        .await;
+    assert!(turn["turn_id"].is_string(), "{turn}");
     let request = requests(&mut ws, 1).await.pop().unwrap();
     process.kill();
 
@@ -291,18 +304,7 @@ async fn allow_always_answers_matching_requests_itself_until_the_rule_is_forgott
     assert_eq!(streamed_text(&frames, "agent_message_chunk"), "Done.");
 
     // Another program still waits for a person.
-    gw.prompt(&id, "execute rm -rf build").await;
-    let other = requests(&mut ws, 1).await.pop().unwrap();
-    let (_, current) = gw
-        .get(&format!(
-            "/api/v1/permissions/{}",
-            other["id"].as_str().unwrap()
-        ))
-        .await;
-    assert_eq!(current["status"], "pending");
-    gw.post(&respond_path(&other), json!({"option_id": "reject-once"}))
-        .await;
-    ws.until_type("turn_ended").await;
+    expect_a_person_decides(&gw, &mut ws, &id, "execute rm -rf build", "reject-once").await;
 
     // Forgotten: git waits again.
     let rule_id = rules[0]["id"].as_str().unwrap();
@@ -314,18 +316,7 @@ async fn allow_always_answers_matching_requests_itself_until_the_rule_is_forgott
         .delete(&format!("/api/v1/conversations/{id}/rules/{rule_id}"))
         .await;
     assert_eq!(status, 404);
-    gw.prompt(&id, "execute git push").await;
-    let again = requests(&mut ws, 1).await.pop().unwrap();
-    let (_, current) = gw
-        .get(&format!(
-            "/api/v1/permissions/{}",
-            again["id"].as_str().unwrap()
-        ))
-        .await;
-    assert_eq!(current["status"], "pending");
-    gw.post(&respond_path(&again), json!({"option_id": "allow-once"}))
-        .await;
-    ws.until_type("turn_ended").await;
+    expect_a_person_decides(&gw, &mut ws, &id, "execute git push", "allow-once").await;
 }
 
 async fn reject_always_on_a_path_rejects_the_same_path_again(db: TestDb) {

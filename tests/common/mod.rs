@@ -269,6 +269,17 @@ impl GatewayProcess {
         }
     }
 
+    /// POSTs JSON (with a bearer token, if given) and returns the JSON answer.
+    pub async fn post(&self, path: &str, token: Option<&str>, body: Value) -> Value {
+        let mut req = reqwest::Client::new()
+            .post(format!("{}{path}", self.base))
+            .json(&body);
+        if let Some(token) = token {
+            req = req.bearer_auth(token);
+        }
+        req.send().await.unwrap().json().await.unwrap()
+    }
+
     /// What it logged so far.
     pub fn log_text(&self) -> String {
         self.log.lock().unwrap().clone()
