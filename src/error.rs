@@ -66,6 +66,39 @@ impl Error {
         }
     }
 
+    /// Whether trying the same database write again may succeed: the
+    /// connection or the server had a problem, not the data. Anything else
+    /// (a value the database refuses, a violated constraint) fails again.
+    pub fn is_transient(&self) -> bool {
+        let Error::Database(e) = self else {
+            return false;
+        };
+        match e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => true,
+            sqlx::Error::Database(db) => {
+                let code = db.code().unwrap_or_default();
+                if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                    // SQLite primary result codes: BUSY, LOCKED, IOERR, FULL.
+                    matches!(code.parse::<i32>().map(|c| c & 0xff), Ok(5 | 6 | 10 | 13))
+                } else {
+                    // Postgres SQLSTATE classes: connection exception,
+                    // transaction rollback (serialization, deadlock),
+                    // insufficient resources, operator intervention (shutdown,
+                    // a terminated connection), system error.
+                    ["08", "40", "53", "57", "58"]
+                        .iter()
+                        .any(|class| code.starts_with(class))
+                }
+            }
+            _ => false,
+        }
+    }
+
     fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
             Error::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),

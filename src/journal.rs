@@ -15,6 +15,86 @@ use crate::error::Result;
 use crate::model::{self, Conversation, ConversationStatus, Event, PermissionRequest};
 use crate::store::{Batch, ConversationPatch, Resolution, Store};
 
+/// Forms of a value that a database refusing the original can still hold.
+mod storable {
+    use serde_json::{json, Map, Value};
+
+    use crate::model::{Event, ToolCall};
+
+    /// Longest string kept in a stand-in.
+    const MAX_STRING: usize = 4096;
+
+    /// `value` with NUL characters replaced and long strings cut.
+    pub fn lossy(value: &Value) -> Value {
+        match value {
+            Value::String(s) => Value::String(lossy_str(s)),
+            Value::Array(items) => Value::Array(items.iter().map(lossy).collect()),
+            Value::Object(map) => {
+                Value::Object(map.iter().map(|(k, v)| (lossy_str(k), lossy(v))).collect())
+            }
+            other => other.clone(),
+        }
+    }
+
+    fn lossy_str(s: &str) -> String {
+        let mut end = s.len().min(MAX_STRING);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        let mut out = s[..end].replace('\0', "\u{FFFD}");
+        if end < s.len() {
+            out.push_str("…[cut: could not be stored]");
+        }
+        out
+    }
+
+    pub fn lossy_tool_call(call: &ToolCall) -> ToolCall {
+        let text = |s: &Option<String>| s.as_deref().map(lossy_str);
+        let doc = |v: &Option<Value>| v.as_ref().map(lossy);
+        ToolCall {
+            tool_call_id: lossy_str(&call.tool_call_id),
+            turn_id: call.turn_id,
+            title: text(&call.title),
+            kind: text(&call.kind),
+            status: text(&call.status),
+            content: doc(&call.content),
+            locations: doc(&call.locations),
+            raw_input: doc(&call.raw_input),
+            raw_output: doc(&call.raw_output),
+            created_at: call.created_at,
+            updated_at: call.updated_at,
+        }
+    }
+
+    /// What to store instead of an event the database refused, best first:
+    /// its data made lossy, then only the small members clients rely on
+    /// (`turn_id`, `stop_reason`, `status`). Both say `unstorable`.
+    pub fn event_stand_ins(event: &Event) -> Vec<Event> {
+        let note = "the database could not store this event as the agent sent it";
+        let mut lossy = match lossy(&event.data) {
+            Value::Object(map) => map,
+            other => Map::from_iter([("value".to_owned(), other)]),
+        };
+        lossy.insert("unstorable".into(), json!(note));
+        let mut minimal = Map::new();
+        for key in ["turn_id", "stop_reason", "status"] {
+            if let Some(Value::String(s)) = event.data.get(key) {
+                if s.len() <= 64 && !s.contains('\0') {
+                    minimal.insert(key.into(), json!(s));
+                }
+            }
+        }
+        minimal.insert("unstorable".into(), json!(note));
+        [lossy, minimal]
+            .into_iter()
+            .map(|data| Event {
+                data: Value::Object(data),
+                ..event.clone()
+            })
+            .collect()
+    }
+}
+
 /// Shared services a journal writes to.
 #[derive(Clone)]
 pub struct Sink {
@@ -101,7 +181,10 @@ impl Journal {
     }
 
     /// Commits the batch and publishes its events. Transient database errors
-    /// are retried a few times; the batch is kept if they persist.
+    /// are retried a few times; the batch is kept if they persist. A batch
+    /// the database refuses for what it holds is written piece by piece
+    /// instead (see [`Journal::commit_piecewise`]), so one bad value never
+    /// blocks the conversation.
     pub async fn flush(&mut self) -> Result<()> {
         if self.batch.is_empty() && !self.dirty {
             return Ok(());
@@ -116,18 +199,128 @@ impl Journal {
                 .await
             {
                 Ok(()) => break,
-                Err(e) if attempt < 3 => {
+                Err(e) if e.is_transient() && attempt < 3 => {
                     attempt += 1;
                     tracing::warn!(conversation_id = %self.conversation_id, error = %e, attempt, "commit failed; retrying");
                     tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
                 }
-                Err(e) => return Err(e),
+                Err(e) if e.is_transient() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(conversation_id = %self.conversation_id, error = %e,
+                        "the database refused a batch; writing it piece by piece");
+                    return self.commit_piecewise().await;
+                }
             }
         }
         let batch = std::mem::take(&mut self.batch);
         self.dirty = false;
         self.sink.bus.publish(self.owner.as_deref(), batch.events);
         Ok(())
+    }
+
+    /// Writes the batch one piece per transaction, in order (requests before
+    /// the events announcing them, events in `seq` order, then messages, tool
+    /// calls and the conversation's state), publishing each event once it is
+    /// stored. A piece refused again is replaced by a form the database can
+    /// hold: an event keeps its `seq` and `type` and says in `data.unstorable`
+    /// why its content is missing; a message, tool call or request keeps its
+    /// identity with long or unusual strings cut. Only a transient error stops
+    /// this early, and then what is not written yet stays in the batch.
+    async fn commit_piecewise(&mut self) -> Result<()> {
+        while let Some(request) = self.batch.new_permissions.first() {
+            let piece = Batch {
+                new_permissions: vec![request.clone()],
+                ..Batch::default()
+            };
+            let mut lossy = request.clone();
+            lossy.tool_call = storable::lossy(&lossy.tool_call);
+            lossy.options = lossy.options.iter().map(storable::lossy).collect();
+            let stand_in = Batch {
+                new_permissions: vec![lossy],
+                ..Batch::default()
+            };
+            self.commit_piece(piece, [stand_in]).await?;
+            self.batch.new_permissions.remove(0);
+        }
+        while let Some(event) = self.batch.events.first() {
+            let piece = Batch {
+                events: vec![event.clone()],
+                ..Batch::default()
+            };
+            let stand_ins = storable::event_stand_ins(event).into_iter().map(|e| Batch {
+                events: vec![e],
+                ..Batch::default()
+            });
+            if let Some(written) = self.commit_piece(piece, stand_ins).await? {
+                self.sink.bus.publish(self.owner.as_deref(), written.events);
+            }
+            self.batch.events.remove(0);
+        }
+        while let Some(message) = self.batch.messages.first() {
+            let piece = Batch {
+                messages: vec![message.clone()],
+                ..Batch::default()
+            };
+            let mut lossy = message.clone();
+            lossy.content = lossy.content.iter().map(storable::lossy).collect();
+            let stand_in = Batch {
+                messages: vec![lossy],
+                ..Batch::default()
+            };
+            self.commit_piece(piece, [stand_in]).await?;
+            self.batch.messages.remove(0);
+        }
+        while let Some(call) = self.batch.tool_calls.first() {
+            let piece = Batch {
+                tool_calls: vec![call.clone()],
+                ..Batch::default()
+            };
+            let stand_in = Batch {
+                tool_calls: vec![storable::lossy_tool_call(call)],
+                ..Batch::default()
+            };
+            self.commit_piece(piece, [stand_in]).await?;
+            self.batch.tool_calls.remove(0);
+        }
+        let patch = Batch {
+            conversation: self.batch.conversation.take(),
+            ..Batch::default()
+        };
+        self.sink.store.commit(self.conversation_id, &patch).await?;
+        self.batch = Batch::default();
+        self.dirty = false;
+        Ok(())
+    }
+
+    /// Commits `piece`, else the first of `stand_ins` the database accepts;
+    /// `None` when it refused them all (the piece is dropped, loudly).
+    async fn commit_piece(
+        &self,
+        piece: Batch,
+        stand_ins: impl IntoIterator<Item = Batch>,
+    ) -> Result<Option<Batch>> {
+        let mut refused = match self.sink.store.commit(self.conversation_id, &piece).await {
+            Ok(()) => return Ok(Some(piece)),
+            Err(e) if e.is_transient() => return Err(e),
+            Err(e) => e,
+        };
+        for stand_in in stand_ins {
+            tracing::warn!(conversation_id = %self.conversation_id, error = %refused,
+                "the database refused part of a batch; storing a stand-in");
+            match self
+                .sink
+                .store
+                .commit(self.conversation_id, &stand_in)
+                .await
+            {
+                Ok(()) => return Ok(Some(stand_in)),
+                Err(e) if e.is_transient() => return Err(e),
+                Err(e) => refused = e,
+            }
+        }
+        tracing::error!(conversation_id = %self.conversation_id, error = %refused,
+            "the database refused part of a batch and every stand-in; it is not stored");
+        Ok(None)
     }
 
     /// Flushes, then applies `resolution` if the request is still pending,

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use super::{AppJson, AppPath, AppQuery, AppState, Page};
+use super::{limits, AppJson, AppPath, AppQuery, AppState, Page};
 use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
 use crate::journal::Journal;
@@ -52,6 +52,13 @@ async fn create(
     caller: Caller,
     AppJson(body): AppJson<CreateBody>,
 ) -> Result<impl IntoResponse> {
+    limits::bytes("agent", &body.agent, limits::AGENT_NAME_MAX_BYTES)?;
+    if let Some(title) = &body.title {
+        limits::line("title", title, limits::TITLE_MAX_CHARS)?;
+    }
+    if let Some(cwd) = &body.cwd {
+        limits::bytes("cwd", cwd, limits::CWD_MAX_BYTES)?;
+    }
     let profile = state
         .config()
         .agent(&body.agent)
@@ -65,12 +72,14 @@ async fn create(
             "cwd {cwd:?} must be an absolute path"
         )));
     }
+    // Outside the allowed roots, whether a directory exists is none of the
+    // caller's business: checked first, and one answer for both.
+    check_allowed_root(&profile, &cwd)?;
     if !cwd.is_dir() {
         return Err(Error::Unprocessable(format!(
             "cwd {cwd:?} is not a directory"
         )));
     }
-    check_allowed_root(&profile, &cwd)?;
     // The agent gets the directory as it really is: no `..`, no symlinks.
     let cwd = std::fs::canonicalize(&cwd).map_err(anyhow::Error::from)?;
     let now = model::now();
@@ -106,17 +115,17 @@ fn check_allowed_root(profile: &crate::config::AgentProfile, cwd: &std::path::Pa
     if profile.allowed_roots.is_empty() {
         return Ok(());
     }
-    let real = std::fs::canonicalize(cwd)
-        .map_err(|e| Error::Unprocessable(format!("cwd {cwd:?} cannot be resolved: {e}")))?;
-    let inside = profile
-        .allowed_roots
-        .iter()
-        .any(|root| std::fs::canonicalize(root).is_ok_and(|root| real.starts_with(root)));
+    let inside = std::fs::canonicalize(cwd).is_ok_and(|real| {
+        profile
+            .allowed_roots
+            .iter()
+            .any(|root| std::fs::canonicalize(root).is_ok_and(|root| real.starts_with(root)))
+    });
     if inside {
         Ok(())
     } else {
         Err(Error::Unprocessable(format!(
-            "cwd {cwd:?} is outside the agent's allowed_roots"
+            "cwd {cwd:?} is not a directory inside the agent's allowed_roots"
         )))
     }
 }
@@ -226,6 +235,7 @@ impl PromptBody {
         if content.is_empty() {
             return Err(Error::Unprocessable("content must not be empty".into()));
         }
+        limits::count("content", content.len(), limits::PROMPT_MAX_BLOCKS)?;
         for (i, block) in content.iter().enumerate() {
             if block.get("type").and_then(Value::as_str).is_none() {
                 return Err(Error::Unprocessable(format!(

@@ -3,6 +3,7 @@
 
 mod conversations;
 mod extract;
+pub mod limits;
 mod permissions;
 mod policies;
 mod tokens;

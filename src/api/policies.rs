@@ -68,6 +68,11 @@ async fn replace(
     AppJson(body): AppJson<ReplaceBody>,
 ) -> Result<Json<PolicyList>> {
     caller.require_operator()?;
+    super::limits::count("items", body.items.len(), super::limits::POLICY_MAX_RULES)?;
+    for (i, rule) in body.items.iter().enumerate() {
+        let field = format!("items[{i}].name");
+        super::limits::line(&field, &rule.name, super::limits::POLICY_NAME_MAX_CHARS)?;
+    }
     let policies = Policies::compile(&body.items).map_err(Error::Unprocessable)?;
     let set = PolicySet {
         id: model::new_id(),
@@ -105,6 +110,7 @@ async fn evaluate(
     caller: Caller,
     AppJson(body): AppJson<EvaluateBody>,
 ) -> Result<Json<EvaluateResult>> {
+    super::limits::bytes("agent", &body.agent, super::limits::AGENT_NAME_MAX_BYTES)?;
     let profile = state
         .config()
         .agent(&body.agent)

@@ -63,6 +63,9 @@ async fn create(
             "user must be 1-64 characters of [A-Za-z0-9._@-]".into(),
         ));
     }
+    if let Some(label) = &body.label {
+        super::limits::line("label", label, super::limits::LABEL_MAX_CHARS)?;
+    }
     let token = new_token();
     let info = state
         .store()

@@ -2,12 +2,11 @@
 //! gateway nodes sharing one database.
 
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
-use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::rows::{
-    ConversationRow, EventRow, MessageRow, PermissionRow, PolicySetRow, RuleRow, TokenRow,
-    ToolCallRow,
+    text_col, ConversationRow, EventRow, JsonText, MessageRow, PermissionRow, PolicySetRow,
+    RuleRow, TokenRow, ToolCallRow,
 };
 use super::sql::impl_store;
 use super::{Batch, ConversationPatch, PermissionFilter, PolicySet, Resolution, Store, TokenInfo};
@@ -66,10 +65,10 @@ async fn insert_events(
     let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
     let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
     let ats: Vec<_> = events.iter().map(|e| e.at).collect();
-    let data: Vec<Json<&serde_json::Value>> = events.iter().map(|e| Json(&e.data)).collect();
+    let data: Vec<JsonText> = events.iter().map(|e| JsonText::of(&e.data)).collect();
     sqlx::query(
         "insert into events (conversation_id, seq, type, at, data)
-         select $1, * from unnest($2::bigint[], $3::text[], $4::timestamptz[], $5::jsonb[])",
+         select $1, * from unnest($2::bigint[], $3::text[], $4::timestamptz[], $5::json[])",
     )
     .bind(conversation_id)
     .bind(&seqs)

@@ -13,6 +13,78 @@ use crate::model::{
 };
 use crate::permissions::Rule;
 
+/// A JSON document bound as its text: Postgres `json` (not `jsonb`, which
+/// cannot hold the escape `\u0000`), SQLite `text`. The text is what
+/// `serde_json` writes, so a NUL character in a string stays the six
+/// characters `\u0000` and reads back as the NUL it was, on both backends.
+pub struct JsonText(pub String);
+
+impl JsonText {
+    pub fn of<T: serde::Serialize + ?Sized>(value: &T) -> JsonText {
+        JsonText(serde_json::to_string(value).expect("JSON values serialize"))
+    }
+}
+
+/// Postgres' `json` and `json[]` type oids.
+const PG_JSON: sqlx::postgres::types::Oid = sqlx::postgres::types::Oid(114);
+const PG_JSON_ARRAY: sqlx::postgres::types::Oid = sqlx::postgres::types::Oid(199);
+
+impl sqlx::Type<sqlx::Postgres> for JsonText {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        sqlx::postgres::PgTypeInfo::with_oid(PG_JSON)
+    }
+}
+
+impl sqlx::postgres::PgHasArrayType for JsonText {
+    fn array_type_info() -> sqlx::postgres::PgTypeInfo {
+        sqlx::postgres::PgTypeInfo::with_oid(PG_JSON_ARRAY)
+    }
+}
+
+impl sqlx::Encode<'_, sqlx::Postgres> for JsonText {
+    fn encode_by_ref(
+        &self,
+        buf: &mut sqlx::postgres::PgArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        // The binary form of `json` is its text.
+        buf.extend_from_slice(self.0.as_bytes());
+        Ok(sqlx::encode::IsNull::No)
+    }
+}
+
+impl sqlx::Type<sqlx::Sqlite> for JsonText {
+    fn type_info() -> sqlx::sqlite::SqliteTypeInfo {
+        <String as sqlx::Type<sqlx::Sqlite>>::type_info()
+    }
+}
+
+impl<'q> sqlx::Encode<'q, sqlx::Sqlite> for JsonText {
+    fn encode(
+        self,
+        args: &mut Vec<sqlx::sqlite::SqliteArgumentValue<'q>>,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        <String as sqlx::Encode<'q, sqlx::Sqlite>>::encode(self.0, args)
+    }
+
+    fn encode_by_ref(
+        &self,
+        args: &mut Vec<sqlx::sqlite::SqliteArgumentValue<'q>>,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        <String as sqlx::Encode<'q, sqlx::Sqlite>>::encode_by_ref(&self.0, args)
+    }
+}
+
+/// Text an agent chose (tool call ids, titles, kinds, session ids) for a
+/// plain `text` column, which in Postgres cannot hold a NUL character: NUL
+/// becomes U+FFFD. The event log keeps the original, verbatim.
+pub fn text_col(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains('\0') {
+        std::borrow::Cow::Owned(s.replace('\0', "\u{FFFD}"))
+    } else {
+        std::borrow::Cow::Borrowed(s)
+    }
+}
+
 fn bad(what: &str, value: &str) -> Error {
     Error::Internal(anyhow::anyhow!("bad {what} {value:?} in the database"))
 }

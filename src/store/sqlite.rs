@@ -10,12 +10,11 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
-use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::rows::{
-    ConversationRow, EventRow, MessageRow, PermissionRow, PolicySetRow, RuleRow, TokenRow,
-    ToolCallRow,
+    text_col, ConversationRow, EventRow, JsonText, MessageRow, PermissionRow, PolicySetRow,
+    RuleRow, TokenRow, ToolCallRow,
 };
 use super::sql::impl_store;
 use super::{Batch, ConversationPatch, PermissionFilter, PolicySet, Resolution, Store, TokenInfo};
@@ -85,7 +84,7 @@ async fn insert_events(
         .bind(e.seq)
         .bind(&e.kind)
         .bind(e.at)
-        .bind(Json(&e.data))
+        .bind(JsonText::of(&e.data))
         .execute(&mut *tx)
         .await?;
     }

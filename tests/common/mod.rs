@@ -76,6 +76,24 @@ impl TestDb {
     }
 }
 
+impl TestDb {
+    /// Runs SQL on the test's database directly (the statement for the
+    /// backend this test runs on), e.g. to make the database refuse a row.
+    pub async fn execute(&self, postgres_sql: &str, sqlite_sql: &str) {
+        use sqlx::Connection;
+        if self.pg_name.is_some() {
+            let mut conn = sqlx::PgConnection::connect(&self.url).await.unwrap();
+            sqlx::raw_sql(postgres_sql)
+                .execute(&mut conn)
+                .await
+                .unwrap();
+        } else {
+            let mut conn = sqlx::SqliteConnection::connect(&self.url).await.unwrap();
+            sqlx::raw_sql(sqlite_sql).execute(&mut conn).await.unwrap();
+        }
+    }
+}
+
 impl Drop for TestDb {
     fn drop(&mut self) {
         let Some(name) = self.pg_name.clone() else {

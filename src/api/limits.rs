@@ -1,0 +1,79 @@
+//! Limits on what users send, each answered with a 422 that names the field.
+//! The README lists them; the request body as a whole is limited by
+//! `max_body_bytes` (413).
+
+use crate::error::{Error, Result};
+
+/// A conversation's title, in characters.
+pub const TITLE_MAX_CHARS: usize = 200;
+/// A token's label, in characters.
+pub const LABEL_MAX_CHARS: usize = 200;
+/// A conversation's working directory, in bytes (Linux' `PATH_MAX`).
+pub const CWD_MAX_BYTES: usize = 4096;
+/// An agent profile's name, in bytes.
+pub const AGENT_NAME_MAX_BYTES: usize = 64;
+/// Content blocks in one prompt.
+pub const PROMPT_MAX_BLOCKS: usize = 1000;
+/// A policy rule's name, in characters.
+pub const POLICY_NAME_MAX_CHARS: usize = 100;
+/// Rules in one policy list.
+pub const POLICY_MAX_RULES: usize = 1000;
+
+/// One line of text a person typed: at most `max` characters, no control
+/// characters (a NUL in particular, which Postgres text cannot hold).
+pub fn line(field: &str, value: &str, max: usize) -> Result<()> {
+    if value.chars().count() > max {
+        return Err(Error::Unprocessable(format!(
+            "{field} must be at most {max} characters"
+        )));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(Error::Unprocessable(format!(
+            "{field} must not contain control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// A value limited in bytes, named without being echoed back.
+pub fn bytes(field: &str, value: &str, max: usize) -> Result<()> {
+    if value.len() > max {
+        return Err(Error::Unprocessable(format!(
+            "{field} must be at most {max} bytes"
+        )));
+    }
+    if value.contains('\0') {
+        return Err(Error::Unprocessable(format!(
+            "{field} must not contain NUL characters"
+        )));
+    }
+    Ok(())
+}
+
+/// At most `max` items.
+pub fn count(field: &str, len: usize, max: usize) -> Result<()> {
+    if len > max {
+        return Err(Error::Unprocessable(format!(
+            "{field} must have at most {max} items"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_are_bounded_and_free_of_control_characters() {
+        assert!(line("title", "a normal title", TITLE_MAX_CHARS).is_ok());
+        assert!(line("title", &"é".repeat(200), TITLE_MAX_CHARS).is_ok());
+        assert!(line("title", &"é".repeat(201), TITLE_MAX_CHARS).is_err());
+        assert!(line("title", "nul\0here", TITLE_MAX_CHARS).is_err());
+        assert!(line("title", "two\nlines", TITLE_MAX_CHARS).is_err());
+        assert!(bytes("cwd", "/tmp", CWD_MAX_BYTES).is_ok());
+        assert!(bytes("cwd", "/tmp/\0", CWD_MAX_BYTES).is_err());
+        assert!(bytes("cwd", &"a".repeat(4097), CWD_MAX_BYTES).is_err());
+        assert!(count("content", 1001, PROMPT_MAX_BLOCKS).is_err());
+    }
+}
