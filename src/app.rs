@@ -21,6 +21,9 @@ use crate::store::{PermissionFilter, Resolution};
 
 /// How long stopping may take before agents are left to `kill_on_drop`.
 const STOP_GRACE: Duration = Duration::from_secs(10);
+/// How often open WebSockets' tokens are checked for revocation (a token can
+/// be revoked by the CLI or another node, so the database is asked).
+const REVOCATION_CHECK: Duration = Duration::from_secs(1);
 
 /// A gateway bound to its port, ready to serve.
 pub struct Gateway {
@@ -55,7 +58,10 @@ impl Gateway {
             .await
             .context("Failed to load the operator policies")?;
         let auth_required = sink.store.any_active_token().await?;
-        check_exposure(&config, auth_required)?;
+        let addr = listener
+            .local_addr()
+            .context("Failed to read the bound address")?;
+        check_exposure(&config, addr, auth_required)?;
         let auth = crate::auth::Auth::new(auth_required, config.rate_limits.clone());
         let state = AppState::new(
             config,
@@ -82,6 +88,10 @@ impl Gateway {
     /// Serves until `stop` resolves, then closes every conversation's agent.
     pub async fn run(self, stop: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let app = api::router(self.state.clone());
+        self.tasks.spawn(close_revoked_websockets(
+            self.state.clone(),
+            self.shutdown.clone(),
+        ));
         let shutdown = self.shutdown.clone();
         tracing::info!(addr = %self.local_addr(), "acp-gateway listening");
         let stopping = async move {
@@ -101,6 +111,26 @@ impl Gateway {
             tracing::warn!("some sessions did not stop in time");
         }
         Ok(())
+    }
+}
+
+/// Closes the WebSockets of revoked tokens and removed users, within
+/// [`REVOCATION_CHECK`] of the change.
+async fn close_revoked_websockets(state: AppState, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(REVOCATION_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if !state.auth().watching() {
+            continue;
+        }
+        match state.store().active_token_ids().await {
+            Ok(active) => state.auth().close_revoked(&active),
+            Err(e) => tracing::warn!(error = %e, "could not check tokens for revocation"),
+        }
     }
 }
 
@@ -159,8 +189,7 @@ pub fn redact_url(url: &str) -> String {
 
 /// Secure defaults: without any token the API is open, so it may only be
 /// reachable from this machine. Also warns about agents that would run as root.
-fn check_exposure(config: &Config, auth_required: bool) -> anyhow::Result<()> {
-    let addr: SocketAddr = config.listen.parse().context("listen is not host:port")?;
+fn check_exposure(config: &Config, addr: SocketAddr, auth_required: bool) -> anyhow::Result<()> {
     if !auth_required {
         if !addr.ip().is_loopback() {
             anyhow::bail!(

@@ -7,7 +7,7 @@
 //! runs open (it then listens only on loopback, see [`crate::app`]) and every
 //! caller is the operator `anonymous`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -17,6 +17,7 @@ use axum::http::request::Parts;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::api::AppState;
 use crate::error::Error;
@@ -110,7 +111,9 @@ impl Caller {
     }
 }
 
-/// The token a request presents, wherever it is.
+/// The token a request presents: the `Authorization` header, or, on a
+/// WebSocket upgrade only (browsers cannot set headers there),
+/// `?access_token=` or the `bearer.<token>` subprotocol.
 fn presented_token(parts: &Parts) -> Option<String> {
     if let Some(value) = parts.headers.get(axum::http::header::AUTHORIZATION) {
         let value = value.to_str().ok()?;
@@ -118,6 +121,9 @@ fn presented_token(parts: &Parts) -> Option<String> {
         return scheme
             .eq_ignore_ascii_case("bearer")
             .then(|| token.trim().to_owned());
+    }
+    if !is_websocket_upgrade(parts) {
+        return None;
     }
     if let Some(query) = parts.uri.query() {
         for pair in query.split('&') {
@@ -127,6 +133,16 @@ fn presented_token(parts: &Parts) -> Option<String> {
         }
     }
     bearer_subprotocol(parts).map(|(token, _)| token)
+}
+
+/// A `GET` asking to upgrade to a WebSocket.
+fn is_websocket_upgrade(parts: &Parts) -> bool {
+    parts.method == axum::http::Method::GET
+        && parts
+            .headers
+            .get(axum::http::header::UPGRADE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
 }
 
 /// `Sec-WebSocket-Protocol: bearer.<token>`: the token and the protocol
@@ -148,6 +164,9 @@ pub struct Auth {
     required: AtomicBool,
     limits: RateLimits,
     hits: Mutex<HashMap<(&'static str, String), VecDeque<Instant>>>,
+    /// Tokens with open WebSockets, each with the signal that closes them
+    /// when the token is revoked (see [`Auth::close_revoked`]).
+    watched: Mutex<HashMap<uuid::Uuid, CancellationToken>>,
 }
 
 /// Requests per minute allowed per token.
@@ -189,7 +208,34 @@ impl Auth {
             required: AtomicBool::new(required),
             limits,
             hits: Mutex::new(HashMap::new()),
+            watched: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Cancelled when the caller's token is revoked (or its user removed);
+    /// never in open mode. WebSockets select on it and close with 1008.
+    pub fn on_revocation(&self, caller: &Caller) -> CancellationToken {
+        match caller.token_id {
+            Some(id) => self.watched.lock().unwrap().entry(id).or_default().clone(),
+            None => CancellationToken::new(),
+        }
+    }
+
+    /// Whether any WebSocket is open with a token (else there is nothing to check).
+    pub fn watching(&self) -> bool {
+        !self.watched.lock().unwrap().is_empty()
+    }
+
+    /// Closes the WebSockets of every watched token that is not `active`.
+    pub fn close_revoked(&self, active: &HashSet<uuid::Uuid>) {
+        self.watched.lock().unwrap().retain(|id, closed| {
+            if active.contains(id) {
+                return true;
+            }
+            tracing::info!(token_id = %id, "token revoked: closing its websockets");
+            closed.cancel();
+            false
+        });
     }
 
     /// Counts one request of `kind` for the caller; 429 with the seconds to

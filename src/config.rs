@@ -151,9 +151,22 @@ impl Config {
 
     /// Checks what serde cannot: formats, uniqueness, absolute paths.
     pub fn validate(&self) -> anyhow::Result<()> {
-        self.listen.parse::<SocketAddr>().map_err(|e| {
-            anyhow::anyhow!("listen: {e} (expected host:port, got {:?})", self.listen)
-        })?;
+        if self.listen.parse::<SocketAddr>().is_err() {
+            // A host name (`localhost:8080`) is resolved when binding.
+            let valid = self.listen.rsplit_once(':').is_some_and(|(host, port)| {
+                !host.is_empty()
+                    && host
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || ".-_".contains(c))
+                    && port.parse::<u16>().is_ok()
+            });
+            if !valid {
+                bail!(
+                    "listen: expected host:port (e.g. 127.0.0.1:8080 or localhost:8080), got {:?}",
+                    self.listen
+                );
+            }
+        }
         if let Some(url) = &self.database_url {
             let known = ["postgres://", "postgresql://", "sqlite:"];
             if !known.iter().any(|scheme| url.starts_with(scheme)) {

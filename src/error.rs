@@ -160,6 +160,14 @@ impl IntoResponse for Error {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
         }
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body was never read, so this connection cannot
+            // carry another request: say so, and the client opens a new one.
+            response.headers_mut().insert(
+                header::CONNECTION,
+                header::HeaderValue::from_static("close"),
+            );
+        }
         if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
                 header::WWW_AUTHENTICATE,

@@ -69,8 +69,14 @@ enum TokenCmd {
     },
     /// List tokens (never their values).
     List,
-    /// Revoke a token by id.
-    Revoke { id: uuid::Uuid },
+    /// Revoke a token by id; with --user, every token of that user (removing
+    /// the user). Open WebSockets of a revoked token close within seconds.
+    Revoke {
+        #[arg(required_unless_present = "user", conflicts_with = "user")]
+        id: Option<uuid::Uuid>,
+        #[arg(long)]
+        user: Option<String>,
+    },
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -79,8 +85,26 @@ enum RoleArg {
     Operator,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// Runs the command; a failure is one clear line on stderr (the error and
+/// its causes, no backtrace) and exit code 1.
+fn main() -> std::process::ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if let Cmd::DemoAgent { args } = cli.command {
         // Its stdout is the protocol: no logging set up here.
@@ -174,12 +198,21 @@ async fn token_command(
                 );
             }
         }
-        TokenCmd::Revoke { id } => {
+        TokenCmd::Revoke { id: Some(id), .. } => {
             if !store.revoke_token(id).await? {
                 anyhow::bail!("no active token {id}");
             }
             println!("revoked {id}");
         }
+        TokenCmd::Revoke {
+            user: Some(user), ..
+        } => {
+            if !store.remove_user(&user).await? {
+                anyhow::bail!("no user {user:?}");
+            }
+            println!("removed {user}: every token of theirs is revoked");
+        }
+        TokenCmd::Revoke { .. } => unreachable!("clap requires an id or --user"),
     }
     Ok(())
 }

@@ -196,7 +196,9 @@ async fn list_agents(
     Json(json!({"items": items, "next_cursor": null}))
 }
 
-async fn not_found() -> crate::error::Error {
+/// Unknown paths: 404, but only for a caller who may call the API at all
+/// (without a valid token, 401 first, so the API's shape is not probed).
+async fn not_found(_caller: crate::auth::Caller) -> crate::error::Error {
     crate::error::Error::NotFound("no such endpoint".into())
 }
 

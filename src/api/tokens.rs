@@ -1,6 +1,7 @@
 //! `/api/v1/tokens`: operators create, list and revoke bearer tokens. A new
 //! token's value is shown once, in the creation response; only its hash is
-//! stored.
+//! stored. `DELETE /api/v1/users/{name}` removes a user by revoking every
+//! token of theirs.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -19,6 +20,7 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/api/v1/tokens", get(list).post(create))
         .route("/api/v1/tokens/{id}", delete(revoke))
+        .route("/api/v1/users/{name}", delete(remove_user))
 }
 
 async fn list(State(state): State<AppState>, caller: Caller) -> Result<Json<Page<TokenInfo>>> {
@@ -93,5 +95,21 @@ async fn revoke(
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(Error::NotFound(format!("no active token {id}")))
+    }
+}
+
+/// Removes a user: every token of theirs is revoked (their open WebSockets
+/// close); their conversations and history stay.
+async fn remove_user(
+    State(state): State<AppState>,
+    caller: Caller,
+    AppPath(name): AppPath<String>,
+) -> Result<StatusCode> {
+    caller.require_operator()?;
+    if valid_user_name(&name) && state.store().remove_user(&name).await? {
+        tracing::info!(user = %name, by = %caller.user, "user removed");
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(Error::NotFound("no such user".into()))
     }
 }

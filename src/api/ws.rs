@@ -16,6 +16,7 @@ use axum::Router;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{AppPath, AppQuery, AppState};
@@ -29,6 +30,8 @@ const REPLAY_PAGE: i64 = 500;
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// Close code for a client that cannot keep up; it may resume with `after`.
 const CLOSE_TOO_SLOW: u16 = 4008;
+/// Close code when the connection's token is revoked or its user removed.
+const CLOSE_POLICY_VIOLATION: u16 = 1008;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -79,10 +82,11 @@ async fn conversation_ws(
     state.visible_conversation(&caller, id).await?;
     state.auth().check_rate(&caller, Limited::Connection)?;
     let after = q.after.unwrap_or(0).max(0);
+    let revoked = state.auth().on_revocation(&caller);
     Ok(protocol
         .apply(upgrade)
         .on_upgrade(move |socket| async move {
-            if let Err(e) = serve_conversation(state, id, after, socket).await {
+            if let Err(e) = serve_conversation(state, id, after, revoked, socket).await {
                 tracing::debug!(conversation_id = %id, error = %e, "websocket ended");
             }
         }))
@@ -95,6 +99,8 @@ enum WsEnd {
     ClientGone,
     #[error("client too slow")]
     TooSlow,
+    #[error("token revoked")]
+    Revoked,
     #[error(transparent)]
     Store(#[from] Error),
 }
@@ -141,6 +147,7 @@ async fn serve_conversation(
     state: AppState,
     id: Uuid,
     after: i64,
+    revoked: CancellationToken,
     mut socket: WebSocket,
 ) -> Result<(), WsEnd> {
     let mut sub = state.sink().bus.subscribe(id);
@@ -167,6 +174,7 @@ async fn serve_conversation(
                     Err(RecvError::Closed) => return Ok(()),
                 },
                 incoming = socket.recv() => client_frame(incoming)?,
+                _ = revoked.cancelled() => return Err(WsEnd::Revoked),
                 _ = shutdown.cancelled() => return Ok(()),
             }
         }
@@ -189,6 +197,7 @@ async fn close_for(socket: &mut WebSocket, result: &Result<(), WsEnd>) {
     let (code, reason) = match result {
         Ok(()) => (1001, "gateway shutting down"),
         Err(WsEnd::TooSlow) => (CLOSE_TOO_SLOW, "too slow; resume with ?after="),
+        Err(WsEnd::Revoked) => (CLOSE_POLICY_VIOLATION, "token revoked"),
         Err(WsEnd::Store(_)) => (1011, "internal error"),
         Err(WsEnd::ClientGone) => return,
     };
@@ -210,16 +219,22 @@ async fn inbox_ws(
     upgrade: WebSocketUpgrade,
 ) -> Result<Response> {
     state.auth().check_rate(&caller, Limited::Connection)?;
+    let revoked = state.auth().on_revocation(&caller);
     Ok(protocol
         .apply(upgrade)
         .on_upgrade(move |socket| async move {
-            if let Err(e) = serve_inbox(state, caller, socket).await {
+            if let Err(e) = serve_inbox(state, caller, revoked, socket).await {
                 tracing::debug!(error = %e, "inbox websocket ended");
             }
         }))
 }
 
-async fn serve_inbox(state: AppState, caller: Caller, mut socket: WebSocket) -> Result<(), WsEnd> {
+async fn serve_inbox(
+    state: AppState,
+    caller: Caller,
+    revoked: CancellationToken,
+    mut socket: WebSocket,
+) -> Result<(), WsEnd> {
     // Subscribe before taking the snapshot so nothing falls between them.
     let mut rx = state.sink().bus.subscribe_all();
     let shutdown = state.shutdown_token().clone();
@@ -246,6 +261,7 @@ async fn serve_inbox(state: AppState, caller: Caller, mut socket: WebSocket) -> 
                     Err(RecvError::Closed) => return Ok(()),
                 },
                 incoming = socket.recv() => client_frame(incoming)?,
+                _ = revoked.cancelled() => return Err(WsEnd::Revoked),
                 _ = shutdown.cancelled() => return Ok(()),
             }
         }

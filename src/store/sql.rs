@@ -417,6 +417,35 @@ macro_rules! impl_store {
                 Ok(done.rows_affected() > 0)
             }
 
+            async fn active_token_ids(&self) -> Result<std::collections::HashSet<Uuid>> {
+                let rows: Vec<(Uuid,)> =
+                    sqlx::query_as("select id from tokens where revoked_at is null")
+                        .fetch_all(&self.pool)
+                        .await?;
+                Ok(rows.into_iter().map(|(id,)| id).collect())
+            }
+
+            async fn remove_user(&self, name: &str) -> Result<bool> {
+                let mut tx = self.pool.begin().await?;
+                let found: Option<(String,)> =
+                    sqlx::query_as("select name from users where name = $1")
+                        .bind(name)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                if found.is_none() {
+                    return Ok(false);
+                }
+                sqlx::query(
+                    "update tokens set revoked_at = $2 where user_name = $1 and revoked_at is null",
+                )
+                .bind(name)
+                .bind(crate::model::now())
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(true)
+            }
+
             async fn any_active_token(&self) -> Result<bool> {
                 let row: Option<(i32,)> =
                     sqlx::query_as("select 1 from tokens where revoked_at is null limit 1")

@@ -329,23 +329,30 @@ extern "C" {
     fn libc_kill(pid: i32, signal: i32) -> i32;
 }
 
-/// Creates a token with the real CLI, as an operator would; returns it.
-pub fn cli_token(db: &TestDb, user: &str, role: &str) -> String {
+/// Runs the real `acp-gateway` CLI on the test's database, as an operator
+/// would; returns its stdout (failing the test if it fails).
+pub fn cli(db: &TestDb, args: &[&str]) -> String {
     let config = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(config.path(), format!("database_url = {:?}\n", db.url)).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_acp-gateway"))
-        .args([
-            "token", "create", "--user", user, "--role", role, "--config",
-        ])
+        .args(args)
+        .arg("--config")
         .arg(config.path())
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "token create: {}",
+        "acp-gateway {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Creates a token with the real CLI, as an operator would; returns it.
+pub fn cli_token(db: &TestDb, user: &str, role: &str) -> String {
+    cli(db, &["token", "create", "--user", user, "--role", role])
+        .trim()
+        .to_owned()
 }
 
 /// A gateway with the demo agent, one conversation, and a WebSocket on it

@@ -1,0 +1,270 @@
+//! Authentication at its edges: revocation reaches open WebSockets, tokens in
+//! URLs are for WebSocket upgrades only, unknown paths do not answer before
+//! authentication, and the start-up and connection edge cases.
+
+mod common;
+
+use common::*;
+use futures::StreamExt;
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+
+async fn call(
+    gw: &TestGateway,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = gw.http.request(method.parse().unwrap(), gw.url(path));
+    if let Some(token) = token {
+        req = req.bearer_auth(token);
+    }
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+async fn make_token(gw: &TestGateway, operator: &str, user: &str) -> (String, String) {
+    let (status, body) = call(
+        gw,
+        "POST",
+        "/api/v1/tokens",
+        Some(operator),
+        Some(json!({"user": user, "role": "user"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    (
+        body["token"].as_str().unwrap().to_owned(),
+        body["id"].as_str().unwrap().to_owned(),
+    )
+}
+
+async fn ws_with(gw: &TestGateway, path: &str, token: &str) -> Ws {
+    let mut req = gw
+        .url(path)
+        .replacen("http", "ws", 1)
+        .into_client_request()
+        .unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    let (stream, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    Ws { stream }
+}
+
+/// Reads until the server closes the socket; returns the close code.
+async fn closed_with(ws: &mut Ws) -> u16 {
+    loop {
+        let frame = tokio::time::timeout(WAIT, ws.stream.next())
+            .await
+            .expect("the socket is closed in time");
+        match frame {
+            Some(Ok(WsMessage::Close(Some(frame)))) => return frame.code.into(),
+            Some(Ok(WsMessage::Close(None))) | None => return 1005,
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => panic!("socket failed instead of closing: {e}"),
+        }
+    }
+}
+
+async fn revoking_a_token_or_removing_its_user_closes_its_open_websockets(db: TestDb) {
+    let operator = cli_token(&db, "root-op", "operator");
+    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
+    let (alice, alice_id) = make_token(&gw, &operator, "alice").await;
+    let (bob, _) = make_token(&gw, &operator, "bob").await;
+    let (carol, _) = make_token(&gw, &operator, "carol").await;
+    let (status, conv) = call(
+        &gw,
+        "POST",
+        "/api/v1/conversations",
+        Some(&alice),
+        Some(json!({"agent": "demo"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{conv}");
+    let conversation = conv["id"].as_str().unwrap().to_owned();
+
+    let mut alice_conv = ws_with(
+        &gw,
+        &format!("/api/v1/conversations/{conversation}/ws"),
+        &alice,
+    )
+    .await;
+    let mut alice_inbox = ws_with(&gw, "/api/v1/ws", &alice).await;
+    let mut bob_inbox = ws_with(&gw, "/api/v1/ws", &bob).await;
+    let mut carol_inbox = ws_with(&gw, "/api/v1/ws", &carol).await;
+    let mut operator_inbox = ws_with(&gw, "/api/v1/ws", &operator).await;
+    for ws in [
+        &mut alice_inbox,
+        &mut bob_inbox,
+        &mut carol_inbox,
+        &mut operator_inbox,
+    ] {
+        assert_eq!(ws.next().await["type"], "snapshot");
+    }
+    alice_conv.until_type("agent_status").await;
+
+    // Revoked over the API: both of alice's sockets close with 1008.
+    let (status, _) = call(
+        &gw,
+        "DELETE",
+        &format!("/api/v1/tokens/{alice_id}"),
+        Some(&operator),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    assert_eq!(closed_with(&mut alice_conv).await, 1008);
+    assert_eq!(closed_with(&mut alice_inbox).await, 1008);
+
+    // A user removed over the API: every token of theirs stops working.
+    let (status, _) = call(&gw, "DELETE", "/api/v1/users/bob", Some(&operator), None).await;
+    assert_eq!(status, 204);
+    assert_eq!(closed_with(&mut bob_inbox).await, 1008);
+    let (status, _) = call(&gw, "GET", "/api/v1/conversations", Some(&bob), None).await;
+    assert_eq!(status, 401);
+    let (status, body) = call(&gw, "DELETE", "/api/v1/users/nobody", Some(&operator), None).await;
+    assert_eq!(status, 404, "{body}");
+    let (status, _) = call(&gw, "DELETE", "/api/v1/users/carol", Some(&bob), None).await;
+    assert_eq!(status, 401);
+
+    // A user removed by the CLI, another process: the gateway notices too.
+    cli(&db, &["token", "revoke", "--user", "carol"]);
+    assert_eq!(closed_with(&mut carol_inbox).await, 1008);
+
+    // The operator's socket was never touched: it still gets events.
+    let (status, _) = call(
+        &gw,
+        "POST",
+        &format!("/api/v1/conversations/{conversation}/prompts"),
+        Some(&operator),
+        Some(json!({"text": "hello"})),
+    )
+    .await;
+    assert_eq!(status, 202);
+    operator_inbox.until_type("turn_ended").await;
+}
+
+async fn tokens_in_the_url_or_subprotocol_count_only_on_websocket_upgrades(db: TestDb) {
+    let operator = cli_token(&db, "root-op", "operator");
+    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
+    let status = gw
+        .http
+        .get(gw.url(&format!("/api/v1/conversations?access_token={operator}")))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 401);
+    let status = gw
+        .http
+        .get(gw.url("/api/v1/conversations"))
+        .header("sec-websocket-protocol", format!("bearer.{operator}"))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 401);
+    // On an upgrade both still work.
+    let url = gw
+        .url(&format!("/api/v1/ws?access_token={operator}"))
+        .replacen("http", "ws", 1);
+    let (stream, _) = tokio_tungstenite::connect_async(url).await.unwrap();
+    assert_eq!(Ws { stream }.next().await["type"], "snapshot");
+
+    // Unknown paths: 401 before anything else, 404 with a valid token.
+    let (status, body) = call(&gw, "GET", "/api/v1/nothing-here", None, None).await;
+    assert_eq!(status, 401, "{body}");
+    let (status, _) = call(&gw, "GET", "/api/v2/whatever", Some("acpgw_wrong"), None).await;
+    assert_eq!(status, 401);
+    let (status, body) = call(&gw, "GET", "/api/v1/nothing-here", Some(&operator), None).await;
+    assert_eq!(status, 404, "{body}");
+}
+
+async fn a_cwd_outside_the_allowed_roots_gets_the_same_answer_whether_or_not_it_exists(db: TestDb) {
+    let root = tempfile::tempdir().unwrap();
+    let mut profile = demo_profile("demo", &[]);
+    profile.allowed_roots = vec![root.path().to_path_buf()];
+    let gw = TestGateway::start(&db, vec![profile]).await;
+    let mut details = Vec::new();
+    for cwd in ["/etc", "/nonexistent-dir-xyz", "/etc/passwd"] {
+        let (status, problem) = gw
+            .post(
+                "/api/v1/conversations",
+                json!({"agent": "demo", "cwd": cwd}),
+            )
+            .await;
+        assert_eq!(status, 422, "{cwd}: {problem}");
+        details.push(problem["detail"].as_str().unwrap().replace(cwd, "CWD"));
+    }
+    assert!(details.iter().all(|d| d == &details[0]), "{details:?}");
+}
+
+async fn a_413_closes_the_connection_cleanly_and_the_next_request_succeeds(db: TestDb) {
+    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
+    // One connection at most, reused whenever the server allows it.
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(1)
+        .build()
+        .unwrap();
+    let big = "x".repeat(gw.config.max_body_bytes + 1);
+    for _ in 0..3 {
+        let resp = http
+            .post(gw.url("/api/v1/conversations"))
+            .json(&json!({"agent": "demo", "title": big}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 413);
+        assert_eq!(resp.headers()["connection"], "close");
+        let status = http.get(gw.url("/healthz")).send().await.unwrap().status();
+        assert_eq!(status, 200);
+    }
+}
+
+backend_tests!(
+    revoking_a_token_or_removing_its_user_closes_its_open_websockets,
+    tokens_in_the_url_or_subprotocol_count_only_on_websocket_upgrades,
+    a_cwd_outside_the_allowed_roots_gets_the_same_answer_whether_or_not_it_exists,
+    a_413_closes_the_connection_cleanly_and_the_next_request_succeeds,
+);
+
+/// Start-up: a host name is a valid `listen`, and a failure is one line.
+#[tokio::test]
+async fn listen_accepts_a_host_name_and_startup_errors_are_one_clear_line() {
+    let db = TestDb::sqlite().await;
+    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    config.listen = "localhost:0".into();
+    let gw = TestGateway::start_with(config).await;
+    let (status, _) = gw.get("/healthz").await;
+    assert_eq!(status, 200);
+    gw.stop().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.toml");
+    std::fs::write(
+        &config,
+        "[[agents]]\nname = \"x\"\ncommand = \"x\"\ncwd = \"relative\"\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_acp-gateway"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("error: agents[0].cwd:"), "{stderr}");
+    assert!(!stderr.contains("backtrace"), "{stderr}");
+}
