@@ -13,10 +13,12 @@ use uuid::Uuid;
 
 use crate::model::Event;
 
-/// An event and its JSON text, shared by all subscribers.
+/// An event's JSON text (its only copy on the bus: an event may be
+/// megabytes long), shared by all subscribers.
 #[derive(Debug)]
 pub struct Published {
-    pub event: Event,
+    pub conversation_id: Uuid,
+    pub seq: i64,
     pub json: String,
     /// The user whose conversation it is, for filtering the inbox.
     pub owner: Option<String>,
@@ -51,13 +53,14 @@ impl EventBus {
     pub fn publish(&self, owner: Option<&str>, events: impl IntoIterator<Item = Event>) {
         let map = self.inner.per_conversation.lock().unwrap();
         for event in events {
-            let json = serde_json::to_string(&event).expect("events serialize");
             let published = Arc::new(Published {
-                event,
-                json,
+                conversation_id: event.conversation_id,
+                seq: event.seq,
+                json: serde_json::to_string(&event).expect("events serialize"),
                 owner: owner.map(str::to_owned),
             });
-            if let Some(tx) = map.get(&published.event.conversation_id) {
+            drop(event);
+            if let Some(tx) = map.get(&published.conversation_id) {
                 let _ = tx.send(published.clone());
             }
             let _ = self.inner.global.send(published);

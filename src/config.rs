@@ -98,8 +98,11 @@ pub struct AgentProfile {
 fn default_listen() -> String {
     "127.0.0.1:8080".into()
 }
+/// An ACP message is text and, at most, an image or a file embedded in
+/// base64 (model APIs take images up to 5 MB, 6.7 MB as base64): 8 MiB holds
+/// that, and bounds what one line can cost the gateway.
 fn default_max_line_bytes() -> usize {
-    32 * 1024 * 1024
+    8 * 1024 * 1024
 }
 fn default_max_body_bytes() -> usize {
     8 * 1024 * 1024

@@ -37,6 +37,7 @@
 //! | `parallel [N]` | N tool calls (default 2), then N permission requests all outstanding at once; each tool call completes or fails as its own answer arrives, in any order; then a summary chunk | `end_turn`, or `cancelled` if any answer was cancelled |
 //! | `plan` | a `plan` update with three entries, then a message chunk | `end_turn` |
 //! | `long [N]` | N message chunks `w0 `, `w1 `, … (default 1000) as fast as possible | `end_turn` |
+//! | `big [N]` | one message chunk of N bytes of text (default 1 MiB) | `end_turn` |
 //! | `slow [N]` | N message chunks `s0 `, `s1 `, … (default 20), 50 ms apart: handy for cancelling mid-stream | `end_turn` |
 //! | `crash` | one message chunk, `demo agent: crashing on purpose` on stderr, then exit code 3 without answering | none |
 //! | `garbage` | non-JSON lines on stdout (`this is not json`, `{"broken": `, `garbage`) between message chunks | `end_turn` |
@@ -276,6 +277,7 @@ enum Scenario {
     Parallel,
     Plan,
     Long,
+    Big,
     Slow,
     Crash,
     Garbage,
@@ -300,6 +302,7 @@ impl Scenario {
             "parallel" => Self::Parallel,
             "plan" => Self::Plan,
             "long" => Self::Long,
+            "big" => Self::Big,
             "slow" => Self::Slow,
             "crash" => Self::Crash,
             "garbage" => Self::Garbage,
@@ -899,6 +902,7 @@ impl Turn {
             Scenario::Parallel => self.parallel(count_arg(args, 2)).await,
             Scenario::Plan => self.plan().await,
             Scenario::Long => self.long(count_arg(args, 1000)).await,
+            Scenario::Big => self.big(count_arg(args, 1 << 20)).await,
             Scenario::Slow => self.slow(count_arg(args, 20)).await,
             Scenario::Crash => self.crash().await,
             Scenario::Garbage => self.garbage().await,
@@ -1056,6 +1060,17 @@ impl Turn {
         for i in 0..n {
             self.say(&format!("w{i} ")).await?;
         }
+        Ok(TurnEnd::Stop(END_TURN))
+    }
+
+    /// Scenario `big`: one message chunk of `n` bytes of text.
+    async fn big(&self, n: u64) -> Result<TurnEnd, Cancelled> {
+        let text: String = "0123456789abcdef"
+            .chars()
+            .cycle()
+            .take(n as usize)
+            .collect();
+        self.say(&text).await?;
         Ok(TurnEnd::Stop(END_TURN))
     }
 

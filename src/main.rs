@@ -121,6 +121,7 @@ async fn run() -> anyhow::Result<()> {
         .init();
     match cli.command {
         Cmd::Serve { config } => {
+            return_large_allocations_to_the_system();
             let config = acp_gateway::Config::load(config.as_deref())?;
             let gateway = acp_gateway::Gateway::build(config).await?;
             gateway.run(shutdown_signal()).await
@@ -215,6 +216,19 @@ async fn token_command(
         TokenCmd::Revoke { .. } => unreachable!("clap requires an id or --user"),
     }
     Ok(())
+}
+
+/// glibc raises its mmap threshold each time a large block is freed, up to
+/// 32 MiB, after which big blocks (a long agent line, its JSON) come from the
+/// heap and their memory is kept after use. A fixed threshold keeps every
+/// block over 256 KiB in its own mapping, returned to the system when freed.
+fn return_large_allocations_to_the_system() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter; called before the
+    // gateway starts its work.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
+    }
 }
 
 async fn shutdown_signal() {

@@ -554,12 +554,16 @@ impl Session {
         Ok(())
     }
 
-    fn on_update(&mut self, params: Value) {
-        let Some(update) = params.get("update").filter(|u| u.is_object()) else {
+    fn on_update(&mut self, mut params: Value) {
+        // Taken, not copied: an update may be megabytes long.
+        let update = params
+            .as_object_mut()
+            .and_then(|p| p.remove("update"))
+            .filter(Value::is_object);
+        let Some(update) = update else {
             tracing::warn!("session/update without an update object; ignored");
             return;
         };
-        let update = update.clone();
         let kind = update
             .get("sessionUpdate")
             .and_then(Value::as_str)
@@ -616,22 +620,12 @@ impl Session {
         ) else {
             return false;
         };
-        let same_shape = {
-            let mut a = prev.clone();
-            let mut b = update.clone();
-            a["content"]["text"] = Value::Null;
-            b["content"]["text"] = Value::Null;
-            a == b
-        };
-        if !same_shape {
+        if !same_but_text(prev, update) {
             return false;
         }
-        let joined = format!(
-            "{}{}",
-            prev["content"]["text"].as_str().unwrap_or(""),
-            new_text
-        );
-        prev["content"]["text"] = Value::String(joined);
+        if let Value::String(text) = &mut prev["content"]["text"] {
+            text.push_str(new_text);
+        }
         true
     }
 
@@ -1110,6 +1104,27 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// Whether two chunk updates are equal apart from `content.text` (compared
+/// in place: the text may be long, and this runs for every chunk).
+fn same_but_text(a: &Value, b: &Value) -> bool {
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return false;
+    };
+    a.len() == b.len()
+        && a.iter().all(|(key, va)| match (key.as_str(), b.get(key)) {
+            ("content", Some(vb)) => match (va.as_object(), vb.as_object()) {
+                (Some(ca), Some(cb)) => {
+                    ca.len() == cb.len()
+                        && ca.iter().all(|(k, v)| k == "text" || cb.get(k) == Some(v))
+                        && cb.contains_key("text")
+                }
+                _ => false,
+            },
+            (_, Some(vb)) => va == vb,
+            (_, None) => false,
+        })
 }
 
 fn first_line(s: &str) -> &str {

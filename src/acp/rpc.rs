@@ -600,7 +600,7 @@ async fn read_loop<R>(
         };
         match line {
             Ok(Some(Line::Complete(bytes))) => {
-                if !router.route(&bytes, &mut closed_rx).await {
+                if !router.route(bytes, &mut closed_rx).await {
                     return;
                 }
             }
@@ -630,10 +630,10 @@ impl Router<'_> {
     /// in the incoming channel.
     async fn route(
         &mut self,
-        line: &[u8],
+        bytes: Vec<u8>,
         closed_rx: &mut watch::Receiver<Option<String>>,
     ) -> bool {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let line = bytes.strip_suffix(b"\r").unwrap_or(&bytes);
         if line.iter().all(u8::is_ascii_whitespace) {
             return true;
         }
@@ -677,6 +677,9 @@ impl Router<'_> {
                 return true;
             }
         };
+        // The parsed message is all that is needed now: a long line's bytes
+        // must not stay alive beside it while the session catches up.
+        drop(bytes);
         self.deliver(incoming, closed_rx).await
     }
 
@@ -1480,5 +1483,112 @@ mod tests {
         ));
         assert!(parse(json!({"id": 1, "error": null})).is_err());
         assert!(parse(json!({"id": true, "result": 1})).is_err());
+    }
+    /// Property tests (a bounded fuzzer): `PROPTEST_CASES` raises the number
+    /// of cases; `scripts/fuzz` runs them for longer.
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn runtime() -> tokio::runtime::Runtime {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        }
+
+        /// Lines as an agent might write them: JSON-RPC-ish fragments glued
+        /// together, or any bytes at all (never a newline: that ends a line).
+        fn agent_line() -> impl Strategy<Value = Vec<u8>> {
+            let fragment = prop_oneof![
+                Just(r#"{"jsonrpc":"2.0","#.to_owned()),
+                Just(r#""id":"#.to_owned()),
+                Just(r#""method":"session/update","#.to_owned()),
+                Just(r#""method":"session/request_permission","#.to_owned()),
+                Just(r#""params":{"update":{"sessionUpdate":"agent_message_chunk"}}"#.to_owned()),
+                Just(r#""result":{"stopReason":"end_turn"}"#.to_owned()),
+                Just(r#""error":{"code":-32603,"message":"x"}"#.to_owned()),
+                Just(r#""\u0000\ud800""#.to_owned()),
+                Just("0".to_owned()),
+                Just("-1e999".to_owned()),
+                Just("null".to_owned()),
+                Just("[".to_owned()),
+                Just("]".to_owned()),
+                Just("}".to_owned()),
+                Just(",".to_owned()),
+                "[ -~]{0,12}",
+            ];
+            prop_oneof![
+                proptest::collection::vec(fragment, 0..12).prop_map(|f| f.concat().into_bytes()),
+                proptest::collection::vec(
+                    any::<u8>().prop_filter("no newline", |b| *b != b'\n'),
+                    0..200
+                ),
+            ]
+        }
+
+        proptest! {
+            /// Whatever the stream and however it is cut into reads, the
+            /// reader yields exactly its lines, longer ones as `TooLong`, and
+            /// never holds more than the limit.
+            #[test]
+            fn the_line_reader_yields_every_line_and_never_holds_more_than_the_limit(
+                input in proptest::collection::vec(prop_oneof![any::<u8>(), Just(b'\n')], 0..2000),
+                read_size in 1usize..64,
+                max in 1usize..300,
+            ) {
+                let mut parts: Vec<&[u8]> = input.split(|b| *b == b'\n').collect();
+                let last = parts.pop().unwrap_or_default();
+                if !last.is_empty() {
+                    parts.push(last);
+                }
+                let expected: Vec<Line> = parts
+                    .into_iter()
+                    .map(|part| {
+                        if part.len() > max {
+                            Line::TooLong { len: part.len() }
+                        } else {
+                            Line::Complete(part.to_vec())
+                        }
+                    })
+                    .collect();
+                let (got, peak) = runtime().block_on(async {
+                    let mut lines =
+                        LineReader::new(BufReader::with_capacity(read_size, &input[..]), max);
+                    let mut got = Vec::new();
+                    while let Some(line) = lines.next_line().await.unwrap() {
+                        got.push(line);
+                    }
+                    (got, lines.peak)
+                });
+                prop_assert_eq!(got, expected);
+                prop_assert!(peak <= max);
+            }
+
+            /// No line an agent writes stops the connection or panics: what
+            /// follows it is still delivered.
+            #[test]
+            fn any_agent_output_is_routed_or_skipped_and_the_connection_goes_on(
+                lines in proptest::collection::vec(agent_line(), 0..20),
+            ) {
+                runtime().block_on(async {
+                    let config = RpcConfig { max_line_bytes: 150, ..RpcConfig::default() };
+                    let (_peer, mut incoming, mut agent) = connect(config);
+                    for line in &lines {
+                        agent.send_raw(line).await;
+                        agent.send_raw(b"\n").await;
+                    }
+                    agent.send(notification("done", json!({}))).await;
+                    loop {
+                        match next_incoming(&mut incoming).await {
+                            Incoming::Notification { method, .. } if method == "done" => break,
+                            // Requests among the noise are dropped: answered -32603.
+                            _ => continue,
+                        }
+                    }
+                });
+            }
+        }
     }
 }

@@ -159,7 +159,7 @@ async fn serve_conversation(
             tokio::select! {
                 received = sub.rx.recv() => match received {
                     Ok(published) => {
-                        let seq = published.event.seq;
+                        let seq = published.seq;
                         if seq <= last {
                             continue;
                         }

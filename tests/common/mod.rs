@@ -219,9 +219,22 @@ impl GatewayProcess {
 
     /// Starts it with `RUST_LOG` set to `log_filter`.
     pub fn start_logging(db: &TestDb, agents: &[AgentProfile], log_filter: &str) -> GatewayProcess {
+        Self::start_configured(db, agents, log_filter, "")
+    }
+
+    /// Starts it with `extra` top-level config lines (e.g. `max_line_bytes = …`).
+    pub fn start_configured(
+        db: &TestDb,
+        agents: &[AgentProfile],
+        log_filter: &str,
+        extra: &str,
+    ) -> GatewayProcess {
         use std::io::{BufRead, Write};
         let mut config = tempfile::NamedTempFile::new().unwrap();
-        let mut text = format!("listen = \"127.0.0.1:0\"\ndatabase_url = {:?}\n", db.url);
+        let mut text = format!(
+            "listen = \"127.0.0.1:0\"\ndatabase_url = {:?}\n{extra}\n",
+            db.url
+        );
         for a in agents {
             text += &format!(
                 "[[agents]]\nname = {:?}\ncommand = {:?}\nargs = {:?}\ncwd = {:?}\n",
