@@ -11,13 +11,14 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::acp::procs::{self, Host, Sweep};
 use crate::api::{self, AppState};
 use crate::bus::EventBus;
 use crate::config::Config;
 use crate::journal::{Journal, Sink};
 use crate::model::{event_type, ConversationStatus, Decision, PermissionStatus};
 use crate::policy::PolicyHandle;
-use crate::store::{PermissionFilter, Resolution};
+use crate::store::{PermissionFilter, Resolution, Store};
 
 /// How long stopping may take before agents are left to `kill_on_drop`.
 const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -135,9 +136,13 @@ async fn close_revoked_websockets(state: AppState, shutdown: CancellationToken) 
 }
 
 /// Conversations that still claim an agent belong to a previous run whose
-/// agents are gone: end their turns, expire their pending requests, close
-/// them, each with events so clients learn what happened.
+/// agents are gone (what is left of them is killed first): end their turns,
+/// expire their pending requests, close them, each with events so clients
+/// learn what happened.
 async fn recover(sink: &Sink) -> anyhow::Result<()> {
+    kill_leftover_agents(&*sink.store)
+        .await
+        .context("Failed to go through the agent processes a previous run recorded")?;
     let detail = "the gateway restarted; the agent process is gone";
     for (conversation, turn_id) in sink.store.live_conversations().await? {
         tracing::info!(conversation_id = %conversation.id, "closing conversation left by a previous run");
@@ -171,6 +176,65 @@ async fn recover(sink: &Sink) -> anyhow::Result<()> {
         journal.set_turn(None);
         journal.set_status(ConversationStatus::Closed);
         journal.flush().await?;
+    }
+    Ok(())
+}
+
+/// Kills what the agents of a previous run on this machine left running
+/// (a crashed gateway cannot take its agents' children with it) and forgets
+/// every record: records of another boot, container or machine name no
+/// process here.
+async fn kill_leftover_agents(store: &dyn Store) -> anyhow::Result<()> {
+    let records = store.list_agent_processes().await?;
+    if records.is_empty() {
+        return Ok(());
+    }
+    let Some(here) = Host::here() else {
+        tracing::warn!(
+            records = records.len(),
+            "no /proc: cannot look for processes a previous run's agents left running"
+        );
+        return Ok(());
+    };
+    for record in records {
+        let conversation_id = record.conversation_id;
+        let pid = record.pid;
+        if !here.sees(&record.boot_id, &record.pid_namespace) {
+            tracing::info!(%conversation_id, pid, host = %record.hostname, boot_id = %record.boot_id,
+                pid_namespace = %record.pid_namespace,
+                "forgetting an agent process recorded under another boot, container or machine");
+        } else {
+            let start_time = u64::try_from(record.start_time).unwrap_or_default();
+            let sweep = tokio::task::spawn_blocking(move || procs::kill_leftovers(pid, start_time))
+                .await
+                .context("the /proc scan panicked")?;
+            match sweep {
+                Ok(Sweep::Nothing) => {
+                    tracing::info!(%conversation_id, pid, "nothing left of a previous run's agent");
+                }
+                Ok(Sweep::PidReused(now)) => {
+                    tracing::info!(%conversation_id, pid, now = %now.comm,
+                        "a previous run's agent is gone and its pid reused: nothing killed");
+                }
+                Ok(Sweep::Killed { killed, failed }) => {
+                    let killed: Vec<String> = killed
+                        .iter()
+                        .map(|p| format!("{} ({})", p.pid, p.comm))
+                        .collect();
+                    tracing::warn!(%conversation_id, pid, killed = ?killed,
+                        "killed what a previous run's agent left running");
+                    for (p, e) in failed {
+                        tracing::error!(%conversation_id, pid, error = %e,
+                            "could not kill {} ({}), left by a previous run's agent", p.pid, p.comm);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(%conversation_id, pid, error = %e,
+                        "cannot look for what a previous run's agent left running");
+                }
+            }
+        }
+        store.forget_agent_process(&record).await?;
     }
     Ok(())
 }

@@ -7,7 +7,8 @@
 //! - [`config`]: the TOML config and its validation.
 //! - [`acp`]: the protocol side. [`acp::rpc`] frames and multiplexes JSON-RPC
 //!   over any `AsyncRead`/`AsyncWrite`; [`acp::agent`] spawns and kills agent
-//!   processes.
+//!   processes; [`acp::procs`] finds and kills what a crashed run's agents
+//!   left running.
 //! - [`session`]: one task per live conversation, owning its agent; turns ACP
 //!   traffic into events and state, carries out API commands.
 //! - [`journal`]: a conversation's single writer: assigns `seq`, batches writes,

@@ -23,6 +23,7 @@ use agent_client_protocol_schema as acp_schema;
 use agent_client_protocol_schema::v1 as acp;
 
 use crate::acp::agent::{describe_exit, AgentProcess};
+use crate::acp::procs::Host;
 use crate::acp::rpc::{Incoming, IncomingRequest, Responder, RpcConfig, RpcError, RpcPeer};
 use crate::config::AgentProfile;
 use crate::error::{Error, Result};
@@ -36,7 +37,7 @@ use crate::permissions::{
     Answer, Deadlines, OnTimeout, Rule,
 };
 use crate::policy::{Facts, Mode, PolicyHandle, RateLimiter};
-use crate::store::Resolution;
+use crate::store::{AgentProcessRecord, Resolution, Store};
 
 /// Most events committed in one batch while an agent streams.
 const MAX_BATCH_EVENTS: usize = 512;
@@ -148,10 +149,10 @@ pub async fn start(
     );
     journal.flush().await?;
 
-    let started = connect(&profile, &conversation, max_line_bytes)
+    let started = connect(&profile, &conversation, max_line_bytes, journal.store())
         .instrument(span.clone())
         .await;
-    let (process, peer, incoming, acp_session_id) = match started {
+    let (Connected { process, record }, peer, incoming, acp_session_id) = match started {
         Ok(parts) => parts,
         Err(err) => {
             tracing::warn!(parent: &span, error = %err, "agent failed to start");
@@ -180,6 +181,7 @@ pub async fn start(
     let session = Session {
         journal,
         process,
+        record,
         peer,
         incoming: Some(incoming),
         commands: rx,
@@ -203,15 +205,32 @@ pub async fn start(
     Ok((SessionHandle { tx }, conversation, task))
 }
 
-/// Spawns the process and performs the ACP handshake.
+/// A spawned agent and the record that lets a later gateway kill what a
+/// crash of this one would leave of it.
+struct Connected {
+    process: AgentProcess,
+    /// `None` where processes cannot be identified (no `/proc`).
+    record: Option<AgentProcessRecord>,
+}
+
+/// Spawns the process, records it, and performs the ACP handshake.
 async fn connect(
     profile: &AgentProfile,
     conversation: &Conversation,
     max_line_bytes: usize,
-) -> Result<(AgentProcess, RpcPeer, mpsc::Receiver<Incoming>, String)> {
+    store: &dyn Store,
+) -> Result<(Connected, RpcPeer, mpsc::Receiver<Incoming>, String)> {
     let cwd = PathBuf::from(&conversation.cwd);
     let (mut process, pipes) = AgentProcess::spawn(profile, &cwd, conversation.id)
         .map_err(|e| Error::AgentFailed(format!("{e:#}")))?;
+    // Before the handshake: a crash during it leaves an agent as well.
+    let record = match record_process(store, &process, conversation.id).await {
+        Ok(record) => record,
+        Err(err) => {
+            process.terminate(TERMINATE_GRACE).await;
+            return Err(err);
+        }
+    };
     let (peer, incoming) = RpcPeer::spawn(
         pipes.stdout,
         pipes.stdin,
@@ -259,11 +278,45 @@ async fn connect(
         Ok(new.session_id.0.to_string())
     };
     match handshake.await {
-        Ok(session_id) => Ok((process, peer, incoming, session_id)),
+        Ok(session_id) => Ok((Connected { process, record }, peer, incoming, session_id)),
         Err(err) => {
             process.terminate(TERMINATE_GRACE).await;
+            forget_process(store, record.as_ref()).await;
             Err(err)
         }
+    }
+}
+
+/// Records a freshly spawned agent (see [`crate::acp::procs`]).
+async fn record_process(
+    store: &dyn Store,
+    process: &AgentProcess,
+    conversation_id: Uuid,
+) -> Result<Option<AgentProcessRecord>> {
+    let (Some(host), Some((pid, start_time))) = (Host::here(), process.identity()) else {
+        tracing::debug!("the agent process cannot be identified (no /proc): not recorded");
+        return Ok(None);
+    };
+    let record = AgentProcessRecord {
+        conversation_id,
+        pid,
+        start_time: start_time as i64,
+        boot_id: host.boot_id.clone(),
+        pid_namespace: host.pid_namespace.clone(),
+        hostname: host.hostname.clone(),
+        started_at: model::now(),
+    };
+    store.record_agent_process(&record).await?;
+    Ok(Some(record))
+}
+
+/// Forgets an agent's record once it has been reaped and its group killed.
+async fn forget_process(store: &dyn Store, record: Option<&AgentProcessRecord>) {
+    let Some(record) = record else { return };
+    if let Err(e) = store.forget_agent_process(record).await {
+        // The next start judges it like any record (by pid and start time:
+        // nothing of it runs any more) and forgets it then.
+        tracing::warn!(error = %e, pid = record.pid, "could not forget the agent process record");
     }
 }
 
@@ -357,6 +410,8 @@ type PromptFuture = Pin<Box<dyn Future<Output = Result<Value, RpcError>> + Send>
 struct Session {
     journal: Journal,
     process: AgentProcess,
+    /// Forgotten once the process is gone.
+    record: Option<AgentProcessRecord>,
     peer: RpcPeer,
     /// `None` once the agent's stdout has closed.
     incoming: Option<mpsc::Receiver<Incoming>>,
@@ -1082,6 +1137,8 @@ impl Session {
             let agent_status = if status.success() { "exited" } else { "failed" };
             (agent_status, detail, ConversationStatus::Failed)
         };
+        // Reaped, and its group killed with it.
+        forget_process(self.journal.store(), self.record.take().as_ref()).await;
         // Requests the agent can no longer receive an answer for.
         let reason = format!("the agent went away: {}", first_line(&detail));
         self.resolve_all(PermissionStatus::Expired, &reason).await?;

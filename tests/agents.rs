@@ -25,6 +25,8 @@ async fn an_agent_crashing_mid_turn_ends_the_turn_with_error_and_reports_the_cra
     assert!(!streamed_text(&frames, "agent_message_chunk").is_empty());
     let (_, conv) = gw.get(&format!("/api/v1/conversations/{id}")).await;
     assert_eq!(conv["status"], "failed");
+    // Reaped before it was reported: nothing of it is on record.
+    assert_eq!(agent_process_records(&db).await, vec![]);
     let (status, body) = gw
         .post(
             &format!("/api/v1/conversations/{id}/prompts"),
@@ -214,6 +216,11 @@ async fn agents_that_fail_at_start_get_502_with_their_stderr_and_504_when_silent
     let items = list["items"].as_array().unwrap();
     assert_eq!(items.len(), 4);
     assert!(items.iter().all(|c| c["status"] == "failed"));
+    assert_eq!(
+        agent_process_records(&db).await,
+        vec![],
+        "none is on record"
+    );
     let events = gw.events(items[0]["id"].as_str().unwrap()).await;
     assert_eq!(events.last().unwrap()["data"]["status"], "failed");
 
@@ -242,40 +249,52 @@ async fn agents_that_fail_at_start_get_502_with_their_stderr_and_504_when_silent
 async fn closing_a_conversation_stops_the_agent_together_with_its_children(db: TestDb) {
     let (gw, id, mut ws) = demo_conversation(&db).await;
     gw.prompt(&id, "child").await;
-    let frames = ws
-        .until(|e| {
-            e["data"]["update"]["content"]["text"]
-                .as_str()
-                .is_some_and(|t| t.starts_with("child "))
-        })
-        .await;
-    let text = frames.last().unwrap()["data"]["update"]["content"]["text"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let pid: i32 = text.trim_start_matches("child ").parse().unwrap();
-    // A pidfd becomes readable when the process ends: an event to wait on.
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
-    assert!(fd >= 0, "the child {pid} runs");
+    let child = ProcessWatch::new(child_pid(&mut ws).await);
     let (status, _) = gw.delete(&format!("/api/v1/conversations/{id}")).await;
     assert_eq!(status, 204);
-    let ended = tokio::task::spawn_blocking(move || {
-        let mut poll = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd; the fd is ours and closed right after.
-        unsafe {
-            let ready = libc::poll(&mut poll, 1, WAIT.as_millis() as i32);
-            libc::close(fd);
-            ready
-        }
-    })
-    .await
-    .unwrap();
-    assert_eq!(ended, 1, "the agent's child is stopped with it");
+    assert!(child.ended().await, "the agent's child is stopped with it");
+    assert_eq!(agent_process_records(&db).await, vec![], "and forgotten");
+}
+
+async fn an_agents_children_left_by_a_crashed_gateway_are_killed_when_it_starts_again(db: TestDb) {
+    // The gateway runs as its own process so that it can really crash.
+    let gateway = GatewayProcess::start(&db, &[demo_profile("demo", &[])]);
+    let created = gateway
+        .post("/api/v1/conversations", None, json!({"agent": "demo"}))
+        .await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    let mut ws = gateway.conversation_ws(&id, 0).await;
+    let turn = gateway
+        .post(
+            &format!("/api/v1/conversations/{id}/prompts"),
+            None,
+            json!({"text": "child"}),
+        )
+        .await;
+    assert!(turn["turn_id"].is_string(), "{turn}");
+    let child = ProcessWatch::new(child_pid(&mut ws).await);
+    // The agent is on record, and the child is in its process group.
+    let records = agent_process_records(&db).await;
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].conversation_id.to_string(), id);
+    let stat = acp_gateway::acp::procs::stat(child.pid).expect("the child runs");
+    assert_eq!(
+        stat.pgrp, records[0].pid,
+        "the child is in the agent's group"
+    );
+
+    gateway.kill();
+    // Nothing of a crash stops the child (its agent exits when stdin closes).
+    assert!(!child.has_ended(), "the child outlives the crashed gateway");
+
+    let gateway = GatewayProcess::start(&db, &[demo_profile("demo", &[])]);
+    assert!(
+        child.ended().await,
+        "the gateway kills on start what the crashed one's agent left"
+    );
+    assert_eq!(agent_process_records(&db).await, vec![], "and forgets it");
+    let log = gateway.stop();
+    assert!(log.contains(&format!("{} (sleep)", child.pid)), "{log}");
 }
 
 async fn a_cancel_gets_through_while_an_agent_streams_as_fast_as_it_can(db: TestDb) {
@@ -297,6 +316,7 @@ async fn a_cancel_gets_through_while_an_agent_streams_as_fast_as_it_can(db: Test
 
 backend_tests!(
     closing_a_conversation_stops_the_agent_together_with_its_children,
+    an_agents_children_left_by_a_crashed_gateway_are_killed_when_it_starts_again,
     a_cancel_gets_through_while_an_agent_streams_as_fast_as_it_can,
     an_agent_crashing_mid_turn_ends_the_turn_with_error_and_reports_the_crash,
     an_agent_killed_with_a_request_pending_expires_it,

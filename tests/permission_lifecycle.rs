@@ -146,9 +146,7 @@ async fn a_request_pending_when_the_gateway_restarts_is_expired_on_start(db: Tes
         .post("/api/v1/conversations", None, json!({"agent": "demo"}))
         .await;
     let id = created["id"].as_str().unwrap().to_owned();
-    let url = format!("{}/api/v1/conversations/{id}/ws", process.base).replacen("http", "ws", 1);
-    let (stream, _) = tokio_tungstenite::connect_async(url).await.unwrap();
-    let mut ws = Ws { stream };
+    let mut ws = process.conversation_ws(&id, 0).await;
     let turn = process
         .post(
             &format!("/api/v1/conversations/{id}/prompts"),

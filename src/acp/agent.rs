@@ -25,6 +25,8 @@ const STDERR_LINE_MAX: usize = 1000;
 pub struct AgentProcess {
     child: Child,
     pgid: Option<i32>,
+    /// When it started (clock ticks after boot), read from `/proc` at once.
+    start_time: Option<u64>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
     stderr_task: Option<JoinHandle<()>>,
     exit: Option<ExitStatus>,
@@ -79,6 +81,11 @@ impl AgentProcess {
             )
         })?;
         let pgid = child.id().map(|pid| pid as i32);
+        // Not reaped before we wait for it, so even an agent that exited at
+        // once still has its stat.
+        let start_time = pgid
+            .and_then(super::procs::stat)
+            .map(|stat| stat.start_time);
         let stdin = child.stdin.take().context("agent stdin missing")?;
         let stdout = child.stdout.take().context("agent stdout missing")?;
         let stderr = child.stderr.take().context("agent stderr missing")?;
@@ -100,12 +107,19 @@ impl AgentProcess {
             AgentProcess {
                 child,
                 pgid,
+                start_time,
                 stderr_tail,
                 stderr_task: Some(stderr_task),
                 exit: None,
             },
             AgentPipes { stdin, stdout },
         ))
+    }
+
+    /// Its pid (also its process group id) and start time, which together
+    /// tell it from a later process with the same pid; `None` without `/proc`.
+    pub fn identity(&self) -> Option<(i32, u64)> {
+        Some((self.pgid?, self.start_time?))
     }
 
     /// The last lines the agent wrote to stderr, joined by newlines.

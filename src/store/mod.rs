@@ -103,6 +103,21 @@ pub struct TokenInfo {
     pub revoked_at: Option<DateTime<Utc>>,
 }
 
+/// An agent process while it runs (see [`crate::acp::procs`]): what a
+/// gateway starting after a crash needs to find and kill what it left.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct AgentProcessRecord {
+    pub conversation_id: Uuid,
+    /// Also its process group id.
+    pub pid: i32,
+    /// Clock ticks after boot (field 22 of `/proc/<pid>/stat`).
+    pub start_time: i64,
+    pub boot_id: String,
+    pub pid_namespace: String,
+    pub hostname: String,
+    pub started_at: DateTime<Utc>,
+}
+
 /// Which permission requests to list.
 #[derive(Debug, Clone, Default)]
 pub struct PermissionFilter {
@@ -192,4 +207,11 @@ pub trait Store: Send + Sync + 'static {
     async fn remove_user(&self, name: &str) -> Result<bool>;
     /// Whether any token is active (then every request needs one).
     async fn any_active_token(&self) -> Result<bool>;
+
+    /// Records a running agent process (replacing its conversation's earlier one).
+    async fn record_agent_process(&self, record: &AgentProcessRecord) -> Result<()>;
+    /// Deletes this record, if it is still the conversation's.
+    async fn forget_agent_process(&self, record: &AgentProcessRecord) -> Result<()>;
+    /// Every recorded agent process, of any machine.
+    async fn list_agent_processes(&self) -> Result<Vec<AgentProcessRecord>>;
 }

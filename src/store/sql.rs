@@ -453,6 +453,57 @@ macro_rules! impl_store {
                         .await?;
                 Ok(row.is_some())
             }
+
+            async fn record_agent_process(
+                &self,
+                record: &crate::store::AgentProcessRecord,
+            ) -> Result<()> {
+                sqlx::query(
+                    "insert into agent_processes (conversation_id, pid, start_time, boot_id,
+                       pid_namespace, hostname, started_at)
+                     values ($1, $2, $3, $4, $5, $6, $7)
+                     on conflict (conversation_id) do update set
+                       pid = excluded.pid, start_time = excluded.start_time,
+                       boot_id = excluded.boot_id, pid_namespace = excluded.pid_namespace,
+                       hostname = excluded.hostname, started_at = excluded.started_at",
+                )
+                .bind(record.conversation_id)
+                .bind(record.pid)
+                .bind(record.start_time)
+                .bind(&record.boot_id)
+                .bind(&record.pid_namespace)
+                .bind(&record.hostname)
+                .bind(record.started_at)
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            }
+
+            async fn forget_agent_process(
+                &self,
+                record: &crate::store::AgentProcessRecord,
+            ) -> Result<()> {
+                sqlx::query(
+                    "delete from agent_processes where conversation_id = $1 and pid = $2
+                       and start_time = $3 and boot_id = $4 and pid_namespace = $5",
+                )
+                .bind(record.conversation_id)
+                .bind(record.pid)
+                .bind(record.start_time)
+                .bind(&record.boot_id)
+                .bind(&record.pid_namespace)
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            }
+
+            async fn list_agent_processes(&self) -> Result<Vec<crate::store::AgentProcessRecord>> {
+                Ok(sqlx::query_as::<_, crate::store::AgentProcessRecord>(
+                    "select * from agent_processes order by conversation_id",
+                )
+                .fetch_all(&self.pool)
+                .await?)
+            }
         }
     };
 }

@@ -311,6 +311,20 @@ impl GatewayProcess {
         req.send().await.unwrap().json().await.unwrap()
     }
 
+    /// A WebSocket on a conversation's events after `after`.
+    pub async fn conversation_ws(&self, conversation: &str, after: i64) -> Ws {
+        let url = format!(
+            "{}/api/v1/conversations/{conversation}/ws?after={after}",
+            self.base
+        )
+        .replacen("http://", "ws://", 1);
+        let (stream, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url))
+            .await
+            .expect("websocket connects in time")
+            .expect("websocket connects");
+        Ws { stream }
+    }
+
     /// What it logged so far.
     pub fn log_text(&self) -> String {
         self.log.lock().unwrap().clone()
@@ -607,6 +621,74 @@ impl Ws {
     pub async fn close(mut self) {
         let _ = self.stream.send(WsMessage::Close(None)).await;
     }
+}
+
+/// Reads until the demo agent's `child` scenario says its child's pid.
+pub async fn child_pid(ws: &mut Ws) -> i32 {
+    let frames = ws
+        .until(|e| {
+            e["data"]["update"]["content"]["text"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("child "))
+        })
+        .await;
+    let text = frames.last().unwrap()["data"]["update"]["content"]["text"]
+        .as_str()
+        .unwrap();
+    text.trim_start_matches("child ").parse().unwrap()
+}
+
+/// A process to wait for: a pidfd, opened while the process runs, becomes
+/// readable when it ends (an event to wait on; no polling). Whoever its
+/// parent is, and even when its pid is reused afterwards.
+pub struct ProcessWatch {
+    pub pid: i32,
+    fd: std::os::fd::OwnedFd,
+}
+
+impl ProcessWatch {
+    /// Must be called while the process runs.
+    pub fn new(pid: i32) -> ProcessWatch {
+        use std::os::fd::FromRawFd;
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
+        assert!(fd >= 0, "process {pid} runs");
+        // SAFETY: the fd was just opened and is owned by nothing else.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        ProcessWatch { pid, fd }
+    }
+
+    /// Whether it has ended by now (does not wait).
+    pub fn has_ended(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        poll_readable(self.fd.as_raw_fd(), 0)
+    }
+
+    /// Waits (at most [`WAIT`]) until it has ended; whether it did.
+    pub async fn ended(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        // The fd stays open meanwhile: `self` is borrowed until this returns.
+        let fd = self.fd.as_raw_fd();
+        tokio::task::spawn_blocking(move || poll_readable(fd, WAIT.as_millis() as i32))
+            .await
+            .unwrap()
+    }
+}
+
+fn poll_readable(fd: i32, timeout_ms: i32) -> bool {
+    let mut poll = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut poll, 1, timeout_ms) == 1 }
+}
+
+/// The agent processes the gateway has recorded as running.
+pub async fn agent_process_records(db: &TestDb) -> Vec<acp_gateway::store::AgentProcessRecord> {
+    let store = acp_gateway::store::open(&db.url).await.unwrap();
+    store.list_agent_processes().await.unwrap()
 }
 
 /// The concatenated text of every `session_update` of one kind.
