@@ -69,7 +69,7 @@ async fn main() {
     let gw = GatewayProcess::start_configured(
         &db,
         &[agent],
-        "warn",
+        "info,tower_http=warn",
         &format!("max_line_bytes = {}", bytes + (1 << 20)),
     );
     let pid = gw.child.id();

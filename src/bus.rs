@@ -19,7 +19,8 @@ use crate::model::Event;
 pub struct Published {
     pub conversation_id: Uuid,
     pub seq: i64,
-    pub json: String,
+    /// Shared, not copied, by every WebSocket that sends it.
+    pub json: axum::extract::ws::Utf8Bytes,
     /// The user whose conversation it is, for filtering the inbox.
     pub owner: Option<String>,
 }
@@ -56,7 +57,9 @@ impl EventBus {
             let published = Arc::new(Published {
                 conversation_id: event.conversation_id,
                 seq: event.seq,
-                json: serde_json::to_string(&event).expect("events serialize"),
+                json: serde_json::to_string(&event)
+                    .expect("events serialize")
+                    .into(),
                 owner: owner.map(str::to_owned),
             });
             drop(event);

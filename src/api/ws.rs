@@ -105,13 +105,8 @@ enum WsEnd {
     Store(#[from] Error),
 }
 
-async fn send(socket: &mut WebSocket, text: &str) -> Result<(), WsEnd> {
-    match tokio::time::timeout(
-        SEND_TIMEOUT,
-        socket.send(Message::Text(Utf8Bytes::from(text))),
-    )
-    .await
-    {
+async fn send(socket: &mut WebSocket, text: impl Into<Utf8Bytes>) -> Result<(), WsEnd> {
+    match tokio::time::timeout(SEND_TIMEOUT, socket.send(Message::Text(text.into()))).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(_)) => Err(WsEnd::ClientGone),
         Err(_) => Err(WsEnd::TooSlow),
@@ -166,7 +161,7 @@ async fn serve_conversation(
                         if seq > last + 1 {
                             replay(&state, id, &mut socket, &mut last, Some(seq)).await?;
                         } else {
-                            send(&mut socket, &published.json).await?;
+                            send(&mut socket, published.json.clone()).await?;
                             last = seq;
                         }
                     }
@@ -253,7 +248,7 @@ async fn serve_inbox(
             tokio::select! {
                 received = rx.recv() => match received {
                     Ok(published) if caller.can_see(published.owner.as_deref()) => {
-                        send(&mut socket, &published.json).await?
+                        send(&mut socket, published.json.clone()).await?
                     }
                     Ok(_) => {}
                     // A fresh snapshot is the way back: reconnect.
