@@ -145,9 +145,21 @@ pub fn tool_key(tool_call: &Value) -> ToolKey {
         .and_then(Value::as_str)
         .unwrap_or("other")
         .to_owned();
-    let raw_input = tool_call.get("rawInput");
     let subject = match kind.as_str() {
-        "execute" => raw_input.and_then(program).unwrap_or_default(),
+        "execute" => tool_call
+            .get("rawInput")
+            .and_then(program)
+            .unwrap_or_default(),
+        _ => subject(tool_call, &kind),
+    };
+    ToolKey { kind, subject }
+}
+
+/// What a whole tool call of a kind other than `execute` is known by: the
+/// path of a path tool, else the title (empty when it has none).
+pub(crate) fn subject(tool_call: &Value, kind: &str) -> String {
+    let raw_input = tool_call.get("rawInput");
+    match kind {
         "read" | "edit" | "delete" | "move" => tool_call
             .get("locations")
             .and_then(|l| l.get(0))
@@ -165,8 +177,7 @@ pub fn tool_key(tool_call: &Value) -> ToolKey {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned(),
-    };
-    ToolKey { kind, subject }
+    }
 }
 
 /// The program a command runs: the first word of a command line, or the first
