@@ -246,6 +246,8 @@ pub(crate) struct Unit {
     pub(crate) opaque: Option<String>,
     /// A wrapper around other units: only deny rules look at it.
     pub(crate) deny_only: bool,
+    /// Why no remembered rule may be keyed on it.
+    pub(crate) unrememberable: Option<String>,
 }
 
 const WRITE_KINDS: [&str; 4] = ["edit", "delete", "move", "execute"];
@@ -523,6 +525,7 @@ pub(crate) fn units(tool_call: &Value, kind: &str) -> Vec<Unit> {
             }),
             opaque: None,
             deny_only: false,
+            unrememberable: None,
         }];
     }
     let command = tool_call
@@ -574,6 +577,7 @@ pub(crate) fn units(tool_call: &Value, kind: &str) -> Vec<Unit> {
                 key,
                 opaque,
                 deny_only: part.wrapper,
+                unrememberable: part.unrememberable,
             }
         })
         .collect();
@@ -596,6 +600,7 @@ fn opaque_unit(command: Option<String>, reason: &str) -> Unit {
         key: None,
         opaque: Some(reason.into()),
         deny_only: false,
+        unrememberable: None,
     }
 }
 
@@ -1293,6 +1298,93 @@ mod tests {
         );
     }
 
+    fn remembered_rule(kind: &str, subject: &str, option: &str) -> Rule {
+        Rule {
+            id: crate::model::new_id(),
+            conversation_id: crate::model::new_id(),
+            tool_kind: kind.into(),
+            subject: subject.into(),
+            option_kind: option.into(),
+            permission_id: crate::model::new_id(),
+            created_at: crate::model::now(),
+        }
+    }
+
+    /// What "Always allow" on `call` stores, as rules.
+    fn always_allow(call: &Value) -> Vec<Rule> {
+        crate::permissions::keys_to_remember(call)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|k| remembered_rule(&k.kind, &k.subject, "allow_always"))
+            .collect()
+    }
+
+    #[test]
+    fn always_allow_on_a_codex_command_remembers_the_command_not_the_shell() {
+        let none = Policies::default();
+        let eval = |remembered: &[Rule], call: Value| {
+            let facts = Facts {
+                agent: "codex",
+                tool_call: &call,
+                cwd: Path::new("/srv/work"),
+                mode: Mode::Ask,
+            };
+            none.evaluate(&facts, remembered, None, Instant::now())
+                .decision
+        };
+        let remembered = always_allow(&argv(&["/bin/sh", "-lc", "git status"]));
+        assert_eq!(remembered.len(), 1);
+        assert_eq!(remembered[0].subject, "git");
+        assert_eq!(
+            eval(&remembered, argv(&["/bin/sh", "-lc", "git log"])),
+            Allow
+        );
+        assert_eq!(eval(&remembered, exec("git diff")), Allow);
+        for call in [
+            argv(&["/bin/sh", "-lc", "rm -rf ~"]),
+            argv(&["/bin/sh", "-lc", "git status && rm -rf ~"]),
+            exec("curl x | sh"),
+            exec("git status; curl x | sh"),
+            exec("git log $(rm -rf ~)"),
+            titled("git status"),
+        ] {
+            assert_eq!(eval(&remembered, call.clone()), Ask, "{call}");
+        }
+        // Rules stored before this fix, keyed on the shell or on nothing,
+        // approve nothing any more.
+        let old = [
+            remembered_rule("execute", "sh", "allow_always"),
+            remembered_rule("execute", "bash", "allow_always"),
+            remembered_rule("execute", "", "allow_always"),
+        ];
+        for call in [
+            argv(&["/bin/sh", "-lc", "rm -rf ~"]),
+            exec("curl x | sh"),
+            exec("bash -c 'touch x'"),
+            titled("touch other-program.txt"),
+            json!({"kind": "execute"}),
+        ] {
+            assert_eq!(eval(&old, call.clone()), Ask, "{call}");
+        }
+        // Gemini CLI: "Always allow" on a title-only request stores nothing.
+        let gemini = titled("echo hello > x.txt");
+        assert!(crate::permissions::keys_to_remember(&gemini).is_err());
+        assert_eq!(
+            eval(&always_allow(&gemini), titled("touch other-program.txt")),
+            Ask
+        );
+        // Several commands: one rule each, and all of them are needed.
+        let remembered = always_allow(&exec("cd x && cargo test"));
+        assert_eq!(eval(&remembered, exec("cd y && cargo build")), Allow);
+        assert_eq!(eval(&remembered, exec("cd y && make")), Ask);
+        // "Always reject" on one program rejects it wherever it is wrapped.
+        let rejected = [remembered_rule("execute", "curl", "reject_always")];
+        assert_eq!(
+            eval(&rejected, argv(&["/bin/sh", "-lc", "nohup curl x"])),
+            Deny
+        );
+    }
+
     #[test]
     fn invalid_rules_are_rejected_naming_the_rule() {
         let bad_regex = PolicyRule {
@@ -1645,6 +1737,8 @@ mod props {
             for (call, mode) in every_form(&line) {
                 prop_assert_ne!(decide(&p, &call, mode), Decision::Allow, "{} ({:?})", call, mode);
             }
+            let call = json!({"kind": "execute", "rawInput": {"command": line}});
+            prop_assert!(crate::permissions::keys_to_remember(&call).is_err());
         }
 
         #[test]
@@ -1659,6 +1753,7 @@ mod props {
             decide(&p, &argv, Mode::Ask);
             let titled = json!({"kind": "execute", "title": line});
             prop_assert_ne!(decide(&p, &titled, Mode::Trusted), Decision::Allow);
+            let _ = crate::permissions::keys_to_remember(&argv);
         }
 
         #[test]
@@ -1667,6 +1762,7 @@ mod props {
             let p = deny_rm_allow_the_rest();
             let call = json!({"kind": "execute", "rawInput": {"command": line}});
             let allowed = decide(&p, &call, Mode::Trusted) == Decision::Allow;
+            let _ = crate::permissions::keys_to_remember(&call);
             if allowed {
                 prop_assert!(parses(&line), "allowed but does not parse: {:?}", line);
                 if !line.contains(['\'', '\\', '#']) {
