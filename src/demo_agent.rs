@@ -34,6 +34,8 @@
 //! | `tool` or `write` | `tool_call` "Write hello.txt" (kind `edit`, location `<cwd>/hello.txt`), then a permission request for it: allowed → `in_progress`, `completed` and message "Done."; rejected → `failed` and "Permission denied."; cancelled → `failed` | `end_turn`, or `cancelled` |
 //! | `read <path>`, `edit <path>` | like `tool`, with that kind, on `<cwd>/<path>` (joined as given, so `..` stays in it; default `README.md`) | as `tool` |
 //! | `execute <command…>` | like `tool`, with kind `execute`, title `Run <command>` and raw input `{"command": …}` (the command defaults to `echo hello`) | as `tool` |
+//! | `codex <command…>` | like `execute`, with the command as Codex sends it: raw input `{"command": ["/bin/sh", "-lc", <command>]}` | as `tool` |
+//! | `gemini <command…>` | like `execute` as Gemini CLI asks: no `tool_call` before the request and no raw input, the command only in the title | as `tool` |
 //! | `parallel [N]` | N tool calls (default 2), then N permission requests all outstanding at once; each tool call completes or fails as its own answer arrives, in any order; then a summary chunk | `end_turn`, or `cancelled` if any answer was cancelled |
 //! | `plan` | a `plan` update with three entries, then a message chunk | `end_turn` |
 //! | `long [N]` | N message chunks `w0 `, `w1 `, … (default 1000) as fast as possible | `end_turn` |
@@ -143,8 +145,8 @@ const USAGE: &str = "\
 usage: acp-demo-agent [--chunk-delay-ms N] [--fail-on METHOD] [--hang-on METHOD]
                       [--exit-on METHOD] [--stdout-banner] [--scenario WORD]
 A scripted ACP agent speaking JSON-RPC on stdin/stdout. The first word of each prompt picks
-a scenario: tool, write, execute, read, edit, parallel, plan, long, slow, crash, garbage, unknown, hang,
-child, refuse, error, withdraw, stderr; any other text is echoed.";
+a scenario: tool, write, execute, codex, gemini, read, edit, parallel, plan, long, slow, crash, garbage,
+unknown, hang, child, refuse, error, withdraw, stderr; any other text is echoed.";
 
 /// Writes a line to stderr with the agent's prefix; stdout is reserved for protocol messages.
 macro_rules! log {
@@ -272,6 +274,8 @@ enum Scenario {
     Echo,
     Tool,
     Execute,
+    Codex,
+    Gemini,
     Read,
     Edit,
     Parallel,
@@ -297,6 +301,8 @@ impl Scenario {
             "echo" => Self::Echo,
             "tool" | "write" => Self::Tool,
             "execute" => Self::Execute,
+            "codex" => Self::Codex,
+            "gemini" => Self::Gemini,
             "read" => Self::Read,
             "edit" => Self::Edit,
             "parallel" => Self::Parallel,
@@ -817,7 +823,10 @@ struct ToolCall {
     title: String,
     kind: &'static str,
     locations: Option<Value>,
+    /// `Value::Null`: the tool call has no raw input at all.
     raw_input: Value,
+    /// Announced with a `tool_call` update before the permission request.
+    announced: bool,
     /// Text of the content reported when the call completes.
     done_text: String,
 }
@@ -830,8 +839,10 @@ impl ToolCall {
             "title": self.title,
             "kind": self.kind,
             "status": "pending",
-            "rawInput": self.raw_input,
         });
+        if !self.raw_input.is_null() {
+            call["rawInput"] = self.raw_input.clone();
+        }
         if let Some(locations) = &self.locations {
             call["locations"] = locations.clone();
         }
@@ -897,6 +908,8 @@ impl Turn {
             Scenario::Echo => self.echo().await,
             Scenario::Tool => self.write_file().await,
             Scenario::Execute => self.execute(args).await,
+            Scenario::Codex => self.codex(args).await,
+            Scenario::Gemini => self.gemini(args).await,
             Scenario::Read => self.path_tool("read", "Read", args).await,
             Scenario::Edit => self.path_tool("edit", "Edit", args).await,
             Scenario::Parallel => self.parallel(count_arg(args, 2)).await,
@@ -950,6 +963,48 @@ impl Turn {
             locations: None,
             raw_input: json!({ "command": command }),
             done_text: format!("ran {command}"),
+            announced: true,
+        };
+        self.single_tool_call(call, false).await
+    }
+
+    /// Scenario `codex`: an execute tool call whose command is an argv
+    /// array running the line with `/bin/sh -lc`, as Codex sends it.
+    async fn codex(&self, command: &str) -> Result<TurnEnd, Cancelled> {
+        let command = if command.is_empty() {
+            "echo hello"
+        } else {
+            command
+        };
+        let call = ToolCall {
+            id: self.next_tool_call_id(),
+            title: format!("Run {command}"),
+            kind: "execute",
+            locations: None,
+            raw_input: json!({ "command": ["/bin/sh", "-lc", command] }),
+            done_text: format!("ran {command}"),
+            announced: true,
+        };
+        self.single_tool_call(call, false).await
+    }
+
+    /// Scenario `gemini`: a permission request for a command that appears
+    /// only in the title: no `tool_call` before it and no raw input, as
+    /// Gemini CLI asks.
+    async fn gemini(&self, command: &str) -> Result<TurnEnd, Cancelled> {
+        let command = if command.is_empty() {
+            "echo hello"
+        } else {
+            command
+        };
+        let call = ToolCall {
+            id: self.next_tool_call_id(),
+            title: command.to_owned(),
+            kind: "execute",
+            locations: None,
+            raw_input: Value::Null,
+            done_text: format!("ran {command}"),
+            announced: false,
         };
         self.single_tool_call(call, false).await
     }
@@ -974,6 +1029,7 @@ impl Turn {
             locations: Some(json!([{ "path": path }])),
             raw_input: json!({ "path": path }),
             done_text: format!("{verb} {path}: done"),
+            announced: true,
         };
         self.single_tool_call(call, false).await
     }
@@ -994,6 +1050,7 @@ impl Turn {
             locations: Some(json!([{ "path": path }])),
             raw_input: json!({"path": path, "content": "hello"}),
             done_text: "wrote hello.txt".to_owned(),
+            announced: true,
         }
     }
 
@@ -1028,6 +1085,7 @@ impl Turn {
                     locations: Some(json!([{ "path": path }])),
                     raw_input: json!({"path": path, "content": format!("hello {i}")}),
                     done_text: format!("wrote hello-{i}.txt"),
+                    announced: true,
                 }
             })
             .collect();
@@ -1167,7 +1225,7 @@ impl Turn {
         withdraw: bool,
     ) -> Result<Vec<Answer>, Cancelled> {
         self.pace().await?;
-        for call in calls {
+        for call in calls.iter().filter(|c| c.announced) {
             let mut update = call.pending();
             update["sessionUpdate"] = json!("tool_call");
             self.notify(update).await;

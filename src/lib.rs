@@ -16,6 +16,8 @@
 //! - [`permissions`]: answer checks, timeouts and remembered "always" rules
 //!   (pure functions the session applies).
 //! - [`policy`]: the operator auto-approve engine (pure: rules in, verdict out).
+//! - [`shell`]: what a shell command line runs, wrappers unwrapped (pure,
+//!   on `brush-parser`), for the policy engine.
 //! - [`store`]: persistence behind one trait ([`store::Store`]): Postgres and
 //!   SQLite from one SQL text, and export between them.
 //! - [`auth`]: bearer tokens, roles, per-token rate limits.
@@ -40,6 +42,7 @@ pub mod model;
 pub mod permissions;
 pub mod policy;
 pub mod session;
+pub mod shell;
 pub mod store;
 
 pub use app::Gateway;

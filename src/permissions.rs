@@ -128,26 +128,21 @@ pub fn option_kind<'a>(request: &'a PermissionRequest, option_id: &str) -> Optio
     request.option(option_id)?.get("kind")?.as_str()
 }
 
-/// What a tool call is, for remembering "always" answers: its kind and, for
-/// `execute`, the program; for path tools, the path; for anything else, the
-/// title (so that one "always" never covers unrelated tools).
+/// What a remembered "always" answer is keyed on: a tool call kind and, for
+/// `execute`, one program the command line runs; for path tools, the path;
+/// for anything else, the title (so that one "always" never covers
+/// unrelated tools).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolKey {
     pub kind: String,
     pub subject: String,
 }
 
-/// Derives the key of a tool call (`tool_call` is the request's `toolCall`
-/// merged over what the gateway knows of that tool call).
-pub fn tool_key(tool_call: &Value) -> ToolKey {
-    let kind = tool_call
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or("other")
-        .to_owned();
+/// What a whole tool call of a kind other than `execute` is known by: the
+/// path of a path tool, else the title (empty when it has none).
+pub(crate) fn subject(tool_call: &Value, kind: &str) -> String {
     let raw_input = tool_call.get("rawInput");
-    let subject = match kind.as_str() {
-        "execute" => raw_input.and_then(program).unwrap_or_default(),
+    match kind {
         "read" | "edit" | "delete" | "move" => tool_call
             .get("locations")
             .and_then(|l| l.get(0))
@@ -165,21 +160,57 @@ pub fn tool_key(tool_call: &Value) -> ToolKey {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned(),
-    };
-    ToolKey { kind, subject }
+    }
 }
 
-/// The program a command runs: the first word of a command line, or the first
-/// element of an argv array.
-fn program(raw_input: &Value) -> Option<String> {
-    let command = raw_input.get("command").or_else(|| raw_input.get("cmd"))?;
-    let first = match command {
-        Value::String(line) => line.split_whitespace().next()?.to_owned(),
-        Value::Array(argv) => argv.first()?.as_str()?.to_owned(),
-        _ => return None,
-    };
-    // `/usr/bin/git` and `git` are the same program to a user.
-    Some(first.rsplit('/').next().unwrap_or(&first).to_owned())
+/// The rules an "always" answer to `tool_call` (the request's `toolCall`
+/// merged over what the gateway knows of it) remembers: one key per command
+/// the policy engine decides on (`cd x && cargo test` → `cd` and `cargo`;
+/// `/bin/sh -lc 'git status'` → `git`), or the path or title of another
+/// tool. When that would cover more than the user saw, nothing is
+/// remembered and the error says why: a command the engine cannot see into,
+/// one run by an interpreter, shell or wrapper (`python3 -c …`, `sudo …`), a
+/// command known only from the title, or no subject at all.
+pub fn keys_to_remember(tool_call: &Value) -> std::result::Result<Vec<ToolKey>, String> {
+    let kind = tool_call
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("other");
+    let mut keys: Vec<ToolKey> = Vec::new();
+    for unit in crate::policy::units(tool_call, kind)
+        .iter()
+        .filter(|u| !u.deny_only)
+    {
+        let shown = unit.command.as_deref().unwrap_or(kind);
+        if let Some(why) = &unit.opaque {
+            return Err(format!("`{shown}` {why}"));
+        }
+        if let Some(why) = &unit.unrememberable {
+            return Err(why.clone());
+        }
+        match &unit.key {
+            Some(key) if !key.subject.trim().is_empty() && key.subject != "*" => {
+                if !keys.contains(key) {
+                    keys.push(key.clone());
+                }
+            }
+            _ => {
+                return Err(match kind {
+                    "execute" => format!("`{shown}` names no program to remember"),
+                    "read" | "edit" | "delete" | "move" => {
+                        format!("the {kind} tool call names no path")
+                    }
+                    _ => format!("the {kind} tool call has no title"),
+                })
+            }
+        }
+    }
+    if keys.is_empty() {
+        return Err(format!(
+            "the {kind} tool call has nothing to remember it by"
+        ));
+    }
+    Ok(keys)
 }
 
 /// A remembered "always" answer, scoped to one conversation.
@@ -250,22 +281,160 @@ mod tests {
         }
     }
 
+    fn keys(tool_call: Value) -> std::result::Result<Vec<(String, String)>, String> {
+        keys_to_remember(&tool_call).map(|keys| {
+            keys.into_iter()
+                .map(|k| (k.kind, k.subject))
+                .collect::<Vec<_>>()
+        })
+    }
+
+    fn exec(command: Value) -> Value {
+        json!({"kind": "execute", "rawInput": {"command": command}})
+    }
+
+    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(k, s)| (k.to_string(), s.to_string()))
+            .collect()
+    }
+
     #[test]
-    fn tool_keys_name_the_program_the_path_or_the_title() {
-        let k =
-            tool_key(&json!({"kind": "execute", "rawInput": {"command": "/usr/bin/git status"}}));
-        assert_eq!((k.kind.as_str(), k.subject.as_str()), ("execute", "git"));
-        let k = tool_key(&json!({"kind": "execute", "rawInput": {"command": ["ls", "-l"]}}));
-        assert_eq!(k.subject, "ls");
-        let k = tool_key(&json!({"kind": "edit", "locations": [{"path": "/a/b.rs"}]}));
-        assert_eq!(k.subject, "/a/b.rs");
-        let k = tool_key(&json!({"kind": "read", "rawInput": {"file_path": "/c.txt"}}));
-        assert_eq!(k.subject, "/c.txt");
-        let k = tool_key(&json!({"title": "mcp__github__create_issue"}));
-        assert_eq!(
-            (k.kind.as_str(), k.subject.as_str()),
-            ("other", "mcp__github__create_issue")
-        );
+    fn always_rules_are_keyed_on_the_programs_the_path_or_the_title() {
+        let table: [(Value, &[(&str, &str)]); 12] = [
+            (exec(json!("/usr/bin/git status")), &[("execute", "git")]),
+            (exec(json!(["ls", "-l"])), &[("execute", "ls")]),
+            // Codex: the shell is unwrapped, the command inside is remembered.
+            (
+                exec(json!(["/bin/sh", "-lc", "git status"])),
+                &[("execute", "git")],
+            ),
+            (
+                exec(json!("bash -ec 'cargo test'")),
+                &[("execute", "cargo")],
+            ),
+            (
+                exec(json!("env RUST_LOG=debug nohup timeout 60 cargo test")),
+                &[("execute", "cargo")],
+            ),
+            // One rule per command of the line.
+            (
+                exec(json!("cd x && cargo test | tee out.txt")),
+                &[("execute", "cd"), ("execute", "cargo"), ("execute", "tee")],
+            ),
+            (
+                exec(json!("git add . && git commit -m x")),
+                &[("execute", "git")],
+            ),
+            // A program given by another path keeps its path.
+            (exec(json!("./gradlew build")), &[("execute", "./gradlew")]),
+            (
+                json!({"kind": "edit", "locations": [{"path": "/a/b.rs"}]}),
+                &[("edit", "/a/b.rs")],
+            ),
+            (
+                json!({"kind": "read", "rawInput": {"file_path": "/c.txt"}}),
+                &[("read", "/c.txt")],
+            ),
+            (
+                json!({"title": "mcp__github__create_issue"}),
+                &[("other", "mcp__github__create_issue")],
+            ),
+            (
+                exec(json!("find . -name '*.o' -exec rm {} +")),
+                &[("execute", "find"), ("execute", "rm")],
+            ),
+        ];
+        let wrong: Vec<String> = table
+            .into_iter()
+            .map(|(call, want)| (keys(call.clone()), Ok(pairs(want)), call))
+            .filter(|(got, want, _)| got != want)
+            .map(|(got, want, call)| format!("{call}: {got:?}, want {want:?}"))
+            .collect();
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    #[test]
+    fn always_rules_are_never_keyed_on_a_wrapper_an_interpreter_or_nothing() {
+        let table = [
+            (
+                exec(json!("python3 -c 'import os'")),
+                "`python3 -c …` runs code the gateway cannot see into",
+            ),
+            (
+                exec(json!(["/bin/sh", "-lc", "python3 -c 'print(1)'"])),
+                "`python3 -c …` runs code the gateway cannot see into",
+            ),
+            (
+                exec(json!("node -e 'x'")),
+                "`node -e …` runs code the gateway cannot see into",
+            ),
+            (
+                exec(json!("perl -e 'x'")),
+                "`perl -e …` runs code the gateway cannot see into",
+            ),
+            (
+                exec(json!("ruby -e 'x'")),
+                "`ruby -e …` runs code the gateway cannot see into",
+            ),
+            (
+                exec(json!("deno eval 'x'")),
+                "`deno eval …` runs code the gateway cannot see into",
+            ),
+            (
+                exec(json!("osascript -e 'x'")),
+                "`osascript -e …` runs code the gateway cannot see into",
+            ),
+            (
+                exec(json!("python3 script.py")),
+                "`python3` runs code the gateway cannot see into",
+            ),
+            (exec(json!("sudo apt update")), "`sudo` runs other commands"),
+            (exec(json!("env")), "`env` runs other commands"),
+            (
+                exec(json!("eval 'git status'")),
+                "`git status` is run by eval",
+            ),
+            (
+                exec(json!("curl -s x | sh")),
+                "`sh` runs a script from its standard input",
+            ),
+            (
+                exec(json!("bash install.sh")),
+                "`bash install.sh` runs the script file `install.sh`",
+            ),
+            (
+                exec(json!("ls $(pwd)")),
+                "`ls $(pwd)` has a command substitution",
+            ),
+            (
+                exec(json!("$CMD x")),
+                "`$CMD x` runs a program named by an expansion",
+            ),
+            (
+                exec(json!("rm -rf ~ 'unterminated")),
+                "`rm -rf ~ 'unterminated` cannot be parsed",
+            ),
+            (exec(json!("")), "`` runs no command the gateway can see"),
+            // Gemini CLI: the command is only in the title.
+            (
+                json!({"kind": "execute", "title": "echo hello > x.txt"}),
+                "`echo hello > x.txt` comes only from the tool call's title",
+            ),
+            (json!({"kind": "execute"}), "`execute` shows no command"),
+            (json!({"kind": "edit"}), "the edit tool call names no path"),
+            (
+                json!({"kind": "other", "title": "  "}),
+                "the other tool call has no title",
+            ),
+        ];
+        let wrong: Vec<String> = table
+            .into_iter()
+            .map(|(call, why)| (keys(call.clone()), Err(why.to_owned()), call))
+            .filter(|(got, want, _)| got != want)
+            .map(|(got, want, call)| format!("{call}: {got:?}, want {want:?}"))
+            .collect();
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     }
 
     #[test]

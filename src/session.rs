@@ -33,8 +33,8 @@ use crate::model::{
     PermissionStatus, Role, ToolCall,
 };
 use crate::permissions::{
-    answer_resolved, automatic_answer, option_kind, timeout_option, tool_key, validate_answer,
-    Answer, Deadlines, OnTimeout, Rule,
+    answer_resolved, automatic_answer, keys_to_remember, option_kind, timeout_option,
+    validate_answer, Answer, Deadlines, OnTimeout, Rule,
 };
 use crate::policy::{Facts, Mode, PolicyHandle, RateLimiter};
 use crate::store::{AgentProcessRecord, Resolution, Store};
@@ -1050,31 +1050,45 @@ impl Session {
             .and_then(|o| option_kind(&pending.request, o))
             .filter(|kind| kind.ends_with("_always"))
             .map(|kind| {
-                let key = tool_key(&self.known_tool_call(&pending.request.tool_call));
-                (kind.to_owned(), key)
+                let keys = keys_to_remember(&self.known_tool_call(&pending.request.tool_call));
+                (kind.to_owned(), keys)
             });
+        // An "always" that would cover more than the user saw is not
+        // remembered; the answer applies to this request, and says why.
+        let reason = match &always {
+            Some((_, Err(why))) => Some(format!("not remembered: {why}")),
+            _ => None,
+        };
         // What was stored is the truth: our own decision reads back as the
         // identical answer.
         let request = match self
-            .resolve(id, status, option_id, decided_by, None)
+            .resolve(id, status, option_id, decided_by, reason.as_deref())
             .await?
         {
             Some(request) => answer_resolved(request, &answer)?,
             None => return Err(Error::NotFound(format!("no permission request {id}"))),
         };
-        if let Some((option_kind, key)) = always {
-            let rule = Rule {
-                id: model::new_id(),
-                conversation_id: request.conversation_id,
-                tool_kind: key.kind,
-                subject: key.subject,
-                option_kind,
-                permission_id: request.id,
-                created_at: model::now(),
-            };
-            let rule = self.journal.store().upsert_rule(&rule).await?;
-            tracing::info!(rule_id = %rule.id, kind = %rule.tool_kind, subject = %rule.subject,
-                "remembered {}", rule.option_kind);
+        match always {
+            Some((option_kind, Ok(keys))) => {
+                for key in keys {
+                    let rule = Rule {
+                        id: model::new_id(),
+                        conversation_id: request.conversation_id,
+                        tool_kind: key.kind,
+                        subject: key.subject,
+                        option_kind: option_kind.clone(),
+                        permission_id: request.id,
+                        created_at: model::now(),
+                    };
+                    let rule = self.journal.store().upsert_rule(&rule).await?;
+                    tracing::info!(rule_id = %rule.id, kind = %rule.tool_kind,
+                        subject = %rule.subject, "remembered {}", rule.option_kind);
+                }
+            }
+            Some((option_kind, Err(why))) => {
+                tracing::info!(permission_id = %id, %why, "{option_kind} not remembered");
+            }
+            None => {}
         }
         Ok(request)
     }
