@@ -22,45 +22,6 @@ struct World {
     ws: Ws,
 }
 
-async fn call(
-    gw: &TestGateway,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut req = gw.http.request(method.parse().unwrap(), gw.url(path));
-    if let Some(token) = token {
-        req = req.bearer_auth(token);
-    }
-    if let Some(body) = body {
-        req = req.json(&body);
-    }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
-async fn make_token(gw: &TestGateway, operator: &str, user: &str, role: &str) -> (String, String) {
-    let (status, body) = call(
-        gw,
-        "POST",
-        "/api/v1/tokens",
-        Some(operator),
-        Some(json!({"user": user, "role": role})),
-    )
-    .await;
-    assert_eq!(status, 201, "{body}");
-    (
-        body["token"].as_str().unwrap().to_owned(),
-        body["id"].as_str().unwrap().to_owned(),
-    )
-}
-
 async fn world(db: &TestDb) -> World {
     let operator = cli_token(db, "root-op", "operator");
     let gw = TestGateway::start(db, vec![demo_profile("demo", &[])]).await;

@@ -6,48 +6,9 @@ mod common;
 
 use common::*;
 use futures::StreamExt;
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message as WsMessage;
-
-async fn call(
-    gw: &TestGateway,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut req = gw.http.request(method.parse().unwrap(), gw.url(path));
-    if let Some(token) = token {
-        req = req.bearer_auth(token);
-    }
-    if let Some(body) = body {
-        req = req.json(&body);
-    }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
-async fn make_token(gw: &TestGateway, operator: &str, user: &str) -> (String, String) {
-    let (status, body) = call(
-        gw,
-        "POST",
-        "/api/v1/tokens",
-        Some(operator),
-        Some(json!({"user": user, "role": "user"})),
-    )
-    .await;
-    assert_eq!(status, 201, "{body}");
-    (
-        body["token"].as_str().unwrap().to_owned(),
-        body["id"].as_str().unwrap().to_owned(),
-    )
-}
 
 async fn ws_with(gw: &TestGateway, path: &str, token: &str) -> Ws {
     let mut req = gw
@@ -79,9 +40,9 @@ async fn closed_with(ws: &mut Ws) -> u16 {
 async fn revoking_a_token_or_removing_its_user_closes_its_open_websockets(db: TestDb) {
     let operator = cli_token(&db, "root-op", "operator");
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
-    let (alice, alice_id) = make_token(&gw, &operator, "alice").await;
-    let (bob, _) = make_token(&gw, &operator, "bob").await;
-    let (carol, _) = make_token(&gw, &operator, "carol").await;
+    let (alice, alice_id) = make_token(&gw, &operator, "alice", "user").await;
+    let (bob, _) = make_token(&gw, &operator, "bob", "user").await;
+    let (carol, _) = make_token(&gw, &operator, "carol", "user").await;
     let (status, conv) = call(
         &gw,
         "POST",

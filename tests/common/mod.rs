@@ -356,6 +356,52 @@ extern "C" {
     fn libc_kill(pid: i32, signal: i32) -> i32;
 }
 
+/// One REST call with an optional bearer token and JSON body.
+pub async fn call(
+    gw: &TestGateway,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = gw.http.request(method.parse().unwrap(), gw.url(path));
+    if let Some(token) = token {
+        req = req.bearer_auth(token);
+    }
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// Creates a token over the API as `operator`; returns (token, id).
+pub async fn make_token(
+    gw: &TestGateway,
+    operator: &str,
+    user: &str,
+    role: &str,
+) -> (String, String) {
+    let (status, body) = call(
+        gw,
+        "POST",
+        "/api/v1/tokens",
+        Some(operator),
+        Some(json!({"user": user, "role": role})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    (
+        body["token"].as_str().unwrap().to_owned(),
+        body["id"].as_str().unwrap().to_owned(),
+    )
+}
+
 /// Runs the real `acp-gateway` CLI on the test's database, as an operator
 /// would; returns its stdout (failing the test if it fails).
 pub fn cli(db: &TestDb, args: &[&str]) -> String {
