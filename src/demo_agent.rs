@@ -907,8 +907,8 @@ impl Turn {
         match scenario {
             Scenario::Echo => self.echo().await,
             Scenario::Tool => self.write_file().await,
-            Scenario::Execute => self.execute(args).await,
-            Scenario::Codex => self.codex(args).await,
+            Scenario::Execute => self.execute(args, false).await,
+            Scenario::Codex => self.execute(args, true).await,
             Scenario::Gemini => self.gemini(args).await,
             Scenario::Read => self.path_tool("read", "Read", args).await,
             Scenario::Edit => self.path_tool("edit", "Edit", args).await,
@@ -949,39 +949,26 @@ impl Turn {
         self.single_tool_call(call, false).await
     }
 
-    /// Scenario `execute`: one execute tool call for `command`.
-    async fn execute(&self, command: &str) -> Result<TurnEnd, Cancelled> {
+    /// Scenarios `execute` and `codex`: one execute tool call for `command`,
+    /// as a command line, or (`codex`) as the argv array Codex sends, which
+    /// runs the line with `/bin/sh -lc`.
+    async fn execute(&self, command: &str, codex_argv: bool) -> Result<TurnEnd, Cancelled> {
         let command = if command.is_empty() {
             "echo hello"
         } else {
             command
+        };
+        let raw_command = if codex_argv {
+            json!(["/bin/sh", "-lc", command])
+        } else {
+            json!(command)
         };
         let call = ToolCall {
             id: self.next_tool_call_id(),
             title: format!("Run {command}"),
             kind: "execute",
             locations: None,
-            raw_input: json!({ "command": command }),
-            done_text: format!("ran {command}"),
-            announced: true,
-        };
-        self.single_tool_call(call, false).await
-    }
-
-    /// Scenario `codex`: an execute tool call whose command is an argv
-    /// array running the line with `/bin/sh -lc`, as Codex sends it.
-    async fn codex(&self, command: &str) -> Result<TurnEnd, Cancelled> {
-        let command = if command.is_empty() {
-            "echo hello"
-        } else {
-            command
-        };
-        let call = ToolCall {
-            id: self.next_tool_call_id(),
-            title: format!("Run {command}"),
-            kind: "execute",
-            locations: None,
-            raw_input: json!({ "command": ["/bin/sh", "-lc", command] }),
+            raw_input: json!({ "command": raw_command }),
             done_text: format!("ran {command}"),
             announced: true,
         };
