@@ -6,19 +6,17 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
-use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::acp::procs::{self, Host, Sweep};
 use crate::api::{self, AppState};
+use crate::auth::Auth;
 use crate::bus::EventBus;
 use crate::config::Config;
-use crate::journal::{Journal, Sink};
-use crate::model::{event_type, ConversationStatus, Decision, PermissionStatus};
-use crate::policy::PolicyHandle;
-use crate::store::{PermissionFilter, Resolution, Store};
+use crate::permissions::PolicyHandle;
+use crate::session::journal::Sink;
+use crate::session::{self, Sessions};
 
 /// How long stopping may take before agents are left to `kill_on_drop`.
 const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -44,7 +42,7 @@ impl Gateway {
             store: crate::store::open(&url).await?,
             bus: EventBus::new(config.event_buffer),
         };
-        recover(&sink)
+        session::recover(&sink)
             .await
             .context("Failed to settle conversations left by a previous run")?;
         let listener = TcpListener::bind(&config.listen)
@@ -63,15 +61,15 @@ impl Gateway {
             .local_addr()
             .context("Failed to read the bound address")?;
         check_exposure(&config, addr, auth_required)?;
-        let auth = crate::auth::Auth::new(auth_required, config.rate_limits.clone());
-        let state = AppState::new(
-            config,
+        let auth = Auth::new(auth_required, config.rate_limits.clone());
+        let sessions = Sessions::new(
             sink,
             policies,
-            auth,
+            config.max_line_bytes,
             shutdown.clone(),
             tasks.clone(),
         );
+        let state = AppState::new(config, auth, sessions);
         Ok(Gateway {
             state,
             listener,
@@ -135,110 +133,6 @@ async fn close_revoked_websockets(state: AppState, shutdown: CancellationToken) 
     }
 }
 
-/// Conversations that still claim an agent belong to a previous run whose
-/// agents are gone (what is left of them is killed first): end their turns,
-/// expire their pending requests, close them, each with events so clients
-/// learn what happened.
-async fn recover(sink: &Sink) -> anyhow::Result<()> {
-    kill_leftover_agents(&*sink.store)
-        .await
-        .context("Failed to go through the agent processes a previous run recorded")?;
-    let detail = "the gateway restarted; the agent process is gone";
-    for (conversation, turn_id) in sink.store.live_conversations().await? {
-        tracing::info!(conversation_id = %conversation.id, "closing conversation left by a previous run");
-        let mut journal = Journal::new(sink.clone(), &conversation, turn_id);
-        let pending = sink
-            .store
-            .list_permissions(&PermissionFilter {
-                pending_only: true,
-                conversation_id: Some(conversation.id),
-                owner: None,
-            })
-            .await?;
-        for request in pending {
-            let resolution = Resolution {
-                permission_id: request.id,
-                status: PermissionStatus::Expired,
-                decision: Decision::new(None, "system".into(), Some(detail.into())),
-            };
-            journal.resolve(&resolution).await?;
-        }
-        if let Some(turn_id) = turn_id {
-            journal.event(
-                event_type::TURN_ENDED,
-                json!({"turn_id": turn_id, "stop_reason": "error", "error": detail}),
-            );
-        }
-        journal.event(
-            event_type::AGENT_STATUS,
-            json!({"status": "exited", "detail": detail}),
-        );
-        journal.set_turn(None);
-        journal.set_status(ConversationStatus::Closed);
-        journal.flush().await?;
-    }
-    Ok(())
-}
-
-/// Kills what the agents of a previous run on this machine left running
-/// (a crashed gateway cannot take its agents' children with it) and forgets
-/// every record: records of another boot, container or machine name no
-/// process here.
-async fn kill_leftover_agents(store: &dyn Store) -> anyhow::Result<()> {
-    let records = store.list_agent_processes().await?;
-    if records.is_empty() {
-        return Ok(());
-    }
-    let Some(here) = Host::here() else {
-        tracing::warn!(
-            records = records.len(),
-            "no /proc: cannot look for processes a previous run's agents left running"
-        );
-        return Ok(());
-    };
-    for record in records {
-        let conversation_id = record.conversation_id;
-        let pid = record.pid;
-        if !here.sees(&record.boot_id, &record.pid_namespace) {
-            tracing::info!(%conversation_id, pid, host = %record.hostname, boot_id = %record.boot_id,
-                pid_namespace = %record.pid_namespace,
-                "forgetting an agent process recorded under another boot, container or machine");
-        } else {
-            let start_time = u64::try_from(record.start_time).unwrap_or_default();
-            let sweep = tokio::task::spawn_blocking(move || procs::kill_leftovers(pid, start_time))
-                .await
-                .context("the /proc scan panicked")?;
-            match sweep {
-                Ok(Sweep::Nothing) => {
-                    tracing::info!(%conversation_id, pid, "nothing left of a previous run's agent");
-                }
-                Ok(Sweep::PidReused(now)) => {
-                    tracing::info!(%conversation_id, pid, now = %now.comm,
-                        "a previous run's agent is gone and its pid reused: nothing killed");
-                }
-                Ok(Sweep::Killed { killed, failed }) => {
-                    let killed: Vec<String> = killed
-                        .iter()
-                        .map(|p| format!("{} ({})", p.pid, p.comm))
-                        .collect();
-                    tracing::warn!(%conversation_id, pid, killed = ?killed,
-                        "killed what a previous run's agent left running");
-                    for (p, e) in failed {
-                        tracing::error!(%conversation_id, pid, error = %e,
-                            "could not kill {} ({}), left by a previous run's agent", p.pid, p.comm);
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(%conversation_id, pid, error = %e,
-                        "cannot look for what a previous run's agent left running");
-                }
-            }
-        }
-        store.forget_agent_process(&record).await?;
-    }
-    Ok(())
-}
-
 /// A database URL without its password, for logs.
 pub fn redact_url(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
@@ -267,7 +161,7 @@ fn check_exposure(config: &Config, addr: SocketAddr, auth_required: bool) -> any
              every caller is the operator \"anonymous\""
         );
     }
-    if crate::acp::agent::running_as_root() && config.agent_user.is_none() {
+    if crate::sys::running_as_root() && config.agent_user.is_none() {
         for agent in config.agents.iter().filter(|a| a.user.is_none()) {
             tracing::warn!(agent = %agent.name, "the gateway runs as root and this agent profile names no user: its agents will run as root");
         }

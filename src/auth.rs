@@ -3,51 +3,26 @@
 //! A token is `acpgw_` followed by 64 random hex digits; only its SHA-256 is
 //! stored. Requests carry it as `Authorization: Bearer <token>`; WebSocket
 //! clients that cannot set headers use `?access_token=<token>` or the
-//! subprotocol `bearer.<token>`. While no token exists at all, the gateway
+//! subprotocol `bearer.<token>` (read from the request by
+//! [`crate::api`]'s extractor). While no token exists at all, the gateway
 //! runs open (it then listens only on loopback, see [`crate::app`]) and every
 //! caller is the operator `anonymous`.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use axum::extract::FromRequestParts;
-use axum::http::request::Parts;
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::AppState;
-use crate::error::Error;
-
-/// What a user may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    /// Sees and answers only their own conversations.
-    User,
-    /// Sees everything; alone changes policies and tokens.
-    Operator,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::User => "user",
-            Role::Operator => "operator",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Role> {
-        match s {
-            "user" => Some(Role::User),
-            "operator" => Some(Role::Operator),
-            _ => None,
-        }
-    }
-}
+use crate::config::RateLimits;
+use crate::error::{Error, Result};
+use crate::limits;
+use crate::model::Role;
+use crate::ratelimit::SlidingWindow;
+use crate::store::{Store, TokenInfo};
 
 /// A new random token.
 pub fn new_token() -> String {
@@ -64,6 +39,39 @@ pub fn hash_token(token: &str) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// Checks a user name: `[A-Za-z0-9._@-]+`, at most 64 characters.
+pub fn valid_user_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._@-".contains(c))
+}
+
+/// Creates a token for `user` (who exists from then on): the one way tokens
+/// are made, by the API and the CLI alike. Returns what is stored and the
+/// token itself, which is shown once and never kept.
+pub async fn issue_token(
+    store: &dyn Store,
+    user: &str,
+    role: Role,
+    label: Option<&str>,
+) -> Result<(TokenInfo, String)> {
+    if !valid_user_name(user) {
+        return Err(Error::Unprocessable(
+            "user must be 1-64 characters of [A-Za-z0-9._@-]".into(),
+        ));
+    }
+    if let Some(label) = label {
+        limits::line("label", label, limits::LABEL_MAX_CHARS)?;
+    }
+    let token = new_token();
+    let info = store
+        .create_token(user, role, label, &hash_token(&token))
+        .await?;
+    Ok((info, token))
 }
 
 /// The authenticated caller of a request.
@@ -96,7 +104,7 @@ impl Caller {
     }
 
     /// 403 unless an operator.
-    pub fn require_operator(&self) -> Result<(), Error> {
+    pub fn require_operator(&self) -> Result<()> {
         if self.is_operator() {
             Ok(())
         } else {
@@ -111,88 +119,15 @@ impl Caller {
     }
 }
 
-/// The token a request presents: the `Authorization` header, or, on a
-/// WebSocket upgrade only (browsers cannot set headers there),
-/// `?access_token=` or the `bearer.<token>` subprotocol.
-fn presented_token(parts: &Parts) -> Option<String> {
-    if let Some(value) = parts.headers.get(axum::http::header::AUTHORIZATION) {
-        let value = value.to_str().ok()?;
-        let (scheme, token) = value.split_once(' ')?;
-        return scheme
-            .eq_ignore_ascii_case("bearer")
-            .then(|| token.trim().to_owned());
-    }
-    if !is_websocket_upgrade(parts) {
-        return None;
-    }
-    if let Some(query) = parts.uri.query() {
-        for pair in query.split('&') {
-            if let Some(token) = pair.strip_prefix("access_token=") {
-                return Some(token.to_owned());
-            }
-        }
-    }
-    bearer_subprotocol(parts).map(|(token, _)| token)
-}
-
-/// A `GET` asking to upgrade to a WebSocket.
-fn is_websocket_upgrade(parts: &Parts) -> bool {
-    parts.method == axum::http::Method::GET
-        && parts
-            .headers
-            .get(axum::http::header::UPGRADE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
-}
-
-/// `Sec-WebSocket-Protocol: bearer.<token>`: the token and the protocol
-/// string to echo back.
-pub fn bearer_subprotocol(parts: &Parts) -> Option<(String, String)> {
-    let header = parts
-        .headers
-        .get(axum::http::header::SEC_WEBSOCKET_PROTOCOL)?;
-    header.to_str().ok()?.split(',').find_map(|p| {
-        let p = p.trim();
-        p.strip_prefix("bearer.")
-            .map(|token| (token.to_owned(), p.to_owned()))
-    })
-}
-
 /// Authentication state shared by all requests.
 pub struct Auth {
     /// Set once any token exists; never cleared while running.
     required: AtomicBool,
     limits: RateLimits,
-    hits: Mutex<HashMap<(&'static str, String), VecDeque<Instant>>>,
+    hits: Mutex<SlidingWindow<(&'static str, String)>>,
     /// Tokens with open WebSockets, each with the signal that closes them
     /// when the token is revoked (see [`Auth::close_revoked`]).
     watched: Mutex<HashMap<uuid::Uuid, CancellationToken>>,
-}
-
-/// Requests per minute allowed per token.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct RateLimits {
-    #[serde(default = "default_prompts_per_minute")]
-    pub prompts_per_minute: u32,
-    #[serde(default = "default_connections_per_minute")]
-    pub connections_per_minute: u32,
-}
-
-fn default_prompts_per_minute() -> u32 {
-    30
-}
-fn default_connections_per_minute() -> u32 {
-    120
-}
-
-impl Default for RateLimits {
-    fn default() -> Self {
-        RateLimits {
-            prompts_per_minute: default_prompts_per_minute(),
-            connections_per_minute: default_connections_per_minute(),
-        }
-    }
 }
 
 /// Which limit a request counts against.
@@ -207,8 +142,40 @@ impl Auth {
         Auth {
             required: AtomicBool::new(required),
             limits,
-            hits: Mutex::new(HashMap::new()),
+            hits: Mutex::new(SlidingWindow::default()),
             watched: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Who presents `token` (401 for an unknown or revoked one, or for none
+    /// once tokens exist); without tokens, the open mode's `anonymous`.
+    pub async fn identify(&self, store: &dyn Store, token: Option<&str>) -> Result<Caller> {
+        let Some(token) = token else {
+            if !self.required.load(Ordering::Relaxed) {
+                // Open mode until the first token exists (checked each time,
+                // so a token created by the CLI takes effect at once).
+                if store.any_active_token().await? {
+                    self.required.store(true, Ordering::Relaxed);
+                } else {
+                    return Ok(Caller {
+                        user: "anonymous".into(),
+                        role: Role::Operator,
+                        token_id: None,
+                    });
+                }
+            }
+            return Err(Error::Unauthorized("a bearer token is required".into()));
+        };
+        match store.find_token(&hash_token(token)).await? {
+            Some(info) => {
+                self.required.store(true, Ordering::Relaxed);
+                Ok(Caller {
+                    user: info.user,
+                    role: info.role,
+                    token_id: Some(info.id),
+                })
+            }
+            None => Err(Error::Unauthorized("unknown or revoked token".into())),
         }
     }
 
@@ -240,66 +207,19 @@ impl Auth {
 
     /// Counts one request of `kind` for the caller; 429 with the seconds to
     /// wait when over the limit.
-    pub fn check_rate(&self, caller: &Caller, kind: Limited) -> Result<(), Error> {
+    pub fn check_rate(&self, caller: &Caller, kind: Limited) -> Result<()> {
         let (name, per_minute) = match kind {
             Limited::Prompt => ("prompts", self.limits.prompts_per_minute),
             Limited::Connection => ("connections", self.limits.connections_per_minute),
         };
         let window = Duration::from_secs(60);
-        let now = Instant::now();
+        let key = (name, caller.limit_key());
         let mut hits = self.hits.lock().unwrap();
-        let times = hits.entry((name, caller.limit_key())).or_default();
-        while times
-            .front()
-            .is_some_and(|t| now.duration_since(*t) >= window)
-        {
-            times.pop_front();
-        }
-        if times.len() >= per_minute as usize {
-            let oldest = *times.front().expect("over a positive limit");
-            let wait = window.saturating_sub(now.duration_since(oldest));
-            return Err(Error::TooManyRequests {
+        hits.try_hit(key, per_minute, window, Instant::now())
+            .map_err(|wait| Error::TooManyRequests {
                 detail: format!("at most {per_minute} {name} per minute per token"),
                 retry_after: wait.as_secs().max(1),
-            });
-        }
-        times.push_back(now);
-        Ok(())
-    }
-}
-
-impl FromRequestParts<AppState> for Caller {
-    type Rejection = Error;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Caller, Error> {
-        let auth = state.auth();
-        let Some(token) = presented_token(parts) else {
-            if !auth.required.load(Ordering::Relaxed) {
-                // Open mode until the first token exists (checked each time,
-                // so a token created by the CLI takes effect at once).
-                if state.store().any_active_token().await? {
-                    auth.required.store(true, Ordering::Relaxed);
-                } else {
-                    return Ok(Caller {
-                        user: "anonymous".into(),
-                        role: Role::Operator,
-                        token_id: None,
-                    });
-                }
-            }
-            return Err(Error::Unauthorized("a bearer token is required".into()));
-        };
-        match state.store().find_token(&hash_token(&token)).await? {
-            Some(info) => {
-                auth.required.store(true, Ordering::Relaxed);
-                Ok(Caller {
-                    user: info.user,
-                    role: info.role,
-                    token_id: Some(info.id),
-                })
-            }
-            None => Err(Error::Unauthorized("unknown or revoked token".into())),
-        }
+            })
     }
 }
 

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The default config file looked up in the working directory.
 pub const DEFAULT_CONFIG_FILE: &str = "acp-gateway.toml";
@@ -40,13 +40,13 @@ pub struct Config {
     pub agents: Vec<AgentProfile>,
     /// Operator auto-approve rules, in order (the API can replace them).
     #[serde(default)]
-    pub policies: Vec<crate::policy::PolicyRule>,
+    pub policies: Vec<crate::model::PolicyRule>,
     /// Origins allowed to call the API from a browser (CORS is off without).
     #[serde(default)]
     pub cors_origins: Vec<String>,
     /// Per-token request limits.
     #[serde(default)]
-    pub rate_limits: crate::auth::RateLimits,
+    pub rate_limits: RateLimits,
     /// The system user agents run as when their profile names none.
     #[serde(default)]
     pub agent_user: Option<String>,
@@ -83,7 +83,7 @@ pub struct AgentProfile {
     pub on_timeout: crate::permissions::OnTimeout,
     /// `ask` (policies decide, the rest asks), `read_only` or `trusted`.
     #[serde(default)]
-    pub mode: crate::policy::Mode,
+    pub mode: crate::permissions::policy::Mode,
     /// The (unprivileged) system user the agent runs as.
     #[serde(default)]
     pub user: Option<String>,
@@ -93,6 +93,32 @@ pub struct AgentProfile {
     /// How long `initialize` and `session/new` may take each.
     #[serde(default = "default_startup_timeout", with = "humantime_serde")]
     pub startup_timeout: Duration,
+}
+
+/// Requests per minute allowed per token.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimits {
+    #[serde(default = "default_prompts_per_minute")]
+    pub prompts_per_minute: u32,
+    #[serde(default = "default_connections_per_minute")]
+    pub connections_per_minute: u32,
+}
+
+fn default_prompts_per_minute() -> u32 {
+    30
+}
+fn default_connections_per_minute() -> u32 {
+    120
+}
+
+impl Default for RateLimits {
+    fn default() -> Self {
+        RateLimits {
+            prompts_per_minute: default_prompts_per_minute(),
+            connections_per_minute: default_connections_per_minute(),
+        }
+    }
 }
 
 fn default_listen() -> String {
@@ -185,7 +211,8 @@ impl Config {
         if self.event_buffer == 0 {
             bail!("event_buffer: must be at least 1");
         }
-        crate::policy::Policies::compile(&self.policies).map_err(|e| anyhow::anyhow!(e))?;
+        crate::permissions::policy::Policies::compile(&self.policies)
+            .map_err(|e| anyhow::anyhow!(e))?;
         for (i, origin) in self.cors_origins.iter().enumerate() {
             if origin.parse::<axum::http::HeaderValue>().is_err() || !origin.contains("://") {
                 bail!(
@@ -194,7 +221,7 @@ impl Config {
             }
         }
         if let Some(user) = &self.agent_user {
-            crate::acp::agent::lookup_user(user).map_err(|e| anyhow::anyhow!("agent_user: {e}"))?;
+            crate::sys::lookup_user(user).map_err(|e| anyhow::anyhow!("agent_user: {e}"))?;
         }
         if self.rate_limits.prompts_per_minute == 0 || self.rate_limits.connections_per_minute == 0
         {
@@ -228,8 +255,7 @@ impl Config {
                 }
             }
             if let Some(user) = &agent.user {
-                crate::acp::agent::lookup_user(user)
-                    .map_err(|e| anyhow::anyhow!("{key}.user: {e}"))?;
+                crate::sys::lookup_user(user).map_err(|e| anyhow::anyhow!("{key}.user: {e}"))?;
             }
             if agent.permission_timeout.is_some_and(|t| t.is_zero()) {
                 bail!("{key}.permission_timeout: must be greater than zero");
@@ -291,40 +317,56 @@ impl AgentProfile {
         })
     }
 
+    /// The directory a conversation of this profile runs in: the one asked for,
+    /// else the profile's, else the gateway's own; absolute, inside the
+    /// `allowed_roots`, an existing directory, and resolved (no `..`,
+    /// no symlinks), so the agent gets it as it really is. The policy dry run
+    /// resolves its `cwd` the same way.
+    pub fn conversation_cwd(&self, requested: Option<&str>) -> crate::error::Result<PathBuf> {
+        let cwd = match requested.map(PathBuf::from).or_else(|| self.cwd.clone()) {
+            Some(cwd) => cwd,
+            None => std::env::current_dir().map_err(anyhow::Error::from)?,
+        };
+        if !cwd.is_absolute() {
+            return Err(crate::error::Error::Unprocessable(format!(
+                "cwd {cwd:?} must be an absolute path"
+            )));
+        }
+        // Outside the allowed roots, whether a directory exists is none of the
+        // caller's business: checked first, and one answer for both.
+        self.check_allowed_root(&cwd)?;
+        if !cwd.is_dir() {
+            return Err(crate::error::Error::Unprocessable(format!(
+                "cwd {cwd:?} is not a directory"
+            )));
+        }
+        Ok(std::fs::canonicalize(&cwd).map_err(anyhow::Error::from)?)
+    }
+
+    /// `allowed_roots`: the cwd, with `..` and symlinks resolved,
+    /// must be inside one of them.
+    fn check_allowed_root(&self, cwd: &Path) -> crate::error::Result<()> {
+        if self.allowed_roots.is_empty() {
+            return Ok(());
+        }
+        let inside = std::fs::canonicalize(cwd).is_ok_and(|real| {
+            self.allowed_roots
+                .iter()
+                .any(|root| std::fs::canonicalize(root).is_ok_and(|root| real.starts_with(root)))
+        });
+        if inside {
+            Ok(())
+        } else {
+            Err(crate::error::Error::Unprocessable(format!(
+                "cwd {cwd:?} is not a directory inside the agent's allowed_roots"
+            )))
+        }
+    }
+
     /// Why the command cannot be run, or `None` if it looks runnable.
     pub fn unavailable_reason(&self) -> Option<String> {
-        resolve_command(&self.command, self.env.get("PATH").map(String::as_str)).err()
+        crate::sys::resolve_command(&self.command, self.env.get("PATH").map(String::as_str)).err()
     }
-}
-
-/// Finds the executable a command names, the way a shell would.
-pub fn resolve_command(command: &str, path_override: Option<&str>) -> Result<PathBuf, String> {
-    use std::os::unix::fs::PermissionsExt;
-    let is_executable = |p: &Path| {
-        std::fs::metadata(p)
-            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-            .unwrap_or(false)
-    };
-    if command.contains('/') {
-        let p = PathBuf::from(command);
-        return if is_executable(&p) {
-            // Absolute, so that the agent's own cwd does not change its meaning;
-            // symlinks are kept (a venv's python must stay the venv's).
-            Ok(std::path::absolute(&p).unwrap_or(p))
-        } else if p.exists() {
-            Err(format!("{command} is not an executable file"))
-        } else {
-            Err(format!("{command} does not exist"))
-        };
-    }
-    let path = path_override
-        .map(str::to_owned)
-        .or_else(|| std::env::var("PATH").ok())
-        .unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(command))
-        .find(|p| is_executable(p))
-        .ok_or_else(|| format!("{command} not found in PATH"))
 }
 
 #[cfg(test)]

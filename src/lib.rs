@@ -3,47 +3,57 @@
 //! Puts ACP (Agent Client Protocol) coding agents behind REST + WebSocket,
 //! with everything persisted in Postgres or an embedded SQLite file.
 //!
-//! How the parts fit:
-//! - [`config`]: the TOML config and its validation.
+//! The parts, from the top down; imports point down this list, never back
+//! up (`tests/architecture.rs` fails on any import loop):
+//! - [`app`]: building and running the whole gateway; [`cli`]: the other
+//!   commands (`migrate`, `export`, `token`).
+//! - [`api`]: the HTTP + WebSocket API of `../shared/docs/api.md`: one
+//!   router per resource; handlers call the session supervisor and the store
+//!   only.
+//! - [`session`]: conversations at work. [`session::Sessions`] is the
+//!   supervisor (live sessions, start, prompt, cancel, answer, close,
+//!   recovery after a restart); [`session::task`] is one conversation's loop
+//!   that owns its agent; [`session::transcript`] (pure) turns chunks into
+//!   messages and tool-call states; [`session::pending`] holds permission
+//!   requests until answered; [`session::journal`] is the single writer that
+//!   assigns `seq`, commits, then publishes to the [`bus`].
 //! - [`acp`]: the protocol side. [`acp::rpc`] frames and multiplexes JSON-RPC
 //!   over any `AsyncRead`/`AsyncWrite`; [`acp::agent`] spawns and kills agent
-//!   processes; [`acp::procs`] finds and kills what a crashed run's agents
-//!   left running.
-//! - [`session`]: one task per live conversation, owning its agent; turns ACP
-//!   traffic into events and state, carries out API commands.
-//! - [`journal`]: a conversation's single writer: assigns `seq`, batches writes,
-//!   commits, then publishes to the [`bus`].
-//! - [`permissions`]: answer checks, timeouts and remembered "always" rules
-//!   (pure functions the session applies).
-//! - [`policy`]: the operator auto-approve engine (pure: rules in, verdict out).
-//! - [`shell`]: what a shell command line runs, wrappers unwrapped (pure,
-//!   on `brush-parser`), for the policy engine.
+//!   processes; [`acp::client`] is the typed ACP session (handshake, prompt,
+//!   cancel); [`acp::procs`] finds what a crashed run's agents left running.
+//! - [`permissions`]: answers to permission requests, timeouts, and the
+//!   policies in force; [`permissions::policy`] is the operator auto-approve
+//!   engine (pure: rules in, verdict out) on [`permissions::shell`], which
+//!   reads what a shell line runs (pure, on `brush-parser`).
 //! - [`store`]: persistence behind one trait ([`store::Store`]): Postgres and
 //!   SQLite from one SQL text, and export between them.
-//! - [`auth`]: bearer tokens, roles, per-token rate limits.
-//! - [`api`]: the HTTP + WebSocket API of `../shared/docs/api.md`.
-//! - [`app`]: building and running the whole gateway.
+//! - [`auth`]: bearer tokens, roles, who a token names, per-token rate limits.
+//! - [`config`]: the TOML config and its validation.
+//! - [`model`] (the API's objects and typed event payloads), [`error`] (its
+//!   one error type), [`limits`] (on what users send), [`ratelimit`] (one
+//!   sliding window), [`sys`] (what we ask of the operating system).
 //! - [`demo_agent`]: the scripted ACP agent for tests and demos.
-//! - [`model`], [`error`]: the API's objects and its one error type.
 //!
-//! Data flows agent stdout → rpc → session → journal (store, then bus) →
-//! WebSocket; commands flow REST → session handle → rpc → agent stdin.
+//! Data flows agent stdout → rpc → session task → journal (store, then bus)
+//! → WebSocket; commands flow REST → supervisor → session task → rpc → agent
+//! stdin.
 
 pub mod acp;
 pub mod api;
 pub mod app;
 pub mod auth;
 pub mod bus;
+pub mod cli;
 pub mod config;
 pub mod demo_agent;
 pub mod error;
-pub mod journal;
+pub mod limits;
 pub mod model;
 pub mod permissions;
-pub mod policy;
+pub mod ratelimit;
 pub mod session;
-pub mod shell;
 pub mod store;
+pub mod sys;
 
 pub use app::Gateway;
 pub use config::Config;

@@ -2,6 +2,8 @@
 //! them. ACP objects inside them (updates, tool calls, content blocks,
 //! permission options) are kept as raw JSON, verbatim.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -17,6 +19,14 @@ pub fn new_id() -> Uuid {
 pub fn now() -> DateTime<Utc> {
     let now = Utc::now();
     DateTime::from_timestamp_micros(now.timestamp_micros()).unwrap_or(now)
+}
+
+/// A list in the contract's shape: one page of items, and the cursor of
+/// the next page (`None`: this is the last).
+#[derive(Debug, Serialize)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub next_cursor: Option<String>,
 }
 
 /// Lifecycle of a conversation.
@@ -102,13 +112,13 @@ pub mod event_type {
 /// Who spoke a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Role {
+pub enum MessageRole {
     User,
     Agent,
     Thought,
 }
 
-impl Role {
+impl MessageRole {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::User => "user",
@@ -131,7 +141,7 @@ impl Role {
 pub struct Message {
     pub id: Uuid,
     pub turn_id: Option<Uuid>,
-    pub role: Role,
+    pub role: MessageRole,
     pub content: Vec<Value>,
     pub created_at: DateTime<Utc>,
 }
@@ -329,6 +339,149 @@ impl PermissionRequest {
     }
 }
 
+/// What a user may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Sees and answers only their own conversations.
+    User,
+    /// Sees everything; alone changes policies and tokens.
+    Operator,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::User => "user",
+            Role::Operator => "operator",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "user" => Some(Role::User),
+            "operator" => Some(Role::Operator),
+            _ => None,
+        }
+    }
+}
+
+/// A remembered "always" answer, scoped to one conversation.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Rule {
+    pub id: Uuid,
+    pub conversation_id: Uuid,
+    /// The tool call kind it covers.
+    pub tool_kind: String,
+    /// The program (`execute`), the path (path tools) or the title (others).
+    pub subject: String,
+    /// `allow_always` or `reject_always`.
+    pub option_kind: String,
+    /// The request whose answer created it.
+    pub permission_id: Uuid,
+    pub created_at: DateTime<Utc>,
+}
+
+/// What an operator policy rule decides (the rule's `decision`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    Allow,
+    Deny,
+    Ask,
+}
+
+/// At most `count` automatic approvals by one rule per `window`, per
+/// conversation; beyond it, a person is asked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    pub count: u32,
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+}
+
+/// One operator rule, as written in the config file or sent to the API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyRule {
+    pub name: String,
+    /// Profile names, or `"*"` for every agent (the default).
+    #[serde(default = "every_agent")]
+    pub agents: Vec<String>,
+    /// Tool call kinds it covers (empty: every kind).
+    #[serde(default)]
+    pub kinds: Vec<String>,
+    /// Regexes; the rule covers a shell command part that one of them matches.
+    #[serde(default)]
+    pub commands: Vec<String>,
+    /// Globs over normalised paths; `{cwd}` is the conversation's directory.
+    #[serde(default)]
+    pub paths: Vec<String>,
+    pub decision: Action,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_auto_per: Option<RateLimit>,
+    /// Answer `allow` with the agent's `allow_always` option.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub remember: bool,
+}
+
+fn every_agent() -> Vec<String> {
+    vec!["*".into()]
+}
+
+/// The typed `data` of an event whose shape the gateway defines;
+/// [`EventData::KIND`] is its `type`.
+pub trait EventData: Serialize {
+    const KIND: &'static str;
+}
+
+/// `turn_started`: a prompt was accepted.
+#[derive(Debug, Serialize)]
+pub struct TurnStarted<'a> {
+    pub turn_id: Uuid,
+    pub content: &'a [Value],
+}
+
+impl EventData for TurnStarted<'_> {
+    const KIND: &'static str = event_type::TURN_STARTED;
+}
+
+/// `turn_ended`: the agent answered `session/prompt`, or the turn ended
+/// without that answer (`stop_reason` `error`, with the reason in `error`).
+#[derive(Debug, Serialize)]
+pub struct TurnEnded {
+    pub turn_id: Uuid,
+    pub stop_reason: String,
+    pub error: Option<String>,
+}
+
+impl EventData for TurnEnded {
+    const KIND: &'static str = event_type::TURN_ENDED;
+}
+
+/// Where the agent process stands, as `agent_status` events say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentState {
+    Starting,
+    Ready,
+    Exited,
+    Failed,
+}
+
+/// `agent_status`: the agent process started, is ready, or went away (why,
+/// with its last stderr lines, in `detail`).
+#[derive(Debug, Serialize)]
+pub struct AgentStatus {
+    pub status: AgentState,
+    pub detail: Option<String>,
+}
+
+impl EventData for AgentStatus {
+    const KIND: &'static str = event_type::AGENT_STATUS;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -339,7 +492,7 @@ mod tests {
         let mut m = Message {
             id: new_id(),
             turn_id: None,
-            role: Role::Agent,
+            role: MessageRole::Agent,
             content: vec![],
             created_at: now(),
         };

@@ -430,11 +430,11 @@ async fn a_token_never_appears_in_the_log(db: TestDb) {
 }
 
 async fn an_agent_profile_with_a_user_runs_its_process_under_that_uid(db: TestDb) {
-    if !acp_gateway::acp::agent::running_as_root() {
+    if !acp_gateway::sys::running_as_root() {
         eprintln!("skipping: only a root gateway can switch users");
         return;
     }
-    let nobody = acp_gateway::acp::agent::lookup_user("nobody").expect("a nobody user");
+    let nobody = acp_gateway::sys::lookup_user("nobody").expect("a nobody user");
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(
         dir.path(),

@@ -4,7 +4,8 @@
 mod common;
 
 use acp_gateway::config::AgentProfile;
-use acp_gateway::policy::{Mode, PolicyRule};
+use acp_gateway::model::PolicyRule;
+use acp_gateway::permissions::policy::Mode;
 use common::*;
 use serde_json::{json, Value};
 

@@ -45,7 +45,7 @@ impl AgentProcess {
         cwd: &Path,
         conversation_id: Uuid,
     ) -> anyhow::Result<(AgentProcess, AgentPipes)> {
-        let program = crate::config::resolve_command(
+        let program = crate::sys::resolve_command(
             &profile.command,
             profile.env.get("PATH").map(String::as_str),
         )
@@ -65,8 +65,8 @@ impl AgentProcess {
         if let Some(name) = &profile.user {
             // Unprivileged: std drops the supplementary groups too when the
             // gateway is root.
-            let user =
-                lookup_user(name).map_err(|e| anyhow::anyhow!("agent {:?}: {e}", profile.name))?;
+            let user = crate::sys::lookup_user(name)
+                .map_err(|e| anyhow::anyhow!("agent {:?}: {e}", profile.name))?;
             command.uid(user.uid).gid(user.gid);
             for (key, value) in [("HOME", &user.home), ("USER", name), ("LOGNAME", name)] {
                 if !profile.env.contains_key(key) {
@@ -213,52 +213,4 @@ fn truncate(s: &str, max: usize) -> String {
         end -= 1;
     }
     format!("{}…", &s[..end])
-}
-
-/// A system account agents can run as.
-#[derive(Debug, Clone)]
-pub struct SystemUser {
-    pub uid: u32,
-    pub gid: u32,
-    pub home: String,
-}
-
-/// Looks a user up in the system's user database.
-pub fn lookup_user(name: &str) -> Result<SystemUser, String> {
-    let c_name = std::ffi::CString::new(name).map_err(|_| format!("invalid user name {name:?}"))?;
-    let mut buf = vec![0u8; 16 * 1024];
-    // SAFETY: getpwnam_r writes only into `pwd` and `buf` (whose length we
-    // pass) and sets `result` to null or to `&pwd`.
-    unsafe {
-        let mut pwd: libc::passwd = std::mem::zeroed();
-        let mut result: *mut libc::passwd = std::ptr::null_mut();
-        let rc = libc::getpwnam_r(
-            c_name.as_ptr(),
-            &mut pwd,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            &mut result,
-        );
-        if rc != 0 || result.is_null() {
-            return Err(format!("no system user named {name:?}"));
-        }
-        let home = if pwd.pw_dir.is_null() {
-            "/".to_owned()
-        } else {
-            std::ffi::CStr::from_ptr(pwd.pw_dir)
-                .to_string_lossy()
-                .into_owned()
-        };
-        Ok(SystemUser {
-            uid: pwd.pw_uid,
-            gid: pwd.pw_gid,
-            home,
-        })
-    }
-}
-
-/// Whether the gateway itself runs as root.
-pub fn running_as_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }

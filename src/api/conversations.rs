@@ -1,8 +1,6 @@
 //! `/api/v1/conversations`: create, list, prompt, cancel, close, and read a
 //! conversation's history.
 
-use std::path::PathBuf;
-
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
@@ -12,13 +10,12 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use super::{limits, AppJson, AppPath, AppQuery, AppState, Page};
+use super::extract::{AppJson, AppPath, AppQuery};
+use super::state::AppState;
 use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
-use crate::journal::Journal;
-use crate::model::{self, Conversation, ConversationStatus, Event, Message, ToolCall};
-use crate::permissions::Rule;
-use crate::session::{self, StartParams};
+use crate::limits;
+use crate::model::{self, Conversation, ConversationStatus, Event, Message, Page, Rule, ToolCall};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -63,25 +60,7 @@ async fn create(
         .config()
         .agent(&body.agent)
         .ok_or_else(|| Error::NotFound(format!("no agent named {:?}", body.agent)))?;
-    let cwd = match body.cwd.map(PathBuf::from).or_else(|| profile.cwd.clone()) {
-        Some(cwd) => cwd,
-        None => std::env::current_dir().map_err(anyhow::Error::from)?,
-    };
-    if !cwd.is_absolute() {
-        return Err(Error::Unprocessable(format!(
-            "cwd {cwd:?} must be an absolute path"
-        )));
-    }
-    // Outside the allowed roots, whether a directory exists is none of the
-    // caller's business: checked first, and one answer for both.
-    check_allowed_root(&profile, &cwd)?;
-    if !cwd.is_dir() {
-        return Err(Error::Unprocessable(format!(
-            "cwd {cwd:?} is not a directory"
-        )));
-    }
-    // The agent gets the directory as it really is: no `..`, no symlinks.
-    let cwd = std::fs::canonicalize(&cwd).map_err(anyhow::Error::from)?;
+    let cwd = profile.conversation_cwd(body.cwd.as_deref())?;
     let now = model::now();
     let conversation = Conversation {
         id: model::new_id(),
@@ -95,39 +74,8 @@ async fn create(
         updated_at: now,
         owner: Some(caller.user.clone()),
     };
-    let id = conversation.id;
-    let (handle, conversation, task) = session::start(StartParams {
-        sink: state.sink().clone(),
-        profile,
-        conversation,
-        max_line_bytes: state.config().max_line_bytes,
-        shutdown: state.shutdown_token().child_token(),
-        policies: state.policies().clone(),
-    })
-    .await?;
-    state.adopt(id, handle, task);
+    let conversation = state.sessions().start(profile, conversation).await?;
     Ok((StatusCode::CREATED, Json(conversation)))
-}
-
-/// A profile's `allowed_roots`: the cwd, with `..` and symlinks resolved,
-/// must be inside one of them.
-fn check_allowed_root(profile: &crate::config::AgentProfile, cwd: &std::path::Path) -> Result<()> {
-    if profile.allowed_roots.is_empty() {
-        return Ok(());
-    }
-    let inside = std::fs::canonicalize(cwd).is_ok_and(|real| {
-        profile
-            .allowed_roots
-            .iter()
-            .any(|root| std::fs::canonicalize(root).is_ok_and(|root| real.starts_with(root)))
-    });
-    if inside {
-        Ok(())
-    } else {
-        Err(Error::Unprocessable(format!(
-            "cwd {cwd:?} is not a directory inside the agent's allowed_roots"
-        )))
-    }
 }
 
 #[derive(Deserialize)]
@@ -186,32 +134,8 @@ async fn close(
     AppPath(id): AppPath<Uuid>,
 ) -> Result<StatusCode> {
     let conversation = load(&state, &caller, id).await?;
-    match state.session(id) {
-        Some(session) => session.close().await,
-        None if conversation.status != ConversationStatus::Closed => {
-            // No agent here (it failed, or the gateway restarted): just record it.
-            let mut journal = Journal::new(state.sink().clone(), &conversation, None);
-            journal.set_status(ConversationStatus::Closed);
-            journal.flush().await?;
-        }
-        None => {}
-    }
+    state.sessions().close(&conversation).await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-fn not_live(conversation: &Conversation) -> Error {
-    match conversation.status {
-        ConversationStatus::Closed => {
-            Error::conflict("conversation_closed", "the conversation is closed")
-        }
-        _ => Error::conflict(
-            "agent_unavailable",
-            format!(
-                "the conversation's agent is not running (status {})",
-                conversation.status.as_str()
-            ),
-        ),
-    }
 }
 
 #[derive(Deserialize)]
@@ -256,14 +180,8 @@ async fn prompt(
     let content = body.content()?;
     let conversation = load(&state, &caller, id).await?;
     state.auth().check_rate(&caller, Limited::Prompt)?;
-    let session = state.session(id).ok_or_else(|| not_live(&conversation))?;
-    match session.prompt(content).await {
-        Some(result) => {
-            let turn_id = result?;
-            Ok((StatusCode::ACCEPTED, Json(json!({"turn_id": turn_id}))))
-        }
-        None => Err(not_live(&load(&state, &caller, id).await?)),
-    }
+    let turn_id = state.sessions().prompt(&conversation, content).await?;
+    Ok((StatusCode::ACCEPTED, Json(json!({"turn_id": turn_id}))))
 }
 
 async fn cancel(
@@ -272,15 +190,7 @@ async fn cancel(
     AppPath(id): AppPath<Uuid>,
 ) -> Result<impl IntoResponse> {
     let conversation = load(&state, &caller, id).await?;
-    if let Some(session) = state.session(id) {
-        if let Some(result) = session.cancel().await {
-            result?;
-            return Ok((StatusCode::ACCEPTED, Json(json!({}))));
-        }
-    }
-    if conversation.status.is_final() {
-        return Err(not_live(&conversation));
-    }
+    state.sessions().cancel(&conversation).await?;
     Ok((StatusCode::ACCEPTED, Json(json!({}))))
 }
 

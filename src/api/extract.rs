@@ -1,6 +1,7 @@
-//! Extractors that turn every bad input into the same problem+json shape:
-//! malformed JSON → 400, wrong shape → 422, not JSON → 415, too large → 413,
-//! an id that is not a UUID → 404.
+//! Extractors: the [`Caller`] a request's token names (see [`crate::auth`]),
+//! and bodies, paths and queries where every bad input gets the same
+//! problem+json shape: malformed JSON → 400, wrong shape → 422, not JSON →
+//! 415, too large → 413, an id that is not a UUID → 404.
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
@@ -8,7 +9,65 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 
+use super::state::AppState;
+use crate::auth::Caller;
 use crate::error::Error;
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Caller, Error> {
+        let token = presented_token(parts);
+        state.auth().identify(state.store(), token.as_deref()).await
+    }
+}
+
+/// The token a request presents: the `Authorization` header, or, on a
+/// WebSocket upgrade only (browsers cannot set headers there),
+/// `?access_token=` or the `bearer.<token>` subprotocol.
+fn presented_token(parts: &Parts) -> Option<String> {
+    if let Some(value) = parts.headers.get(axum::http::header::AUTHORIZATION) {
+        let value = value.to_str().ok()?;
+        let (scheme, token) = value.split_once(' ')?;
+        return scheme
+            .eq_ignore_ascii_case("bearer")
+            .then(|| token.trim().to_owned());
+    }
+    if !is_websocket_upgrade(parts) {
+        return None;
+    }
+    if let Some(query) = parts.uri.query() {
+        for pair in query.split('&') {
+            if let Some(token) = pair.strip_prefix("access_token=") {
+                return Some(token.to_owned());
+            }
+        }
+    }
+    bearer_subprotocol(parts).map(|(token, _)| token)
+}
+
+/// A `GET` asking to upgrade to a WebSocket.
+fn is_websocket_upgrade(parts: &Parts) -> bool {
+    parts.method == axum::http::Method::GET
+        && parts
+            .headers
+            .get(axum::http::header::UPGRADE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
+}
+
+/// `Sec-WebSocket-Protocol: bearer.<token>`: the token and the protocol
+/// string to echo back.
+pub fn bearer_subprotocol(parts: &Parts) -> Option<(String, String)> {
+    let header = parts
+        .headers
+        .get(axum::http::header::SEC_WEBSOCKET_PROTOCOL)?;
+    header.to_str().ok()?.split(',').find_map(|p| {
+        let p = p.trim();
+        p.strip_prefix("bearer.")
+            .map(|token| (token.to_owned(), p.to_owned()))
+    })
+}
 
 /// `axum::Json` with our error shape.
 pub struct AppJson<T>(pub T);

@@ -3,134 +3,24 @@
 
 mod conversations;
 mod extract;
-pub mod limits;
 mod permissions;
 mod policies;
+mod state;
 mod tokens;
 mod ws;
-
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
-use serde::Serialize;
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-use uuid::Uuid;
 
-use crate::config::Config;
-use crate::journal::Sink;
-use crate::policy::PolicyHandle;
-use crate::session::SessionHandle;
+use crate::auth::Caller;
+use crate::error::Error;
 
 pub use extract::{AppJson, AppPath, AppQuery};
-
-/// Shared state of the API: cheap to clone.
-#[derive(Clone)]
-pub struct AppState {
-    inner: Arc<Shared>,
-}
-
-struct Shared {
-    config: Config,
-    sink: Sink,
-    sessions: Mutex<HashMap<Uuid, SessionHandle>>,
-    shutdown: CancellationToken,
-    tasks: TaskTracker,
-    policies: PolicyHandle,
-    auth: crate::auth::Auth,
-}
-
-impl AppState {
-    pub fn new(
-        config: Config,
-        sink: Sink,
-        policies: PolicyHandle,
-        auth: crate::auth::Auth,
-        shutdown: CancellationToken,
-        tasks: TaskTracker,
-    ) -> Self {
-        AppState {
-            inner: Arc::new(Shared {
-                config,
-                sink,
-                sessions: Mutex::new(HashMap::new()),
-                shutdown,
-                tasks,
-                policies,
-                auth,
-            }),
-        }
-    }
-
-    /// Authentication and rate limits.
-    pub fn auth(&self) -> &crate::auth::Auth {
-        &self.inner.auth
-    }
-
-    /// The conversation, if it exists and the caller may see it (another
-    /// user's conversation is "not found", not "forbidden").
-    pub async fn visible_conversation(
-        &self,
-        caller: &crate::auth::Caller,
-        id: Uuid,
-    ) -> crate::error::Result<crate::model::Conversation> {
-        self.store()
-            .get_conversation(id)
-            .await?
-            .filter(|c| caller.can_see(c.owner.as_deref()))
-            .ok_or_else(|| crate::error::Error::NotFound(format!("no conversation {id}")))
-    }
-
-    /// The operator policies in force.
-    pub fn policies(&self) -> &PolicyHandle {
-        &self.inner.policies
-    }
-
-    pub fn config(&self) -> &Config {
-        &self.inner.config
-    }
-
-    pub fn sink(&self) -> &Sink {
-        &self.inner.sink
-    }
-
-    pub fn store(&self) -> &dyn crate::store::Store {
-        &*self.inner.sink.store
-    }
-
-    /// The live session of a conversation, if its agent runs on this node.
-    pub fn session(&self, id: Uuid) -> Option<SessionHandle> {
-        let sessions = self.inner.sessions.lock().unwrap();
-        sessions.get(&id).filter(|h| !h.is_closed()).cloned()
-    }
-
-    pub fn shutdown_token(&self) -> &CancellationToken {
-        &self.inner.shutdown
-    }
-
-    /// Registers a started session and forgets it when its task ends.
-    fn adopt(&self, id: Uuid, handle: SessionHandle, task: tokio::task::JoinHandle<()>) {
-        self.inner.sessions.lock().unwrap().insert(id, handle);
-        let state = self.clone();
-        self.inner.tasks.spawn(async move {
-            let _ = task.await;
-            state.inner.sessions.lock().unwrap().remove(&id);
-        });
-    }
-}
-
-/// Lists in the contract's shape.
-#[derive(Serialize)]
-pub struct Page<T> {
-    pub items: Vec<T>,
-    pub next_cursor: Option<String>,
-}
+pub use state::AppState;
 
 /// The whole API.
 pub fn router(state: AppState) -> Router {
@@ -175,10 +65,7 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     }
 }
 
-async fn list_agents(
-    State(state): State<AppState>,
-    _caller: crate::auth::Caller,
-) -> Json<serde_json::Value> {
+async fn list_agents(State(state): State<AppState>, _caller: Caller) -> Json<serde_json::Value> {
     let items: Vec<_> = state
         .config()
         .agents
@@ -198,8 +85,8 @@ async fn list_agents(
 
 /// Unknown paths: 404, but only for a caller who may call the API at all
 /// (without a valid token, 401 first, so the API's shape is not probed).
-async fn not_found(_caller: crate::auth::Caller) -> crate::error::Error {
-    crate::error::Error::NotFound("no such endpoint".into())
+async fn not_found(_caller: Caller) -> Error {
+    Error::NotFound("no such endpoint".into())
 }
 
 /// CORS for the configured origins only; none configured means no CORS

@@ -6,11 +6,12 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{AppJson, AppPath, AppQuery, AppState, Page};
+use super::extract::{AppJson, AppPath, AppQuery};
+use super::state::AppState;
 use crate::auth::Caller;
 use crate::error::{Error, Result};
-use crate::model::PermissionRequest;
-use crate::permissions::{answer_resolved, validate_answer, Answer};
+use crate::model::{Page, PermissionRequest};
+use crate::permissions::Answer;
 use crate::store::PermissionFilter;
 
 pub fn router() -> Router<AppState> {
@@ -102,24 +103,9 @@ async fn respond(
 ) -> Result<Json<PermissionRequest>> {
     let answer = body.answer()?;
     let request = visible_request(&state, &caller, id).await?;
-    let decided_by = caller.decided_by();
-    if let Some(session) = state.session(request.conversation_id) {
-        if let Some(result) = session.respond(id, answer.clone(), decided_by).await {
-            return result.map(Json);
-        }
-    }
-    // No live agent: only a repeat of a recorded decision can succeed.
-    let request = state
-        .store()
-        .get_permission(id)
-        .await?
-        .ok_or_else(|| Error::NotFound(format!("no permission request {id}")))?;
-    validate_answer(&request, &answer)?;
-    if request.status == crate::model::PermissionStatus::Pending {
-        return Err(Error::conflict(
-            "agent_gone",
-            "the agent that asked is no longer running",
-        ));
-    }
-    answer_resolved(request, &answer).map(Json)
+    state
+        .sessions()
+        .respond(&request, answer, caller.decided_by())
+        .await
+        .map(Json)
 }

@@ -2,8 +2,6 @@
 //! whole, and a dry run that evaluates a tool call exactly as the live path
 //! does.
 
-use std::path::PathBuf;
-
 use axum::extract::State;
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -11,11 +9,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{AppJson, AppState};
+use super::extract::AppJson;
+use super::state::AppState;
 use crate::auth::Caller;
 use crate::error::{Error, Result};
-use crate::model;
-use crate::policy::{Decision, Facts, Policies, PolicyRule};
+use crate::limits;
+use crate::model::{self, Action, PolicyRule};
+use crate::permissions::policy::{Facts, Policies};
 use crate::store::PolicySet;
 
 pub fn router() -> Router<AppState> {
@@ -43,7 +43,7 @@ async fn current(state: &AppState) -> Result<PolicyList> {
             updated_at: Some(set.updated_at),
         },
         None => PolicyList {
-            items: state.policies().config_rules().to_vec(),
+            items: state.sessions().policies().config_rules().to_vec(),
             next_cursor: None,
             updated_by: "config".into(),
             updated_at: None,
@@ -68,10 +68,10 @@ async fn replace(
     AppJson(body): AppJson<ReplaceBody>,
 ) -> Result<Json<PolicyList>> {
     caller.require_operator()?;
-    super::limits::count("items", body.items.len(), super::limits::POLICY_MAX_RULES)?;
+    limits::count("items", body.items.len(), limits::POLICY_MAX_RULES)?;
     for (i, rule) in body.items.iter().enumerate() {
         let field = format!("items[{i}].name");
-        super::limits::line(&field, &rule.name, super::limits::POLICY_NAME_MAX_CHARS)?;
+        limits::line(&field, &rule.name, limits::POLICY_NAME_MAX_CHARS)?;
     }
     let policies = Policies::compile(&body.items).map_err(Error::Unprocessable)?;
     let set = PolicySet {
@@ -81,7 +81,7 @@ async fn replace(
         updated_at: model::now(),
     };
     state.store().save_policies(&set).await?;
-    state.policies().replace(set.id, policies);
+    state.sessions().policies().replace(set.id, policies);
     tracing::info!(policy_set = %set.id, rules = set.rules.len(), by = %set.updated_by, "policies replaced");
     current(&state).await.map(Json)
 }
@@ -98,7 +98,7 @@ struct EvaluateBody {
 
 #[derive(Serialize)]
 struct EvaluateResult {
-    decision: Decision,
+    decision: Action,
     rule: Option<String>,
     reason: String,
 }
@@ -110,7 +110,7 @@ async fn evaluate(
     caller: Caller,
     AppJson(body): AppJson<EvaluateBody>,
 ) -> Result<Json<EvaluateResult>> {
-    super::limits::bytes("agent", &body.agent, super::limits::AGENT_NAME_MAX_BYTES)?;
+    limits::bytes("agent", &body.agent, limits::AGENT_NAME_MAX_BYTES)?;
     let profile = state
         .config()
         .agent(&body.agent)
@@ -120,15 +120,8 @@ async fn evaluate(
             "tool_call must be an ACP ToolCall object".into(),
         ));
     }
-    let cwd = match body.cwd.map(PathBuf::from).or(profile.cwd.clone()) {
-        Some(cwd) if cwd.is_absolute() => cwd,
-        Some(cwd) => {
-            return Err(Error::Unprocessable(format!(
-                "cwd {cwd:?} must be absolute"
-            )))
-        }
-        None => std::env::current_dir().map_err(anyhow::Error::from)?,
-    };
+    // Resolved as for a new conversation, so the two agree on paths.
+    let cwd = profile.conversation_cwd(body.cwd.as_deref())?;
     let remembered = match body.conversation_id {
         Some(id) => {
             state.visible_conversation(&caller, id).await?;
@@ -136,7 +129,7 @@ async fn evaluate(
         }
         None => Vec::new(),
     };
-    let policies = state.policies().refresh(state.store()).await?;
+    let policies = state.sessions().policies().refresh(state.store()).await?;
     let facts = Facts {
         agent: &profile.name,
         tool_call: &body.tool_call,

@@ -11,9 +11,11 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use super::{AppJson, AppPath, AppState, Page};
-use crate::auth::{hash_token, new_token, Caller, Role};
+use super::extract::{AppJson, AppPath};
+use super::state::AppState;
+use crate::auth::{issue_token, valid_user_name, Caller};
 use crate::error::{Error, Result};
+use crate::model::{Page, Role};
 use crate::store::TokenInfo;
 
 pub fn router() -> Router<AppState> {
@@ -45,39 +47,14 @@ fn default_role() -> Role {
     Role::User
 }
 
-/// Checks a user name: `[A-Za-z0-9._@-]+`, at most 64 characters.
-pub fn valid_user_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "._@-".contains(c))
-}
-
 async fn create(
     State(state): State<AppState>,
     caller: Caller,
     AppJson(body): AppJson<CreateBody>,
 ) -> Result<(StatusCode, Json<Value>)> {
     caller.require_operator()?;
-    if !valid_user_name(&body.user) {
-        return Err(Error::Unprocessable(
-            "user must be 1-64 characters of [A-Za-z0-9._@-]".into(),
-        ));
-    }
-    if let Some(label) = &body.label {
-        super::limits::line("label", label, super::limits::LABEL_MAX_CHARS)?;
-    }
-    let token = new_token();
-    let info = state
-        .store()
-        .create_token(
-            &body.user,
-            body.role,
-            body.label.as_deref(),
-            &hash_token(&token),
-        )
-        .await?;
+    let (info, token) =
+        issue_token(state.store(), &body.user, body.role, body.label.as_deref()).await?;
     tracing::info!(token_id = %info.id, user = %info.user, by = %caller.user, "token created");
     let mut value = serde_json::to_value(&info).map_err(anyhow::Error::from)?;
     value["token"] = json!(token);

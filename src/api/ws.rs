@@ -19,8 +19,9 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::{AppPath, AppQuery, AppState};
-use crate::auth::{bearer_subprotocol, Caller, Limited};
+use super::extract::{bearer_subprotocol, AppPath, AppQuery};
+use super::state::AppState;
+use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
 use crate::store::PermissionFilter;
 
@@ -145,7 +146,7 @@ async fn serve_conversation(
     revoked: CancellationToken,
     mut socket: WebSocket,
 ) -> Result<(), WsEnd> {
-    let mut sub = state.sink().bus.subscribe(id);
+    let mut sub = state.bus().subscribe(id);
     let mut last = after;
     let shutdown = state.shutdown_token().clone();
     let result = async {
@@ -231,7 +232,7 @@ async fn serve_inbox(
     mut socket: WebSocket,
 ) -> Result<(), WsEnd> {
     // Subscribe before taking the snapshot so nothing falls between them.
-    let mut rx = state.sink().bus.subscribe_all();
+    let mut rx = state.bus().subscribe_all();
     let shutdown = state.shutdown_token().clone();
     let result = async {
         let pending = state

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use uuid::Uuid;
 
-use super::{Batch, ConversationPatch, PermissionFilter, Store};
+use super::backend::{Batch, ConversationPatch, PermissionFilter, Store};
 use crate::error::Result;
 use crate::model::Conversation;
 

@@ -1,18 +1,20 @@
-//! The Postgres backend of [`Store`](super::Store): for teams, and for several
+//! The Postgres backend of [`Store`]: for teams, and for several
 //! gateway nodes sharing one database.
 
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use uuid::Uuid;
 
+use super::backend::{
+    Batch, ConversationPatch, PermissionFilter, PolicySet, Resolution, Store, TokenInfo,
+};
 use super::rows::{
     text_col, ConversationRow, EventRow, JsonText, MessageRow, PermissionRow, PolicySetRow,
     RuleRow, TokenRow, ToolCallRow,
 };
 use super::sql::impl_store;
-use super::{Batch, ConversationPatch, PermissionFilter, PolicySet, Resolution, Store, TokenInfo};
 use crate::error::Result;
+use crate::model::Rule;
 use crate::model::{Conversation, Event, Message, PermissionRequest, ToolCall};
-use crate::permissions::Rule;
 
 /// Migrations embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");

@@ -7,11 +7,11 @@ use sqlx::types::Json;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
+use crate::model::Rule;
 use crate::model::{
-    Conversation, ConversationStatus, Decision, Event, Message, PermissionRequest,
-    PermissionStatus, Role, ToolCall,
+    Conversation, ConversationStatus, Decision, Event, Message, MessageRole, PermissionRequest,
+    PermissionStatus, ToolCall,
 };
-use crate::permissions::Rule;
 
 /// A JSON document bound as its text: Postgres `json` (not `jsonb`, which
 /// cannot hold the escape `\u0000`), SQLite `text`. The text is what
@@ -168,7 +168,7 @@ impl TryFrom<MessageRow> for Message {
         Ok(Message {
             id: r.id,
             turn_id: r.turn_id,
-            role: Role::parse(&r.role).ok_or_else(|| bad("role", &r.role))?,
+            role: MessageRole::parse(&r.role).ok_or_else(|| bad("role", &r.role))?,
             content: r.content.0,
             created_at: r.created_at,
         })
@@ -265,14 +265,14 @@ impl From<RuleRow> for Rule {
 #[derive(sqlx::FromRow)]
 pub struct PolicySetRow {
     id: Uuid,
-    rules: Json<Vec<crate::policy::PolicyRule>>,
+    rules: Json<Vec<crate::model::PolicyRule>>,
     updated_by: String,
     updated_at: DateTime<Utc>,
 }
 
-impl From<PolicySetRow> for super::PolicySet {
-    fn from(r: PolicySetRow) -> super::PolicySet {
-        super::PolicySet {
+impl From<PolicySetRow> for super::backend::PolicySet {
+    fn from(r: PolicySetRow) -> super::backend::PolicySet {
+        super::backend::PolicySet {
             id: r.id,
             rules: r.rules.0,
             updated_by: r.updated_by,
@@ -291,12 +291,12 @@ pub struct TokenRow {
     revoked_at: Option<DateTime<Utc>>,
 }
 
-impl TryFrom<TokenRow> for super::TokenInfo {
+impl TryFrom<TokenRow> for super::backend::TokenInfo {
     type Error = Error;
-    fn try_from(r: TokenRow) -> Result<super::TokenInfo> {
-        Ok(super::TokenInfo {
+    fn try_from(r: TokenRow) -> Result<super::backend::TokenInfo> {
+        Ok(super::backend::TokenInfo {
             id: r.id,
-            role: crate::auth::Role::parse(&r.role).ok_or_else(|| bad("role", &r.role))?,
+            role: crate::model::Role::parse(&r.role).ok_or_else(|| bad("role", &r.role))?,
             user: r.user_name,
             label: r.label,
             created_at: r.created_at,

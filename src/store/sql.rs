@@ -1,11 +1,11 @@
 //! The SQL both backends share. Postgres and SQLite accept the same
 //! statements here (`$n` parameters, `on conflict`, `returning`), and every
 //! bound and decoded type exists in both drivers, so [`impl_store!`] writes
-//! the [`Store`](super::Store) implementation once and each backend expands
+//! the [`Store`](super::backend::Store) implementation once and each backend expands
 //! it against its own pool. A backend supplies only what differs: its
 //! `insert_events` (Postgres inserts a whole batch with one `unnest`).
 
-/// Implements [`Store`](super::Store) for a backend type with a `pool` field.
+/// Implements [`Store`](super::backend::Store) for a backend type with a `pool` field.
 /// The invoking module must define
 /// `async fn insert_events(&mut Connection, Uuid, &[Event]) -> Result<()>`.
 macro_rules! impl_store {
@@ -344,7 +344,7 @@ macro_rules! impl_store {
             async fn create_token(
                 &self,
                 user: &str,
-                role: crate::auth::Role,
+                role: crate::model::Role,
                 label: Option<&str>,
                 hash: &str,
             ) -> Result<TokenInfo> {
@@ -456,7 +456,7 @@ macro_rules! impl_store {
 
             async fn record_agent_process(
                 &self,
-                record: &crate::store::AgentProcessRecord,
+                record: &super::backend::AgentProcessRecord,
             ) -> Result<()> {
                 sqlx::query(
                     "insert into agent_processes (conversation_id, pid, start_time, boot_id,
@@ -481,7 +481,7 @@ macro_rules! impl_store {
 
             async fn forget_agent_process(
                 &self,
-                record: &crate::store::AgentProcessRecord,
+                record: &super::backend::AgentProcessRecord,
             ) -> Result<()> {
                 sqlx::query(
                     "delete from agent_processes where conversation_id = $1 and pid = $2
@@ -497,8 +497,8 @@ macro_rules! impl_store {
                 Ok(())
             }
 
-            async fn list_agent_processes(&self) -> Result<Vec<crate::store::AgentProcessRecord>> {
-                Ok(sqlx::query_as::<_, crate::store::AgentProcessRecord>(
+            async fn list_agent_processes(&self) -> Result<Vec<super::backend::AgentProcessRecord>> {
+                Ok(sqlx::query_as::<_, super::backend::AgentProcessRecord>(
                     "select * from agent_processes order by conversation_id",
                 )
                 .fetch_all(&self.pool)

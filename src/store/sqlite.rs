@@ -1,4 +1,4 @@
-//! The embedded backend of [`Store`](super::Store): SQLite in one file, so a
+//! The embedded backend of [`Store`]: SQLite in one file, so a
 //! gateway on a laptop needs nothing installed. WAL mode and a busy timeout
 //! let concurrent writers wait for each other instead of failing.
 
@@ -12,15 +12,17 @@ use sqlx::sqlite::{
 };
 use uuid::Uuid;
 
+use super::backend::{
+    Batch, ConversationPatch, PermissionFilter, PolicySet, Resolution, Store, TokenInfo,
+};
 use super::rows::{
     text_col, ConversationRow, EventRow, JsonText, MessageRow, PermissionRow, PolicySetRow,
     RuleRow, TokenRow, ToolCallRow,
 };
 use super::sql::impl_store;
-use super::{Batch, ConversationPatch, PermissionFilter, PolicySet, Resolution, Store, TokenInfo};
 use crate::error::Result;
+use crate::model::Rule;
 use crate::model::{Conversation, Event, Message, PermissionRequest, ToolCall};
-use crate::permissions::Rule;
 
 /// Migrations embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");

@@ -7,12 +7,16 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 use uuid::Uuid;
 
+use super::transcript;
 use crate::bus::EventBus;
 use crate::error::Result;
-use crate::model::{self, Conversation, ConversationStatus, Event, PermissionRequest};
+use crate::model::{
+    self, event_type, AgentStatus, Conversation, ConversationStatus, Decision, Event, EventData,
+    Message, PermissionRequest, PermissionStatus, ToolCall, TurnEnded,
+};
 use crate::store::{Batch, ConversationPatch, Resolution, Store};
 
 /// Forms of a value that a database refusing the original can still hold.
@@ -105,15 +109,15 @@ pub struct Sink {
 /// See the module docs.
 pub struct Journal {
     sink: Sink,
-    pub conversation_id: Uuid,
+    conversation_id: Uuid,
     last_seq: i64,
-    pub status: ConversationStatus,
-    pub acp_session_id: Option<String>,
-    pub turn_id: Option<Uuid>,
+    status: ConversationStatus,
+    acp_session_id: Option<String>,
+    turn_id: Option<Uuid>,
     /// The conversation's owner, carried along with published events.
     owner: Option<String>,
     /// What has not been committed yet.
-    pub batch: Batch,
+    batch: Batch,
     dirty: bool,
 }
 
@@ -141,8 +145,90 @@ impl Journal {
         &*self.sink.store
     }
 
-    /// Appends an event to the batch.
-    pub fn event(&mut self, kind: &str, data: Value) {
+    pub fn conversation_id(&self) -> Uuid {
+        self.conversation_id
+    }
+
+    /// The conversation's status as of the newest append.
+    pub fn status(&self) -> ConversationStatus {
+        self.status
+    }
+
+    /// Uncommitted events: the writer flushes at a bound.
+    pub fn pending_events(&self) -> usize {
+        self.batch.events.len()
+    }
+
+    /// Appends an event of a type the gateway defines.
+    pub fn append<E: EventData>(&mut self, data: E) {
+        let data = serde_json::to_value(&data).expect("event data serializes");
+        self.event(E::KIND, data);
+    }
+
+    /// Appends a `session_update` event carrying the agent's `update`
+    /// verbatim (moved, not copied: it may be megabytes long).
+    pub fn session_update(&mut self, turn_id: Option<Uuid>, update: Value) {
+        let mut data = Map::new();
+        data.insert("turn_id".into(), serde_json::json!(turn_id));
+        data.insert("update".into(), update);
+        self.event(event_type::SESSION_UPDATE, Value::Object(data));
+    }
+
+    /// Like [`Journal::session_update`] for a message chunk, but a plain
+    /// text chunk joins the previous uncommitted event when that is a chunk
+    /// of the same kind and turn that differs only in its text (see
+    /// [`transcript::join_chunk`]): streaming costs one event per batch.
+    pub fn chunk(&mut self, turn_id: Option<Uuid>, update: Value) {
+        if let Some(last) = self.batch.events.last_mut() {
+            let same_turn = last.data.get("turn_id").and_then(Value::as_str)
+                == turn_id.map(|t| t.to_string()).as_deref();
+            if last.kind == event_type::SESSION_UPDATE
+                && same_turn
+                && transcript::join_chunk(&mut last.data["update"], &update)
+            {
+                return;
+            }
+        }
+        self.session_update(turn_id, update);
+    }
+
+    /// A new permission request, announced by `permission_requested` and
+    /// stored with the batch; `decided` (by policy) resolves it in the same
+    /// batch, announced by `permission_resolved`, so nobody can answer in
+    /// between.
+    pub fn add_permission_request(
+        &mut self,
+        request: &PermissionRequest,
+        decided: Option<(PermissionStatus, Decision)>,
+    ) {
+        let data = serde_json::to_value(request).expect("serializes");
+        self.event(event_type::PERMISSION_REQUESTED, data);
+        match decided {
+            None => self.batch.new_permissions.push(request.clone()),
+            Some((status, decision)) => {
+                let resolved = PermissionRequest {
+                    status,
+                    decision: Some(decision),
+                    ..request.clone()
+                };
+                let data = serde_json::to_value(&resolved).expect("serializes");
+                self.batch.new_permissions.push(resolved);
+                self.event(event_type::PERMISSION_RESOLVED, data);
+            }
+        }
+    }
+
+    /// A message's current state, written with the batch.
+    pub fn save_message(&mut self, message: Message) {
+        self.batch.messages.push(message);
+    }
+
+    /// A tool call's current state, written with the batch.
+    pub fn save_tool_call(&mut self, call: ToolCall) {
+        self.batch.tool_calls.push(call);
+    }
+
+    fn event(&mut self, kind: &str, data: Value) {
         let event = self.next_event(kind, data);
         self.last_seq = event.seq;
         self.batch.events.push(event);
@@ -165,6 +251,11 @@ impl Journal {
         }
     }
 
+    pub fn set_acp_session_id(&mut self, id: String) {
+        self.acp_session_id = Some(id);
+        self.dirty = true;
+    }
+
     pub fn set_turn(&mut self, turn_id: Option<Uuid>) {
         self.turn_id = turn_id;
         self.dirty = true;
@@ -183,7 +274,7 @@ impl Journal {
     /// Commits the batch and publishes its events. Transient database errors
     /// are retried a few times; the batch is kept if they persist. A batch
     /// the database refuses for what it holds is written piece by piece
-    /// instead (see [`Journal::commit_piecewise`]), so one bad value never
+    /// instead (see `Journal::commit_piecewise`), so one bad value never
     /// blocks the conversation.
     pub async fn flush(&mut self) -> Result<()> {
         if self.batch.is_empty() && !self.dirty {
@@ -344,5 +435,23 @@ impl Journal {
             }
             None => Ok(None),
         }
+    }
+
+    /// Records that the conversation's agent is gone: the running turn (if
+    /// any) ends with `turn_ended`, then `agent_status` says how the agent
+    /// went, and the conversation is left in `status`.
+    pub async fn agent_gone(
+        &mut self,
+        turn_ended: Option<TurnEnded>,
+        agent: AgentStatus,
+        status: ConversationStatus,
+    ) -> Result<()> {
+        if let Some(turn_ended) = turn_ended {
+            self.append(turn_ended);
+        }
+        self.append(agent);
+        self.set_turn(None);
+        self.set_status(status);
+        self.flush().await
     }
 }

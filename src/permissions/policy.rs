@@ -10,7 +10,7 @@
 //! construction.
 //!
 //! Safety properties the matcher keeps:
-//! - a shell line is parsed as bash parses it ([`crate::shell`]) into every
+//! - a shell line is parsed as bash parses it ([`super::shell`]) into every
 //!   command it runs, wrappers (`sh -c`, `env`, `sudo`, `nohup`, `xargs`, …)
 //!   unwrapped; every command must be allowed for the line to be allowed, and
 //!   any denied command (or wrapper) denies the line;
@@ -25,7 +25,6 @@
 //! - a `deny` rule beats everything, including remembered answers and the
 //!   profile's `mode`.
 
-use std::collections::{HashMap, VecDeque};
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
@@ -33,17 +32,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::permissions::{Rule, ToolKey};
-use crate::shell;
+use super::shell;
+use crate::model::{PolicyRule, RateLimit, Rule};
+use crate::ratelimit::SlidingWindow;
 
-/// What a rule decides.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Decision {
-    Allow,
-    Deny,
-    Ask,
-}
+pub use crate::model::Action;
 
 /// A profile's shortcut over the rules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -56,45 +49,6 @@ pub enum Mode {
     ReadOnly,
     /// Everything a rule does not deny is allowed.
     Trusted,
-}
-
-/// At most `count` automatic approvals by one rule per `window`, per
-/// conversation; beyond it, a person is asked.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RateLimit {
-    pub count: u32,
-    #[serde(with = "humantime_serde")]
-    pub window: Duration,
-}
-
-/// One operator rule, as written in the config file or sent to the API.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PolicyRule {
-    pub name: String,
-    /// Profile names, or `"*"` for every agent (the default).
-    #[serde(default = "every_agent")]
-    pub agents: Vec<String>,
-    /// Tool call kinds it covers (empty: every kind).
-    #[serde(default)]
-    pub kinds: Vec<String>,
-    /// Regexes; the rule covers a shell command part that one of them matches.
-    #[serde(default)]
-    pub commands: Vec<String>,
-    /// Globs over normalised paths; `{cwd}` is the conversation's directory.
-    #[serde(default)]
-    pub paths: Vec<String>,
-    pub decision: Decision,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_auto_per: Option<RateLimit>,
-    /// Answer `allow` with the agent's `allow_always` option.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub remember: bool,
-}
-
-fn every_agent() -> Vec<String> {
-    vec!["*".into()]
 }
 
 /// A rule with its regexes compiled.
@@ -142,13 +96,13 @@ impl Policies {
                         "{at}.max_auto_per: count and window must be positive"
                     ));
                 }
-                if rule.decision != Decision::Allow {
+                if rule.decision != Action::Allow {
                     return Err(format!(
                         "{at}.max_auto_per: only allow rules are rate limited"
                     ));
                 }
             }
-            if rule.remember && rule.decision != Decision::Allow {
+            if rule.remember && rule.decision != Action::Allow {
                 return Err(format!("{at}.remember: only allow rules can remember"));
             }
             compiled.push(Compiled {
@@ -186,7 +140,7 @@ pub struct Facts<'a> {
 /// The outcome of evaluating a tool call.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Verdict {
-    pub decision: Decision,
+    pub decision: Action,
     /// The rule that decided (`remembered`, `mode:read_only`, `mode:trusted`
     /// for the built-in ones), or none when nothing matched.
     pub rule: Option<String>,
@@ -196,38 +150,112 @@ pub struct Verdict {
     /// Why, in words, for the decision's `reason`.
     #[serde(skip)]
     pub reason: String,
-    /// Allow rules with a rate limit that this verdict uses.
+    /// Allow rules with a rate limit that this verdict uses, with their window.
     #[serde(skip)]
-    limited: Vec<String>,
+    limited: Vec<(String, Duration)>,
 }
 
 /// Per-conversation counts of automatic approvals, for `max_auto_per`.
 #[derive(Debug, Default)]
 pub struct RateLimiter {
-    hits: HashMap<String, VecDeque<Instant>>,
+    hits: SlidingWindow<String>,
 }
 
 impl RateLimiter {
     fn exhausted(&self, rule: &str, limit: &RateLimit, now: Instant) -> bool {
-        let recent = self.hits.get(rule).map_or(0, |hits| {
-            hits.iter()
-                .filter(|t| now.duration_since(**t) < limit.window)
-                .count()
-        });
-        recent >= limit.count as usize
+        self.hits
+            .wait(rule, limit.count, limit.window, now)
+            .is_some()
     }
 
     /// Counts an automatic approval that `verdict` made.
     pub fn record(&mut self, verdict: &Verdict, now: Instant) {
-        for rule in &verdict.limited {
-            let hits = self.hits.entry(rule.clone()).or_default();
-            hits.push_back(now);
-            // Older hits than any window we could be asked about are noise.
-            while hits.len() > 10_000 {
-                hits.pop_front();
+        for (rule, window) in &verdict.limited {
+            self.hits.hit(rule.clone(), *window, now);
+        }
+    }
+}
+
+/// What a remembered "always" answer is keyed on: a tool call kind and, for
+/// `execute`, one program the command line runs; for path tools, the path;
+/// for anything else, the title (so that one "always" never covers
+/// unrelated tools).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolKey {
+    pub kind: String,
+    pub subject: String,
+}
+
+/// What a whole tool call of a kind other than `execute` is known by: the
+/// path of a path tool, else the title (empty when it has none).
+pub(crate) fn subject(tool_call: &Value, kind: &str) -> String {
+    let raw_input = tool_call.get("rawInput");
+    match kind {
+        "read" | "edit" | "delete" | "move" => tool_call
+            .get("locations")
+            .and_then(|l| l.get(0))
+            .and_then(|l| l.get("path"))
+            .and_then(Value::as_str)
+            .or_else(|| {
+                ["path", "file_path", "filePath", "abs_path"]
+                    .iter()
+                    .find_map(|k| raw_input?.get(*k)?.as_str())
+            })
+            .unwrap_or_default()
+            .to_owned(),
+        _ => tool_call
+            .get("title")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+    }
+}
+
+/// The rules an "always" answer to `tool_call` (the request's `toolCall`
+/// merged over what the gateway knows of it) remembers: one key per command
+/// the policy engine decides on (`cd x && cargo test` → `cd` and `cargo`;
+/// `/bin/sh -lc 'git status'` → `git`), or the path or title of another
+/// tool. When that would cover more than the user saw, nothing is
+/// remembered and the error says why: a command the engine cannot see into,
+/// one run by an interpreter, shell or wrapper (`python3 -c …`, `sudo …`), a
+/// command known only from the title, or no subject at all.
+pub fn keys_to_remember(tool_call: &Value) -> std::result::Result<Vec<ToolKey>, String> {
+    let kind = tool_call
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("other");
+    let mut keys: Vec<ToolKey> = Vec::new();
+    for unit in units(tool_call, kind).iter().filter(|u| !u.deny_only) {
+        let shown = unit.command.as_deref().unwrap_or(kind);
+        if let Some(why) = &unit.opaque {
+            return Err(format!("`{shown}` {why}"));
+        }
+        if let Some(why) = &unit.unrememberable {
+            return Err(why.clone());
+        }
+        match &unit.key {
+            Some(key) if !key.subject.trim().is_empty() && key.subject != "*" => {
+                if !keys.contains(key) {
+                    keys.push(key.clone());
+                }
+            }
+            _ => {
+                return Err(match kind {
+                    "execute" => format!("`{shown}` names no program to remember"),
+                    "read" | "edit" | "delete" | "move" => {
+                        format!("the {kind} tool call names no path")
+                    }
+                    _ => format!("the {kind} tool call has no title"),
+                })
             }
         }
     }
+    if keys.is_empty() {
+        return Err(format!(
+            "the {kind} tool call has nothing to remember it by"
+        ));
+    }
+    Ok(keys)
 }
 
 /// One thing to decide: a whole tool call, or one part of a shell line.
@@ -270,7 +298,7 @@ impl Policies {
         let paths = tool_paths(facts.tool_call, facts.cwd);
         let units = units(facts.tool_call, kind);
         let mut allowed_by: Vec<String> = Vec::new();
-        let mut limited: Vec<String> = Vec::new();
+        let mut limited: Vec<(String, Duration)> = Vec::new();
         let mut asked: Option<Verdict> = None;
         let mut remember = false;
         for unit in &units {
@@ -282,10 +310,10 @@ impl Policies {
                         .map(|also| self.first_match(facts, kind, Some(also), &paths)),
                 )
                 .flatten()
-                .find(|r| r.rule.decision == Decision::Deny);
+                .find(|r| r.rule.decision == Action::Deny);
             if let Some(rule) = denied {
                 return verdict(
-                    Decision::Deny,
+                    Action::Deny,
                     Some(&rule.rule.name),
                     describe(unit, "denied"),
                 );
@@ -303,7 +331,7 @@ impl Policies {
             if let Some(rule) = remembered_rule {
                 if rule.option_kind == "reject_always" {
                     return verdict(
-                        Decision::Deny,
+                        Action::Deny,
                         Some("remembered"),
                         describe(unit, "rejected before, always"),
                     );
@@ -314,10 +342,10 @@ impl Policies {
                 }
             }
             let unit_verdict = match (op, &unit.opaque) {
-                (Some(c), None) if c.rule.decision == Decision::Allow => {
+                (Some(c), None) if c.rule.decision == Action::Allow => {
                     match (&c.rule.max_auto_per, limiter) {
                         (Some(limit), Some(l)) if l.exhausted(&c.rule.name, limit, now) => verdict(
-                            Decision::Ask,
+                            Action::Ask,
                             Some(&c.rule.name),
                             format!(
                                 "rule {:?} reached its limit of {} automatic approvals",
@@ -325,8 +353,8 @@ impl Policies {
                             ),
                         ),
                         _ => {
-                            if c.rule.max_auto_per.is_some() {
-                                limited.push(c.rule.name.clone());
+                            if let Some(limit) = &c.rule.max_auto_per {
+                                limited.push((c.rule.name.clone(), limit.window));
                             }
                             remember |= c.rule.remember;
                             allowed_by.push(c.rule.name.clone());
@@ -335,16 +363,16 @@ impl Policies {
                     }
                 }
                 (c, Some(why)) => verdict(
-                    Decision::Ask,
+                    Action::Ask,
                     c.map(|c| c.rule.name.as_str()),
                     describe(unit, why),
                 ),
                 (Some(c), None) => verdict(
-                    Decision::Ask,
+                    Action::Ask,
                     Some(&c.rule.name),
                     describe(unit, "asks a person"),
                 ),
-                (None, None) => verdict(Decision::Ask, None, describe(unit, "matches no rule")),
+                (None, None) => verdict(Action::Ask, None, describe(unit, "matches no rule")),
             };
             asked.get_or_insert(unit_verdict);
         }
@@ -356,7 +384,7 @@ impl Policies {
             None => {
                 allowed_by.dedup();
                 let names = allowed_by.join(", ");
-                let mut v = verdict(Decision::Allow, Some(&names), format!("allowed by {names}"));
+                let mut v = verdict(Action::Allow, Some(&names), format!("allowed by {names}"));
                 v.remember = remember;
                 v.limited = limited;
                 v
@@ -365,23 +393,23 @@ impl Policies {
         match facts.mode {
             Mode::ReadOnly if WRITE_KINDS.contains(&kind) => {
                 result = verdict(
-                    Decision::Deny,
+                    Action::Deny,
                     Some("mode:read_only"),
                     format!("{kind} is not allowed in read-only mode"),
                 );
             }
-            Mode::Trusted if result.decision == Decision::Ask && unseen.is_some() => {
+            Mode::Trusted if result.decision == Action::Ask && unseen.is_some() => {
                 let unit = unseen.expect("checked");
                 let why = unit.opaque.as_deref().unwrap_or_default();
                 result = verdict(
-                    Decision::Ask,
+                    Action::Ask,
                     None,
                     describe(unit, &format!("{why}: even trusted mode asks a person")),
                 );
             }
-            Mode::Trusted if result.decision == Decision::Ask => {
+            Mode::Trusted if result.decision == Action::Ask => {
                 result = verdict(
-                    Decision::Allow,
+                    Action::Allow,
                     Some("mode:trusted"),
                     "trusted mode allows what no rule denies".into(),
                 );
@@ -422,17 +450,17 @@ fn paths_ok(rule: &PolicyRule, paths: &[PathBuf], cwd: &Path) -> bool {
     let inside = |p: &PathBuf| globs.iter().any(|g| g.is_match(p));
     match rule.decision {
         // Allowing needs every path inside; one outside is not covered.
-        Decision::Allow => !paths.is_empty() && paths.iter().all(inside),
-        Decision::Deny | Decision::Ask => paths.iter().any(inside),
+        Action::Allow => !paths.is_empty() && paths.iter().all(inside),
+        Action::Deny | Action::Ask => paths.iter().any(inside),
     }
 }
 
-fn verdict(decision: Decision, rule: Option<&str>, reason: String) -> Verdict {
+fn verdict(decision: Action, rule: Option<&str>, reason: String) -> Verdict {
     Verdict::new(decision, rule, reason)
 }
 
 impl Verdict {
-    pub fn new(decision: Decision, rule: Option<&str>, reason: String) -> Verdict {
+    pub fn new(decision: Action, rule: Option<&str>, reason: String) -> Verdict {
         Verdict {
             decision,
             rule: rule.map(str::to_owned),
@@ -512,10 +540,10 @@ pub fn normalize(cwd: &Path, path: &Path) -> PathBuf {
 
 /// Splits what a tool call runs into the units the rules decide on: the
 /// whole tool call, or for `execute` every part of its command line (see
-/// [`crate::shell`]).
+/// [`super::shell`]).
 pub(crate) fn units(tool_call: &Value, kind: &str) -> Vec<Unit> {
     if kind != "execute" {
-        let subject = crate::permissions::subject(tool_call, kind);
+        let subject = subject(tool_call, kind);
         return vec![Unit {
             command: None,
             also: Vec::new(),
@@ -604,69 +632,165 @@ fn opaque_unit(command: Option<String>, reason: &str) -> Unit {
     }
 }
 
-/// The policies in force, shared by the API and every session. The store's
-/// newest policy set wins over the config file's rules; [`PolicyHandle::refresh`]
-/// picks up a set another gateway node saved.
-#[derive(Clone)]
-pub struct PolicyHandle {
-    inner: std::sync::Arc<std::sync::RwLock<Current>>,
-    from_config: std::sync::Arc<Vec<PolicyRule>>,
-}
+#[cfg(test)]
+mod remembered_keys {
+    use super::*;
+    use serde_json::json;
 
-struct Current {
-    /// The policy set the compiled rules come from (`None`: the config file).
-    set_id: Option<uuid::Uuid>,
-    policies: std::sync::Arc<Policies>,
-}
-
-impl PolicyHandle {
-    /// Starts from the config file's (already validated) rules.
-    pub fn new(config_rules: Vec<PolicyRule>) -> Result<PolicyHandle, String> {
-        let policies = Policies::compile(&config_rules)?;
-        Ok(PolicyHandle {
-            inner: std::sync::Arc::new(std::sync::RwLock::new(Current {
-                set_id: None,
-                policies: std::sync::Arc::new(policies),
-            })),
-            from_config: std::sync::Arc::new(config_rules),
+    fn keys(tool_call: Value) -> std::result::Result<Vec<(String, String)>, String> {
+        keys_to_remember(&tool_call).map(|keys| {
+            keys.into_iter()
+                .map(|k| (k.kind, k.subject))
+                .collect::<Vec<_>>()
         })
     }
 
-    /// The rules of the config file.
-    pub fn config_rules(&self) -> &[PolicyRule] {
-        &self.from_config
+    fn exec(command: Value) -> Value {
+        json!({"kind": "execute", "rawInput": {"command": command}})
     }
 
-    /// The policies in force after looking at the store's newest set.
-    pub async fn refresh(
-        &self,
-        store: &dyn crate::store::Store,
-    ) -> crate::error::Result<std::sync::Arc<Policies>> {
-        let newest = store.current_policies().await?;
-        let mut current = self.inner.write().unwrap();
-        if let Some(set) = newest {
-            if current.set_id != Some(set.id) {
-                let policies = Policies::compile(&set.rules).map_err(|e| {
-                    crate::error::Error::Internal(anyhow::anyhow!(
-                        "stored policy set {}: {e}",
-                        set.id
-                    ))
-                })?;
-                *current = Current {
-                    set_id: Some(set.id),
-                    policies: std::sync::Arc::new(policies),
-                };
-            }
-        }
-        Ok(current.policies.clone())
+    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(k, s)| (k.to_string(), s.to_string()))
+            .collect()
     }
 
-    /// Puts a validated set in force on this node.
-    pub fn replace(&self, set_id: uuid::Uuid, policies: Policies) {
-        *self.inner.write().unwrap() = Current {
-            set_id: Some(set_id),
-            policies: std::sync::Arc::new(policies),
-        };
+    #[test]
+    fn always_rules_are_keyed_on_the_programs_the_path_or_the_title() {
+        let table: [(Value, &[(&str, &str)]); 12] = [
+            (exec(json!("/usr/bin/git status")), &[("execute", "git")]),
+            (exec(json!(["ls", "-l"])), &[("execute", "ls")]),
+            // Codex: the shell is unwrapped, the command inside is remembered.
+            (
+                exec(json!(["/bin/sh", "-lc", "git status"])),
+                &[("execute", "git")],
+            ),
+            (
+                exec(json!("bash -ec 'cargo test'")),
+                &[("execute", "cargo")],
+            ),
+            (
+                exec(json!("env RUST_LOG=debug nohup timeout 60 cargo test")),
+                &[("execute", "cargo")],
+            ),
+            // One rule per command of the line.
+            (
+                exec(json!("cd x && cargo test | tee out.txt")),
+                &[("execute", "cd"), ("execute", "cargo"), ("execute", "tee")],
+            ),
+            (
+                exec(json!("git add . && git commit -m x")),
+                &[("execute", "git")],
+            ),
+            // A program given by another path keeps its path.
+            (exec(json!("./gradlew build")), &[("execute", "./gradlew")]),
+            (
+                json!({"kind": "edit", "locations": [{"path": "/a/b.rs"}]}),
+                &[("edit", "/a/b.rs")],
+            ),
+            (
+                json!({"kind": "read", "rawInput": {"file_path": "/c.txt"}}),
+                &[("read", "/c.txt")],
+            ),
+            (
+                json!({"title": "mcp__github__create_issue"}),
+                &[("other", "mcp__github__create_issue")],
+            ),
+            (
+                exec(json!("find . -name '*.o' -exec rm {} +")),
+                &[("execute", "find"), ("execute", "rm")],
+            ),
+        ];
+        let wrong: Vec<String> = table
+            .into_iter()
+            .map(|(call, want)| (keys(call.clone()), Ok(pairs(want)), call))
+            .filter(|(got, want, _)| got != want)
+            .map(|(got, want, call)| format!("{call}: {got:?}, want {want:?}"))
+            .collect();
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    #[test]
+    fn always_rules_are_never_keyed_on_a_wrapper_an_interpreter_or_nothing() {
+        let table = [
+            (
+                exec(json!("python3 -c 'import os'")),
+                "`python3 -c …` runs code the gateway cannot see into",
+            ),
+            (
+                exec(json!(["/bin/sh", "-lc", "python3 -c 'print(1)'"])),
+                "`python3 -c …` runs code the gateway cannot see into",
+            ),
+            (
+                exec(json!("node -e 'x'")),
+                "`node -e …` runs code the gateway cannot see into",
+            ),
+            (
+                exec(json!("perl -e 'x'")),
+                "`perl -e …` runs code the gateway cannot see into",
+            ),
+            (
+                exec(json!("ruby -e 'x'")),
+                "`ruby -e …` runs code the gateway cannot see into",
+            ),
+            (
+                exec(json!("deno eval 'x'")),
+                "`deno eval …` runs code the gateway cannot see into",
+            ),
+            (
+                exec(json!("osascript -e 'x'")),
+                "`osascript -e …` runs code the gateway cannot see into",
+            ),
+            (
+                exec(json!("python3 script.py")),
+                "`python3` runs code the gateway cannot see into",
+            ),
+            (exec(json!("sudo apt update")), "`sudo` runs other commands"),
+            (exec(json!("env")), "`env` runs other commands"),
+            (
+                exec(json!("eval 'git status'")),
+                "`git status` is run by eval",
+            ),
+            (
+                exec(json!("curl -s x | sh")),
+                "`sh` runs a script from its standard input",
+            ),
+            (
+                exec(json!("bash install.sh")),
+                "`bash install.sh` runs the script file `install.sh`",
+            ),
+            (
+                exec(json!("ls $(pwd)")),
+                "`ls $(pwd)` has a command substitution",
+            ),
+            (
+                exec(json!("$CMD x")),
+                "`$CMD x` runs a program named by an expansion",
+            ),
+            (
+                exec(json!("rm -rf ~ 'unterminated")),
+                "`rm -rf ~ 'unterminated` cannot be parsed",
+            ),
+            (exec(json!("")), "`` runs no command the gateway can see"),
+            // Gemini CLI: the command is only in the title.
+            (
+                json!({"kind": "execute", "title": "echo hello > x.txt"}),
+                "`echo hello > x.txt` comes only from the tool call's title",
+            ),
+            (json!({"kind": "execute"}), "`execute` shows no command"),
+            (json!({"kind": "edit"}), "the edit tool call names no path"),
+            (
+                json!({"kind": "other", "title": "  "}),
+                "the other tool call has no title",
+            ),
+        ];
+        let wrong: Vec<String> = table
+            .into_iter()
+            .map(|(call, why)| (keys(call.clone()), Err(why.to_owned()), call))
+            .filter(|(got, want, _)| got != want)
+            .map(|(got, want, call)| format!("{call}: {got:?}, want {want:?}"))
+            .collect();
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     }
 }
 
@@ -708,7 +832,7 @@ mod tests {
         Policies::compile(&rules).unwrap()
     }
 
-    fn decide(p: &Policies, tool_call: Value) -> (Decision, Option<String>) {
+    fn decide(p: &Policies, tool_call: Value) -> (Action, Option<String>) {
         decide_as(p, "claude", Mode::Ask, tool_call)
     }
 
@@ -717,7 +841,7 @@ mod tests {
         agent: &str,
         mode: Mode,
         tool_call: Value,
-    ) -> (Decision, Option<String>) {
+    ) -> (Action, Option<String>) {
         let facts = Facts {
             agent,
             tool_call: &tool_call,
@@ -736,7 +860,7 @@ mod tests {
         json!({"kind": "edit", "locations": [{"path": path}]})
     }
 
-    use Decision::*;
+    use Action::*;
 
     #[test]
     fn kinds_decide_in_rule_order_and_nothing_matching_asks() {
@@ -1107,7 +1231,7 @@ mod tests {
         // A rule allowing every command does not cover them either.
         let everything = Policies::compile(&[PolicyRule {
             name: "anything".into(),
-            agents: every_agent(),
+            agents: vec!["*".into()],
             kinds: vec!["execute".into()],
             commands: vec![],
             paths: vec![],
@@ -1312,7 +1436,7 @@ mod tests {
 
     /// What "Always allow" on `call` stores, as rules.
     fn always_allow(call: &Value) -> Vec<Rule> {
-        crate::permissions::keys_to_remember(call)
+        keys_to_remember(call)
             .unwrap_or_default()
             .into_iter()
             .map(|k| remembered_rule(&k.kind, &k.subject, "allow_always"))
@@ -1368,7 +1492,7 @@ mod tests {
         }
         // Gemini CLI: "Always allow" on a title-only request stores nothing.
         let gemini = titled("echo hello > x.txt");
-        assert!(crate::permissions::keys_to_remember(&gemini).is_err());
+        assert!(keys_to_remember(&gemini).is_err());
         assert_eq!(
             eval(&always_allow(&gemini), titled("touch other-program.txt")),
             Ask
@@ -1389,7 +1513,7 @@ mod tests {
     fn invalid_rules_are_rejected_naming_the_rule() {
         let bad_regex = PolicyRule {
             name: "broken".into(),
-            agents: every_agent(),
+            agents: vec!["*".into()],
             kinds: vec![],
             commands: vec!["^rm(".into()],
             paths: vec![],
@@ -1456,7 +1580,7 @@ mod props {
         ]))
     }
 
-    fn decide(p: &Policies, tool_call: &Value, mode: Mode) -> Decision {
+    fn decide(p: &Policies, tool_call: &Value, mode: Mode) -> Action {
         let facts = Facts {
             agent: "codex",
             tool_call,
@@ -1724,9 +1848,9 @@ mod props {
             for (call, mode) in every_form(&line) {
                 let decision = decide(&p, &call, mode);
                 if known_gap {
-                    prop_assert_ne!(decision, Decision::Allow, "{} ({:?})", call, mode);
+                    prop_assert_ne!(decision, Action::Allow, "{} ({:?})", call, mode);
                 } else {
-                    prop_assert_eq!(decision, Decision::Deny, "{} ({:?})", call, mode);
+                    prop_assert_eq!(decision, Action::Deny, "{} ({:?})", call, mode);
                 }
             }
         }
@@ -1735,10 +1859,10 @@ mod props {
         fn a_line_with_an_unseen_part_is_never_allowed(line in line_with_unseen_part()) {
             let p = deny_rm_allow_the_rest();
             for (call, mode) in every_form(&line) {
-                prop_assert_ne!(decide(&p, &call, mode), Decision::Allow, "{} ({:?})", call, mode);
+                prop_assert_ne!(decide(&p, &call, mode), Action::Allow, "{} ({:?})", call, mode);
             }
             let call = json!({"kind": "execute", "rawInput": {"command": line}});
-            prop_assert!(crate::permissions::keys_to_remember(&call).is_err());
+            prop_assert!(keys_to_remember(&call).is_err());
         }
 
         #[test]
@@ -1752,8 +1876,8 @@ mod props {
             let argv = json!({"kind": "execute", "rawInput": {"command": words}});
             decide(&p, &argv, Mode::Ask);
             let titled = json!({"kind": "execute", "title": line});
-            prop_assert_ne!(decide(&p, &titled, Mode::Trusted), Decision::Allow);
-            let _ = crate::permissions::keys_to_remember(&argv);
+            prop_assert_ne!(decide(&p, &titled, Mode::Trusted), Action::Allow);
+            let _ = keys_to_remember(&argv);
         }
 
         #[test]
@@ -1761,8 +1885,8 @@ mod props {
             prop_assert!(shell::parse_line(&line).iter().all(|p| p.opaque.as_deref() != Some(shell::TOO_SLOW)), "slow: {:?}", line);
             let p = deny_rm_allow_the_rest();
             let call = json!({"kind": "execute", "rawInput": {"command": line}});
-            let allowed = decide(&p, &call, Mode::Trusted) == Decision::Allow;
-            let _ = crate::permissions::keys_to_remember(&call);
+            let allowed = decide(&p, &call, Mode::Trusted) == Action::Allow;
+            let _ = keys_to_remember(&call);
             if allowed {
                 prop_assert!(parses(&line), "allowed but does not parse: {:?}", line);
                 if !line.contains(['\'', '\\', '#']) {

@@ -1,50 +1,46 @@
 //! One live conversation: the task that owns its agent process and ACP
-//! connection, turns agent messages into events and state, and carries out
-//! commands from the API (prompt, cancel, answer a permission request, close).
+//! session, applies what the agent sends (to the [`Transcript`], the
+//! [`Pending`] requests and the [`Journal`]), and carries out the commands
+//! its [`SessionHandle`] sends (prompt, cancel, answer a permission request,
+//! close).
 //!
-//! Data flows agent stdout → rpc → this task → [`Journal`] (commit, then
-//! publish); commands flow API → [`SessionHandle`] → this task → rpc → agent
-//! stdin. Everything about one conversation happens in this one task, so its
-//! state needs no locks and its events have one order.
+//! Data flows agent stdout → rpc → this task → journal (commit, then
+//! publish); commands flow supervisor → [`SessionHandle`] → this task → rpc
+//! → agent stdin. Everything about one conversation happens in this one
+//! task, so its state needs no locks and its events have one order.
 
-use std::collections::HashMap;
-use std::future::Future;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use agent_client_protocol_schema as acp_schema;
-use agent_client_protocol_schema::v1 as acp;
-
+use super::journal::{Journal, Sink};
+use super::pending::Pending;
+use super::transcript::Transcript;
 use crate::acp::agent::{describe_exit, AgentProcess};
+use crate::acp::client::{AgentSession, PromptFuture, EXIT_AFTER_EOF};
 use crate::acp::procs::Host;
-use crate::acp::rpc::{Incoming, IncomingRequest, Responder, RpcConfig, RpcError, RpcPeer};
+use crate::acp::rpc::{Incoming, IncomingRequest, RpcConfig, RpcError, RpcPeer, INVALID_PARAMS};
 use crate::config::AgentProfile;
 use crate::error::{Error, Result};
-use crate::journal::{Journal, Sink};
 use crate::model::{
-    self, event_type, Conversation, ConversationStatus, Decision, Message, PermissionRequest,
-    PermissionStatus, Role, ToolCall,
+    self, AgentState, AgentStatus, Conversation, ConversationStatus, Decision, PermissionRequest,
+    PermissionStatus, TurnEnded, TurnStarted,
 };
+use crate::permissions::policy::{Facts, Mode};
 use crate::permissions::{
-    answer_resolved, automatic_answer, keys_to_remember, option_kind, timeout_option,
-    validate_answer, Answer, Deadlines, OnTimeout, Rule,
+    answer_resolved, keys_to_remember, option_kind, validate_answer, Answer, PolicyHandle,
 };
-use crate::policy::{Facts, Mode, PolicyHandle, RateLimiter};
 use crate::store::{AgentProcessRecord, Resolution, Store};
 
 /// Most events committed in one batch while an agent streams.
 const MAX_BATCH_EVENTS: usize = 512;
 /// How long an agent gets to exit after SIGTERM.
 const TERMINATE_GRACE: Duration = Duration::from_secs(2);
-/// How long we wait for the process after its stdout closed.
-const EXIT_AFTER_EOF: Duration = Duration::from_secs(3);
 
 enum Command {
     Prompt {
@@ -58,14 +54,15 @@ enum Command {
         permission_id: Uuid,
         answer: Answer,
         decided_by: String,
-        reply: oneshot::Sender<Result<PermissionRequest>>,
+        reply: oneshot::Sender<Result<Option<PermissionRequest>>>,
     },
     Close {
         reply: oneshot::Sender<()>,
     },
 }
 
-/// The API's handle to a live conversation.
+/// The supervisor's handle to a live conversation. Every call answers
+/// `None` once the session has ended.
 #[derive(Clone)]
 pub struct SessionHandle {
     tx: mpsc::Sender<Command>,
@@ -79,7 +76,6 @@ impl SessionHandle {
     }
 
     /// Starts a turn; returns its id once `turn_started` is committed.
-    /// `None`: the session has ended.
     pub async fn prompt(&self, content: Vec<Value>) -> Option<Result<Uuid>> {
         self.call(|reply| Command::Prompt { content, reply }).await
     }
@@ -88,12 +84,14 @@ impl SessionHandle {
         self.call(|reply| Command::Cancel { reply }).await
     }
 
+    /// Answers a request this session holds; `Ok(None)`: it holds no such
+    /// request (the store knows the rest).
     pub async fn respond(
         &self,
         permission_id: Uuid,
         answer: Answer,
         decided_by: String,
-    ) -> Option<Result<PermissionRequest>> {
+    ) -> Option<Result<Option<PermissionRequest>>> {
         self.call(|reply| Command::Respond {
             permission_id,
             answer,
@@ -125,9 +123,9 @@ pub struct StartParams {
     pub policies: PolicyHandle,
 }
 
-/// Starts the agent, runs `initialize` and `session/new`, and spawns the
-/// session task. The conversation is persisted whatever happens, with its
-/// `agent_status` events; on failure its status is `failed`.
+/// Starts the agent, opens its ACP session, and spawns the session task.
+/// The conversation is persisted whatever happens, with its `agent_status`
+/// events; on failure its status is `failed`.
 pub async fn start(
     params: StartParams,
 ) -> Result<(SessionHandle, Conversation, tokio::task::JoinHandle<()>)> {
@@ -143,83 +141,83 @@ pub async fn start(
     let span = tracing::info_span!("conversation", conversation_id = %id, agent = %profile.name);
     sink.store.insert_conversation(&conversation).await?;
     let mut journal = Journal::new(sink, &conversation, None);
-    journal.event(
-        event_type::AGENT_STATUS,
-        json!({"status": "starting", "detail": null}),
-    );
+    journal.append(AgentStatus {
+        status: AgentState::Starting,
+        detail: None,
+    });
     journal.flush().await?;
 
     let started = connect(&profile, &conversation, max_line_bytes, journal.store())
         .instrument(span.clone())
         .await;
-    let (Connected { process, record }, peer, incoming, acp_session_id) = match started {
-        Ok(parts) => parts,
+    let Connected {
+        process,
+        record,
+        session,
+        incoming,
+    } = match started {
+        Ok(connected) => connected,
         Err(err) => {
             tracing::warn!(parent: &span, error = %err, "agent failed to start");
-            journal.event(
-                event_type::AGENT_STATUS,
-                json!({"status": "failed", "detail": err.to_string()}),
-            );
+            journal.append(AgentStatus {
+                status: AgentState::Failed,
+                detail: Some(err.to_string()),
+            });
             journal.set_status(ConversationStatus::Failed);
             journal.flush().await?;
             return Err(err);
         }
     };
-    journal.acp_session_id = Some(acp_session_id.clone());
-    journal.event(
-        event_type::AGENT_STATUS,
-        json!({"status": "ready", "detail": null}),
-    );
+    journal.set_acp_session_id(session.session_id().to_owned());
+    journal.append(AgentStatus {
+        status: AgentState::Ready,
+        detail: None,
+    });
     journal.set_status(ConversationStatus::Idle);
     journal.flush().await?;
-    conversation.status = journal.status;
-    conversation.acp_session_id = Some(acp_session_id.clone());
+    conversation.status = journal.status();
+    conversation.acp_session_id = Some(session.session_id().to_owned());
     conversation.last_seq = journal.last_seq();
     conversation.updated_at = model::now();
 
     let (tx, rx) = mpsc::channel(32);
-    let session = Session {
+    let task = Session {
         journal,
         process,
         record,
-        peer,
+        session,
         incoming: Some(incoming),
         commands: rx,
-        acp_session_id,
-        permission_timeout: profile.permission_timeout,
-        on_timeout: profile.on_timeout,
         agent: profile.name.clone(),
         mode: profile.mode,
         cwd: PathBuf::from(&conversation.cwd),
         policies,
-        limiter: RateLimiter::default(),
         turn: None,
         prompt: None,
-        pending: HashMap::new(),
-        deadlines: Deadlines::default(),
-        message: None,
-        tool_calls: HashMap::new(),
-        dirty_tool_calls: Vec::new(),
+        pending: Pending::new(profile.permission_timeout, profile.on_timeout),
+        transcript: Transcript::default(),
     };
-    let task = tokio::spawn(session.run(shutdown).instrument(span));
+    let task = tokio::spawn(task.run(shutdown).instrument(span));
     Ok((SessionHandle { tx }, conversation, task))
 }
 
-/// A spawned agent and the record that lets a later gateway kill what a
-/// crash of this one would leave of it.
+/// A spawned agent with its ACP session open.
 struct Connected {
     process: AgentProcess,
-    /// `None` where processes cannot be identified (no `/proc`).
+    /// What lets a later gateway kill what a crash of this one would leave
+    /// of the agent; `None` where processes cannot be identified (no `/proc`).
     record: Option<AgentProcessRecord>,
+    session: AgentSession,
+    incoming: mpsc::Receiver<Incoming>,
 }
 
-/// Spawns the process, records it, and performs the ACP handshake.
+/// Spawns the process, records it, and opens the ACP session.
 async fn connect(
     profile: &AgentProfile,
     conversation: &Conversation,
     max_line_bytes: usize,
     store: &dyn Store,
-) -> Result<(Connected, RpcPeer, mpsc::Receiver<Incoming>, String)> {
+) -> Result<Connected> {
     let cwd = PathBuf::from(&conversation.cwd);
     let (mut process, pipes) = AgentProcess::spawn(profile, &cwd, conversation.id)
         .map_err(|e| Error::AgentFailed(format!("{e:#}")))?;
@@ -240,45 +238,13 @@ async fn connect(
             ..RpcConfig::default()
         },
     );
-    let handshake = async {
-        // We serve neither files nor terminals (yet): the default capabilities
-        // say so, and agents must not ask for them.
-        let init = acp::InitializeRequest::new(acp_schema::ProtocolVersion::V1)
-            .client_capabilities(acp::ClientCapabilities::default())
-            .client_info(acp::Implementation::new(
-                "acp-gateway",
-                env!("CARGO_PKG_VERSION"),
-            ));
-        let init = call(
-            &peer,
-            &mut process,
-            profile.startup_timeout,
-            "initialize",
-            to_json(&init),
-        )
-        .await?;
-        let init: acp::InitializeResponse = from_json("initialize", init)?;
-        if init.protocol_version != acp_schema::ProtocolVersion::V1 {
-            return Err(Error::AgentFailed(format!(
-                "agent speaks ACP protocol version {}, the gateway speaks 1",
-                to_json(&init.protocol_version)
-            )));
-        }
-        let new =
-            acp::NewSessionRequest::new(&conversation.cwd).mcp_servers(profile.mcp_servers.clone());
-        let new = call(
-            &peer,
-            &mut process,
-            profile.startup_timeout,
-            "session/new",
-            to_json(&new),
-        )
-        .await?;
-        let new: acp::NewSessionResponse = from_json("session/new", new)?;
-        Ok(new.session_id.0.to_string())
-    };
-    match handshake.await {
-        Ok(session_id) => Ok((Connected { process, record }, peer, incoming, session_id)),
+    match AgentSession::open(peer, &mut process, profile, &conversation.cwd).await {
+        Ok(session) => Ok(Connected {
+            process,
+            record,
+            session,
+            incoming,
+        }),
         Err(err) => {
             process.terminate(TERMINATE_GRACE).await;
             forget_process(store, record.as_ref()).await;
@@ -320,121 +286,31 @@ async fn forget_process(store: &dyn Store, record: Option<&AgentProcessRecord>) 
     }
 }
 
-fn to_json(value: &impl serde::Serialize) -> Value {
-    serde_json::to_value(value).expect("ACP types serialize")
-}
-
-fn from_json<T: serde::de::DeserializeOwned>(method: &str, value: Value) -> Result<T> {
-    serde_json::from_value(value).map_err(|e| {
-        Error::AgentFailed(format!(
-            "agent answered {method} with an invalid result: {e}"
-        ))
-    })
-}
-
-/// One handshake request, with a timeout and errors that carry the agent's
-/// stderr.
-async fn call(
-    peer: &RpcPeer,
-    process: &mut AgentProcess,
-    timeout: Duration,
-    method: &str,
-    params: Value,
-) -> Result<Value> {
-    let outcome = tokio::select! {
-        r = tokio::time::timeout(timeout, peer.request(method, params)) => r,
-        status = process.wait() => {
-            process.drain_stderr().await;
-            return Err(Error::AgentFailed(format!(
-                "{} during {method}", describe_exit(status, &process.stderr_tail())
-            )));
-        }
-    };
-    match outcome {
-        Ok(Ok(result)) => Ok(result),
-        Ok(Err(RpcError::Remote { code, message, .. })) => Err(Error::AgentFailed(with_stderr(
-            format!("agent answered {method} with error {code}: {message}"),
-            process,
-        ))),
-        Ok(Err(RpcError::Closed(reason))) => {
-            let status = tokio::time::timeout(EXIT_AFTER_EOF, process.wait()).await;
-            process.drain_stderr().await;
-            Err(Error::AgentFailed(match status {
-                Ok(status) => format!(
-                    "{} during {method}",
-                    describe_exit(status, &process.stderr_tail())
-                ),
-                Err(_) => with_stderr(
-                    format!("agent closed its output during {method}: {reason}"),
-                    process,
-                ),
-            }))
-        }
-        Err(_) => Err(Error::AgentTimeout(with_stderr(
-            format!(
-                "agent did not answer {method} within {}",
-                humantime_fmt(timeout)
-            ),
-            process,
-        ))),
-    }
-}
-
-fn with_stderr(text: String, process: &AgentProcess) -> String {
-    let tail = process.stderr_tail();
-    if tail.is_empty() {
-        text
-    } else {
-        format!("{text}; last stderr lines:\n{tail}")
-    }
-}
-
-fn humantime_fmt(d: Duration) -> String {
-    humantime_serde::re::humantime::format_duration(d).to_string()
-}
-
 /// A turn in progress.
 struct Turn {
     id: Uuid,
     cancel_requested: bool,
 }
 
-/// A permission request waiting for its answer.
-struct Pending {
-    request: PermissionRequest,
-    responder: Responder,
-}
-
-type PromptFuture = Pin<Box<dyn Future<Output = Result<Value, RpcError>> + Send>>;
-
 struct Session {
     journal: Journal,
     process: AgentProcess,
     /// Forgotten once the process is gone.
     record: Option<AgentProcessRecord>,
-    peer: RpcPeer,
+    session: AgentSession,
     /// `None` once the agent's stdout has closed.
     incoming: Option<mpsc::Receiver<Incoming>>,
     commands: mpsc::Receiver<Command>,
-    acp_session_id: String,
-    permission_timeout: Option<Duration>,
-    on_timeout: OnTimeout,
     /// The profile's name, mode and the conversation's cwd, for the policies.
     agent: String,
     mode: Mode,
     cwd: PathBuf,
     policies: PolicyHandle,
-    limiter: RateLimiter,
     turn: Option<Turn>,
     /// The outstanding `session/prompt` request.
     prompt: Option<PromptFuture>,
-    pending: HashMap<Uuid, Pending>,
-    /// When pending requests time out (only with a `permission_timeout`).
-    deadlines: Deadlines,
-    /// The message chunks are currently merged into.
-    message: Option<(Message, bool)>,
-    tool_calls: HashMap<String, ToolCall>,
-    dirty_tool_calls: Vec<String>,
+    pending: Pending,
+    transcript: Transcript,
 }
 
 /// Why the session loop ended.
@@ -515,7 +391,7 @@ impl Session {
                     self.drain_until_closed().await?;
                     return Ok(End::AgentGone);
                 }
-                due = self.deadlines.due() => self.time_out(due).await?,
+                due = self.pending.due() => self.time_out(due).await?,
                 cmd = self.commands.recv() => match cmd {
                     Some(Command::Close { reply }) => {
                         return Ok(End::ClosedByUser { reply: Some(reply) });
@@ -539,7 +415,7 @@ impl Session {
                 Ok(Some(msg)) => self.handle_incoming(msg).await?,
                 Ok(None) | Err(_) => self.incoming = None,
             }
-            if self.journal.batch.events.len() >= MAX_BATCH_EVENTS {
+            if self.journal.pending_events() >= MAX_BATCH_EVENTS {
                 self.flush().await?;
             }
         }
@@ -558,26 +434,29 @@ impl Session {
                 Err(_) => break,
             }
             n += 1;
-            if self.journal.batch.events.len() >= MAX_BATCH_EVENTS {
+            if self.journal.pending_events() >= MAX_BATCH_EVENTS {
                 self.flush().await?;
             }
         }
         Ok(())
     }
 
+    /// Commits what happened: the journal's batch with the transcript's
+    /// changes.
     async fn flush(&mut self) -> Result<()> {
-        if let Some((message, dirty)) = &mut self.message {
-            if *dirty {
-                self.journal.batch.messages.push(message.clone());
-                *dirty = false;
-            }
-        }
-        for id in self.dirty_tool_calls.drain(..) {
-            if let Some(call) = self.tool_calls.get(&id) {
-                self.journal.batch.tool_calls.push(call.clone());
-            }
-        }
+        self.save_transcript();
         self.journal.flush().await
+    }
+
+    /// Moves the transcript's changes into the journal's batch.
+    fn save_transcript(&mut self) {
+        let changes = self.transcript.take_changes();
+        for message in changes.messages {
+            self.journal.save_message(message);
+        }
+        for call in changes.tool_calls {
+            self.journal.save_tool_call(call);
+        }
     }
 
     fn status_now(&self) -> ConversationStatus {
@@ -619,105 +498,11 @@ impl Session {
             tracing::warn!("session/update without an update object; ignored");
             return;
         };
-        let kind = update
-            .get("sessionUpdate")
-            .and_then(Value::as_str)
-            .unwrap_or("");
         let turn_id = self.turn_id();
-        match kind {
-            "agent_message_chunk" | "agent_thought_chunk" | "user_message_chunk" => {
-                let role = match kind {
-                    "agent_message_chunk" => Role::Agent,
-                    "agent_thought_chunk" => Role::Thought,
-                    _ => Role::User,
-                };
-                if let Some(block) = update.get("content") {
-                    self.add_to_message(role, block.clone());
-                }
-                if self.merge_chunk(&update) {
-                    return;
-                }
-            }
-            "tool_call" | "tool_call_update" => {
-                if let Some(id) = update.get("toolCallId").and_then(Value::as_str) {
-                    self.apply_tool_call(id, &update);
-                }
-            }
-            _ => {}
-        }
-        self.journal.event(
-            event_type::SESSION_UPDATE,
-            json!({"turn_id": turn_id, "update": update}),
-        );
-    }
-
-    /// Joins a plain text chunk onto the previous uncommitted event when that
-    /// is a chunk of the same kind and turn that differs only in its text.
-    fn merge_chunk(&mut self, update: &Value) -> bool {
-        let turn_id = self.turn_id();
-        let Some(last) = self.journal.batch.events.last_mut() else {
-            return false;
-        };
-        if last.kind != event_type::SESSION_UPDATE
-            || last
-                .data
-                .get("turn_id")
-                .and_then(|v| v.as_str())
-                .map(str::to_owned)
-                != turn_id.map(|t| t.to_string())
-        {
-            return false;
-        }
-        let prev = &mut last.data["update"];
-        let (Some(new_text), Some(_)) = (
-            update.get("content").and_then(model::plain_text),
-            prev.get("content").and_then(model::plain_text),
-        ) else {
-            return false;
-        };
-        if !same_but_text(prev, update) {
-            return false;
-        }
-        if let Value::String(text) = &mut prev["content"]["text"] {
-            text.push_str(new_text);
-        }
-        true
-    }
-
-    fn add_to_message(&mut self, role: Role, block: Value) {
-        let turn_id = self.turn_id();
-        match &mut self.message {
-            Some((message, dirty)) if message.role == role && message.turn_id == turn_id => {
-                message.push_block(block);
-                *dirty = true;
-            }
-            _ => {
-                if let Some((message, true)) = self.message.take() {
-                    self.journal.batch.messages.push(message);
-                }
-                let mut message = Message {
-                    id: model::new_id(),
-                    turn_id,
-                    role,
-                    content: Vec::new(),
-                    created_at: model::now(),
-                };
-                message.push_block(block);
-                self.message = Some((message, true));
-            }
-        }
-    }
-
-    fn apply_tool_call(&mut self, id: &str, update: &Value) {
-        let at = model::now();
-        let turn_id = self.turn_id();
-        let call = self
-            .tool_calls
-            .entry(id.to_owned())
-            .or_insert_with(|| ToolCall::new(id.to_owned(), turn_id, at));
-        call.apply(update, at);
-        if !self.dirty_tool_calls.iter().any(|d| d == id) {
-            self.dirty_tool_calls.push(id.to_owned());
+        if self.transcript.apply(&update, turn_id) {
+            self.journal.chunk(turn_id, update);
+        } else {
+            self.journal.session_update(turn_id, update);
         }
     }
 
@@ -727,7 +512,7 @@ impl Session {
         let options = params.get("options").and_then(Value::as_array).cloned();
         let (Some(tool_call), Some(options)) = (tool_call, options) else {
             request.responder.respond_error(
-                crate::acp::rpc::INVALID_PARAMS,
+                INVALID_PARAMS,
                 "session/request_permission needs toolCall (object) and options (array)",
                 None,
             );
@@ -735,7 +520,7 @@ impl Session {
         };
         let permission = PermissionRequest {
             id: model::new_id(),
-            conversation_id: self.journal.conversation_id,
+            conversation_id: self.journal.conversation_id(),
             turn_id: self.turn_id(),
             tool_call,
             options,
@@ -743,108 +528,51 @@ impl Session {
             decision: None,
             created_at: model::now(),
         };
-        let id = permission.id;
-        tracing::info!(permission_id = %id, "agent asks permission");
+        tracing::info!(permission_id = %permission.id, "agent asks permission");
         // The request's toolCall is an update: complete it with what we know.
-        let tool_call = self.known_tool_call(&permission.tool_call);
+        let tool_call = self.transcript.known_tool_call(&permission.tool_call);
         let policies = self.policies.refresh(self.journal.store()).await?;
         let remembered = self
             .journal
             .store()
             .list_rules(permission.conversation_id)
             .await?;
-        let now = tokio::time::Instant::now();
         let facts = Facts {
             agent: &self.agent,
             tool_call: &tool_call,
             cwd: &self.cwd,
             mode: self.mode,
         };
-        let verdict = policies.evaluate(&facts, &remembered, Some(&self.limiter), now);
-        self.journal.event(
-            event_type::PERMISSION_REQUESTED,
-            serde_json::to_value(&permission).expect("serializes"),
-        );
-        if let Some((status, option_id)) = automatic_answer(&permission, &verdict) {
-            // Decided by policy: requested and resolved are committed together
-            // (nobody could answer in between) and both published, so the
-            // audit trail shows what ran without a person, and which rule let it.
-            let rule = verdict.rule.as_deref().unwrap_or("default");
-            tracing::info!(permission_id = %id, rule, decision = ?verdict.decision, "decided by policy");
-            let decision = Decision::new(
-                option_id,
-                format!("policy:{rule}"),
-                Some(verdict.reason.clone()),
-            );
-            let resolved = PermissionRequest {
-                status,
-                decision: Some(decision.clone()),
-                ..permission
-            };
-            self.journal.batch.new_permissions.push(resolved.clone());
-            self.journal.event(
-                event_type::PERMISSION_RESOLVED,
-                serde_json::to_value(&resolved).expect("serializes"),
-            );
-            self.flush().await?;
-            self.limiter.record(&verdict, now);
-            request.responder.respond(decision.acp_result());
-            return Ok(());
-        }
-        self.journal.batch.new_permissions.push(permission.clone());
-        self.pending.insert(
-            id,
-            Pending {
-                request: permission,
-                responder: request.responder,
-            },
-        );
-        if let Some(timeout) = self.permission_timeout {
-            self.deadlines.set(id, timeout);
-        }
-        self.journal.set_status(self.status_now());
-        Ok(())
-    }
-
-    /// What the gateway knows of a tool call, overlaid with `update`.
-    fn known_tool_call(&self, update: &Value) -> Value {
-        let mut merged = json!({});
-        let known = update
-            .get("toolCallId")
-            .and_then(Value::as_str)
-            .and_then(|id| self.tool_calls.get(id));
-        if let Some(call) = known {
-            merged = json!({
-                "kind": call.kind, "title": call.title,
-                "locations": call.locations, "rawInput": call.raw_input,
-            });
-        }
-        if let (Some(merged), Some(update)) = (merged.as_object_mut(), update.as_object()) {
-            for (k, v) in update {
-                if !v.is_null() {
-                    merged.insert(k.clone(), v.clone());
-                }
+        match self
+            .pending
+            .decide(&permission, &policies, &facts, &remembered)
+        {
+            Some((status, decision)) => {
+                // Decided by policy: requested and resolved are committed
+                // together and both published, so the audit trail shows what
+                // ran without a person, and which rule let it.
+                let answer = decision.acp_result();
+                self.journal
+                    .add_permission_request(&permission, Some((status, decision)));
+                self.flush().await?;
+                request.responder.respond(answer);
+            }
+            None => {
+                self.journal.add_permission_request(&permission, None);
+                self.pending.park(permission, request.responder);
+                self.journal.set_status(self.status_now());
             }
         }
-        merged
+        Ok(())
     }
 
     /// Answers the requests whose `permission_timeout` ran out.
     async fn time_out(&mut self, due: Vec<Uuid>) -> Result<()> {
-        let reason = format!(
-            "no answer within {} (on_timeout = {})",
-            humantime_fmt(self.permission_timeout.unwrap_or_default()),
-            match self.on_timeout {
-                OnTimeout::Reject => "reject",
-                OnTimeout::Cancel => "cancel",
-            }
-        );
+        let reason = self.pending.timeout_reason();
         for id in due {
-            self.deadlines.remove(id);
-            let Some(pending) = self.pending.get(&id) else {
+            let Some(option) = self.pending.expire(id) else {
                 continue;
             };
-            let option = timeout_option(&pending.request, self.on_timeout);
             self.resolve(
                 id,
                 PermissionStatus::TimedOut,
@@ -862,12 +590,7 @@ impl Session {
         let Some(request_id) = params.get("requestId") else {
             return Ok(());
         };
-        let found = self
-            .pending
-            .iter()
-            .find(|(_, p)| p.responder.id() == request_id)
-            .map(|(id, _)| *id);
-        if let Some(id) = found {
+        if let Some(id) = self.pending.find_by_rpc_id(request_id) {
             self.resolve(
                 id,
                 PermissionStatus::Cancelled,
@@ -891,8 +614,7 @@ impl Session {
         reason: Option<&str>,
     ) -> Result<Option<PermissionRequest>> {
         self.flush().await?;
-        self.deadlines.remove(id);
-        let Some(pending) = self.pending.remove(&id) else {
+        let Some(parked) = self.pending.take(id) else {
             return Ok(None);
         };
         let decision = Decision::new(option_id, decided_by.to_owned(), reason.map(str::to_owned));
@@ -904,7 +626,7 @@ impl Session {
         };
         match self.journal.resolve(&resolution).await {
             Ok(Some(request)) => {
-                pending.responder.respond(decision.acp_result());
+                parked.responder.respond(decision.acp_result());
                 Ok(Some(request))
             }
             Ok(None) => {
@@ -912,13 +634,13 @@ impl Session {
                 // store is the arbiter): answer the agent with what won.
                 let current = self.journal.store().get_permission(id).await?;
                 if let Some(d) = current.as_ref().and_then(|c| c.decision.as_ref()) {
-                    pending.responder.respond(d.acp_result());
+                    parked.responder.respond(d.acp_result());
                 }
                 Ok(current)
             }
             Err(e) => {
                 // Not persisted: keep it pending so nothing is lost.
-                self.pending.insert(id, pending);
+                self.pending.put_back(parked);
                 self.journal.set_status(self.status_now());
                 Err(e)
             }
@@ -926,9 +648,7 @@ impl Session {
     }
 
     async fn resolve_all(&mut self, status: PermissionStatus, reason: &str) -> Result<()> {
-        let mut ids: Vec<Uuid> = self.pending.keys().copied().collect();
-        ids.sort();
-        for id in ids {
+        for id in self.pending.ids() {
             self.resolve(id, status, None, "system", Some(reason))
                 .await?;
         }
@@ -974,20 +694,12 @@ impl Session {
             cancel_requested: false,
         });
         self.journal.set_turn(Some(turn_id));
-        self.journal.event(
-            event_type::TURN_STARTED,
-            json!({"turn_id": turn_id, "content": content}),
-        );
-        if let Some((message, true)) = self.message.take() {
-            self.journal.batch.messages.push(message);
-        }
-        self.journal.batch.messages.push(Message {
-            id: model::new_id(),
-            turn_id: Some(turn_id),
-            role: Role::User,
-            content: content.clone(),
-            created_at: model::now(),
+        self.journal.append(TurnStarted {
+            turn_id,
+            content: &content,
         });
+        let prompt = self.session.prompt(&content);
+        self.transcript.user_prompt(turn_id, content);
         self.journal.set_status(self.status_now());
         if let Err(e) = self.flush().await {
             self.turn = None;
@@ -995,11 +707,7 @@ impl Session {
             return Err(e);
         }
         tracing::info!(%turn_id, "turn started");
-        let peer = self.peer.clone();
-        let params = json!({"sessionId": self.acp_session_id, "prompt": content});
-        self.prompt = Some(Box::pin(async move {
-            peer.request("session/prompt", params).await
-        }));
+        self.prompt = Some(prompt);
         Ok(turn_id)
     }
 
@@ -1010,47 +718,35 @@ impl Session {
             return Ok(());
         };
         turn.cancel_requested = true;
-        let params = json!({"sessionId": self.acp_session_id});
-        if let Err(e) = self.peer.notify("session/cancel", params).await {
+        if let Err(e) = self.session.cancel().await {
             tracing::warn!(error = %e, "could not send session/cancel");
         }
         self.resolve_all(PermissionStatus::Cancelled, "turn cancelled")
             .await
     }
 
+    /// A user's answer to a request this session holds (`None`: it holds
+    /// none with that id). An "always" answer is remembered as rules.
     async fn answer(
         &mut self,
         id: Uuid,
         answer: Answer,
         decided_by: &str,
-    ) -> Result<PermissionRequest> {
-        let Some(pending) = self.pending.get(&id) else {
-            let request = self
-                .journal
-                .store()
-                .get_permission(id)
-                .await?
-                .ok_or_else(|| Error::NotFound(format!("no permission request {id}")))?;
-            validate_answer(&request, &answer)?;
-            if request.status == PermissionStatus::Pending {
-                return Err(Error::conflict(
-                    "agent_gone",
-                    "the agent that asked is no longer running",
-                ));
-            }
-            return answer_resolved(request, &answer);
+    ) -> Result<Option<PermissionRequest>> {
+        let Some(pending) = self.pending.get(id) else {
+            return Ok(None);
         };
-        let status = validate_answer(&pending.request, &answer)?;
+        let status = validate_answer(pending, &answer)?;
         let option_id = match answer.clone() {
             Answer::Option(id) => Some(id),
             Answer::Cancelled => None,
         };
         let always = option_id
             .as_deref()
-            .and_then(|o| option_kind(&pending.request, o))
+            .and_then(|o| option_kind(pending, o))
             .filter(|kind| kind.ends_with("_always"))
             .map(|kind| {
-                let keys = keys_to_remember(&self.known_tool_call(&pending.request.tool_call));
+                let keys = keys_to_remember(&self.transcript.known_tool_call(&pending.tool_call));
                 (kind.to_owned(), keys)
             });
         // An "always" that would cover more than the user saw is not
@@ -1071,7 +767,7 @@ impl Session {
         match always {
             Some((option_kind, Ok(keys))) => {
                 for key in keys {
-                    let rule = Rule {
+                    let rule = model::Rule {
                         id: model::new_id(),
                         conversation_id: request.conversation_id,
                         tool_kind: key.kind,
@@ -1090,7 +786,7 @@ impl Session {
             }
             None => {}
         }
-        Ok(request)
+        Ok(Some(request))
     }
 
     fn end_turn(&mut self, result: Result<Value, RpcError>) {
@@ -1111,10 +807,11 @@ impl Session {
             Err(RpcError::Closed(reason)) => ("error".to_owned(), Some(reason)),
         };
         tracing::info!(turn_id = %turn.id, %stop_reason, "turn ended");
-        self.journal.event(
-            event_type::TURN_ENDED,
-            json!({"turn_id": turn.id, "stop_reason": stop_reason, "error": error}),
-        );
+        self.journal.append(TurnEnded {
+            turn_id: turn.id,
+            stop_reason,
+            error,
+        });
         self.journal.set_turn(None);
         self.journal.set_status(self.status_now());
     }
@@ -1131,8 +828,7 @@ impl Session {
             if let Some(turn) = self.turn.as_mut() {
                 // Politely first: the agent may still wrap up its updates.
                 turn.cancel_requested = true;
-                let params = json!({"sessionId": self.acp_session_id});
-                let _ = self.peer.notify("session/cancel", params).await;
+                let _ = self.session.cancel().await;
             }
             if stop_reason == "cancelled" {
                 self.resolve_all(PermissionStatus::Cancelled, &detail)
@@ -1141,61 +837,43 @@ impl Session {
             self.process.terminate(TERMINATE_GRACE).await;
             self.drain_until_closed().await?;
         }
-        let (agent_status, detail, final_status) = if closing {
-            ("exited", detail, ConversationStatus::Closed)
+        let (agent_state, detail, final_status) = if closing {
+            (AgentState::Exited, detail, ConversationStatus::Closed)
         } else {
             let status = self.process.wait().await;
             self.process.drain_stderr().await;
             let detail = describe_exit(status, &self.process.stderr_tail());
             tracing::warn!(%detail, "agent exited");
-            let agent_status = if status.success() { "exited" } else { "failed" };
-            (agent_status, detail, ConversationStatus::Failed)
+            let state = if status.success() {
+                AgentState::Exited
+            } else {
+                AgentState::Failed
+            };
+            (state, detail, ConversationStatus::Failed)
         };
         // Reaped, and its group killed with it.
         forget_process(self.journal.store(), self.record.take().as_ref()).await;
         // Requests the agent can no longer receive an answer for.
         let reason = format!("the agent went away: {}", first_line(&detail));
         self.resolve_all(PermissionStatus::Expired, &reason).await?;
-        if let Some(turn) = self.turn.take() {
-            let error = (stop_reason == "error").then(|| detail.clone());
-            self.journal.event(
-                event_type::TURN_ENDED,
-                json!({"turn_id": turn.id, "stop_reason": stop_reason, "error": error}),
-            );
-        }
-        self.journal.event(
-            event_type::AGENT_STATUS,
-            json!({"status": agent_status, "detail": detail}),
-        );
-        self.journal.set_turn(None);
-        self.journal.set_status(final_status);
-        self.flush().await?;
+        let turn_ended = self.turn.take().map(|turn| TurnEnded {
+            turn_id: turn.id,
+            stop_reason: stop_reason.to_owned(),
+            error: (stop_reason == "error").then(|| detail.clone()),
+        });
+        let agent = AgentStatus {
+            status: agent_state,
+            detail: Some(detail),
+        };
+        self.save_transcript();
+        self.journal
+            .agent_gone(turn_ended, agent, final_status)
+            .await?;
         if let Some(reply) = reply {
             let _ = reply.send(());
         }
         Ok(())
     }
-}
-
-/// Whether two chunk updates are equal apart from `content.text` (compared
-/// in place: the text may be long, and this runs for every chunk).
-fn same_but_text(a: &Value, b: &Value) -> bool {
-    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
-        return false;
-    };
-    a.len() == b.len()
-        && a.iter().all(|(key, va)| match (key.as_str(), b.get(key)) {
-            ("content", Some(vb)) => match (va.as_object(), vb.as_object()) {
-                (Some(ca), Some(cb)) => {
-                    ca.len() == cb.len()
-                        && ca.iter().all(|(k, v)| k == "text" || cb.get(k) == Some(v))
-                        && cb.contains_key("text")
-                }
-                _ => false,
-            },
-            (_, Some(vb)) => va == vb,
-            (_, None) => false,
-        })
 }
 
 fn first_line(s: &str) -> &str {

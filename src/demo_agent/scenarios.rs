@@ -1,0 +1,740 @@
+//! The demo agent's canned behaviours: which scenario a prompt picks, and
+//! the turn that plays it.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::{sleep, sleep_until, Instant};
+
+use super::wire::{notification, Reply, RpcError, Wire, INTERNAL_ERROR};
+
+/// How long to keep waiting for permission answers after `session/cancel`: the client must
+/// answer them `cancelled`, but a turn must not hang on a client that forgets to.
+const PERMISSION_GRACE: Duration = Duration::from_secs(1);
+
+/// The gap between chunks of the `slow` scenario.
+const SLOW_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Stop reasons this agent answers prompts with.
+const END_TURN: &str = "end_turn";
+const CANCELLED: &str = "cancelled";
+const REFUSAL: &str = "refusal";
+
+/// The choices offered in every permission request, as (optionId, name, kind).
+const PERMISSION_OPTIONS: [(&str, &str, &str); 4] = [
+    ("allow-once", "Allow once", "allow_once"),
+    ("allow-always", "Always allow", "allow_always"),
+    ("reject-once", "Reject", "reject_once"),
+    ("reject-always", "Always reject", "reject_always"),
+];
+
+/// Numbers the `call_<n>` tool call ids, from 1, across all sessions of the process.
+static NEXT_TOOL_CALL: AtomicU64 = AtomicU64::new(1);
+
+/// The canned behaviours a prompt can ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Scenario {
+    Echo,
+    Tool,
+    Execute,
+    Codex,
+    Gemini,
+    Read,
+    Edit,
+    Parallel,
+    Plan,
+    Long,
+    Big,
+    Slow,
+    Crash,
+    Garbage,
+    Unknown,
+    Hang,
+    Child,
+    Refuse,
+    Error,
+    Withdraw,
+    Stderr,
+}
+
+impl Scenario {
+    /// The scenario named by a (lowercase) word, if any.
+    pub(super) fn from_word(word: &str) -> Option<Self> {
+        Some(match word {
+            "echo" => Self::Echo,
+            "tool" | "write" => Self::Tool,
+            "execute" => Self::Execute,
+            "codex" => Self::Codex,
+            "gemini" => Self::Gemini,
+            "read" => Self::Read,
+            "edit" => Self::Edit,
+            "parallel" => Self::Parallel,
+            "plan" => Self::Plan,
+            "long" => Self::Long,
+            "big" => Self::Big,
+            "slow" => Self::Slow,
+            "crash" => Self::Crash,
+            "garbage" => Self::Garbage,
+            "unknown" => Self::Unknown,
+            "hang" => Self::Hang,
+            "child" => Self::Child,
+            "refuse" => Self::Refuse,
+            "error" => Self::Error,
+            "withdraw" => Self::Withdraw,
+            "stderr" => Self::Stderr,
+            _ => return None,
+        })
+    }
+
+    /// Picks the scenario for a prompt and splits off its arguments: the forced scenario takes
+    /// the whole text, otherwise the first word chooses and the rest are arguments.
+    pub(super) fn choose(forced: Option<Self>, text: &str) -> (Self, &str) {
+        if let Some(scenario) = forced {
+            return (scenario, text.trim());
+        }
+        let text = text.trim_start();
+        let (first, rest) = text.split_once(char::is_whitespace).unwrap_or((text, ""));
+        match Self::from_word(&first.to_lowercase()) {
+            Some(scenario) => (scenario, rest.trim()),
+            None => (Self::Echo, text.trim_end()),
+        }
+    }
+}
+
+/// An `agent_message_chunk` or `agent_thought_chunk` update carrying text.
+fn text_chunk(kind: &str, text: &str) -> Value {
+    json!({"sessionUpdate": kind, "content": {"type": "text", "text": text}})
+}
+
+/// Splits `text` into at most `pieces` parts of about equal length, on character boundaries.
+fn split_pieces(text: &str, pieces: usize) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    let size = chars.len().div_ceil(pieces).max(1);
+    chars.chunks(size).map(|c| c.iter().collect()).collect()
+}
+
+/// The first argument as a count, or `default` when it is missing or malformed.
+fn count_arg(args: &str, default: u64) -> u64 {
+    match args.split_whitespace().next() {
+        None => default,
+        Some(word) => word.parse().unwrap_or_else(|_| {
+            log!("`{word}` is not a count, using {default}");
+            default
+        }),
+    }
+}
+
+/// The turn was cancelled by the client: unwinds a scenario through `?`.
+#[derive(Debug)]
+struct Cancelled;
+
+/// How a turn ends.
+enum TurnEnd {
+    /// Answer the prompt with this stop reason.
+    Stop(&'static str),
+    /// Answer the prompt with a JSON-RPC error.
+    Fail(RpcError),
+}
+
+/// What the client answered to a permission request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    Allowed,
+    Rejected,
+    Cancelled,
+}
+
+/// A tool call a scenario pretends to make.
+struct ToolCall {
+    id: String,
+    title: String,
+    kind: &'static str,
+    locations: Option<Value>,
+    /// `Value::Null`: the tool call has no raw input at all.
+    raw_input: Value,
+    /// Announced with a `tool_call` update before the permission request.
+    announced: bool,
+    /// Text of the content reported when the call completes.
+    done_text: String,
+}
+
+impl ToolCall {
+    /// The tool call as announced, pending; also what the permission request shows.
+    fn pending(&self) -> Value {
+        let mut call = json!({
+            "toolCallId": self.id,
+            "title": self.title,
+            "kind": self.kind,
+            "status": "pending",
+        });
+        if !self.raw_input.is_null() {
+            call["rawInput"] = self.raw_input.clone();
+        }
+        if let Some(locations) = &self.locations {
+            call["locations"] = locations.clone();
+        }
+        call
+    }
+
+    /// A `tool_call_update` with the given status and extra fields.
+    fn update(&self, status: &str, extra: Value) -> Value {
+        let mut update = json!({
+            "sessionUpdate": "tool_call_update",
+            "toolCallId": self.id,
+            "status": status,
+        });
+        if let (Some(update), Value::Object(extra)) = (update.as_object_mut(), extra) {
+            update.extend(extra);
+        }
+        update
+    }
+}
+
+/// One prompt being played in one session.
+pub(super) struct Turn {
+    pub(super) wire: Arc<Wire>,
+    /// Pause before each streamed update but the first (`--chunk-delay-ms`).
+    pub(super) chunk_delay: Duration,
+    pub(super) session_id: String,
+    pub(super) cwd: PathBuf,
+    /// The prompt's text blocks, joined by newlines.
+    pub(super) text: String,
+    /// Becomes `true` on `session/cancel`.
+    pub(super) cancelled: watch::Receiver<bool>,
+    pub(super) stdin_closed: watch::Receiver<bool>,
+    /// Whether an update was streamed yet: the chunk delay goes between updates only.
+    pub(super) streamed: AtomicBool,
+}
+
+impl Turn {
+    /// Plays the scenario; what the prompt request is answered with.
+    pub(super) async fn run(self, scenario: Scenario, args: String) -> Result<Value, RpcError> {
+        let end = match self.play(scenario, &args).await {
+            // A cancel that raced with the end of the scenario still wins, as ACP asks.
+            Ok(TurnEnd::Stop(_)) | Err(Cancelled) if self.is_cancelled() => {
+                TurnEnd::Stop(CANCELLED)
+            }
+            Ok(end) => end,
+            Err(Cancelled) => TurnEnd::Stop(CANCELLED),
+        };
+        match end {
+            TurnEnd::Stop(reason) => {
+                log!("session {}: turn over: {reason}", self.session_id);
+                Ok(json!({ "stopReason": reason }))
+            }
+            TurnEnd::Fail(err) => {
+                log!("session {}: turn failed: {}", self.session_id, err.message);
+                Err(err)
+            }
+        }
+    }
+
+    /// Plays `scenario`; `Err(Cancelled)` when the turn was cancelled midway.
+    async fn play(&self, scenario: Scenario, args: &str) -> Result<TurnEnd, Cancelled> {
+        match scenario {
+            Scenario::Echo => self.echo().await,
+            Scenario::Tool => self.write_file().await,
+            Scenario::Execute => self.execute(args, false).await,
+            Scenario::Codex => self.execute(args, true).await,
+            Scenario::Gemini => self.gemini(args).await,
+            Scenario::Read => self.path_tool("read", "Read", args).await,
+            Scenario::Edit => self.path_tool("edit", "Edit", args).await,
+            Scenario::Parallel => self.parallel(count_arg(args, 2)).await,
+            Scenario::Plan => self.plan().await,
+            Scenario::Long => self.long(count_arg(args, 1000)).await,
+            Scenario::Big => self.big(count_arg(args, 1 << 20)).await,
+            Scenario::Slow => self.slow(count_arg(args, 20)).await,
+            Scenario::Crash => self.crash().await,
+            Scenario::Garbage => self.garbage().await,
+            Scenario::Unknown => self.unknown().await,
+            Scenario::Hang => self.hang().await,
+            Scenario::Child => self.child().await,
+            Scenario::Refuse => Ok(TurnEnd::Stop(REFUSAL)),
+            Scenario::Error => Ok(TurnEnd::Fail(RpcError::new(
+                INTERNAL_ERROR,
+                "demo agent failed on purpose",
+            ))),
+            Scenario::Withdraw => self.withdraw().await,
+            Scenario::Stderr => self.stderr().await,
+        }
+    }
+
+    /// Default scenario: a thought, then the prompt echoed in four chunks.
+    async fn echo(&self) -> Result<TurnEnd, Cancelled> {
+        let thought = format!("Thinking about: {}", self.text.trim());
+        self.stream(text_chunk("agent_thought_chunk", &thought))
+            .await?;
+        for piece in split_pieces(&format!("You said: {}", self.text.trim()), 4) {
+            self.say(&piece).await?;
+        }
+        Ok(TurnEnd::Stop(END_TURN))
+    }
+
+    /// Scenario `tool`/`write`: one edit tool call that needs permission.
+    async fn write_file(&self) -> Result<TurnEnd, Cancelled> {
+        let call = self.write_hello_call();
+        self.single_tool_call(call, false).await
+    }
+
+    /// Scenarios `execute` and `codex`: one execute tool call for `command`,
+    /// as a command line, or (`codex`) as the argv array Codex sends, which
+    /// runs the line with `/bin/sh -lc`.
+    async fn execute(&self, command: &str, codex_argv: bool) -> Result<TurnEnd, Cancelled> {
+        let command = if command.is_empty() {
+            "echo hello"
+        } else {
+            command
+        };
+        let raw_command = if codex_argv {
+            json!(["/bin/sh", "-lc", command])
+        } else {
+            json!(command)
+        };
+        let call = ToolCall {
+            id: self.next_tool_call_id(),
+            title: format!("Run {command}"),
+            kind: "execute",
+            locations: None,
+            raw_input: json!({ "command": raw_command }),
+            done_text: format!("ran {command}"),
+            announced: true,
+        };
+        self.single_tool_call(call, false).await
+    }
+
+    /// Scenario `gemini`: a permission request for a command that appears
+    /// only in the title: no `tool_call` before it and no raw input, as
+    /// Gemini CLI asks.
+    async fn gemini(&self, command: &str) -> Result<TurnEnd, Cancelled> {
+        let command = if command.is_empty() {
+            "echo hello"
+        } else {
+            command
+        };
+        let call = ToolCall {
+            id: self.next_tool_call_id(),
+            title: command.to_owned(),
+            kind: "execute",
+            locations: None,
+            raw_input: Value::Null,
+            done_text: format!("ran {command}"),
+            announced: false,
+        };
+        self.single_tool_call(call, false).await
+    }
+
+    /// Scenarios `read <path>` and `edit <path>`: one tool call of that kind
+    /// on the path (joined to the session's cwd as given, `..` and all).
+    async fn path_tool(
+        &self,
+        kind: &'static str,
+        verb: &str,
+        path: &str,
+    ) -> Result<TurnEnd, Cancelled> {
+        let path = self
+            .cwd
+            .join(if path.is_empty() { "README.md" } else { path })
+            .display()
+            .to_string();
+        let call = ToolCall {
+            id: self.next_tool_call_id(),
+            title: format!("{verb} {path}"),
+            kind,
+            locations: Some(json!([{ "path": path }])),
+            raw_input: json!({ "path": path }),
+            done_text: format!("{verb} {path}: done"),
+            announced: true,
+        };
+        self.single_tool_call(call, false).await
+    }
+
+    /// Scenario `withdraw`: a tool call whose permission request the agent withdraws.
+    async fn withdraw(&self) -> Result<TurnEnd, Cancelled> {
+        let call = self.write_hello_call();
+        self.single_tool_call(call, true).await
+    }
+
+    /// The tool call of the `tool` and `withdraw` scenarios.
+    fn write_hello_call(&self) -> ToolCall {
+        let path = self.cwd.join("hello.txt").display().to_string();
+        ToolCall {
+            id: self.next_tool_call_id(),
+            title: "Write hello.txt".to_owned(),
+            kind: "edit",
+            locations: Some(json!([{ "path": path }])),
+            raw_input: json!({"path": path, "content": "hello"}),
+            done_text: "wrote hello.txt".to_owned(),
+            announced: true,
+        }
+    }
+
+    /// Announces one tool call, asks permission for it and reports what came of it.
+    async fn single_tool_call(&self, call: ToolCall, withdraw: bool) -> Result<TurnEnd, Cancelled> {
+        let answers = self
+            .run_tool_calls(std::slice::from_ref(&call), withdraw)
+            .await?;
+        match answers[0] {
+            Answer::Allowed => self.say("Done.").await?,
+            Answer::Rejected => self.say("Permission denied.").await?,
+            // The agent withdrew the request itself: the turn goes on.
+            Answer::Cancelled if withdraw => self.say("Permission request withdrawn.").await?,
+            Answer::Cancelled => return Ok(TurnEnd::Stop(CANCELLED)),
+        }
+        Ok(TurnEnd::Stop(END_TURN))
+    }
+
+    /// Scenario `parallel`: `n` tool calls whose permission requests are all pending at once.
+    async fn parallel(&self, n: u64) -> Result<TurnEnd, Cancelled> {
+        let calls: Vec<ToolCall> = (0..n)
+            .map(|i| {
+                let path = self
+                    .cwd
+                    .join(format!("hello-{i}.txt"))
+                    .display()
+                    .to_string();
+                ToolCall {
+                    id: self.next_tool_call_id(),
+                    title: format!("Write hello-{i}.txt"),
+                    kind: "edit",
+                    locations: Some(json!([{ "path": path }])),
+                    raw_input: json!({"path": path, "content": format!("hello {i}")}),
+                    done_text: format!("wrote hello-{i}.txt"),
+                    announced: true,
+                }
+            })
+            .collect();
+        let answers = self.run_tool_calls(&calls, false).await?;
+        if answers.contains(&Answer::Cancelled) {
+            return Ok(TurnEnd::Stop(CANCELLED));
+        }
+        let ran = answers.iter().filter(|a| **a == Answer::Allowed).count();
+        self.say(&format!("{ran} of {n} tool calls ran.")).await?;
+        Ok(TurnEnd::Stop(END_TURN))
+    }
+
+    /// Scenario `plan`: a plan update and a chunk.
+    async fn plan(&self) -> Result<TurnEnd, Cancelled> {
+        self.stream(json!({
+            "sessionUpdate": "plan",
+            "entries": [
+                {"content": "Read the code", "priority": "high", "status": "completed"},
+                {"content": "Write the fix", "priority": "medium", "status": "in_progress"},
+                {"content": "Run the tests", "priority": "low", "status": "pending"},
+            ],
+        }))
+        .await?;
+        self.say("Here is my plan.").await?;
+        Ok(TurnEnd::Stop(END_TURN))
+    }
+
+    /// Scenario `long`: `n` chunks as fast as the client reads them.
+    async fn long(&self, n: u64) -> Result<TurnEnd, Cancelled> {
+        for i in 0..n {
+            self.say(&format!("w{i} ")).await?;
+        }
+        Ok(TurnEnd::Stop(END_TURN))
+    }
+
+    /// Scenario `big`: one message chunk of `n` bytes of text.
+    async fn big(&self, n: u64) -> Result<TurnEnd, Cancelled> {
+        let text: String = "0123456789abcdef"
+            .chars()
+            .cycle()
+            .take(n as usize)
+            .collect();
+        self.say(&text).await?;
+        Ok(TurnEnd::Stop(END_TURN))
+    }
+
+    /// Scenario `slow`: `n` chunks, 50 ms apart.
+    async fn slow(&self, n: u64) -> Result<TurnEnd, Cancelled> {
+        for i in 0..n {
+            if i > 0 {
+                // `say` already waits the chunk delay; top it up to the slow interval.
+                let delay = self.chunk_delay;
+                self.pause(SLOW_INTERVAL.saturating_sub(delay)).await?;
+            }
+            self.say(&format!("s{i} ")).await?;
+        }
+        Ok(TurnEnd::Stop(END_TURN))
+    }
+
+    /// Scenario `crash`: exits mid-turn without answering the prompt.
+    async fn crash(&self) -> Result<TurnEnd, Cancelled> {
+        self.say("About to crash.").await?;
+        log!("crashing on purpose");
+        match self.wire.exit(3).await {}
+    }
+
+    /// Scenario `garbage`: non-JSON lines on stdout between chunks.
+    async fn garbage(&self) -> Result<TurnEnd, Cancelled> {
+        self.say("Here comes some garbage. ").await?;
+        self.wire.send_raw("this is not json".to_owned()).await;
+        self.say("More garbage. ").await?;
+        self.wire.send_raw("{\"broken\": ".to_owned()).await;
+        self.say("And a bare word. ").await?;
+        self.wire.send_raw("garbage".to_owned()).await;
+        self.say("Done with garbage.").await?;
+        Ok(TurnEnd::Stop(END_TURN))
+    }
+
+    /// Scenario `unknown`: an update of a kind no client knows yet.
+    async fn unknown(&self) -> Result<TurnEnd, Cancelled> {
+        self.stream(json!({
+            "sessionUpdate": "future_variant_xyz",
+            "payload": {"a": 1},
+            "_meta": {"x": true},
+        }))
+        .await?;
+        self.say("That was an update of a kind from the future.")
+            .await?;
+        Ok(TurnEnd::Stop(END_TURN))
+    }
+
+    /// Scenario `hang`: waits for `session/cancel`.
+    async fn hang(&self) -> Result<TurnEnd, Cancelled> {
+        log!("session {}: hanging until session/cancel", self.session_id);
+        let mut stdin_closed = self.stdin_closed.clone();
+        tokio::select! {
+            () = self.until_cancelled() => {}
+            // Nobody can cancel any more: stop rather than keep the process alive forever.
+            _ = stdin_closed.wait_for(|closed| *closed) => {}
+        }
+        Err(Cancelled)
+    }
+
+    /// Scenario `child`: starts a long `sleep` of its own, says its pid
+    /// (`child <pid>`), then hangs like `hang`: for checking that a
+    /// conversation's agent is stopped together with its children.
+    async fn child(&self) -> Result<TurnEnd, Cancelled> {
+        let child = std::process::Command::new("sleep")
+            .arg("600")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
+        match child {
+            Ok(child) => self.say(&format!("child {}", child.id())).await?,
+            Err(e) => self.say(&format!("could not start a child: {e}")).await?,
+        }
+        self.hang().await
+    }
+
+    /// Scenario `stderr`: logs five lines, then answers.
+    async fn stderr(&self) -> Result<TurnEnd, Cancelled> {
+        for i in 1..=5 {
+            log!("stderr line {i} of 5");
+        }
+        self.say("I wrote five lines to stderr.").await?;
+        Ok(TurnEnd::Stop(END_TURN))
+    }
+
+    /// Announces `calls`, asks permission for all of them at once and completes or fails each
+    /// as its answer arrives. With `withdraw`, each request is withdrawn right after it is
+    /// sent. Returns the answers in the order of `calls`, or `Cancelled` if the turn was
+    /// cancelled (the tool calls are resolved either way).
+    async fn run_tool_calls(
+        &self,
+        calls: &[ToolCall],
+        withdraw: bool,
+    ) -> Result<Vec<Answer>, Cancelled> {
+        self.pace().await?;
+        for call in calls.iter().filter(|c| c.announced) {
+            let mut update = call.pending();
+            update["sessionUpdate"] = json!("tool_call");
+            self.notify(update).await;
+        }
+
+        let mut ids = Vec::with_capacity(calls.len());
+        let mut waiters = JoinSet::new();
+        for (index, call) in calls.iter().enumerate() {
+            let params = json!({
+                "sessionId": self.session_id,
+                "toolCall": call.pending(),
+                "options": PERMISSION_OPTIONS
+                    .iter()
+                    .map(|(id, name, kind)| json!({"optionId": id, "name": name, "kind": kind}))
+                    .collect::<Vec<_>>(),
+            });
+            let (id, answer) = self
+                .wire
+                .request("session/request_permission", params)
+                .await;
+            if withdraw {
+                self.wire
+                    .send(notification("$/cancel_request", json!({ "requestId": id })))
+                    .await;
+            }
+            ids.push(id);
+            waiters.spawn(async move { (index, answer.await) });
+        }
+
+        let mut answers = vec![None; calls.len()];
+        let mut give_up_at = None;
+        while !waiters.is_empty() {
+            tokio::select! {
+                Some(joined) = waiters.join_next() => {
+                    let (index, reply) = joined.expect("permission waiter panicked");
+                    // A dropped waiter means stdin closed: no answer will ever come.
+                    let answer = match reply {
+                        Ok(reply) => self.classify(reply),
+                        Err(_) => Answer::Cancelled,
+                    };
+                    self.resolve(&calls[index], answer).await;
+                    answers[index] = Some(answer);
+                }
+                () = self.until_cancelled(), if give_up_at.is_none() => {
+                    give_up_at = Some(Instant::now() + PERMISSION_GRACE);
+                }
+                () = sleep_until(give_up_at.unwrap_or_else(Instant::now)), if give_up_at.is_some() => {
+                    log!(
+                        "session {}: no answer to {} permission request(s) after cancel, giving up",
+                        self.session_id,
+                        waiters.len(),
+                    );
+                    break;
+                }
+            }
+        }
+        waiters.abort_all();
+
+        let mut result = Vec::with_capacity(calls.len());
+        for ((call, id), answer) in calls.iter().zip(ids).zip(answers) {
+            let answer = match answer {
+                Some(answer) => answer,
+                None => {
+                    self.wire.forget(id);
+                    self.resolve(call, Answer::Cancelled).await;
+                    Answer::Cancelled
+                }
+            };
+            result.push(answer);
+        }
+        if self.is_cancelled() {
+            return Err(Cancelled);
+        }
+        Ok(result)
+    }
+
+    /// Reads a `session/request_permission` answer.
+    fn classify(&self, reply: Reply) -> Answer {
+        // After session/cancel the tool must not run, whatever the client says.
+        if self.is_cancelled() {
+            return Answer::Cancelled;
+        }
+        let result = match reply {
+            Ok(result) => result,
+            Err(error) => {
+                log!("permission request failed ({error}), taking it as cancelled");
+                return Answer::Cancelled;
+            }
+        };
+        let outcome = &result["outcome"];
+        match outcome["outcome"].as_str() {
+            Some("selected") => {
+                let option_id = outcome["optionId"].as_str().unwrap_or_default();
+                match PERMISSION_OPTIONS.iter().find(|(id, ..)| *id == option_id) {
+                    Some((_, _, kind)) if kind.starts_with("allow") => Answer::Allowed,
+                    Some(_) => Answer::Rejected,
+                    None => {
+                        log!("unknown permission option {option_id:?}, taking it as a rejection");
+                        Answer::Rejected
+                    }
+                }
+            }
+            Some("cancelled") => Answer::Cancelled,
+            _ => {
+                log!("malformed permission answer {result}, taking it as cancelled");
+                Answer::Cancelled
+            }
+        }
+    }
+
+    /// Reports the fate of a tool call. Sent even after a cancel: a client must not be left
+    /// with tool calls that stay pending forever.
+    async fn resolve(&self, call: &ToolCall, answer: Answer) {
+        if answer == Answer::Allowed {
+            self.notify(call.update("in_progress", json!({}))).await;
+            let content = json!([{
+                "type": "content",
+                "content": {"type": "text", "text": call.done_text},
+            }]);
+            self.notify(call.update("completed", json!({ "content": content })))
+                .await;
+        } else {
+            self.notify(call.update("failed", json!({}))).await;
+        }
+    }
+
+    /// A tool call id unique within the process.
+    fn next_tool_call_id(&self) -> String {
+        let n = NEXT_TOOL_CALL.fetch_add(1, Ordering::Relaxed);
+        format!("call_{n}")
+    }
+
+    /// Whether `session/cancel` arrived for this turn.
+    fn is_cancelled(&self) -> bool {
+        *self.cancelled.borrow()
+    }
+
+    /// Completes when the turn is cancelled.
+    async fn until_cancelled(&self) {
+        let mut cancelled = self.cancelled.clone();
+        if cancelled.wait_for(|cancelled| *cancelled).await.is_err() {
+            // The session dropped its signal: no cancel can come any more.
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Sleeps, unless the turn is cancelled first.
+    async fn pause(&self, duration: Duration) -> Result<(), Cancelled> {
+        if !duration.is_zero() {
+            tokio::select! {
+                () = sleep(duration) => {}
+                () = self.until_cancelled() => {}
+            }
+        }
+        if self.is_cancelled() {
+            Err(Cancelled)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Waits the chunk delay unless this is the turn's first streamed update, then checks for
+    /// cancellation: the point where a streaming scenario stops.
+    async fn pace(&self) -> Result<(), Cancelled> {
+        if self.streamed.swap(true, Ordering::Relaxed) {
+            self.pause(self.chunk_delay).await
+        } else {
+            self.pause(Duration::ZERO).await
+        }
+    }
+
+    /// Streams an update, paced and interruptible by cancellation.
+    async fn stream(&self, update: Value) -> Result<(), Cancelled> {
+        self.pace().await?;
+        self.notify(update).await;
+        Ok(())
+    }
+
+    /// Streams a piece of the agent's reply.
+    async fn say(&self, text: &str) -> Result<(), Cancelled> {
+        self.stream(text_chunk("agent_message_chunk", text)).await
+    }
+
+    /// Sends an update at once, cancelled or not.
+    async fn notify(&self, update: Value) {
+        self.wire
+            .send(notification(
+                "session/update",
+                json!({"sessionId": self.session_id, "update": update}),
+            ))
+            .await;
+    }
+}

@@ -1,0 +1,286 @@
+//! Permission requests: how a user's answer is checked, what a timeout or a
+//! policy verdict answers, and the operator policies in force
+//! ([`PolicyHandle`]). The pure engine that decides tool calls is
+//! [`policy`], on the shell splitter [`shell`]; the session applies all of it.
+
+pub mod policy;
+pub mod shell;
+
+use std::sync::{Arc, RwLock};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::error::{Error, Result};
+use crate::model::{PermissionRequest, PermissionStatus, PolicyRule};
+use crate::store::Store;
+use policy::{Action, Policies, Verdict};
+
+pub use policy::{keys_to_remember, ToolKey};
+
+/// A user's answer to a permission request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    Option(String),
+    Cancelled,
+}
+
+/// Checks an answer against a request: the option must exist (422).
+pub fn validate_answer(request: &PermissionRequest, answer: &Answer) -> Result<PermissionStatus> {
+    match answer {
+        Answer::Cancelled => Ok(PermissionStatus::Cancelled),
+        Answer::Option(id) => request.status_for_option(id).ok_or_else(|| {
+            Error::Unprocessable(format!(
+                "option_id {id:?} is not one of the request's options"
+            ))
+        }),
+    }
+}
+
+/// The reply to an answer for a request that is already resolved: the same
+/// answer again succeeds (a retrying phone), a different one is a conflict
+/// that carries the current request.
+pub fn answer_resolved(request: PermissionRequest, answer: &Answer) -> Result<PermissionRequest> {
+    let same = match (&request.decision, answer) {
+        (Some(d), Answer::Option(id)) => {
+            d.outcome == "selected" && d.option_id.as_ref() == Some(id)
+        }
+        (Some(d), Answer::Cancelled) => d.outcome == "cancelled",
+        (None, _) => false,
+    };
+    if same {
+        return Ok(request);
+    }
+    Err(Error::Conflict {
+        code: "already_resolved",
+        detail: format!(
+            "permission request {} is already {}",
+            request.id,
+            request.status.as_str()
+        ),
+        extra: Some(json!({ "request": request })),
+    })
+}
+
+/// The reply to an answer for a request no live agent holds: a repeat of
+/// the recorded decision succeeds; a request still `pending` in the store
+/// belongs to an agent that is gone (409 `agent_gone`).
+pub fn answer_without_agent(
+    request: PermissionRequest,
+    answer: &Answer,
+) -> Result<PermissionRequest> {
+    validate_answer(&request, answer)?;
+    if request.status == PermissionStatus::Pending {
+        return Err(Error::conflict(
+            "agent_gone",
+            "the agent that asked is no longer running",
+        ));
+    }
+    answer_resolved(request, answer)
+}
+
+/// What a profile's `permission_timeout` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTimeout {
+    /// The request's `reject_once` option, or the cancelled outcome if it has none.
+    #[default]
+    Reject,
+    /// The cancelled outcome.
+    Cancel,
+}
+
+/// The option a timed-out request is answered with (`None`: cancelled).
+pub fn timeout_option(request: &PermissionRequest, on_timeout: OnTimeout) -> Option<String> {
+    match on_timeout {
+        OnTimeout::Reject => option_of_kind(request, "reject_once"),
+        OnTimeout::Cancel => None,
+    }
+}
+
+fn option_of_kind(request: &PermissionRequest, kind: &str) -> Option<String> {
+    request
+        .options
+        .iter()
+        .find(|o| o.get("kind").and_then(Value::as_str) == Some(kind))
+        .and_then(|o| o.get("optionId").and_then(Value::as_str))
+        .map(str::to_owned)
+}
+
+/// The kind of an option the request offers.
+pub fn option_kind<'a>(request: &'a PermissionRequest, option_id: &str) -> Option<&'a str> {
+    request.option(option_id)?.get("kind")?.as_str()
+}
+
+/// How a policy verdict answers a request: the option to pick (`None`: the
+/// cancelled outcome) and the status it leads to; `None` when a person must
+/// decide. `allow` picks `allow_once` (`allow_always` only for a rule that
+/// remembers, or a remembered answer); `deny` picks `reject_once`
+/// (`reject_always` for a remembered answer), or the cancelled outcome when
+/// the agent offered no way to reject.
+pub fn automatic_answer(
+    request: &PermissionRequest,
+    verdict: &Verdict,
+) -> Option<(PermissionStatus, Option<String>)> {
+    let remembered = verdict.rule.as_deref() == Some("remembered");
+    let pick = |kinds: &[&str]| kinds.iter().find_map(|k| option_of_kind(request, k));
+    match verdict.decision {
+        Action::Ask => None,
+        Action::Allow => {
+            let kinds: &[&str] = if remembered || verdict.remember {
+                &["allow_always", "allow_once"]
+            } else {
+                &["allow_once"]
+            };
+            pick(kinds).map(|option| (PermissionStatus::Approved, Some(option)))
+        }
+        Action::Deny => {
+            let kinds: &[&str] = if remembered {
+                &["reject_always", "reject_once"]
+            } else {
+                &["reject_once"]
+            };
+            Some((PermissionStatus::Rejected, pick(kinds)))
+        }
+    }
+}
+
+/// The policies in force, shared by the API and every session. The store's
+/// newest policy set wins over the config file's rules; [`PolicyHandle::refresh`]
+/// picks up a set another gateway node saved.
+#[derive(Clone)]
+pub struct PolicyHandle {
+    inner: Arc<RwLock<Current>>,
+    from_config: Arc<Vec<PolicyRule>>,
+}
+
+struct Current {
+    /// The policy set the compiled rules come from (`None`: the config file).
+    set_id: Option<uuid::Uuid>,
+    policies: Arc<Policies>,
+}
+
+impl PolicyHandle {
+    /// Starts from the config file's (already validated) rules.
+    pub fn new(config_rules: Vec<PolicyRule>) -> std::result::Result<PolicyHandle, String> {
+        let policies = Policies::compile(&config_rules)?;
+        Ok(PolicyHandle {
+            inner: Arc::new(RwLock::new(Current {
+                set_id: None,
+                policies: Arc::new(policies),
+            })),
+            from_config: Arc::new(config_rules),
+        })
+    }
+
+    /// The rules of the config file.
+    pub fn config_rules(&self) -> &[PolicyRule] {
+        &self.from_config
+    }
+
+    /// The policies in force after looking at the store's newest set.
+    pub async fn refresh(&self, store: &dyn Store) -> Result<Arc<Policies>> {
+        let newest = store.current_policies().await?;
+        let mut current = self.inner.write().unwrap();
+        if let Some(set) = newest {
+            if current.set_id != Some(set.id) {
+                let policies = Policies::compile(&set.rules).map_err(|e| {
+                    Error::Internal(anyhow::anyhow!("stored policy set {}: {e}", set.id))
+                })?;
+                *current = Current {
+                    set_id: Some(set.id),
+                    policies: Arc::new(policies),
+                };
+            }
+        }
+        Ok(current.policies.clone())
+    }
+
+    /// Puts a validated set in force on this node.
+    pub fn replace(&self, set_id: uuid::Uuid, policies: Policies) {
+        *self.inner.write().unwrap() = Current {
+            set_id: Some(set_id),
+            policies: Arc::new(policies),
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model;
+
+    fn request(options: Value) -> PermissionRequest {
+        PermissionRequest {
+            id: model::new_id(),
+            conversation_id: model::new_id(),
+            turn_id: None,
+            tool_call: json!({}),
+            options: serde_json::from_value(options).unwrap(),
+            status: PermissionStatus::Pending,
+            decision: None,
+            created_at: model::now(),
+        }
+    }
+
+    #[test]
+    fn timeouts_answer_reject_once_or_cancel() {
+        let r = request(json!([
+            {"optionId": "a", "name": "A", "kind": "allow_once"},
+            {"optionId": "r", "name": "R", "kind": "reject_once"}
+        ]));
+        assert_eq!(timeout_option(&r, OnTimeout::Reject).as_deref(), Some("r"));
+        assert_eq!(timeout_option(&r, OnTimeout::Cancel), None);
+        let only_allow = request(json!([{"optionId": "a", "name": "A", "kind": "allow_once"}]));
+        assert_eq!(timeout_option(&only_allow, OnTimeout::Reject), None);
+    }
+
+    #[test]
+    fn verdicts_pick_once_options_unless_remembering() {
+        let r = request(json!([
+            {"optionId": "a1", "name": "A", "kind": "allow_once"},
+            {"optionId": "aa", "name": "AA", "kind": "allow_always"},
+            {"optionId": "r1", "name": "R", "kind": "reject_once"},
+            {"optionId": "ra", "name": "RA", "kind": "reject_always"}
+        ]));
+        let v = |decision, rule: &str, remember| {
+            let mut v = Verdict::new(decision, Some(rule), String::new());
+            v.remember = remember;
+            v
+        };
+        let answer =
+            |verdict| automatic_answer(&r, &verdict).map(|(s, o)| (s, o.unwrap_or_default()));
+        use PermissionStatus::*;
+        assert_eq!(
+            answer(v(Action::Allow, "read-only", false)),
+            Some((Approved, "a1".into()))
+        );
+        assert_eq!(
+            answer(v(Action::Allow, "edits", true)),
+            Some((Approved, "aa".into()))
+        );
+        assert_eq!(
+            answer(v(Action::Allow, "remembered", false)),
+            Some((Approved, "aa".into()))
+        );
+        assert_eq!(
+            answer(v(Action::Deny, "no rm", false)),
+            Some((Rejected, "r1".into()))
+        );
+        assert_eq!(
+            answer(v(Action::Deny, "remembered", false)),
+            Some((Rejected, "ra".into()))
+        );
+        assert_eq!(answer(v(Action::Ask, "ask", false)), None);
+        let only_allow = request(json!([{"optionId": "a1", "name": "A", "kind": "allow_once"}]));
+        assert_eq!(
+            automatic_answer(&only_allow, &v(Action::Deny, "no rm", false)),
+            Some((Rejected, None))
+        );
+        let only_always = request(json!([{"optionId": "aa", "name": "A", "kind": "allow_always"}]));
+        assert_eq!(
+            automatic_answer(&only_always, &v(Action::Allow, "read-only", false)),
+            None
+        );
+    }
+}

@@ -1,0 +1,313 @@
+//! Conversations at work: the supervisor ([`Sessions`]) starts a session task
+//! per live conversation, keeps the registry of those running on this node,
+//! routes the API's commands to them (or answers for a conversation whose
+//! agent is gone), and settles what a previous run left behind
+//! ([`recover`]).
+//!
+//! Inside: [`task`] is one conversation's `select!` loop; [`transcript`]
+//! (pure) turns chunks into messages and tool-call states; [`pending`] holds
+//! permission requests until answered; [`journal`] is the single writer that
+//! commits, then publishes.
+
+pub mod journal;
+pub mod pending;
+pub mod task;
+pub mod transcript;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+use crate::acp::procs::{self, Host, Sweep};
+use crate::config::AgentProfile;
+use crate::error::{Error, Result};
+use crate::model::{
+    AgentState, AgentStatus, Conversation, ConversationStatus, Decision, PermissionRequest,
+    PermissionStatus, TurnEnded,
+};
+use crate::permissions::{answer_without_agent, Answer, PolicyHandle};
+use crate::store::{PermissionFilter, Resolution, Store};
+use journal::{Journal, Sink};
+use task::{SessionHandle, StartParams};
+
+/// The supervisor of every live conversation on this node: cheap to clone.
+#[derive(Clone)]
+pub struct Sessions {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    sink: Sink,
+    policies: PolicyHandle,
+    max_line_bytes: usize,
+    live: Mutex<HashMap<Uuid, SessionHandle>>,
+    /// Cancelled when the gateway stops: every session closes its agent.
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Sessions {
+    pub fn new(
+        sink: Sink,
+        policies: PolicyHandle,
+        max_line_bytes: usize,
+        shutdown: CancellationToken,
+        tasks: TaskTracker,
+    ) -> Sessions {
+        Sessions {
+            inner: Arc::new(Shared {
+                sink,
+                policies,
+                max_line_bytes,
+                live: Mutex::new(HashMap::new()),
+                shutdown,
+                tasks,
+            }),
+        }
+    }
+
+    pub fn sink(&self) -> &Sink {
+        &self.inner.sink
+    }
+
+    pub fn store(&self) -> &dyn Store {
+        &*self.inner.sink.store
+    }
+
+    /// The operator policies in force.
+    pub fn policies(&self) -> &PolicyHandle {
+        &self.inner.policies
+    }
+
+    pub fn shutdown_token(&self) -> &CancellationToken {
+        &self.inner.shutdown
+    }
+
+    /// The live session of a conversation, if its agent runs on this node.
+    fn live(&self, id: Uuid) -> Option<SessionHandle> {
+        let live = self.inner.live.lock().unwrap();
+        live.get(&id).filter(|h| !h.is_closed()).cloned()
+    }
+
+    /// Starts `conversation`'s agent with `profile` and its session task
+    /// (see [`task::start`]); the conversation as stored once it is ready.
+    pub async fn start(
+        &self,
+        profile: AgentProfile,
+        conversation: Conversation,
+    ) -> Result<Conversation> {
+        let id = conversation.id;
+        let (handle, conversation, task) = task::start(StartParams {
+            sink: self.inner.sink.clone(),
+            profile,
+            conversation,
+            max_line_bytes: self.inner.max_line_bytes,
+            shutdown: self.inner.shutdown.child_token(),
+            policies: self.inner.policies.clone(),
+        })
+        .await?;
+        // Registered now, forgotten when its task ends.
+        self.inner.live.lock().unwrap().insert(id, handle);
+        let sessions = self.clone();
+        self.inner.tasks.spawn(async move {
+            let _ = task.await;
+            sessions.inner.live.lock().unwrap().remove(&id);
+        });
+        Ok(conversation)
+    }
+
+    /// Starts a turn; its id once `turn_started` is committed.
+    pub async fn prompt(&self, conversation: &Conversation, content: Vec<Value>) -> Result<Uuid> {
+        let id = conversation.id;
+        let session = self.live(id).ok_or_else(|| not_live(conversation))?;
+        match session.prompt(content).await {
+            Some(result) => result,
+            // The session ended meanwhile: say how it stands now.
+            None => Err(not_live(&self.stored(id).await?)),
+        }
+    }
+
+    /// Cancels the running turn, if any.
+    pub async fn cancel(&self, conversation: &Conversation) -> Result<()> {
+        if let Some(session) = self.live(conversation.id) {
+            if let Some(result) = session.cancel().await {
+                return result;
+            }
+        }
+        if conversation.status.is_final() {
+            return Err(not_live(conversation));
+        }
+        Ok(())
+    }
+
+    /// A user's answer to a permission request: the live session that holds
+    /// it answers the agent; otherwise only a repeat of the recorded decision
+    /// succeeds.
+    pub async fn respond(
+        &self,
+        request: &PermissionRequest,
+        answer: Answer,
+        decided_by: String,
+    ) -> Result<PermissionRequest> {
+        let id = request.id;
+        if let Some(session) = self.live(request.conversation_id) {
+            if let Some(result) = session.respond(id, answer.clone(), decided_by).await {
+                if let Some(answered) = result? {
+                    return Ok(answered);
+                }
+            }
+        }
+        let request = self
+            .store()
+            .get_permission(id)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("no permission request {id}")))?;
+        answer_without_agent(request, &answer)
+    }
+
+    /// Closes a conversation: its live session stops its agent (cancelling
+    /// its turn and requests); one without an agent is just marked closed.
+    pub async fn close(&self, conversation: &Conversation) -> Result<()> {
+        match self.live(conversation.id) {
+            Some(session) => session.close().await,
+            None if conversation.status != ConversationStatus::Closed => {
+                let mut journal = Journal::new(self.inner.sink.clone(), conversation, None);
+                journal.set_status(ConversationStatus::Closed);
+                journal.flush().await?;
+            }
+            None => {}
+        }
+        Ok(())
+    }
+
+    async fn stored(&self, id: Uuid) -> Result<Conversation> {
+        self.store()
+            .get_conversation(id)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("no conversation {id}")))
+    }
+}
+
+/// Why a conversation without a live agent cannot take a command.
+fn not_live(conversation: &Conversation) -> Error {
+    match conversation.status {
+        ConversationStatus::Closed => {
+            Error::conflict("conversation_closed", "the conversation is closed")
+        }
+        _ => Error::conflict(
+            "agent_unavailable",
+            format!(
+                "the conversation's agent is not running (status {})",
+                conversation.status.as_str()
+            ),
+        ),
+    }
+}
+
+/// Conversations that still claim an agent belong to a previous run whose
+/// agents are gone (what is left of them is killed first): end their turns,
+/// expire their pending requests, close them, each with events so clients
+/// learn what happened.
+pub async fn recover(sink: &Sink) -> anyhow::Result<()> {
+    kill_leftover_agents(&*sink.store)
+        .await
+        .context("Failed to go through the agent processes a previous run recorded")?;
+    let detail = "the gateway restarted; the agent process is gone";
+    for (conversation, turn_id) in sink.store.live_conversations().await? {
+        tracing::info!(conversation_id = %conversation.id, "closing conversation left by a previous run");
+        let mut journal = Journal::new(sink.clone(), &conversation, turn_id);
+        let pending = sink
+            .store
+            .list_permissions(&PermissionFilter {
+                pending_only: true,
+                conversation_id: Some(conversation.id),
+                owner: None,
+            })
+            .await?;
+        for request in pending {
+            let resolution = Resolution {
+                permission_id: request.id,
+                status: PermissionStatus::Expired,
+                decision: Decision::new(None, "system".into(), Some(detail.into())),
+            };
+            journal.resolve(&resolution).await?;
+        }
+        let turn_ended = turn_id.map(|turn_id| TurnEnded {
+            turn_id,
+            stop_reason: "error".into(),
+            error: Some(detail.into()),
+        });
+        let agent = AgentStatus {
+            status: AgentState::Exited,
+            detail: Some(detail.into()),
+        };
+        journal
+            .agent_gone(turn_ended, agent, ConversationStatus::Closed)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Kills what the agents of a previous run on this machine left running
+/// (a crashed gateway cannot take its agents' children with it) and forgets
+/// every record: records of another boot, container or machine name no
+/// process here.
+async fn kill_leftover_agents(store: &dyn Store) -> anyhow::Result<()> {
+    let records = store.list_agent_processes().await?;
+    if records.is_empty() {
+        return Ok(());
+    }
+    let Some(here) = Host::here() else {
+        tracing::warn!(
+            records = records.len(),
+            "no /proc: cannot look for processes a previous run's agents left running"
+        );
+        return Ok(());
+    };
+    for record in records {
+        let conversation_id = record.conversation_id;
+        let pid = record.pid;
+        if !here.sees(&record.boot_id, &record.pid_namespace) {
+            tracing::info!(%conversation_id, pid, host = %record.hostname, boot_id = %record.boot_id,
+                pid_namespace = %record.pid_namespace,
+                "forgetting an agent process recorded under another boot, container or machine");
+        } else {
+            let start_time = u64::try_from(record.start_time).unwrap_or_default();
+            let sweep = tokio::task::spawn_blocking(move || procs::kill_leftovers(pid, start_time))
+                .await
+                .context("the /proc scan panicked")?;
+            match sweep {
+                Ok(Sweep::Nothing) => {
+                    tracing::info!(%conversation_id, pid, "nothing left of a previous run's agent");
+                }
+                Ok(Sweep::PidReused(now)) => {
+                    tracing::info!(%conversation_id, pid, now = %now.comm,
+                        "a previous run's agent is gone and its pid reused: nothing killed");
+                }
+                Ok(Sweep::Killed { killed, failed }) => {
+                    let killed: Vec<String> = killed
+                        .iter()
+                        .map(|p| format!("{} ({})", p.pid, p.comm))
+                        .collect();
+                    tracing::warn!(%conversation_id, pid, killed = ?killed,
+                        "killed what a previous run's agent left running");
+                    for (p, e) in failed {
+                        tracing::error!(%conversation_id, pid, error = %e,
+                            "could not kill {} ({}), left by a previous run's agent", p.pid, p.comm);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(%conversation_id, pid, error = %e,
+                        "cannot look for what a previous run's agent left running");
+                }
+            }
+        }
+        store.forget_agent_process(&record).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,211 @@
+//! The permission requests a session holds for its agent until they are
+//! answered: when each times out, what a timeout answers, and the answers
+//! the operator's policies give at once.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::acp::rpc::Responder;
+use crate::model::{Decision, PermissionRequest, PermissionStatus, Rule};
+use crate::permissions::policy::{Facts, Policies, RateLimiter};
+use crate::permissions::{automatic_answer, timeout_option, OnTimeout};
+
+/// A request waiting for its answer, with the way to send it to the agent.
+pub struct Parked {
+    pub request: PermissionRequest,
+    pub responder: Responder,
+}
+
+/// See the module docs.
+pub struct Pending {
+    parked: HashMap<Uuid, Parked>,
+    deadlines: Deadlines,
+    /// Automatic approvals per policy rule, for `max_auto_per`.
+    limiter: RateLimiter,
+    timeout: Option<Duration>,
+    on_timeout: OnTimeout,
+}
+
+impl Pending {
+    /// Requests time out after `timeout` (never without one), answered as
+    /// `on_timeout` says.
+    pub fn new(timeout: Option<Duration>, on_timeout: OnTimeout) -> Pending {
+        Pending {
+            parked: HashMap::new(),
+            deadlines: Deadlines::default(),
+            limiter: RateLimiter::default(),
+            timeout,
+            on_timeout,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.parked.is_empty()
+    }
+
+    pub fn get(&self, id: Uuid) -> Option<&PermissionRequest> {
+        self.parked.get(&id).map(|p| &p.request)
+    }
+
+    /// Holds a request until it is answered (or times out).
+    pub fn park(&mut self, request: PermissionRequest, responder: Responder) {
+        let id = request.id;
+        self.parked.insert(id, Parked { request, responder });
+        if let Some(timeout) = self.timeout {
+            self.deadlines.set(id, timeout);
+        }
+    }
+
+    /// Takes a request out to answer it; it no longer times out.
+    pub fn take(&mut self, id: Uuid) -> Option<Parked> {
+        self.deadlines.remove(id);
+        self.parked.remove(&id)
+    }
+
+    /// Returns a request whose answer could not be recorded: it stays
+    /// pending, so nothing is lost, and no longer times out.
+    pub fn put_back(&mut self, parked: Parked) {
+        self.parked.insert(parked.request.id, parked);
+    }
+
+    /// Every held request, oldest first.
+    pub fn ids(&self) -> Vec<Uuid> {
+        let mut ids: Vec<Uuid> = self.parked.keys().copied().collect();
+        ids.sort();
+        ids
+    }
+
+    /// The request the agent sent as JSON-RPC request `rpc_id`.
+    pub fn find_by_rpc_id(&self, rpc_id: &Value) -> Option<Uuid> {
+        self.parked
+            .iter()
+            .find(|(_, p)| p.responder.id() == rpc_id)
+            .map(|(id, _)| *id)
+    }
+
+    /// Waits until requests time out, then returns them (cancel-safe; never
+    /// returns while none can).
+    pub async fn due(&self) -> Vec<Uuid> {
+        self.deadlines.due().await
+    }
+
+    /// A request that timed out: its deadline is cleared, and (if it is
+    /// still held) the option it is answered with (`None`: cancelled).
+    pub fn expire(&mut self, id: Uuid) -> Option<Option<String>> {
+        self.deadlines.remove(id);
+        let request = self.get(id)?;
+        Some(timeout_option(request, self.on_timeout))
+    }
+
+    /// Why timed-out requests were answered as they were.
+    pub fn timeout_reason(&self) -> String {
+        let after = self.timeout.unwrap_or_default();
+        format!(
+            "no answer within {} (on_timeout = {})",
+            humantime_serde::re::humantime::format_duration(after),
+            match self.on_timeout {
+                OnTimeout::Reject => "reject",
+                OnTimeout::Cancel => "cancel",
+            }
+        )
+    }
+
+    /// What the operator's policies answer a new request at once, counting
+    /// the approval against its rule's rate limit; `None`: a person decides.
+    pub fn decide(
+        &mut self,
+        request: &PermissionRequest,
+        policies: &Policies,
+        facts: &Facts<'_>,
+        remembered: &[Rule],
+    ) -> Option<(PermissionStatus, Decision)> {
+        let now = Instant::now();
+        let verdict = policies.evaluate(facts, remembered, Some(&self.limiter), now);
+        let (status, option_id) = automatic_answer(request, &verdict)?;
+        let rule = verdict.rule.as_deref().unwrap_or("default");
+        tracing::info!(permission_id = %request.id, rule, decision = ?verdict.decision, "decided by policy");
+        let decision = Decision::new(
+            option_id,
+            format!("policy:{rule}"),
+            Some(verdict.reason.clone()),
+        );
+        self.limiter.record(&verdict, now);
+        Some((status, decision))
+    }
+}
+
+/// When pending requests run out of time. Owned by one session; waiting on
+/// [`Deadlines::due`] is cancel-safe, so it can sit in a `select!`.
+#[derive(Debug, Default)]
+pub struct Deadlines {
+    at: HashMap<Uuid, Instant>,
+}
+
+impl Deadlines {
+    /// `id` times out `after` from now.
+    pub fn set(&mut self, id: Uuid, after: Duration) {
+        self.at.insert(id, Instant::now() + after);
+    }
+
+    /// `id` was answered: it no longer times out.
+    pub fn remove(&mut self, id: Uuid) {
+        self.at.remove(&id);
+    }
+
+    /// Waits until a deadline has passed, then returns every id that is due,
+    /// earliest first. Never returns while there is none.
+    pub async fn due(&self) -> Vec<Uuid> {
+        let Some(next) = self.at.values().min().copied() else {
+            return std::future::pending().await;
+        };
+        tokio::time::sleep_until(next).await;
+        let now = Instant::now();
+        let mut due: Vec<(Instant, Uuid)> = self
+            .at
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(id, at)| (*at, *id))
+            .collect();
+        due.sort();
+        due.into_iter().map(|(_, id)| id).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model;
+
+    #[tokio::test(start_paused = true)]
+    async fn deadlines_fire_in_order_as_time_passes_and_answered_ones_never() {
+        let (a, b, c) = (model::new_id(), model::new_id(), model::new_id());
+        let mut deadlines = Deadlines::default();
+        let start = Instant::now();
+        deadlines.set(b, Duration::from_secs(20));
+        deadlines.set(a, Duration::from_secs(10));
+        deadlines.set(c, Duration::from_secs(15));
+        deadlines.remove(c); // answered in time
+        assert_eq!(deadlines.due().await, [a]);
+        assert_eq!(start.elapsed(), Duration::from_secs(10));
+        deadlines.remove(a);
+        assert_eq!(deadlines.due().await, [b]);
+        assert_eq!(start.elapsed(), Duration::from_secs(20));
+        deadlines.remove(b);
+        let nothing = tokio::time::timeout(Duration::from_secs(3600), deadlines.due()).await;
+        assert!(nothing.is_err(), "no deadline, nothing due");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deadlines_that_passed_together_are_returned_together() {
+        let (a, b) = (model::new_id(), model::new_id());
+        let mut deadlines = Deadlines::default();
+        deadlines.set(a, Duration::from_secs(5));
+        deadlines.set(b, Duration::from_secs(1));
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert_eq!(deadlines.due().await, [b, a]);
+    }
+}

@@ -1,0 +1,342 @@
+//! What was said in a conversation, as messages and tool-call states, built
+//! from the user's prompts and the agent's `session/update` notifications.
+//!
+//! Pure: it knows nothing of the journal, the store or the agent. The session
+//! task feeds it and writes out [`Transcript::take_changes`] with each batch.
+//! Consecutive chunks of one role within one turn form one message (text
+//! joined); a chunk of another role or turn starts a new one. Tool calls are
+//! the result of every `tool_call` / `tool_call_update` seen for their id.
+
+use std::collections::HashMap;
+
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::model::{self, Message, MessageRole, ToolCall};
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub struct Transcript {
+    /// The message chunks currently merge into, and whether it changed
+    /// since it was last taken.
+    current: Option<(Message, bool)>,
+    /// Messages that ended (another role or turn began) with changes not
+    /// taken yet.
+    ended: Vec<Message>,
+    tool_calls: HashMap<String, ToolCall>,
+    /// Tool calls changed since the last take, in the order first changed.
+    changed_tool_calls: Vec<String>,
+}
+
+/// What changed since the last [`Transcript::take_changes`]: the current
+/// state of each, to be written (messages and tool calls are upserted).
+#[derive(Debug, Default, PartialEq)]
+pub struct Changes {
+    pub messages: Vec<Message>,
+    pub tool_calls: Vec<ToolCall>,
+}
+
+impl Transcript {
+    /// A prompt starts `turn_id`: it is a message of its own.
+    pub fn user_prompt(&mut self, turn_id: Uuid, content: Vec<Value>) {
+        self.end_message();
+        self.ended.push(Message {
+            id: model::new_id(),
+            turn_id: Some(turn_id),
+            role: MessageRole::User,
+            content,
+            created_at: model::now(),
+        });
+    }
+
+    /// Applies an agent's update; `true` when it is a message chunk (whose
+    /// event may be joined to the previous one, see [`join_chunk`]).
+    pub fn apply(&mut self, update: &Value, turn_id: Option<Uuid>) -> bool {
+        let kind = update
+            .get("sessionUpdate")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        match kind {
+            "agent_message_chunk" | "agent_thought_chunk" | "user_message_chunk" => {
+                let role = match kind {
+                    "agent_message_chunk" => MessageRole::Agent,
+                    "agent_thought_chunk" => MessageRole::Thought,
+                    _ => MessageRole::User,
+                };
+                if let Some(block) = update.get("content") {
+                    self.add_to_message(role, turn_id, block.clone());
+                }
+                true
+            }
+            "tool_call" | "tool_call_update" => {
+                if let Some(id) = update.get("toolCallId").and_then(Value::as_str) {
+                    self.apply_tool_call(id, turn_id, update);
+                }
+                false
+            }
+            _ => false,
+        }
+    }
+
+    /// What is known of a tool call, overlaid with `update` (a permission
+    /// request's `toolCall`, which may carry only some fields).
+    pub fn known_tool_call(&self, update: &Value) -> Value {
+        let mut merged = json!({});
+        let known = update
+            .get("toolCallId")
+            .and_then(Value::as_str)
+            .and_then(|id| self.tool_calls.get(id));
+        if let Some(call) = known {
+            merged = json!({
+                "kind": call.kind, "title": call.title,
+                "locations": call.locations, "rawInput": call.raw_input,
+            });
+        }
+        if let (Some(merged), Some(update)) = (merged.as_object_mut(), update.as_object()) {
+            for (k, v) in update {
+                if !v.is_null() {
+                    merged.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        merged
+    }
+
+    /// Everything that changed since the last call.
+    pub fn take_changes(&mut self) -> Changes {
+        let mut messages = std::mem::take(&mut self.ended);
+        if let Some((message, changed)) = &mut self.current {
+            if *changed {
+                messages.push(message.clone());
+                *changed = false;
+            }
+        }
+        let tool_calls = self
+            .changed_tool_calls
+            .drain(..)
+            .filter_map(|id| self.tool_calls.get(&id).cloned())
+            .collect();
+        Changes {
+            messages,
+            tool_calls,
+        }
+    }
+
+    fn end_message(&mut self) {
+        if let Some((message, true)) = self.current.take() {
+            self.ended.push(message);
+        }
+    }
+
+    fn add_to_message(&mut self, role: MessageRole, turn_id: Option<Uuid>, block: Value) {
+        match &mut self.current {
+            Some((message, changed)) if message.role == role && message.turn_id == turn_id => {
+                message.push_block(block);
+                *changed = true;
+            }
+            _ => {
+                self.end_message();
+                let mut message = Message {
+                    id: model::new_id(),
+                    turn_id,
+                    role,
+                    content: Vec::new(),
+                    created_at: model::now(),
+                };
+                message.push_block(block);
+                self.current = Some((message, true));
+            }
+        }
+    }
+
+    fn apply_tool_call(&mut self, id: &str, turn_id: Option<Uuid>, update: &Value) {
+        let at = model::now();
+        let call = self
+            .tool_calls
+            .entry(id.to_owned())
+            .or_insert_with(|| ToolCall::new(id.to_owned(), turn_id, at));
+        call.apply(update, at);
+        if !self.changed_tool_calls.iter().any(|c| c == id) {
+            self.changed_tool_calls.push(id.to_owned());
+        }
+    }
+}
+
+/// Joins chunk update `next` onto `prev` when both carry one plain text
+/// block and are equal apart from its text (same kind, no annotations or
+/// `_meta` that joining would lose); `false` leaves `prev` untouched.
+pub fn join_chunk(prev: &mut Value, next: &Value) -> bool {
+    let (Some(new_text), Some(_)) = (
+        next.get("content").and_then(model::plain_text),
+        prev.get("content").and_then(model::plain_text),
+    ) else {
+        return false;
+    };
+    if !same_but_text(prev, next) {
+        return false;
+    }
+    if let Value::String(text) = &mut prev["content"]["text"] {
+        text.push_str(new_text);
+    }
+    true
+}
+
+/// Whether two chunk updates are equal apart from `content.text` (compared
+/// in place: the text may be long, and this runs for every chunk).
+fn same_but_text(a: &Value, b: &Value) -> bool {
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return false;
+    };
+    a.len() == b.len()
+        && a.iter().all(|(key, va)| match (key.as_str(), b.get(key)) {
+            ("content", Some(vb)) => match (va.as_object(), vb.as_object()) {
+                (Some(ca), Some(cb)) => {
+                    ca.len() == cb.len()
+                        && ca.iter().all(|(k, v)| k == "text" || cb.get(k) == Some(v))
+                        && cb.contains_key("text")
+                }
+                _ => false,
+            },
+            (_, Some(vb)) => va == vb,
+            (_, None) => false,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(kind: &str, text: &str) -> Value {
+        json!({"sessionUpdate": kind, "content": {"type": "text", "text": text}})
+    }
+
+    fn texts(messages: &[Message]) -> Vec<(MessageRole, String)> {
+        messages
+            .iter()
+            .map(|m| {
+                let text = m
+                    .content
+                    .iter()
+                    .map(|b| b["text"].as_str().unwrap_or("<block>"))
+                    .collect::<Vec<_>>()
+                    .join("|");
+                (m.role, text)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn chunks_of_one_role_in_one_turn_form_one_message() {
+        let mut t = Transcript::default();
+        let turn = Some(model::new_id());
+        assert!(t.apply(&chunk("agent_message_chunk", "Hel"), turn));
+        assert!(t.apply(&chunk("agent_message_chunk", "lo"), turn));
+        let changes = t.take_changes();
+        assert_eq!(
+            texts(&changes.messages),
+            [(MessageRole::Agent, "Hello".into())]
+        );
+        // More text updates the same message: same id, whole text.
+        t.apply(&chunk("agent_message_chunk", "!"), turn);
+        let again = t.take_changes();
+        assert_eq!(again.messages[0].id, changes.messages[0].id);
+        assert_eq!(
+            texts(&again.messages),
+            [(MessageRole::Agent, "Hello!".into())]
+        );
+        assert_eq!(t.take_changes(), Changes::default(), "nothing new");
+    }
+
+    #[test]
+    fn another_role_or_turn_starts_a_new_message() {
+        let mut t = Transcript::default();
+        let (one, two) = (model::new_id(), model::new_id());
+        t.apply(&chunk("agent_thought_chunk", "hmm"), Some(one));
+        t.apply(&chunk("agent_message_chunk", "A"), Some(one));
+        t.apply(&chunk("agent_message_chunk", "B"), Some(one));
+        t.user_prompt(two, vec![json!({"type": "text", "text": "next"})]);
+        t.apply(&chunk("agent_message_chunk", "C"), Some(two));
+        t.apply(&chunk("user_message_chunk", "echo"), Some(two));
+        let changes = t.take_changes();
+        assert_eq!(
+            texts(&changes.messages),
+            [
+                (MessageRole::Thought, "hmm".into()),
+                (MessageRole::Agent, "AB".into()),
+                (MessageRole::User, "next".into()),
+                (MessageRole::Agent, "C".into()),
+                (MessageRole::User, "echo".into()),
+            ]
+        );
+        let turns: Vec<_> = changes.messages.iter().map(|m| m.turn_id).collect();
+        assert_eq!(
+            turns,
+            [Some(one), Some(one), Some(two), Some(two), Some(two)]
+        );
+    }
+
+    #[test]
+    fn tool_calls_between_chunks_keep_the_message_whole_and_end_up_merged() {
+        let mut t = Transcript::default();
+        let turn = Some(model::new_id());
+        t.apply(&chunk("agent_message_chunk", "Let me "), turn);
+        let announced = json!({"sessionUpdate": "tool_call", "toolCallId": "c1",
+            "title": "Write a.txt", "kind": "edit", "status": "pending",
+            "locations": [{"path": "/w/a.txt"}]});
+        assert!(!t.apply(&announced, turn));
+        t.apply(&chunk("agent_message_chunk", "write it."), turn);
+        let done = json!({"sessionUpdate": "tool_call_update", "toolCallId": "c1",
+            "status": "completed", "title": null});
+        t.apply(&done, turn);
+        let changes = t.take_changes();
+        assert_eq!(
+            texts(&changes.messages),
+            [(MessageRole::Agent, "Let me write it.".into())]
+        );
+        assert_eq!(changes.tool_calls.len(), 1, "one state per changed call");
+        let call = &changes.tool_calls[0];
+        assert_eq!(call.title.as_deref(), Some("Write a.txt"));
+        assert_eq!(call.status.as_deref(), Some("completed"));
+        assert_eq!(call.turn_id, turn);
+        // A permission request's partial toolCall is completed from it.
+        let known = t.known_tool_call(&json!({"toolCallId": "c1", "title": "Write!"}));
+        assert_eq!(known["kind"], "edit");
+        assert_eq!(known["title"], "Write!");
+        assert_eq!(known["locations"], json!([{"path": "/w/a.txt"}]));
+    }
+
+    #[test]
+    fn blocks_that_are_not_plain_text_are_kept_apart() {
+        let mut t = Transcript::default();
+        let image = json!({"sessionUpdate": "agent_message_chunk",
+            "content": {"type": "image", "data": "AA==", "mimeType": "image/png"}});
+        t.apply(&chunk("agent_message_chunk", "a"), None);
+        t.apply(&image, None);
+        t.apply(&chunk("agent_message_chunk", "b"), None);
+        let changes = t.take_changes();
+        assert_eq!(
+            texts(&changes.messages),
+            [(MessageRole::Agent, "a|<block>|b".into())]
+        );
+    }
+
+    #[test]
+    fn chunk_events_join_only_when_nothing_but_the_text_differs() {
+        let mut prev = chunk("agent_message_chunk", "Hel");
+        assert!(join_chunk(&mut prev, &chunk("agent_message_chunk", "lo")));
+        assert_eq!(prev, chunk("agent_message_chunk", "Hello"));
+        for other in [
+            chunk("agent_thought_chunk", "x"),
+            json!({"sessionUpdate": "agent_message_chunk", "content":
+                {"type": "text", "text": "x", "annotations": {"priority": 1}}}),
+            json!({"sessionUpdate": "agent_message_chunk", "_meta": {"a": 1},
+                "content": {"type": "text", "text": "x"}}),
+            json!({"sessionUpdate": "agent_message_chunk", "content":
+                {"type": "image", "data": "AA==", "mimeType": "image/png"}}),
+        ] {
+            let mut prev = chunk("agent_message_chunk", "Hello");
+            assert!(!join_chunk(&mut prev, &other), "{other}");
+            assert_eq!(prev, chunk("agent_message_chunk", "Hello"));
+        }
+    }
+}

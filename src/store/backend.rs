@@ -1,0 +1,191 @@
+//! What every backend offers: the [`Store`] trait and the values it takes
+//! and returns.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::error::Result;
+use crate::model::Rule;
+use crate::model::{
+    Conversation, ConversationStatus, Decision, Event, Message, PermissionRequest,
+    PermissionStatus, ToolCall,
+};
+
+/// What one commit changes in a conversation.
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// New events, with consecutive `seq`s following the conversation's `last_seq`.
+    pub events: Vec<Event>,
+    /// Messages to insert or replace (by id).
+    pub messages: Vec<Message>,
+    /// Tool-call states to insert or replace (by conversation and tool call id).
+    pub tool_calls: Vec<ToolCall>,
+    /// Permission requests to insert.
+    pub new_permissions: Vec<PermissionRequest>,
+    /// New conversation state, if it changed.
+    pub conversation: Option<ConversationPatch>,
+}
+
+impl Batch {
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+            && self.messages.is_empty()
+            && self.tool_calls.is_empty()
+            && self.new_permissions.is_empty()
+            && self.conversation.is_none()
+    }
+}
+
+/// The mutable columns of a conversation.
+#[derive(Debug, Clone)]
+pub struct ConversationPatch {
+    pub status: ConversationStatus,
+    pub acp_session_id: Option<String>,
+    pub last_seq: i64,
+    /// The turn in progress, if any.
+    pub current_turn_id: Option<Uuid>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A decision on a pending permission request, applied only if it is still
+/// pending (compare-and-set: of two concurrent answers exactly one wins).
+#[derive(Debug, Clone)]
+pub struct Resolution {
+    pub permission_id: Uuid,
+    pub status: PermissionStatus,
+    pub decision: Decision,
+}
+
+/// A list of operator policies and who set it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PolicySet {
+    pub id: Uuid,
+    pub rules: Vec<crate::model::PolicyRule>,
+    pub updated_by: String,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A bearer token as shown to operators (never its value or hash).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TokenInfo {
+    pub id: Uuid,
+    pub user: String,
+    pub role: crate::model::Role,
+    pub label: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+/// An agent process while it runs (see [`crate::acp::procs`]): what a
+/// gateway starting after a crash needs to find and kill what it left.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct AgentProcessRecord {
+    pub conversation_id: Uuid,
+    /// Also its process group id.
+    pub pid: i32,
+    /// Clock ticks after boot (field 22 of `/proc/<pid>/stat`).
+    pub start_time: i64,
+    pub boot_id: String,
+    pub pid_namespace: String,
+    pub hostname: String,
+    pub started_at: DateTime<Utc>,
+}
+
+/// Which permission requests to list.
+#[derive(Debug, Clone, Default)]
+pub struct PermissionFilter {
+    pub pending_only: bool,
+    pub conversation_id: Option<Uuid>,
+    /// Only requests of this user's conversations.
+    pub owner: Option<String>,
+}
+
+/// The gateway's storage.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Answers when the database is reachable.
+    async fn ping(&self) -> Result<()>;
+
+    async fn insert_conversation(&self, conversation: &Conversation) -> Result<()>;
+    async fn get_conversation(&self, id: Uuid) -> Result<Option<Conversation>>;
+    /// Newest first; `before` is the last id of the previous page; `owner`
+    /// limits the list to one user's conversations.
+    async fn list_conversations(
+        &self,
+        limit: i64,
+        before: Option<Uuid>,
+        owner: Option<&str>,
+    ) -> Result<Vec<Conversation>>;
+    /// Conversations whose status says an agent is attached, each with the
+    /// turn it was running.
+    async fn live_conversations(&self) -> Result<Vec<(Conversation, Option<Uuid>)>>;
+
+    /// Writes a batch atomically.
+    async fn commit(&self, conversation_id: Uuid, batch: &Batch) -> Result<()>;
+
+    /// Applies `resolution` if the request is still pending and, in the same
+    /// transaction, appends `event` (its data is replaced by the resolved
+    /// request) and moves the conversation to `patch`. Returns the resolved
+    /// request, or `None` when it was no longer pending (nothing is written).
+    async fn resolve_permission(
+        &self,
+        resolution: &Resolution,
+        event: Event,
+        patch: &ConversationPatch,
+    ) -> Result<Option<(PermissionRequest, Event)>>;
+
+    async fn list_events(
+        &self,
+        conversation_id: Uuid,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<Event>>;
+    async fn list_messages(&self, conversation_id: Uuid) -> Result<Vec<Message>>;
+    async fn list_tool_calls(&self, conversation_id: Uuid) -> Result<Vec<ToolCall>>;
+    async fn get_permission(&self, id: Uuid) -> Result<Option<PermissionRequest>>;
+    /// Oldest first.
+    async fn list_permissions(&self, filter: &PermissionFilter) -> Result<Vec<PermissionRequest>>;
+
+    /// Remembers a rule, replacing one with the same conversation and key.
+    async fn upsert_rule(&self, rule: &Rule) -> Result<Rule>;
+    /// Oldest first.
+    async fn list_rules(&self, conversation_id: Uuid) -> Result<Vec<Rule>>;
+    /// Forgets a rule; `false` if there was none with this id in the conversation.
+    async fn delete_rule(&self, conversation_id: Uuid, rule_id: Uuid) -> Result<bool>;
+
+    /// The operator policies in force, if they were ever set at run time.
+    async fn current_policies(&self) -> Result<Option<PolicySet>>;
+    /// Records a new list of operator policies (the history is kept).
+    async fn save_policies(&self, set: &PolicySet) -> Result<()>;
+
+    /// Creates a token for `user` (creating the user, or setting its role),
+    /// storing only the token's hash.
+    async fn create_token(
+        &self,
+        user: &str,
+        role: crate::model::Role,
+        label: Option<&str>,
+        hash: &str,
+    ) -> Result<TokenInfo>;
+    /// The active (not revoked) token with this hash.
+    async fn find_token(&self, hash: &str) -> Result<Option<TokenInfo>>;
+    /// Oldest first, revoked ones included.
+    async fn list_tokens(&self) -> Result<Vec<TokenInfo>>;
+    /// `false` if there is no active token with this id.
+    async fn revoke_token(&self, id: Uuid) -> Result<bool>;
+    /// The ids of every active token (for closing the WebSockets of revoked ones).
+    async fn active_token_ids(&self) -> Result<std::collections::HashSet<Uuid>>;
+    /// Removes a user: every token of theirs is revoked. `false` if there is
+    /// no such user.
+    async fn remove_user(&self, name: &str) -> Result<bool>;
+    /// Whether any token is active (then every request needs one).
+    async fn any_active_token(&self) -> Result<bool>;
+
+    /// Records a running agent process (replacing its conversation's earlier one).
+    async fn record_agent_process(&self, record: &AgentProcessRecord) -> Result<()>;
+    /// Deletes this record, if it is still the conversation's.
+    async fn forget_agent_process(&self, record: &AgentProcessRecord) -> Result<()>;
+    /// Every recorded agent process, of any machine.
+    async fn list_agent_processes(&self) -> Result<Vec<AgentProcessRecord>>;
+}

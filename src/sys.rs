@@ -1,0 +1,96 @@
+//! What the gateway asks of the operating system: finding an executable the
+//! way a shell would, looking up the user an agent runs as, whether we are
+//! root, and how the allocator returns memory.
+
+use std::path::{Path, PathBuf};
+
+/// Finds the executable a command names, the way a shell would.
+pub fn resolve_command(command: &str, path_override: Option<&str>) -> Result<PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let is_executable = |p: &Path| {
+        std::fs::metadata(p)
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
+    if command.contains('/') {
+        let p = PathBuf::from(command);
+        return if is_executable(&p) {
+            // Absolute, so that the agent's own cwd does not change its meaning;
+            // symlinks are kept (a venv's python must stay the venv's).
+            Ok(std::path::absolute(&p).unwrap_or(p))
+        } else if p.exists() {
+            Err(format!("{command} is not an executable file"))
+        } else {
+            Err(format!("{command} does not exist"))
+        };
+    }
+    let path = path_override
+        .map(str::to_owned)
+        .or_else(|| std::env::var("PATH").ok())
+        .unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(command))
+        .find(|p| is_executable(p))
+        .ok_or_else(|| format!("{command} not found in PATH"))
+}
+
+/// A system account agents can run as.
+#[derive(Debug, Clone)]
+pub struct SystemUser {
+    pub uid: u32,
+    pub gid: u32,
+    pub home: String,
+}
+
+/// Looks a user up in the system's user database.
+pub fn lookup_user(name: &str) -> Result<SystemUser, String> {
+    let c_name = std::ffi::CString::new(name).map_err(|_| format!("invalid user name {name:?}"))?;
+    let mut buf = vec![0u8; 16 * 1024];
+    // SAFETY: getpwnam_r writes only into `pwd` and `buf` (whose length we
+    // pass) and sets `result` to null or to `&pwd`.
+    unsafe {
+        let mut pwd: libc::passwd = std::mem::zeroed();
+        let mut result: *mut libc::passwd = std::ptr::null_mut();
+        let rc = libc::getpwnam_r(
+            c_name.as_ptr(),
+            &mut pwd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut result,
+        );
+        if rc != 0 || result.is_null() {
+            return Err(format!("no system user named {name:?}"));
+        }
+        let home = if pwd.pw_dir.is_null() {
+            "/".to_owned()
+        } else {
+            std::ffi::CStr::from_ptr(pwd.pw_dir)
+                .to_string_lossy()
+                .into_owned()
+        };
+        Ok(SystemUser {
+            uid: pwd.pw_uid,
+            gid: pwd.pw_gid,
+            home,
+        })
+    }
+}
+
+/// Whether the gateway itself runs as root.
+pub fn running_as_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// glibc raises its mmap threshold each time a large block is freed, up to
+/// 32 MiB, after which big blocks (a long agent line, its JSON) come from the
+/// heap and their memory is kept after use. A fixed threshold keeps every
+/// block over 256 KiB in its own mapping, returned to the system when freed.
+pub fn return_large_allocations_to_the_system() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter; called before the
+    // gateway starts its work.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
+    }
+}
