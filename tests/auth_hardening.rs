@@ -192,10 +192,49 @@ async fn a_413_closes_the_connection_cleanly_and_the_next_request_succeeds(db: T
     }
 }
 
+/// The CLI issues tokens by the API's rules: the same user names, the same
+/// label limits, one clear line when they are broken.
+async fn the_cli_refuses_the_user_names_and_labels_the_api_refuses(db: TestDb) {
+    let operator = cli_token(&db, "root-op", "operator");
+    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
+    let long = "x".repeat(65);
+    for (args, field) in [
+        (vec!["--user", "two words"], "user"),
+        (vec!["--user", long.as_str()], "user"),
+        (
+            vec!["--user", "ok", "--label", "line one\nline two"],
+            "label",
+        ),
+    ] {
+        let mut argv = vec!["token", "create"];
+        argv.extend(args.iter().copied());
+        let out = cli_output(&db, &argv);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{argv:?} was accepted");
+        assert!(out.stdout.is_empty(), "no token is printed");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.starts_with(&format!("error: {field}")), "{stderr}");
+        // The API answers the same input with 422.
+        let body = match field {
+            "user" => json!({"user": args[1]}),
+            _ => json!({"user": "ok", "label": args[3]}),
+        };
+        let (status, _) = call(&gw, "POST", "/api/v1/tokens", Some(&operator), Some(body)).await;
+        assert_eq!(status, 422, "{argv:?}");
+    }
+    // Nothing was created on the way.
+    let listed = cli(&db, &["token", "list"]);
+    assert!(
+        !listed.contains("two words") && !listed.contains(" ok "),
+        "{listed}"
+    );
+}
+
 backend_tests!(
     revoking_a_token_or_removing_its_user_closes_its_open_websockets,
     tokens_in_the_url_or_subprotocol_count_only_on_websocket_upgrades,
     a_cwd_outside_the_allowed_roots_gets_the_same_answer_whether_or_not_it_exists,
+    the_cli_refuses_the_user_names_and_labels_the_api_refuses,
     a_413_closes_the_connection_cleanly_and_the_next_request_succeeds,
 );
 

@@ -424,6 +424,42 @@ async fn wrapped_and_title_only_destructive_commands_are_denied_even_in_trusted_
     answer(&gw, &mut ws, &request, "reject-once").await;
 }
 
+async fn the_dry_run_resolves_its_cwd_as_a_new_conversation_does(db: TestDb) {
+    let (gw, id, mut ws) = start_with(&db, demo_profile("demo", &[])).await;
+    // The conversation's cwd as the agent got it: symlinks resolved.
+    let real = gw.get(&format!("/api/v1/conversations/{id}")).await.1["cwd"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let link_dir = tempfile::tempdir().unwrap();
+    let link = link_dir.path().join("workspace");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    // Live: an edit inside the cwd is allowed by `{cwd}/**`.
+    let (resolved, _) = run(&gw, &id, &mut ws, "edit inside.txt").await;
+    assert_eq!(resolved["status"], "approved", "{resolved}");
+    // The dry run named with the symlink agrees, as creating a conversation
+    // there would resolve it to the same directory.
+    let (status, dry) = gw
+        .post(
+            "/api/v1/policies/evaluate",
+            json!({"agent": "demo", "tool_call": resolved["tool_call"],
+                   "cwd": link.to_str().unwrap()}),
+        )
+        .await;
+    assert_eq!(status, 200, "{dry}");
+    assert_eq!(dry["decision"], "allow", "{dry}");
+    assert_eq!(dry["rule"], "edits inside the workspace");
+    // A cwd no conversation could have gets the answer creation gives.
+    let (status, dry) = gw
+        .post(
+            "/api/v1/policies/evaluate",
+            json!({"agent": "demo", "tool_call": resolved["tool_call"],
+                   "cwd": link_dir.path().join("missing").to_str().unwrap()}),
+        )
+        .await;
+    assert_eq!(status, 422, "{dry}");
+}
+
 backend_tests!(
     always_allow_on_a_codex_command_remembers_the_command_not_the_shell,
     always_on_an_interpreter_or_a_title_only_command_is_not_remembered,
@@ -435,4 +471,5 @@ backend_tests!(
     a_put_applies_to_requests_arriving_after_it_and_records_who_and_when,
     the_dry_run_agrees_with_the_live_path,
     profile_modes_read_only_and_trusted_apply_but_never_over_a_deny,
+    the_dry_run_resolves_its_cwd_as_a_new_conversation_does,
 );

@@ -405,20 +405,26 @@ pub async fn make_token(
 /// Runs the real `acp-gateway` CLI on the test's database, as an operator
 /// would; returns its stdout (failing the test if it fails).
 pub fn cli(db: &TestDb, args: &[&str]) -> String {
-    let config = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(config.path(), format!("database_url = {:?}\n", db.url)).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_acp-gateway"))
-        .args(args)
-        .arg("--config")
-        .arg(config.path())
-        .output()
-        .unwrap();
+    let out = cli_output(db, args);
     assert!(
         out.status.success(),
         "acp-gateway {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs the real `acp-gateway` CLI on the test's database, whatever the
+/// outcome.
+pub fn cli_output(db: &TestDb, args: &[&str]) -> std::process::Output {
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(config.path(), format!("database_url = {:?}\n", db.url)).unwrap();
+    std::process::Command::new(env!("CARGO_BIN_EXE_acp-gateway"))
+        .args(args)
+        .arg("--config")
+        .arg(config.path())
+        .output()
+        .unwrap()
 }
 
 /// Creates a token with the real CLI, as an operator would; returns it.
