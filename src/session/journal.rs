@@ -3,7 +3,9 @@
 //!
 //! A conversation has exactly one `Journal` at a time (its session task, or
 //! the recovery pass at start-up), which is what makes `seq` gap-free without
-//! a database round-trip per event.
+//! a database round-trip per event. Writers append through its typed
+//! methods (events, chunks joined while uncommitted, requests, messages,
+//! tool calls, the end of an agent); the batch itself is private.
 
 use std::time::Duration;
 
