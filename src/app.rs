@@ -62,13 +62,7 @@ impl Gateway {
             .context("Failed to read the bound address")?;
         check_exposure(&config, addr, auth_required)?;
         let auth = Auth::new(auth_required, config.rate_limits.clone());
-        let sessions = Sessions::new(
-            sink,
-            policies,
-            config.max_line_bytes,
-            shutdown.clone(),
-            tasks.clone(),
-        );
+        let sessions = Sessions::new(sink, policies, &config, shutdown.clone(), tasks.clone());
         let state = AppState::new(config, auth, sessions);
         Ok(Gateway {
             state,

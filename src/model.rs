@@ -64,11 +64,6 @@ impl ConversationStatus {
             _ => return None,
         })
     }
-
-    /// Closed and failed conversations have no agent any more.
-    pub fn is_final(self) -> bool {
-        matches!(self, Self::Closed | Self::Failed)
-    }
 }
 
 /// One ACP session with one agent profile, plus its persisted history.
@@ -471,11 +466,26 @@ pub enum AgentState {
 }
 
 /// `agent_status`: the agent process started, is ready, or went away (why,
-/// with its last stderr lines, in `detail`).
+/// with its last stderr lines, in `detail`). When a conversation's agent is
+/// started again (resume), `context` says whether it still knows the earlier
+/// turns: `loaded` (`session/load` restored them) or `reset` (a fresh
+/// session).
 #[derive(Debug, Serialize)]
 pub struct AgentStatus {
     pub status: AgentState,
     pub detail: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context: Option<&'static str>,
+}
+
+impl AgentStatus {
+    pub fn new(status: AgentState, detail: Option<String>) -> AgentStatus {
+        AgentStatus {
+            status,
+            detail,
+            context: None,
+        }
+    }
 }
 
 impl EventData for AgentStatus {

@@ -186,7 +186,7 @@ async fn a_request_pending_when_the_gateway_restarts_is_expired_on_start(db: Tes
     let ended = events.iter().find(|e| e["type"] == "turn_ended").unwrap();
     assert_eq!(ended["data"]["stop_reason"], "error");
     let (_, conv) = gw.get(&format!("/api/v1/conversations/{id}")).await;
-    assert_eq!(conv["status"], "closed");
+    assert_eq!(conv["status"], "idle");
 }
 
 async fn a_graceful_stop_expires_pending_requests_saying_why(db: TestDb) {

@@ -103,8 +103,9 @@ async fn a_prompt_streams_chunks_a_tool_call_and_turn_ended_and_survives_a_resta
         .get(&format!("/api/v1/conversations/{id}/tool-calls"))
         .await;
     assert_eq!(tools_after, tools_before);
+    // Not closed: the next prompt starts the agent again.
     let (_, conv) = gw.get(&format!("/api/v1/conversations/{id}")).await;
-    assert_eq!(conv["status"], "closed");
+    assert_eq!(conv["status"], "idle");
     assert_eq!(conv["last_seq"], events_after.last().unwrap()["seq"]);
 }
 

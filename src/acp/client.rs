@@ -11,8 +11,10 @@ use serde_json::{json, Value};
 use agent_client_protocol_schema as acp_schema;
 use agent_client_protocol_schema::v1 as acp;
 
+use tokio::sync::mpsc;
+
 use super::agent::{describe_exit, AgentProcess};
-use super::rpc::{RpcError, RpcPeer};
+use super::rpc::{Incoming, RpcError, RpcPeer};
 use crate::config::AgentProfile;
 use crate::error::{Error, Result};
 
@@ -28,16 +30,48 @@ pub struct AgentSession {
     session_id: String,
 }
 
+/// How a session came to be open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opened {
+    /// `session/new` for a conversation that had no session yet.
+    New,
+    /// `session/load` restored the conversation's earlier session.
+    Loaded,
+    /// A fresh `session/new` for a conversation that had one: the agent
+    /// cannot load it (no `loadSession`, or it refused), so it forgot the
+    /// earlier turns.
+    Reset,
+}
+
+impl Opened {
+    /// The `context` an `agent_status` event gives a restart.
+    pub fn context(self) -> Option<&'static str> {
+        match self {
+            Opened::New => None,
+            Opened::Loaded => Some("loaded"),
+            Opened::Reset => Some("reset"),
+        }
+    }
+}
+
 impl AgentSession {
     /// `initialize`, then `session/new` in `cwd` with the profile's MCP
-    /// servers; each within the profile's `startup_timeout`. Fails with the
-    /// agent's exit and stderr if it dies on the way.
+    /// servers, or, to resume `earlier` (the session id a conversation had),
+    /// `session/load` where the agent offers it; each within the profile's
+    /// `startup_timeout`. Fails with the agent's exit and stderr if it dies
+    /// on the way.
+    ///
+    /// The history an agent replays while loading is not the conversation's
+    /// news (the gateway has it): those updates are dropped. What else it
+    /// sends meanwhile is returned, for the session to apply first.
     pub async fn open(
         peer: RpcPeer,
         process: &mut AgentProcess,
         profile: &AgentProfile,
         cwd: &str,
-    ) -> Result<AgentSession> {
+        earlier: Option<&str>,
+        incoming: &mut mpsc::Receiver<Incoming>,
+    ) -> Result<(AgentSession, Opened, Vec<Incoming>)> {
         // We serve neither files nor terminals (yet): the default capabilities
         // say so, and agents must not ask for them.
         let init = acp::InitializeRequest::new(acp_schema::ProtocolVersion::V1)
@@ -52,6 +86,7 @@ impl AgentSession {
             profile.startup_timeout,
             "initialize",
             to_json(&init),
+            None,
         )
         .await?;
         let init: acp::InitializeResponse = from_json("initialize", init)?;
@@ -61,6 +96,39 @@ impl AgentSession {
                 to_json(&init.protocol_version)
             )));
         }
+        let mut kept = Vec::new();
+        if let Some(earlier) = earlier.filter(|_| init.agent_capabilities.load_session) {
+            let load = acp::LoadSessionRequest::new(earlier.to_owned(), cwd)
+                .mcp_servers(profile.mcp_servers.clone());
+            let loading = (&mut *incoming, &mut kept);
+            match call(
+                &peer,
+                process,
+                profile.startup_timeout,
+                "session/load",
+                to_json(&load),
+                Some(loading),
+            )
+            .await
+            {
+                Ok(_) => {
+                    // Replayed before the answer, so all queued by now.
+                    while let Ok(msg) = incoming.try_recv() {
+                        keep_unless_history(msg, &mut kept);
+                    }
+                    let session = AgentSession {
+                        peer,
+                        session_id: earlier.to_owned(),
+                    };
+                    return Ok((session, Opened::Loaded, kept));
+                }
+                // Refused (the agent lost that session): start afresh.
+                Err(Error::AgentFailed(why)) if !process.has_exited() => {
+                    tracing::warn!(%why, "the agent could not load the session; starting a new one");
+                }
+                Err(e) => return Err(e),
+            }
+        }
         let new = acp::NewSessionRequest::new(cwd).mcp_servers(profile.mcp_servers.clone());
         let new = call(
             &peer,
@@ -68,13 +136,20 @@ impl AgentSession {
             profile.startup_timeout,
             "session/new",
             to_json(&new),
+            None,
         )
         .await?;
         let new: acp::NewSessionResponse = from_json("session/new", new)?;
-        Ok(AgentSession {
+        let session = AgentSession {
             peer,
             session_id: new.session_id.0.to_string(),
-        })
+        };
+        let opened = if earlier.is_some() {
+            Opened::Reset
+        } else {
+            Opened::New
+        };
+        Ok((session, opened, kept))
     }
 
     /// The agent's id for the session.
@@ -108,22 +183,67 @@ fn from_json<T: serde::de::DeserializeOwned>(method: &str, value: Value) -> Resu
     })
 }
 
+/// Replayed history: what an agent sends while loading a session that
+/// the conversation already holds.
+fn is_history(msg: &Incoming) -> bool {
+    let Incoming::Notification { method, params } = msg else {
+        return false;
+    };
+    let kind = params
+        .get("update")
+        .and_then(|u| u.get("sessionUpdate"))
+        .and_then(Value::as_str);
+    method == "session/update"
+        && matches!(
+            kind,
+            Some(
+                "user_message_chunk"
+                    | "agent_message_chunk"
+                    | "agent_thought_chunk"
+                    | "tool_call"
+                    | "tool_call_update"
+                    | "plan"
+            )
+        )
+}
+
+fn keep_unless_history(msg: Incoming, kept: &mut Vec<Incoming>) {
+    if !is_history(&msg) {
+        kept.push(msg);
+    }
+}
+
+/// What arrives from the agent during a call that replays history, and
+/// where to keep what is not history.
+type Draining<'a> = (&'a mut mpsc::Receiver<Incoming>, &'a mut Vec<Incoming>);
+
 /// One handshake request, with a timeout and errors that carry the agent's
-/// stderr.
+/// stderr. With `draining`, the agent's own messages are read meanwhile
+/// (a long replay must not stall the pipe its answer comes through).
 async fn call(
     peer: &RpcPeer,
     process: &mut AgentProcess,
     timeout: Duration,
     method: &str,
     params: Value,
+    mut draining: Option<Draining<'_>>,
 ) -> Result<Value> {
-    let outcome = tokio::select! {
-        r = tokio::time::timeout(timeout, peer.request(method, params)) => r,
-        status = process.wait() => {
-            process.drain_stderr().await;
-            return Err(Error::AgentFailed(format!(
-                "{} during {method}", describe_exit(status, &process.stderr_tail())
-            )));
+    let request = tokio::time::timeout(timeout, peer.request(method, params));
+    tokio::pin!(request);
+    let outcome = loop {
+        tokio::select! {
+            r = &mut request => break r,
+            Some(msg) = next_drained(&mut draining) => {
+                if let Some((_, kept)) = draining.as_mut() {
+                    keep_unless_history(msg, kept);
+                }
+            }
+            status = process.wait() => {
+                process.drain_stderr().await;
+                return Err(Error::AgentFailed(format!(
+                    "{} during {method}", describe_exit(status, &process.stderr_tail())
+                )));
+            }
         }
     };
     match outcome {
@@ -153,6 +273,13 @@ async fn call(
             ),
             process,
         ))),
+    }
+}
+
+async fn next_drained(draining: &mut Option<Draining<'_>>) -> Option<Incoming> {
+    match draining {
+        Some((rx, _)) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -1,8 +1,9 @@
 //! Conversations at work: the supervisor ([`Sessions`]) starts a session task
 //! per live conversation, keeps the registry of those running on this node,
-//! routes the API's commands to them (or answers for a conversation whose
-//! agent is gone), and settles what a previous run left behind
-//! ([`recover`]).
+//! and routes the API's commands to them. A conversation outlives its agent
+//! process: the next prompt for one whose agent is gone (crash, restart)
+//! starts the agent again and resumes its session. [`recover`] settles what
+//! a previous run left behind.
 //!
 //! Inside: [`task`] is one conversation's `select!` loop; [`transcript`]
 //! (pure) turns chunks into messages and tool-call states; [`pending`] holds
@@ -24,7 +25,7 @@ use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::acp::procs::{self, Host, Sweep};
-use crate::config::AgentProfile;
+use crate::config::{AgentProfile, Config};
 use crate::error::{Error, Result};
 use crate::model::{
     AgentState, AgentStatus, Conversation, ConversationStatus, Decision, PermissionRequest,
@@ -44,8 +45,13 @@ pub struct Sessions {
 struct Shared {
     sink: Sink,
     policies: PolicyHandle,
+    /// The agent profiles, by name, as conversations are started with them.
+    profiles: HashMap<String, AgentProfile>,
     max_line_bytes: usize,
     live: Mutex<HashMap<Uuid, SessionHandle>>,
+    /// Held while a conversation's agent starts again, so that concurrent
+    /// prompts never start two.
+    starting: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
     /// Cancelled when the gateway stops: every session closes its agent.
     shutdown: CancellationToken,
     tasks: TaskTracker,
@@ -55,16 +61,23 @@ impl Sessions {
     pub fn new(
         sink: Sink,
         policies: PolicyHandle,
-        max_line_bytes: usize,
+        config: &Config,
         shutdown: CancellationToken,
         tasks: TaskTracker,
     ) -> Sessions {
+        let profiles = config
+            .agents
+            .iter()
+            .filter_map(|a| Some((a.name.clone(), config.agent(&a.name)?)))
+            .collect();
         Sessions {
             inner: Arc::new(Shared {
                 sink,
                 policies,
-                max_line_bytes,
+                profiles,
+                max_line_bytes: config.max_line_bytes,
                 live: Mutex::new(HashMap::new()),
+                starting: Mutex::new(HashMap::new()),
                 shutdown,
                 tasks,
             }),
@@ -94,41 +107,102 @@ impl Sessions {
         live.get(&id).filter(|h| !h.is_closed()).cloned()
     }
 
-    /// Starts `conversation`'s agent with `profile` and its session task
-    /// (see [`task::start`]); the conversation as stored once it is ready.
+    /// Starts a new `conversation`'s agent with `profile` and its session
+    /// task (see [`task::start`]); the conversation as stored once it is
+    /// ready.
     pub async fn start(
         &self,
         profile: AgentProfile,
         conversation: Conversation,
     ) -> Result<Conversation> {
+        let (_, conversation) = self.launch(profile, conversation, false).await?;
+        Ok(conversation)
+    }
+
+    async fn launch(
+        &self,
+        profile: AgentProfile,
+        conversation: Conversation,
+        resume: bool,
+    ) -> Result<(SessionHandle, Conversation)> {
         let id = conversation.id;
         let (handle, conversation, task) = task::start(StartParams {
             sink: self.inner.sink.clone(),
             profile,
             conversation,
+            resume,
             max_line_bytes: self.inner.max_line_bytes,
             shutdown: self.inner.shutdown.child_token(),
             policies: self.inner.policies.clone(),
         })
         .await?;
         // Registered now, forgotten when its task ends.
-        self.inner.live.lock().unwrap().insert(id, handle);
+        self.inner.live.lock().unwrap().insert(id, handle.clone());
         let sessions = self.clone();
         self.inner.tasks.spawn(async move {
             let _ = task.await;
             sessions.inner.live.lock().unwrap().remove(&id);
         });
-        Ok(conversation)
+        Ok((handle, conversation))
     }
 
-    /// Starts a turn; its id once `turn_started` is committed.
-    pub async fn prompt(&self, conversation: &Conversation, content: Vec<Value>) -> Result<Uuid> {
+    /// The live session of a conversation; one whose agent is gone (a
+    /// crash, an idle stop, a restart of the gateway) has it started again
+    /// and resumed. Concurrent callers wait for one start.
+    async fn attach(&self, conversation: &Conversation) -> Result<SessionHandle> {
         let id = conversation.id;
-        let session = self.live(id).ok_or_else(|| not_live(conversation))?;
+        if let Some(session) = self.live(id) {
+            return Ok(session);
+        }
+        let gate = self
+            .inner
+            .starting
+            .lock()
+            .unwrap()
+            .entry(id)
+            .or_default()
+            .clone();
+        let started = async {
+            let _starting = gate.lock().await;
+            if let Some(session) = self.live(id) {
+                return Ok(session);
+            }
+            // As stored now: its `last_seq` and status are the journal's.
+            let conversation = self.stored(id).await?;
+            if conversation.status == ConversationStatus::Closed {
+                return Err(not_live(&conversation));
+            }
+            let profile = self.inner.profiles.get(&conversation.agent).cloned();
+            let profile = profile.ok_or_else(|| {
+                Error::conflict(
+                    "agent_unavailable",
+                    format!(
+                        "the conversation's agent profile {:?} is no longer configured",
+                        conversation.agent
+                    ),
+                )
+            })?;
+            let (session, _) = self.launch(profile, conversation, true).await?;
+            Ok(session)
+        }
+        .await;
+        // Registered (or failed) before the gate goes: whoever comes next
+        // finds the live session, or tries again.
+        self.inner.starting.lock().unwrap().remove(&id);
+        started
+    }
+
+    /// Starts a turn, starting the agent again first if it is gone; the
+    /// turn's id once `turn_started` is committed.
+    pub async fn prompt(&self, conversation: &Conversation, content: Vec<Value>) -> Result<Uuid> {
+        if conversation.status == ConversationStatus::Closed {
+            return Err(not_live(conversation));
+        }
+        let session = self.attach(conversation).await?;
         match session.prompt(content).await {
             Some(result) => result,
             // The session ended meanwhile: say how it stands now.
-            None => Err(not_live(&self.stored(id).await?)),
+            None => Err(not_live(&self.stored(conversation.id).await?)),
         }
     }
 
@@ -139,9 +213,10 @@ impl Sessions {
                 return result;
             }
         }
-        if conversation.status.is_final() {
+        if conversation.status == ConversationStatus::Closed {
             return Err(not_live(conversation));
         }
+        // No agent, so no turn: nothing to cancel.
         Ok(())
     }
 
@@ -193,7 +268,8 @@ impl Sessions {
     }
 }
 
-/// Why a conversation without a live agent cannot take a command.
+/// Why a conversation cannot take a command: it is closed, or its agent
+/// went away while the command waited.
 fn not_live(conversation: &Conversation) -> Error {
     match conversation.status {
         ConversationStatus::Closed => {
@@ -210,16 +286,28 @@ fn not_live(conversation: &Conversation) -> Error {
 }
 
 /// Conversations that still claim an agent belong to a previous run whose
-/// agents are gone (what is left of them is killed first): end their turns,
-/// expire their pending requests, close them, each with events so clients
-/// learn what happened.
+/// agents are gone (what is left of them is killed first): end their turns
+/// and expire their pending requests, with events so clients learn what
+/// happened. They stay open: the next prompt starts the agent again.
 pub async fn recover(sink: &Sink) -> anyhow::Result<()> {
-    kill_leftover_agents(&*sink.store)
+    let had_agents = kill_leftover_agents(&*sink.store)
         .await
         .context("Failed to go through the agent processes a previous run recorded")?;
     let detail = "the gateway restarted; the agent process is gone";
-    for (conversation, turn_id) in sink.store.live_conversations().await? {
-        tracing::info!(conversation_id = %conversation.id, "closing conversation left by a previous run");
+    let mut left = sink.store.live_conversations().await?;
+    // Idle ones whose agent a crash left behind learn it is gone too.
+    for id in had_agents {
+        if left.iter().any(|(c, _)| c.id == id) {
+            continue;
+        }
+        if let Some(conversation) = sink.store.get_conversation(id).await? {
+            if conversation.status == ConversationStatus::Idle {
+                left.push((conversation, None));
+            }
+        }
+    }
+    for (conversation, turn_id) in left {
+        tracing::info!(conversation_id = %conversation.id, "settling a conversation left by a previous run");
         let mut journal = Journal::new(sink.clone(), &conversation, turn_id);
         let pending = sink
             .store
@@ -242,12 +330,10 @@ pub async fn recover(sink: &Sink) -> anyhow::Result<()> {
             stop_reason: "error".into(),
             error: Some(detail.into()),
         });
-        let agent = AgentStatus {
-            status: AgentState::Exited,
-            detail: Some(detail.into()),
-        };
+        let agent = AgentStatus::new(AgentState::Exited, Some(detail.into()));
+        // Not closed: the next prompt starts the agent again.
         journal
-            .agent_gone(turn_ended, agent, ConversationStatus::Closed)
+            .agent_gone(turn_ended, agent, ConversationStatus::Idle)
             .await?;
     }
     Ok(())
@@ -256,18 +342,19 @@ pub async fn recover(sink: &Sink) -> anyhow::Result<()> {
 /// Kills what the agents of a previous run on this machine left running
 /// (a crashed gateway cannot take its agents' children with it) and forgets
 /// every record: records of another boot, container or machine name no
-/// process here.
-async fn kill_leftover_agents(store: &dyn Store) -> anyhow::Result<()> {
+/// process here. Returns the conversations whose agents were on record.
+async fn kill_leftover_agents(store: &dyn Store) -> anyhow::Result<Vec<Uuid>> {
     let records = store.list_agent_processes().await?;
+    let conversations: Vec<Uuid> = records.iter().map(|r| r.conversation_id).collect();
     if records.is_empty() {
-        return Ok(());
+        return Ok(conversations);
     }
     let Some(here) = Host::here() else {
         tracing::warn!(
             records = records.len(),
             "no /proc: cannot look for processes a previous run's agents left running"
         );
-        return Ok(());
+        return Ok(conversations);
     };
     for record in records {
         let conversation_id = record.conversation_id;
@@ -309,5 +396,5 @@ async fn kill_leftover_agents(store: &dyn Store) -> anyhow::Result<()> {
         }
         store.forget_agent_process(&record).await?;
     }
-    Ok(())
+    Ok(conversations)
 }

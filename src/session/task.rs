@@ -22,7 +22,7 @@ use super::journal::{Journal, Sink};
 use super::pending::Pending;
 use super::transcript::Transcript;
 use crate::acp::agent::{describe_exit, AgentProcess};
-use crate::acp::client::{AgentSession, PromptFuture, EXIT_AFTER_EOF};
+use crate::acp::client::{AgentSession, Opened, PromptFuture, EXIT_AFTER_EOF};
 use crate::acp::procs::Host;
 use crate::acp::rpc::{Incoming, IncomingRequest, RpcConfig, RpcError, RpcPeer, INVALID_PARAMS};
 use crate::config::AgentProfile;
@@ -115,7 +115,9 @@ impl SessionHandle {
 pub struct StartParams {
     pub sink: Sink,
     pub profile: AgentProfile,
+    /// A new conversation, or (`resume`) one as stored whose agent is gone.
     pub conversation: Conversation,
+    pub resume: bool,
     pub max_line_bytes: usize,
     /// Cancelled when the gateway stops: the session closes its agent.
     pub shutdown: CancellationToken,
@@ -124,8 +126,10 @@ pub struct StartParams {
 }
 
 /// Starts the agent, opens its ACP session, and spawns the session task.
-/// The conversation is persisted whatever happens, with its `agent_status`
-/// events; on failure its status is `failed`.
+/// A new conversation is persisted whatever happens, with its
+/// `agent_status` events; on failure its status is `failed`. A resumed one
+/// (`resume`) keeps its status when the agent fails to start again, so a
+/// later prompt can try again; its `agent_status` says why.
 pub async fn start(
     params: StartParams,
 ) -> Result<(SessionHandle, Conversation, tokio::task::JoinHandle<()>)> {
@@ -133,45 +137,56 @@ pub async fn start(
         sink,
         profile,
         mut conversation,
+        resume,
         max_line_bytes,
         shutdown,
         policies,
     } = params;
     let id = conversation.id;
-    let span = tracing::info_span!("conversation", conversation_id = %id, agent = %profile.name);
-    sink.store.insert_conversation(&conversation).await?;
+    let span = tracing::info_span!(parent: None, "conversation", conversation_id = %id, agent = %profile.name);
+    if !resume {
+        sink.store.insert_conversation(&conversation).await?;
+    }
     let mut journal = Journal::new(sink, &conversation, None);
-    journal.append(AgentStatus {
-        status: AgentState::Starting,
-        detail: None,
-    });
+    journal.append(AgentStatus::new(AgentState::Starting, None));
     journal.flush().await?;
 
-    let started = connect(&profile, &conversation, max_line_bytes, journal.store())
-        .instrument(span.clone())
-        .await;
+    let earlier = conversation.acp_session_id.clone().filter(|_| resume);
+    let started = connect(
+        &profile,
+        &conversation,
+        earlier.as_deref(),
+        max_line_bytes,
+        journal.store(),
+    )
+    .instrument(span.clone())
+    .await;
     let Connected {
         process,
         record,
         session,
+        opened,
         incoming,
+        early,
     } = match started {
         Ok(connected) => connected,
         Err(err) => {
             tracing::warn!(parent: &span, error = %err, "agent failed to start");
-            journal.append(AgentStatus {
-                status: AgentState::Failed,
-                detail: Some(err.to_string()),
-            });
-            journal.set_status(ConversationStatus::Failed);
+            journal.append(AgentStatus::new(AgentState::Failed, Some(err.to_string())));
+            if !resume {
+                journal.set_status(ConversationStatus::Failed);
+            }
             journal.flush().await?;
             return Err(err);
         }
     };
+    if resume {
+        tracing::info!(parent: &span, context = ?opened.context(), "agent started again");
+    }
     journal.set_acp_session_id(session.session_id().to_owned());
     journal.append(AgentStatus {
-        status: AgentState::Ready,
-        detail: None,
+        context: opened.context(),
+        ..AgentStatus::new(AgentState::Ready, None)
     });
     journal.set_status(ConversationStatus::Idle);
     journal.flush().await?;
@@ -187,6 +202,7 @@ pub async fn start(
         record,
         session,
         incoming: Some(incoming),
+        early,
         commands: rx,
         agent: profile.name.clone(),
         mode: profile.mode,
@@ -208,13 +224,18 @@ struct Connected {
     /// of the agent; `None` where processes cannot be identified (no `/proc`).
     record: Option<AgentProcessRecord>,
     session: AgentSession,
+    opened: Opened,
     incoming: mpsc::Receiver<Incoming>,
+    /// What the agent sent while opening that is still to be applied.
+    early: Vec<Incoming>,
 }
 
-/// Spawns the process, records it, and opens the ACP session.
+/// Spawns the process, records it, and opens the ACP session (loading
+/// `earlier` where the agent can).
 async fn connect(
     profile: &AgentProfile,
     conversation: &Conversation,
+    earlier: Option<&str>,
     max_line_bytes: usize,
     store: &dyn Store,
 ) -> Result<Connected> {
@@ -229,7 +250,7 @@ async fn connect(
             return Err(err);
         }
     };
-    let (peer, incoming) = RpcPeer::spawn(
+    let (peer, mut incoming) = RpcPeer::spawn(
         pipes.stdout,
         pipes.stdin,
         RpcConfig {
@@ -238,12 +259,22 @@ async fn connect(
             ..RpcConfig::default()
         },
     );
-    match AgentSession::open(peer, &mut process, profile, &conversation.cwd).await {
-        Ok(session) => Ok(Connected {
+    let opening = AgentSession::open(
+        peer,
+        &mut process,
+        profile,
+        &conversation.cwd,
+        earlier,
+        &mut incoming,
+    );
+    match opening.await {
+        Ok((session, opened, early)) => Ok(Connected {
             process,
             record,
             session,
+            opened,
             incoming,
+            early,
         }),
         Err(err) => {
             process.terminate(TERMINATE_GRACE).await;
@@ -300,6 +331,8 @@ struct Session {
     session: AgentSession,
     /// `None` once the agent's stdout has closed.
     incoming: Option<mpsc::Receiver<Incoming>>,
+    /// What the agent sent while its session opened, applied first.
+    early: Vec<Incoming>,
     commands: mpsc::Receiver<Command>,
     /// The profile's name, mode and the conversation's cwd, for the policies.
     agent: String,
@@ -340,7 +373,11 @@ async fn next_prompt_result(prompt: &mut Option<PromptFuture>) -> Result<Value, 
 
 impl Session {
     async fn run(mut self, shutdown: CancellationToken) {
-        let end = match self.serve(&shutdown).await {
+        let end = match self.apply_early().await {
+            Ok(()) => self.serve(&shutdown).await,
+            Err(e) => Err(e),
+        };
+        let end = match end {
             Ok(end) => end,
             Err(e) => {
                 tracing::error!(error = %e, "session failed; stopping its agent");
@@ -404,6 +441,14 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// Applies what the agent sent while its session opened.
+    async fn apply_early(&mut self) -> Result<()> {
+        for msg in std::mem::take(&mut self.early) {
+            self.handle_incoming(msg).await?;
+        }
+        self.flush().await
     }
 
     /// After the agent exited: applies everything left in its stdout until the
@@ -837,8 +882,15 @@ impl Session {
             self.process.terminate(TERMINATE_GRACE).await;
             self.drain_until_closed().await?;
         }
-        let (agent_state, detail, final_status) = if closing {
-            (AgentState::Exited, detail, ConversationStatus::Closed)
+        // Closed only by a user: otherwise the next prompt starts the agent
+        // again.
+        let final_status = if stop_reason == "cancelled" {
+            ConversationStatus::Closed
+        } else {
+            ConversationStatus::Idle
+        };
+        let (agent_state, detail) = if closing {
+            (AgentState::Exited, detail)
         } else {
             let status = self.process.wait().await;
             self.process.drain_stderr().await;
@@ -849,7 +901,7 @@ impl Session {
             } else {
                 AgentState::Failed
             };
-            (state, detail, ConversationStatus::Failed)
+            (state, detail)
         };
         // Reaped, and its group killed with it.
         forget_process(self.journal.store(), self.record.take().as_ref()).await;
@@ -861,10 +913,7 @@ impl Session {
             stop_reason: stop_reason.to_owned(),
             error: (stop_reason == "error").then(|| detail.clone()),
         });
-        let agent = AgentStatus {
-            status: agent_state,
-            detail: Some(detail),
-        };
+        let agent = AgentStatus::new(agent_state, Some(detail));
         self.save_transcript();
         self.journal
             .agent_gone(turn_ended, agent, final_status)

@@ -117,8 +117,9 @@ pub trait Store: Send + Sync + 'static {
         before: Option<Uuid>,
         owner: Option<&str>,
     ) -> Result<Vec<Conversation>>;
-    /// Conversations whose status says an agent is attached, each with the
-    /// turn it was running.
+    /// Conversations whose status says they were busy with their agent
+    /// (starting, running a turn, awaiting a permission), each with the turn
+    /// it was running.
     async fn live_conversations(&self) -> Result<Vec<(Conversation, Option<Uuid>)>>;
 
     /// Writes a batch atomically.

@@ -91,7 +91,8 @@ macro_rules! impl_store {
 
             async fn live_conversations(&self) -> Result<Vec<(Conversation, Option<Uuid>)>> {
                 sqlx::query_as::<_, ConversationRow>(
-                    "select * from conversations where status not in ('closed', 'failed')
+                    "select * from conversations
+                     where status in ('starting', 'running', 'awaiting_permission')
                      order by id",
                 )
                 .fetch_all(&self.pool)

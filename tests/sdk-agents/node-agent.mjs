@@ -16,10 +16,17 @@
 //   other -> agent_message_chunk updates "You " + "said: " + "<text>",
 //            stopReason end_turn
 // session/cancel cancels any running turn of that session.
+//
+// With ACP_TEST_AGENT_STATE=<dir> in its environment it also advertises
+// loadSession: every session's history (the user's prompts and the agent's
+// chunks, as session/update objects) is kept in <dir>/<sessionId>.json, and
+// session/load replays it as session/update notifications before answering,
+// as the protocol asks. A session it has no file for is "not found".
 
 import { Readable, Writable } from "node:stream";
 import { randomUUID } from "node:crypto";
 import * as path from "node:path";
+import * as fs from "node:fs";
 import * as acp from "@agentclientprotocol/sdk";
 
 const AGENT_NAME = "acp-gateway-sdk-node-agent";
@@ -28,6 +35,29 @@ const log = (...args) => console.error(`[${AGENT_NAME}]`, ...args);
 
 /** sessionId -> { cwd, turn: { cancelled: boolean, wake: () => void } | null } */
 const sessions = new Map();
+
+/** Where session histories are kept (loadSession), or null. */
+const STATE_DIR = process.env.ACP_TEST_AGENT_STATE || null;
+
+function historyFile(sessionId) {
+  return path.join(STATE_DIR, `${sessionId.replace(/[^A-Za-z0-9_-]/g, "_")}.json`);
+}
+
+function readHistory(sessionId) {
+  try {
+    return JSON.parse(fs.readFileSync(historyFile(sessionId), "utf8"));
+  } catch {
+    return null;
+  }
+}
+
+/** Remembers an update of the session's history (only with STATE_DIR). */
+function remember(sessionId, update) {
+  if (!STATE_DIR) return;
+  const history = readHistory(sessionId) ?? [];
+  history.push(update);
+  fs.writeFileSync(historyFile(sessionId), JSON.stringify(history));
+}
 
 function promptText(prompt) {
   return prompt
@@ -50,7 +80,9 @@ async function echoTurn(client, sessionId, text, turn) {
   for (const piece of ["You ", "said: ", text]) {
     if (turn.cancelled) return "cancelled";
     if (piece === "") continue;
-    await client.notify(acp.methods.client.session.update, chunk(sessionId, piece));
+    const message = chunk(sessionId, piece);
+    remember(sessionId, message.update);
+    await client.notify(acp.methods.client.session.update, message);
   }
   return turn.cancelled ? "cancelled" : "end_turn";
 }
@@ -115,7 +147,7 @@ const app = acp
     return {
       protocolVersion: acp.PROTOCOL_VERSION,
       agentCapabilities: {
-        loadSession: false,
+        loadSession: STATE_DIR !== null,
         promptCapabilities: { image: false, audio: false, embeddedContext: false },
       },
       authMethods: [],
@@ -125,8 +157,20 @@ const app = acp
   .onRequest(acp.methods.agent.session.new, ({ params }) => {
     const sessionId = `sess_${randomUUID()}`;
     sessions.set(sessionId, { cwd: params.cwd, turn: null });
+    if (STATE_DIR) fs.writeFileSync(historyFile(sessionId), "[]");
     log("session/new", sessionId, "cwd", params.cwd);
     return { sessionId };
+  })
+  .onRequest(acp.methods.agent.session.load, async ({ params, client }) => {
+    const { sessionId } = params;
+    const history = STATE_DIR ? readHistory(sessionId) : null;
+    if (!history) throw acp.RequestError.resourceNotFound(sessionId);
+    log("session/load", sessionId, "replaying", history.length, "updates");
+    for (const update of history) {
+      await client.notify(acp.methods.client.session.update, { sessionId, update });
+    }
+    sessions.set(sessionId, { cwd: params.cwd, turn: null });
+    return {};
   })
   .onRequest(acp.methods.agent.session.prompt, async ({ params, client }) => {
     const { sessionId } = params;
@@ -142,6 +186,10 @@ const app = acp
     session.turn = turn;
     try {
       const text = promptText(params.prompt);
+      remember(sessionId, {
+        sessionUpdate: "user_message_chunk",
+        content: { type: "text", text },
+      });
       const firstWord = text.trim().split(/\s+/)[0] ?? "";
       log("session/prompt", sessionId, "mode", JSON.stringify(firstWord));
       let stopReason;
