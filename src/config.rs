@@ -50,6 +50,11 @@ pub struct Config {
     /// The system user agents run as when their profile names none.
     #[serde(default)]
     pub agent_user: Option<String>,
+    /// Most agent processes running at once (default: no limit). When a
+    /// conversation needs one more, the longest-idle agent is stopped first;
+    /// when none is idle, the request gets 503.
+    #[serde(default)]
+    pub max_agents: Option<usize>,
 }
 
 /// How to start one kind of agent.
@@ -93,6 +98,11 @@ pub struct AgentProfile {
     /// How long `initialize` and `session/new` may take each.
     #[serde(default = "default_startup_timeout", with = "humantime_serde")]
     pub startup_timeout: Duration,
+    /// How long an agent may sit with no turn running and no permission
+    /// pending before it is stopped (`0s`: never); the next prompt starts it
+    /// again.
+    #[serde(default = "default_idle_timeout", with = "humantime_serde")]
+    pub idle_timeout: Duration,
 }
 
 /// Requests per minute allowed per token.
@@ -138,6 +148,9 @@ fn default_event_buffer() -> usize {
 }
 fn default_startup_timeout() -> Duration {
     Duration::from_secs(60)
+}
+fn default_idle_timeout() -> Duration {
+    Duration::from_secs(30 * 60)
 }
 
 impl Config {
@@ -222,6 +235,9 @@ impl Config {
         }
         if let Some(user) = &self.agent_user {
             crate::sys::lookup_user(user).map_err(|e| anyhow::anyhow!("agent_user: {e}"))?;
+        }
+        if self.max_agents == Some(0) {
+            bail!("max_agents: must be at least 1 (leave it out for no limit)");
         }
         if self.rate_limits.prompts_per_minute == 0 || self.rate_limits.connections_per_minute == 0
         {
@@ -314,6 +330,7 @@ impl AgentProfile {
             user: None,
             allowed_roots: Vec::new(),
             startup_timeout: default_startup_timeout(),
+            idle_timeout: default_idle_timeout(),
         })
     }
 
@@ -427,6 +444,22 @@ startup_timeout = "5s"
         assert!(format!("{err:#}").contains("comand"), "{err:#}");
         let err = Config::parse(&GOOD.replace("\"5s\"", "\"five\"")).unwrap_err();
         assert!(format!("{err:#}").contains("startup_timeout"), "{err:#}");
+        let err = Config::parse(&format!("max_agents = 0\n{GOOD}"))
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().starts_with("max_agents"), "{err}");
+    }
+
+    #[test]
+    fn agents_stop_after_thirty_idle_minutes_unless_told_otherwise() {
+        let config = Config::parse(GOOD).unwrap();
+        assert_eq!(config.agents[0].idle_timeout, Duration::from_secs(1800));
+        assert_eq!(config.max_agents, None);
+        let never = GOOD.replace("startup_timeout = \"5s\"", "idle_timeout = \"0s\"");
+        let config = Config::parse(&never).unwrap();
+        config.validate().unwrap();
+        assert!(config.agents[0].idle_timeout.is_zero());
     }
 
     #[test]

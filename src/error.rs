@@ -51,6 +51,10 @@ pub enum Error {
     AgentTimeout(String),
     #[error("service unavailable: {0}")]
     Unavailable(String),
+    /// Every agent slot (`max_agents`) is busy; try again after
+    /// `retry_after` seconds.
+    #[error("{detail}")]
+    AtCapacity { detail: String, retry_after: u64 },
     #[error(transparent)]
     Database(#[from] sqlx::Error),
     #[error(transparent)]
@@ -115,6 +119,7 @@ impl Error {
             Error::AgentFailed(_) => (StatusCode::BAD_GATEWAY, "agent_failed"),
             Error::AgentTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, "agent_timeout"),
             Error::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            Error::AtCapacity { .. } => (StatusCode::SERVICE_UNAVAILABLE, "at_capacity"),
             Error::Database(_) | Error::Internal(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "internal_error")
             }
@@ -139,7 +144,9 @@ impl IntoResponse for Error {
             "code": code,
         });
         let retry_after = match &self {
-            Error::TooManyRequests { retry_after, .. } => Some(*retry_after),
+            Error::TooManyRequests { retry_after, .. } | Error::AtCapacity { retry_after, .. } => {
+                Some(*retry_after)
+            }
             _ => None,
         };
         if let Error::Conflict {

@@ -246,7 +246,122 @@ async fn a_closed_conversation_is_never_started_again(db: TestDb) {
     assert!(agent_process_records(&db).await.is_empty());
 }
 
+async fn an_idle_agent_is_stopped_and_the_next_prompt_starts_it_again(db: TestDb) {
+    let mut agent = demo_profile("demo", &[]);
+    agent.idle_timeout = std::time::Duration::from_millis(300);
+    let gw = TestGateway::start(&db, vec![agent]).await;
+    let id = gw.create_conversation("demo").await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    gw.prompt(&id, "hello").await;
+    ws.until_type("turn_ended").await;
+    // No turn, nothing pending: after idle_timeout the agent is stopped.
+    let frames = ws.until_agent_gone().await;
+    let gone = frames.last().unwrap();
+    assert_eq!(gone["data"]["status"], "exited");
+    assert_eq!(gone["data"]["detail"], "stopped after 300ms idle");
+    assert_eq!(conversation(&gw, &id).await["status"], "idle");
+    assert!(agent_process_records(&db).await.is_empty());
+    gw.prompt(&id, "hello again").await;
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(
+        agent_statuses(&frames),
+        [
+            ("starting".to_owned(), None),
+            ("ready".to_owned(), Some("reset".to_owned()))
+        ]
+    );
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+}
+
+async fn a_waiting_permission_keeps_an_agent_from_its_idle_stop(db: TestDb) {
+    let mut agent = demo_profile("demo", &[]);
+    agent.idle_timeout = std::time::Duration::from_millis(200);
+    // The request is answered (by its timeout) long after idle_timeout.
+    agent.permission_timeout = Some(std::time::Duration::from_millis(800));
+    let gw = TestGateway::start(&db, vec![agent]).await;
+    let id = gw.create_conversation("demo").await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    gw.prompt(&id, "tool").await;
+    let frames = ws.until_type("turn_ended").await;
+    let resolved = frames
+        .iter()
+        .find(|e| e["type"] == "permission_resolved")
+        .unwrap();
+    assert_eq!(resolved["data"]["status"], "timed_out");
+    let statuses = agent_statuses(&frames);
+    assert!(
+        statuses.iter().all(|(s, _)| s != "exited"),
+        "stopped while a turn ran: {statuses:?}"
+    );
+    // Idle only from now on.
+    let frames = ws.until_agent_gone().await;
+    assert_eq!(
+        frames.last().unwrap()["data"]["detail"],
+        "stopped after 200ms idle"
+    );
+}
+
+async fn max_agents_stops_the_longest_idle_agent_or_answers_503(db: TestDb) {
+    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    config.max_agents = Some(1);
+    let gw = TestGateway::start_with(config).await;
+    let first = gw.create_conversation("demo").await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut first_ws = gw.conversation_ws(&first, 0).await;
+    // A second conversation takes the idle first one's place.
+    let second = gw.create_conversation("demo").await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let frames = first_ws.until_agent_gone().await;
+    assert_eq!(
+        frames.last().unwrap()["data"]["detail"],
+        "stopped to make room for another conversation's agent"
+    );
+    // While the only agent is busy, nobody gets another: 503, Retry-After.
+    let mut second_ws = gw.conversation_ws(&second, 0).await;
+    gw.prompt(&second, "hang").await;
+    second_ws.until_type("turn_started").await;
+    let response = reqwest::Client::new()
+        .post(gw.url("/api/v1/conversations"))
+        .json(&json!({"agent": "demo"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert!(response.headers().contains_key("retry-after"));
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["code"], "at_capacity");
+    let (status, body) = gw
+        .post(
+            &format!("/api/v1/conversations/{first}/prompts"),
+            json!({"text": "hello"}),
+        )
+        .await;
+    assert_eq!(status, 503, "{body}");
+    // Once it is idle again, the first conversation gets its agent back.
+    gw.post(&format!("/api/v1/conversations/{second}/cancel"), json!({}))
+        .await;
+    second_ws.until_type("turn_ended").await;
+    gw.prompt(&first, "hello").await;
+    let frames = first_ws.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+    second_ws.until_agent_gone().await;
+    assert_eq!(agent_process_records(&db).await.len(), 1);
+}
+
 backend_tests!(
+    an_idle_agent_is_stopped_and_the_next_prompt_starts_it_again,
+    a_waiting_permission_keeps_an_agent_from_its_idle_stop,
+    max_agents_stops_the_longest_idle_agent_or_answers_503,
     a_killed_agent_is_started_again_by_the_next_prompt_with_a_fresh_session,
     a_restarted_gateway_resumes_with_session_load_and_stores_no_history_twice,
     concurrent_prompts_start_one_agent,

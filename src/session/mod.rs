@@ -52,6 +52,9 @@ struct Shared {
     /// Held while a conversation's agent starts again, so that concurrent
     /// prompts never start two.
     starting: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
+    /// Most agents at once (`max_agents`), and how many are starting.
+    max_agents: Option<usize>,
+    admitting: Mutex<usize>,
     /// Cancelled when the gateway stops: every session closes its agent.
     shutdown: CancellationToken,
     tasks: TaskTracker,
@@ -78,6 +81,8 @@ impl Sessions {
                 max_line_bytes: config.max_line_bytes,
                 live: Mutex::new(HashMap::new()),
                 starting: Mutex::new(HashMap::new()),
+                max_agents: config.max_agents,
+                admitting: Mutex::new(0),
                 shutdown,
                 tasks,
             }),
@@ -126,6 +131,7 @@ impl Sessions {
         resume: bool,
     ) -> Result<(SessionHandle, Conversation)> {
         let id = conversation.id;
+        let _slot = self.admit().await?;
         let (handle, conversation, task) = task::start(StartParams {
             sink: self.inner.sink.clone(),
             profile,
@@ -144,6 +150,43 @@ impl Sessions {
             sessions.inner.live.lock().unwrap().remove(&id);
         });
         Ok((handle, conversation))
+    }
+
+    /// A slot for one more agent under `max_agents`: the longest-idle agent
+    /// is stopped to make room when all are taken; 503 when none is idle.
+    async fn admit(&self) -> Result<Slot> {
+        let Some(max) = self.inner.max_agents else {
+            return Ok(Slot(None));
+        };
+        loop {
+            let idlest = {
+                let live = self.inner.live.lock().unwrap();
+                let mut admitting = self.inner.admitting.lock().unwrap();
+                let running: Vec<&SessionHandle> =
+                    live.values().filter(|h| !h.is_closed()).collect();
+                if running.len() + *admitting < max {
+                    *admitting += 1;
+                    return Ok(Slot(Some(self.clone())));
+                }
+                running
+                    .into_iter()
+                    .filter_map(|h| Some((h.idle_since()?, h.clone())))
+                    .min_by_key(|(since, _)| *since)
+                    .map(|(_, h)| h)
+            };
+            let Some(idlest) = idlest else {
+                return Err(Error::AtCapacity {
+                    detail: format!(
+                        "all {max} agents (max_agents) are busy with a turn or a permission request"
+                    ),
+                    retry_after: 5,
+                });
+            };
+            // Busy again meanwhile? Then look again.
+            if idlest.release().await {
+                tracing::info!("stopped the longest-idle agent to make room (max_agents)");
+            }
+        }
     }
 
     /// The live session of a conversation; one whose agent is gone (a
@@ -265,6 +308,18 @@ impl Sessions {
             .get_conversation(id)
             .await?
             .ok_or_else(|| Error::NotFound(format!("no conversation {id}")))
+    }
+}
+
+/// One agent admitted under `max_agents` while it starts; its place is
+/// taken over by the live registry once it runs.
+struct Slot(Option<Sessions>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(sessions) = &self.0 {
+            *sessions.inner.admitting.lock().unwrap() -= 1;
+        }
     }
 }
 

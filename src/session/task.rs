@@ -10,10 +10,12 @@
 //! task, so its state needs no locks and its events have one order.
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
@@ -59,6 +61,11 @@ enum Command {
     Close {
         reply: oneshot::Sender<()>,
     },
+    /// Stop the agent if it is idle (to make room for another): `true` when
+    /// it will.
+    Release {
+        reply: oneshot::Sender<bool>,
+    },
 }
 
 /// The supervisor's handle to a live conversation. Every call answers
@@ -66,6 +73,8 @@ enum Command {
 #[derive(Clone)]
 pub struct SessionHandle {
     tx: mpsc::Sender<Command>,
+    /// Since when the agent has had no turn and no pending request.
+    idle: Arc<Mutex<Option<Instant>>>,
 }
 
 impl SessionHandle {
@@ -108,6 +117,21 @@ impl SessionHandle {
 
     pub fn is_closed(&self) -> bool {
         self.tx.is_closed()
+    }
+
+    /// Since when the agent has been idle (no turn, nothing pending).
+    pub fn idle_since(&self) -> Option<Instant> {
+        *self.idle.lock().unwrap()
+    }
+
+    /// Stops the agent if it is still idle, and returns once it is gone;
+    /// whether it was stopped.
+    pub async fn release(&self) -> bool {
+        let released = self.call(|reply| Command::Release { reply }).await;
+        if released == Some(true) {
+            self.tx.closed().await;
+        }
+        released.unwrap_or(false)
     }
 }
 
@@ -196,7 +220,10 @@ pub async fn start(
     conversation.updated_at = model::now();
 
     let (tx, rx) = mpsc::channel(32);
+    let idle = Arc::new(Mutex::new(Some(Instant::now())));
     let task = Session {
+        idle: idle.clone(),
+        idle_timeout: Some(profile.idle_timeout).filter(|t| !t.is_zero()),
         journal,
         process,
         record,
@@ -214,7 +241,7 @@ pub async fn start(
         transcript: Transcript::default(),
     };
     let task = tokio::spawn(task.run(shutdown).instrument(span));
-    Ok((SessionHandle { tx }, conversation, task))
+    Ok((SessionHandle { tx, idle }, conversation, task))
 }
 
 /// A spawned agent with its ACP session open.
@@ -344,6 +371,10 @@ struct Session {
     prompt: Option<PromptFuture>,
     pending: Pending,
     transcript: Transcript,
+    /// Since when the agent has been idle, shared with the handle.
+    idle: Arc<Mutex<Option<Instant>>>,
+    /// Stop the agent after this long idle (`None`: never).
+    idle_timeout: Option<Duration>,
 }
 
 /// Why the session loop ended.
@@ -354,13 +385,21 @@ enum End {
     ClosedByUser { reply: Option<oneshot::Sender<()>> },
     /// The gateway stops the agent under a running conversation: its requests
     /// expire, its turn ends with an error.
-    Stopped { detail: &'static str },
+    Stopped { detail: String },
 }
 
 async fn next_incoming(rx: &mut Option<mpsc::Receiver<Incoming>>) -> Option<Incoming> {
     match rx {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
+    }
+}
+
+/// Resolves `timeout` after `since` (never without either).
+async fn idle_for(since: Option<Instant>, timeout: Option<Duration>) {
+    match (since, timeout) {
+        (Some(since), Some(timeout)) => tokio::time::sleep_until(since + timeout).await,
+        _ => std::future::pending().await,
     }
 }
 
@@ -382,7 +421,7 @@ impl Session {
             Err(e) => {
                 tracing::error!(error = %e, "session failed; stopping its agent");
                 End::Stopped {
-                    detail: "the gateway could not persist the conversation",
+                    detail: "the gateway could not persist the conversation".into(),
                 }
             }
         };
@@ -393,6 +432,7 @@ impl Session {
 
     async fn serve(&mut self, shutdown: &CancellationToken) -> Result<End> {
         loop {
+            let idle_since = self.idle_since();
             // Unbiased: a fast-streaming agent must not starve the user's
             // commands (a cancel above all).
             tokio::select! {
@@ -433,13 +473,49 @@ impl Session {
                     Some(Command::Close { reply }) => {
                         return Ok(End::ClosedByUser { reply: Some(reply) });
                     }
+                    Some(Command::Release { reply }) => {
+                        let idle = self.is_idle();
+                        let _ = reply.send(idle);
+                        if idle {
+                            return Ok(End::Stopped {
+                                detail: "stopped to make room for another conversation's agent".into(),
+                            });
+                        }
+                    }
                     Some(cmd) => self.handle_command(cmd).await?,
                     None => return Ok(End::ClosedByUser { reply: None }),
                 },
                 _ = shutdown.cancelled() => {
-                    return Ok(End::Stopped { detail: "the gateway is shutting down" });
+                    return Ok(End::Stopped { detail: "the gateway is shutting down".into() });
+                }
+                _ = idle_for(idle_since, self.idle_timeout) => {
+                    let after = humantime_serde::re::humantime::format_duration(
+                        self.idle_timeout.unwrap_or_default(),
+                    );
+                    tracing::info!(%after, "stopping the idle agent");
+                    return Ok(End::Stopped { detail: format!("stopped after {after} idle") });
                 }
             }
+            self.note_idle();
+        }
+    }
+
+    /// Whether the agent has no turn and no pending request.
+    fn is_idle(&self) -> bool {
+        self.turn.is_none() && self.pending.is_empty()
+    }
+
+    fn idle_since(&self) -> Option<Instant> {
+        *self.idle.lock().unwrap()
+    }
+
+    /// Starts or ends the idle period after whatever just happened.
+    fn note_idle(&self) {
+        let mut idle = self.idle.lock().unwrap();
+        match (self.is_idle(), *idle) {
+            (true, None) => *idle = Some(Instant::now()),
+            (false, Some(_)) => *idle = None,
+            _ => {}
         }
     }
 
@@ -722,6 +798,9 @@ impl Session {
             Command::Close { reply } => {
                 let _ = reply.send(());
             }
+            Command::Release { reply } => {
+                let _ = reply.send(false);
+            }
         }
         Ok(())
     }
@@ -866,7 +945,7 @@ impl Session {
         let (detail, stop_reason, reply) = match end {
             End::AgentGone => (String::new(), "error", None),
             End::ClosedByUser { reply } => ("conversation closed".to_owned(), "cancelled", reply),
-            End::Stopped { detail } => (detail.to_owned(), "error", None),
+            End::Stopped { detail } => (detail, "error", None),
         };
         let closing = !detail.is_empty();
         if closing {

@@ -169,6 +169,7 @@ pub fn profile(name: &str, command: &str, args: &[&str]) -> AgentProfile {
         user: None,
         allowed_roots: Vec::new(),
         startup_timeout: Duration::from_secs(20),
+        idle_timeout: Duration::ZERO,
     }
 }
 
@@ -473,6 +474,7 @@ impl TestGateway {
             cors_origins: Vec::new(),
             rate_limits: Default::default(),
             agent_user: None,
+            max_agents: None,
         }
     }
 
