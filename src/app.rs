@@ -1,7 +1,7 @@
 //! Building and running the gateway: connect the store, apply migrations,
 //! settle what a previous run left behind, bind, serve, stop cleanly.
 
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -18,8 +18,9 @@ use crate::permissions::PolicyHandle;
 use crate::session::journal::Sink;
 use crate::session::{self, Sessions};
 
-/// How long stopping may take before agents are left to `kill_on_drop`.
-const STOP_GRACE: Duration = Duration::from_secs(10);
+/// How long stopping may take beyond `shutdown_timeout` (agents stopping,
+/// writes, WebSockets closing) before the rest is left to `kill_on_drop`.
+const STOP_MARGIN: Duration = Duration::from_secs(5);
 /// How often open WebSockets' tokens are checked for revocation (a token can
 /// be revoked by the CLI or another node, so the database is asked).
 const REVOCATION_CHECK: Duration = Duration::from_secs(1);
@@ -78,32 +79,53 @@ impl Gateway {
             .expect("bound listener has an address")
     }
 
-    /// Serves until `stop` resolves, then closes every conversation's agent.
+    /// Serves until `stop` resolves, then shuts down gracefully: no new
+    /// requests; every running turn is cancelled and its agent given
+    /// `shutdown_timeout` to end it; every write is flushed; agents stop;
+    /// WebSockets get what was left and close with 1001.
     pub async fn run(self, stop: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let app = api::router(self.state.clone());
         self.tasks.spawn(close_revoked_websockets(
             self.state.clone(),
             self.shutdown.clone(),
         ));
-        let shutdown = self.shutdown.clone();
         tracing::info!(addr = %self.local_addr(), "acp-gateway listening");
-        let stopping = async move {
-            stop.await;
-            shutdown.cancel();
+        let stopped = CancellationToken::new();
+        let server = tokio::spawn(
+            axum::serve(self.listener, app)
+                .with_graceful_shutdown(stopped.clone().cancelled_owned())
+                .into_future(),
+        );
+        tokio::pin!(server);
+        let served = tokio::select! {
+            _ = stop => None,
+            result = &mut server => Some(result),
         };
-        axum::serve(self.listener, app)
-            .with_graceful_shutdown(stopping)
-            .await
-            .context("HTTP server failed")?;
+        tracing::info!("shutting down");
+        stopped.cancel();
         self.shutdown.cancel();
         self.tasks.close();
-        if tokio::time::timeout(STOP_GRACE, self.tasks.wait())
+        let grace = self.state.config().shutdown_timeout + STOP_MARGIN;
+        if tokio::time::timeout(grace, self.tasks.wait())
             .await
             .is_err()
         {
             tracing::warn!("some sessions did not stop in time");
         }
-        Ok(())
+        self.state.close_websockets(STOP_MARGIN).await;
+        let served = match served {
+            Some(result) => result,
+            None => match tokio::time::timeout(STOP_MARGIN, server).await {
+                Ok(result) => result,
+                Err(_) => {
+                    tracing::warn!("some requests did not finish in time");
+                    return Ok(());
+                }
+            },
+        };
+        served
+            .context("the HTTP server task failed")?
+            .context("HTTP server failed")
     }
 }
 

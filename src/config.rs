@@ -55,6 +55,10 @@ pub struct Config {
     /// when none is idle, the request gets 503.
     #[serde(default)]
     pub max_agents: Option<usize>,
+    /// On SIGTERM/SIGINT, how long running turns' agents get to answer their
+    /// cancel (so those turns end `cancelled`) before agents are stopped.
+    #[serde(default = "default_shutdown_timeout", with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
 }
 
 /// How to start one kind of agent.
@@ -149,6 +153,9 @@ fn default_event_buffer() -> usize {
 fn default_startup_timeout() -> Duration {
     Duration::from_secs(60)
 }
+fn default_shutdown_timeout() -> Duration {
+    Duration::from_secs(10)
+}
 fn default_idle_timeout() -> Duration {
     Duration::from_secs(30 * 60)
 }
@@ -235,6 +242,9 @@ impl Config {
         }
         if let Some(user) = &self.agent_user {
             crate::sys::lookup_user(user).map_err(|e| anyhow::anyhow!("agent_user: {e}"))?;
+        }
+        if self.shutdown_timeout.is_zero() {
+            bail!("shutdown_timeout: must be greater than zero");
         }
         if self.max_agents == Some(0) {
             bail!("max_agents: must be at least 1 (leave it out for no limit)");

@@ -5,10 +5,8 @@
 mod common;
 
 use common::*;
-use futures::StreamExt;
 use serde_json::json;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::Message as WsMessage;
 
 async fn ws_with(gw: &TestGateway, path: &str, token: &str) -> Ws {
     let mut req = gw
@@ -24,17 +22,7 @@ async fn ws_with(gw: &TestGateway, path: &str, token: &str) -> Ws {
 
 /// Reads until the server closes the socket; returns the close code.
 async fn closed_with(ws: &mut Ws) -> u16 {
-    loop {
-        let frame = tokio::time::timeout(WAIT, ws.stream.next())
-            .await
-            .expect("the socket is closed in time");
-        match frame {
-            Some(Ok(WsMessage::Close(Some(frame)))) => return frame.code.into(),
-            Some(Ok(WsMessage::Close(None))) | None => return 1005,
-            Some(Ok(_)) => continue,
-            Some(Err(e)) => panic!("socket failed instead of closing: {e}"),
-        }
-    }
+    ws.until_closed().await.1
 }
 
 async fn revoking_a_token_or_removing_its_user_closes_its_open_websockets(db: TestDb) {

@@ -189,7 +189,7 @@ async fn a_request_pending_when_the_gateway_restarts_is_expired_on_start(db: Tes
     assert_eq!(conv["status"], "idle");
 }
 
-async fn a_graceful_stop_expires_pending_requests_saying_why(db: TestDb) {
+async fn a_graceful_stop_cancels_pending_requests_saying_why(db: TestDb) {
     let (db, gw, id, mut ws) = start(db, demo_profile("demo", &[])).await;
     gw.prompt(&id, "tool").await;
     let request = requests(&mut ws, 1).await.pop().unwrap();
@@ -200,7 +200,8 @@ async fn a_graceful_stop_expires_pending_requests_saying_why(db: TestDb) {
             request["id"].as_str().unwrap()
         ))
         .await;
-    assert_eq!(current["status"], "expired", "{current}");
+    // Stopping cancels the running turn, and with it its requests.
+    assert_eq!(current["status"], "cancelled", "{current}");
     assert!(
         current["decision"]["reason"]
             .as_str()
@@ -378,7 +379,7 @@ backend_tests!(
     two_concurrent_requests_answered_in_reverse_order_each_reach_their_tool_call,
     cancel_with_two_requests_pending_answers_both_cancelled_and_the_turn_ends_cancelled,
     a_request_pending_when_the_gateway_restarts_is_expired_on_start,
-    a_graceful_stop_expires_pending_requests_saying_why,
+    a_graceful_stop_cancels_pending_requests_saying_why,
     a_timeout_with_on_timeout_reject_sends_the_reject_option_and_reports_timed_out,
     a_timeout_with_on_timeout_cancel_sends_the_cancelled_outcome,
     allow_always_answers_matching_requests_itself_until_the_rule_is_forgotten,

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::auth::{Auth, Caller};
@@ -24,6 +25,11 @@ struct Shared {
     config: Config,
     auth: Auth,
     sessions: Sessions,
+    /// Cancelled once the gateway's sessions have ended at shutdown:
+    /// WebSockets send what is left and close with 1001.
+    closing: CancellationToken,
+    /// The open WebSockets, so that shutdown can wait for their close.
+    sockets: TaskTracker,
 }
 
 impl AppState {
@@ -33,6 +39,8 @@ impl AppState {
                 config,
                 auth,
                 sessions,
+                closing: CancellationToken::new(),
+                sockets: TaskTracker::new(),
             }),
         }
     }
@@ -60,9 +68,31 @@ impl AppState {
         &self.inner.sessions.sink().bus
     }
 
-    /// Cancelled when the gateway stops.
-    pub fn shutdown_token(&self) -> &CancellationToken {
-        self.inner.sessions.shutdown_token()
+    /// Cancelled when WebSockets are to close (after the sessions ended at
+    /// shutdown, so that clients see how their turns ended).
+    pub fn closing(&self) -> &CancellationToken {
+        &self.inner.closing
+    }
+
+    /// Runs a WebSocket's loop, tracked for shutdown.
+    pub fn track_socket<F: std::future::Future>(
+        &self,
+        serve: F,
+    ) -> impl std::future::Future<Output = F::Output> {
+        self.inner.sockets.track_future(serve)
+    }
+
+    /// Closes every WebSocket (1001) and waits, at most `grace`, until they
+    /// have.
+    pub async fn close_websockets(&self, grace: std::time::Duration) {
+        self.inner.closing.cancel();
+        self.inner.sockets.close();
+        if tokio::time::timeout(grace, self.inner.sockets.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("some websockets did not close in time");
+        }
     }
 
     /// The conversation, if it exists and the caller may see it (another

@@ -84,13 +84,14 @@ async fn conversation_ws(
     state.auth().check_rate(&caller, Limited::Connection)?;
     let after = q.after.unwrap_or(0).max(0);
     let revoked = state.auth().on_revocation(&caller);
-    Ok(protocol
-        .apply(upgrade)
-        .on_upgrade(move |socket| async move {
+    Ok(protocol.apply(upgrade).on_upgrade(move |socket| {
+        let tracked = state.clone();
+        tracked.track_socket(async move {
             if let Err(e) = serve_conversation(state, id, after, revoked, socket).await {
                 tracing::debug!(conversation_id = %id, error = %e, "websocket ended");
             }
-        }))
+        })
+    }))
 }
 
 /// Why a socket loop stopped.
@@ -148,7 +149,7 @@ async fn serve_conversation(
 ) -> Result<(), WsEnd> {
     let mut sub = state.bus().subscribe(id);
     let mut last = after;
-    let shutdown = state.shutdown_token().clone();
+    let shutdown = state.closing().clone();
     let result = async {
         replay(&state, id, &mut socket, &mut last, None).await?;
         loop {
@@ -171,7 +172,11 @@ async fn serve_conversation(
                 },
                 incoming = socket.recv() => client_frame(incoming)?,
                 _ = revoked.cancelled() => return Err(WsEnd::Revoked),
-                _ = shutdown.cancelled() => return Ok(()),
+                _ = shutdown.cancelled() => {
+                    // Everything stored by now, then goodbye.
+                    replay(&state, id, &mut socket, &mut last, None).await?;
+                    return Ok(());
+                }
             }
         }
     }
@@ -216,13 +221,14 @@ async fn inbox_ws(
 ) -> Result<Response> {
     state.auth().check_rate(&caller, Limited::Connection)?;
     let revoked = state.auth().on_revocation(&caller);
-    Ok(protocol
-        .apply(upgrade)
-        .on_upgrade(move |socket| async move {
+    Ok(protocol.apply(upgrade).on_upgrade(move |socket| {
+        let tracked = state.clone();
+        tracked.track_socket(async move {
             if let Err(e) = serve_inbox(state, caller, revoked, socket).await {
                 tracing::debug!(error = %e, "inbox websocket ended");
             }
-        }))
+        })
+    }))
 }
 
 async fn serve_inbox(
@@ -233,7 +239,7 @@ async fn serve_inbox(
 ) -> Result<(), WsEnd> {
     // Subscribe before taking the snapshot so nothing falls between them.
     let mut rx = state.bus().subscribe_all();
-    let shutdown = state.shutdown_token().clone();
+    let shutdown = state.closing().clone();
     let result = async {
         let pending = state
             .store()
@@ -258,7 +264,15 @@ async fn serve_inbox(
                 },
                 incoming = socket.recv() => client_frame(incoming)?,
                 _ = revoked.cancelled() => return Err(WsEnd::Revoked),
-                _ = shutdown.cancelled() => return Ok(()),
+                _ = shutdown.cancelled() => {
+                    // What was published before the sessions ended, then goodbye.
+                    while let Ok(published) = rx.try_recv() {
+                        if caller.can_see(published.owner.as_deref()) {
+                            send(&mut socket, published.json.clone()).await?;
+                        }
+                    }
+                    return Ok(());
+                }
             }
         }
     }

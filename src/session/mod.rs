@@ -48,6 +48,7 @@ struct Shared {
     /// The agent profiles, by name, as conversations are started with them.
     profiles: HashMap<String, AgentProfile>,
     max_line_bytes: usize,
+    shutdown_timeout: std::time::Duration,
     live: Mutex<HashMap<Uuid, SessionHandle>>,
     /// Held while a conversation's agent starts again, so that concurrent
     /// prompts never start two.
@@ -79,6 +80,7 @@ impl Sessions {
                 policies,
                 profiles,
                 max_line_bytes: config.max_line_bytes,
+                shutdown_timeout: config.shutdown_timeout,
                 live: Mutex::new(HashMap::new()),
                 starting: Mutex::new(HashMap::new()),
                 max_agents: config.max_agents,
@@ -139,6 +141,7 @@ impl Sessions {
             resume,
             max_line_bytes: self.inner.max_line_bytes,
             shutdown: self.inner.shutdown.child_token(),
+            shutdown_timeout: self.inner.shutdown_timeout,
             policies: self.inner.policies.clone(),
         })
         .await?;

@@ -145,6 +145,8 @@ pub struct StartParams {
     pub max_line_bytes: usize,
     /// Cancelled when the gateway stops: the session closes its agent.
     pub shutdown: CancellationToken,
+    /// How long a running turn's agent gets to answer its cancel then.
+    pub shutdown_timeout: Duration,
     /// The operator policies that may answer permission requests.
     pub policies: PolicyHandle,
 }
@@ -164,6 +166,7 @@ pub async fn start(
         resume,
         max_line_bytes,
         shutdown,
+        shutdown_timeout,
         policies,
     } = params;
     let id = conversation.id;
@@ -224,6 +227,7 @@ pub async fn start(
     let task = Session {
         idle: idle.clone(),
         idle_timeout: Some(profile.idle_timeout).filter(|t| !t.is_zero()),
+        shutdown_timeout,
         journal,
         process,
         record,
@@ -375,6 +379,8 @@ struct Session {
     idle: Arc<Mutex<Option<Instant>>>,
     /// Stop the agent after this long idle (`None`: never).
     idle_timeout: Option<Duration>,
+    /// How long a cancelled turn may take to end when the gateway stops.
+    shutdown_timeout: Duration,
 }
 
 /// Why the session loop ended.
@@ -386,6 +392,9 @@ enum End {
     /// The gateway stops the agent under a running conversation: its requests
     /// expire, its turn ends with an error.
     Stopped { detail: String },
+    /// The gateway shuts down: the running turn is cancelled as a user would
+    /// cancel it, the agent gets `shutdown_timeout` to answer, then it stops.
+    ShuttingDown,
 }
 
 async fn next_incoming(rx: &mut Option<mpsc::Receiver<Incoming>>) -> Option<Incoming> {
@@ -485,9 +494,7 @@ impl Session {
                     Some(cmd) => self.handle_command(cmd).await?,
                     None => return Ok(End::ClosedByUser { reply: None }),
                 },
-                _ = shutdown.cancelled() => {
-                    return Ok(End::Stopped { detail: "the gateway is shutting down".into() });
-                }
+                _ = shutdown.cancelled() => return Ok(End::ShuttingDown),
                 _ = idle_for(idle_since, self.idle_timeout) => {
                     let after = humantime_serde::re::humantime::format_duration(
                         self.idle_timeout.unwrap_or_default(),
@@ -783,7 +790,7 @@ impl Session {
                 let _ = reply.send(result);
             }
             Command::Cancel { reply } => {
-                let result = self.cancel_turn().await;
+                let result = self.cancel_turn("turn cancelled").await;
                 let _ = reply.send(result);
             }
             Command::Respond {
@@ -837,7 +844,7 @@ impl Session {
 
     /// The ACP cancel rule: `session/cancel`, then every pending request of
     /// the session is answered with the cancelled outcome.
-    async fn cancel_turn(&mut self) -> Result<()> {
+    async fn cancel_turn(&mut self, reason: &str) -> Result<()> {
         let Some(turn) = self.turn.as_mut() else {
             return Ok(());
         };
@@ -845,8 +852,39 @@ impl Session {
         if let Err(e) = self.session.cancel().await {
             tracing::warn!(error = %e, "could not send session/cancel");
         }
-        self.resolve_all(PermissionStatus::Cancelled, "turn cancelled")
-            .await
+        self.resolve_all(PermissionStatus::Cancelled, reason).await
+    }
+
+    /// Shutting down: cancels the running turn and gives the agent
+    /// `shutdown_timeout` to answer the prompt (applying what it sends
+    /// meanwhile), so the turn ends as the agent ends it.
+    async fn wind_down(&mut self) -> Result<()> {
+        if self.turn.is_none() {
+            return Ok(());
+        }
+        self.cancel_turn("the gateway is shutting down").await?;
+        let deadline = tokio::time::Instant::now() + self.shutdown_timeout;
+        while self.turn.is_some() {
+            tokio::select! {
+                result = next_prompt_result(&mut self.prompt) => {
+                    self.prompt = None;
+                    self.drain_incoming(usize::MAX).await?;
+                    if !matches!(result, Err(RpcError::Closed(_))) {
+                        self.end_turn(result);
+                    }
+                    break;
+                }
+                msg = next_incoming(&mut self.incoming) => match msg {
+                    Some(msg) => self.handle_incoming(msg).await?,
+                    None => break,
+                },
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!("the agent did not answer session/cancel before shutdown_timeout");
+                    break;
+                }
+            }
+        }
+        self.flush().await
     }
 
     /// A user's answer to a request this session holds (`None`: it holds
@@ -942,10 +980,15 @@ impl Session {
 
     /// Records how the session ended and makes sure the agent is gone.
     async fn finish(&mut self, end: End) -> Result<()> {
+        let by_user = matches!(end, End::ClosedByUser { .. });
         let (detail, stop_reason, reply) = match end {
             End::AgentGone => (String::new(), "error", None),
             End::ClosedByUser { reply } => ("conversation closed".to_owned(), "cancelled", reply),
             End::Stopped { detail } => (detail, "error", None),
+            End::ShuttingDown => {
+                self.wind_down().await?;
+                ("the gateway is shutting down".to_owned(), "cancelled", None)
+            }
         };
         let closing = !detail.is_empty();
         if closing {
@@ -963,7 +1006,7 @@ impl Session {
         }
         // Closed only by a user: otherwise the next prompt starts the agent
         // again.
-        let final_status = if stop_reason == "cancelled" {
+        let final_status = if by_user {
             ConversationStatus::Closed
         } else {
             ConversationStatus::Idle

@@ -338,17 +338,22 @@ impl GatewayProcess {
     }
 
     /// SIGTERM, and waits until it has stopped (its log complete).
-    pub fn stop(mut self) -> String {
+    pub fn stop(self) -> String {
+        self.terminate().1
+    }
+
+    /// SIGTERM; how it exited, and its whole log.
+    pub fn terminate(mut self) -> (std::process::ExitStatus, String) {
         // SAFETY: kill(2) on our own child's pid.
         unsafe {
             libc_kill(self.child.id() as i32, 15);
         }
-        self.child.wait().unwrap();
+        let status = self.child.wait().unwrap();
         // The readers finish when the pipes close: the log is complete.
         for reader in self.readers.drain(..) {
             reader.join().unwrap();
         }
-        self.log_text()
+        (status, self.log_text())
     }
 }
 
@@ -475,6 +480,7 @@ impl TestGateway {
             rate_limits: Default::default(),
             agent_user: None,
             max_agents: None,
+            shutdown_timeout: Duration::from_secs(10),
         }
     }
 
@@ -641,6 +647,26 @@ impl Ws {
                 WsMessage::Text(text) => return serde_json::from_str(&text).unwrap(),
                 WsMessage::Ping(_) | WsMessage::Pong(_) => continue,
                 other => panic!("unexpected websocket frame {other:?}"),
+            }
+        }
+    }
+
+    /// Reads until the server closes the socket: the JSON frames before it,
+    /// and the close code (1005 when it gave none).
+    pub async fn until_closed(&mut self) -> (Vec<Value>, u16) {
+        let mut frames = Vec::new();
+        loop {
+            let frame = tokio::time::timeout(WAIT, self.stream.next())
+                .await
+                .expect("the socket is closed in time");
+            match frame {
+                Some(Ok(WsMessage::Text(text))) => {
+                    frames.push(serde_json::from_str(&text).unwrap())
+                }
+                Some(Ok(WsMessage::Close(Some(frame)))) => return (frames, frame.code.into()),
+                Some(Ok(WsMessage::Close(None))) | None => return (frames, 1005),
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => panic!("socket failed instead of closing: {e}"),
             }
         }
     }
