@@ -390,9 +390,20 @@ impl AgentProfile {
         }
     }
 
-    /// Why the command cannot be run, or `None` if it looks runnable.
+    /// Why the command cannot be run, or `None` if it looks runnable (by
+    /// the profile's `user`, when it names one).
     pub fn unavailable_reason(&self) -> Option<String> {
-        crate::sys::resolve_command(&self.command, self.env.get("PATH").map(String::as_str)).err()
+        let path = self.env.get("PATH").map(String::as_str);
+        let program = match crate::sys::resolve_command(&self.command, path) {
+            Ok(program) => program,
+            Err(reason) => return Some(reason),
+        };
+        let user = self.user.as_deref()?;
+        let user = match crate::sys::lookup_user(user) {
+            Ok(user) => user,
+            Err(reason) => return Some(reason),
+        };
+        crate::sys::executable_by(&program, &user).err()
     }
 }
 

@@ -34,9 +34,57 @@ pub fn resolve_command(command: &str, path_override: Option<&str>) -> Result<Pat
         .ok_or_else(|| format!("{command} not found in PATH"))
 }
 
+/// Whether `user` (its uid and primary group, as agents run: without
+/// supplementary groups) may run `program`: search permission on every
+/// directory on the way, execute permission on the file. The reason when
+/// not.
+pub fn executable_by(program: &Path, user: &SystemUser) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let allowed = |meta: &std::fs::Metadata| {
+        let mode = meta.mode();
+        if user.uid == 0 {
+            // root may search any directory and run any file with an x bit.
+            return meta.is_dir() || mode & 0o111 != 0;
+        }
+        let bit = if meta.uid() == user.uid {
+            0o100
+        } else if meta.gid() == user.gid {
+            0o010
+        } else {
+            0o001
+        };
+        mode & bit != 0
+    };
+    let mut dirs: Vec<&Path> = program.ancestors().skip(1).collect();
+    dirs.reverse();
+    for dir in dirs.into_iter().filter(|d| !d.as_os_str().is_empty()) {
+        let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        if !allowed(&meta) {
+            return Err(format!(
+                "{} cannot be searched by user {} (uid {})",
+                dir.display(),
+                user.name,
+                user.uid
+            ));
+        }
+    }
+    let meta = std::fs::metadata(program).map_err(|e| format!("{}: {e}", program.display()))?;
+    if allowed(&meta) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} is not executable by user {} (uid {})",
+            program.display(),
+            user.name,
+            user.uid
+        ))
+    }
+}
+
 /// A system account agents can run as.
 #[derive(Debug, Clone)]
 pub struct SystemUser {
+    pub name: String,
     pub uid: u32,
     pub gid: u32,
     pub home: String,
@@ -69,6 +117,7 @@ pub fn lookup_user(name: &str) -> Result<SystemUser, String> {
                 .into_owned()
         };
         Ok(SystemUser {
+            name: name.to_owned(),
             uid: pwd.pw_uid,
             gid: pwd.pw_gid,
             home,

@@ -553,6 +553,54 @@ async fn cors_is_off_unless_origins_are_configured(db: TestDb) {
     assert!(resp.headers().get("access-control-allow-origin").is_none());
 }
 
+async fn an_agent_its_user_cannot_run_is_reported_unavailable(db: TestDb) {
+    if !acp_gateway::sys::running_as_root() {
+        eprintln!("skipping: only root can make a program nobody may not run");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let open = dir.path().join("open");
+    let closed = dir.path().join("closed");
+    for (sub, mode) in [(&open, 0o755), (&closed, 0o700)] {
+        std::fs::create_dir(sub).unwrap();
+        std::fs::set_permissions(sub, std::fs::Permissions::from_mode(mode)).unwrap();
+        let program = sub.join("agent");
+        std::fs::write(&program, "#!/bin/sh\nexit 0\n").unwrap();
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let agent = |name: &str, sub: &std::path::Path| {
+        let mut p = profile(name, sub.join("agent").to_str().unwrap(), &[]);
+        p.user = Some("nobody".into());
+        p
+    };
+    let gw = TestGateway::start(&db, vec![agent("open", &open), agent("closed", &closed)]).await;
+    let (_, agents) = gw.get("/api/v1/agents").await;
+    let by_name = |name: &str| {
+        agents["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(by_name("open")["available"], true, "{agents}");
+    let closed_agent = by_name("closed");
+    assert_eq!(closed_agent["available"], false, "{agents}");
+    let reason = closed_agent["unavailable_reason"].as_str().unwrap();
+    assert!(
+        reason.contains("cannot be searched by user nobody"),
+        "{reason}"
+    );
+    // What it predicts is what happens.
+    let (status, body) = gw
+        .post("/api/v1/conversations", json!({"agent": "closed"}))
+        .await;
+    assert_eq!(status, 502, "{body}");
+}
+
 backend_tests!(
     cors_is_off_unless_origins_are_configured,
     an_agent_profile_with_a_user_runs_its_process_under_that_uid,
@@ -562,4 +610,5 @@ backend_tests!(
     rate_limits_answer_429_with_retry_after,
     startup_refuses_a_public_address_until_a_token_exists,
     a_token_never_appears_in_the_log,
+    an_agent_its_user_cannot_run_is_reported_unavailable,
 );

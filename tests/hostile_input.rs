@@ -211,8 +211,49 @@ async fn a_batch_the_database_refuses_is_split_and_the_conversation_goes_on(db: 
     assert_eq!(conv["last_seq"], stored.len() as i64);
 }
 
+async fn colours_in_an_agents_stderr_do_not_reach_the_client(db: TestDb) {
+    let script = "printf '\\033[31mERROR\\033[0m: \\033[1mno model\\033[0m\\n' >&2; exit 1";
+    let agent = profile("colour", "/bin/sh", &["-c", script]);
+    let gw = TestGateway::start(&db, vec![agent]).await;
+    let (status, body) = gw
+        .post("/api/v1/conversations", json!({"agent": "colour"}))
+        .await;
+    assert_eq!(status, 502, "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(detail.contains("ERROR: no model"), "{detail}");
+    assert!(!detail.contains('\u{1b}'), "{detail:?}");
+    let (_, list) = gw.get("/api/v1/conversations").await;
+    let id = list["items"][0]["id"].as_str().unwrap().to_owned();
+    let events = gw.events(&id).await;
+    let failed = events.last().unwrap();
+    assert_eq!(failed["data"]["status"], "failed");
+    let detail = failed["data"]["detail"].as_str().unwrap();
+    assert!(detail.contains("ERROR: no model") && !detail.contains('\u{1b}'));
+}
+
+async fn binary_garbage_on_an_agents_stderr_never_stalls_it(db: TestDb) {
+    // More than a pipe holds, and not UTF-8: it must all be read.
+    let script = format!(
+        "head -c 300000 /dev/urandom >&2; exec {}",
+        demo_agent_path()
+    );
+    let agent = profile("noisy", "/bin/sh", &["-c", &script]);
+    let gw = TestGateway::start(&db, vec![agent]).await;
+    let (status, conv) = gw
+        .post("/api/v1/conversations", json!({"agent": "noisy"}))
+        .await;
+    assert_eq!(status, 201, "{conv}");
+    let id = conv["id"].as_str().unwrap();
+    let mut ws = gw.conversation_ws(id, 0).await;
+    gw.prompt(id, "hello").await;
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+}
+
 backend_tests!(
     nul_characters_are_stored_faithfully_and_the_conversation_goes_on,
     a_title_with_a_nul_or_too_long_is_refused_with_422_and_nothing_is_stored,
     a_batch_the_database_refuses_is_split_and_the_conversation_goes_on,
+    colours_in_an_agents_stderr_do_not_reach_the_client,
+    binary_garbage_on_an_agents_stderr_never_stalls_it,
 );

@@ -93,8 +93,13 @@ impl AgentProcess {
         let tail = stderr_tail.clone();
         let agent = profile.name.clone();
         let stderr_task = tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
+            // Read to the end whatever it writes (invalid UTF-8 included): a
+            // full stderr pipe would stall the agent.
+            let mut stderr = BufReader::new(stderr);
+            let mut raw = Vec::new();
+            while matches!(stderr.read_until(b'\n', &mut raw).await, Ok(n) if n > 0) {
+                let line = plain_text(&raw);
+                raw.clear();
                 tracing::info!(target: "agent_stderr", %conversation_id, agent = %agent, "{line}");
                 let mut tail = tail.lock().unwrap();
                 if tail.len() == STDERR_TAIL_LINES {
@@ -209,6 +214,22 @@ pub fn describe_exit(status: ExitStatus, stderr_tail: &str) -> String {
     }
 }
 
+/// A line of an agent's stderr as text for people: colours and other
+/// terminal control sequences (Codex colours its errors) and the line end
+/// removed, invalid UTF-8 replaced.
+fn plain_text(raw: &[u8]) -> String {
+    // Tabs would go with the controls: they become spaces first.
+    let spaced: Vec<u8> = raw
+        .iter()
+        .map(|&b| if b == b'\t' { b' ' } else { b })
+        .collect();
+    let stripped = strip_ansi_escapes::strip(spaced);
+    String::from_utf8_lossy(&stripped)
+        .chars()
+        .filter(|c| !c.is_control())
+        .collect()
+}
+
 fn truncate(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_owned();
@@ -218,4 +239,17 @@ fn truncate(s: &str, max: usize) -> String {
         end -= 1;
     }
     format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stderr_lines_lose_colours_and_control_characters_but_keep_their_text() {
+        let codex = b"\x1b[31mERROR\x1b[0m: model \x1b[1mgpt\x1b[0m refused\r\n";
+        assert_eq!(plain_text(codex), "ERROR: model gpt refused");
+        assert_eq!(plain_text(b"tab\tkept\x07\n"), "tab kept");
+        assert_eq!(plain_text(b"bad \xff utf8\n"), "bad \u{FFFD} utf8");
+    }
 }

@@ -66,10 +66,12 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
 }
 
 async fn list_agents(State(state): State<AppState>, _caller: Caller) -> Json<serde_json::Value> {
-    let items: Vec<_> = state
-        .config()
+    let config = state.config();
+    let items: Vec<_> = config
         .agents
         .iter()
+        // As conversations start them: with the gateway-wide agent_user.
+        .filter_map(|a| config.agent(&a.name))
         .map(|a| {
             let reason = a.unavailable_reason();
             json!({
