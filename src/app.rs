@@ -37,6 +37,7 @@ impl Gateway {
     /// Connects to Postgres, migrates, recovers, and binds `config.listen`
     /// (port 0 picks a free port: see [`Gateway::local_addr`]).
     pub async fn build(config: Config) -> anyhow::Result<Gateway> {
+        crate::telemetry::install();
         let url = config.database_url();
         tracing::info!(database = %redact_url(&url), "opening the database");
         let sink = Sink {

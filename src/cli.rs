@@ -20,6 +20,16 @@ use crate::store::{self, Store};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Cmd,
+    /// How log lines are written: `text` for people, `json` (one object a
+    /// line, with the span fields such as `conversation_id`) for collectors.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]

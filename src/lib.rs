@@ -31,7 +31,8 @@
 //! - [`config`]: the TOML config and its validation.
 //! - [`model`] (the API's objects and typed event payloads), [`error`] (its
 //!   one error type), [`limits`] (on what users send), [`ratelimit`] (one
-//!   sliding window), [`sys`] (what we ask of the operating system).
+//!   sliding window), [`sys`] (what we ask of the operating system),
+//!   [`telemetry`] (what `GET /metrics` shows).
 //! - [`demo_agent`]: the scripted ACP agent for tests and demos.
 //!
 //! Data flows agent stdout → rpc → session task → journal (store, then bus)
@@ -54,6 +55,7 @@ pub mod ratelimit;
 pub mod session;
 pub mod store;
 pub mod sys;
+pub mod telemetry;
 
 pub use app::Gateway;
 pub use config::Config;

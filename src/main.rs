@@ -32,13 +32,13 @@ async fn run() -> anyhow::Result<()> {
         return Ok(());
     }
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_ansi(std::io::stdout().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,sqlx=warn,tower_http=info".into()),
-        )
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,sqlx=warn,tower_http=info".into());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    match cli.log_format {
+        cli::LogFormat::Json => logs.json().with_current_span(true).init(),
+        cli::LogFormat::Text => logs.with_ansi(std::io::stdout().is_terminal()).init(),
+    }
     match cli.command {
         Cmd::Serve { config } => {
             acp_gateway::sys::return_large_allocations_to_the_system();

@@ -42,6 +42,15 @@ pub enum ConversationStatus {
 }
 
 impl ConversationStatus {
+    pub const ALL: [ConversationStatus; 6] = [
+        Self::Starting,
+        Self::Idle,
+        Self::Running,
+        Self::AwaitingPermission,
+        Self::Closed,
+        Self::Failed,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Starting => "starting",

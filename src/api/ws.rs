@@ -24,6 +24,7 @@ use super::state::AppState;
 use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
 use crate::store::PermissionFilter;
+use crate::telemetry;
 
 /// Events read from the store per page while replaying.
 const REPLAY_PAGE: i64 = 500;
@@ -147,6 +148,7 @@ async fn serve_conversation(
     revoked: CancellationToken,
     mut socket: WebSocket,
 ) -> Result<(), WsEnd> {
+    let _open = telemetry::WebSocketOpen::new();
     let mut sub = state.bus().subscribe(id);
     let mut last = after;
     let shutdown = state.closing().clone();
@@ -237,6 +239,7 @@ async fn serve_inbox(
     revoked: CancellationToken,
     mut socket: WebSocket,
 ) -> Result<(), WsEnd> {
+    let _open = telemetry::WebSocketOpen::new();
     // Subscribe before taking the snapshot so nothing falls between them.
     let mut rx = state.bus().subscribe_all();
     let shutdown = state.closing().clone();

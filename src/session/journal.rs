@@ -20,6 +20,7 @@ use crate::model::{
     Message, PermissionRequest, PermissionStatus, ToolCall, TurnEnded,
 };
 use crate::store::{Batch, ConversationPatch, Resolution, Store};
+use crate::telemetry;
 
 /// Forms of a value that a database refusing the original can still hold.
 mod storable {
@@ -283,14 +284,24 @@ impl Journal {
             return Ok(());
         }
         self.batch.conversation = Some(self.patch(self.last_seq));
+        let waiting = self.batch.events.len();
+        telemetry::buffered(waiting as f64);
+        let committed = self.commit_with_retries().await;
+        telemetry::buffered(-(waiting as f64));
+        committed
+    }
+
+    async fn commit_with_retries(&mut self) -> Result<()> {
         let mut attempt = 0;
         loop {
-            match self
+            let started = std::time::Instant::now();
+            let committed = self
                 .sink
                 .store
                 .commit(self.conversation_id, &self.batch)
-                .await
-            {
+                .await;
+            telemetry::commit_took(started.elapsed());
+            match committed {
                 Ok(()) => break,
                 Err(e) if e.is_transient() && attempt < 3 => {
                     attempt += 1;
@@ -307,6 +318,7 @@ impl Journal {
         }
         let batch = std::mem::take(&mut self.batch);
         self.dirty = false;
+        telemetry::events_written(batch.events.len());
         self.sink.bus.publish(self.owner.as_deref(), batch.events);
         Ok(())
     }
@@ -345,6 +357,7 @@ impl Journal {
                 ..Batch::default()
             });
             if let Some(written) = self.commit_piece(piece, stand_ins).await? {
+                telemetry::events_written(written.events.len());
                 self.sink.bus.publish(self.owner.as_deref(), written.events);
             }
             self.batch.events.remove(0);
@@ -430,6 +443,7 @@ impl Journal {
             .await?
         {
             Some((request, event)) => {
+                telemetry::events_written(1);
                 self.last_seq = event.seq;
                 self.dirty = false;
                 self.sink.bus.publish(self.owner.as_deref(), [event]);

@@ -108,6 +108,12 @@ impl Sessions {
         &self.inner.shutdown
     }
 
+    /// How many agents run on this node.
+    pub fn running(&self) -> usize {
+        let live = self.inner.live.lock().unwrap();
+        live.values().filter(|h| !h.is_closed()).count()
+    }
+
     /// The live session of a conversation, if its agent runs on this node.
     fn live(&self, id: Uuid) -> Option<SessionHandle> {
         let live = self.inner.live.lock().unwrap();

@@ -38,6 +38,7 @@ use crate::permissions::{
     answer_resolved, keys_to_remember, option_kind, validate_answer, Answer, PolicyHandle,
 };
 use crate::store::{AgentProcessRecord, Resolution, Store};
+use crate::telemetry;
 
 /// Most events committed in one batch while an agent streams.
 const MAX_BATCH_EVENTS: usize = 512;
@@ -209,6 +210,9 @@ pub async fn start(
     };
     if resume {
         tracing::info!(parent: &span, context = ?opened.context(), "agent started again");
+        if let Some(context) = opened.context() {
+            telemetry::agent_restarted(context);
+        }
     }
     journal.set_acp_session_id(session.session_id().to_owned());
     journal.append(AgentStatus {
@@ -352,6 +356,8 @@ async fn forget_process(store: &dyn Store, record: Option<&AgentProcessRecord>) 
 struct Turn {
     id: Uuid,
     cancel_requested: bool,
+    /// Carries `turn_id` into every log line of the turn.
+    span: tracing::Span,
 }
 
 struct Session {
@@ -383,6 +389,16 @@ struct Session {
     shutdown_timeout: Duration,
 }
 
+/// What woke the session loop.
+enum Step {
+    Incoming(Option<Incoming>),
+    Answered(Result<Value, RpcError>),
+    Exited,
+    Due(Vec<Uuid>),
+    Command(Option<Command>),
+    IdleTooLong,
+}
+
 /// Why the session loop ended.
 enum End {
     /// The agent exited (or closed its stdout) by itself.
@@ -390,8 +406,8 @@ enum End {
     /// A user closed the conversation: its turn and requests are cancelled.
     ClosedByUser { reply: Option<oneshot::Sender<()>> },
     /// The gateway stops the agent under a running conversation: its requests
-    /// expire, its turn ends with an error.
-    Stopped { detail: String },
+    /// expire, its turn ends with an error. `cause` is for the metrics.
+    Stopped { detail: String, cause: &'static str },
     /// The gateway shuts down: the running turn is cancelled as a user would
     /// cancel it, the agent gets `shutdown_timeout` to answer, then it stops.
     ShuttingDown,
@@ -431,6 +447,7 @@ impl Session {
                 tracing::error!(error = %e, "session failed; stopping its agent");
                 End::Stopped {
                     detail: "the gateway could not persist the conversation".into(),
+                    cause: "error",
                 }
             }
         };
@@ -444,67 +461,90 @@ impl Session {
             let idle_since = self.idle_since();
             // Unbiased: a fast-streaming agent must not starve the user's
             // commands (a cancel above all).
-            tokio::select! {
-                msg = next_incoming(&mut self.incoming) => match msg {
-                    Some(msg) => {
-                        self.handle_incoming(msg).await?;
-                        self.drain_incoming(MAX_BATCH_EVENTS).await?;
-                        self.flush().await?;
-                    }
-                    None => {
-                        self.incoming = None;
-                        if tokio::time::timeout(EXIT_AFTER_EOF, self.process.wait()).await.is_err() {
-                            tracing::warn!("agent closed stdout but kept running; killing it");
-                            self.process.terminate(TERMINATE_GRACE).await;
-                        }
-                        return Ok(End::AgentGone);
-                    }
-                },
-                result = next_prompt_result(&mut self.prompt) => {
-                    self.prompt = None;
-                    // Everything the agent sent before its answer is queued
-                    // already: apply it first so the turn ends last.
-                    self.drain_incoming(usize::MAX).await?;
-                    if let Err(RpcError::Closed(_)) = result {
-                        // The agent is going away; the exit path ends the turn.
-                        continue;
-                    }
-                    self.end_turn(result);
-                    self.flush().await?;
-                }
-                _ = self.process.wait() => {
-                    // What it wrote before dying may still be in the pipe.
-                    self.drain_until_closed().await?;
-                    return Ok(End::AgentGone);
-                }
-                due = self.pending.due() => self.time_out(due).await?,
-                cmd = self.commands.recv() => match cmd {
-                    Some(Command::Close { reply }) => {
-                        return Ok(End::ClosedByUser { reply: Some(reply) });
-                    }
-                    Some(Command::Release { reply }) => {
-                        let idle = self.is_idle();
-                        let _ = reply.send(idle);
-                        if idle {
-                            return Ok(End::Stopped {
-                                detail: "stopped to make room for another conversation's agent".into(),
-                            });
-                        }
-                    }
-                    Some(cmd) => self.handle_command(cmd).await?,
-                    None => return Ok(End::ClosedByUser { reply: None }),
-                },
+            let step = tokio::select! {
+                msg = next_incoming(&mut self.incoming) => Step::Incoming(msg),
+                result = next_prompt_result(&mut self.prompt) => Step::Answered(result),
+                _ = self.process.wait() => Step::Exited,
+                due = self.pending.due() => Step::Due(due),
+                cmd = self.commands.recv() => Step::Command(cmd),
                 _ = shutdown.cancelled() => return Ok(End::ShuttingDown),
-                _ = idle_for(idle_since, self.idle_timeout) => {
-                    let after = humantime_serde::re::humantime::format_duration(
-                        self.idle_timeout.unwrap_or_default(),
-                    );
-                    tracing::info!(%after, "stopping the idle agent");
-                    return Ok(End::Stopped { detail: format!("stopped after {after} idle") });
-                }
+                _ = idle_for(idle_since, self.idle_timeout) => Step::IdleTooLong,
+            };
+            // Inside a turn, every log line says which.
+            let span = self
+                .turn
+                .as_ref()
+                .map_or_else(tracing::Span::none, |t| t.span.clone());
+            if let Some(end) = self.take(step).instrument(span).await? {
+                return Ok(end);
             }
             self.note_idle();
         }
+    }
+
+    /// Carries out one step of the loop; `Some` when the session ends.
+    async fn take(&mut self, step: Step) -> Result<Option<End>> {
+        match step {
+            Step::Incoming(Some(msg)) => {
+                self.handle_incoming(msg).await?;
+                self.drain_incoming(MAX_BATCH_EVENTS).await?;
+                self.flush().await?;
+            }
+            Step::Incoming(None) => {
+                self.incoming = None;
+                if tokio::time::timeout(EXIT_AFTER_EOF, self.process.wait())
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!("agent closed stdout but kept running; killing it");
+                    self.process.terminate(TERMINATE_GRACE).await;
+                }
+                return Ok(Some(End::AgentGone));
+            }
+            Step::Answered(result) => {
+                self.prompt = None;
+                // Everything the agent sent before its answer is queued
+                // already: apply it first so the turn ends last.
+                self.drain_incoming(usize::MAX).await?;
+                // When the agent is going away, the exit path ends the turn.
+                if !matches!(result, Err(RpcError::Closed(_))) {
+                    self.end_turn(result);
+                    self.flush().await?;
+                }
+            }
+            Step::Exited => {
+                // What it wrote before dying may still be in the pipe.
+                self.drain_until_closed().await?;
+                return Ok(Some(End::AgentGone));
+            }
+            Step::Due(due) => self.time_out(due).await?,
+            Step::Command(Some(Command::Close { reply })) => {
+                return Ok(Some(End::ClosedByUser { reply: Some(reply) }));
+            }
+            Step::Command(Some(Command::Release { reply })) => {
+                let idle = self.is_idle();
+                let _ = reply.send(idle);
+                if idle {
+                    return Ok(Some(End::Stopped {
+                        detail: "stopped to make room for another conversation's agent".into(),
+                        cause: "capacity",
+                    }));
+                }
+            }
+            Step::Command(Some(cmd)) => self.handle_command(cmd).await?,
+            Step::Command(None) => return Ok(Some(End::ClosedByUser { reply: None })),
+            Step::IdleTooLong => {
+                let after = humantime_serde::re::humantime::format_duration(
+                    self.idle_timeout.unwrap_or_default(),
+                );
+                tracing::info!(%after, "stopping the idle agent");
+                return Ok(Some(End::Stopped {
+                    detail: format!("stopped after {after} idle"),
+                    cause: "idle",
+                }));
+            }
+        }
+        Ok(None)
     }
 
     /// Whether the agent has no turn and no pending request.
@@ -823,6 +863,7 @@ impl Session {
         self.turn = Some(Turn {
             id: turn_id,
             cancel_requested: false,
+            span: tracing::info_span!("turn", %turn_id),
         });
         self.journal.set_turn(Some(turn_id));
         self.journal.append(TurnStarted {
@@ -837,7 +878,10 @@ impl Session {
             self.journal.set_turn(None);
             return Err(e);
         }
-        tracing::info!(%turn_id, "turn started");
+        if let Some(turn) = &self.turn {
+            turn.span
+                .in_scope(|| tracing::info!(%turn_id, "turn started"));
+        }
         self.prompt = Some(prompt);
         Ok(turn_id)
     }
@@ -983,9 +1027,16 @@ impl Session {
         let by_user = matches!(end, End::ClosedByUser { .. });
         let (detail, stop_reason, reply) = match end {
             End::AgentGone => (String::new(), "error", None),
-            End::ClosedByUser { reply } => ("conversation closed".to_owned(), "cancelled", reply),
-            End::Stopped { detail } => (detail, "error", None),
+            End::ClosedByUser { reply } => {
+                telemetry::agent_exited("closed");
+                ("conversation closed".to_owned(), "cancelled", reply)
+            }
+            End::Stopped { detail, cause } => {
+                telemetry::agent_exited(cause);
+                (detail, "error", None)
+            }
             End::ShuttingDown => {
+                telemetry::agent_exited("shutdown");
                 self.wind_down().await?;
                 ("the gateway is shutting down".to_owned(), "cancelled", None)
             }
@@ -1018,6 +1069,11 @@ impl Session {
             self.process.drain_stderr().await;
             let detail = describe_exit(status, &self.process.stderr_tail());
             tracing::warn!(%detail, "agent exited");
+            telemetry::agent_exited(if status.success() {
+                "exited"
+            } else {
+                "crashed"
+            });
             let state = if status.success() {
                 AgentState::Exited
             } else {

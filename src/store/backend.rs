@@ -183,6 +183,11 @@ pub trait Store: Send + Sync + 'static {
     /// Whether any token is active (then every request needs one).
     async fn any_active_token(&self) -> Result<bool>;
 
+    /// How many conversations have each status (statuses with none left out).
+    async fn count_conversations_by_status(&self) -> Result<Vec<(String, i64)>>;
+    /// How many permission requests are pending.
+    async fn count_pending_permissions(&self) -> Result<i64>;
+
     /// Records a running agent process (replacing its conversation's earlier one).
     async fn record_agent_process(&self, record: &AgentProcessRecord) -> Result<()>;
     /// Deletes this record, if it is still the conversation's.

@@ -455,6 +455,23 @@ macro_rules! impl_store {
                 Ok(row.is_some())
             }
 
+            async fn count_conversations_by_status(&self) -> Result<Vec<(String, i64)>> {
+                Ok(sqlx::query_as(
+                    "select status, count(*) from conversations group by status order by status",
+                )
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn count_pending_permissions(&self) -> Result<i64> {
+                let (count,): (i64,) = sqlx::query_as(
+                    "select count(*) from permission_requests where status = 'pending'",
+                )
+                .fetch_one(&self.pool)
+                .await?;
+                Ok(count)
+            }
+
             async fn record_agent_process(
                 &self,
                 record: &super::backend::AgentProcessRecord,

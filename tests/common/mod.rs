@@ -230,6 +230,18 @@ impl GatewayProcess {
         log_filter: &str,
         extra: &str,
     ) -> GatewayProcess {
+        Self::start_with_args(db, agents, log_filter, extra, &[])
+    }
+
+    /// Like [`GatewayProcess::start_configured`], with extra command-line
+    /// arguments (e.g. `--log-format json`).
+    pub fn start_with_args(
+        db: &TestDb,
+        agents: &[AgentProfile],
+        log_filter: &str,
+        extra: &str,
+        args: &[&str],
+    ) -> GatewayProcess {
         use std::io::{BufRead, Write};
         let mut config = tempfile::NamedTempFile::new().unwrap();
         let mut text = format!(
@@ -249,6 +261,7 @@ impl GatewayProcess {
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_acp-gateway"))
             .args(["serve", "--config"])
             .arg(config.path())
+            .args(args)
             .env("RUST_LOG", log_filter)
             .env("NO_COLOR", "1")
             .stdout(std::process::Stdio::piped())
@@ -281,9 +294,15 @@ impl GatewayProcess {
                 .lines()
                 .map_while(Result::ok)
             {
-                if let Some(addr) = line.split("addr=").nth(1) {
+                // `addr=127.0.0.1:1234` in text logs, `"addr":"127.0.0.1:1234"` in JSON.
+                let addr = line
+                    .split("addr=")
+                    .nth(1)
+                    .or_else(|| line.split("\"addr\":\"").nth(1));
+                if let Some(addr) = addr {
                     if let Some(tx) = tx.take() {
-                        let _ = tx.send(addr.split_whitespace().next().unwrap_or("").to_owned());
+                        let end = addr.find(|c: char| c.is_whitespace() || c == '"');
+                        let _ = tx.send(addr[..end.unwrap_or(addr.len())].to_owned());
                     }
                 }
                 keep(&out_log, &line);

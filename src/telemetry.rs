@@ -1,0 +1,113 @@
+//! What the gateway counts, served as Prometheus text at `GET /metrics`.
+//!
+//! Counters and the commit-latency histogram are recorded where things
+//! happen (through the `metrics` facade); gauges that the database or the
+//! session registry know better (conversations by status, pending requests,
+//! agents running) are set when the page is rendered.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Events committed to the database.
+const EVENTS_WRITTEN: &str = "acp_gateway_events_written_total";
+/// Seconds one batch commit took.
+const COMMIT_SECONDS: &str = "acp_gateway_db_commit_seconds";
+/// Events appended but not committed yet.
+const WRITE_BUFFER: &str = "acp_gateway_write_buffer_events";
+/// Open WebSocket connections.
+const WEBSOCKETS: &str = "acp_gateway_websocket_clients";
+/// Agent processes that ended, by cause.
+const AGENT_EXITS: &str = "acp_gateway_agent_exits_total";
+/// Agents started again for an existing conversation, by what it remembered.
+const AGENT_RESTARTS: &str = "acp_gateway_agent_restarts_total";
+
+/// The process's recorder (one per process: the `metrics` facade is global).
+fn handle() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Full(COMMIT_SECONDS.into()),
+                &[
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                ],
+            )
+            .expect("buckets are not empty")
+            .build_recorder();
+        let handle = recorder.handle();
+        if metrics::set_global_recorder(recorder).is_err() {
+            tracing::warn!("another metrics recorder is installed; /metrics shows gauges only");
+        }
+        handle
+    })
+}
+
+/// Installs the recorder (idempotent); call before serving.
+pub fn install() {
+    handle();
+}
+
+pub fn events_written(n: usize) {
+    metrics::counter!(EVENTS_WRITTEN).increment(n as u64);
+}
+
+pub fn commit_took(latency: Duration) {
+    metrics::histogram!(COMMIT_SECONDS).record(latency.as_secs_f64());
+}
+
+/// Events entered (`+n`) or left (`-n`) the write buffer.
+pub fn buffered(delta: f64) {
+    metrics::gauge!(WRITE_BUFFER).increment(delta);
+}
+
+/// Counts an open WebSocket while it lives.
+pub struct WebSocketOpen(());
+
+impl WebSocketOpen {
+    pub fn new() -> WebSocketOpen {
+        metrics::gauge!(WEBSOCKETS).increment(1.0);
+        WebSocketOpen(())
+    }
+}
+
+impl Default for WebSocketOpen {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for WebSocketOpen {
+    fn drop(&mut self) {
+        metrics::gauge!(WEBSOCKETS).decrement(1.0);
+    }
+}
+
+/// An agent process ended: `crashed` (by itself), `idle`, `capacity`
+/// (`max_agents`), `shutdown`, `closed` (by a user), `error`.
+pub fn agent_exited(cause: &'static str) {
+    metrics::counter!(AGENT_EXITS, "cause" => cause).increment(1);
+}
+
+/// An agent was started again for a conversation: `loaded` or `reset`.
+pub fn agent_restarted(context: &'static str) {
+    metrics::counter!(AGENT_RESTARTS, "context" => context).increment(1);
+}
+
+/// What the database and the registry say now.
+pub struct Snapshot {
+    pub agents_running: usize,
+    pub conversations_by_status: Vec<(String, i64)>,
+    pub permissions_pending: i64,
+}
+
+/// The page: the snapshot's gauges and everything recorded so far.
+pub fn render(now: Snapshot) -> String {
+    metrics::gauge!("acp_gateway_agents_running").set(now.agents_running as f64);
+    for (status, count) in now.conversations_by_status {
+        metrics::gauge!("acp_gateway_conversations", "status" => status).set(count as f64);
+    }
+    metrics::gauge!("acp_gateway_permissions_pending").set(now.permissions_pending as f64);
+    handle().render()
+}
