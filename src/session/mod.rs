@@ -251,9 +251,15 @@ impl Sessions {
             return Err(not_live(conversation));
         }
         let session = self.attach(conversation).await?;
+        if let Some(result) = session.prompt(content.clone()).await {
+            return result;
+        }
+        // Its agent went away just then (the session was ending): once it
+        // has ended, start the agent again, as for any gone agent.
+        session.ended().await;
+        let session = self.attach(conversation).await?;
         match session.prompt(content).await {
             Some(result) => result,
-            // The session ended meanwhile: say how it stands now.
             None => Err(not_live(&self.stored(conversation.id).await?)),
         }
     }

@@ -120,6 +120,11 @@ impl SessionHandle {
         self.tx.is_closed()
     }
 
+    /// Resolves once the session has ended.
+    pub async fn ended(&self) {
+        self.tx.closed().await
+    }
+
     /// Since when the agent has been idle (no turn, nothing pending).
     pub fn idle_since(&self) -> Option<Instant> {
         *self.idle.lock().unwrap()
