@@ -103,6 +103,12 @@ impl Error {
         }
     }
 
+    /// Whether the database is out of reach (for now): what waits for it
+    /// may succeed later.
+    pub fn is_outage(&self) -> bool {
+        self.is_transient() || matches!(self, Error::Unavailable(_))
+    }
+
     fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
             Error::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
@@ -120,6 +126,9 @@ impl Error {
             Error::AgentTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, "agent_timeout"),
             Error::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Error::AtCapacity { .. } => (StatusCode::SERVICE_UNAVAILABLE, "at_capacity"),
+            Error::Database(_) if self.is_transient() => {
+                (StatusCode::SERVICE_UNAVAILABLE, "database_unavailable")
+            }
             Error::Database(_) | Error::Internal(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "internal_error")
             }

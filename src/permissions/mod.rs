@@ -196,6 +196,11 @@ impl PolicyHandle {
         Ok(current.policies.clone())
     }
 
+    /// The policies in force as last seen (when the store cannot be asked).
+    pub fn current(&self) -> Arc<Policies> {
+        self.inner.read().unwrap().policies.clone()
+    }
+
     /// Puts a validated set in force on this node.
     pub fn replace(&self, set_id: uuid::Uuid, policies: Policies) {
         *self.inner.write().unwrap() = Current {

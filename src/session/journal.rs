@@ -122,7 +122,28 @@ pub struct Journal {
     /// What has not been committed yet.
     batch: Batch,
     dirty: bool,
+    /// Whether a database outage may be ridden out (see [`Journal::ride_out_outages`]).
+    rides_out: bool,
+    /// While the database is unreachable: when to try again, and how long
+    /// to wait after that.
+    outage: Option<Outage>,
+    /// The newest seq already published (events are published once, in
+    /// order; during an outage, before they are committed).
+    published: i64,
 }
+
+/// A database outage the journal is riding out.
+#[derive(Debug, Clone, Copy)]
+struct Outage {
+    retry_at: tokio::time::Instant,
+    backoff: Duration,
+}
+
+/// Most events held in memory while the database is unreachable; beyond
+/// it the writer stops taking more (the session stops reading its agent).
+const MAX_BUFFERED_EVENTS: usize = 10_000;
+/// Longest wait between two tries to reach the database.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 impl Journal {
     pub fn new(sink: Sink, conversation: &Conversation, turn_id: Option<Uuid>) -> Self {
@@ -136,6 +157,37 @@ impl Journal {
             owner: conversation.owner.clone(),
             batch: Batch::default(),
             dirty: false,
+            rides_out: false,
+            outage: None,
+            published: conversation.last_seq,
+        }
+    }
+
+    /// From now on a database outage does not fail [`Journal::flush`]: what
+    /// is appended waits in memory, in order (up to [`MAX_BUFFERED_EVENTS`]),
+    /// its events are published live meanwhile, and commits are tried again
+    /// with back-off until the database answers; `seq` stays gap-free. For a
+    /// session's writer, which lives on to keep trying; others fail.
+    pub fn ride_out_outages(&mut self) {
+        self.rides_out = true;
+    }
+
+    /// Whether the database is unreachable and writes are waiting.
+    pub fn in_outage(&self) -> bool {
+        self.outage.is_some()
+    }
+
+    /// Whether the buffer is full: take nothing more until it drains.
+    pub fn is_full(&self) -> bool {
+        self.outage.is_some() && self.batch.events.len() >= MAX_BUFFERED_EVENTS
+    }
+
+    /// Resolves when it is time to try the database again (never while it
+    /// answers).
+    pub async fn retry_due(&self) {
+        match self.outage {
+            Some(outage) => tokio::time::sleep_until(outage.retry_at).await,
+            None => std::future::pending().await,
         }
     }
 
@@ -182,7 +234,12 @@ impl Journal {
     /// of the same kind and turn that differs only in its text (see
     /// [`transcript::join_chunk`]): streaming costs one event per batch.
     pub fn chunk(&mut self, turn_id: Option<Uuid>, update: Value) {
-        if let Some(last) = self.batch.events.last_mut() {
+        if let Some(last) = self
+            .batch
+            .events
+            .last_mut()
+            .filter(|last| last.seq > self.published)
+        {
             let same_turn = last.data.get("turn_id").and_then(Value::as_str)
                 == turn_id.map(|t| t.to_string()).as_deref();
             if last.kind == event_type::SESSION_UPDATE
@@ -281,14 +338,96 @@ impl Journal {
     /// blocks the conversation.
     pub async fn flush(&mut self) -> Result<()> {
         if self.batch.is_empty() && !self.dirty {
+            self.outage = None;
             return Ok(());
         }
         self.batch.conversation = Some(self.patch(self.last_seq));
+        if let Some(outage) = self.outage {
+            if tokio::time::Instant::now() < outage.retry_at {
+                self.publish_early();
+                return Ok(());
+            }
+        }
         let waiting = self.batch.events.len();
         telemetry::buffered(waiting as f64);
         let committed = self.commit_with_retries().await;
         telemetry::buffered(-(waiting as f64));
-        committed
+        match committed {
+            Err(e) if e.is_transient() && self.rides_out => {
+                let backoff = self.outage.map_or(Duration::from_millis(250), |o| {
+                    (o.backoff * 2).min(MAX_BACKOFF)
+                });
+                if self.outage.is_none() {
+                    tracing::warn!(conversation_id = %self.conversation_id, error = %e,
+                        "the database is unreachable: holding writes in memory and trying again");
+                }
+                self.outage = Some(Outage {
+                    retry_at: tokio::time::Instant::now() + backoff,
+                    backoff,
+                });
+                self.publish_early();
+                Ok(())
+            }
+            Err(e) => Err(e),
+            Ok(()) => {
+                if self.outage.take().is_some() {
+                    tracing::info!(conversation_id = %self.conversation_id,
+                        "the database answers again: held writes committed");
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// During an outage: publishes the events no client has seen yet, so
+    /// they still flow live; they are committed later, unchanged.
+    fn publish_early(&mut self) {
+        let fresh: Vec<Event> = self
+            .batch
+            .events
+            .iter()
+            .filter(|e| e.seq > self.published)
+            .cloned()
+            .collect();
+        if let Some(last) = fresh.last() {
+            self.published = last.seq;
+            self.sink.bus.publish(self.owner.as_deref(), fresh);
+        }
+    }
+
+    /// Publishes what the commit made durable, except what went out early.
+    fn publish_committed(&mut self, events: Vec<Event>) {
+        let fresh: Vec<Event> = events
+            .into_iter()
+            .filter(|e| e.seq > self.published)
+            .collect();
+        if let Some(last) = fresh.last() {
+            self.published = last.seq;
+            self.sink.bus.publish(self.owner.as_deref(), fresh);
+        }
+    }
+
+    /// Tries to commit what is held until it is (or `deadline` passes);
+    /// whether everything is committed.
+    pub async fn settle(&mut self, deadline: tokio::time::Instant) -> bool {
+        loop {
+            if let Err(e) = self.flush().await {
+                tracing::error!(conversation_id = %self.conversation_id, error = %e,
+                    "could not write the conversation's last events");
+                return false;
+            }
+            if !self.in_outage() {
+                return true;
+            }
+            let retry_at = self.outage.map_or(deadline, |o| o.retry_at);
+            if retry_at > deadline {
+                tracing::error!(conversation_id = %self.conversation_id,
+                    events = self.batch.events.len(),
+                    "the database stayed unreachable: events held in memory are lost");
+                return false;
+            }
+            tokio::time::sleep_until(retry_at).await;
+        }
     }
 
     async fn commit_with_retries(&mut self) -> Result<()> {
@@ -303,7 +442,7 @@ impl Journal {
             telemetry::commit_took(started.elapsed());
             match committed {
                 Ok(()) => break,
-                Err(e) if e.is_transient() && attempt < 3 => {
+                Err(e) if e.is_transient() && attempt < 3 && self.outage.is_none() => {
                     attempt += 1;
                     tracing::warn!(conversation_id = %self.conversation_id, error = %e, attempt, "commit failed; retrying");
                     tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
@@ -319,7 +458,7 @@ impl Journal {
         let batch = std::mem::take(&mut self.batch);
         self.dirty = false;
         telemetry::events_written(batch.events.len());
-        self.sink.bus.publish(self.owner.as_deref(), batch.events);
+        self.publish_committed(batch.events);
         Ok(())
     }
 
@@ -358,7 +497,7 @@ impl Journal {
             });
             if let Some(written) = self.commit_piece(piece, stand_ins).await? {
                 telemetry::events_written(written.events.len());
-                self.sink.bus.publish(self.owner.as_deref(), written.events);
+                self.publish_committed(written.events);
             }
             self.batch.events.remove(0);
         }
@@ -434,6 +573,12 @@ impl Journal {
     /// resolved it first.
     pub async fn resolve(&mut self, resolution: &Resolution) -> Result<Option<PermissionRequest>> {
         self.flush().await?;
+        if self.in_outage() {
+            // Its event would come before the held ones: wait for them.
+            return Err(crate::error::Error::Unavailable(
+                "the database is unreachable; try again".into(),
+            ));
+        }
         let event = self.next_event(model::event_type::PERMISSION_RESOLVED, Value::Null);
         let patch = self.patch(event.seq);
         match self
@@ -445,6 +590,7 @@ impl Journal {
             Some((request, event)) => {
                 telemetry::events_written(1);
                 self.last_seq = event.seq;
+                self.published = event.seq;
                 self.dirty = false;
                 self.sink.bus.publish(self.owner.as_deref(), [event]);
                 Ok(Some(request))

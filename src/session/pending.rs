@@ -72,6 +72,14 @@ impl Pending {
         self.parked.insert(parked.request.id, parked);
     }
 
+    /// Times `id` out again after `after` (its answer could not be
+    /// recorded just now).
+    pub fn retry_later(&mut self, id: Uuid, after: Duration) {
+        if self.parked.contains_key(&id) {
+            self.deadlines.set(id, after);
+        }
+    }
+
     /// Every held request, oldest first.
     pub fn ids(&self) -> Vec<Uuid> {
         let mut ids: Vec<Uuid> = self.parked.keys().copied().collect();

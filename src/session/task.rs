@@ -42,6 +42,9 @@ use crate::telemetry;
 
 /// Most events committed in one batch while an agent streams.
 const MAX_BATCH_EVENTS: usize = 512;
+/// How long a session whose agent is gone keeps trying to write what an
+/// unreachable database has not taken yet.
+const OUTAGE_PATIENCE: Duration = Duration::from_secs(600);
 /// How long an agent gets to exit after SIGTERM.
 const TERMINATE_GRACE: Duration = Duration::from_secs(2);
 
@@ -226,6 +229,7 @@ pub async fn start(
     });
     journal.set_status(ConversationStatus::Idle);
     journal.flush().await?;
+    journal.ride_out_outages();
     conversation.status = journal.status();
     conversation.acp_session_id = Some(session.session_id().to_owned());
     conversation.last_seq = journal.last_seq();
@@ -402,6 +406,8 @@ enum Step {
     Due(Vec<Uuid>),
     Command(Option<Command>),
     IdleTooLong,
+    /// Time to try the unreachable database again.
+    Retry,
 }
 
 /// Why the session loop ended.
@@ -466,8 +472,12 @@ impl Session {
             let idle_since = self.idle_since();
             // Unbiased: a fast-streaming agent must not starve the user's
             // commands (a cancel above all).
+            // While the database is away and the buffer full, the agent's
+            // output waits in its pipe (backpressure), nothing is dropped.
+            let full = self.journal.is_full();
             let step = tokio::select! {
-                msg = next_incoming(&mut self.incoming) => Step::Incoming(msg),
+                msg = next_incoming(&mut self.incoming), if !full => Step::Incoming(msg),
+                _ = self.journal.retry_due() => Step::Retry,
                 result = next_prompt_result(&mut self.prompt) => Step::Answered(result),
                 _ = self.process.wait() => Step::Exited,
                 due = self.pending.due() => Step::Due(due),
@@ -480,8 +490,14 @@ impl Session {
                 .turn
                 .as_ref()
                 .map_or_else(tracing::Span::none, |t| t.span.clone());
-            if let Some(end) = self.take(step).instrument(span).await? {
-                return Ok(end);
+            match self.take(step).instrument(span).await {
+                Ok(Some(end)) => return Ok(end),
+                Ok(None) => {}
+                // The database is away: the session goes on, writes wait.
+                Err(e) if e.is_outage() => {
+                    tracing::warn!(error = %e, "database unreachable; carrying on");
+                }
+                Err(e) => return Err(e),
             }
             self.note_idle();
         }
@@ -523,6 +539,7 @@ impl Session {
                 return Ok(Some(End::AgentGone));
             }
             Step::Due(due) => self.time_out(due).await?,
+            Step::Retry => self.flush().await?,
             Step::Command(Some(Command::Close { reply })) => {
                 return Ok(Some(End::ClosedByUser { reply: Some(reply) }));
             }
@@ -598,7 +615,7 @@ impl Session {
     /// Applies whatever the agent has already sent, up to `max` messages.
     async fn drain_incoming(&mut self, max: usize) -> Result<()> {
         let mut n = 0;
-        while n < max {
+        while n < max && !self.journal.is_full() {
             let Some(rx) = self.incoming.as_mut() else {
                 break;
             };
@@ -704,12 +721,21 @@ impl Session {
         tracing::info!(permission_id = %permission.id, "agent asks permission");
         // The request's toolCall is an update: complete it with what we know.
         let tool_call = self.transcript.known_tool_call(&permission.tool_call);
-        let policies = self.policies.refresh(self.journal.store()).await?;
-        let remembered = self
+        // With the database away: the policies as last seen, no remembered
+        // answers (a person is asked rather than anything assumed).
+        let policies = match self.policies.refresh(self.journal.store()).await {
+            Err(e) if e.is_outage() => self.policies.current(),
+            other => other?,
+        };
+        let remembered = match self
             .journal
             .store()
             .list_rules(permission.conversation_id)
-            .await?;
+            .await
+        {
+            Err(e) if e.is_outage() => Vec::new(),
+            other => other?,
+        };
         let facts = Facts {
             agent: &self.agent,
             tool_call: &tool_call,
@@ -746,14 +772,21 @@ impl Session {
             let Some(option) = self.pending.expire(id) else {
                 continue;
             };
-            self.resolve(
-                id,
-                PermissionStatus::TimedOut,
-                option,
-                "system",
-                Some(&reason),
-            )
-            .await?;
+            let resolved = self
+                .resolve(
+                    id,
+                    PermissionStatus::TimedOut,
+                    option,
+                    "system",
+                    Some(&reason),
+                )
+                .await;
+            match resolved {
+                Ok(_) => {}
+                // Answered once the database can record it.
+                Err(e) if e.is_outage() => self.pending.retry_later(id, Duration::from_secs(1)),
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }
@@ -1086,6 +1119,17 @@ impl Session {
             };
             (state, detail)
         };
+        // What waits for an unreachable database is written first (the
+        // requests' answers must come after it).
+        self.save_transcript();
+        let patience = if by_user || stop_reason == "cancelled" {
+            self.shutdown_timeout
+        } else {
+            OUTAGE_PATIENCE
+        };
+        self.journal
+            .settle(tokio::time::Instant::now() + patience)
+            .await;
         // Reaped, and its group killed with it.
         forget_process(self.journal.store(), self.record.take().as_ref()).await;
         // Requests the agent can no longer receive an answer for.

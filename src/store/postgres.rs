@@ -39,7 +39,9 @@ impl PgStore {
         }
         let pool = PgPoolOptions::new()
             .max_connections(16)
-            .acquire_timeout(std::time::Duration::from_secs(10))
+            // Short: while Postgres is unreachable a session's writer holds
+            // its writes and tries again later, and meanwhile keeps serving.
+            .acquire_timeout(std::time::Duration::from_secs(2))
             .connect(url)
             .await
             .context("Failed to connect to Postgres")?;

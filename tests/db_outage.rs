@@ -1,0 +1,141 @@
+//! The database goes away in the middle of a streaming turn: the agent and
+//! the WebSocket stay connected, live events keep flowing, writes wait in
+//! memory, `/readyz` says 503, and once the database is back every chunk is
+//! stored once, in order, with `seq` gap-free.
+//!
+//! The outage is a real one for this gateway only: its Postgres connection
+//! goes through a TCP proxy that the test cuts (dropping every connection
+//! and refusing new ones) and restores.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use common::*;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// A TCP proxy to Postgres that can be cut and restored.
+struct Proxy {
+    port: u16,
+    open: Arc<AtomicBool>,
+    /// Bumped to drop every proxied connection.
+    cuts: watch::Sender<u64>,
+}
+
+impl Proxy {
+    async fn to(target: String) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let open = Arc::new(AtomicBool::new(true));
+        let (cuts, _) = watch::channel(0u64);
+        let (accept_open, accept_cuts) = (open.clone(), cuts.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    return;
+                };
+                if !accept_open.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let mut cut = accept_cuts.subscribe();
+                let target = target.clone();
+                tokio::spawn(async move {
+                    let Ok(mut server) = TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = cut.changed() => {}
+                    }
+                });
+            }
+        });
+        Proxy { port, open, cuts }
+    }
+
+    /// The database is unreachable from now on.
+    fn cut(&self) {
+        self.open.store(false, Ordering::SeqCst);
+        self.cuts.send_modify(|n| *n += 1);
+    }
+
+    fn restore(&self) {
+        self.open.store(true, Ordering::SeqCst);
+    }
+}
+
+fn chunks(frames: &[serde_json::Value]) -> usize {
+    streamed_text(frames, "agent_message_chunk")
+        .split_whitespace()
+        .count()
+}
+
+#[tokio::test]
+async fn a_database_outage_during_a_streaming_turn_loses_nothing() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let (host_port, rest) = db
+        .url
+        .trim_start_matches("postgres://postgres@")
+        .split_once('/')
+        .unwrap();
+    let proxy = Proxy::to(host_port.to_owned()).await;
+    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    config.database_url = Some(format!(
+        "postgres://postgres@127.0.0.1:{}/{rest}",
+        proxy.port
+    ));
+    let gw = TestGateway::start_with(config).await;
+    let (_, conv) = gw
+        .post(
+            "/api/v1/conversations",
+            serde_json::json!({"agent": "demo"}),
+        )
+        .await;
+    let id = conv["id"].as_str().unwrap().to_owned();
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    // 120 chunks, 50 ms apart: six seconds of streaming.
+    gw.prompt(&id, "slow 120").await;
+    let mut seen = ws
+        .until(|e| e["data"]["update"]["content"]["text"] == "s10 ")
+        .await;
+
+    proxy.cut();
+    let (status, _) = gw.get("/readyz").await;
+    assert_eq!(status, 503, "not ready without the database");
+    // Live events keep flowing while nothing can be written.
+    let before = chunks(&seen);
+    seen.extend(
+        ws.until(|e| e["data"]["update"]["content"]["text"] == "s40 ")
+            .await,
+    );
+    assert!(
+        chunks(&seen) > before + 20,
+        "chunks flowed during the outage"
+    );
+    let (status, _) = gw.get("/readyz").await;
+    assert_eq!(status, 503);
+
+    proxy.restore();
+    seen.extend(ws.until_type("turn_ended").await);
+    let ended = seen.last().unwrap();
+    assert_eq!(ended["data"]["stop_reason"], "end_turn");
+    // What the client saw: once each, in order.
+    assert_consecutive(&seen, seen[0]["seq"].as_i64().unwrap() - 1);
+    let expected: String = (0..120).map(|i| format!("s{i} ")).collect();
+    assert_eq!(streamed_text(&seen, "agent_message_chunk"), expected);
+    // What was stored: the same events, gap-free, each chunk once.
+    let events = gw.events(&id).await;
+    assert_consecutive(&events, 0);
+    assert_eq!(streamed_text(&events, "agent_message_chunk"), expected);
+    for frame in &seen {
+        let seq = frame["seq"].as_i64().unwrap();
+        assert_eq!(&events[seq as usize - 1], frame, "stored as published");
+    }
+    let (status, _) = gw.get("/readyz").await;
+    assert_eq!(status, 200);
+}
