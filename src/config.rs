@@ -59,6 +59,10 @@ pub struct Config {
     /// cancel (so those turns end `cancelled`) before agents are stopped.
     #[serde(default = "default_shutdown_timeout", with = "humantime_serde")]
     pub shutdown_timeout: Duration,
+    /// Most events a conversation holds in memory while the database is
+    /// unreachable; beyond that its agent's output waits in its pipe.
+    #[serde(default = "default_write_buffer_events")]
+    pub write_buffer_events: usize,
 }
 
 /// How to start one kind of agent.
@@ -153,6 +157,9 @@ fn default_event_buffer() -> usize {
 fn default_startup_timeout() -> Duration {
     Duration::from_secs(60)
 }
+fn default_write_buffer_events() -> usize {
+    10_000
+}
 fn default_shutdown_timeout() -> Duration {
     Duration::from_secs(10)
 }
@@ -242,6 +249,9 @@ impl Config {
         }
         if let Some(user) = &self.agent_user {
             crate::sys::lookup_user(user).map_err(|e| anyhow::anyhow!("agent_user: {e}"))?;
+        }
+        if self.write_buffer_events == 0 {
+            bail!("write_buffer_events: must be at least 1");
         }
         if self.shutdown_timeout.is_zero() {
             bail!("shutdown_timeout: must be greater than zero");

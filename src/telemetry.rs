@@ -20,7 +20,8 @@ const WRITE_BUFFER: &str = "acp_gateway_write_buffer_events";
 const WEBSOCKETS: &str = "acp_gateway_websocket_clients";
 /// Agent processes that ended, by cause.
 const AGENT_EXITS: &str = "acp_gateway_agent_exits_total";
-/// Agents started again for an existing conversation, by what it remembered.
+/// Agents started again for an existing conversation, by why they had gone
+/// and what they remembered.
 const AGENT_RESTARTS: &str = "acp_gateway_agent_restarts_total";
 
 /// The process's recorder (one per process: the `metrics` facade is global).
@@ -90,9 +91,11 @@ pub fn agent_exited(cause: &'static str) {
     metrics::counter!(AGENT_EXITS, "cause" => cause).increment(1);
 }
 
-/// An agent was started again for a conversation: `loaded` or `reset`.
-pub fn agent_restarted(context: &'static str) {
-    metrics::counter!(AGENT_RESTARTS, "context" => context).increment(1);
+/// An agent was started again for a conversation: `context` `loaded` or
+/// `reset`; `cause` why it had gone (as [`agent_exited`] counts it, or
+/// `restart` when the gateway itself restarted).
+pub fn agent_restarted(context: &'static str, cause: &'static str) {
+    metrics::counter!(AGENT_RESTARTS, "context" => context, "cause" => cause).increment(1);
 }
 
 /// What the database and the registry say now.

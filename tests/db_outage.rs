@@ -73,23 +73,33 @@ fn chunks(frames: &[serde_json::Value]) -> usize {
         .count()
 }
 
-#[tokio::test]
-async fn a_database_outage_during_a_streaming_turn_loses_nothing() {
-    let Some(db) = TestDb::postgres().await else {
-        return;
-    };
+/// A gateway whose database connection goes through a proxy of its own.
+async fn behind_a_proxy(
+    db: &TestDb,
+    write_buffer_events: usize,
+    agent_args: &[&str],
+) -> (TestGateway, Proxy) {
     let (host_port, rest) = db
         .url
         .trim_start_matches("postgres://postgres@")
         .split_once('/')
         .unwrap();
     let proxy = Proxy::to(host_port.to_owned()).await;
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = TestGateway::config(db, vec![demo_profile("demo", agent_args)]);
     config.database_url = Some(format!(
         "postgres://postgres@127.0.0.1:{}/{rest}",
         proxy.port
     ));
-    let gw = TestGateway::start_with(config).await;
+    config.write_buffer_events = write_buffer_events;
+    (TestGateway::start_with(config).await, proxy)
+}
+
+#[tokio::test]
+async fn a_database_outage_during_a_streaming_turn_loses_nothing() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let (gw, proxy) = behind_a_proxy(&db, 10_000, &[]).await;
     let (_, conv) = gw
         .post(
             "/api/v1/conversations",
@@ -98,7 +108,8 @@ async fn a_database_outage_during_a_streaming_turn_loses_nothing() {
         .await;
     let id = conv["id"].as_str().unwrap().to_owned();
     let mut ws = gw.conversation_ws(&id, 0).await;
-    // 120 chunks, 50 ms apart: six seconds of streaming.
+    // 120 chunks, 50 ms apart: six seconds of streaming, three without the
+    // database.
     gw.prompt(&id, "slow 120").await;
     let mut seen = ws
         .until(|e| e["data"]["update"]["content"]["text"] == "s10 ")
@@ -138,4 +149,45 @@ async fn a_database_outage_during_a_streaming_turn_loses_nothing() {
     }
     let (status, _) = gw.get("/readyz").await;
     assert_eq!(status, 200);
+}
+
+/// With its buffer full the gateway stops reading the agent (whose output
+/// waits in the pipe) instead of holding more or dropping anything.
+#[tokio::test]
+async fn a_full_write_buffer_holds_the_agent_back_and_loses_nothing() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    // 300 chunks, 20 ms apart.
+    let (gw, proxy) = behind_a_proxy(&db, 2, &["--chunk-delay-ms", "20"]).await;
+    let (_, conv) = gw
+        .post(
+            "/api/v1/conversations",
+            serde_json::json!({"agent": "demo"}),
+        )
+        .await;
+    let id = conv["id"].as_str().unwrap().to_owned();
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    gw.prompt(&id, "long 300").await;
+    let mut seen = ws.until(|e| e["type"] == "session_update").await;
+    proxy.cut();
+    // A second of the outage: without backpressure some fifty events would
+    // arrive; with two held, the agent is read no further.
+    let mut during = Vec::new();
+    while let Ok(frame) = tokio::time::timeout(std::time::Duration::from_secs(1), ws.next()).await {
+        during.push(frame);
+    }
+    assert!(during.len() <= 3, "held beyond the buffer: {during:#?}");
+    seen.extend(during);
+
+    proxy.restore();
+    seen.extend(ws.until_type("turn_ended").await);
+    assert_eq!(seen.last().unwrap()["data"]["stop_reason"], "end_turn");
+    assert_consecutive(&seen, seen[0]["seq"].as_i64().unwrap() - 1);
+    let text = streamed_text(&seen, "agent_message_chunk");
+    let expected: String = (0..300).map(|i| format!("w{i} ")).collect();
+    assert_eq!(text, expected, "every chunk once, in order");
+    let events = gw.events(&id).await;
+    assert_consecutive(&events, 0);
+    assert_eq!(streamed_text(&events, "agent_message_chunk"), expected);
 }

@@ -76,7 +76,13 @@ async fn metrics_count_agents_conversations_requests_events_and_sockets() {
         ws.until_type("turn_ended").await;
         let m = scrape(&gw).await;
         assert!(value(&m, "acp_gateway_agent_exits_total{cause=\"crashed\"}") >= 1.0);
-        assert!(value(&m, "acp_gateway_agent_restarts_total{context=\"reset\"}") >= 1.0);
+        assert!(
+            value(
+                &m,
+                "acp_gateway_agent_restarts_total{context=\"reset\",cause=\"crashed\"}"
+            ) >= 1.0,
+            "{m:#?}"
+        );
         assert_eq!(value(&m, "acp_gateway_permissions_pending"), 0.0);
         gw.stop().await;
     }

@@ -122,8 +122,9 @@ pub struct Journal {
     /// What has not been committed yet.
     batch: Batch,
     dirty: bool,
-    /// Whether a database outage may be ridden out (see [`Journal::ride_out_outages`]).
-    rides_out: bool,
+    /// Most events held while riding out a database outage (see
+    /// [`Journal::ride_out_outages`]); 0: outages fail the writer.
+    holds: usize,
     /// While the database is unreachable: when to try again, and how long
     /// to wait after that.
     outage: Option<Outage>,
@@ -139,9 +140,6 @@ struct Outage {
     backoff: Duration,
 }
 
-/// Most events held in memory while the database is unreachable; beyond
-/// it the writer stops taking more (the session stops reading its agent).
-const MAX_BUFFERED_EVENTS: usize = 10_000;
 /// Longest wait between two tries to reach the database.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -157,19 +155,20 @@ impl Journal {
             owner: conversation.owner.clone(),
             batch: Batch::default(),
             dirty: false,
-            rides_out: false,
+            holds: 0,
             outage: None,
             published: conversation.last_seq,
         }
     }
 
     /// From now on a database outage does not fail [`Journal::flush`]: what
-    /// is appended waits in memory, in order (up to [`MAX_BUFFERED_EVENTS`]),
-    /// its events are published live meanwhile, and commits are tried again
-    /// with back-off until the database answers; `seq` stays gap-free. For a
-    /// session's writer, which lives on to keep trying; others fail.
-    pub fn ride_out_outages(&mut self) {
-        self.rides_out = true;
+    /// is appended waits in memory, in order (the writer takes no more once
+    /// it holds `max_events`: see [`Journal::is_full`]), its events are
+    /// published live meanwhile, and commits are tried again with back-off
+    /// until the database answers; `seq` stays gap-free. For a session's
+    /// writer, which lives on to keep trying; others fail.
+    pub fn ride_out_outages(&mut self, max_events: usize) {
+        self.holds = max_events.max(1);
     }
 
     /// Whether the database is unreachable and writes are waiting.
@@ -179,7 +178,7 @@ impl Journal {
 
     /// Whether the buffer is full: take nothing more until it drains.
     pub fn is_full(&self) -> bool {
-        self.outage.is_some() && self.batch.events.len() >= MAX_BUFFERED_EVENTS
+        self.outage.is_some() && self.batch.events.len() >= self.holds
     }
 
     /// Resolves when it is time to try the database again (never while it
@@ -343,7 +342,17 @@ impl Journal {
         }
         self.batch.conversation = Some(self.patch(self.last_seq));
         if let Some(outage) = self.outage {
-            if tokio::time::Instant::now() < outage.retry_at {
+            // Not yet time, or the database still does not answer (asked
+            // briefly, so that the session keeps serving meanwhile).
+            let now = tokio::time::Instant::now();
+            if now < outage.retry_at || !self.database_answers().await {
+                if now >= outage.retry_at {
+                    let backoff = (outage.backoff * 2).min(MAX_BACKOFF);
+                    self.outage = Some(Outage {
+                        retry_at: now + backoff,
+                        backoff,
+                    });
+                }
                 self.publish_early();
                 return Ok(());
             }
@@ -353,7 +362,7 @@ impl Journal {
         let committed = self.commit_with_retries().await;
         telemetry::buffered(-(waiting as f64));
         match committed {
-            Err(e) if e.is_transient() && self.rides_out => {
+            Err(e) if e.is_transient() && self.holds > 0 => {
                 let backoff = self.outage.map_or(Duration::from_millis(250), |o| {
                     (o.backoff * 2).min(MAX_BACKOFF)
                 });
@@ -377,6 +386,15 @@ impl Journal {
                 Ok(())
             }
         }
+    }
+
+    /// Whether the database answers a ping within a moment.
+    async fn database_answers(&self) -> bool {
+        let ping = self.sink.store.ping();
+        matches!(
+            tokio::time::timeout(Duration::from_millis(250), ping).await,
+            Ok(Ok(()))
+        )
     }
 
     /// During an outage: publishes the events no client has seen yet, so
@@ -442,7 +460,8 @@ impl Journal {
             telemetry::commit_took(started.elapsed());
             match committed {
                 Ok(()) => break,
-                Err(e) if e.is_transient() && attempt < 3 && self.outage.is_none() => {
+                // A writer that rides out outages tries again later instead.
+                Err(e) if e.is_transient() && attempt < 3 && self.holds == 0 => {
                     attempt += 1;
                     tracing::warn!(conversation_id = %self.conversation_id, error = %e, attempt, "commit failed; retrying");
                     tokio::time::sleep(Duration::from_millis(100 << attempt)).await;

@@ -49,6 +49,7 @@ struct Shared {
     profiles: HashMap<String, AgentProfile>,
     max_line_bytes: usize,
     shutdown_timeout: std::time::Duration,
+    write_buffer_events: usize,
     live: Mutex<HashMap<Uuid, SessionHandle>>,
     /// Held while a conversation's agent starts again, so that concurrent
     /// prompts never start two.
@@ -56,6 +57,7 @@ struct Shared {
     /// Most agents at once (`max_agents`), and how many are starting.
     max_agents: Option<usize>,
     admitting: Mutex<usize>,
+    exits: task::ExitCauses,
     /// Cancelled when the gateway stops: every session closes its agent.
     shutdown: CancellationToken,
     tasks: TaskTracker,
@@ -81,10 +83,12 @@ impl Sessions {
                 profiles,
                 max_line_bytes: config.max_line_bytes,
                 shutdown_timeout: config.shutdown_timeout,
+                write_buffer_events: config.write_buffer_events,
                 live: Mutex::new(HashMap::new()),
                 starting: Mutex::new(HashMap::new()),
                 max_agents: config.max_agents,
                 admitting: Mutex::new(0),
+                exits: Default::default(),
                 shutdown,
                 tasks,
             }),
@@ -148,7 +152,9 @@ impl Sessions {
             max_line_bytes: self.inner.max_line_bytes,
             shutdown: self.inner.shutdown.child_token(),
             shutdown_timeout: self.inner.shutdown_timeout,
+            write_buffer_events: self.inner.write_buffer_events,
             policies: self.inner.policies.clone(),
+            exits: self.inner.exits.clone(),
         })
         .await?;
         // Registered now, forgotten when its task ends.

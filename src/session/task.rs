@@ -9,6 +9,7 @@
 //! → agent stdin. Everything about one conversation happens in this one
 //! task, so its state needs no locks and its events have one order.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -144,6 +145,10 @@ impl SessionHandle {
     }
 }
 
+/// Why each conversation's agent last went away, for counting restarts by
+/// cause (none recorded: the gateway itself restarted).
+pub type ExitCauses = Arc<Mutex<HashMap<Uuid, &'static str>>>;
+
 /// Everything needed to start a session.
 pub struct StartParams {
     pub sink: Sink,
@@ -156,8 +161,11 @@ pub struct StartParams {
     pub shutdown: CancellationToken,
     /// How long a running turn's agent gets to answer its cancel then.
     pub shutdown_timeout: Duration,
+    /// Most events held while the database is unreachable.
+    pub write_buffer_events: usize,
     /// The operator policies that may answer permission requests.
     pub policies: PolicyHandle,
+    pub exits: ExitCauses,
 }
 
 /// Starts the agent, opens its ACP session, and spawns the session task.
@@ -176,7 +184,9 @@ pub async fn start(
         max_line_bytes,
         shutdown,
         shutdown_timeout,
+        write_buffer_events,
         policies,
+        exits,
     } = params;
     let id = conversation.id;
     let span = tracing::info_span!(parent: None, "conversation", conversation_id = %id, agent = %profile.name);
@@ -219,7 +229,8 @@ pub async fn start(
     if resume {
         tracing::info!(parent: &span, context = ?opened.context(), "agent started again");
         if let Some(context) = opened.context() {
-            telemetry::agent_restarted(context);
+            let cause = exits.lock().unwrap().remove(&id).unwrap_or("restart");
+            telemetry::agent_restarted(context, cause);
         }
     }
     journal.set_acp_session_id(session.session_id().to_owned());
@@ -229,7 +240,7 @@ pub async fn start(
     });
     journal.set_status(ConversationStatus::Idle);
     journal.flush().await?;
-    journal.ride_out_outages();
+    journal.ride_out_outages(write_buffer_events);
     conversation.status = journal.status();
     conversation.acp_session_id = Some(session.session_id().to_owned());
     conversation.last_seq = journal.last_seq();
@@ -241,6 +252,7 @@ pub async fn start(
         idle: idle.clone(),
         idle_timeout: Some(profile.idle_timeout).filter(|t| !t.is_zero()),
         shutdown_timeout,
+        exits,
         journal,
         process,
         record,
@@ -396,6 +408,7 @@ struct Session {
     idle_timeout: Option<Duration>,
     /// How long a cancelled turn may take to end when the gateway stops.
     shutdown_timeout: Duration,
+    exits: ExitCauses,
 }
 
 /// What woke the session loop.
@@ -1060,21 +1073,30 @@ impl Session {
         self.journal.set_status(self.status_now());
     }
 
+    /// Counts why the agent went, and remembers it for a restart's count.
+    fn exited(&self, cause: &'static str) {
+        telemetry::agent_exited(cause);
+        self.exits
+            .lock()
+            .unwrap()
+            .insert(self.journal.conversation_id(), cause);
+    }
+
     /// Records how the session ended and makes sure the agent is gone.
     async fn finish(&mut self, end: End) -> Result<()> {
         let by_user = matches!(end, End::ClosedByUser { .. });
         let (detail, stop_reason, reply) = match end {
             End::AgentGone => (String::new(), "error", None),
             End::ClosedByUser { reply } => {
-                telemetry::agent_exited("closed");
+                self.exited("closed");
                 ("conversation closed".to_owned(), "cancelled", reply)
             }
             End::Stopped { detail, cause } => {
-                telemetry::agent_exited(cause);
+                self.exited(cause);
                 (detail, "error", None)
             }
             End::ShuttingDown => {
-                telemetry::agent_exited("shutdown");
+                self.exited("shutdown");
                 self.wind_down().await?;
                 ("the gateway is shutting down".to_owned(), "cancelled", None)
             }
@@ -1107,7 +1129,7 @@ impl Session {
             self.process.drain_stderr().await;
             let detail = describe_exit(status, &self.process.stderr_tail());
             tracing::warn!(%detail, "agent exited");
-            telemetry::agent_exited(if status.success() {
+            self.exited(if status.success() {
                 "exited"
             } else {
                 "crashed"

@@ -500,6 +500,7 @@ impl TestGateway {
             agent_user: None,
             max_agents: None,
             shutdown_timeout: Duration::from_secs(10),
+            write_buffer_events: 10_000,
         }
     }
 
