@@ -1149,9 +1149,8 @@ impl Session {
         } else {
             OUTAGE_PATIENCE
         };
-        self.journal
-            .settle(tokio::time::Instant::now() + patience)
-            .await;
+        let deadline = tokio::time::Instant::now() + patience;
+        self.journal.settle(deadline).await;
         // Reaped, and its group killed with it.
         forget_process(self.journal.store(), self.record.take().as_ref()).await;
         // Requests the agent can no longer receive an answer for.
@@ -1167,6 +1166,8 @@ impl Session {
         self.journal
             .agent_gone(turn_ended, agent, final_status)
             .await?;
+        // Nothing held in memory may go with the task.
+        self.journal.settle(deadline).await;
         if let Some(reply) = reply {
             let _ = reply.send(());
         }
