@@ -244,9 +244,14 @@ impl Sessions {
             Ok(session)
         }
         .await;
-        // Registered (or failed) before the gate goes: whoever comes next
-        // finds the live session, or tries again.
-        self.inner.starting.lock().unwrap().remove(&id);
+        // Registered (or failed) before the gate goes, and it goes with its
+        // last holder: whoever comes next finds the live session, or is the
+        // only one to try again.
+        let mut starting = self.inner.starting.lock().unwrap();
+        let last_holder = Arc::strong_count(&gate) <= 2;
+        if last_holder && starting.get(&id).is_some_and(|g| Arc::ptr_eq(g, &gate)) {
+            starting.remove(&id);
+        }
         started
     }
 
