@@ -98,19 +98,22 @@ pub fn agent_restarted(context: &'static str, cause: &'static str) {
     metrics::counter!(AGENT_RESTARTS, "context" => context, "cause" => cause).increment(1);
 }
 
-/// What the database and the registry say now.
+/// What the registry and the database say now (`None`: the database did
+/// not answer; those gauges keep their last values).
 pub struct Snapshot {
     pub agents_running: usize,
-    pub conversations_by_status: Vec<(String, i64)>,
-    pub permissions_pending: i64,
+    pub conversations_by_status: Option<Vec<(String, i64)>>,
+    pub permissions_pending: Option<i64>,
 }
 
 /// The page: the snapshot's gauges and everything recorded so far.
 pub fn render(now: Snapshot) -> String {
     metrics::gauge!("acp_gateway_agents_running").set(now.agents_running as f64);
-    for (status, count) in now.conversations_by_status {
+    for (status, count) in now.conversations_by_status.unwrap_or_default() {
         metrics::gauge!("acp_gateway_conversations", "status" => status).set(count as f64);
     }
-    metrics::gauge!("acp_gateway_permissions_pending").set(now.permissions_pending as f64);
+    if let Some(pending) = now.permissions_pending {
+        metrics::gauge!("acp_gateway_permissions_pending").set(pending as f64);
+    }
     handle().render()
 }

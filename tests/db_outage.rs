@@ -130,6 +130,19 @@ async fn a_database_outage_during_a_streaming_turn_loses_nothing() {
     );
     let (status, _) = gw.get("/readyz").await;
     assert_eq!(status, 503);
+    let metrics = reqwest::get(gw.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let held: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("acp_gateway_write_buffer_events "))
+        .expect("the write buffer gauge")
+        .parse()
+        .unwrap();
+    assert!(held >= 1.0, "events wait in the write buffer: {held}");
 
     proxy.restore();
     seen.extend(ws.until_type("turn_ended").await);

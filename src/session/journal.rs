@@ -131,6 +131,8 @@ pub struct Journal {
     /// The newest seq already published (events are published once, in
     /// order; during an outage, before they are committed).
     published: i64,
+    /// How many of its events the write-buffer gauge counts now.
+    gauged: usize,
 }
 
 /// A database outage the journal is riding out.
@@ -158,6 +160,7 @@ impl Journal {
             holds: 0,
             outage: None,
             published: conversation.last_seq,
+            gauged: 0,
         }
     }
 
@@ -354,13 +357,13 @@ impl Journal {
                     });
                 }
                 self.publish_early();
+                self.gauge();
                 return Ok(());
             }
         }
-        let waiting = self.batch.events.len();
-        telemetry::buffered(waiting as f64);
+        self.gauge();
         let committed = self.commit_with_retries().await;
-        telemetry::buffered(-(waiting as f64));
+        self.gauge();
         match committed {
             Err(e) if e.is_transient() && self.holds > 0 => {
                 let backoff = self.outage.map_or(Duration::from_millis(250), |o| {
@@ -386,6 +389,13 @@ impl Journal {
                 Ok(())
             }
         }
+    }
+
+    /// Keeps the write-buffer gauge at what this journal holds.
+    fn gauge(&mut self) {
+        let held = self.batch.events.len();
+        telemetry::buffered(held as f64 - self.gauged as f64);
+        self.gauged = held;
     }
 
     /// Whether the database answers a ping within a moment.
@@ -634,5 +644,12 @@ impl Journal {
         self.set_turn(None);
         self.set_status(status);
         self.flush().await
+    }
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        // What it still holds is no longer waiting anywhere.
+        telemetry::buffered(-(self.gauged as f64));
     }
 }
