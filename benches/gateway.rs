@@ -13,22 +13,9 @@ use std::time::Instant;
 
 use common::*;
 
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// Resident memory of this process (the gateway runs in it), in KiB.
 fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    proc_status_kib("self", "VmRSS:")
 }
 
 /// One turn of `chunks` small chunks; returns (seconds, events stored).
@@ -62,9 +49,9 @@ async fn main() {
 }
 
 async fn run(backend: &str, db: TestDb) {
-    let chunks = env_usize("BENCH_CHUNKS", 20_000);
-    let streams = env_usize("BENCH_STREAMS", 8);
-    let idle = env_usize("BENCH_IDLE", 200);
+    let chunks = env_or("BENCH_CHUNKS", 20_000);
+    let streams = env_or("BENCH_STREAMS", 8);
+    let idle = env_or("BENCH_IDLE", 200);
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
 
     // 1. One fast agent: chunks per second through agent → store → WebSocket.

@@ -12,16 +12,6 @@ mod common;
 
 use common::*;
 
-fn status_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 /// One turn of `big bytes` through the gateway, read over a WebSocket.
 async fn big_turn(base: &str, http: &reqwest::Client, bytes: usize) {
     let conv: serde_json::Value = http
@@ -59,10 +49,7 @@ async fn big_turn(base: &str, http: &reqwest::Client, bytes: usize) {
 
 #[tokio::main]
 async fn main() {
-    let mb: usize = std::env::var("BENCH_LINE_MB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20);
+    let mb: usize = env_or("BENCH_LINE_MB", 20);
     let bytes = mb << 20;
     let db = TestDb::sqlite().await;
     let agent = profile("demo", env!("CARGO_BIN_EXE_acp-gateway"), &["demo-agent"]);
@@ -76,11 +63,11 @@ async fn main() {
     let http = reqwest::Client::new();
     // Warm up: the first turn allocates what every turn needs.
     big_turn(&gw.base, &http, 64 << 10).await;
-    let before = status_kib(pid, "VmRSS:");
+    let before = proc_status_kib(pid, "VmRSS:");
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
     big_turn(&gw.base, &http, bytes).await;
-    let peak = status_kib(pid, "VmHWM:");
-    let after = status_kib(pid, "VmRSS:");
+    let peak = proc_status_kib(pid, "VmHWM:");
+    let after = proc_status_kib(pid, "VmRSS:");
     let line_kib = (bytes >> 10) as f64;
     println!(
         "one {mb} MiB agent line: gateway peak RSS +{:.1} MiB ({:.1}x the line), \

@@ -103,14 +103,7 @@ impl Gateway {
     }
 
     fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        proc_status_kib(self.child.id(), "VmRSS:")
     }
 
     /// SIGTERM (graceful) or SIGKILL (a crash); waits until it is gone.
@@ -277,10 +270,7 @@ async fn worker(
 
 #[tokio::main]
 async fn main() {
-    let seconds: u64 = std::env::var("SOAK_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
+    let seconds: u64 = env_or("SOAK_SECONDS", 60);
     let seed: u64 = std::env::var("SOAK_SEED")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -90,6 +90,8 @@ impl Gateway {
             self.state.clone(),
             self.shutdown.clone(),
         ));
+        self.tasks
+            .spawn(crate::telemetry::keep_up(self.shutdown.clone()));
         tracing::info!(addr = %self.local_addr(), "acp-gateway listening");
         let stopped = CancellationToken::new();
         let server = tokio::spawn(

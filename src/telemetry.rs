@@ -50,6 +50,20 @@ pub fn install() {
     handle();
 }
 
+/// Folds recorded histogram samples into their buckets, every few seconds
+/// until `stop`: without it they pile up between scrapes (and forever when
+/// nobody scrapes).
+pub async fn keep_up(stop: tokio_util::sync::CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => handle().run_upkeep(),
+        }
+    }
+}
+
 pub fn events_written(n: usize) {
     metrics::counter!(EVENTS_WRITTEN).increment(n as u64);
 }

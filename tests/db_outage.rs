@@ -100,14 +100,7 @@ async fn a_database_outage_during_a_streaming_turn_loses_nothing() {
         return;
     };
     let (gw, proxy) = behind_a_proxy(&db, 10_000, &[]).await;
-    let (_, conv) = gw
-        .post(
-            "/api/v1/conversations",
-            serde_json::json!({"agent": "demo"}),
-        )
-        .await;
-    let id = conv["id"].as_str().unwrap().to_owned();
-    let mut ws = gw.conversation_ws(&id, 0).await;
+    let (id, mut ws) = gw.open_conversation("demo").await;
     // 120 chunks, 50 ms apart: six seconds of streaming, three without the
     // database.
     gw.prompt(&id, "slow 120").await;
@@ -173,14 +166,7 @@ async fn a_full_write_buffer_holds_the_agent_back_and_loses_nothing() {
     };
     // 300 chunks, 20 ms apart.
     let (gw, proxy) = behind_a_proxy(&db, 2, &["--chunk-delay-ms", "20"]).await;
-    let (_, conv) = gw
-        .post(
-            "/api/v1/conversations",
-            serde_json::json!({"agent": "demo"}),
-        )
-        .await;
-    let id = conv["id"].as_str().unwrap().to_owned();
-    let mut ws = gw.conversation_ws(&id, 0).await;
+    let (id, mut ws) = gw.open_conversation("demo").await;
     gw.prompt(&id, "long 300").await;
     let mut seen = ws.until(|e| e["type"] == "session_update").await;
     proxy.cut();

@@ -88,11 +88,7 @@ async fn a_restarted_gateway_resumes_with_session_load_and_stores_no_history_twi
         state.path().to_str().unwrap().into(),
     );
     let gw = TestGateway::start(&db, vec![agent]).await;
-    let id = gw.create_conversation("node").await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let mut ws = gw.conversation_ws(&id, 0).await;
+    let (id, mut ws) = gw.open_conversation("node").await;
     gw.prompt(&id, "first").await;
     ws.until_type("turn_ended").await;
     let before = conversation(&gw, &id).await;
@@ -250,11 +246,7 @@ async fn an_idle_agent_is_stopped_and_the_next_prompt_starts_it_again(db: TestDb
     let mut agent = demo_profile("demo", &[]);
     agent.idle_timeout = std::time::Duration::from_millis(300);
     let gw = TestGateway::start(&db, vec![agent]).await;
-    let id = gw.create_conversation("demo").await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let mut ws = gw.conversation_ws(&id, 0).await;
+    let (id, mut ws) = gw.open_conversation("demo").await;
     gw.prompt(&id, "hello").await;
     ws.until_type("turn_ended").await;
     // No turn, nothing pending: after idle_timeout the agent is stopped.
@@ -282,11 +274,7 @@ async fn a_waiting_permission_keeps_an_agent_from_its_idle_stop(db: TestDb) {
     // The request is answered (by its timeout) long after idle_timeout.
     agent.permission_timeout = Some(std::time::Duration::from_millis(800));
     let gw = TestGateway::start(&db, vec![agent]).await;
-    let id = gw.create_conversation("demo").await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let mut ws = gw.conversation_ws(&id, 0).await;
+    let (id, mut ws) = gw.open_conversation("demo").await;
     gw.prompt(&id, "tool").await;
     let frames = ws.until_type("turn_ended").await;
     let resolved = frames
@@ -311,11 +299,7 @@ async fn max_agents_stops_the_longest_idle_agent_or_answers_503(db: TestDb) {
     let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
     config.max_agents = Some(1);
     let gw = TestGateway::start_with(config).await;
-    let first = gw.create_conversation("demo").await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let mut first_ws = gw.conversation_ws(&first, 0).await;
+    let (first, mut first_ws) = gw.open_conversation("demo").await;
     // A second conversation takes the idle first one's place.
     let second = gw.create_conversation("demo").await["id"]
         .as_str()

@@ -242,8 +242,12 @@ impl Journal {
             .last_mut()
             .filter(|last| last.seq > self.published)
         {
-            let same_turn = last.data.get("turn_id").and_then(Value::as_str)
-                == turn_id.map(|t| t.to_string()).as_deref();
+            // Compared without formatting the id: this runs for every chunk.
+            let same_turn = match last.data.get("turn_id") {
+                Some(Value::String(id)) => Uuid::parse_str(id).ok() == turn_id,
+                Some(Value::Null) | None => turn_id.is_none(),
+                Some(_) => false,
+            };
             if last.kind == event_type::SESSION_UPDATE
                 && same_turn
                 && transcript::join_chunk(&mut last.data["update"], &update)
@@ -424,14 +428,12 @@ impl Journal {
     }
 
     /// Publishes what the commit made durable, except what went out early.
-    fn publish_committed(&mut self, events: Vec<Event>) {
-        let fresh: Vec<Event> = events
-            .into_iter()
-            .filter(|e| e.seq > self.published)
-            .collect();
-        if let Some(last) = fresh.last() {
+    fn publish_committed(&mut self, mut events: Vec<Event>) {
+        let published = self.published;
+        events.retain(|e| e.seq > published);
+        if let Some(last) = events.last() {
             self.published = last.seq;
-            self.sink.bus.publish(self.owner.as_deref(), fresh);
+            self.sink.bus.publish(self.owner.as_deref(), events);
         }
     }
 

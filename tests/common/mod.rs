@@ -463,11 +463,7 @@ pub fn cli_token(db: &TestDb, user: &str, role: &str) -> String {
 /// from the start: the setup most tests begin with.
 pub async fn demo_conversation(db: &TestDb) -> (TestGateway, String, Ws) {
     let gw = TestGateway::start(db, vec![demo_profile("demo", &[])]).await;
-    let id = gw.create_conversation("demo").await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let ws = gw.conversation_ws(&id, 0).await;
+    let (id, ws) = gw.open_conversation("demo").await;
     (gw, id, ws)
 }
 
@@ -593,6 +589,16 @@ impl TestGateway {
     }
 
     /// Sends a text prompt and returns the turn id (asserting 202).
+    /// A new conversation with `agent` and a WebSocket on it from the start.
+    pub async fn open_conversation(&self, agent: &str) -> (String, Ws) {
+        let id = self.create_conversation(agent).await["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let ws = self.conversation_ws(&id, 0).await;
+        (id, ws)
+    }
+
     pub async fn prompt(&self, conversation: &str, text: &str) -> String {
         let (status, body) = self
             .post(
@@ -783,6 +789,26 @@ fn poll_readable(fd: i32, timeout_ms: i32) -> bool {
     };
     // SAFETY: one valid pollfd.
     unsafe { libc::poll(&mut poll, 1, timeout_ms) == 1 }
+}
+
+/// A `/proc/<pid>/status` figure in KiB (e.g. `VmRSS:`), for benchmarks;
+/// 0 when the process is gone. `pid` may be `self`.
+pub fn proc_status_kib(pid: impl std::fmt::Display, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// An environment variable parsed, else `default` (benchmark sizes).
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// The agent processes the gateway has recorded as running.
