@@ -111,6 +111,17 @@ pub struct AgentProfile {
     /// again.
     #[serde(default = "default_idle_timeout", with = "humantime_serde")]
     pub idle_timeout: Duration,
+    /// The ACP session mode a new session is put in (`session/set_mode`
+    /// after `session/new`), e.g. `plan`; not the permission `mode` above.
+    #[serde(default)]
+    pub session_mode: Option<String>,
+    /// Session configuration options set after `session/new`
+    /// (`session/set_config_option`): option id → value (string or boolean).
+    #[serde(default)]
+    pub session_config: BTreeMap<String, serde_json::Value>,
+    /// The `authenticate` method used when the agent says it needs one.
+    #[serde(default)]
+    pub auth_method: Option<String>,
 }
 
 /// Requests per minute allowed per token.
@@ -299,6 +310,16 @@ impl Config {
             if agent.startup_timeout.is_zero() {
                 bail!("{key}.startup_timeout: must be greater than zero");
             }
+            for (id, value) in &agent.session_config {
+                if !(value.is_string() || value.is_boolean()) {
+                    bail!("{key}.session_config.{id}: must be a string or a boolean");
+                }
+            }
+            if agent.session_mode.as_deref().is_some_and(str::is_empty) {
+                bail!(
+                    "{key}.session_mode: must not be empty (leave it out for the agent's default)"
+                );
+            }
         }
         Ok(())
     }
@@ -351,6 +372,9 @@ impl AgentProfile {
             allowed_roots: Vec::new(),
             startup_timeout: default_startup_timeout(),
             idle_timeout: default_idle_timeout(),
+            session_mode: None,
+            session_config: BTreeMap::new(),
+            auth_method: None,
         })
     }
 
@@ -430,6 +454,26 @@ command = "sh"
 cwd = "/tmp"
 startup_timeout = "5s"
 "#;
+
+    #[test]
+    fn session_defaults_and_auth_method_parse_and_are_checked() {
+        let with = |extra: &str| Config::parse(&format!("{GOOD}{extra}")).unwrap();
+        let config = with(
+            "session_mode = \"plan\"\nauth_method = \"api-key\"\nsession_config = { model = \"deep\", brave = true }\n",
+        );
+        config.validate().unwrap();
+        let agent = &config.agents[0];
+        assert_eq!(agent.session_mode.as_deref(), Some("plan"));
+        assert_eq!(agent.auth_method.as_deref(), Some("api-key"));
+        assert_eq!(agent.session_config["model"], serde_json::json!("deep"));
+        assert_eq!(agent.session_config["brave"], serde_json::json!(true));
+        let err = with("session_config = { model = 3 }\n")
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("session_config.model"), "{err}");
+        let err = with("session_mode = \"\"\n").validate().unwrap_err();
+        assert!(err.to_string().contains("session_mode"), "{err}");
+    }
 
     #[test]
     fn a_valid_config_parses_and_validates() {

@@ -18,6 +18,8 @@ pub const PROMPT_MAX_BLOCKS: usize = 1000;
 pub const POLICY_NAME_MAX_CHARS: usize = 100;
 /// Rules in one policy list.
 pub const POLICY_MAX_RULES: usize = 1000;
+/// A session mode id, configuration option id or value, in characters.
+pub const SETTING_ID_MAX_CHARS: usize = 200;
 
 /// One line of text a person typed: at most `max` characters, no control
 /// characters (a NUL in particular, which Postgres text cannot hold).

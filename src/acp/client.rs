@@ -17,17 +17,23 @@ use super::agent::{describe_exit, AgentProcess};
 use super::rpc::{Incoming, RpcError, RpcPeer};
 use crate::config::AgentProfile;
 use crate::error::{Error, Result};
+use crate::model::SessionState;
 
 /// How long we wait for the process after its stdout closed.
 pub const EXIT_AFTER_EOF: Duration = Duration::from_secs(3);
 
-/// The answer to a `session/prompt`, awaited while the turn streams.
-pub type PromptFuture = Pin<Box<dyn Future<Output = Result<Value, RpcError>> + Send>>;
+/// The agent's answer to a request, awaited while the session goes on.
+pub type CallFuture = Pin<Box<dyn Future<Output = Result<Value, RpcError>> + Send>>;
+
+/// ACP's `auth_required` error code.
+const AUTH_REQUIRED: i64 = -32000;
 
 /// An open ACP session with an agent.
 pub struct AgentSession {
     peer: RpcPeer,
     session_id: String,
+    /// Whether the agent takes `session/close`.
+    can_close: bool,
 }
 
 /// How a session came to be open.
@@ -35,31 +41,49 @@ pub struct AgentSession {
 pub enum Opened {
     /// `session/new` for a conversation that had no session yet.
     New,
+    /// `session/resume` restored the conversation's earlier session.
+    Resumed,
     /// `session/load` restored the conversation's earlier session.
     Loaded,
     /// A fresh `session/new` for a conversation that had one: the agent
-    /// cannot load it (no `loadSession`, or it refused), so it forgot the
-    /// earlier turns.
+    /// cannot restore it (neither `session/resume` nor `loadSession`, or it
+    /// refused), so it forgot the earlier turns.
     Reset,
 }
 
 impl Opened {
-    /// The `context` an `agent_status` event gives a restart.
+    /// The `context` an `agent_status` event gives a restart: `loaded`
+    /// whenever the agent restored the session (by either method).
     pub fn context(self) -> Option<&'static str> {
         match self {
             Opened::New => None,
-            Opened::Loaded => Some("loaded"),
+            Opened::Resumed | Opened::Loaded => Some("loaded"),
             Opened::Reset => Some("reset"),
         }
     }
 }
 
+/// An open session and what came with it.
+pub struct Opening {
+    pub session: AgentSession,
+    pub opened: Opened,
+    /// What the agent sent meanwhile that is still to be applied.
+    pub early: Vec<Incoming>,
+}
+
 impl AgentSession {
-    /// `initialize`, then `session/new` in `cwd` with the profile's MCP
-    /// servers, or, to resume `earlier` (the session id a conversation had),
-    /// `session/load` where the agent offers it; each within the profile's
+    /// `initialize`, then, to resume `earlier` (the session id a
+    /// conversation had), `session/resume` where the agent offers it, else
+    /// `session/load` where it offers that, else (or when it refuses)
+    /// `session/new` in `cwd` with the profile's MCP servers. A new session
+    /// is then put in the profile's `session_mode` and `session_config`. An
+    /// agent that answers `auth_required` gets the profile's `auth_method`
+    /// through `authenticate`, once. Each request gets the profile's
     /// `startup_timeout`. Fails with the agent's exit and stderr if it dies
     /// on the way.
+    ///
+    /// `state` is what the conversation knew of the session; it takes what
+    /// the answers report (modes, configuration options).
     ///
     /// The history an agent replays while loading is not the conversation's
     /// news (the gateway has it): those updates are dropped. What else it
@@ -70,8 +94,19 @@ impl AgentSession {
         profile: &AgentProfile,
         cwd: &str,
         earlier: Option<&str>,
+        state: &mut SessionState,
         incoming: &mut mpsc::Receiver<Incoming>,
-    ) -> Result<(AgentSession, Opened, Vec<Incoming>)> {
+    ) -> Result<Opening> {
+        let mut shake = Handshake {
+            peer: &peer,
+            process,
+            timeout: profile.startup_timeout,
+            incoming,
+            kept: Vec::new(),
+            auth_methods: Vec::new(),
+            auth_method: profile.auth_method.as_deref(),
+            authenticated: false,
+        };
         // We serve neither files nor terminals (yet): the default capabilities
         // say so, and agents must not ask for them.
         let init = acp::InitializeRequest::new(acp_schema::ProtocolVersion::V1)
@@ -80,15 +115,11 @@ impl AgentSession {
                 "acp-gateway",
                 env!("CARGO_PKG_VERSION"),
             ));
-        let init = call(
-            &peer,
-            process,
-            profile.startup_timeout,
-            "initialize",
-            to_json(&init),
-            None,
-        )
-        .await?;
+        let init = shake
+            .call("initialize", to_json(&init), Replay::Keep)
+            .await?;
+        let init = shake.accepted("initialize", init)?;
+        shake.auth_methods = auth_methods(&init);
         let init: acp::InitializeResponse = from_json("initialize", init)?;
         if init.protocol_version != acp_schema::ProtocolVersion::V1 {
             return Err(Error::AgentFailed(format!(
@@ -96,60 +127,78 @@ impl AgentSession {
                 to_json(&init.protocol_version)
             )));
         }
-        let mut kept = Vec::new();
-        if let Some(earlier) = earlier.filter(|_| init.agent_capabilities.load_session) {
-            let load = acp::LoadSessionRequest::new(earlier.to_owned(), cwd)
-                .mcp_servers(profile.mcp_servers.clone());
-            let loading = (&mut *incoming, &mut kept);
-            match call(
-                &peer,
-                process,
-                profile.startup_timeout,
-                "session/load",
-                to_json(&load),
-                Some(loading),
-            )
-            .await
-            {
-                Ok(_) => {
-                    // Replayed before the answer, so all queued by now.
-                    while let Ok(msg) = incoming.try_recv() {
-                        keep_unless_history(msg, &mut kept);
+        let capabilities = &init.agent_capabilities;
+        let can_close = capabilities.session_capabilities.close.is_some();
+        let session = |session_id: String| AgentSession {
+            peer: peer.clone(),
+            session_id,
+            can_close,
+        };
+        if let Some(earlier) = earlier {
+            let resume = capabilities.session_capabilities.resume.is_some();
+            let ways = [
+                (resume, "session/resume", Replay::Keep, Opened::Resumed),
+                (
+                    capabilities.load_session,
+                    "session/load",
+                    Replay::DropHistory,
+                    Opened::Loaded,
+                ),
+            ];
+            for (offered, method, replay, opened) in ways {
+                if !offered {
+                    continue;
+                }
+                let params = json!({
+                    "sessionId": earlier,
+                    "cwd": cwd,
+                    "mcpServers": profile.mcp_servers,
+                });
+                match shake.call_authenticated(method, params, replay).await? {
+                    Ok(result) => {
+                        if replay == Replay::DropHistory {
+                            // Replayed before the answer, so all queued by now.
+                            while let Ok(msg) = shake.incoming.try_recv() {
+                                replay.keep(msg, &mut shake.kept);
+                            }
+                        }
+                        state.apply_opened(&result, false);
+                        return Ok(Opening {
+                            session: session(earlier.to_owned()),
+                            opened,
+                            early: shake.kept,
+                        });
                     }
-                    let session = AgentSession {
-                        peer,
-                        session_id: earlier.to_owned(),
-                    };
-                    return Ok((session, Opened::Loaded, kept));
+                    // Refused (the agent lost that session): the next way,
+                    // else start afresh.
+                    Err(refused) => {
+                        tracing::warn!(%method, code = refused.code, message = %refused.message,
+                            "the agent could not restore the session");
+                    }
                 }
-                // Refused (the agent lost that session): start afresh.
-                Err(Error::AgentFailed(why)) if !process.has_exited() => {
-                    tracing::warn!(%why, "the agent could not load the session; starting a new one");
-                }
-                Err(e) => return Err(e),
             }
         }
         let new = acp::NewSessionRequest::new(cwd).mcp_servers(profile.mcp_servers.clone());
-        let new = call(
-            &peer,
-            process,
-            profile.startup_timeout,
-            "session/new",
-            to_json(&new),
-            None,
-        )
-        .await?;
-        let new: acp::NewSessionResponse = from_json("session/new", new)?;
-        let session = AgentSession {
-            peer,
-            session_id: new.session_id.0.to_string(),
-        };
+        let new = shake
+            .call_authenticated("session/new", to_json(&new), Replay::Keep)
+            .await?;
+        let new = shake.accepted("session/new", new)?;
+        let session_id = from_json::<acp::NewSessionResponse>("session/new", new.clone())?
+            .session_id
+            .0
+            .to_string();
+        state.apply_opened(&new, true);
+        shake.apply_defaults(profile, &session_id, state).await?;
         let opened = if earlier.is_some() {
             Opened::Reset
         } else {
             Opened::New
         };
-        Ok((session, opened, kept))
+        Ok(Opening {
+            session: session(session_id),
+            opened,
+            early: shake.kept,
+        })
     }
 
     /// The agent's id for the session.
@@ -158,10 +207,32 @@ impl AgentSession {
     }
 
     /// Sends `session/prompt`; the future resolves with the agent's answer.
-    pub fn prompt(&self, content: &[Value]) -> PromptFuture {
+    pub fn prompt(&self, content: &[Value]) -> CallFuture {
+        self.request("session/prompt", json!({"prompt": content}))
+    }
+
+    /// Sends `session/set_mode`.
+    pub fn set_mode(&self, mode_id: &str) -> CallFuture {
+        self.request("session/set_mode", json!({"modeId": mode_id}))
+    }
+
+    /// Sends `session/set_config_option` with `params` (as
+    /// [`SessionState::config_request`] makes them).
+    pub fn set_config_option(&self, params: Value) -> CallFuture {
+        self.request("session/set_config_option", params)
+    }
+
+    /// Sends `session/close`, if the agent takes it.
+    pub fn close(&self) -> Option<CallFuture> {
+        self.can_close
+            .then(|| self.request("session/close", json!({})))
+    }
+
+    /// A request about this session: `params` (an object) with its `sessionId`.
+    fn request(&self, method: &'static str, mut params: Value) -> CallFuture {
+        params["sessionId"] = Value::String(self.session_id.clone());
         let peer = self.peer.clone();
-        let params = json!({"sessionId": self.session_id, "prompt": content});
-        Box::pin(async move { peer.request("session/prompt", params).await })
+        Box::pin(async move { peer.request(method, params).await })
     }
 
     /// Sends `session/cancel`.
@@ -169,6 +240,223 @@ impl AgentSession {
         let params = json!({"sessionId": self.session_id});
         self.peer.notify("session/cancel", params).await
     }
+}
+
+/// An agent's error answer to a request.
+struct Refused {
+    code: i64,
+    message: String,
+}
+
+/// What to do with what an agent sends while a handshake request waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Replay {
+    /// Keep everything, for the session to apply.
+    Keep,
+    /// Drop replayed history (`session/load`), keep the rest.
+    DropHistory,
+}
+
+impl Replay {
+    fn keep(self, msg: Incoming, kept: &mut Vec<Incoming>) {
+        if self == Replay::Keep || !is_history(&msg) {
+            kept.push(msg);
+        }
+    }
+}
+
+/// The requests that open a session, and what arrives meanwhile.
+struct Handshake<'a> {
+    peer: &'a RpcPeer,
+    process: &'a mut AgentProcess,
+    timeout: Duration,
+    incoming: &'a mut mpsc::Receiver<Incoming>,
+    kept: Vec<Incoming>,
+    /// What `initialize` offered: id and name of each method.
+    auth_methods: Vec<(String, String)>,
+    /// The profile's `auth_method`.
+    auth_method: Option<&'a str>,
+    authenticated: bool,
+}
+
+impl Handshake<'_> {
+    /// One request, with a timeout and errors that carry the agent's
+    /// stderr; an error answer is the inner `Err`. What the agent sends
+    /// meanwhile is read and kept (a long replay must not stall the pipe its
+    /// answer comes through).
+    async fn call(
+        &mut self,
+        method: &str,
+        params: Value,
+        replay: Replay,
+    ) -> Result<std::result::Result<Value, Refused>> {
+        let request = tokio::time::timeout(self.timeout, self.peer.request(method, params));
+        tokio::pin!(request);
+        let outcome = loop {
+            tokio::select! {
+                r = &mut request => break r,
+                Some(msg) = self.incoming.recv() => replay.keep(msg, &mut self.kept),
+                status = self.process.wait() => {
+                    self.process.drain_stderr().await;
+                    return Err(Error::AgentFailed(format!(
+                        "{} during {method}", describe_exit(status, &self.process.stderr_tail())
+                    )));
+                }
+            }
+        };
+        match outcome {
+            Ok(Ok(result)) => Ok(Ok(result)),
+            Ok(Err(RpcError::Remote { code, message, .. })) => Ok(Err(Refused { code, message })),
+            Ok(Err(RpcError::Closed(reason))) => {
+                let status = tokio::time::timeout(EXIT_AFTER_EOF, self.process.wait()).await;
+                self.process.drain_stderr().await;
+                Err(Error::AgentFailed(match status {
+                    Ok(status) => format!(
+                        "{} during {method}",
+                        describe_exit(status, &self.process.stderr_tail())
+                    ),
+                    Err(_) => with_stderr(
+                        format!("agent closed its output during {method}: {reason}"),
+                        self.process,
+                    ),
+                }))
+            }
+            Err(_) => Err(Error::AgentTimeout(with_stderr(
+                format!(
+                    "agent did not answer {method} within {}",
+                    humantime_fmt(self.timeout)
+                ),
+                self.process,
+            ))),
+        }
+    }
+
+    /// Like [`Handshake::call`], but an agent that answers `auth_required`
+    /// is authenticated with the profile's `auth_method` and asked again
+    /// (once); without one it offers, the error names the methods it offers.
+    async fn call_authenticated(
+        &mut self,
+        method: &str,
+        params: Value,
+        replay: Replay,
+    ) -> Result<std::result::Result<Value, Refused>> {
+        match self.call(method, params.clone(), replay).await? {
+            Err(refused) if refused.code == AUTH_REQUIRED && !self.authenticated => {
+                self.authenticate(method, &refused).await?;
+                self.call(method, params, replay).await
+            }
+            answer => Ok(answer),
+        }
+    }
+
+    async fn authenticate(&mut self, method: &str, refused: &Refused) -> Result<()> {
+        let offered = if self.auth_methods.is_empty() {
+            "it offers no authentication method".to_owned()
+        } else {
+            let methods: Vec<String> = self
+                .auth_methods
+                .iter()
+                .map(|(id, name)| format!("{id:?} ({name})"))
+                .collect();
+            format!("it offers auth_method {}", methods.join(", "))
+        };
+        let needs = format!(
+            "the agent needs authentication: it answered {method} with \"{}\"",
+            refused.message
+        );
+        let chosen = match self.auth_method {
+            None => {
+                return Err(Error::AgentFailed(with_stderr(
+                    format!("{needs}; {offered}: set auth_method in the agent's profile"),
+                    self.process,
+                )))
+            }
+            Some(id) if !self.auth_methods.iter().any(|(m, _)| m == id) => {
+                return Err(Error::AgentFailed(with_stderr(
+                    format!(
+                        "{needs}; the profile's auth_method {id:?} is not one it offers; {offered}"
+                    ),
+                    self.process,
+                )))
+            }
+            Some(id) => id,
+        };
+        tracing::info!(
+            auth_method = chosen,
+            "the agent needs authentication; authenticating"
+        );
+        let answer = self
+            .call("authenticate", json!({"methodId": chosen}), Replay::Keep)
+            .await?;
+        self.accepted("authenticate", answer)?;
+        self.authenticated = true;
+        Ok(())
+    }
+
+    /// The answer, or the agent's error (with its stderr) as ours.
+    fn accepted(&self, method: &str, answer: std::result::Result<Value, Refused>) -> Result<Value> {
+        answer.map_err(|Refused { code, message }| {
+            Error::AgentFailed(with_stderr(
+                format!("agent answered {method} with error {code}: {message}"),
+                self.process,
+            ))
+        })
+    }
+
+    /// Puts a new session in the profile's `session_mode` and
+    /// `session_config`. An operator pinned them: a session that cannot
+    /// take them does not start.
+    async fn apply_defaults(
+        &mut self,
+        profile: &AgentProfile,
+        session_id: &str,
+        state: &mut SessionState,
+    ) -> Result<()> {
+        let pinned = |key: &str, why: String| {
+            Error::AgentFailed(format!("the profile's {key} cannot be applied: {why}"))
+        };
+        if let Some(mode) = &profile.session_mode {
+            state
+                .check_mode(mode)
+                .map_err(|why| pinned("session_mode", why))?;
+            let params = json!({"sessionId": session_id, "modeId": mode});
+            let answer = self.call("session/set_mode", params, Replay::Keep).await?;
+            self.accepted("session/set_mode", answer)?;
+            state.set_current_mode(mode);
+        }
+        for (config_id, value) in &profile.session_config {
+            let mut params = state
+                .config_request(config_id, value)
+                .map_err(|why| pinned("session_config", why))?;
+            params["sessionId"] = json!(session_id);
+            let answer = self
+                .call("session/set_config_option", params, Replay::Keep)
+                .await?;
+            let answer = self.accepted("session/set_config_option", answer)?;
+            if let Some(options) = answer.get("configOptions") {
+                state.set_config_options(options.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The id and name of each authentication method `initialize` offered.
+fn auth_methods(init: &Value) -> Vec<(String, String)> {
+    let methods = init.get("authMethods").and_then(Value::as_array);
+    methods
+        .into_iter()
+        .flatten()
+        .filter_map(|m| {
+            let id = m.get("id")?.as_str()?.to_owned();
+            let name = m
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or(&id)
+                .to_owned();
+            Some((id, name))
+        })
+        .collect()
 }
 
 fn to_json(value: &impl serde::Serialize) -> Value {
@@ -205,82 +493,6 @@ fn is_history(msg: &Incoming) -> bool {
                     | "plan"
             )
         )
-}
-
-fn keep_unless_history(msg: Incoming, kept: &mut Vec<Incoming>) {
-    if !is_history(&msg) {
-        kept.push(msg);
-    }
-}
-
-/// What arrives from the agent during a call that replays history, and
-/// where to keep what is not history.
-type Draining<'a> = (&'a mut mpsc::Receiver<Incoming>, &'a mut Vec<Incoming>);
-
-/// One handshake request, with a timeout and errors that carry the agent's
-/// stderr. With `draining`, the agent's own messages are read meanwhile
-/// (a long replay must not stall the pipe its answer comes through).
-async fn call(
-    peer: &RpcPeer,
-    process: &mut AgentProcess,
-    timeout: Duration,
-    method: &str,
-    params: Value,
-    mut draining: Option<Draining<'_>>,
-) -> Result<Value> {
-    let request = tokio::time::timeout(timeout, peer.request(method, params));
-    tokio::pin!(request);
-    let outcome = loop {
-        tokio::select! {
-            r = &mut request => break r,
-            Some(msg) = next_drained(&mut draining) => {
-                if let Some((_, kept)) = draining.as_mut() {
-                    keep_unless_history(msg, kept);
-                }
-            }
-            status = process.wait() => {
-                process.drain_stderr().await;
-                return Err(Error::AgentFailed(format!(
-                    "{} during {method}", describe_exit(status, &process.stderr_tail())
-                )));
-            }
-        }
-    };
-    match outcome {
-        Ok(Ok(result)) => Ok(result),
-        Ok(Err(RpcError::Remote { code, message, .. })) => Err(Error::AgentFailed(with_stderr(
-            format!("agent answered {method} with error {code}: {message}"),
-            process,
-        ))),
-        Ok(Err(RpcError::Closed(reason))) => {
-            let status = tokio::time::timeout(EXIT_AFTER_EOF, process.wait()).await;
-            process.drain_stderr().await;
-            Err(Error::AgentFailed(match status {
-                Ok(status) => format!(
-                    "{} during {method}",
-                    describe_exit(status, &process.stderr_tail())
-                ),
-                Err(_) => with_stderr(
-                    format!("agent closed its output during {method}: {reason}"),
-                    process,
-                ),
-            }))
-        }
-        Err(_) => Err(Error::AgentTimeout(with_stderr(
-            format!(
-                "agent did not answer {method} within {}",
-                humantime_fmt(timeout)
-            ),
-            process,
-        ))),
-    }
-}
-
-async fn next_drained(draining: &mut Option<Draining<'_>>) -> Option<Incoming> {
-    match draining {
-        Some((rx, _)) => rx.recv().await,
-        None => std::future::pending().await,
-    }
 }
 
 fn with_stderr(text: String, process: &AgentProcess) -> String {

@@ -16,6 +16,7 @@ use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::model::{self, Conversation, ConversationStatus, Event, Message, Page, Rule, ToolCall};
+use crate::session::Setting;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -23,6 +24,11 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/conversations/{id}", get(show).delete(close))
         .route("/api/v1/conversations/{id}/prompts", post(prompt))
         .route("/api/v1/conversations/{id}/cancel", post(cancel))
+        .route("/api/v1/conversations/{id}/mode", post(set_mode))
+        .route(
+            "/api/v1/conversations/{id}/config-options",
+            post(set_config_option),
+        )
         .route("/api/v1/conversations/{id}/messages", get(messages))
         .route("/api/v1/conversations/{id}/tool-calls", get(tool_calls))
         .route("/api/v1/conversations/{id}/events", get(events))
@@ -73,6 +79,7 @@ async fn create(
         created_at: now,
         updated_at: now,
         owner: Some(caller.user.clone()),
+        state: Default::default(),
     };
     let conversation = state.sessions().start(profile, conversation).await?;
     Ok((StatusCode::CREATED, Json(conversation)))
@@ -192,6 +199,69 @@ async fn cancel(
     let conversation = load(&state, &caller, id).await?;
     state.sessions().cancel(&conversation).await?;
     Ok((StatusCode::ACCEPTED, Json(json!({}))))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModeBody {
+    mode_id: String,
+}
+
+/// `session/set_mode`: 200 with the conversation once the agent accepted.
+async fn set_mode(
+    State(state): State<AppState>,
+    caller: Caller,
+    AppPath(id): AppPath<Uuid>,
+    AppJson(body): AppJson<ModeBody>,
+) -> Result<Json<Conversation>> {
+    limits::line("mode_id", &body.mode_id, limits::SETTING_ID_MAX_CHARS)?;
+    change(&state, &caller, id, Setting::Mode(body.mode_id)).await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigOptionBody {
+    config_id: String,
+    value: Value,
+}
+
+/// `session/set_config_option`: 200 with the conversation, carrying the
+/// options the agent answered with.
+async fn set_config_option(
+    State(state): State<AppState>,
+    caller: Caller,
+    AppPath(id): AppPath<Uuid>,
+    AppJson(body): AppJson<ConfigOptionBody>,
+) -> Result<Json<Conversation>> {
+    limits::line("config_id", &body.config_id, limits::SETTING_ID_MAX_CHARS)?;
+    match &body.value {
+        Value::String(v) => limits::line("value", v, limits::SETTING_ID_MAX_CHARS)?,
+        Value::Bool(_) => {}
+        _ => {
+            return Err(Error::Unprocessable(
+                "value must be a string or a boolean".into(),
+            ))
+        }
+    }
+    let setting = Setting::ConfigOption {
+        config_id: body.config_id,
+        value: body.value,
+    };
+    change(&state, &caller, id, setting).await
+}
+
+async fn change(
+    state: &AppState,
+    caller: &Caller,
+    id: Uuid,
+    setting: Setting,
+) -> Result<Json<Conversation>> {
+    let conversation = load(state, caller, id).await?;
+    state
+        .sessions()
+        .change(&conversation, setting, caller.decided_by())
+        .await?;
+    load(state, caller, id).await.map(Json)
 }
 
 async fn messages(

@@ -17,7 +17,7 @@ use crate::bus::EventBus;
 use crate::error::Result;
 use crate::model::{
     self, event_type, AgentStatus, Conversation, ConversationStatus, Decision, Event, EventData,
-    Message, PermissionRequest, PermissionStatus, ToolCall, TurnEnded,
+    Message, PermissionRequest, PermissionStatus, SessionState, ToolCall, TurnEnded,
 };
 use crate::store::{Batch, ConversationPatch, Resolution, Store};
 use crate::telemetry;
@@ -117,6 +117,9 @@ pub struct Journal {
     status: ConversationStatus,
     acp_session_id: Option<String>,
     turn_id: Option<Uuid>,
+    /// What the agent reports about its session, when that changed since
+    /// the last commit.
+    state: Option<SessionState>,
     /// The conversation's owner, carried along with published events.
     owner: Option<String>,
     /// What has not been committed yet.
@@ -154,6 +157,7 @@ impl Journal {
             status: conversation.status,
             acp_session_id: conversation.acp_session_id.clone(),
             turn_id,
+            state: None,
             owner: conversation.owner.clone(),
             batch: Batch::default(),
             dirty: false,
@@ -327,6 +331,18 @@ impl Journal {
         self.dirty = true;
     }
 
+    /// Records what the agent now reports about its session.
+    pub fn set_state(&mut self, state: &SessionState) {
+        self.state = Some(state.clone());
+        self.dirty = true;
+    }
+
+    /// The conversation's state is committed: nothing of it waits.
+    fn committed(&mut self) {
+        self.dirty = false;
+        self.state = None;
+    }
+
     fn patch(&self, last_seq: i64) -> ConversationPatch {
         ConversationPatch {
             status: self.status,
@@ -334,6 +350,7 @@ impl Journal {
             last_seq,
             current_turn_id: self.turn_id,
             updated_at: model::now(),
+            state: self.state.clone(),
         }
     }
 
@@ -487,7 +504,7 @@ impl Journal {
             }
         }
         let batch = std::mem::take(&mut self.batch);
-        self.dirty = false;
+        self.committed();
         telemetry::events_written(batch.events.len());
         self.publish_committed(batch.events);
         Ok(())
@@ -564,7 +581,7 @@ impl Journal {
         };
         self.sink.store.commit(self.conversation_id, &patch).await?;
         self.batch = Batch::default();
-        self.dirty = false;
+        self.committed();
         Ok(())
     }
 
@@ -622,7 +639,7 @@ impl Journal {
                 telemetry::events_written(1);
                 self.last_seq = event.seq;
                 self.published = event.seq;
-                self.dirty = false;
+                self.committed();
                 self.sink.bus.publish(self.owner.as_deref(), [event]);
                 Ok(Some(request))
             }

@@ -16,6 +16,7 @@ pub mod task;
 pub mod transcript;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
@@ -34,6 +35,7 @@ use crate::model::{
 use crate::permissions::{answer_without_agent, Answer, PolicyHandle};
 use crate::store::{PermissionFilter, Resolution, Store};
 use journal::{Journal, Sink};
+pub use task::Setting;
 use task::{SessionHandle, StartParams};
 
 /// The supervisor of every live conversation on this node: cheap to clone.
@@ -255,24 +257,61 @@ impl Sessions {
         started
     }
 
-    /// Starts a turn, starting the agent again first if it is gone; the
-    /// turn's id once `turn_started` is committed.
-    pub async fn prompt(&self, conversation: &Conversation, content: Vec<Value>) -> Result<Uuid> {
+    /// Runs `command` on the conversation's live session, starting the
+    /// agent again first if it is gone.
+    async fn on_live<T, F, Fut>(&self, conversation: &Conversation, command: F) -> Result<T>
+    where
+        F: Fn(SessionHandle) -> Fut,
+        Fut: Future<Output = Option<Result<T>>>,
+    {
         if conversation.status == ConversationStatus::Closed {
             return Err(not_live(conversation));
         }
         let session = self.attach(conversation).await?;
-        if let Some(result) = session.prompt(content.clone()).await {
+        if let Some(result) = command(session.clone()).await {
             return result;
         }
         // Its agent went away just then (the session was ending): once it
         // has ended, start the agent again, as for any gone agent.
         session.ended().await;
         let session = self.attach(conversation).await?;
-        match session.prompt(content).await {
+        match command(session).await {
             Some(result) => result,
             None => Err(not_live(&self.stored(conversation.id).await?)),
         }
+    }
+
+    /// Starts a turn, starting the agent again first if it is gone; the
+    /// turn's id once `turn_started` is committed.
+    pub async fn prompt(&self, conversation: &Conversation, content: Vec<Value>) -> Result<Uuid> {
+        self.on_live(conversation, |session| {
+            let content = content.clone();
+            async move { session.prompt(content).await }
+        })
+        .await
+    }
+
+    /// Changes a session setting (the agent's session mode or one of its
+    /// configuration options), between turns or during one; returns once
+    /// the agent accepted and the change is recorded. What the agent does
+    /// not offer is refused (422) without asking it, and without starting
+    /// an agent that is gone.
+    pub async fn change(
+        &self,
+        conversation: &Conversation,
+        setting: Setting,
+        changed_by: String,
+    ) -> Result<()> {
+        if self.live(conversation.id).is_none() {
+            setting
+                .check(&conversation.state)
+                .map_err(Error::Unprocessable)?;
+        }
+        self.on_live(conversation, |session| {
+            let (setting, changed_by) = (setting.clone(), changed_by.clone());
+            async move { session.change(setting, changed_by).await }
+        })
+        .await
     }
 
     /// Cancels the running turn, if any.

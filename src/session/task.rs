@@ -10,10 +10,13 @@
 //! task, so its state needs no locks and its events have one order.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -25,14 +28,14 @@ use super::journal::{Journal, Sink};
 use super::pending::Pending;
 use super::transcript::Transcript;
 use crate::acp::agent::{describe_exit, AgentProcess};
-use crate::acp::client::{AgentSession, Opened, PromptFuture, EXIT_AFTER_EOF};
+use crate::acp::client::{AgentSession, CallFuture, Opened, Opening, EXIT_AFTER_EOF};
 use crate::acp::procs::Host;
 use crate::acp::rpc::{Incoming, IncomingRequest, RpcConfig, RpcError, RpcPeer, INVALID_PARAMS};
 use crate::config::AgentProfile;
 use crate::error::{Error, Result};
 use crate::model::{
-    self, AgentState, AgentStatus, Conversation, ConversationStatus, Decision, PermissionRequest,
-    PermissionStatus, TurnEnded, TurnStarted,
+    self, AgentState, AgentStatus, ConfigOptionChanged, Conversation, ConversationStatus, Decision,
+    ModeChanged, PermissionRequest, PermissionStatus, SessionState, TurnEnded, TurnStarted,
 };
 use crate::permissions::policy::{Facts, Mode};
 use crate::permissions::{
@@ -48,6 +51,8 @@ const MAX_BATCH_EVENTS: usize = 512;
 const OUTAGE_PATIENCE: Duration = Duration::from_secs(600);
 /// How long an agent gets to exit after SIGTERM.
 const TERMINATE_GRACE: Duration = Duration::from_secs(2);
+/// How long an agent gets to answer `session/close`.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 enum Command {
     Prompt {
@@ -66,12 +71,45 @@ enum Command {
     Close {
         reply: oneshot::Sender<()>,
     },
+    /// A user changes a session setting.
+    Change(Change),
     /// Stop the agent if it is idle (to make room for another): `true` when
     /// it will.
     Release {
         reply: oneshot::Sender<bool>,
     },
 }
+
+/// A session setting a user asks the agent to change.
+#[derive(Debug, Clone)]
+pub enum Setting {
+    /// `session/set_mode`.
+    Mode(String),
+    /// `session/set_config_option`: a string or boolean `value`.
+    ConfigOption { config_id: String, value: Value },
+}
+
+impl Setting {
+    /// Whether an agent that reports `state` offers this; else why not.
+    pub fn check(&self, state: &SessionState) -> std::result::Result<(), String> {
+        match self {
+            Setting::Mode(mode_id) => state.check_mode(mode_id),
+            Setting::ConfigOption { config_id, value } => {
+                state.config_request(config_id, value).map(drop)
+            }
+        }
+    }
+}
+
+/// A change of a setting, and whom to tell once the agent answered.
+pub struct Change {
+    setting: Setting,
+    changed_by: String,
+    reply: oneshot::Sender<Result<()>>,
+}
+
+/// A change sent to the agent, resolving with its answer.
+type Changing = Pin<Box<dyn Future<Output = (Change, Result<Value>)> + Send>>;
 
 /// The supervisor's handle to a live conversation. Every call answers
 /// `None` once the session has ended.
@@ -111,6 +149,19 @@ impl SessionHandle {
             answer,
             decided_by,
             reply,
+        })
+        .await
+    }
+
+    /// Changes a session setting; returns once the agent accepted it and
+    /// the change is recorded.
+    pub async fn change(&self, setting: Setting, changed_by: String) -> Option<Result<()>> {
+        self.call(|reply| {
+            Command::Change(Change {
+                setting,
+                changed_by,
+                reply,
+            })
         })
         .await
     }
@@ -198,10 +249,12 @@ pub async fn start(
     journal.flush().await?;
 
     let earlier = conversation.acp_session_id.clone().filter(|_| resume);
+    let mut state = conversation.state.clone();
     let started = connect(
         &profile,
         &conversation,
         earlier.as_deref(),
+        &mut state,
         max_line_bytes,
         journal.store(),
     )
@@ -234,6 +287,9 @@ pub async fn start(
         }
     }
     journal.set_acp_session_id(session.session_id().to_owned());
+    if state != conversation.state {
+        journal.set_state(&state);
+    }
     journal.append(AgentStatus {
         context: opened.context(),
         ..AgentStatus::new(AgentState::Ready, None)
@@ -245,6 +301,7 @@ pub async fn start(
     conversation.acp_session_id = Some(session.session_id().to_owned());
     conversation.last_seq = journal.last_seq();
     conversation.updated_at = model::now();
+    conversation.state = state.clone();
 
     let (tx, rx) = mpsc::channel(32);
     let idle = Arc::new(Mutex::new(Some(Instant::now())));
@@ -268,6 +325,9 @@ pub async fn start(
         prompt: None,
         pending: Pending::new(profile.permission_timeout, profile.on_timeout),
         transcript: Transcript::default(),
+        state,
+        changes: FuturesUnordered::new(),
+        call_timeout: profile.startup_timeout,
     };
     let task = tokio::spawn(task.run(shutdown).instrument(span));
     Ok((SessionHandle { tx, idle }, conversation, task))
@@ -292,6 +352,7 @@ async fn connect(
     profile: &AgentProfile,
     conversation: &Conversation,
     earlier: Option<&str>,
+    state: &mut SessionState,
     max_line_bytes: usize,
     store: &dyn Store,
 ) -> Result<Connected> {
@@ -321,10 +382,15 @@ async fn connect(
         profile,
         &conversation.cwd,
         earlier,
+        state,
         &mut incoming,
     );
     match opening.await {
-        Ok((session, opened, early)) => Ok(Connected {
+        Ok(Opening {
+            session,
+            opened,
+            early,
+        }) => Ok(Connected {
             process,
             record,
             session,
@@ -399,9 +465,15 @@ struct Session {
     policies: PolicyHandle,
     turn: Option<Turn>,
     /// The outstanding `session/prompt` request.
-    prompt: Option<PromptFuture>,
+    prompt: Option<CallFuture>,
     pending: Pending,
     transcript: Transcript,
+    /// What the agent reports about its session.
+    state: SessionState,
+    /// Setting changes the agent has not answered yet.
+    changes: FuturesUnordered<Changing>,
+    /// How long the agent may take to answer a change.
+    call_timeout: Duration,
     /// Since when the agent has been idle, shared with the handle.
     idle: Arc<Mutex<Option<Instant>>>,
     /// Stop the agent after this long idle (`None`: never).
@@ -418,6 +490,7 @@ enum Step {
     Exited,
     Due(Vec<Uuid>),
     Command(Option<Command>),
+    Changed(Change, Result<Value>),
     IdleTooLong,
     /// Time to try the unreachable database again.
     Retry,
@@ -452,7 +525,7 @@ async fn idle_for(since: Option<Instant>, timeout: Option<Duration>) {
     }
 }
 
-async fn next_prompt_result(prompt: &mut Option<PromptFuture>) -> Result<Value, RpcError> {
+async fn next_prompt_result(prompt: &mut Option<CallFuture>) -> Result<Value, RpcError> {
     match prompt {
         Some(f) => f.await,
         None => std::future::pending().await,
@@ -495,6 +568,9 @@ impl Session {
                 _ = self.process.wait() => Step::Exited,
                 due = self.pending.due() => Step::Due(due),
                 cmd = self.commands.recv() => Step::Command(cmd),
+                Some((change, answer)) = self.changes.next(), if !self.changes.is_empty() => {
+                    Step::Changed(change, answer)
+                }
                 _ = shutdown.cancelled() => return Ok(End::ShuttingDown),
                 _ = idle_for(idle_since, self.idle_timeout) => Step::IdleTooLong,
             };
@@ -567,6 +643,7 @@ impl Session {
                 }
             }
             Step::Command(Some(cmd)) => self.handle_command(cmd).await?,
+            Step::Changed(change, answer) => self.changed(change, answer).await?,
             Step::Command(None) => return Ok(Some(End::ClosedByUser { reply: None })),
             Step::IdleTooLong => {
                 let after = humantime_serde::re::humantime::format_duration(
@@ -702,6 +779,9 @@ impl Session {
             return;
         };
         let turn_id = self.turn_id();
+        if self.state.apply_update(&update) {
+            self.journal.set_state(&self.state);
+        }
         if self.transcript.apply(&update, turn_id) {
             self.journal.chunk(turn_id, update);
         } else {
@@ -893,6 +973,7 @@ impl Session {
                 let result = self.answer(permission_id, answer, &decided_by).await;
                 let _ = reply.send(result);
             }
+            Command::Change(change) => self.change(change),
             Command::Close { reply } => {
                 let _ = reply.send(());
             }
@@ -901,6 +982,105 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// Sends a user's change of a setting to the agent, once checked
+    /// against what it offers (else refused at once); answered in
+    /// [`Session::changed`].
+    fn change(&mut self, change: Change) {
+        let request = match &change.setting {
+            Setting::Mode(mode_id) => self
+                .state
+                .check_mode(mode_id)
+                .map(|()| ("session/set_mode", self.session.set_mode(mode_id))),
+            Setting::ConfigOption { config_id, value } => {
+                self.state.config_request(config_id, value).map(|params| {
+                    (
+                        "session/set_config_option",
+                        self.session.set_config_option(params),
+                    )
+                })
+            }
+        };
+        let (method, answer) = match request {
+            Ok(request) => request,
+            Err(why) => {
+                let _ = change.reply.send(Err(Error::Unprocessable(why)));
+                return;
+            }
+        };
+        tracing::info!(setting = ?change.setting, changed_by = %change.changed_by, "changing a session setting");
+        let timeout = self.call_timeout;
+        self.changes.push(Box::pin(async move {
+            let answer = match tokio::time::timeout(timeout, answer).await {
+                Ok(Ok(answer)) => Ok(answer),
+                Ok(Err(RpcError::Remote { code, message, .. })) => Err(Error::AgentFailed(
+                    format!("the agent refused {method} (error {code}): {message}"),
+                )),
+                Ok(Err(RpcError::Closed(reason))) => Err(Error::AgentFailed(format!(
+                    "the agent went away before it answered {method}: {reason}"
+                ))),
+                Err(_) => Err(Error::AgentTimeout(format!(
+                    "the agent did not answer {method} within {}",
+                    humantime_serde::re::humantime::format_duration(timeout)
+                ))),
+            };
+            (change, answer)
+        }));
+    }
+
+    /// The agent answered a change: once accepted, it is recorded (the
+    /// conversation's state and an event every client sees), then the user
+    /// is told.
+    async fn changed(&mut self, change: Change, answer: Result<Value>) -> Result<()> {
+        let Change {
+            setting,
+            changed_by,
+            reply,
+        } = change;
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(e) => {
+                tracing::warn!(error = %e, "a session setting was not changed");
+                let _ = reply.send(Err(e));
+                return Ok(());
+            }
+        };
+        match &setting {
+            Setting::Mode(mode_id) => {
+                self.state.set_current_mode(mode_id);
+                self.journal.append(ModeChanged {
+                    mode_id,
+                    changed_by: &changed_by,
+                    modes: &self.state.modes,
+                });
+            }
+            Setting::ConfigOption { config_id, value } => {
+                match answer.get("configOptions").filter(|o| o.is_array()) {
+                    Some(options) => {
+                        self.state.set_config_options(options.clone());
+                    }
+                    None => tracing::warn!(
+                        "the agent answered session/set_config_option without configOptions"
+                    ),
+                }
+                self.journal.append(ConfigOptionChanged {
+                    config_id,
+                    value,
+                    changed_by: &changed_by,
+                    config_options: &self.state.config_options,
+                });
+            }
+        }
+        self.journal.set_state(&self.state);
+        let flushed = self.flush().await;
+        let _ = reply.send(match &flushed {
+            Ok(()) => Ok(()),
+            Err(e) => Err(Error::Unavailable(format!(
+                "the agent changed the setting but it could not be recorded: {e}"
+            ))),
+        });
+        flushed
     }
 
     async fn start_turn(&mut self, content: Vec<Value>) -> Result<Uuid> {
@@ -1073,6 +1253,35 @@ impl Session {
         self.journal.set_status(self.status_now());
     }
 
+    /// A user closed the conversation: `session/close`, where the agent
+    /// takes it, so it frees what it holds for the session (applying what it
+    /// sends meanwhile), within [`CLOSE_GRACE`].
+    async fn close_session(&mut self) -> Result<()> {
+        let Some(closing) = self.session.close() else {
+            return Ok(());
+        };
+        tokio::pin!(closing);
+        let deadline = tokio::time::Instant::now() + CLOSE_GRACE;
+        loop {
+            tokio::select! {
+                answer = &mut closing => {
+                    if let Err(e) = answer {
+                        tracing::warn!(error = %e, "session/close failed");
+                    }
+                    return Ok(());
+                }
+                msg = next_incoming(&mut self.incoming) => match msg {
+                    Some(msg) => self.handle_incoming(msg).await?,
+                    None => return Ok(()),
+                },
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!("the agent did not answer session/close in time");
+                    return Ok(());
+                }
+            }
+        }
+    }
+
     /// Counts why the agent went, and remembers it for a restart's count.
     fn exited(&self, cause: &'static str) {
         telemetry::agent_exited(cause);
@@ -1111,6 +1320,9 @@ impl Session {
             if stop_reason == "cancelled" {
                 self.resolve_all(PermissionStatus::Cancelled, &detail)
                     .await?;
+            }
+            if by_user {
+                self.close_session().await?;
             }
             self.process.terminate(TERMINATE_GRACE).await;
             self.drain_until_closed().await?;

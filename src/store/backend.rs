@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::model::Rule;
 use crate::model::{
     Conversation, ConversationStatus, Decision, Event, Message, PermissionRequest,
-    PermissionStatus, ToolCall,
+    PermissionStatus, SessionState, ToolCall,
 };
 
 /// What one commit changes in a conversation.
@@ -46,6 +46,8 @@ pub struct ConversationPatch {
     /// The turn in progress, if any.
     pub current_turn_id: Option<Uuid>,
     pub updated_at: DateTime<Utc>,
+    /// What the agent reports about its session, when that changed.
+    pub state: Option<SessionState>,
 }
 
 /// A decision on a pending permission request, applied only if it is still

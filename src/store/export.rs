@@ -96,6 +96,7 @@ async fn copy_conversation(
             last_seq: conversation.last_seq,
             current_turn_id: turn,
             updated_at: conversation.updated_at,
+            state: Some(conversation.state.clone()),
         }),
     };
     // The row first (the rest refers to it), then everything in one transaction.

@@ -102,6 +102,7 @@ pub struct ConversationRow {
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
     owner: Option<String>,
+    agent_state: Option<Json<Value>>,
 }
 
 impl ConversationRow {
@@ -121,6 +122,12 @@ impl ConversationRow {
                 created_at: self.created_at,
                 updated_at: self.updated_at,
                 owner: self.owner,
+                // Written by this gateway; what it cannot read is treated
+                // as never reported (the agent reports it again).
+                state: self
+                    .agent_state
+                    .and_then(|Json(v)| serde_json::from_value(v).ok())
+                    .unwrap_or_default(),
             },
             self.current_turn_id,
         ))

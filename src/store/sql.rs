@@ -17,7 +17,7 @@ macro_rules! impl_store {
         ) -> Result<()> {
             sqlx::query(
                 "update conversations set status = $2, acp_session_id = $3, last_seq = $4,
-                   current_turn_id = $5, updated_at = $6
+                   current_turn_id = $5, updated_at = $6, agent_state = coalesce($7, agent_state)
                  where id = $1",
             )
             .bind(conversation_id)
@@ -26,6 +26,7 @@ macro_rules! impl_store {
             .bind(patch.last_seq)
             .bind(patch.current_turn_id)
             .bind(patch.updated_at)
+            .bind(patch.state.as_ref().map(JsonText::of))
             .execute(tx)
             .await?;
             Ok(())
@@ -41,8 +42,8 @@ macro_rules! impl_store {
             async fn insert_conversation(&self, c: &Conversation) -> Result<()> {
                 sqlx::query(
                     "insert into conversations (id, agent, title, cwd, status, acp_session_id,
-                       last_seq, created_at, updated_at, owner)
-                     values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                       last_seq, created_at, updated_at, owner, agent_state)
+                     values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
                 )
                 .bind(c.id)
                 .bind(&c.agent)
@@ -54,6 +55,7 @@ macro_rules! impl_store {
                 .bind(c.created_at)
                 .bind(c.updated_at)
                 .bind(&c.owner)
+                .bind(JsonText::of(&c.state))
                 .execute(&self.pool)
                 .await?;
                 Ok(())

@@ -170,6 +170,9 @@ pub fn profile(name: &str, command: &str, args: &[&str]) -> AgentProfile {
         allowed_roots: Vec::new(),
         startup_timeout: Duration::from_secs(20),
         idle_timeout: Duration::ZERO,
+        session_mode: None,
+        session_config: BTreeMap::new(),
+        auth_method: None,
     }
 }
 

@@ -15,13 +15,32 @@
 //            stopReason cancelled
 //   other -> agent_message_chunk updates "You " + "said: " + "<text>",
 //            stopReason end_turn
+//   settings -> one agent_message_chunk "mode=<mode> model=<model> brave=<bool>"
+//            (the session's mode and configuration options as it holds them)
+//   usage -> a usage_update and a session_info_update (title "Usage report"),
+//            then echoes
 // session/cancel cancels any running turn of that session.
+//
+// Every session offers the modes "ask" (current), "plan" and "broken" (which
+// session/set_mode refuses), and the configuration options "model" (select:
+// fast, deep, refused; "refused" is refused) and "brave" (boolean). A mode
+// change is reported back with current_mode_update. Right after session/new
+// it sends available_commands_update.
 //
 // With ACP_TEST_AGENT_STATE=<dir> in its environment it also advertises
 // loadSession: every session's history (the user's prompts and the agent's
 // chunks, as session/update objects) is kept in <dir>/<sessionId>.json, and
 // session/load replays it as session/update notifications before answering,
-// as the protocol asks. A session it has no file for is "not found".
+// as the protocol asks. A session it has no file for is "not found". Every
+// request and notification it receives is appended to <dir>/calls.jsonl
+// ({"method", "params"}), so tests can see what the gateway sent.
+//
+// More, from the environment:
+//   ACP_TEST_AGENT_RESUME=1  advertises sessionCapabilities.resume (needs STATE)
+//   ACP_TEST_AGENT_CLOSE=1   advertises sessionCapabilities.close
+//   ACP_TEST_AGENT_AUTH=<id> offers the auth methods "api-key" and "browser";
+//                            session/new, load and resume answer auth_required
+//                            until authenticate with <id> succeeded
 
 import { Readable, Writable } from "node:stream";
 import { randomUUID } from "node:crypto";
@@ -33,11 +52,83 @@ const AGENT_NAME = "acp-gateway-sdk-node-agent";
 
 const log = (...args) => console.error(`[${AGENT_NAME}]`, ...args);
 
-/** sessionId -> { cwd, turn: { cancelled: boolean, wake: () => void } | null } */
+/**
+ * sessionId -> { cwd, turn: { cancelled: boolean, wake: () => void } | null,
+ *                settings: { mode, model, brave } }
+ */
 const sessions = new Map();
 
 /** Where session histories are kept (loadSession), or null. */
 const STATE_DIR = process.env.ACP_TEST_AGENT_STATE || null;
+const RESUME = process.env.ACP_TEST_AGENT_RESUME === "1";
+const CLOSE = process.env.ACP_TEST_AGENT_CLOSE === "1";
+const AUTH = process.env.ACP_TEST_AGENT_AUTH || null;
+let authenticated = false;
+
+/** Records a call the gateway made (only with STATE_DIR). */
+function record(method, params) {
+  if (!STATE_DIR) return;
+  fs.appendFileSync(path.join(STATE_DIR, "calls.jsonl"), JSON.stringify({ method, params }) + "\n");
+}
+
+function requireAuth() {
+  if (AUTH && !authenticated) throw acp.RequestError.authRequired();
+}
+
+const MODES = [
+  { id: "ask", name: "Ask", description: "Asks before it edits" },
+  { id: "plan", name: "Plan", description: "Plans only" },
+  { id: "broken", name: "Broken", description: "Refused by session/set_mode" },
+];
+
+function defaultSettings() {
+  return { mode: "ask", model: "fast", brave: false };
+}
+
+function modeState(settings) {
+  return { currentModeId: settings.mode, availableModes: MODES };
+}
+
+function configOptions(settings) {
+  return [
+    {
+      id: "model",
+      name: "Model",
+      category: "model",
+      type: "select",
+      currentValue: settings.model,
+      options: [
+        { value: "fast", name: "Fast" },
+        { value: "deep", name: "Deep" },
+        { value: "refused", name: "Refused by session/set_config_option" },
+      ],
+    },
+    { id: "brave", name: "Brave", type: "boolean", currentValue: settings.brave },
+  ];
+}
+
+function settingsFile(sessionId) {
+  return historyFile(sessionId).replace(/\.json$/, ".settings.json");
+}
+
+/** The session's settings, as kept across restarts (with STATE_DIR). */
+function savedSettings(sessionId) {
+  try {
+    return JSON.parse(fs.readFileSync(settingsFile(sessionId), "utf8"));
+  } catch {
+    return defaultSettings();
+  }
+}
+
+function saveSettings(sessionId, settings) {
+  if (STATE_DIR) fs.writeFileSync(settingsFile(sessionId), JSON.stringify(settings));
+}
+
+function liveSession(sessionId) {
+  const session = sessions.get(sessionId);
+  if (!session) throw acp.RequestError.sessionNotFound(sessionId);
+  return session;
+}
 
 function historyFile(sessionId) {
   return path.join(STATE_DIR, `${sessionId.replace(/[^A-Za-z0-9_-]/g, "_")}.json`);
@@ -143,25 +234,61 @@ async function toolTurn(client, session, sessionId, turn) {
 const app = acp
   .agent({ name: AGENT_NAME })
   .onRequest(acp.methods.agent.initialize, ({ params }) => {
+    record("initialize", params);
     log("initialize, client protocolVersion", params.protocolVersion);
+    const sessionCapabilities = {};
+    if (RESUME && STATE_DIR) sessionCapabilities.resume = {};
+    if (CLOSE) sessionCapabilities.close = {};
     return {
       protocolVersion: acp.PROTOCOL_VERSION,
       agentCapabilities: {
         loadSession: STATE_DIR !== null,
         promptCapabilities: { image: false, audio: false, embeddedContext: false },
+        sessionCapabilities,
       },
-      authMethods: [],
+      authMethods: AUTH
+        ? [
+            { id: "api-key", name: "API key" },
+            { id: "browser", name: "Browser login" },
+          ]
+        : [],
       agentInfo: { name: AGENT_NAME, version: "0.1.0" },
     };
   })
-  .onRequest(acp.methods.agent.session.new, ({ params }) => {
+  .onRequest(acp.methods.agent.authenticate, ({ params }) => {
+    record("authenticate", params);
+    if (params.methodId !== AUTH) {
+      throw acp.RequestError.invalidParams({ methodId: params.methodId }, "that method fails here");
+    }
+    authenticated = true;
+    return {};
+  })
+  .onRequest(acp.methods.agent.session.new, ({ params, client }) => {
+    record("session/new", params);
+    requireAuth();
     const sessionId = `sess_${randomUUID()}`;
-    sessions.set(sessionId, { cwd: params.cwd, turn: null });
+    const settings = defaultSettings();
+    sessions.set(sessionId, { cwd: params.cwd, turn: null, settings });
     if (STATE_DIR) fs.writeFileSync(historyFile(sessionId), "[]");
     log("session/new", sessionId, "cwd", params.cwd);
-    return { sessionId };
+    // As real agents do: the commands follow the answer.
+    setImmediate(() =>
+      client.notify(acp.methods.client.session.update, {
+        sessionId,
+        update: {
+          sessionUpdate: "available_commands_update",
+          availableCommands: [
+            { name: "init", description: "Write an AGENTS.md" },
+            { name: "review", description: "Review a change", input: { hint: "what to review" } },
+          ],
+        },
+      }),
+    );
+    return { sessionId, modes: modeState(settings), configOptions: configOptions(settings) };
   })
   .onRequest(acp.methods.agent.session.load, async ({ params, client }) => {
+    record("session/load", params);
+    requireAuth();
     const { sessionId } = params;
     const history = STATE_DIR ? readHistory(sessionId) : null;
     if (!history) throw acp.RequestError.resourceNotFound(sessionId);
@@ -169,10 +296,62 @@ const app = acp
     for (const update of history) {
       await client.notify(acp.methods.client.session.update, { sessionId, update });
     }
-    sessions.set(sessionId, { cwd: params.cwd, turn: null });
+    const settings = savedSettings(sessionId);
+    sessions.set(sessionId, { cwd: params.cwd, turn: null, settings });
+    return { modes: modeState(settings), configOptions: configOptions(settings) };
+  })
+  .onRequest(acp.methods.agent.session.resume, ({ params }) => {
+    record("session/resume", params);
+    requireAuth();
+    const { sessionId } = params;
+    if (!(STATE_DIR && readHistory(sessionId))) throw acp.RequestError.resourceNotFound(sessionId);
+    const settings = savedSettings(sessionId);
+    sessions.set(sessionId, { cwd: params.cwd, turn: null, settings });
+    log("session/resume", sessionId);
+    return { modes: modeState(settings), configOptions: configOptions(settings) };
+  })
+  .onRequest(acp.methods.agent.session.close, ({ params }) => {
+    record("session/close", params);
+    const session = liveSession(params.sessionId);
+    if (session.turn) {
+      session.turn.cancelled = true;
+      session.turn.wake?.();
+    }
+    sessions.delete(params.sessionId);
     return {};
   })
+  .onRequest(acp.methods.agent.session.setMode, async ({ params, client }) => {
+    record("session/set_mode", params);
+    const session = liveSession(params.sessionId);
+    if (!MODES.some((m) => m.id === params.modeId) || params.modeId === "broken") {
+      throw acp.RequestError.invalidParams({ modeId: params.modeId }, "this mode cannot be entered");
+    }
+    session.settings.mode = params.modeId;
+    saveSettings(params.sessionId, session.settings);
+    await client.notify(acp.methods.client.session.update, {
+      sessionId: params.sessionId,
+      update: { sessionUpdate: "current_mode_update", currentModeId: params.modeId },
+    });
+    return {};
+  })
+  .onRequest(acp.methods.agent.session.setConfigOption, ({ params }) => {
+    record("session/set_config_option", params);
+    const session = liveSession(params.sessionId);
+    if (params.configId === "model" && ["fast", "deep"].includes(params.value)) {
+      session.settings.model = params.value;
+    } else if (params.configId === "brave" && typeof params.value === "boolean") {
+      session.settings.brave = params.value;
+    } else {
+      throw acp.RequestError.invalidParams(
+        { configId: params.configId, value: params.value },
+        "this value cannot be set",
+      );
+    }
+    saveSettings(params.sessionId, session.settings);
+    return { configOptions: configOptions(session.settings) };
+  })
   .onRequest(acp.methods.agent.session.prompt, async ({ params, client }) => {
+    record("session/prompt", params);
     const { sessionId } = params;
     const session = sessions.get(sessionId);
     if (!session) throw acp.RequestError.sessionNotFound(sessionId);
@@ -195,6 +374,27 @@ const app = acp
       let stopReason;
       if (firstWord === "tool") stopReason = await toolTurn(client, session, sessionId, turn);
       else if (firstWord === "hang") stopReason = await hangTurn(client, sessionId, turn);
+      else if (firstWord === "settings") {
+        const { mode, model, brave } = session.settings;
+        await client.notify(
+          acp.methods.client.session.update,
+          chunk(sessionId, `mode=${mode} model=${model} brave=${brave}`),
+        );
+        stopReason = "end_turn";
+      } else if (firstWord === "usage") {
+        for (const update of [
+          {
+            sessionUpdate: "usage_update",
+            used: 1234,
+            size: 200000,
+            cost: { amount: 0.12, currency: "USD" },
+          },
+          { sessionUpdate: "session_info_update", title: "Usage report" },
+        ]) {
+          await client.notify(acp.methods.client.session.update, { sessionId, update });
+        }
+        stopReason = await echoTurn(client, sessionId, text, turn);
+      }
       else stopReason = await echoTurn(client, sessionId, text, turn);
       log("turn done", sessionId, stopReason);
       return { stopReason };
@@ -203,6 +403,7 @@ const app = acp
     }
   })
   .onNotification(acp.methods.agent.session.cancel, ({ params }) => {
+    record("session/cancel", params);
     const turn = sessions.get(params.sessionId)?.turn;
     log("session/cancel", params.sessionId, turn ? "(turn running)" : "(no turn)");
     if (!turn) return;

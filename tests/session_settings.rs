@@ -1,0 +1,594 @@
+//! What an agent reports about its session (modes, configuration options,
+//! commands, usage, title) and what a client may change (mode, options),
+//! against the agent built on the official npm SDK; and the session
+//! lifecycle around it: `session/resume` over `session/load`,
+//! `session/close` on delete, `authenticate` with the profile's method.
+
+mod common;
+
+use std::path::Path;
+
+use acp_gateway::config::AgentProfile;
+use common::*;
+use serde_json::{json, Value};
+
+/// The npm SDK agent keeping its sessions (and a log of the calls it
+/// received) in `state`, with more behaviour switched on by `env`.
+fn agent(name: &str, state: &Path, env: &[(&str, &str)]) -> AgentProfile {
+    let mut agent = node_sdk_profile(name);
+    agent.env.insert(
+        "ACP_TEST_AGENT_STATE".into(),
+        state.to_str().unwrap().into(),
+    );
+    for (k, v) in env {
+        agent.env.insert((*k).into(), (*v).into());
+    }
+    agent
+}
+
+/// The methods the agent received, in order, with their params.
+fn calls(state: &Path) -> Vec<(String, Value)> {
+    let log = std::fs::read_to_string(state.join("calls.jsonl")).unwrap_or_default();
+    log.lines()
+        .map(|line| {
+            let call: Value = serde_json::from_str(line).unwrap();
+            (
+                call["method"].as_str().unwrap().to_owned(),
+                call["params"].clone(),
+            )
+        })
+        .collect()
+}
+
+fn methods(state: &Path) -> Vec<String> {
+    calls(state).into_iter().map(|(m, _)| m).collect()
+}
+
+async fn conversation(gw: &TestGateway, id: &str) -> Value {
+    let (status, body) = gw.get(&format!("/api/v1/conversations/{id}")).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+fn current_value(conversation: &Value, option: &str) -> Value {
+    conversation["config_options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["id"] == option)
+        .unwrap()["currentValue"]
+        .clone()
+}
+
+/// What the agent says it holds (its `settings` prompt).
+async fn agent_settings(gw: &TestGateway, id: &str, ws: &mut Ws) -> String {
+    gw.prompt(id, "settings").await;
+    let frames = ws.until_type("turn_ended").await;
+    streamed_text(&frames, "agent_message_chunk")
+}
+
+async fn modes_and_options_show_and_change_through_rest(db: TestDb) {
+    let state = tempfile::tempdir().unwrap();
+    let gw = TestGateway::start(&db, vec![agent("sdk", state.path(), &[])]).await;
+    let created = gw.create_conversation("sdk").await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    let mut ws = gw.conversation_ws(&id, 0).await;
+
+    // As session/new reported them, verbatim.
+    assert_eq!(created["modes"]["currentModeId"], "ask", "{created}");
+    let modes: Vec<&str> = created["modes"]["availableModes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(modes, ["ask", "plan", "broken"]);
+    assert_eq!(
+        created["modes"]["availableModes"][1]["description"],
+        "Plans only"
+    );
+    assert_eq!(current_value(&created, "model"), "fast");
+    assert_eq!(created["config_options"][0]["category"], "model");
+    assert_eq!(created["usage"], Value::Null);
+    // The commands follow the answer to session/new.
+    let frames = ws
+        .until(|e| e["data"]["update"]["sessionUpdate"] == "available_commands_update")
+        .await;
+    assert_eq!(frames.last().unwrap()["data"]["turn_id"], Value::Null);
+    let shown = conversation(&gw, &id).await;
+    assert_eq!(shown["available_commands"][0]["name"], "init");
+    assert_eq!(
+        shown["available_commands"][1]["input"]["hint"],
+        "what to review"
+    );
+    // The list carries them too.
+    let (_, list) = gw.get("/api/v1/conversations").await;
+    assert_eq!(list["items"][0]["modes"], shown["modes"]);
+    assert_eq!(
+        list["items"][0]["available_commands"],
+        shown["available_commands"]
+    );
+
+    // A mode change reaches the agent, is recorded for every client, and
+    // the conversation says so.
+    let (status, changed) = gw
+        .post(
+            &format!("/api/v1/conversations/{id}/mode"),
+            json!({"mode_id": "plan"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{changed}");
+    assert_eq!(changed["modes"]["currentModeId"], "plan");
+    assert_eq!(changed["id"], id.as_str());
+    let frames = ws.until_type("mode_changed").await;
+    let event = frames.last().unwrap();
+    assert_eq!(event["data"]["mode_id"], "plan");
+    assert_eq!(event["data"]["changed_by"], "user:anonymous");
+    assert_eq!(event["data"]["modes"]["currentModeId"], "plan");
+    let set_mode = calls(state.path())
+        .into_iter()
+        .find(|(m, _)| m == "session/set_mode")
+        .unwrap();
+    assert_eq!(set_mode.1["modeId"], "plan");
+    assert_eq!(set_mode.1["sessionId"], created["acp_session_id"]);
+
+    // Options: a select and a boolean; the answer's options are kept.
+    let path = format!("/api/v1/conversations/{id}/config-options");
+    let (status, changed) = gw
+        .post(&path, json!({"config_id": "model", "value": "deep"}))
+        .await;
+    assert_eq!(status, 200, "{changed}");
+    assert_eq!(current_value(&changed, "model"), "deep");
+    let (status, changed) = gw
+        .post(&path, json!({"config_id": "brave", "value": true}))
+        .await;
+    assert_eq!(status, 200, "{changed}");
+    assert_eq!(current_value(&changed, "brave"), true);
+    let frames = ws.until_type("config_option_changed").await;
+    let event = frames.last().unwrap();
+    assert_eq!(event["data"]["config_id"], "model");
+    assert_eq!(event["data"]["value"], "deep");
+    let frames = ws.until_type("config_option_changed").await;
+    let event = frames.last().unwrap();
+    assert_eq!(event["data"]["config_id"], "brave");
+    assert_eq!(event["data"]["value"], true);
+    assert_eq!(
+        event["data"]["config_options"],
+        conversation(&gw, &id).await["config_options"]
+    );
+    let sent: Vec<Value> = calls(state.path())
+        .into_iter()
+        .filter(|(m, _)| m == "session/set_config_option")
+        .map(|(_, p)| p)
+        .collect();
+    assert_eq!(sent[0]["configId"], "model");
+    assert_eq!(sent[0]["value"], "deep");
+    assert_eq!(sent[1]["type"], "boolean");
+    assert_eq!(sent[1]["value"], true);
+    assert_eq!(
+        agent_settings(&gw, &id, &mut ws).await,
+        "mode=plan model=deep brave=true"
+    );
+
+    // What the agent does not offer is refused without asking it.
+    let asked = calls(state.path()).len();
+    for (path, body, names) in [
+        ("mode", json!({"mode_id": "yolo"}), "ask, plan, broken"),
+        (
+            "config-options",
+            json!({"config_id": "model", "value": "huge"}),
+            "fast, deep",
+        ),
+        (
+            "config-options",
+            json!({"config_id": "colour", "value": "red"}),
+            "model, brave",
+        ),
+        (
+            "config-options",
+            json!({"config_id": "brave", "value": "yes"}),
+            "true or false",
+        ),
+        (
+            "config-options",
+            json!({"config_id": "model", "value": true}),
+            "a string",
+        ),
+    ] {
+        let (status, problem) = gw
+            .post(&format!("/api/v1/conversations/{id}/{path}"), body.clone())
+            .await;
+        assert_eq!(status, 422, "{body}: {problem}");
+        assert!(
+            problem["detail"].as_str().unwrap().contains(names),
+            "{body}: {problem}"
+        );
+    }
+    // Well-formed JSON of the wrong shape.
+    for (path, body) in [
+        ("mode", json!({})),
+        ("mode", json!({"mode_id": 3})),
+        ("mode", json!({"mode_id": "plan", "extra": 1})),
+        ("config-options", json!({"config_id": "model"})),
+        ("config-options", json!({"config_id": "model", "value": 3})),
+        (
+            "config-options",
+            json!({"config_id": "model", "value": null}),
+        ),
+    ] {
+        let (status, problem) = gw
+            .post(&format!("/api/v1/conversations/{id}/{path}"), body.clone())
+            .await;
+        assert_eq!(status, 422, "{body}: {problem}");
+    }
+    assert_eq!(calls(state.path()).len(), asked, "the agent was not asked");
+
+    // The agent's own refusal is a 502 that carries its message, and
+    // changes nothing.
+    let before = conversation(&gw, &id).await;
+    let (status, problem) = gw
+        .post(
+            &format!("/api/v1/conversations/{id}/mode"),
+            json!({"mode_id": "broken"}),
+        )
+        .await;
+    assert_eq!(status, 502, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("this mode cannot be entered"),
+        "{problem}"
+    );
+    let (status, problem) = gw
+        .post(&path, json!({"config_id": "model", "value": "refused"}))
+        .await;
+    assert_eq!(status, 502, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("this value cannot be set"),
+        "{problem}"
+    );
+    let after = conversation(&gw, &id).await;
+    assert_eq!(after["modes"], before["modes"]);
+    assert_eq!(after["config_options"], before["config_options"]);
+
+    // During a turn too.
+    gw.prompt(&id, "hang").await;
+    ws.until(|e| e["type"] == "session_update" && e["data"]["turn_id"].is_string())
+        .await;
+    let (status, changed) = gw
+        .post(
+            &format!("/api/v1/conversations/{id}/mode"),
+            json!({"mode_id": "ask"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{changed}");
+    assert_eq!(changed["status"], "running");
+    assert_eq!(changed["modes"]["currentModeId"], "ask");
+    gw.post(&format!("/api/v1/conversations/{id}/cancel"), json!({}))
+        .await;
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "cancelled");
+
+    // Unknown and closed conversations.
+    let unknown = uuid::Uuid::now_v7();
+    let (status, _) = gw
+        .post(
+            &format!("/api/v1/conversations/{unknown}/mode"),
+            json!({"mode_id": "plan"}),
+        )
+        .await;
+    assert_eq!(status, 404);
+    gw.delete(&format!("/api/v1/conversations/{id}")).await;
+    let (status, problem) = gw
+        .post(
+            &format!("/api/v1/conversations/{id}/mode"),
+            json!({"mode_id": "plan"}),
+        )
+        .await;
+    assert_eq!(status, 409, "{problem}");
+    assert_eq!(problem["code"], "conversation_closed");
+}
+
+async fn usage_and_the_agents_title_are_kept(db: TestDb) {
+    let state = tempfile::tempdir().unwrap();
+    let gw = TestGateway::start(&db, vec![agent("sdk", state.path(), &[])]).await;
+    let (id, mut ws) = gw.open_conversation("sdk").await;
+    let (status, titled) = gw
+        .post(
+            "/api/v1/conversations",
+            json!({"agent": "sdk", "title": "Mine"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{titled}");
+    let titled_id = titled["id"].as_str().unwrap().to_owned();
+    let mut titled_ws = gw.conversation_ws(&titled_id, 0).await;
+    assert_eq!(conversation(&gw, &id).await["title"], Value::Null);
+
+    for (id, ws) in [(&id, &mut ws), (&titled_id, &mut titled_ws)] {
+        gw.prompt(id, "usage").await;
+        let frames = ws.until_type("turn_ended").await;
+        assert!(frames
+            .iter()
+            .any(|e| e["data"]["update"]["sessionUpdate"] == "usage_update"));
+    }
+    let shown = conversation(&gw, &id).await;
+    assert_eq!(
+        shown["usage"],
+        json!({"used": 1234, "size": 200000, "cost": {"amount": 0.12, "currency": "USD"}})
+    );
+    assert_eq!(shown["title"], "Usage report", "the agent's title");
+    assert_eq!(
+        conversation(&gw, &titled_id).await["title"],
+        "Mine",
+        "the user's title stays"
+    );
+}
+
+async fn the_state_survives_a_gateway_restart(db: TestDb) {
+    let state = tempfile::tempdir().unwrap();
+    let gw = TestGateway::start(&db, vec![agent("sdk", state.path(), &[])]).await;
+    let (id, mut ws) = gw.open_conversation("sdk").await;
+    ws.until(|e| e["data"]["update"]["sessionUpdate"] == "available_commands_update")
+        .await;
+    gw.post(
+        &format!("/api/v1/conversations/{id}/mode"),
+        json!({"mode_id": "plan"}),
+    )
+    .await;
+    let (status, _) = gw
+        .post(
+            &format!("/api/v1/conversations/{id}/config-options"),
+            json!({"config_id": "model", "value": "deep"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    gw.prompt(&id, "usage").await;
+    ws.until_type("turn_ended").await;
+    let before = conversation(&gw, &id).await;
+
+    // Shown at once, before any agent runs again.
+    let gw = gw.restart().await;
+    let after = conversation(&gw, &id).await;
+    for key in [
+        "modes",
+        "config_options",
+        "available_commands",
+        "usage",
+        "title",
+    ] {
+        assert_eq!(after[key], before[key], "{key}");
+    }
+    assert_eq!(after["modes"]["currentModeId"], "plan");
+
+    // The agent, started again, loads its session with its settings, and
+    // a change goes on from there.
+    let mut ws = gw
+        .conversation_ws(&id, after["last_seq"].as_i64().unwrap())
+        .await;
+    assert_eq!(
+        agent_settings(&gw, &id, &mut ws).await,
+        "mode=plan model=deep brave=false"
+    );
+    let (status, changed) = gw
+        .post(
+            &format!("/api/v1/conversations/{id}/config-options"),
+            json!({"config_id": "brave", "value": true}),
+        )
+        .await;
+    assert_eq!(status, 200, "{changed}");
+    assert_eq!(current_value(&changed, "model"), "deep");
+    assert_eq!(current_value(&changed, "brave"), true);
+}
+
+async fn a_change_starts_an_agent_that_is_gone_and_refuses_without_starting_one(db: TestDb) {
+    let state = tempfile::tempdir().unwrap();
+    let gw = TestGateway::start(&db, vec![agent("sdk", state.path(), &[])]).await;
+    let (id, _ws) = gw.open_conversation("sdk").await;
+    let gw = gw.restart().await;
+    let starts = || {
+        methods(state.path())
+            .iter()
+            .filter(|m| *m == "initialize")
+            .count()
+    };
+    assert_eq!(starts(), 1);
+
+    let (status, _) = gw
+        .post(
+            &format!("/api/v1/conversations/{id}/mode"),
+            json!({"mode_id": "yolo"}),
+        )
+        .await;
+    assert_eq!(status, 422);
+    assert_eq!(starts(), 1, "a refused change starts no agent");
+
+    let (status, changed) = gw
+        .post(
+            &format!("/api/v1/conversations/{id}/mode"),
+            json!({"mode_id": "plan"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{changed}");
+    assert_eq!(changed["modes"]["currentModeId"], "plan");
+    assert_eq!(starts(), 2);
+    assert_eq!(
+        methods(state.path()).last().map(String::as_str),
+        Some("session/set_mode")
+    );
+}
+
+async fn the_profile_pins_a_new_sessions_mode_and_options(db: TestDb) {
+    let state = tempfile::tempdir().unwrap();
+    let mut pinned = agent("pinned", state.path(), &[]);
+    pinned.session_mode = Some("plan".into());
+    pinned.session_config.insert("model".into(), json!("deep"));
+    pinned.session_config.insert("brave".into(), json!(true));
+    let mut wrong = agent("wrong", state.path(), &[]);
+    wrong.session_mode = Some("yolo".into());
+    let gw = TestGateway::start(&db, vec![pinned, wrong]).await;
+
+    let (id, mut ws) = gw.open_conversation("pinned").await;
+    let shown = conversation(&gw, &id).await;
+    assert_eq!(shown["modes"]["currentModeId"], "plan");
+    assert_eq!(current_value(&shown, "model"), "deep");
+    assert_eq!(current_value(&shown, "brave"), true);
+    assert_eq!(
+        agent_settings(&gw, &id, &mut ws).await,
+        "mode=plan model=deep brave=true"
+    );
+    let sent = methods(state.path());
+    let new = sent.iter().position(|m| m == "session/new").unwrap();
+    assert_eq!(
+        sent[new + 1..new + 4],
+        [
+            "session/set_mode",
+            "session/set_config_option",
+            "session/set_config_option"
+        ]
+    );
+
+    // A pinned mode the agent does not offer: the conversation fails, and
+    // says why.
+    let (status, problem) = gw
+        .post("/api/v1/conversations", json!({"agent": "wrong"}))
+        .await;
+    assert_eq!(status, 502, "{problem}");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("session_mode") && detail.contains("ask, plan, broken"),
+        "{detail}"
+    );
+}
+
+async fn session_resume_is_preferred_where_the_agent_offers_it(db: TestDb) {
+    let state = tempfile::tempdir().unwrap();
+    let resuming = agent("resuming", state.path(), &[("ACP_TEST_AGENT_RESUME", "1")]);
+    let gw = TestGateway::start(&db, vec![resuming]).await;
+    let (id, mut ws) = gw.open_conversation("resuming").await;
+    gw.prompt(&id, "first").await;
+    ws.until_type("turn_ended").await;
+    let before = conversation(&gw, &id).await;
+
+    let gw = gw.restart().await;
+    let stopped = conversation(&gw, &id).await;
+    let mut ws = gw
+        .conversation_ws(&id, stopped["last_seq"].as_i64().unwrap())
+        .await;
+    gw.prompt(&id, "second").await;
+    let frames = ws.until_type("turn_ended").await;
+    let ready = frames
+        .iter()
+        .find(|e| e["type"] == "agent_status" && e["data"]["status"] == "ready")
+        .unwrap();
+    assert_eq!(ready["data"]["context"], "loaded");
+    assert_eq!(
+        streamed_text(&frames, "agent_message_chunk"),
+        "You said: second"
+    );
+    let sent = calls(state.path());
+    let names: Vec<&str> = sent.iter().map(|(m, _)| m.as_str()).collect();
+    assert!(names.contains(&"session/resume"), "{names:?}");
+    assert!(!names.contains(&"session/load"), "{names:?}");
+    let resume = &sent.iter().find(|(m, _)| m == "session/resume").unwrap().1;
+    assert_eq!(resume["sessionId"], before["acp_session_id"]);
+    assert_eq!(resume["cwd"], before["cwd"]);
+    assert_eq!(
+        conversation(&gw, &id).await["acp_session_id"],
+        before["acp_session_id"]
+    );
+}
+
+async fn delete_sends_session_close_where_the_agent_offers_it(db: TestDb) {
+    let closing_state = tempfile::tempdir().unwrap();
+    let plain_state = tempfile::tempdir().unwrap();
+    let closing = agent(
+        "closing",
+        closing_state.path(),
+        &[("ACP_TEST_AGENT_CLOSE", "1")],
+    );
+    let plain = agent("plain", plain_state.path(), &[]);
+    let gw = TestGateway::start(&db, vec![closing, plain]).await;
+
+    for (name, state) in [
+        ("closing", closing_state.path()),
+        ("plain", plain_state.path()),
+    ] {
+        let (id, mut ws) = gw.open_conversation(name).await;
+        let session_id = conversation(&gw, &id).await["acp_session_id"].clone();
+        let (status, _) = gw.delete(&format!("/api/v1/conversations/{id}")).await;
+        assert_eq!(status, 204);
+        let frames = ws.until_agent_gone().await;
+        assert_eq!(frames.last().unwrap()["data"]["status"], "exited");
+        assert_eq!(conversation(&gw, &id).await["status"], "closed");
+        let closes: Vec<Value> = calls(state)
+            .into_iter()
+            .filter(|(m, _)| m == "session/close")
+            .map(|(_, p)| p)
+            .collect();
+        if name == "closing" {
+            assert_eq!(closes, [json!({"sessionId": session_id})]);
+        } else {
+            assert!(closes.is_empty(), "{closes:?}");
+        }
+    }
+}
+
+async fn an_agent_that_needs_authentication_gets_the_profiles_method(db: TestDb) {
+    let state = tempfile::tempdir().unwrap();
+    let env = [("ACP_TEST_AGENT_AUTH", "api-key")];
+    let unset = agent("unset", state.path(), &env);
+    let mut wrong = agent("wrong", state.path(), &env);
+    wrong.auth_method = Some("password".into());
+    let mut right = agent("right", state.path(), &env);
+    right.auth_method = Some("api-key".into());
+    let gw = TestGateway::start(&db, vec![unset, wrong, right]).await;
+
+    // Without a method: the 502 names those the agent offers.
+    let (status, problem) = gw
+        .post("/api/v1/conversations", json!({"agent": "unset"}))
+        .await;
+    assert_eq!(status, 502, "{problem}");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("\"api-key\" (API key)")
+            && detail.contains("\"browser\" (Browser login)")
+            && detail.contains("auth_method"),
+        "{detail}"
+    );
+    let (status, problem) = gw
+        .post("/api/v1/conversations", json!({"agent": "wrong"}))
+        .await;
+    assert_eq!(status, 502, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("\"password\" is not one it offers"),
+        "{problem}"
+    );
+    assert!(!methods(state.path()).contains(&"authenticate".to_owned()));
+
+    let (id, mut ws) = gw.open_conversation("right").await;
+    gw.prompt(&id, "hello").await;
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+    let sent = calls(state.path());
+    let auth = sent.iter().position(|(m, _)| m == "authenticate").unwrap();
+    assert_eq!(sent[auth].1["methodId"], "api-key");
+    assert_eq!(sent[auth + 1].0, "session/new");
+}
+
+backend_tests!(
+    modes_and_options_show_and_change_through_rest,
+    usage_and_the_agents_title_are_kept,
+    the_state_survives_a_gateway_restart,
+    a_change_starts_an_agent_that_is_gone_and_refuses_without_starting_one,
+    the_profile_pins_a_new_sessions_mode_and_options,
+    session_resume_is_preferred_where_the_agent_offers_it,
+    delete_sends_session_close_where_the_agent_offers_it,
+    an_agent_that_needs_authentication_gets_the_profiles_method,
+);
