@@ -192,6 +192,16 @@ async fn every_endpoint_checks_the_token_and_the_role(db: TestDb) {
             format!("/api/v1/conversations/{c}/cancel"),
             Some(json!({})),
         ),
+        (
+            "POST",
+            format!("/api/v1/conversations/{c}/mode"),
+            Some(json!({"mode_id": "plan"})),
+        ),
+        (
+            "POST",
+            format!("/api/v1/conversations/{c}/config-options"),
+            Some(json!({"config_id": "model", "value": "deep"})),
+        ),
         ("DELETE", format!("/api/v1/conversations/{c}/rules"), None),
         ("DELETE", format!("/api/v1/conversations/{c}"), None),
         (

@@ -582,6 +582,106 @@ async fn an_agent_that_needs_authentication_gets_the_profiles_method(db: TestDb)
     assert_eq!(sent[auth + 1].0, "session/new");
 }
 
+async fn an_agent_that_never_answers_a_change_or_dies_on_one(db: TestDb) {
+    let mut hanging = demo_profile("hanging", &["--hang-on", "session/set_mode"]);
+    hanging.startup_timeout = std::time::Duration::from_secs(3);
+    let dying = demo_profile("dying", &["--exit-on", "session/set_config_option"]);
+    let gw = TestGateway::start(&db, vec![hanging, dying]).await;
+
+    // No answer: 504 within the profile's startup_timeout; nothing changes
+    // and the conversation goes on.
+    let (id, mut ws) = gw.open_conversation("hanging").await;
+    assert_eq!(
+        conversation(&gw, &id).await["modes"]["currentModeId"],
+        "default"
+    );
+    let (status, problem) = gw
+        .post(
+            &format!("/api/v1/conversations/{id}/mode"),
+            json!({"mode_id": "plan"}),
+        )
+        .await;
+    assert_eq!(status, 504, "{problem}");
+    assert_eq!(problem["code"], "agent_timeout");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("session/set_mode"),
+        "{problem}"
+    );
+    assert_eq!(
+        conversation(&gw, &id).await["modes"]["currentModeId"],
+        "default"
+    );
+    gw.prompt(&id, "hello").await;
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+    assert!(!frames.iter().any(|e| e["type"] == "mode_changed"));
+
+    // The agent dies on it: 502, the conversation is idle with what it had,
+    // and the next prompt starts the agent again.
+    let (id, mut ws) = gw.open_conversation("dying").await;
+    let (status, problem) = gw
+        .post(
+            &format!("/api/v1/conversations/{id}/config-options"),
+            json!({"config_id": "model", "value": "large"}),
+        )
+        .await;
+    assert_eq!(status, 502, "{problem}");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("went away"),
+        "{problem}"
+    );
+    ws.until_agent_gone().await;
+    let shown = conversation(&gw, &id).await;
+    assert_eq!(shown["status"], "idle");
+    assert_eq!(current_value(&shown, "model"), "small");
+    gw.prompt(&id, "hello").await;
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+}
+
+async fn the_demo_agent_offers_a_mode_and_a_model(db: TestDb) {
+    let (gw, id, mut ws) = demo_conversation(&db).await;
+    let shown = conversation(&gw, &id).await;
+    assert_eq!(shown["modes"]["currentModeId"], "default");
+    assert_eq!(current_value(&shown, "model"), "small");
+    let (status, changed) = gw
+        .post(
+            &format!("/api/v1/conversations/{id}/mode"),
+            json!({"mode_id": "plan"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{changed}");
+    let (status, changed) = gw
+        .post(
+            &format!("/api/v1/conversations/{id}/config-options"),
+            json!({"config_id": "model", "value": "large"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{changed}");
+    assert_eq!(changed["modes"]["currentModeId"], "plan");
+    assert_eq!(current_value(&changed, "model"), "large");
+    let frames = ws.until_type("config_option_changed").await;
+    let kinds: Vec<&str> = frames
+        .iter()
+        .filter_map(|e| match e["type"].as_str() {
+            Some("session_update") => e["data"]["update"]["sessionUpdate"].as_str(),
+            other => other,
+        })
+        .collect();
+    assert_eq!(
+        kinds[kinds.len() - 3..],
+        [
+            "current_mode_update",
+            "mode_changed",
+            "config_option_changed"
+        ]
+    );
+    assert_consecutive(&gw.events(&id).await, 0);
+}
+
 backend_tests!(
     modes_and_options_show_and_change_through_rest,
     usage_and_the_agents_title_are_kept,
@@ -591,4 +691,6 @@ backend_tests!(
     session_resume_is_preferred_where_the_agent_offers_it,
     delete_sends_session_close_where_the_agent_offers_it,
     an_agent_that_needs_authentication_gets_the_profiles_method,
+    an_agent_that_never_answers_a_change_or_dies_on_one,
+    the_demo_agent_offers_a_mode_and_a_model,
 );

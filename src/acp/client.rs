@@ -272,8 +272,8 @@ struct Handshake<'a> {
     timeout: Duration,
     incoming: &'a mut mpsc::Receiver<Incoming>,
     kept: Vec<Incoming>,
-    /// What `initialize` offered: id and name of each method.
-    auth_methods: Vec<(String, String)>,
+    /// What `initialize` offered.
+    auth_methods: Vec<AuthMethod>,
     /// The profile's `auth_method`.
     auth_method: Option<&'a str>,
     authenticated: bool,
@@ -356,7 +356,10 @@ impl Handshake<'_> {
             let methods: Vec<String> = self
                 .auth_methods
                 .iter()
-                .map(|(id, name)| format!("{id:?} ({name})"))
+                .map(|m| match m.terminal {
+                    false => format!("{:?} ({})", m.id, m.name),
+                    true => format!("{:?} ({}, a terminal login)", m.id, m.name),
+                })
                 .collect();
             format!("it offers auth_method {}", methods.join(", "))
         };
@@ -371,15 +374,26 @@ impl Handshake<'_> {
                     self.process,
                 )))
             }
-            Some(id) if !self.auth_methods.iter().any(|(m, _)| m == id) => {
-                return Err(Error::AgentFailed(with_stderr(
+            Some(id) => match self.auth_methods.iter().find(|m| m.id == id) {
+                None => return Err(Error::AgentFailed(with_stderr(
                     format!(
                         "{needs}; the profile's auth_method {id:?} is not one it offers; {offered}"
                     ),
                     self.process,
-                )))
-            }
-            Some(id) => id,
+                ))),
+                // Not for `authenticate`: a person logs in by running the
+                // agent in a terminal.
+                Some(m) if m.terminal => {
+                    return Err(Error::AgentFailed(with_stderr(
+                        format!(
+                            "{needs}; the profile's auth_method {id:?} is a terminal login: log in \
+                             by running the agent interactively, as the user it runs as"
+                        ),
+                        self.process,
+                    )))
+                }
+                Some(_) => id,
+            },
         };
         tracing::info!(
             auth_method = chosen,
@@ -441,8 +455,19 @@ impl Handshake<'_> {
     }
 }
 
-/// The id and name of each authentication method `initialize` offered.
-fn auth_methods(init: &Value) -> Vec<(String, String)> {
+/// An authentication method `initialize` offered.
+#[derive(Debug, PartialEq, Eq)]
+struct AuthMethod {
+    id: String,
+    name: String,
+    /// `type: "terminal"`: the user runs the agent to log in; not for
+    /// `authenticate`.
+    terminal: bool,
+}
+
+/// The authentication methods `initialize` offered (read leniently: a
+/// method's `type` may be new).
+fn auth_methods(init: &Value) -> Vec<AuthMethod> {
     let methods = init.get("authMethods").and_then(Value::as_array);
     methods
         .into_iter()
@@ -454,7 +479,8 @@ fn auth_methods(init: &Value) -> Vec<(String, String)> {
                 .and_then(Value::as_str)
                 .unwrap_or(&id)
                 .to_owned();
-            Some((id, name))
+            let terminal = m.get("type").and_then(Value::as_str) == Some("terminal");
+            Some(AuthMethod { id, name, terminal })
         })
         .collect()
 }
@@ -472,7 +498,9 @@ fn from_json<T: serde::de::DeserializeOwned>(method: &str, value: Value) -> Resu
 }
 
 /// Replayed history: what an agent sends while loading a session that
-/// the conversation already holds.
+/// the conversation already holds. Mode and option changes replayed from
+/// the past are history too: the answer to `session/load` says what holds
+/// now (and where it does not, the conversation keeps what it knew).
 fn is_history(msg: &Incoming) -> bool {
     let Incoming::Notification { method, params } = msg else {
         return false;
@@ -491,6 +519,8 @@ fn is_history(msg: &Incoming) -> bool {
                     | "tool_call"
                     | "tool_call_update"
                     | "plan"
+                    | "current_mode_update"
+                    | "config_option_update"
             )
         )
 }
@@ -506,4 +536,66 @@ fn with_stderr(text: String, process: &AgentProcess) -> String {
 
 fn humantime_fmt(d: Duration) -> String {
     humantime_serde::re::humantime::format_duration(d).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn update(kind: &str) -> Incoming {
+        Incoming::Notification {
+            method: "session/update".into(),
+            params: json!({"sessionId": "s", "update": {"sessionUpdate": kind}}),
+        }
+    }
+
+    #[test]
+    fn a_load_drops_the_past_and_keeps_reports_of_now() {
+        for kind in [
+            "user_message_chunk",
+            "agent_message_chunk",
+            "tool_call",
+            "plan",
+            "current_mode_update",
+            "config_option_update",
+        ] {
+            let mut kept = Vec::new();
+            Replay::DropHistory.keep(update(kind), &mut kept);
+            assert!(kept.is_empty(), "{kind} is history");
+            Replay::Keep.keep(update(kind), &mut kept);
+            assert_eq!(kept.len(), 1, "{kind} is kept outside a load");
+        }
+        for kind in [
+            "available_commands_update",
+            "usage_update",
+            "session_info_update",
+            "brand_new_kind",
+        ] {
+            let mut kept = Vec::new();
+            Replay::DropHistory.keep(update(kind), &mut kept);
+            assert_eq!(kept.len(), 1, "{kind} is news");
+        }
+    }
+
+    #[test]
+    fn auth_methods_are_read_by_id_and_name() {
+        let init = json!({"authMethods": [
+            {"id": "api-key", "name": "API key"},
+            {"id": "terminal-login", "type": "terminal"},
+            {"name": "no id"},
+        ]});
+        let method = |id: &str, name: &str, terminal| AuthMethod {
+            id: id.into(),
+            name: name.into(),
+            terminal,
+        };
+        assert_eq!(
+            auth_methods(&init),
+            [
+                method("api-key", "API key", false),
+                method("terminal-login", "terminal-login", true),
+            ]
+        );
+        assert!(auth_methods(&json!({})).is_empty());
+    }
 }

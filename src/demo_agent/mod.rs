@@ -12,7 +12,13 @@
 //!
 //! * `initialize`: protocol version 1, no `loadSession`, no image/audio/embedded context,
 //!   no auth methods, `agentInfo` `acp-demo-agent` 0.1.0.
-//! * `session/new` (`cwd` and `mcpServers` required): answers `{"sessionId":"demo-<n>"}`.
+//! * `session/new` (`cwd` and `mcpServers` required): answers `{"sessionId":"demo-<n>"}` with
+//!   the session modes `default` (current) and `plan`, and one configuration option, `model`
+//!   (category `model`, a select of `small` (current) and `large`).
+//! * `session/set_mode`: sends `current_mode_update`, then answers `{}`; an unknown mode or
+//!   session gets error -32602.
+//! * `session/set_config_option`: `model` to `small` or `large`; answers the full
+//!   `configOptions`; anything else gets error -32602.
 //! * `session/prompt`: plays a scenario, then answers `{"stopReason": ...}`. A session runs one
 //!   turn at a time; a second prompt while one runs is answered with an error.
 //! * `session/cancel` (notification): the running turn stops streaming at the next chunk, and

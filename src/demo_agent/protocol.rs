@@ -1,6 +1,7 @@
 //! The demo agent's ACP side: reads stdin, answers `initialize`,
-//! `session/new` and `session/prompt` (by starting a scenario's turn), and
-//! passes `session/cancel` and the client's answers on.
+//! `session/new`, `session/set_mode`, `session/set_config_option` and
+//! `session/prompt` (by starting a scenario's turn), and passes
+//! `session/cancel` and the client's answers on.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -15,7 +16,9 @@ use tokio::task::JoinSet;
 
 use super::options::Options;
 use super::scenarios::{Scenario, Turn};
-use super::wire::{response, RpcError, Wire, INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND};
+use super::wire::{
+    notification, response, RpcError, Wire, INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND,
+};
 
 /// The ACP protocol version this agent speaks.
 const PROTOCOL_VERSION: u64 = 1;
@@ -48,6 +51,32 @@ struct PromptParams {
     prompt: Vec<ContentBlock>,
 }
 
+/// Params of `session/set_mode`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SetModeParams {
+    session_id: String,
+    mode_id: String,
+}
+
+/// Params of `session/set_config_option` (a select's value: a string).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SetConfigOptionParams {
+    session_id: String,
+    config_id: String,
+    value: Value,
+}
+
+/// The session modes every session offers; the first is current at first.
+const MODES: [(&str, &str, &str); 2] = [
+    ("default", "Default", "Asks before it edits"),
+    ("plan", "Plan", "Plans without editing"),
+];
+
+/// The values of the `model` option; the first is current at first.
+const MODELS: [(&str, &str); 2] = [("small", "Small"), ("large", "Large")];
+
 /// Params of `session/cancel`.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -71,6 +100,29 @@ struct Session {
     cwd: PathBuf,
     /// Set while a turn runs; sending `true` asks the turn to stop.
     cancel: Option<watch::Sender<bool>>,
+    mode: &'static str,
+    model: &'static str,
+}
+
+impl Session {
+    fn modes(&self) -> Value {
+        let available: Vec<Value> = MODES
+            .iter()
+            .map(|(id, name, description)| json!({"id": id, "name": name, "description": description}))
+            .collect();
+        json!({"currentModeId": self.mode, "availableModes": available})
+    }
+
+    fn config_options(&self) -> Value {
+        let values: Vec<Value> = MODELS
+            .iter()
+            .map(|(value, name)| json!({"value": value, "name": name}))
+            .collect();
+        json!([{
+            "id": "model", "name": "Model", "category": "model", "type": "select",
+            "currentValue": self.model, "options": values,
+        }])
+    }
 }
 
 /// State shared by the stdin reader and the running turns.
@@ -186,6 +238,8 @@ impl Agent {
             match method.as_str() {
                 "initialize" => Ok(initialize_result()),
                 "session/new" => self.new_session(params),
+                "session/set_mode" => self.set_mode(params).await,
+                "session/set_config_option" => self.set_config_option(params),
                 "session/prompt" => match self.start_turn(params) {
                     Ok((turn, scenario, text)) => {
                         let agent = Arc::clone(self);
@@ -237,14 +291,81 @@ impl Agent {
             params.cwd.display(),
             params.mcp_servers.len()
         );
-        self.sessions.lock().unwrap().insert(
-            session_id.clone(),
-            Session {
-                cwd: params.cwd,
-                cancel: None,
-            },
-        );
-        Ok(json!({ "sessionId": session_id }))
+        let session = Session {
+            cwd: params.cwd,
+            cancel: None,
+            mode: MODES[0].0,
+            model: MODELS[0].0,
+        };
+        let result = json!({
+            "sessionId": session_id,
+            "modes": session.modes(),
+            "configOptions": session.config_options(),
+        });
+        self.sessions
+            .lock()
+            .unwrap()
+            .insert(session_id.clone(), session);
+        Ok(result)
+    }
+
+    /// Handles `session/set_mode`: reports the new mode with a
+    /// `current_mode_update`, then answers.
+    async fn set_mode(&self, params: Value) -> Result<Value, RpcError> {
+        let params: SetModeParams = serde_json::from_value(params)
+            .map_err(|err| RpcError::new(INVALID_PARAMS, format!("session/set_mode: {err}")))?;
+        let mode = MODES
+            .iter()
+            .map(|(id, _, _)| *id)
+            .find(|id| *id == params.mode_id)
+            .ok_or_else(|| {
+                RpcError::new(INVALID_PARAMS, format!("no mode {:?}", params.mode_id))
+            })?;
+        self.with_session(&params.session_id, |session| session.mode = mode)?;
+        log!("session {}: mode {mode}", params.session_id);
+        let update = json!({"sessionUpdate": "current_mode_update", "currentModeId": mode});
+        let params = json!({"sessionId": params.session_id, "update": update});
+        self.wire.send(notification("session/update", params)).await;
+        Ok(json!({}))
+    }
+
+    /// Handles `session/set_config_option`: answers the full set of options.
+    fn set_config_option(&self, params: Value) -> Result<Value, RpcError> {
+        let params: SetConfigOptionParams = serde_json::from_value(params).map_err(|err| {
+            RpcError::new(INVALID_PARAMS, format!("session/set_config_option: {err}"))
+        })?;
+        let model = MODELS
+            .iter()
+            .map(|(value, _)| *value)
+            .find(|value| params.config_id == "model" && params.value == *value)
+            .ok_or_else(|| {
+                RpcError::new(
+                    INVALID_PARAMS,
+                    format!(
+                        "no value {} for option {:?}",
+                        params.value, params.config_id
+                    ),
+                )
+            })?;
+        let options = self.with_session(&params.session_id, |session| {
+            session.model = model;
+            session.config_options()
+        })?;
+        log!("session {}: model {model}", params.session_id);
+        Ok(json!({ "configOptions": options }))
+    }
+
+    /// Runs `f` on a session, or fails for an unknown one.
+    fn with_session<T>(
+        &self,
+        session_id: &str,
+        f: impl FnOnce(&mut Session) -> T,
+    ) -> Result<T, RpcError> {
+        let mut sessions = self.sessions.lock().unwrap();
+        let session = sessions.get_mut(session_id).ok_or_else(|| {
+            RpcError::new(INVALID_PARAMS, format!("unknown session {session_id}"))
+        })?;
+        Ok(f(session))
     }
 
     /// Validates a prompt and marks its session busy; the caller runs the returned turn.

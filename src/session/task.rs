@@ -643,7 +643,12 @@ impl Session {
                 }
             }
             Step::Command(Some(cmd)) => self.handle_command(cmd).await?,
-            Step::Changed(change, answer) => self.changed(change, answer).await?,
+            Step::Changed(change, answer) => {
+                // What the agent sent before its answer (its own report of
+                // the change, say) comes first, as it did on the wire.
+                self.drain_incoming(usize::MAX).await?;
+                self.changed(change, answer).await?;
+            }
             Step::Command(None) => return Ok(Some(End::ClosedByUser { reply: None })),
             Step::IdleTooLong => {
                 let after = humantime_serde::re::humantime::format_duration(
@@ -659,9 +664,10 @@ impl Session {
         Ok(None)
     }
 
-    /// Whether the agent has no turn and no pending request.
+    /// Whether the agent has no turn, no pending request and no setting
+    /// change to answer.
     fn is_idle(&self) -> bool {
-        self.turn.is_none() && self.pending.is_empty()
+        self.turn.is_none() && self.pending.is_empty() && self.changes.is_empty()
     }
 
     fn idle_since(&self) -> Option<Instant> {
@@ -1253,6 +1259,18 @@ impl Session {
         self.journal.set_status(self.status_now());
     }
 
+    /// The agent is gone: the setting changes it was asked for are
+    /// answered now, with its answer if it gave one, else the end of its
+    /// connection.
+    async fn settle_changes(&mut self) -> Result<()> {
+        while let Ok(Some((change, answer))) =
+            tokio::time::timeout(EXIT_AFTER_EOF, self.changes.next()).await
+        {
+            self.changed(change, answer).await?;
+        }
+        Ok(())
+    }
+
     /// A user closed the conversation: `session/close`, where the agent
     /// takes it, so it frees what it holds for the session (applying what it
     /// sends meanwhile), within [`CLOSE_GRACE`].
@@ -1353,6 +1371,7 @@ impl Session {
             };
             (state, detail)
         };
+        self.settle_changes().await?;
         // What waits for an unreachable database is written first (the
         // requests' answers must come after it).
         self.save_transcript();
