@@ -30,10 +30,6 @@ async fn kill_agent(db: &TestDb, conversation: &str, ws: &mut Ws) {
     ws.until_agent_gone().await;
 }
 
-async fn conversation(gw: &TestGateway, id: &str) -> Value {
-    gw.get(&format!("/api/v1/conversations/{id}")).await.1
-}
-
 /// The `agent_status` events of a list of events.
 fn agent_statuses(events: &[Value]) -> Vec<(String, Option<String>)> {
     events
@@ -52,10 +48,10 @@ async fn a_killed_agent_is_started_again_by_the_next_prompt_with_a_fresh_session
     let (gw, id, mut ws) = demo_conversation(&db).await;
     gw.prompt(&id, "hello").await;
     ws.until_type("turn_ended").await;
-    let before = conversation(&gw, &id).await;
+    let before = gw.conversation(&id).await;
     kill_agent(&db, &id, &mut ws).await;
     // Gone, but not failed: the conversation can go on.
-    let gone = conversation(&gw, &id).await;
+    let gone = gw.conversation(&id).await;
     assert_eq!(gone["status"], "idle", "{gone}");
 
     gw.prompt(&id, "hello again").await;
@@ -71,7 +67,7 @@ async fn a_killed_agent_is_started_again_by_the_next_prompt_with_a_fresh_session
     let ended = frames.last().unwrap();
     assert_eq!(ended["data"]["stop_reason"], "end_turn");
     assert!(streamed_text(&frames, "agent_message_chunk").contains("You said: hello again"));
-    let after = conversation(&gw, &id).await;
+    let after = gw.conversation(&id).await;
     assert_eq!(after["status"], "idle");
     // A fresh session (the demo agent numbers them per process, so its id
     // may even repeat: the context is what tells the client).
@@ -91,10 +87,10 @@ async fn a_restarted_gateway_resumes_with_session_load_and_stores_no_history_twi
     let (id, mut ws) = gw.open_conversation("node").await;
     gw.prompt(&id, "first").await;
     ws.until_type("turn_ended").await;
-    let before = conversation(&gw, &id).await;
+    let before = gw.conversation(&id).await;
 
     let gw = gw.restart().await;
-    let stopped = conversation(&gw, &id).await;
+    let stopped = gw.conversation(&id).await;
     assert_eq!(stopped["status"], "idle", "{stopped}");
     let mut ws = gw
         .conversation_ws(&id, stopped["last_seq"].as_i64().unwrap())
@@ -149,7 +145,7 @@ async fn a_restarted_gateway_resumes_with_session_load_and_stores_no_history_twi
             pair("agent", "You said: second"),
         ]
     );
-    let after = conversation(&gw, &id).await;
+    let after = gw.conversation(&id).await;
     assert_eq!(after["acp_session_id"], before["acp_session_id"]);
     assert_consecutive(&gw.events(&id).await, 0);
 }
@@ -212,7 +208,7 @@ async fn a_failed_restart_says_why_and_a_later_prompt_tries_again(db: TestDb) {
         .unwrap()
         .contains("/nonexistent/acp-agent"));
     // Still there to try again, with no turn started.
-    assert_eq!(conversation(&gw, &id).await["status"], "idle");
+    assert_eq!(gw.conversation(&id).await["status"], "idle");
     assert!(!frames.iter().any(|e| e["type"] == "turn_started"));
 
     let mut config = gw.stop().await;
@@ -254,7 +250,7 @@ async fn an_idle_agent_is_stopped_and_the_next_prompt_starts_it_again(db: TestDb
     let gone = frames.last().unwrap();
     assert_eq!(gone["data"]["status"], "exited");
     assert_eq!(gone["data"]["detail"], "stopped after 300ms idle");
-    assert_eq!(conversation(&gw, &id).await["status"], "idle");
+    assert_eq!(gw.conversation(&id).await["status"], "idle");
     assert!(agent_process_records(&db).await.is_empty());
     gw.prompt(&id, "hello again").await;
     let frames = ws.until_type("turn_ended").await;

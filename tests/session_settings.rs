@@ -44,12 +44,6 @@ fn methods(state: &Path) -> Vec<String> {
     calls(state).into_iter().map(|(m, _)| m).collect()
 }
 
-async fn conversation(gw: &TestGateway, id: &str) -> Value {
-    let (status, body) = gw.get(&format!("/api/v1/conversations/{id}")).await;
-    assert_eq!(status, 200, "{body}");
-    body
-}
-
 fn current_value(conversation: &Value, option: &str) -> Value {
     conversation["config_options"]
         .as_array()
@@ -95,7 +89,7 @@ async fn modes_and_options_show_and_change_through_rest(db: TestDb) {
         .until(|e| e["data"]["update"]["sessionUpdate"] == "available_commands_update")
         .await;
     assert_eq!(frames.last().unwrap()["data"]["turn_id"], Value::Null);
-    let shown = conversation(&gw, &id).await;
+    let shown = gw.conversation(&id).await;
     assert_eq!(shown["available_commands"][0]["name"], "init");
     assert_eq!(
         shown["available_commands"][1]["input"]["hint"],
@@ -111,12 +105,7 @@ async fn modes_and_options_show_and_change_through_rest(db: TestDb) {
 
     // A mode change reaches the agent, is recorded for every client, and
     // the conversation says so.
-    let (status, changed) = gw
-        .post(
-            &format!("/api/v1/conversations/{id}/mode"),
-            json!({"mode_id": "plan"}),
-        )
-        .await;
+    let (status, changed) = gw.set_mode(&id, "plan").await;
     assert_eq!(status, 200, "{changed}");
     assert_eq!(changed["modes"]["currentModeId"], "plan");
     assert_eq!(changed["id"], id.as_str());
@@ -133,15 +122,10 @@ async fn modes_and_options_show_and_change_through_rest(db: TestDb) {
     assert_eq!(set_mode.1["sessionId"], created["acp_session_id"]);
 
     // Options: a select and a boolean; the answer's options are kept.
-    let path = format!("/api/v1/conversations/{id}/config-options");
-    let (status, changed) = gw
-        .post(&path, json!({"config_id": "model", "value": "deep"}))
-        .await;
+    let (status, changed) = gw.set_option(&id, "model", json!("deep")).await;
     assert_eq!(status, 200, "{changed}");
     assert_eq!(current_value(&changed, "model"), "deep");
-    let (status, changed) = gw
-        .post(&path, json!({"config_id": "brave", "value": true}))
-        .await;
+    let (status, changed) = gw.set_option(&id, "brave", json!(true)).await;
     assert_eq!(status, 200, "{changed}");
     assert_eq!(current_value(&changed, "brave"), true);
     let frames = ws.until_type("config_option_changed").await;
@@ -154,7 +138,7 @@ async fn modes_and_options_show_and_change_through_rest(db: TestDb) {
     assert_eq!(event["data"]["value"], true);
     assert_eq!(
         event["data"]["config_options"],
-        conversation(&gw, &id).await["config_options"]
+        gw.conversation(&id).await["config_options"]
     );
     let sent: Vec<Value> = calls(state.path())
         .into_iter()
@@ -225,33 +209,18 @@ async fn modes_and_options_show_and_change_through_rest(db: TestDb) {
 
     // The agent's own refusal is a 502 that carries its message, and
     // changes nothing.
-    let before = conversation(&gw, &id).await;
-    let (status, problem) = gw
-        .post(
-            &format!("/api/v1/conversations/{id}/mode"),
-            json!({"mode_id": "broken"}),
-        )
-        .await;
-    assert_eq!(status, 502, "{problem}");
-    assert!(
-        problem["detail"]
-            .as_str()
-            .unwrap()
-            .contains("this mode cannot be entered"),
-        "{problem}"
+    let before = gw.conversation(&id).await;
+    assert_problem(
+        gw.set_mode(&id, "broken").await,
+        502,
+        "this mode cannot be entered",
     );
-    let (status, problem) = gw
-        .post(&path, json!({"config_id": "model", "value": "refused"}))
-        .await;
-    assert_eq!(status, 502, "{problem}");
-    assert!(
-        problem["detail"]
-            .as_str()
-            .unwrap()
-            .contains("this value cannot be set"),
-        "{problem}"
+    assert_problem(
+        gw.set_option(&id, "model", json!("refused")).await,
+        502,
+        "this value cannot be set",
     );
-    let after = conversation(&gw, &id).await;
+    let after = gw.conversation(&id).await;
     assert_eq!(after["modes"], before["modes"]);
     assert_eq!(after["config_options"], before["config_options"]);
 
@@ -259,12 +228,7 @@ async fn modes_and_options_show_and_change_through_rest(db: TestDb) {
     gw.prompt(&id, "hang").await;
     ws.until(|e| e["type"] == "session_update" && e["data"]["turn_id"].is_string())
         .await;
-    let (status, changed) = gw
-        .post(
-            &format!("/api/v1/conversations/{id}/mode"),
-            json!({"mode_id": "ask"}),
-        )
-        .await;
+    let (status, changed) = gw.set_mode(&id, "ask").await;
     assert_eq!(status, 200, "{changed}");
     assert_eq!(changed["status"], "running");
     assert_eq!(changed["modes"]["currentModeId"], "ask");
@@ -274,21 +238,11 @@ async fn modes_and_options_show_and_change_through_rest(db: TestDb) {
     assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "cancelled");
 
     // Unknown and closed conversations.
-    let unknown = uuid::Uuid::now_v7();
-    let (status, _) = gw
-        .post(
-            &format!("/api/v1/conversations/{unknown}/mode"),
-            json!({"mode_id": "plan"}),
-        )
-        .await;
+    let unknown = uuid::Uuid::now_v7().to_string();
+    let (status, _) = gw.set_mode(&unknown, "plan").await;
     assert_eq!(status, 404);
     gw.delete(&format!("/api/v1/conversations/{id}")).await;
-    let (status, problem) = gw
-        .post(
-            &format!("/api/v1/conversations/{id}/mode"),
-            json!({"mode_id": "plan"}),
-        )
-        .await;
+    let (status, problem) = gw.set_mode(&id, "plan").await;
     assert_eq!(status, 409, "{problem}");
     assert_eq!(problem["code"], "conversation_closed");
 }
@@ -306,7 +260,7 @@ async fn usage_and_the_agents_title_are_kept(db: TestDb) {
     assert_eq!(status, 201, "{titled}");
     let titled_id = titled["id"].as_str().unwrap().to_owned();
     let mut titled_ws = gw.conversation_ws(&titled_id, 0).await;
-    assert_eq!(conversation(&gw, &id).await["title"], Value::Null);
+    assert_eq!(gw.conversation(&id).await["title"], Value::Null);
 
     for (id, ws) in [(&id, &mut ws), (&titled_id, &mut titled_ws)] {
         gw.prompt(id, "usage").await;
@@ -315,14 +269,14 @@ async fn usage_and_the_agents_title_are_kept(db: TestDb) {
             .iter()
             .any(|e| e["data"]["update"]["sessionUpdate"] == "usage_update"));
     }
-    let shown = conversation(&gw, &id).await;
+    let shown = gw.conversation(&id).await;
     assert_eq!(
         shown["usage"],
         json!({"used": 1234, "size": 200000, "cost": {"amount": 0.12, "currency": "USD"}})
     );
     assert_eq!(shown["title"], "Usage report", "the agent's title");
     assert_eq!(
-        conversation(&gw, &titled_id).await["title"],
+        gw.conversation(&titled_id).await["title"],
         "Mine",
         "the user's title stays"
     );
@@ -334,25 +288,16 @@ async fn the_state_survives_a_gateway_restart(db: TestDb) {
     let (id, mut ws) = gw.open_conversation("sdk").await;
     ws.until(|e| e["data"]["update"]["sessionUpdate"] == "available_commands_update")
         .await;
-    gw.post(
-        &format!("/api/v1/conversations/{id}/mode"),
-        json!({"mode_id": "plan"}),
-    )
-    .await;
-    let (status, _) = gw
-        .post(
-            &format!("/api/v1/conversations/{id}/config-options"),
-            json!({"config_id": "model", "value": "deep"}),
-        )
-        .await;
+    gw.set_mode(&id, "plan").await;
+    let (status, _) = gw.set_option(&id, "model", json!("deep")).await;
     assert_eq!(status, 200);
     gw.prompt(&id, "usage").await;
     ws.until_type("turn_ended").await;
-    let before = conversation(&gw, &id).await;
+    let before = gw.conversation(&id).await;
 
     // Shown at once, before any agent runs again.
     let gw = gw.restart().await;
-    let after = conversation(&gw, &id).await;
+    let after = gw.conversation(&id).await;
     for key in [
         "modes",
         "config_options",
@@ -373,12 +318,7 @@ async fn the_state_survives_a_gateway_restart(db: TestDb) {
         agent_settings(&gw, &id, &mut ws).await,
         "mode=plan model=deep brave=false"
     );
-    let (status, changed) = gw
-        .post(
-            &format!("/api/v1/conversations/{id}/config-options"),
-            json!({"config_id": "brave", "value": true}),
-        )
-        .await;
+    let (status, changed) = gw.set_option(&id, "brave", json!(true)).await;
     assert_eq!(status, 200, "{changed}");
     assert_eq!(current_value(&changed, "model"), "deep");
     assert_eq!(current_value(&changed, "brave"), true);
@@ -397,21 +337,11 @@ async fn a_change_starts_an_agent_that_is_gone_and_refuses_without_starting_one(
     };
     assert_eq!(starts(), 1);
 
-    let (status, _) = gw
-        .post(
-            &format!("/api/v1/conversations/{id}/mode"),
-            json!({"mode_id": "yolo"}),
-        )
-        .await;
+    let (status, _) = gw.set_mode(&id, "yolo").await;
     assert_eq!(status, 422);
     assert_eq!(starts(), 1, "a refused change starts no agent");
 
-    let (status, changed) = gw
-        .post(
-            &format!("/api/v1/conversations/{id}/mode"),
-            json!({"mode_id": "plan"}),
-        )
-        .await;
+    let (status, changed) = gw.set_mode(&id, "plan").await;
     assert_eq!(status, 200, "{changed}");
     assert_eq!(changed["modes"]["currentModeId"], "plan");
     assert_eq!(starts(), 2);
@@ -432,7 +362,7 @@ async fn the_profile_pins_a_new_sessions_mode_and_options(db: TestDb) {
     let gw = TestGateway::start(&db, vec![pinned, wrong]).await;
 
     let (id, mut ws) = gw.open_conversation("pinned").await;
-    let shown = conversation(&gw, &id).await;
+    let shown = gw.conversation(&id).await;
     assert_eq!(shown["modes"]["currentModeId"], "plan");
     assert_eq!(current_value(&shown, "model"), "deep");
     assert_eq!(current_value(&shown, "brave"), true);
@@ -471,10 +401,10 @@ async fn session_resume_is_preferred_where_the_agent_offers_it(db: TestDb) {
     let (id, mut ws) = gw.open_conversation("resuming").await;
     gw.prompt(&id, "first").await;
     ws.until_type("turn_ended").await;
-    let before = conversation(&gw, &id).await;
+    let before = gw.conversation(&id).await;
 
     let gw = gw.restart().await;
-    let stopped = conversation(&gw, &id).await;
+    let stopped = gw.conversation(&id).await;
     let mut ws = gw
         .conversation_ws(&id, stopped["last_seq"].as_i64().unwrap())
         .await;
@@ -497,7 +427,7 @@ async fn session_resume_is_preferred_where_the_agent_offers_it(db: TestDb) {
     assert_eq!(resume["sessionId"], before["acp_session_id"]);
     assert_eq!(resume["cwd"], before["cwd"]);
     assert_eq!(
-        conversation(&gw, &id).await["acp_session_id"],
+        gw.conversation(&id).await["acp_session_id"],
         before["acp_session_id"]
     );
 }
@@ -518,12 +448,12 @@ async fn delete_sends_session_close_where_the_agent_offers_it(db: TestDb) {
         ("plain", plain_state.path()),
     ] {
         let (id, mut ws) = gw.open_conversation(name).await;
-        let session_id = conversation(&gw, &id).await["acp_session_id"].clone();
+        let session_id = gw.conversation(&id).await["acp_session_id"].clone();
         let (status, _) = gw.delete(&format!("/api/v1/conversations/{id}")).await;
         assert_eq!(status, 204);
         let frames = ws.until_agent_gone().await;
         assert_eq!(frames.last().unwrap()["data"]["status"], "exited");
-        assert_eq!(conversation(&gw, &id).await["status"], "closed");
+        assert_eq!(gw.conversation(&id).await["status"], "closed");
         let closes: Vec<Value> = calls(state)
             .into_iter()
             .filter(|(m, _)| m == "session/close")
@@ -559,16 +489,11 @@ async fn an_agent_that_needs_authentication_gets_the_profiles_method(db: TestDb)
             && detail.contains("auth_method"),
         "{detail}"
     );
-    let (status, problem) = gw
-        .post("/api/v1/conversations", json!({"agent": "wrong"}))
-        .await;
-    assert_eq!(status, 502, "{problem}");
-    assert!(
-        problem["detail"]
-            .as_str()
-            .unwrap()
-            .contains("\"password\" is not one it offers"),
-        "{problem}"
+    assert_problem(
+        gw.post("/api/v1/conversations", json!({"agent": "wrong"}))
+            .await,
+        502,
+        "\"password\" is not one it offers",
     );
     assert!(!methods(state.path()).contains(&"authenticate".to_owned()));
 
@@ -592,26 +517,13 @@ async fn an_agent_that_never_answers_a_change_or_dies_on_one(db: TestDb) {
     // and the conversation goes on.
     let (id, mut ws) = gw.open_conversation("hanging").await;
     assert_eq!(
-        conversation(&gw, &id).await["modes"]["currentModeId"],
+        gw.conversation(&id).await["modes"]["currentModeId"],
         "default"
     );
-    let (status, problem) = gw
-        .post(
-            &format!("/api/v1/conversations/{id}/mode"),
-            json!({"mode_id": "plan"}),
-        )
-        .await;
-    assert_eq!(status, 504, "{problem}");
+    let problem = assert_problem(gw.set_mode(&id, "plan").await, 504, "session/set_mode");
     assert_eq!(problem["code"], "agent_timeout");
-    assert!(
-        problem["detail"]
-            .as_str()
-            .unwrap()
-            .contains("session/set_mode"),
-        "{problem}"
-    );
     assert_eq!(
-        conversation(&gw, &id).await["modes"]["currentModeId"],
+        gw.conversation(&id).await["modes"]["currentModeId"],
         "default"
     );
     gw.prompt(&id, "hello").await;
@@ -622,19 +534,13 @@ async fn an_agent_that_never_answers_a_change_or_dies_on_one(db: TestDb) {
     // The agent dies on it: 502, the conversation is idle with what it had,
     // and the next prompt starts the agent again.
     let (id, mut ws) = gw.open_conversation("dying").await;
-    let (status, problem) = gw
-        .post(
-            &format!("/api/v1/conversations/{id}/config-options"),
-            json!({"config_id": "model", "value": "large"}),
-        )
-        .await;
-    assert_eq!(status, 502, "{problem}");
-    assert!(
-        problem["detail"].as_str().unwrap().contains("went away"),
-        "{problem}"
+    assert_problem(
+        gw.set_option(&id, "model", json!("large")).await,
+        502,
+        "went away",
     );
     ws.until_agent_gone().await;
-    let shown = conversation(&gw, &id).await;
+    let shown = gw.conversation(&id).await;
     assert_eq!(shown["status"], "idle");
     assert_eq!(current_value(&shown, "model"), "small");
     gw.prompt(&id, "hello").await;
@@ -644,22 +550,12 @@ async fn an_agent_that_never_answers_a_change_or_dies_on_one(db: TestDb) {
 
 async fn the_demo_agent_offers_a_mode_and_a_model(db: TestDb) {
     let (gw, id, mut ws) = demo_conversation(&db).await;
-    let shown = conversation(&gw, &id).await;
+    let shown = gw.conversation(&id).await;
     assert_eq!(shown["modes"]["currentModeId"], "default");
     assert_eq!(current_value(&shown, "model"), "small");
-    let (status, changed) = gw
-        .post(
-            &format!("/api/v1/conversations/{id}/mode"),
-            json!({"mode_id": "plan"}),
-        )
-        .await;
+    let (status, changed) = gw.set_mode(&id, "plan").await;
     assert_eq!(status, 200, "{changed}");
-    let (status, changed) = gw
-        .post(
-            &format!("/api/v1/conversations/{id}/config-options"),
-            json!({"config_id": "model", "value": "large"}),
-        )
-        .await;
+    let (status, changed) = gw.set_option(&id, "model", json!("large")).await;
     assert_eq!(status, 200, "{changed}");
     assert_eq!(changed["modes"]["currentModeId"], "plan");
     assert_eq!(current_value(&changed, "model"), "large");

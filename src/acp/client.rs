@@ -375,12 +375,14 @@ impl Handshake<'_> {
                 )))
             }
             Some(id) => match self.auth_methods.iter().find(|m| m.id == id) {
-                None => return Err(Error::AgentFailed(with_stderr(
-                    format!(
+                None => {
+                    return Err(Error::AgentFailed(with_stderr(
+                        format!(
                         "{needs}; the profile's auth_method {id:?} is not one it offers; {offered}"
                     ),
-                    self.process,
-                ))),
+                        self.process,
+                    )))
+                }
                 // Not for `authenticate`: a person logs in by running the
                 // agent in a terminal.
                 Some(m) if m.terminal => {

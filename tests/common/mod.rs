@@ -629,6 +629,36 @@ impl TestGateway {
         .await
     }
 
+    /// A conversation as `GET` shows it (asserting 200).
+    pub async fn conversation(&self, id: &str) -> Value {
+        let (status, body) = self.get(&format!("/api/v1/conversations/{id}")).await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    /// `POST …/mode`.
+    pub async fn set_mode(&self, conversation: &str, mode_id: &str) -> (u16, Value) {
+        self.post(
+            &format!("/api/v1/conversations/{conversation}/mode"),
+            json!({"mode_id": mode_id}),
+        )
+        .await
+    }
+
+    /// `POST …/config-options`.
+    pub async fn set_option(
+        &self,
+        conversation: &str,
+        config_id: &str,
+        value: Value,
+    ) -> (u16, Value) {
+        self.post(
+            &format!("/api/v1/conversations/{conversation}/config-options"),
+            json!({"config_id": config_id, "value": value}),
+        )
+        .await
+    }
+
     /// All events of a conversation from REST.
     pub async fn events(&self, conversation: &str) -> Vec<Value> {
         let (status, body) = self
@@ -829,6 +859,15 @@ pub fn streamed_text(events: &[Value], update_kind: &str) -> String {
         })
         .filter_map(|e| e["data"]["update"]["content"]["text"].as_str())
         .collect()
+}
+
+/// Asserts an answer is a problem with this status whose `detail` says
+/// `says`; returns the problem.
+pub fn assert_problem((status, problem): (u16, Value), expected: u16, says: &str) -> Value {
+    assert_eq!(status, expected, "{problem}");
+    let detail = problem["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains(says), "{says:?} not in {problem}");
+    problem
 }
 
 /// Asserts seqs are consecutive, starting right after `after`.
