@@ -62,6 +62,9 @@ pub enum Cmd {
         #[arg(long, global = true)]
         config: Option<PathBuf>,
     },
+    /// Print the API's OpenAPI document (YAML): what `openapi/openapi.yaml`
+    /// holds and `GET /api/v1/openapi.json` serves.
+    Openapi,
     /// Run the scripted demo agent on stdin/stdout (what the built-in "demo"
     /// profile starts). Arguments are the demo agent's own.
     #[command(hide = true)]
@@ -185,5 +188,11 @@ async fn token_command(store: &dyn Store, command: TokenCmd) -> anyhow::Result<(
         }
         TokenCmd::Revoke { .. } => unreachable!("clap requires an id or --user"),
     }
+    Ok(())
+}
+
+/// `openapi`: the document, as YAML, on stdout.
+pub fn openapi() -> anyhow::Result<()> {
+    print!("{}", crate::api::openapi_yaml()?);
     Ok(())
 }

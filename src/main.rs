@@ -26,6 +26,9 @@ fn main() -> std::process::ExitCode {
 
 async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Cmd::Openapi = cli.command {
+        return cli::openapi();
+    }
     if let Cmd::DemoAgent { args } = cli.command {
         // Its stdout is the protocol: no logging set up here.
         acp_gateway::demo_agent::run(args).await;
@@ -49,7 +52,7 @@ async fn run() -> anyhow::Result<()> {
         Cmd::Migrate { config } => cli::migrate(config.as_deref()).await,
         Cmd::Export { config, to } => cli::export(config.as_deref(), &to).await,
         Cmd::Token { command, config } => cli::token(config.as_deref(), command).await,
-        Cmd::DemoAgent { .. } => unreachable!("handled above"),
+        Cmd::DemoAgent { .. } | Cmd::Openapi => unreachable!("handled above"),
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 /// A new time-ordered id.
@@ -30,7 +31,7 @@ pub struct Page<T> {
 }
 
 /// Lifecycle of a conversation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ConversationStatus {
     Starting,
@@ -77,7 +78,7 @@ impl ConversationStatus {
 
 /// One ACP session with one agent profile, plus its persisted history.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(into = "ConversationJson")]
+#[serde(into = "ConversationView")]
 pub struct Conversation {
     pub id: Uuid,
     pub agent: String,
@@ -95,25 +96,40 @@ pub struct Conversation {
     pub state: SessionState,
 }
 
-/// A [`Conversation`] as the API shows it.
-#[derive(Serialize)]
-struct ConversationJson {
+/// A conversation: one ACP session with one agent profile, plus its
+/// persisted history. `modes`, `config_options`, `available_commands` and
+/// `usage` are what the agent last reported, as ACP objects, verbatim
+/// (`null` where it reported none).
+#[derive(Serialize, ToSchema)]
+#[schema(as = Conversation)]
+pub struct ConversationView {
     id: Uuid,
+    /// The agent profile's name.
     agent: String,
+    /// The user's title, else the agent's (`session_info_update`).
     title: Option<String>,
+    /// The agent's working directory (absolute).
     cwd: String,
     status: ConversationStatus,
+    /// The agent's id for the session.
     acp_session_id: Option<String>,
+    /// The seq of its newest event (0: none yet).
     last_seq: i64,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
+    /// ACP `SessionModeState`: `currentModeId`, `availableModes`.
     modes: Option<Value>,
+    /// ACP `SessionConfigOption`s (a model choice has `category: "model"`).
+    #[schema(value_type = Option<Vec<Object>>)]
     config_options: Option<Value>,
+    /// ACP `AvailableCommand`s: `name`, `description`, `input`.
+    #[schema(value_type = Option<Vec<Object>>)]
     available_commands: Option<Value>,
+    /// The latest ACP `usage_update`, without `sessionUpdate`: `used`, `size`, `cost`.
     usage: Option<Value>,
 }
 
-impl From<Conversation> for ConversationJson {
+impl From<Conversation> for ConversationView {
     fn from(c: Conversation) -> Self {
         let SessionState {
             modes,
@@ -122,7 +138,7 @@ impl From<Conversation> for ConversationJson {
             usage,
             title,
         } = c.state;
-        ConversationJson {
+        ConversationView {
             id: c.id,
             agent: c.agent,
             title: c.title.or(title),
@@ -380,7 +396,7 @@ pub mod event_type {
 }
 
 /// Who spoke a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum MessageRole {
     User,
@@ -406,12 +422,13 @@ impl MessageRole {
     }
 }
 
-/// Consecutive chunks of one role within a turn.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// Consecutive chunks of one role within a turn (text joined).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Message {
     pub id: Uuid,
     pub turn_id: Option<Uuid>,
     pub role: MessageRole,
+    /// ACP content blocks.
     pub content: Vec<Value>,
     pub created_at: DateTime<Utc>,
 }
@@ -440,8 +457,9 @@ pub fn plain_text(block: &Value) -> Option<&str> {
     obj.get("text")?.as_str()
 }
 
-/// A tool call's state after every update has been applied.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// A tool call's state after every `tool_call_update` has been applied
+/// (ACP fields, verbatim).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct ToolCall {
     pub tool_call_id: String,
     pub turn_id: Option<Uuid>,
@@ -504,7 +522,7 @@ impl ToolCall {
 }
 
 /// Where a permission request stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PermissionStatus {
     Pending,
@@ -540,12 +558,17 @@ impl PermissionStatus {
 }
 
 /// How a permission request was answered.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Decision {
+    /// The option chosen; `null` with the `cancelled` outcome.
     pub option_id: Option<String>,
     /// `selected` or `cancelled`, as in ACP.
+    #[schema(example = "selected")]
     pub outcome: String,
+    /// `user:<name>`, `policy:<rule name>` or `system`.
+    #[schema(example = "user:alice")]
     pub decided_by: String,
+    /// Why, when the gateway or a policy decided.
     pub reason: Option<String>,
     pub decided_at: DateTime<Utc>,
 }
@@ -579,12 +602,15 @@ impl Decision {
 }
 
 /// An agent's `session/request_permission`, parked until answered.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct PermissionRequest {
     pub id: Uuid,
     pub conversation_id: Uuid,
     pub turn_id: Option<Uuid>,
+    /// The ACP `toolCall` of the request, verbatim.
     pub tool_call: Value,
+    /// The ACP options, verbatim: `optionId`, `name`, `kind` (`allow_once`,
+    /// `allow_always`, `reject_once`, `reject_always`).
     pub options: Vec<Value>,
     pub status: PermissionStatus,
     pub decision: Option<Decision>,
@@ -610,7 +636,7 @@ impl PermissionRequest {
 }
 
 /// What a user may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// Sees and answers only their own conversations.
@@ -637,7 +663,7 @@ impl Role {
 }
 
 /// A remembered "always" answer, scoped to one conversation.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Rule {
     pub id: Uuid,
     pub conversation_id: Uuid,
@@ -653,7 +679,7 @@ pub struct Rule {
 }
 
 /// What an operator policy rule decides (the rule's `decision`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Action {
     Allow,
@@ -663,16 +689,18 @@ pub enum Action {
 
 /// At most `count` automatic approvals by one rule per `window`, per
 /// conversation; beyond it, a person is asked.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimit {
     pub count: u32,
+    /// A duration, e.g. `"1m"`, `"30s"`.
     #[serde(with = "humantime_serde")]
+    #[schema(value_type = String, example = "1m")]
     pub window: Duration,
 }
 
 /// One operator rule, as written in the config file or sent to the API.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyRule {
     pub name: String,
@@ -719,7 +747,7 @@ impl EventData for TurnStarted<'_> {
 
 /// `turn_ended`: the agent answered `session/prompt`, or the turn ended
 /// without that answer (`stop_reason` `error`, with the reason in `error`).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct TurnEnded {
     pub turn_id: Uuid,
     pub stop_reason: String,
@@ -731,7 +759,7 @@ impl EventData for TurnEnded {
 }
 
 /// Where the agent process stands, as `agent_status` events say it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AgentState {
     Starting,

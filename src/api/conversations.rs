@@ -4,52 +4,66 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
-use axum::{Json, Router};
-use serde::Deserialize;
+use axum::Json;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
 use super::extract::{AppJson, AppPath, AppQuery};
+use super::openapi::{
+    ConversationList, EventList, MessageList, RuleList, SettingValue, ToolCallList,
+};
 use super::state::AppState;
 use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
 use crate::limits;
-use crate::model::{self, Conversation, ConversationStatus, Event, Message, Page, Rule, ToolCall};
+use crate::model::{
+    self, Conversation, ConversationStatus, ConversationView, Event, Message, Page, Rule, ToolCall,
+};
 use crate::session::Setting;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/conversations", post(create).get(list))
-        .route("/api/v1/conversations/{id}", get(show).delete(close))
-        .route("/api/v1/conversations/{id}/prompts", post(prompt))
-        .route("/api/v1/conversations/{id}/cancel", post(cancel))
-        .route("/api/v1/conversations/{id}/mode", post(set_mode))
-        .route(
-            "/api/v1/conversations/{id}/config-options",
-            post(set_config_option),
-        )
-        .route("/api/v1/conversations/{id}/messages", get(messages))
-        .route("/api/v1/conversations/{id}/tool-calls", get(tool_calls))
-        .route("/api/v1/conversations/{id}/events", get(events))
-        .route(
-            "/api/v1/conversations/{id}/rules",
-            get(list_rules).delete(forget_rules),
-        )
-        .route(
-            "/api/v1/conversations/{id}/rules/{rule_id}",
-            get(show_rule).delete(forget_rule),
-        )
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(show, close))
+        .routes(routes!(prompt))
+        .routes(routes!(cancel))
+        .routes(routes!(set_mode))
+        .routes(routes!(set_config_option))
+        .routes(routes!(messages))
+        .routes(routes!(tool_calls))
+        .routes(routes!(events))
+        .routes(routes!(list_rules, forget_rules))
+        .routes(routes!(show_rule, forget_rule))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = NewConversation)]
 struct CreateBody {
+    /// An agent profile's name.
     agent: String,
+    /// One line, at most 200 characters.
     title: Option<String>,
+    /// An absolute directory (default: the profile's `cwd`).
     cwd: Option<String>,
 }
 
+/// Starts a conversation: once its agent runs and `session/new` answered.
+#[utoipa::path(
+    post, operation_id = "createConversation", path = "/api/v1/conversations", tag = "conversations",
+    request_body = CreateBody,
+    responses(
+        (status = 201, description = "Started", body = ConversationView),
+        (status = 404, description = "No such agent profile"),
+        (status = 422, description = "Invalid input"),
+        (status = 502, description = "The agent could not be started (the detail says why, with its last stderr lines)"),
+        (status = 503, description = "All `max_agents` agents are busy (`Retry-After`)"),
+        (status = 504, description = "The agent did not answer in time"),
+    )
+)]
 async fn create(
     State(state): State<AppState>,
     caller: Caller,
@@ -85,12 +99,24 @@ async fn create(
     Ok((StatusCode::CREATED, Json(conversation)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ListQuery {
+    /// 1 to 200 (default 50).
     limit: Option<i64>,
+    /// The `next_cursor` of the previous page.
     cursor: Option<String>,
 }
 
+/// The caller's conversations (an operator's: all), newest first.
+#[utoipa::path(
+    get, operation_id = "listConversations", path = "/api/v1/conversations", tag = "conversations",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page", body = ConversationList),
+        (status = 422, description = "Invalid limit or cursor"),
+    )
+)]
 async fn list(
     State(state): State<AppState>,
     caller: Caller,
@@ -127,6 +153,15 @@ async fn load(state: &AppState, caller: &Caller, id: Uuid) -> Result<Conversatio
     state.visible_conversation(caller, id).await
 }
 
+/// One conversation.
+#[utoipa::path(
+    get, operation_id = "getConversation", path = "/api/v1/conversations/{id}", tag = "conversations",
+    params(("id" = Uuid, Path, description = "The conversation")),
+    responses(
+        (status = 200, description = "The conversation", body = ConversationView),
+        (status = 404, description = "No such conversation (or not the caller's)"),
+    )
+)]
 async fn show(
     State(state): State<AppState>,
     caller: Caller,
@@ -135,6 +170,16 @@ async fn show(
     load(&state, &caller, id).await.map(Json)
 }
 
+/// Closes a conversation: its agent session stops (`session/close` first,
+/// where the agent offers it); its history stays, its status is `closed`.
+#[utoipa::path(
+    delete, operation_id = "closeConversation", path = "/api/v1/conversations/{id}", tag = "conversations",
+    params(("id" = Uuid, Path, description = "The conversation")),
+    responses(
+        (status = 204, description = "Closed"),
+        (status = 404, description = "No such conversation"),
+    )
+)]
 async fn close(
     State(state): State<AppState>,
     caller: Caller,
@@ -145,10 +190,14 @@ async fn close(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Deserialize)]
+/// Exactly one of `text` and `content`.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = Prompt)]
 struct PromptBody {
+    /// Plain text (one text block).
     text: Option<String>,
+    /// ACP content blocks (at most 1000), each with a string `type`.
     content: Option<Vec<Value>>,
 }
 
@@ -178,6 +227,29 @@ impl PromptBody {
     }
 }
 
+/// The turn a prompt started.
+#[derive(Serialize, ToSchema)]
+struct TurnId {
+    turn_id: Uuid,
+}
+
+/// Starts a turn; it streams as events. An agent that has gone is started
+/// again first.
+#[utoipa::path(
+    post, operation_id = "prompt", path = "/api/v1/conversations/{id}/prompts", tag = "conversations",
+    params(("id" = Uuid, Path, description = "The conversation")),
+    request_body = PromptBody,
+    responses(
+        (status = 202, description = "The turn started", body = TurnId),
+        (status = 404, description = "No such conversation"),
+        (status = 409, description = "`turn_in_progress`, `conversation_closed` or `agent_unavailable`"),
+        (status = 422, description = "Invalid prompt"),
+        (status = 429, description = "Too many prompts (`Retry-After`)"),
+        (status = 502, description = "The agent could not be started again"),
+        (status = 503, description = "At capacity (`max_agents`)"),
+        (status = 504, description = "The agent did not answer in time"),
+    )
+)]
 async fn prompt(
     State(state): State<AppState>,
     caller: Caller,
@@ -188,9 +260,20 @@ async fn prompt(
     let conversation = load(&state, &caller, id).await?;
     state.auth().check_rate(&caller, Limited::Prompt)?;
     let turn_id = state.sessions().prompt(&conversation, content).await?;
-    Ok((StatusCode::ACCEPTED, Json(json!({"turn_id": turn_id}))))
+    Ok((StatusCode::ACCEPTED, Json(TurnId { turn_id })))
 }
 
+/// Cancels the running turn (`session/cancel`; its pending permission
+/// requests are answered `cancelled`). A no-op when idle.
+#[utoipa::path(
+    post, operation_id = "cancelTurn", path = "/api/v1/conversations/{id}/cancel", tag = "conversations",
+    params(("id" = Uuid, Path, description = "The conversation")),
+    responses(
+        (status = 202, description = "Cancelled (or nothing to cancel)", body = Object),
+        (status = 404, description = "No such conversation"),
+        (status = 409, description = "`conversation_closed`"),
+    )
+)]
 async fn cancel(
     State(state): State<AppState>,
     caller: Caller,
@@ -201,13 +284,30 @@ async fn cancel(
     Ok((StatusCode::ACCEPTED, Json(json!({}))))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = ModeChange)]
 struct ModeBody {
+    /// One of the conversation's `modes.availableModes[].id`.
     mode_id: String,
 }
 
-/// `session/set_mode`: 200 with the conversation once the agent accepted.
+/// Changes the session mode (`session/set_mode`), between turns or during
+/// one; recorded as a `mode_changed` event.
+#[utoipa::path(
+    post, operation_id = "setMode", path = "/api/v1/conversations/{id}/mode", tag = "settings",
+    params(("id" = Uuid, Path, description = "The conversation")),
+    request_body = ModeBody,
+    responses(
+        (status = 200, description = "The agent accepted", body = ConversationView),
+        (status = 404, description = "No such conversation"),
+        (status = 409, description = "`conversation_closed` or `agent_unavailable`"),
+        (status = 422, description = "A mode the agent does not offer"),
+        (status = 502, description = "The agent refused (its message in the detail) or went away"),
+        (status = 503, description = "At capacity (`max_agents`)"),
+        (status = 504, description = "The agent did not answer in time"),
+    )
+)]
 async fn set_mode(
     State(state): State<AppState>,
     caller: Caller,
@@ -218,15 +318,34 @@ async fn set_mode(
     change(&state, &caller, id, Setting::Mode(body.mode_id)).await
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = ConfigOptionChange)]
 struct ConfigOptionBody {
+    /// One of the conversation's `config_options[].id`.
     config_id: String,
+    /// A value the option offers: a string for a `select`, a boolean for a
+    /// `boolean` option.
+    #[schema(value_type = SettingValue)]
     value: Value,
 }
 
-/// `session/set_config_option`: 200 with the conversation, carrying the
-/// options the agent answered with.
+/// Sets a session configuration option (`session/set_config_option`), e.g.
+/// the model; recorded as a `config_option_changed` event.
+#[utoipa::path(
+    post, operation_id = "setConfigOption", path = "/api/v1/conversations/{id}/config-options", tag = "settings",
+    params(("id" = Uuid, Path, description = "The conversation")),
+    request_body = ConfigOptionBody,
+    responses(
+        (status = 200, description = "The agent accepted; the conversation carries the options it answered with", body = ConversationView),
+        (status = 404, description = "No such conversation"),
+        (status = 409, description = "`conversation_closed` or `agent_unavailable`"),
+        (status = 422, description = "An option or value the agent does not offer"),
+        (status = 502, description = "The agent refused (its message in the detail) or went away"),
+        (status = 503, description = "At capacity (`max_agents`)"),
+        (status = 504, description = "The agent did not answer in time"),
+    )
+)]
 async fn set_config_option(
     State(state): State<AppState>,
     caller: Caller,
@@ -264,6 +383,16 @@ async fn change(
     load(state, caller, id).await.map(Json)
 }
 
+/// The conversation's messages, oldest first: consecutive chunks of one
+/// role within a turn form one message.
+#[utoipa::path(
+    get, operation_id = "listMessages", path = "/api/v1/conversations/{id}/messages", tag = "conversations",
+    params(("id" = Uuid, Path, description = "The conversation")),
+    responses(
+        (status = 200, description = "Every message", body = MessageList),
+        (status = 404, description = "No such conversation"),
+    )
+)]
 async fn messages(
     State(state): State<AppState>,
     caller: Caller,
@@ -277,6 +406,15 @@ async fn messages(
     }))
 }
 
+/// The conversation's tool calls, each as every update left it.
+#[utoipa::path(
+    get, operation_id = "listToolCalls", path = "/api/v1/conversations/{id}/tool-calls", tag = "conversations",
+    params(("id" = Uuid, Path, description = "The conversation")),
+    responses(
+        (status = 200, description = "Every tool call", body = ToolCallList),
+        (status = 404, description = "No such conversation"),
+    )
+)]
 async fn tool_calls(
     State(state): State<AppState>,
     caller: Caller,
@@ -290,12 +428,25 @@ async fn tool_calls(
     }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct EventsQuery {
+    /// Events with a greater seq (default 0: from the first).
     after: Option<i64>,
+    /// 1 to 10000 (default 1000).
     limit: Option<i64>,
 }
 
+/// The conversation's events with `seq > after`, ascending.
+#[utoipa::path(
+    get, operation_id = "listEvents", path = "/api/v1/conversations/{id}/events", tag = "events",
+    params(("id" = Uuid, Path, description = "The conversation"), EventsQuery),
+    responses(
+        (status = 200, description = "A page; `next_cursor` is the last seq when the page is full", body = EventList),
+        (status = 404, description = "No such conversation"),
+        (status = 422, description = "Invalid after or limit"),
+    )
+)]
 async fn events(
     State(state): State<AppState>,
     caller: Caller,
@@ -320,6 +471,15 @@ async fn events(
     Ok(Json(Page { items, next_cursor }))
 }
 
+/// The answers remembered for the conversation ("always" answers).
+#[utoipa::path(
+    get, operation_id = "listRules", path = "/api/v1/conversations/{id}/rules", tag = "permissions",
+    params(("id" = Uuid, Path, description = "The conversation")),
+    responses(
+        (status = 200, description = "Every remembered answer", body = RuleList),
+        (status = 404, description = "No such conversation"),
+    )
+)]
 async fn list_rules(
     State(state): State<AppState>,
     caller: Caller,
@@ -333,6 +493,18 @@ async fn list_rules(
     }))
 }
 
+/// One remembered answer.
+#[utoipa::path(
+    get, operation_id = "getRule", path = "/api/v1/conversations/{id}/rules/{rule_id}", tag = "permissions",
+    params(
+        ("id" = Uuid, Path, description = "The conversation"),
+        ("rule_id" = Uuid, Path, description = "The rule"),
+    ),
+    responses(
+        (status = 200, description = "The rule", body = Rule),
+        (status = 404, description = "No such conversation or rule"),
+    )
+)]
 async fn show_rule(
     State(state): State<AppState>,
     caller: Caller,
@@ -350,6 +522,14 @@ async fn show_rule(
 }
 
 /// Forgets every remembered rule of the conversation.
+#[utoipa::path(
+    delete, operation_id = "forgetRules", path = "/api/v1/conversations/{id}/rules", tag = "permissions",
+    params(("id" = Uuid, Path, description = "The conversation")),
+    responses(
+        (status = 204, description = "Forgotten"),
+        (status = 404, description = "No such conversation"),
+    )
+)]
 async fn forget_rules(
     State(state): State<AppState>,
     caller: Caller,
@@ -362,6 +542,18 @@ async fn forget_rules(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Forgets one remembered rule.
+#[utoipa::path(
+    delete, operation_id = "forgetRule", path = "/api/v1/conversations/{id}/rules/{rule_id}", tag = "permissions",
+    params(
+        ("id" = Uuid, Path, description = "The conversation"),
+        ("rule_id" = Uuid, Path, description = "The rule"),
+    ),
+    responses(
+        (status = 204, description = "Forgotten"),
+        (status = 404, description = "No such conversation or rule"),
+    )
+)]
 async fn forget_rule(
     State(state): State<AppState>,
     caller: Caller,

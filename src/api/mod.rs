@@ -3,6 +3,7 @@
 
 mod conversations;
 mod extract;
+pub mod openapi;
 mod permissions;
 mod policies;
 mod state;
@@ -12,31 +13,52 @@ mod ws;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::get;
 use axum::{Json, Router};
+use serde::Serialize;
 use serde_json::json;
+use utoipa::{OpenApi, ToSchema};
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::auth::Caller;
 use crate::error::Error;
-use crate::model::ConversationStatus;
+use crate::model::{ConversationStatus, Page};
 use crate::telemetry;
 
 pub use extract::{AppJson, AppPath, AppQuery};
 pub use state::AppState;
 
-/// The whole API.
-pub fn router(state: AppState) -> Router {
-    let max_body = state.config().max_body_bytes;
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .route("/api/v1/agents", get(list_agents))
+/// Every route, each with its OpenAPI description.
+fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .routes(routes!(list_agents))
+        .routes(routes!(openapi_json))
         .merge(conversations::router())
         .merge(permissions::router())
         .merge(policies::router())
         .merge(tokens::router())
         .merge(ws::router())
+}
+
+/// The OpenAPI document of the whole API (what `openapi/openapi.yaml` holds).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let (_, mut doc) = routes().split_for_parts();
+    openapi::finish(&mut doc);
+    doc
+}
+
+/// The OpenAPI document as YAML, as committed in `openapi/openapi.yaml`.
+pub fn openapi_yaml() -> anyhow::Result<String> {
+    Ok(openapi().to_yaml()?)
+}
+
+/// The whole API.
+pub fn router(state: AppState) -> Router {
+    let max_body = state.config().max_body_bytes;
+    let (routes, _) = routes().split_for_parts();
+    routes
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body))
         .layer(
@@ -51,10 +73,44 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// This API's OpenAPI document (`openapi/openapi.yaml`, as JSON).
+#[utoipa::path(
+    get, operation_id = "openapi", path = "/api/v1/openapi.json", tag = "health", security(()),
+    responses((status = 200, description = "The OpenAPI 3.1 document", body = Object))
+)]
+async fn openapi_json() -> Json<serde_json::Value> {
+    static DOC: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+    let doc = DOC.get_or_init(|| serde_json::to_value(openapi()).expect("the document serializes"));
+    Json(doc.clone())
+}
+
+/// A health answer.
+#[derive(Serialize, ToSchema)]
+struct Health {
+    /// `ok`, `ready` or `unavailable`.
+    status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    detail: Option<String>,
+}
+
+/// Answers while the process runs.
+#[utoipa::path(
+    get, operation_id = "health", path = "/healthz", tag = "health", security(()),
+    responses((status = 200, description = "Running", body = Health))
+)]
 async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
+/// Answers 200 while the database answers.
+#[utoipa::path(
+    get, operation_id = "ready", path = "/readyz", tag = "health", security(()),
+    responses(
+        (status = 200, description = "Ready", body = Health),
+        (status = 503, description = "The database does not answer", body = Health, content_type = "application/json"),
+    )
+)]
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     match state.store().ping().await {
         Ok(()) => (StatusCode::OK, Json(json!({"status": "ready"}))),
@@ -71,6 +127,10 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
 /// Prometheus text: agents, conversations by status, pending requests,
 /// events written, WebSocket clients, agent exits and restarts, commit
 /// latency, the write buffer. Open, like the health checks.
+#[utoipa::path(
+    get, operation_id = "metrics", path = "/metrics", tag = "health", security(()),
+    responses((status = 200, description = "Prometheus text format 0.0.4", body = String, content_type = "text/plain"))
+)]
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     // What the database knows is left as last seen while it is away: the
     // page matters most then.
@@ -101,24 +161,51 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     )
 }
 
-async fn list_agents(State(state): State<AppState>, _caller: Caller) -> Json<serde_json::Value> {
+/// An agent profile as clients see it.
+#[derive(Serialize, ToSchema)]
+struct Agent {
+    name: String,
+    title: String,
+    /// Whether its command can be found and run (by its user).
+    available: bool,
+    unavailable_reason: Option<String>,
+}
+
+/// Agent profiles.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+struct AgentList {
+    items: Vec<Agent>,
+    /// Always `null`: one page holds every profile.
+    next_cursor: Option<String>,
+}
+
+/// The agent profiles, and whether each can be run.
+#[utoipa::path(
+    get, operation_id = "listAgents", path = "/api/v1/agents", tag = "agents",
+    responses((status = 200, description = "Every profile", body = AgentList))
+)]
+async fn list_agents(State(state): State<AppState>, _caller: Caller) -> Json<Page<Agent>> {
     let config = state.config();
-    let items: Vec<_> = config
+    let items = config
         .agents
         .iter()
         // As conversations start them: with the gateway-wide agent_user.
         .filter_map(|a| config.agent(&a.name))
         .map(|a| {
             let reason = a.unavailable_reason();
-            json!({
-                "name": a.name,
-                "title": a.title.clone().unwrap_or_else(|| a.name.clone()),
-                "available": reason.is_none(),
-                "unavailable_reason": reason,
-            })
+            Agent {
+                title: a.title.clone().unwrap_or_else(|| a.name.clone()),
+                name: a.name,
+                available: reason.is_none(),
+                unavailable_reason: reason,
+            }
         })
         .collect();
-    Json(json!({"items": items, "next_cursor": null}))
+    Json(Page {
+        items,
+        next_cursor: None,
+    })
 }
 
 /// Unknown paths: 404, but only for a caller who may call the API at all

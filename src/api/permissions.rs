@@ -1,12 +1,14 @@
 //! `/api/v1/permissions`: the pending store as users see it.
 
 use axum::extract::State;
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use serde::Deserialize;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
 use super::extract::{AppJson, AppPath, AppQuery};
+use super::openapi::PermissionRequestList;
 use super::state::AppState;
 use crate::auth::Caller;
 use crate::error::{Error, Result};
@@ -14,26 +16,39 @@ use crate::model::{Page, PermissionRequest};
 use crate::permissions::Answer;
 use crate::store::PermissionFilter;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/permissions", get(list))
-        .route("/api/v1/permissions/{id}", get(show))
-        .route("/api/v1/permissions/{id}/respond", post(respond))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list))
+        .routes(routes!(show))
+        .routes(routes!(respond))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 enum StatusFilter {
     Pending,
     All,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ListQuery {
+    /// `pending` (the default) or `all`.
     status: Option<StatusFilter>,
+    /// Only this conversation's requests.
     conversation_id: Option<Uuid>,
 }
 
+/// Permission requests the caller can see, oldest first: the permission
+/// inbox.
+#[utoipa::path(
+    get, operation_id = "listPermissions", path = "/api/v1/permissions", tag = "permissions",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "The requests", body = PermissionRequestList),
+        (status = 422, description = "Invalid filter"),
+    )
+)]
 async fn list(
     State(state): State<AppState>,
     caller: Caller,
@@ -51,6 +66,15 @@ async fn list(
     }))
 }
 
+/// One permission request.
+#[utoipa::path(
+    get, operation_id = "getPermission", path = "/api/v1/permissions/{id}", tag = "permissions",
+    params(("id" = Uuid, Path, description = "The request")),
+    responses(
+        (status = 200, description = "The request", body = PermissionRequest),
+        (status = 404, description = "No such request (or not the caller's)"),
+    )
+)]
 async fn show(
     State(state): State<AppState>,
     caller: Caller,
@@ -73,10 +97,14 @@ async fn visible_request(state: &AppState, caller: &Caller, id: Uuid) -> Result<
     Ok(request)
 }
 
-#[derive(Deserialize)]
+/// Exactly one of `option_id` and `outcome`.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = PermissionAnswer)]
 struct RespondBody {
+    /// One of the request's `options[].optionId`.
     option_id: Option<String>,
+    /// `cancelled`: the ACP cancelled outcome.
     outcome: Option<String>,
 }
 
@@ -95,6 +123,21 @@ impl RespondBody {
     }
 }
 
+/// Answers a pending request: persisted, then the agent is answered, then
+/// `permission_resolved` is published. Repeating the recorded answer is
+/// idempotent (200).
+#[utoipa::path(
+    post, operation_id = "answerPermission", path = "/api/v1/permissions/{id}/respond", tag = "permissions",
+    params(("id" = Uuid, Path, description = "The request")),
+    request_body = RespondBody,
+    responses(
+        (status = 200, description = "Answered", body = PermissionRequest),
+        (status = 404, description = "No such request"),
+        (status = 409, description = "`already_resolved` otherwise (member `request`) or `agent_gone`"),
+        (status = 422, description = "An option the agent did not offer, or not exactly one of option_id and outcome"),
+        (status = 503, description = "The database is unreachable; try again"),
+    )
+)]
 async fn respond(
     State(state): State<AppState>,
     caller: Caller,

@@ -3,10 +3,11 @@
 //! does.
 
 use axum::extract::State;
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use utoipa::ToSchema;
+use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
 use super::extract::AppJson;
@@ -18,14 +19,15 @@ use crate::model::{self, Action, PolicyRule};
 use crate::permissions::policy::{Facts, Policies};
 use crate::store::PolicySet;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/policies", get(show).put(replace))
-        .route("/api/v1/policies/evaluate", post(evaluate))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(show, replace))
+        .routes(routes!(evaluate))
 }
 
 /// The rules in force and where they come from.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = Policies)]
 struct PolicyList {
     items: Vec<PolicyRule>,
     next_cursor: Option<String>,
@@ -51,17 +53,35 @@ async fn current(state: &AppState) -> Result<PolicyList> {
     })
 }
 
+/// The operator policies in force, in order (the first that covers a tool
+/// call decides).
+#[utoipa::path(
+    get, operation_id = "getPolicies", path = "/api/v1/policies", tag = "policies",
+    responses((status = 200, description = "The rules", body = PolicyList))
+)]
 async fn show(State(state): State<AppState>, _caller: Caller) -> Result<Json<PolicyList>> {
     current(&state).await.map(Json)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = NewPolicies)]
 struct ReplaceBody {
+    /// At most 1000 rules.
     items: Vec<PolicyRule>,
 }
 
-/// Replaces the whole list; an invalid rule changes nothing (422).
+/// Replaces the whole list (operators only); an invalid rule changes
+/// nothing.
+#[utoipa::path(
+    put, operation_id = "replacePolicies", path = "/api/v1/policies", tag = "policies",
+    request_body = ReplaceBody,
+    responses(
+        (status = 200, description = "The rules now in force", body = PolicyList),
+        (status = 403, description = "Not an operator"),
+        (status = 422, description = "An invalid rule (the detail names it)"),
+    )
+)]
 async fn replace(
     State(state): State<AppState>,
     caller: Caller,
@@ -86,17 +106,23 @@ async fn replace(
     current(&state).await.map(Json)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = PolicyQuestion)]
 struct EvaluateBody {
+    /// An agent profile's name.
     agent: String,
+    /// An ACP `ToolCall` object.
+    #[schema(value_type = Object)]
     tool_call: Value,
+    /// The conversation's directory (default: the profile's).
     cwd: Option<String>,
     /// Take this conversation's remembered answers into account.
     conversation_id: Option<Uuid>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = PolicyVerdict)]
 struct EvaluateResult {
     decision: Action,
     rule: Option<String>,
@@ -105,6 +131,15 @@ struct EvaluateResult {
 
 /// A dry run: what would happen to this tool call now (rate limits are not
 /// consumed, and not applied).
+#[utoipa::path(
+    post, operation_id = "evaluatePolicies", path = "/api/v1/policies/evaluate", tag = "policies",
+    request_body = EvaluateBody,
+    responses(
+        (status = 200, description = "The verdict", body = EvaluateResult),
+        (status = 404, description = "No such agent profile or conversation"),
+        (status = 422, description = "Invalid input"),
+    )
+)]
 async fn evaluate(
     State(state): State<AppState>,
     caller: Caller,

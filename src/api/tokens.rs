@@ -5,26 +5,35 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::{delete, get};
-use axum::{Json, Router};
-use serde::Deserialize;
-use serde_json::{json, Value};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
 use super::extract::{AppJson, AppPath};
+use super::openapi::TokenList;
 use super::state::AppState;
 use crate::auth::{issue_token, valid_user_name, Caller};
 use crate::error::{Error, Result};
 use crate::model::{Page, Role};
 use crate::store::TokenInfo;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/tokens", get(list).post(create))
-        .route("/api/v1/tokens/{id}", delete(revoke))
-        .route("/api/v1/users/{name}", delete(remove_user))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list, create))
+        .routes(routes!(revoke))
+        .routes(routes!(remove_user))
 }
 
+/// Every token, revoked ones included, oldest first (operators only).
+#[utoipa::path(
+    get, operation_id = "listTokens", path = "/api/v1/tokens", tag = "tokens",
+    responses(
+        (status = 200, description = "The tokens (never their values)", body = TokenList),
+        (status = 403, description = "Not an operator"),
+    )
+)]
 async fn list(State(state): State<AppState>, caller: Caller) -> Result<Json<Page<TokenInfo>>> {
     caller.require_operator()?;
     let items = state.store().list_tokens().await?;
@@ -34,33 +43,65 @@ async fn list(State(state): State<AppState>, caller: Caller) -> Result<Json<Page
     }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = NewToken)]
 struct CreateBody {
+    /// At most 64 characters of `[A-Za-z0-9._@-]`; created if new.
     user: String,
+    /// `user` (the default) or `operator`; sets the user's role.
     #[serde(default = "default_role")]
     role: Role,
+    /// One line, at most 200 characters.
     label: Option<String>,
+}
+
+/// A new token: its value is shown this once.
+#[derive(Serialize, ToSchema)]
+#[schema(as = IssuedToken)]
+struct Issued {
+    #[serde(flatten)]
+    info: TokenInfo,
+    /// The bearer token.
+    token: String,
 }
 
 fn default_role() -> Role {
     Role::User
 }
 
+/// Creates a token (operators only).
+#[utoipa::path(
+    post, operation_id = "createToken", path = "/api/v1/tokens", tag = "tokens",
+    request_body = CreateBody,
+    responses(
+        (status = 201, description = "Created", body = Issued),
+        (status = 403, description = "Not an operator"),
+        (status = 422, description = "Invalid user name or label"),
+    )
+)]
 async fn create(
     State(state): State<AppState>,
     caller: Caller,
     AppJson(body): AppJson<CreateBody>,
-) -> Result<(StatusCode, Json<Value>)> {
+) -> Result<(StatusCode, Json<Issued>)> {
     caller.require_operator()?;
     let (info, token) =
         issue_token(state.store(), &body.user, body.role, body.label.as_deref()).await?;
     tracing::info!(token_id = %info.id, user = %info.user, by = %caller.user, "token created");
-    let mut value = serde_json::to_value(&info).map_err(anyhow::Error::from)?;
-    value["token"] = json!(token);
-    Ok((StatusCode::CREATED, Json(value)))
+    Ok((StatusCode::CREATED, Json(Issued { info, token })))
 }
 
+/// Revokes a token; its WebSockets close (1008).
+#[utoipa::path(
+    delete, operation_id = "revokeToken", path = "/api/v1/tokens/{id}", tag = "tokens",
+    params(("id" = Uuid, Path, description = "The token")),
+    responses(
+        (status = 204, description = "Revoked"),
+        (status = 403, description = "Not an operator"),
+        (status = 404, description = "No such active token"),
+    )
+)]
 async fn revoke(
     State(state): State<AppState>,
     caller: Caller,
@@ -77,6 +118,15 @@ async fn revoke(
 
 /// Removes a user: every token of theirs is revoked (their open WebSockets
 /// close); their conversations and history stay.
+#[utoipa::path(
+    delete, operation_id = "removeUser", path = "/api/v1/users/{name}", tag = "tokens",
+    params(("name" = String, Path, description = "The user")),
+    responses(
+        (status = 204, description = "Removed"),
+        (status = 403, description = "Not an operator"),
+        (status = 404, description = "No such user"),
+    )
+)]
 async fn remove_user(
     State(state): State<AppState>,
     caller: Caller,

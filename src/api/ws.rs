@@ -11,12 +11,12 @@ use std::time::Duration;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::response::Response;
-use axum::routing::get;
-use axum::Router;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
+use utoipa::IntoParams;
+use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
 use super::extract::{bearer_subprotocol, AppPath, AppQuery};
@@ -35,18 +35,32 @@ const CLOSE_TOO_SLOW: u16 = 4008;
 /// Close code when the connection's token is revoked or its user removed.
 const CLOSE_POLICY_VIOLATION: u16 = 1008;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/conversations/{id}/ws", get(conversation_ws))
-        .route("/api/v1/ws", get(inbox_ws))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(conversation_ws))
+        .routes(routes!(inbox_ws))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct WsQuery {
+    /// Send events with a greater seq first (default 0: all).
     after: Option<i64>,
-    /// Read by the `Caller` extractor; named here so it is not an error.
+    /// The bearer token, for clients that cannot set a header (or use the
+    /// `bearer.<token>` subprotocol).
     #[serde(rename = "access_token")]
+    #[param(rename = "access_token")]
     _access_token: Option<String>,
+}
+
+/// The bearer token as a query parameter (WebSocket upgrades only).
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+struct TokenQuery {
+    /// The bearer token, for clients that cannot set a header (or use the
+    /// `bearer.<token>` subprotocol).
+    access_token: Option<String>,
 }
 
 /// A `bearer.<token>` subprotocol the client offered: a browser only accepts
@@ -73,6 +87,22 @@ impl BearerProtocol {
     }
 }
 
+/// Upgrades to a WebSocket carrying the conversation's events: every event
+/// with `seq > after`, in order, then live ones, one JSON text frame each
+/// (an `Event`): no gap, no duplicate. A client that reads too slowly is
+/// closed with 4008 and may come back with `after`; a revoked token closes
+/// it with 1008, a stopping gateway with 1001. Frames from the client other
+/// than ping/pong/close are ignored.
+#[utoipa::path(
+    get, operation_id = "conversationEvents", path = "/api/v1/conversations/{id}/ws", tag = "events",
+    params(("id" = Uuid, Path, description = "The conversation"), WsQuery),
+    responses(
+        (status = 101, description = "Switching to WebSocket; then one `Event` per text frame"),
+        (status = 400, description = "Not a WebSocket upgrade request", content_type = "text/plain", body = String),
+        (status = 404, description = "No such conversation"),
+        (status = 429, description = "Too many connections (`Retry-After`)"),
+    )
+)]
 async fn conversation_ws(
     State(state): State<AppState>,
     caller: Caller,
@@ -215,6 +245,19 @@ async fn close_for(socket: &mut WebSocket, result: &Result<(), WsEnd>) {
     .await;
 }
 
+/// Upgrades to a WebSocket carrying every event of every conversation the
+/// caller can see, live, after one first frame: an `InboxSnapshot` of the
+/// pending permission requests. The permission inbox of a phone; after
+/// 4008 (too slow), reconnect for a fresh snapshot.
+#[utoipa::path(
+    get, operation_id = "inbox", path = "/api/v1/ws", tag = "events",
+    params(TokenQuery),
+    responses(
+        (status = 101, description = "Switching to WebSocket; an `InboxSnapshot`, then one `Event` per text frame"),
+        (status = 400, description = "Not a WebSocket upgrade request", content_type = "text/plain", body = String),
+        (status = 429, description = "Too many connections (`Retry-After`)"),
+    )
+)]
 async fn inbox_ws(
     State(state): State<AppState>,
     caller: Caller,

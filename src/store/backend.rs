@@ -69,7 +69,7 @@ pub struct PolicySet {
 }
 
 /// A bearer token as shown to operators (never its value or hash).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
 pub struct TokenInfo {
     pub id: Uuid,
     pub user: String,

@@ -1,0 +1,386 @@
+//! The OpenAPI document: what the routers declare with `#[utoipa::path]`
+//! (so a route cannot go undocumented), plus what no handler returns
+//! directly: problem details on every error, the events and the WebSocket
+//! frames. `acp-gateway openapi` prints it; `openapi/openapi.yaml` is that
+//! output, committed, and `GET /api/v1/openapi.json` serves it.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{Content, RefOr};
+use utoipa::{Modify, OpenApi, ToSchema};
+use uuid::Uuid;
+
+use crate::model::{
+    AgentState, ConversationView, Message, PermissionRequest, Rule, ToolCall, TurnEnded,
+};
+use crate::store::TokenInfo;
+
+/// The document's fixed parts; the paths come from the routers.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "acp-gateway",
+        description = "AI coding agents (Agent Client Protocol) behind REST and WebSocket. \
+            Errors are RFC 9457 problem details (`application/problem+json`) with a stable \
+            `code`. Ids are UUIDs (v7), times RFC 3339 UTC. ACP objects that pass through \
+            (updates, tool calls, content blocks, permission options, modes, configuration \
+            options) keep ACP's camelCase, verbatim.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0")
+    ),
+    components(schemas(
+        Problem,
+        Event,
+        TurnStartedEvent,
+        SessionUpdateEvent,
+        PermissionRequestedEvent,
+        PermissionResolvedEvent,
+        TurnEndedEvent,
+        AgentStatusEvent,
+        ModeChangedEvent,
+        ConfigOptionChangedEvent,
+        InboxSnapshot,
+        Message,
+        ToolCall,
+        PermissionRequest,
+    )),
+    tags(
+        (name = "health", description = "Liveness, readiness and metrics (no token needed)"),
+        (name = "agents", description = "The agent profiles this gateway runs"),
+        (name = "conversations", description = "ACP sessions with their persisted history"),
+        (name = "settings", description = "What an agent reports about its session, and changing it"),
+        (name = "events", description = "The event log, over REST and WebSocket"),
+        (name = "permissions", description = "The agents' permission requests and their answers"),
+        (name = "policies", description = "Operator rules that answer permission requests"),
+        (name = "tokens", description = "Bearer tokens and users (operators only)"),
+    )
+)]
+pub struct ApiDoc;
+
+/// Completes the document once the routers added their paths: the bearer
+/// scheme, required everywhere but where an operation says otherwise, and
+/// problem details on every error response that names no other content.
+pub fn finish(doc: &mut utoipa::openapi::OpenApi) {
+    Finishing.modify(doc)
+}
+
+struct Finishing;
+
+impl Modify for Finishing {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "A token from `acp-gateway token create` or POST /api/v1/tokens. \
+                         Not needed while no token exists (open mode, loopback only).",
+                    ))
+                    .build(),
+            ),
+        );
+        doc.security = Some(vec![utoipa::openapi::security::SecurityRequirement::new(
+            "bearer",
+            Vec::<String>::new(),
+        )]);
+        let problem = Content::new(Some(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
+            "Problem",
+        ))));
+        for item in doc.paths.paths.values_mut() {
+            for operation in item.operations_mut() {
+                // What any operation may answer, besides its own.
+                let public = operation.security.is_some();
+                let with_body = operation.request_body.is_some();
+                let common = [
+                    (
+                        !public,
+                        "401",
+                        "No valid bearer token (once any token exists)",
+                    ),
+                    (with_body, "400", "Malformed JSON (`malformed_json`)"),
+                    (with_body, "413", "The body is larger than `max_body_bytes`"),
+                    (
+                        with_body,
+                        "415",
+                        "The body is not JSON (`unsupported_media_type`)",
+                    ),
+                    (
+                        !public,
+                        "500",
+                        "Internal error (the gateway's log says more)",
+                    ),
+                    (
+                        !public,
+                        "503",
+                        "The database is unreachable (`database_unavailable`); try again",
+                    ),
+                ];
+                let responses = &mut operation.responses.responses;
+                for (applies, status, description) in common {
+                    if applies && !responses.contains_key(status) {
+                        responses.insert(
+                            status.to_owned(),
+                            RefOr::T(utoipa::openapi::Response::new(description)),
+                        );
+                    }
+                }
+                for (status, response) in operation.responses.responses.iter_mut() {
+                    let is_error = status.starts_with('4') || status.starts_with('5');
+                    if let (true, RefOr::T(response)) = (is_error, response) {
+                        if response.content.is_empty() {
+                            response.content.insert(
+                                "application/problem+json".into(),
+                                RefOr::T(problem.clone()),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Methods on a path item, whichever are set.
+trait Operations {
+    fn operations_mut(&mut self) -> Vec<&mut utoipa::openapi::path::Operation>;
+}
+
+impl Operations for utoipa::openapi::PathItem {
+    fn operations_mut(&mut self) -> Vec<&mut utoipa::openapi::path::Operation> {
+        [
+            &mut self.get,
+            &mut self.put,
+            &mut self.post,
+            &mut self.delete,
+            &mut self.patch,
+        ]
+        .into_iter()
+        .filter_map(Option::as_mut)
+        .collect()
+    }
+}
+
+/// An RFC 9457 problem: every error the API answers.
+#[derive(Serialize, ToSchema)]
+pub struct Problem {
+    /// `urn:acp-gateway:problem:<code>`.
+    #[schema(example = "urn:acp-gateway:problem:not_found")]
+    r#type: String,
+    /// The HTTP status' reason phrase.
+    title: String,
+    status: u16,
+    /// What went wrong, for a person (for an agent failure: its cause and the
+    /// agent's last stderr lines).
+    detail: String,
+    /// Stable, snake_case: `malformed_json`, `unsupported_media_type`,
+    /// `payload_too_large`, `invalid_request`, `not_found`, `unauthorized`,
+    /// `forbidden`, `rate_limited`, `turn_in_progress`, `conversation_closed`,
+    /// `agent_unavailable`, `already_resolved`, `agent_gone`, `agent_failed`,
+    /// `agent_timeout`, `at_capacity`, `database_unavailable`, `unavailable`,
+    /// `internal_error`.
+    #[schema(example = "not_found")]
+    code: String,
+    /// With `already_resolved`: the request as it stands.
+    #[schema(nullable = false)]
+    request: Option<PermissionRequest>,
+}
+
+/// Defines the schema of a list of `$item`s (a [`crate::model::Page`]).
+macro_rules! list {
+    ($(#[$doc:meta])* $name:ident, $item:ty) => {
+        $(#[$doc])*
+        #[derive(Serialize, ToSchema)]
+        #[allow(dead_code)]
+        pub struct $name {
+            items: Vec<$item>,
+            /// The cursor of the next page; `null` on the last.
+            next_cursor: Option<String>,
+        }
+    };
+}
+
+list!(
+    /// Conversations, newest first.
+    ConversationList, ConversationView
+);
+list!(
+    /// Messages, oldest first.
+    MessageList, Message
+);
+list!(
+    /// Tool calls, oldest first.
+    ToolCallList, ToolCall
+);
+list!(
+    /// Events, ascending by seq.
+    EventList, Event
+);
+list!(
+    /// Remembered answers, oldest first.
+    RuleList, Rule
+);
+list!(
+    /// Permission requests, oldest first.
+    PermissionRequestList, PermissionRequest
+);
+list!(
+    /// Tokens, oldest first.
+    TokenList, TokenInfo
+);
+
+/// Defines one event schema: its `type`, and its `data`.
+macro_rules! event {
+    ($(#[$doc:meta])* $name:ident, $tag:ident = $kind:literal, $data:ty) => {
+        $(#[$doc])*
+        #[derive(Serialize, ToSchema)]
+        #[allow(dead_code)]
+        pub struct $name {
+            /// From 1, one more per event of the conversation.
+            seq: i64,
+            conversation_id: Uuid,
+            r#type: $tag,
+            at: DateTime<Utc>,
+            data: $data,
+        }
+
+        #[derive(Serialize, ToSchema)]
+        #[allow(dead_code)]
+        pub enum $tag {
+            #[serde(rename = $kind)]
+            Kind,
+        }
+    };
+}
+
+event!(
+    /// `turn_started`: a prompt was accepted.
+    TurnStartedEvent, TurnStartedType = "turn_started", TurnStartedData
+);
+event!(
+    /// `session_update`: an update from the agent, verbatim.
+    SessionUpdateEvent, SessionUpdateType = "session_update", SessionUpdateData
+);
+event!(
+    /// `permission_requested`: the agent asks; the request as stored.
+    PermissionRequestedEvent, PermissionRequestedType = "permission_requested", PermissionRequest
+);
+event!(
+    /// `permission_resolved`: the request with its decision.
+    PermissionResolvedEvent, PermissionResolvedType = "permission_resolved", PermissionRequest
+);
+event!(
+    /// `turn_ended`: the agent answered the prompt, or the turn ended
+    /// without that answer (`stop_reason` `error`).
+    TurnEndedEvent, TurnEndedType = "turn_ended", TurnEnded
+);
+event!(
+    /// `agent_status`: the agent process started, is ready, or went away.
+    AgentStatusEvent, AgentStatusType = "agent_status", AgentStatusData
+);
+event!(
+    /// `mode_changed`: a user changed the session mode and the agent accepted.
+    ModeChangedEvent, ModeChangedType = "mode_changed", ModeChangedData
+);
+event!(
+    /// `config_option_changed`: a user set a configuration option and the
+    /// agent accepted.
+    ConfigOptionChangedEvent, ConfigOptionChangedType = "config_option_changed", ConfigOptionChangedData
+);
+
+/// One entry of a conversation's event log, by its `type`. A WebSocket
+/// sends each as one text frame.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum Event {
+    TurnStarted(TurnStartedEvent),
+    SessionUpdate(SessionUpdateEvent),
+    PermissionRequested(PermissionRequestedEvent),
+    PermissionResolved(PermissionResolvedEvent),
+    TurnEnded(TurnEndedEvent),
+    AgentStatus(AgentStatusEvent),
+    ModeChanged(ModeChangedEvent),
+    ConfigOptionChanged(ConfigOptionChangedEvent),
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct TurnStartedData {
+    turn_id: Uuid,
+    /// The user's prompt: ACP content blocks.
+    content: Vec<Value>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct SessionUpdateData {
+    /// The turn it belongs to; `null` between turns.
+    turn_id: Option<Uuid>,
+    /// The ACP update object (`sessionUpdate` tells its kind), verbatim.
+    /// Consecutive text chunks of one kind may be merged into one event.
+    update: Value,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct AgentStatusData {
+    status: AgentState,
+    /// Why (its exit and last stderr lines when it went away).
+    detail: Option<String>,
+    /// Only when an agent is started again for an existing conversation:
+    /// `loaded` (it restored the session: `session/resume` or
+    /// `session/load`) or `reset` (a fresh session: it forgot earlier
+    /// turns).
+    #[schema(nullable = false)]
+    context: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct ModeChangedData {
+    mode_id: String,
+    /// `user:<name>`.
+    changed_by: String,
+    /// The conversation's `modes` since (ACP `SessionModeState`).
+    modes: Option<Value>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct ConfigOptionChangedData {
+    config_id: String,
+    #[schema(value_type = SettingValue)]
+    value: Value,
+    /// `user:<name>`.
+    changed_by: String,
+    /// The full set the agent answered with (ACP `SessionConfigOption`s).
+    config_options: Option<Value>,
+}
+
+/// A configuration option's value: a select's value id, or a boolean.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum SettingValue {
+    Text(String),
+    Flag(bool),
+}
+
+/// The first frame of `GET /api/v1/ws`: what waits for an answer now.
+/// Events of every conversation the caller can see follow, one per frame.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct InboxSnapshot {
+    r#type: SnapshotType,
+    pending_permissions: Vec<PermissionRequest>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub enum SnapshotType {
+    #[serde(rename = "snapshot")]
+    Snapshot,
+}
