@@ -703,6 +703,8 @@ pub struct RateLimit {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyRule {
+    /// Unique in the list; at most 100 characters, one line.
+    #[schema(min_length = 1, max_length = 100)]
     pub name: String,
     /// Profile names, or `"*"` for every agent (the default).
     #[serde(default = "every_agent")]

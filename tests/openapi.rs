@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use serde_json::json;
 
 const REGENERATE: &str = "cargo run -- openapi > openapi/openapi.yaml";
 
@@ -80,4 +81,207 @@ async fn the_gateway_serves_its_document(db: TestDb) {
     );
 }
 
-backend_tests!(the_gateway_serves_its_document);
+/// The document's schemas, to check real answers against.
+struct Contract {
+    doc: serde_json::Value,
+}
+
+impl Contract {
+    fn new() -> Contract {
+        Contract {
+            doc: serde_json::to_value(acp_gateway::api::openapi()).unwrap(),
+        }
+    }
+
+    /// Why `instance` does not match `schema` (resolved in the document).
+    fn violations(&self, schema: &serde_json::Value, instance: &serde_json::Value) -> Vec<String> {
+        let mut root = schema.clone();
+        root["components"] = self.doc["components"].clone();
+        let validator = jsonschema::validator_for(&root).expect("a valid JSON Schema");
+        validator
+            .iter_errors(instance)
+            .map(|e| e.to_string())
+            .collect()
+    }
+
+    /// Asserts `instance` matches the named component schema.
+    fn schema(&self, name: &str, instance: &serde_json::Value) {
+        let schema = serde_json::json!({"$ref": format!("#/components/schemas/{name}")});
+        let violations = self.violations(&schema, instance);
+        assert!(
+            violations.is_empty(),
+            "{name}: {violations:?}\nin {instance}"
+        );
+    }
+
+    /// Asserts an answer is documented for the operation, with a body that
+    /// matches its schema.
+    fn answer(&self, method: &str, path: &str, (status, body): &(u16, serde_json::Value)) {
+        let response = &self.doc["paths"][path][method]["responses"][status.to_string()];
+        assert!(
+            response.is_object(),
+            "{method} {path} answered {status}, which it does not document: {body}"
+        );
+        match response["content"].as_object() {
+            None => assert!(body.is_null(), "{method} {path} {status}: {body}"),
+            Some(content) => {
+                let (_, media) = content.iter().next().unwrap();
+                let violations = self.violations(&media["schema"], body);
+                assert!(
+                    violations.is_empty(),
+                    "{method} {path} {status}: {violations:?}\nin {body}"
+                );
+            }
+        }
+    }
+}
+
+async fn real_answers_and_events_match_the_document(db: TestDb) {
+    let contract = Contract::new();
+    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
+    let mut inbox = gw.ws("/api/v1/ws").await;
+    contract.schema("InboxSnapshot", &inbox.next().await);
+    contract.answer("get", "/api/v1/agents", &gw.get("/api/v1/agents").await);
+
+    let created = gw
+        .post(
+            "/api/v1/conversations",
+            json!({"agent": "demo", "title": "Contract"}),
+        )
+        .await;
+    contract.answer("post", "/api/v1/conversations", &created);
+    let id = created.1["id"].as_str().unwrap().to_owned();
+    let conv = |p: &str| format!("/api/v1/conversations/{id}{p}");
+    let mut ws = gw.conversation_ws(&id, 0).await;
+
+    // A turn with a permission request, answered.
+    let prompted = gw.post(&conv("/prompts"), json!({"text": "tool"})).await;
+    contract.answer("post", "/api/v1/conversations/{id}/prompts", &prompted);
+    let request = ws.until_type("permission_requested").await.pop().unwrap();
+    let permission = request["data"]["id"].as_str().unwrap().to_owned();
+    contract.answer(
+        "get",
+        "/api/v1/permissions",
+        &gw.get("/api/v1/permissions").await,
+    );
+    contract.answer(
+        "get",
+        "/api/v1/permissions/{id}",
+        &gw.get(&format!("/api/v1/permissions/{permission}")).await,
+    );
+    let answered = gw
+        .post(
+            &format!("/api/v1/permissions/{permission}/respond"),
+            json!({"option_id": "allow-always"}),
+        )
+        .await;
+    contract.answer("post", "/api/v1/permissions/{id}/respond", &answered);
+    ws.until_type("turn_ended").await;
+
+    // Settings, a plan, a cancelled turn.
+    let mode = gw.set_mode(&id, "plan").await;
+    contract.answer("post", "/api/v1/conversations/{id}/mode", &mode);
+    let option = gw.set_option(&id, "model", json!("large")).await;
+    contract.answer("post", "/api/v1/conversations/{id}/config-options", &option);
+    gw.prompt(&id, "plan").await;
+    ws.until_type("turn_ended").await;
+    gw.prompt(&id, "hang").await;
+    ws.until_type("turn_started").await;
+    let cancelled = gw.post(&conv("/cancel"), json!({})).await;
+    contract.answer("post", "/api/v1/conversations/{id}/cancel", &cancelled);
+    ws.until_type("turn_ended").await;
+
+    // Everything read back.
+    for (path, template) in [
+        (conv(""), "/api/v1/conversations/{id}"),
+        (conv("/events"), "/api/v1/conversations/{id}/events"),
+        (conv("/messages"), "/api/v1/conversations/{id}/messages"),
+        (conv("/tool-calls"), "/api/v1/conversations/{id}/tool-calls"),
+        (conv("/rules"), "/api/v1/conversations/{id}/rules"),
+        ("/api/v1/conversations".into(), "/api/v1/conversations"),
+        (
+            "/api/v1/permissions?status=all".into(),
+            "/api/v1/permissions",
+        ),
+        ("/api/v1/policies".into(), "/api/v1/policies"),
+        ("/api/v1/tokens".into(), "/api/v1/tokens"),
+    ] {
+        contract.answer("get", template, &gw.get(&path).await);
+    }
+    let (_, rules) = gw.get(&conv("/rules")).await;
+    let rule = rules["items"][0]["id"].as_str().unwrap().to_owned();
+    contract.answer(
+        "get",
+        "/api/v1/conversations/{id}/rules/{rule_id}",
+        &gw.get(&conv(&format!("/rules/{rule}"))).await,
+    );
+    let evaluated = gw
+        .post(
+            "/api/v1/policies/evaluate",
+            json!({"agent": "demo", "tool_call": {"kind": "read", "title": "Read x"}}),
+        )
+        .await;
+    contract.answer("post", "/api/v1/policies/evaluate", &evaluated);
+    let events = gw.events(&id).await;
+    let kinds: std::collections::BTreeSet<&str> =
+        events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds.into_iter().collect::<Vec<_>>(),
+        [
+            "agent_status",
+            "config_option_changed",
+            "mode_changed",
+            "permission_requested",
+            "permission_resolved",
+            "session_update",
+            "turn_ended",
+            "turn_started",
+        ]
+    );
+    // Each WebSocket frame is an Event too.
+    let mut live = gw.conversation_ws(&id, 0).await;
+    for _ in 0..events.len() {
+        contract.schema("Event", &live.next().await);
+    }
+    for _ in 0..3 {
+        contract.schema("Event", &inbox.next().await);
+    }
+
+    // Problems.
+    let unknown = format!("/api/v1/conversations/{}", uuid::Uuid::now_v7());
+    contract.answer("get", "/api/v1/conversations/{id}", &gw.get(&unknown).await);
+    let invalid = gw
+        .post(&conv("/prompts"), json!({"text": "a", "content": []}))
+        .await;
+    contract.answer("post", "/api/v1/conversations/{id}/prompts", &invalid);
+    let malformed = gw
+        .post_raw(&conv("/prompts"), "application/json", "{")
+        .await;
+    contract.answer("post", "/api/v1/conversations/{id}/prompts", &malformed);
+    let not_json = gw.post_raw(&conv("/prompts"), "text/plain", "hi").await;
+    contract.answer("post", "/api/v1/conversations/{id}/prompts", &not_json);
+    let refused = gw.set_mode(&id, "yolo").await;
+    contract.answer("post", "/api/v1/conversations/{id}/mode", &refused);
+    let closed = gw.delete(&conv("")).await;
+    contract.answer("delete", "/api/v1/conversations/{id}", &closed);
+    let after_close = gw.post(&conv("/prompts"), json!({"text": "x"})).await;
+    contract.answer("post", "/api/v1/conversations/{id}/prompts", &after_close);
+    for (status, _) in [&invalid, &malformed, &not_json, &refused, &after_close] {
+        assert!(*status >= 400, "{status}");
+    }
+
+    // A wrong schema is caught: the same conversation against a document
+    // that says `last_seq` is a string.
+    let (_, conversation) = gw.get(&conv("")).await;
+    let mut wrong = Contract::new();
+    wrong.doc["components"]["schemas"]["Conversation"]["properties"]["last_seq"] =
+        json!({"type": "string"});
+    let schema = json!({"$ref": "#/components/schemas/Conversation"});
+    assert!(!wrong.violations(&schema, &conversation).is_empty());
+    assert!(contract.violations(&schema, &conversation).is_empty());
+}
+
+backend_tests!(
+    the_gateway_serves_its_document,
+    real_answers_and_events_match_the_document,
+);

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::extract::{AppJson, AppPath, AppQuery};
 use super::openapi::{
-    ConversationList, EventList, MessageList, RuleList, SettingValue, ToolCallList,
+    ContentBlock, ConversationList, EventList, MessageList, RuleList, SettingValue, ToolCallList,
 };
 use super::state::AppState;
 use crate::auth::{Caller, Limited};
@@ -44,8 +44,10 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[schema(as = NewConversation)]
 struct CreateBody {
     /// An agent profile's name.
+    #[schema(pattern = "^[a-z0-9_-]{1,64}$", example = "demo")]
     agent: String,
     /// One line, at most 200 characters.
+    #[schema(max_length = 200, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")]
     title: Option<String>,
     /// An absolute directory (default: the profile's `cwd`).
     cwd: Option<String>,
@@ -103,6 +105,7 @@ async fn create(
 #[into_params(parameter_in = Query)]
 struct ListQuery {
     /// 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     limit: Option<i64>,
     /// The `next_cursor` of the previous page.
     cursor: Option<String>,
@@ -198,6 +201,7 @@ struct PromptBody {
     /// Plain text (one text block).
     text: Option<String>,
     /// ACP content blocks (at most 1000), each with a string `type`.
+    #[schema(value_type = Option<Vec<ContentBlock>>, min_items = 1, max_items = 1000)]
     content: Option<Vec<Value>>,
 }
 
@@ -289,6 +293,7 @@ async fn cancel(
 #[schema(as = ModeChange)]
 struct ModeBody {
     /// One of the conversation's `modes.availableModes[].id`.
+    #[schema(max_length = 200, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")]
     mode_id: String,
 }
 
@@ -323,6 +328,7 @@ async fn set_mode(
 #[schema(as = ConfigOptionChange)]
 struct ConfigOptionBody {
     /// One of the conversation's `config_options[].id`.
+    #[schema(max_length = 200, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")]
     config_id: String,
     /// A value the option offers: a string for a `select`, a boolean for a
     /// `boolean` option.
@@ -432,8 +438,10 @@ async fn tool_calls(
 #[into_params(parameter_in = Query)]
 struct EventsQuery {
     /// Events with a greater seq (default 0: from the first).
+    #[param(minimum = 0)]
     after: Option<i64>,
     /// 1 to 10000 (default 1000).
+    #[param(minimum = 1, maximum = 10000)]
     limit: Option<i64>,
 }
 

@@ -233,7 +233,7 @@ list!(
 
 /// Defines one event schema: its `type`, and its `data`.
 macro_rules! event {
-    ($(#[$doc:meta])* $name:ident, $tag:ident = $kind:literal, $data:ty) => {
+    ($(#[$doc:meta])* $name:ident, $tag:ident = $kind:tt, $data:ty) => {
         $(#[$doc])*
         #[derive(Serialize, ToSchema)]
         #[allow(dead_code)]
@@ -358,6 +358,14 @@ pub struct ConfigOptionChangedData {
     changed_by: String,
     /// The full set the agent answered with (ACP `SessionConfigOption`s).
     config_options: Option<Value>,
+}
+
+/// An ACP content block (`text`, `image`, `audio`, `resource_link`,
+/// `resource`), verbatim: its `type` says which.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct ContentBlock {
+    r#type: String,
 }
 
 /// A configuration option's value: a select's value id, or a boolean.

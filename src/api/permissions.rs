@@ -34,6 +34,7 @@ enum StatusFilter {
 #[into_params(parameter_in = Query)]
 struct ListQuery {
     /// `pending` (the default) or `all`.
+    #[param(inline)]
     status: Option<StatusFilter>,
     /// Only this conversation's requests.
     conversation_id: Option<Uuid>,
@@ -105,6 +106,7 @@ struct RespondBody {
     /// One of the request's `options[].optionId`.
     option_id: Option<String>,
     /// `cancelled`: the ACP cancelled outcome.
+    #[schema(pattern = "^cancelled$")]
     outcome: Option<String>,
 }
 

@@ -48,11 +48,13 @@ async fn list(State(state): State<AppState>, caller: Caller) -> Result<Json<Page
 #[schema(as = NewToken)]
 struct CreateBody {
     /// At most 64 characters of `[A-Za-z0-9._@-]`; created if new.
+    #[schema(pattern = "^[A-Za-z0-9._@-]{1,64}$")]
     user: String,
     /// `user` (the default) or `operator`; sets the user's role.
     #[serde(default = "default_role")]
     role: Role,
     /// One line, at most 200 characters.
+    #[schema(max_length = 200, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")]
     label: Option<String>,
 }
 

@@ -100,6 +100,7 @@ impl BearerProtocol {
         (status = 101, description = "Switching to WebSocket; then one `Event` per text frame"),
         (status = 400, description = "Not a WebSocket upgrade request", content_type = "text/plain", body = String),
         (status = 404, description = "No such conversation"),
+        (status = 422, description = "Invalid query (e.g. `after` not a number)"),
         (status = 429, description = "Too many connections (`Retry-After`)"),
     )
 )]
@@ -255,6 +256,7 @@ async fn close_for(socket: &mut WebSocket, result: &Result<(), WsEnd>) {
     responses(
         (status = 101, description = "Switching to WebSocket; an `InboxSnapshot`, then one `Event` per text frame"),
         (status = 400, description = "Not a WebSocket upgrade request", content_type = "text/plain", body = String),
+        (status = 422, description = "Invalid query"),
         (status = 429, description = "Too many connections (`Retry-After`)"),
     )
 )]
