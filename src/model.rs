@@ -117,16 +117,85 @@ pub struct ConversationView {
     last_seq: i64,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
-    /// ACP `SessionModeState`: `currentModeId`, `availableModes`.
+    /// ACP `SessionModeState`.
+    #[schema(value_type = Option<SessionModeState>)]
     modes: Option<Value>,
     /// ACP `SessionConfigOption`s (a model choice has `category: "model"`).
-    #[schema(value_type = Option<Vec<Object>>)]
+    #[schema(value_type = Option<Vec<SessionConfigOption>>)]
     config_options: Option<Value>,
-    /// ACP `AvailableCommand`s: `name`, `description`, `input`.
-    #[schema(value_type = Option<Vec<Object>>)]
+    /// ACP `AvailableCommand`s: the agent's slash commands.
+    #[schema(value_type = Option<Vec<AvailableCommand>>)]
     available_commands: Option<Value>,
-    /// The latest ACP `usage_update`, without `sessionUpdate`: `used`, `size`, `cost`.
+    /// The latest ACP `usage_update`, without its `sessionUpdate` tag.
+    #[schema(value_type = Option<Usage>)]
     usage: Option<Value>,
+}
+
+// The ACP objects a conversation carries, as the OpenAPI document shows
+// them: the members clients use, as ACP defines them (the gateway passes
+// on whatever else an agent sends).
+
+/// ACP `SessionModeState`: the modes the agent offers and the current one.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct SessionModeState {
+    #[serde(rename = "currentModeId")]
+    current_mode_id: String,
+    #[serde(rename = "availableModes")]
+    available_modes: Vec<SessionMode>,
+}
+
+/// ACP `SessionMode`.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct SessionMode {
+    id: String,
+    name: String,
+    description: Option<String>,
+}
+
+/// ACP `SessionConfigOption`: a `select` (with `options`, flat or in
+/// groups) or a `boolean`.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct SessionConfigOption {
+    id: String,
+    name: String,
+    description: Option<String>,
+    /// E.g. `model`, `mode`, `thought_level`.
+    category: Option<String>,
+    /// `select` or `boolean`.
+    r#type: String,
+    /// A select's value id, or a boolean.
+    #[serde(rename = "currentValue")]
+    current_value: Value,
+    /// A select's values: `{value, name, description?}`, or groups of them
+    /// `{group, name, options}`.
+    #[schema(value_type = Option<Vec<Object>>)]
+    options: Option<Value>,
+}
+
+/// ACP `AvailableCommand`.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct AvailableCommand {
+    name: String,
+    description: String,
+    /// `{hint}` when the command takes input.
+    #[schema(value_type = Option<Object>)]
+    input: Option<Value>,
+}
+
+/// ACP `UsageUpdate` without its tag: tokens in context, the context
+/// window, and the session's cost so far.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct Usage {
+    used: u64,
+    size: u64,
+    /// `{amount, currency}`.
+    #[schema(value_type = Option<Object>)]
+    cost: Option<Value>,
 }
 
 impl From<Conversation> for ConversationView {
