@@ -1,4 +1,4 @@
-//! Gateway configuration: a TOML file (see the README and `../shared/docs/api.md`)
+//! Gateway configuration: a TOML file (see the README and `docs/api.md`)
 //! plus the `DATABASE_URL` and `ACP_GATEWAY_LISTEN` environment overrides.
 //!
 //! Everything is validated when the gateway starts; every error names the key

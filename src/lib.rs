@@ -7,7 +7,7 @@
 //! up (`tests/architecture.rs` fails on any import loop):
 //! - [`app`]: building and running the whole gateway; [`cli`]: the other
 //!   commands (`migrate`, `export`, `token`).
-//! - [`api`]: the HTTP + WebSocket API of `../shared/docs/api.md`: one
+//! - [`api`]: the HTTP + WebSocket API of `docs/api.md`: one
 //!   router per resource; handlers call the session supervisor and the store
 //!   only.
 //! - [`session`]: conversations at work. [`session::Sessions`] is the

@@ -1,4 +1,4 @@
-//! The gateway's own objects as the contract (`../shared/docs/api.md`) names
+//! The gateway's own objects as the API reference (`docs/api.md`) names
 //! them. ACP objects inside them (updates, tool calls, content blocks,
 //! permission options) are kept as raw JSON, verbatim.
 

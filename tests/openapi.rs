@@ -81,6 +81,48 @@ async fn the_gateway_serves_its_document(db: TestDb) {
     );
 }
 
+#[test]
+fn the_reference_names_every_operation_event_and_problem_code() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let reference = std::fs::read_to_string(root.join("docs/api.md")).unwrap();
+    let doc = serde_json::to_value(acp_gateway::api::openapi()).unwrap();
+    let mut missing = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            let operation = format!("{} {path}", method.to_uppercase());
+            if !reference.contains(&operation) {
+                missing.push(operation);
+            }
+        }
+    }
+    let schemas = &doc["components"]["schemas"];
+    for event in schemas["Event"]["oneOf"].as_array().unwrap() {
+        let name = event["$ref"].as_str().unwrap().rsplit('/').next().unwrap();
+        let kind = schemas[name]["properties"]["type"]["$ref"]
+            .as_str()
+            .unwrap()
+            .rsplit('/')
+            .next()
+            .unwrap();
+        let kind = schemas[kind]["enum"][0].as_str().unwrap();
+        if !reference.contains(&format!("| `{kind}` |")) {
+            missing.push(format!("event type {kind}"));
+        }
+    }
+    let codes = schemas["Problem"]["properties"]["code"]["description"]
+        .as_str()
+        .unwrap();
+    for code in codes.split('`').skip(1).step_by(2) {
+        if !reference.contains(&format!("| `{code}` |")) {
+            missing.push(format!("problem code {code}"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/api.md does not mention: {missing:#?}"
+    );
+}
+
 /// The document's schemas, to check real answers against.
 struct Contract {
     doc: serde_json::Value,

@@ -1,5 +1,5 @@
 //! The HTTP API: one router per resource, merged in [`router`]. The contract
-//! is `../shared/docs/api.md`.
+//! is `docs/api.md`; `openapi/openapi.yaml` describes it exactly.
 
 mod conversations;
 mod extract;
