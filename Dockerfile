@@ -23,6 +23,8 @@ RUN touch src/main.rs src/lib.rs \
     && cargo build --release --locked --bin acp-gateway
 
 FROM debian:bookworm-slim AS runtime
+# Debian's current packages (security updates included), not pinned versions.
+# hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates curl \
     && rm -rf /var/lib/apt/lists/* \
@@ -30,7 +32,7 @@ RUN apt-get update \
     && mkdir -p /var/lib/acp-gateway/data /srv/work \
     && chown -R acp:acp /var/lib/acp-gateway /srv/work
 COPY --from=build /src/target/release/acp-gateway /usr/local/bin/acp-gateway
-USER acp
+USER 10001
 WORKDIR /var/lib/acp-gateway
 # Listening beyond loopback needs a token first (the gateway refuses to start
 # otherwise): docker compose run --rm gateway token create --user NAME --role operator
@@ -39,18 +41,20 @@ ENV ACP_GATEWAY_LISTEN=0.0.0.0:8080 \
 VOLUME ["/var/lib/acp-gateway/data"]
 EXPOSE 8080
 HEALTHCHECK --interval=30s --timeout=5s --start-period=10s --retries=3 \
-    CMD curl -fsS http://127.0.0.1:8080/healthz || exit 1
+    CMD ["curl", "-fsS", "http://127.0.0.1:8080/healthz"]
 ENTRYPOINT ["acp-gateway"]
 CMD ["serve"]
 
 # The same, with Node.js and the ACP adapters of Claude Code, Codex and
 # Gemini CLI (docker build --target with-agents -t acp-gateway:agents .).
 FROM runtime AS with-agents
-USER root
+USER 0
+# hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends nodejs npm \
     && rm -rf /var/lib/apt/lists/* \
     && npm install -g --no-audit --no-fund \
-        @zed-industries/claude-code-acp @zed-industries/codex-acp @google/gemini-cli \
+        @zed-industries/claude-code-acp@0.16.2 @zed-industries/codex-acp@0.16.0 \
+        @google/gemini-cli@0.61.0 \
     && npm cache clean --force
-USER acp
+USER 10001

@@ -114,6 +114,9 @@ def check_dockerfile():
                 check((ROOT / source).exists(), f"Dockerfile: COPY {source} exists")
     users = [arg for ins, arg in runtime if ins == "USER"]
     check(users and users[-1] not in ("root", "0"), "Dockerfile: the runtime runs unprivileged")
+    runs = " ".join(arg for ins, arg in runtime if ins == "RUN")
+    uid = re.search(r"useradd .*--uid (\d+)", runs)
+    check(uid and users and users[-1] == uid.group(1), "Dockerfile: the runtime's USER is the user it creates")
     check(any(ins == "VOLUME" for ins, _ in runtime), "Dockerfile: a data volume")
     return runtime
 
@@ -131,7 +134,8 @@ def image_command(runtime):
         elif ins == "CMD":
             cmd = json.loads(arg)
         elif ins == "HEALTHCHECK":
-            health = arg.split(" CMD ", 1)[1]
+            probe = arg.split(" CMD ", 1)[1]
+            health = json.loads(probe) if probe.startswith("[") else ["sh", "-c", probe]
     return env, entrypoint + cmd, health
 
 
@@ -168,8 +172,8 @@ def run_as_the_image(runtime):
                     listening = True
                     break
             if check(listening, "the image's command starts serving"):
-                probe = health.replace("8080", str(port))
-                healthy = subprocess.run(probe, shell=True, capture_output=True, text=True, timeout=30)
+                probe = [part.replace("8080", str(port)) for part in health]
+                healthy = subprocess.run(probe, capture_output=True, text=True, timeout=30)
                 check(healthy.returncode == 0, f"the image's HEALTHCHECK passes: {healthy.stderr.strip()}")
         finally:
             gateway.terminate()
