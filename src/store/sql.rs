@@ -430,14 +430,9 @@ macro_rules! impl_store {
 
             async fn remove_user(&self, name: &str) -> Result<bool> {
                 let mut tx = self.pool.begin().await?;
-                let found: Option<(String,)> =
-                    sqlx::query_as("select name from users where name = $1")
-                        .bind(name)
-                        .fetch_optional(&mut *tx)
-                        .await?;
-                if found.is_none() {
-                    return Ok(false);
-                }
+                // A write first: the transaction takes the write lock at once
+                // (SQLite cannot turn a read transaction into a write one
+                // after another writer committed: SQLITE_BUSY_SNAPSHOT).
                 sqlx::query(
                     "update tokens set revoked_at = $2 where user_name = $1 and revoked_at is null",
                 )
@@ -445,8 +440,13 @@ macro_rules! impl_store {
                 .bind(crate::model::now())
                 .execute(&mut *tx)
                 .await?;
+                let found: Option<(String,)> =
+                    sqlx::query_as("select name from users where name = $1")
+                        .bind(name)
+                        .fetch_optional(&mut *tx)
+                        .await?;
                 tx.commit().await?;
-                Ok(true)
+                Ok(found.is_some())
             }
 
             async fn any_active_token(&self) -> Result<bool> {
