@@ -1,10 +1,24 @@
-//! Throughput and footprint of the gateway, end to end: a real Postgres, real
-//! demo-agent subprocesses, a real WebSocket. Prints its figures; asserts
-//! nothing about speed.
+//! What the gateway costs, end to end: real demo-agent subprocesses, a real
+//! database (SQLite, then Postgres when the test Postgres answers), real
+//! WebSockets. Prints its figures; asserts nothing about speed, only that
+//! what it measured is complete and in order.
 //!
-//! `cargo bench --bench gateway`: on SQLite, and on Postgres when the test
-//! Postgres (TEST_DATABASE_URL, as for `cargo test`) answers.
-//! Sizes can be changed with BENCH_CHUNKS, BENCH_STREAMS and BENCH_IDLE.
+//! `cargo bench --bench gateway`. In one run:
+//! - streaming: N small message chunks from one fast agent, timed from the
+//!   prompt until a WebSocket reader has every chunk (events reach
+//!   WebSockets only once committed, so that is also "persisted"), at
+//!   N = 50,000, 200,000 and 800,000, with the ratio of the largest to the
+//!   smallest time, and the database rows and transactions per 1,000 chunks;
+//!   every byte of text is then checked, in order, on the WebSocket, in the
+//!   stored events and in the stored message;
+//! - the same agent's output read by a client on the official Rust ACP SDK
+//!   that only parses it, and by a bare line counter (what the agent alone
+//!   writes), as references for the streaming rate;
+//! - approvals, WebSocket fan-out, idle conversations and creating one (see
+//!   `gateway/load.rs`).
+//!
+//! Sizes: BENCH_SIZES (comma-separated chunk counts), BENCH_BACKENDS
+//! (`sqlite,postgres`), and those named in `gateway/load.rs`.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -12,81 +26,155 @@ mod common;
 use std::time::Instant;
 
 use common::*;
+use serde_json::Value;
 
-/// Resident memory of this process (the gateway runs in it), in KiB.
-fn rss_kib() -> u64 {
-    proc_status_kib("self", "VmRSS:")
+/// The text the demo agent's `long n` streams.
+fn expected_text(n: usize) -> String {
+    (0..n).map(|i| format!("w{i} ")).collect()
 }
 
-/// One turn of `chunks` small chunks; returns (seconds, events stored).
-async fn stream_once(gw: &TestGateway, chunks: usize) -> (f64, usize) {
+/// A counter's value on the gateway's `/metrics` page.
+async fn counter(gw: &TestGateway, name: &str) -> f64 {
+    let text = gw
+        .http
+        .get(gw.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Every event of a conversation, paged.
+async fn all_events(gw: &TestGateway, id: &str) -> Vec<Value> {
+    let mut events = Vec::new();
+    let mut after = 0;
+    loop {
+        let (status, page) = gw
+            .get(&format!(
+                "/api/v1/conversations/{id}/events?after={after}&limit=1000"
+            ))
+            .await;
+        assert_eq!(status, 200, "{page}");
+        let items = page["items"].as_array().unwrap();
+        let Some(last) = items.last() else {
+            return events;
+        };
+        after = last["seq"].as_i64().unwrap();
+        events.extend(items.iter().cloned());
+    }
+}
+
+struct Streamed {
+    secs: f64,
+    events: usize,
+    transactions: f64,
+    rows: f64,
+}
+
+/// One turn of `n` small chunks, timed; then checks that every byte
+/// arrived on the WebSocket and is stored, in order.
+async fn stream_once(gw: &TestGateway, n: usize) -> Streamed {
     let id = gw.create_conversation("demo").await["id"]
         .as_str()
         .unwrap()
         .to_owned();
     let mut ws = gw.conversation_ws(&id, 0).await;
     ws.until_type("agent_status").await; // ready
+    let transactions = counter(gw, "acp_gateway_db_transactions_total").await;
+    let rows = counter(gw, "acp_gateway_db_rows_written_total").await;
     let started = Instant::now();
-    gw.prompt(&id, &format!("long {chunks}")).await;
+    gw.prompt(&id, &format!("long {n}")).await;
     let frames = ws.until_type("turn_ended").await;
     let secs = started.elapsed().as_secs_f64();
-    let text = streamed_text(&frames, "agent_message_chunk");
-    assert_eq!(
-        text.split_whitespace().count(),
-        chunks,
-        "every chunk arrived"
+    let transactions = counter(gw, "acp_gateway_db_transactions_total").await - transactions;
+    let rows = counter(gw, "acp_gateway_db_rows_written_total").await - rows;
+
+    let expected = expected_text(n);
+    let seen = streamed_text(&frames, "agent_message_chunk");
+    assert!(seen == expected, "the WebSocket got every chunk, in order");
+    let events = all_events(gw, &id).await;
+    assert_consecutive(&events, 0);
+    let stored = streamed_text(&events, "agent_message_chunk");
+    assert!(stored == expected, "the events stored hold every chunk");
+    let (status, messages) = gw
+        .get(&format!("/api/v1/conversations/{id}/messages"))
+        .await;
+    assert_eq!(status, 200);
+    let agent: Vec<&Value> = messages["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "agent")
+        .collect();
+    assert_eq!(agent.len(), 1, "one agent message");
+    assert!(
+        agent[0]["content"] == serde_json::json!([{"type": "text", "text": expected}]),
+        "the message stored is the whole text"
     );
-    (secs, gw.events(&id).await.len())
+    gw.delete(&format!("/api/v1/conversations/{id}")).await;
+    Streamed {
+        secs,
+        events: events.len(),
+        transactions,
+        rows,
+    }
 }
 
 #[tokio::main]
 async fn main() {
-    run("sqlite", TestDb::sqlite().await).await;
-    match TestDb::postgres().await {
-        Some(db) => run("postgres", db).await,
-        None => println!("[postgres] skipped: no Postgres at TEST_DATABASE_URL"),
+    let sizes: Vec<usize> = std::env::var("BENCH_SIZES")
+        .unwrap_or_else(|_| "50000,200000,800000".into())
+        .split(',')
+        .map(|s| s.trim().parse().expect("BENCH_SIZES: numbers"))
+        .collect();
+    let backends = std::env::var("BENCH_BACKENDS").unwrap_or_else(|_| "sqlite,postgres".into());
+    for backend in backends.split(',') {
+        let db = match backend {
+            "sqlite" => TestDb::sqlite().await,
+            "postgres" => match TestDb::postgres().await {
+                Some(db) => db,
+                None => {
+                    println!("[postgres] skipped: no Postgres at TEST_DATABASE_URL");
+                    continue;
+                }
+            },
+            other => panic!("BENCH_BACKENDS: unknown backend {other}"),
+        };
+        streaming(backend, &db, &sizes).await;
     }
 }
 
-async fn run(backend: &str, db: TestDb) {
-    let chunks = env_or("BENCH_CHUNKS", 20_000);
-    let streams = env_or("BENCH_STREAMS", 8);
-    let idle = env_or("BENCH_IDLE", 200);
-    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
-
-    // 1. One fast agent: chunks per second through agent → store → WebSocket.
-    let (secs, events) = stream_once(&gw, chunks).await;
-    println!(
-        "[{backend}] single stream: {chunks} chunks in {secs:.3} s = {:.0} chunks/s; {events} events stored ({:.1} chunks per event)",
-        chunks as f64 / secs,
-        chunks as f64 / events as f64
-    );
-
-    // 2. Several fast agents at once.
-    let started = Instant::now();
-    let runs: Vec<_> = (0..streams).map(|_| stream_once(&gw, chunks / 4)).collect();
-    let results = futures::future::join_all(runs).await;
-    let secs = started.elapsed().as_secs_f64();
-    let total = streams * (chunks / 4);
-    let events: usize = results.iter().map(|r| r.1).sum();
-    println!(
-        "[{backend}] {streams} concurrent streams: {total} chunks in {secs:.3} s = {:.0} chunks/s; {events} events stored",
-        total as f64 / secs
-    );
-
-    // 3. Footprint of idle conversations in the gateway process (agents are
-    //    separate processes and not counted).
-    let before = rss_kib();
-    let started = Instant::now();
-    for _ in 0..idle {
-        gw.create_conversation("demo").await;
+async fn streaming(backend: &str, db: &TestDb, sizes: &[usize]) {
+    let gw = TestGateway::start(db, vec![demo_profile("demo", &[])]).await;
+    let mut times = Vec::new();
+    for &n in sizes {
+        let s = stream_once(&gw, n).await;
+        println!(
+            "[{backend}] stream {n:>7} chunks: {:7.3} s = {:>7.0} chunks/s end to end; \
+             {} events, {:.0} transactions, {:.0} rows = {:.2} rows and {:.2} transactions per 1,000 chunks",
+            s.secs,
+            n as f64 / s.secs,
+            s.events,
+            s.transactions,
+            s.rows,
+            s.rows * 1000.0 / n as f64,
+            s.transactions * 1000.0 / n as f64,
+        );
+        times.push((n, s.secs));
     }
-    let secs = started.elapsed().as_secs_f64();
-    let after = rss_kib();
-    println!(
-        "[{backend}] {idle} idle conversations: created in {secs:.2} s ({:.1} ms each); gateway RSS {before} KiB → {after} KiB = {:.1} KiB per conversation",
-        secs * 1000.0 / idle as f64,
-        (after.saturating_sub(before)) as f64 / idle as f64
-    );
+    if let (Some(&(small, t_small)), Some(&(large, t_large))) = (times.first(), times.last()) {
+        if large > small {
+            println!(
+                "[{backend}] time({large}) / time({small}) = {:.1} (linear: {:.1})",
+                t_large / t_small,
+                large as f64 / small as f64
+            );
+        }
+    }
     gw.stop().await;
 }

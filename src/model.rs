@@ -503,17 +503,53 @@ pub struct Message {
 }
 
 impl Message {
-    /// Appends a content block, joining text to a preceding text block.
-    pub fn push_block(&mut self, block: Value) {
-        if let (Some(last), Some(text)) = (self.content.last_mut(), plain_text(&block)) {
-            if let Some(prev) = plain_text(last) {
-                let joined = format!("{prev}{text}");
-                last["text"] = Value::String(joined);
+    /// Appends a content block, joining text to a preceding text block (in
+    /// place: a message may grow to megabytes, one chunk at a time).
+    pub fn push_block(&mut self, block: &Value) {
+        if let (Some(last), Some(text)) = (self.content.last_mut(), plain_text(block)) {
+            if let Some(prev) = plain_text_mut(last) {
+                prev.push_str(text);
                 return;
             }
         }
-        self.content.push(block);
+        self.content.push(block.clone());
     }
+
+    /// Appends text, as [`Message::push_block`] a plain text block.
+    pub fn push_text(&mut self, text: &str) {
+        match self.content.last_mut().and_then(plain_text_mut) {
+            Some(prev) => prev.push_str(text),
+            None => self
+                .content
+                .push(serde_json::json!({"type": "text", "text": text})),
+        }
+    }
+
+    /// Appends the blocks of a later part of the message (see
+    /// [`MessagePart`]).
+    pub fn extend(&mut self, blocks: Vec<Value>) {
+        for block in blocks {
+            match (
+                self.content.last_mut().and_then(plain_text_mut),
+                plain_text(&block),
+            ) {
+                (Some(prev), Some(text)) => prev.push_str(text),
+                _ => self.content.push(block),
+            }
+        }
+    }
+}
+
+/// What one commit adds to a message: part 0 creates it, each later part
+/// appends blocks to it, so that writing a long message costs what was
+/// added, not what it holds. Reading joins the parts in order (text to a
+/// preceding text block, as [`Message::push_block`] does).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MessagePart {
+    /// 0 for the first; then consecutive.
+    pub part: i32,
+    /// The message, with `content` holding only this part's blocks.
+    pub message: Message,
 }
 
 /// The text of a `{"type":"text","text":...}` block that carries nothing else
@@ -524,6 +560,15 @@ pub fn plain_text(block: &Value) -> Option<&str> {
         return None;
     }
     obj.get("text")?.as_str()
+}
+
+/// [`plain_text`], to append to.
+pub fn plain_text_mut(block: &mut Value) -> Option<&mut String> {
+    plain_text(block)?;
+    match block.get_mut("text") {
+        Some(Value::String(text)) => Some(text),
+        _ => None,
+    }
 }
 
 /// A tool call's state after every `tool_call_update` has been applied
@@ -907,12 +952,22 @@ mod tests {
             content: vec![],
             created_at: now(),
         };
-        m.push_block(json!({"type":"text","text":"Hel"}));
-        m.push_block(json!({"type":"text","text":"lo"}));
-        m.push_block(json!({"type":"image","data":"AA==","mimeType":"image/png"}));
-        m.push_block(json!({"type":"text","text":"!"}));
+        m.push_block(&json!({"type":"text","text":"Hel"}));
+        m.push_block(&json!({"type":"text","text":"lo"}));
+        m.push_block(&json!({"type":"image","data":"AA==","mimeType":"image/png"}));
+        m.push_block(&json!({"type":"text","text":"!"}));
         assert_eq!(m.content.len(), 3);
         assert_eq!(m.content[0]["text"], "Hello");
+        // A later part joins the same way.
+        m.extend(vec![
+            json!({"type":"text","text":"?"}),
+            json!({"type":"text","text":"!","annotations":{"priority":1}}),
+            json!({"type":"text","text":"x"}),
+        ]);
+        assert_eq!(m.content.len(), 5);
+        assert_eq!(m.content[2]["text"], "!?");
+        assert_eq!(m.content[3]["annotations"]["priority"], 1);
+        assert_eq!(m.content[4]["text"], "x", "nor joined to");
     }
 
     #[test]

@@ -12,6 +12,9 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Events committed to the database.
 const EVENTS_WRITTEN: &str = "acp_gateway_events_written_total";
+/// Write transactions committed, and the rows they inserted or updated.
+const DB_TRANSACTIONS: &str = "acp_gateway_db_transactions_total";
+const DB_ROWS: &str = "acp_gateway_db_rows_written_total";
 /// Seconds one batch commit took.
 const COMMIT_SECONDS: &str = "acp_gateway_db_commit_seconds";
 /// Events appended but not committed yet.
@@ -66,6 +69,12 @@ pub async fn keep_up(stop: tokio_util::sync::CancellationToken) {
 
 pub fn events_written(n: usize) {
     metrics::counter!(EVENTS_WRITTEN).increment(n as u64);
+}
+
+/// A write transaction committed `rows` rows.
+pub fn transaction(rows: usize) {
+    metrics::counter!(DB_TRANSACTIONS).increment(1);
+    metrics::counter!(DB_ROWS).increment(rows as u64);
 }
 
 pub fn commit_took(latency: Duration) {

@@ -505,7 +505,8 @@ fn from_json<T: serde::de::DeserializeOwned>(method: &str, value: Value) -> Resu
 /// now (and where it does not, the conversation keeps what it knew).
 fn is_history(msg: &Incoming) -> bool {
     let Incoming::Notification { method, params } = msg else {
-        return false;
+        // A text chunk is a message chunk.
+        return matches!(msg, Incoming::TextChunk(_));
     };
     let kind = params
         .get("update")

@@ -3,6 +3,7 @@
 //! typed ACP client session on top ([`client`]).
 
 pub mod agent;
+pub mod chunk;
 pub mod client;
 pub mod procs;
 pub mod rpc;

@@ -51,6 +51,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::{Map, Value};
+
+use super::chunk::{self, TextChunk};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, trace, warn};
@@ -126,6 +128,22 @@ pub enum Incoming {
     /// A message with a `method` and an `id`; it must be answered through its
     /// [`Responder`].
     Request(IncomingRequest),
+    /// A `session/update` notification that is one plain text chunk, read
+    /// without building a JSON tree (see [`super::chunk`]).
+    TextChunk(TextChunk),
+}
+
+impl Incoming {
+    /// A text chunk as the notification it is; anything else unchanged.
+    pub fn into_general(self) -> Incoming {
+        match self {
+            Incoming::TextChunk(chunk) => Incoming::Notification {
+                method: "session/update".into(),
+                params: chunk.to_params(),
+            },
+            other => other,
+        }
+    }
 }
 
 /// A request the peer made of us. Answer it through `responder`, now or much later.
@@ -596,14 +614,15 @@ async fn read_loop<R>(
             biased;
             // Closed by a failed write or `RpcPeer::close`: stop reading, the reason is set.
             _ = closed_rx.wait_for(Option::is_some) => return,
-            line = lines.next_line() => line,
+            line = lines.next_line(|line| router.parse(line)) => line,
         };
         match line {
-            Ok(Some(Line::Complete(bytes))) => {
-                if !router.route(bytes, &mut closed_rx).await {
+            Ok(Some(Line::Complete(Some(incoming)))) => {
+                if !router.deliver(incoming, &mut closed_rx).await {
                     return;
                 }
             }
+            Ok(Some(Line::Complete(None))) => {}
             Ok(Some(Line::TooLong { len })) => warn!(
                 label = %shared.label,
                 len,
@@ -626,23 +645,23 @@ struct Router<'a> {
 }
 
 impl Router<'_> {
-    /// Handles one line. Returns `false` if the connection was closed while waiting for room
-    /// in the incoming channel.
-    async fn route(
-        &mut self,
-        bytes: Vec<u8>,
-        closed_rx: &mut watch::Receiver<Option<String>>,
-    ) -> bool {
-        let line = bytes.strip_suffix(b"\r").unwrap_or(&bytes);
+    /// Reads one line (borrowed from the reader's buffer: parsed where it
+    /// lies, not copied first): a response goes to its caller; what is
+    /// returned goes to the incoming channel. A text chunk takes the fast path.
+    fn parse(&self, line: &[u8]) -> Option<Incoming> {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if let Some(chunk) = chunk::parse_line(line) {
+            return Some(Incoming::TextChunk(chunk));
+        }
         if line.iter().all(u8::is_ascii_whitespace) {
-            return true;
+            return None;
         }
         trace!(label = %self.shared.label, line = %preview(line), "received");
         let object = match serde_json::from_slice::<Value>(line) {
             Ok(Value::Object(object)) => object,
             Ok(_) => {
                 self.skip(line, "not a JSON object");
-                return true;
+                return None;
             }
             Err(err) => {
                 let why = match std::str::from_utf8(line) {
@@ -650,13 +669,13 @@ impl Router<'_> {
                     Err(_) => "not valid UTF-8".to_owned(),
                 };
                 self.skip(line, &why);
-                return true;
+                return None;
             }
         };
         let incoming = match classify(object) {
             Ok(Message::Response { id, outcome }) => {
                 self.shared.complete(id, outcome);
-                return true;
+                return None;
             }
             Ok(Message::Notification { method, params }) => {
                 Incoming::Notification { method, params }
@@ -674,13 +693,10 @@ impl Router<'_> {
             }),
             Err(why) => {
                 self.skip(line, &format!("not a JSON-RPC message: {why}"));
-                return true;
+                return None;
             }
         };
-        // The parsed message is all that is needed now: a long line's bytes
-        // must not stay alive beside it while the session catches up.
-        drop(bytes);
-        self.deliver(incoming, closed_rx).await
+        Some(incoming)
     }
 
     async fn deliver(
@@ -714,6 +730,9 @@ impl Router<'_> {
         match incoming {
             Incoming::Notification { method, .. } => {
                 debug!(label = %self.shared.label, %method, "notification dropped: nobody is listening");
+            }
+            Incoming::TextChunk(_) => {
+                debug!(label = %self.shared.label, "text chunk dropped: nobody is listening");
             }
             Incoming::Request(request) => {
                 debug!(
@@ -823,19 +842,26 @@ fn preview(line: &[u8]) -> String {
 
 /// What [`LineReader::next_line`] found.
 #[derive(Debug, PartialEq)]
-enum Line {
-    /// A line without its `\n`.
-    Complete(Vec<u8>),
+enum Line<T> {
+    /// What the parser made of a line (given without its `\n`).
+    Complete(T),
     /// A line longer than the limit, already discarded; `len` is its length.
     TooLong { len: usize },
 }
 
+/// Most bytes the line buffer keeps between lines: what a long line needed
+/// is given back.
+const RETAINED_LINE_BYTES: usize = 64 * 1024;
+
 /// Splits a byte stream into `\n`-terminated lines of bounded length.
 ///
 /// Hand-written rather than a `tokio_util` codec because `FramedRead` stops after a decode
-/// error, and an over-long line must only cost that line. Bytes of an over-long line are
-/// consumed and dropped as they arrive, so at most `max` bytes are ever held (plus the
-/// `BufReader`'s fixed buffer). Cancel-safe: all state lives in `self`.
+/// error, and an over-long line must only cost that line. A line that lies whole in the
+/// `BufReader`'s buffer (the usual case) is parsed there, never copied; one that spans
+/// refills is assembled in `buf` first. Bytes of an over-long line are consumed and dropped
+/// as they arrive, so at most `max` bytes are ever held (plus the `BufReader`'s fixed
+/// buffer). Cancel-safe: all state lives in `self`, and a line is parsed and consumed with
+/// no await in between.
 struct LineReader<R> {
     inner: R,
     max: usize,
@@ -859,8 +885,12 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
         }
     }
 
-    /// The next line, or `None` at end of stream. An unterminated last line still counts.
-    async fn next_line(&mut self) -> io::Result<Option<Line>> {
+    /// The next line as `parse` reads it, or `None` at end of stream. An unterminated last
+    /// line still counts.
+    async fn next_line<T>(
+        &mut self,
+        mut parse: impl FnMut(&[u8]) -> T,
+    ) -> io::Result<Option<Line<T>>> {
         loop {
             let available = self.inner.fill_buf().await?;
             if available.is_empty() {
@@ -870,9 +900,16 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
                 if self.buf.is_empty() {
                     return Ok(None);
                 }
-                return Ok(Some(Line::Complete(mem::take(&mut self.buf))));
+                return Ok(Some(Line::Complete(self.take_buffered(&mut parse))));
             }
-            let newline = available.iter().position(|&b| b == b'\n');
+            let newline = memchr::memchr(b'\n', available);
+            if let Some(end) = newline {
+                if self.buf.is_empty() && self.discarding.is_none() && end <= self.max {
+                    let parsed = parse(&available[..end]);
+                    self.inner.consume(end + 1);
+                    return Ok(Some(Line::Complete(parsed)));
+                }
+            }
             let chunk = &available[..newline.unwrap_or(available.len())];
             match &mut self.discarding {
                 Some(seen) => *seen += chunk.len(),
@@ -894,10 +931,22 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
             if newline.is_some() {
                 return Ok(Some(match self.discarding.take() {
                     Some(len) => Line::TooLong { len },
-                    None => Line::Complete(mem::take(&mut self.buf)),
+                    None => Line::Complete(self.take_buffered(&mut parse)),
                 }));
             }
         }
+    }
+
+    /// Parses the assembled line and empties the buffer (giving a long
+    /// line's memory back).
+    fn take_buffered<T>(&mut self, parse: impl FnOnce(&[u8]) -> T) -> T {
+        let parsed = parse(&self.buf);
+        if self.buf.capacity() > RETAINED_LINE_BYTES {
+            self.buf = Vec::new();
+        } else {
+            self.buf.clear();
+        }
+        parsed
     }
 }
 
@@ -975,10 +1024,12 @@ mod tests {
         tokio::spawn(async move { peer.request(&method, json!({"asked": method})).await })
     }
 
+    /// The next message, a fast-path text chunk as its notification.
     async fn next_incoming(incoming: &mut mpsc::Receiver<Incoming>) -> Incoming {
         within(incoming.recv())
             .await
             .expect("incoming channel ended")
+            .into_general()
     }
 
     async fn next_notification(incoming: &mut mpsc::Receiver<Incoming>) -> (String, Value) {
@@ -1110,6 +1161,40 @@ mod tests {
                     assert_eq!(method, "session/update");
                     assert_eq!(params, json!({"n": n}));
                 }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn text_chunks_take_the_fast_path_in_order_with_everything_else() {
+        let (_peer, mut incoming, mut agent) = connect(RpcConfig::default());
+        let chunk = |text: &str| {
+            notification(
+                "session/update",
+                json!({"sessionId": "s", "update": {"sessionUpdate": "agent_message_chunk",
+                    "content": {"type": "text", "text": text}}}),
+            )
+        };
+        agent.send(chunk("a")).await;
+        agent
+            .send(notification("session/update", json!({"n": 1})))
+            .await;
+        // Split across writes, so that it is assembled rather than read in place.
+        let line = serde_json::to_vec(&chunk("b")).unwrap();
+        agent.send_raw(&line[..10]).await;
+        agent.send_raw(&line[10..]).await;
+        agent.send_raw(b"\n").await;
+        for text in ["a", "", "b"] {
+            match within(incoming.recv()).await.unwrap() {
+                Incoming::TextChunk(c) if !text.is_empty() => {
+                    assert_eq!(c.text, text);
+                    assert_eq!(c.session_id, "s");
+                }
+                Incoming::Notification { params, .. } if text.is_empty() => {
+                    assert_eq!(params, json!({"n": 1}));
+                }
+                other => panic!("expected {text:?}, got {other:?}"),
             }
         }
     }
@@ -1262,18 +1347,18 @@ mod tests {
         });
         let mut lines = LineReader::new(BufReader::with_capacity(32, reader), MAX);
         assert_eq!(
-            within(lines.next_line()).await.unwrap(),
+            within(lines.next_line(<[u8]>::to_vec)).await.unwrap(),
             Some(Line::TooLong { len: 10 * MAX })
         );
         assert_eq!(
-            within(lines.next_line()).await.unwrap(),
+            within(lines.next_line(<[u8]>::to_vec)).await.unwrap(),
             Some(Line::Complete(b"next\r".to_vec()))
         );
         assert_eq!(
-            within(lines.next_line()).await.unwrap(),
+            within(lines.next_line(<[u8]>::to_vec)).await.unwrap(),
             Some(Line::Complete(b"last".to_vec()))
         );
-        assert_eq!(within(lines.next_line()).await.unwrap(), None);
+        assert_eq!(within(lines.next_line(<[u8]>::to_vec)).await.unwrap(), None);
         within(feeder).await.unwrap();
         assert!(lines.peak <= MAX, "buffered {} bytes", lines.peak);
     }
@@ -1543,7 +1628,7 @@ mod tests {
                 if !last.is_empty() {
                     parts.push(last);
                 }
-                let expected: Vec<Line> = parts
+                let expected: Vec<Line<Vec<u8>>> = parts
                     .into_iter()
                     .map(|part| {
                         if part.len() > max {
@@ -1557,7 +1642,7 @@ mod tests {
                     let mut lines =
                         LineReader::new(BufReader::with_capacity(read_size, &input[..]), max);
                     let mut got = Vec::new();
-                    while let Some(line) = lines.next_line().await.unwrap() {
+                    while let Some(line) = lines.next_line(<[u8]>::to_vec).await.unwrap() {
                         got.push(line);
                     }
                     (got, lines.peak)

@@ -432,10 +432,33 @@ impl Turn {
         Ok(TurnEnd::Stop(END_TURN))
     }
 
-    /// Scenario `long`: `n` chunks as fast as the client reads them.
+    /// Scenario `long`: `n` chunks (`w0 `, `w1 `, …) as fast as the client reads them.
     async fn long(&self, n: u64) -> Result<TurnEnd, Cancelled> {
+        if !self.chunk_delay.is_zero() {
+            for i in 0..n {
+                self.say(&format!("w{i} ")).await?;
+            }
+            return Ok(TurnEnd::Stop(END_TURN));
+        }
+        // Unpaced, the lines are written in blocks, formatted directly rather than built as
+        // JSON values: a benchmark's agent must be much faster than the client it measures.
+        use std::fmt::Write;
+        const BLOCK_BYTES: usize = 32 * 1024;
+        let prefix = format!(
+            r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":{},"update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"#,
+            Value::from(self.session_id.as_str())
+        );
+        let mut block = String::with_capacity(BLOCK_BYTES + 256);
         for i in 0..n {
-            self.say(&format!("w{i} ")).await?;
+            if !block.is_empty() {
+                block.push('\n');
+            }
+            // The text needs no escaping: a letter, digits and a space.
+            let _ = write!(block, r#"{prefix}"w{i} "}}}}}}}}"#);
+            if block.len() >= BLOCK_BYTES || i + 1 == n {
+                self.pace().await?;
+                self.wire.send_raw(std::mem::take(&mut block)).await;
+            }
         }
         Ok(TurnEnd::Stop(END_TURN))
     }

@@ -26,22 +26,35 @@ pub(super) enum Out {
 }
 
 /// Owns stdout: the single place that writes to it, so lines never interleave. Runs on a
-/// blocking thread because it flushes after every line.
+/// blocking thread. Lines queued together are written together: stdout is flushed whenever
+/// the queue runs empty, so nothing waits in the buffer while the agent waits for an answer.
 pub(super) fn write_stdout(mut lines: mpsc::Receiver<Out>) {
-    let mut stdout = std::io::stdout().lock();
-    while let Some(out) = lines.blocking_recv() {
-        match out {
-            Out::Line(line) => {
-                if let Err(err) = writeln!(stdout, "{line}").and_then(|()| stdout.flush()) {
-                    log!("cannot write to stdout ({err}), exiting");
-                    std::process::exit(1);
+    let mut stdout = std::io::BufWriter::with_capacity(64 * 1024, std::io::stdout().lock());
+    let fail = |err: std::io::Error| -> ! {
+        log!("cannot write to stdout ({err}), exiting");
+        std::process::exit(1);
+    };
+    while let Some(mut out) = lines.blocking_recv() {
+        loop {
+            match out {
+                Out::Line(line) => {
+                    if let Err(err) = writeln!(stdout, "{line}") {
+                        fail(err);
+                    }
+                }
+                Out::Exit(code) => {
+                    // Nothing useful to do if this flush fails: we are exiting anyway.
+                    let _ = stdout.flush();
+                    std::process::exit(code);
                 }
             }
-            Out::Exit(code) => {
-                // Nothing useful to do if this flush fails: we are exiting anyway.
-                let _ = stdout.flush();
-                std::process::exit(code);
+            match lines.try_recv() {
+                Ok(next) => out = next,
+                Err(_) => break,
             }
+        }
+        if let Err(err) = stdout.flush() {
+            fail(err);
         }
     }
 }

@@ -13,11 +13,12 @@ use serde_json::{Map, Value};
 use uuid::Uuid;
 
 use super::transcript;
+use crate::acp::chunk::TextChunk;
 use crate::bus::EventBus;
 use crate::error::Result;
 use crate::model::{
     self, event_type, AgentStatus, Conversation, ConversationStatus, Decision, Event, EventData,
-    Message, PermissionRequest, PermissionStatus, SessionState, ToolCall, TurnEnded,
+    MessagePart, PermissionRequest, PermissionStatus, SessionState, ToolCall, TurnEnded,
 };
 use crate::store::{Batch, ConversationPatch, Resolution, Store};
 use crate::telemetry;
@@ -125,6 +126,13 @@ pub struct Journal {
     /// What has not been committed yet.
     batch: Batch,
     dirty: bool,
+    /// Something clients wait for is held (a status change, a permission
+    /// request): commit it now, not with the next batch.
+    urgent: bool,
+    /// Since when the oldest thing held waits to be committed.
+    held_since: Option<tokio::time::Instant>,
+    /// Text held in joined message chunks, in bytes.
+    held_text: usize,
     /// Most events held while riding out a database outage (see
     /// [`Journal::ride_out_outages`]); 0: outages fail the writer.
     holds: usize,
@@ -161,6 +169,9 @@ impl Journal {
             owner: conversation.owner.clone(),
             batch: Batch::default(),
             dirty: false,
+            urgent: false,
+            held_since: None,
+            held_text: 0,
             holds: 0,
             outage: None,
             published: conversation.last_seq,
@@ -220,6 +231,35 @@ impl Journal {
         self.batch.events.len()
     }
 
+    /// Whether what is held should be committed now rather than joined by
+    /// more: it is urgent, it has waited `window`, or it holds `max_text`
+    /// bytes of text or `max_events` events. Streaming agents write many
+    /// small chunks; committing them together costs a few rows per batch
+    /// instead of a few per chunk.
+    pub fn commit_due(&self, window: Duration, max_events: usize, max_text: usize) -> bool {
+        self.urgent
+            || self.batch.events.len() >= max_events
+            || self.held_text >= max_text
+            || self
+                .held_since
+                .is_some_and(|since| since.elapsed() >= window)
+    }
+
+    /// Resolves when what is held has waited `window` (never while nothing
+    /// is held, or while an outage governs when to write).
+    pub async fn window_closes(&self, window: Duration) {
+        match self.held_since {
+            Some(since) if self.outage.is_none() => tokio::time::sleep_until(since + window).await,
+            _ => std::future::pending().await,
+        }
+    }
+
+    fn hold(&mut self) {
+        if self.held_since.is_none() {
+            self.held_since = Some(tokio::time::Instant::now());
+        }
+    }
+
     /// Appends an event of a type the gateway defines.
     pub fn append<E: EventData>(&mut self, data: E) {
         let data = serde_json::to_value(&data).expect("event data serializes");
@@ -240,26 +280,45 @@ impl Journal {
     /// of the same kind and turn that differs only in its text (see
     /// [`transcript::join_chunk`]): streaming costs one event per batch.
     pub fn chunk(&mut self, turn_id: Option<Uuid>, update: Value) {
-        if let Some(last) = self
-            .batch
-            .events
-            .last_mut()
-            .filter(|last| last.seq > self.published)
-        {
-            // Compared without formatting the id: this runs for every chunk.
-            let same_turn = match last.data.get("turn_id") {
-                Some(Value::String(id)) => Uuid::parse_str(id).ok() == turn_id,
-                Some(Value::Null) | None => turn_id.is_none(),
-                Some(_) => false,
-            };
-            if last.kind == event_type::SESSION_UPDATE
-                && same_turn
-                && transcript::join_chunk(&mut last.data["update"], &update)
-            {
+        if let Some(last) = self.joinable(turn_id) {
+            if transcript::join_chunk(&mut last.data["update"], &update) {
+                self.held_text += update["content"]["text"].as_str().map_or(0, str::len);
                 return;
             }
         }
         self.session_update(turn_id, update);
+    }
+
+    /// [`Journal::chunk`] for a chunk read on the fast path: the same
+    /// events, without building its JSON unless it starts one.
+    pub fn text_chunk(&mut self, turn_id: Option<Uuid>, chunk: &TextChunk) {
+        let prev = self
+            .joinable(turn_id)
+            .and_then(|last| transcript::chunk_text_mut(&mut last.data["update"], chunk.kind));
+        match prev {
+            Some(prev) => {
+                prev.push_str(&chunk.text);
+                self.held_text += chunk.text.len();
+            }
+            None => self.session_update(turn_id, chunk.update()),
+        }
+    }
+
+    /// The newest event, if it is an unpublished `session_update` of this
+    /// turn (what a chunk may join).
+    fn joinable(&mut self, turn_id: Option<Uuid>) -> Option<&mut Event> {
+        let last = self
+            .batch
+            .events
+            .last_mut()
+            .filter(|last| last.seq > self.published)?;
+        // Compared without formatting the id: this runs for every chunk.
+        let same_turn = match last.data.get("turn_id") {
+            Some(Value::String(id)) => Uuid::parse_str(id).ok() == turn_id,
+            Some(Value::Null) | None => turn_id.is_none(),
+            Some(_) => false,
+        };
+        (last.kind == event_type::SESSION_UPDATE && same_turn).then_some(last)
     }
 
     /// A new permission request, announced by `permission_requested` and
@@ -273,6 +332,7 @@ impl Journal {
     ) {
         let data = serde_json::to_value(request).expect("serializes");
         self.event(event_type::PERMISSION_REQUESTED, data);
+        self.urgent = true;
         match decided {
             None => self.batch.new_permissions.push(request.clone()),
             Some((status, decision)) => {
@@ -288,9 +348,9 @@ impl Journal {
         }
     }
 
-    /// A message's current state, written with the batch.
-    pub fn save_message(&mut self, message: Message) {
-        self.batch.messages.push(message);
+    /// What was added to a message, written with the batch.
+    pub fn save_message(&mut self, part: MessagePart) {
+        self.batch.messages.push(part);
     }
 
     /// A tool call's current state, written with the batch.
@@ -299,6 +359,7 @@ impl Journal {
     }
 
     fn event(&mut self, kind: &str, data: Value) {
+        self.hold();
         let event = self.next_event(kind, data);
         self.last_seq = event.seq;
         self.batch.events.push(event);
@@ -317,29 +378,38 @@ impl Journal {
     pub fn set_status(&mut self, status: ConversationStatus) {
         if self.status != status {
             self.status = status;
-            self.dirty = true;
+            self.changed(true);
         }
     }
 
     pub fn set_acp_session_id(&mut self, id: String) {
         self.acp_session_id = Some(id);
-        self.dirty = true;
+        self.changed(true);
     }
 
     pub fn set_turn(&mut self, turn_id: Option<Uuid>) {
         self.turn_id = turn_id;
-        self.dirty = true;
+        self.changed(true);
     }
 
     /// Records what the agent now reports about its session.
     pub fn set_state(&mut self, state: &SessionState) {
         self.state = Some(state.clone());
+        self.changed(false);
+    }
+
+    fn changed(&mut self, urgent: bool) {
         self.dirty = true;
+        self.urgent |= urgent;
+        self.hold();
     }
 
     /// The conversation's state is committed: nothing of it waits.
     fn committed(&mut self) {
         self.dirty = false;
+        self.urgent = false;
+        self.held_since = None;
+        self.held_text = 0;
         self.state = None;
     }
 
@@ -555,7 +625,7 @@ impl Journal {
                 ..Batch::default()
             };
             let mut lossy = message.clone();
-            lossy.content = lossy.content.iter().map(storable::lossy).collect();
+            lossy.message.content = lossy.message.content.iter().map(storable::lossy).collect();
             let stand_in = Batch {
                 messages: vec![lossy],
                 ..Batch::default()

@@ -46,6 +46,11 @@ use crate::telemetry;
 
 /// Most events committed in one batch while an agent streams.
 const MAX_BATCH_EVENTS: usize = 512;
+/// Most text (joined message chunks) committed in one batch, in bytes.
+const MAX_BATCH_TEXT: usize = 1 << 20;
+/// How long a streamed update may wait to be committed with those after it
+/// (a client sees it this much later at most).
+const BATCH_WINDOW: Duration = Duration::from_millis(10);
 /// How long a session whose agent is gone keeps trying to write what an
 /// unreachable database has not taken yet.
 const OUTAGE_PATIENCE: Duration = Duration::from_secs(600);
@@ -492,7 +497,8 @@ enum Step {
     Command(Option<Command>),
     Changed(Change, Result<Value>),
     IdleTooLong,
-    /// Time to try the unreachable database again.
+    /// Time to commit what is held: the batch window closed, or the
+    /// unreachable database is to be tried again.
     Retry,
 }
 
@@ -564,6 +570,7 @@ impl Session {
             let step = tokio::select! {
                 msg = next_incoming(&mut self.incoming), if !full => Step::Incoming(msg),
                 _ = self.journal.retry_due() => Step::Retry,
+                _ = self.journal.window_closes(BATCH_WINDOW) => Step::Retry,
                 result = next_prompt_result(&mut self.prompt) => Step::Answered(result),
                 _ = self.process.wait() => Step::Exited,
                 due = self.pending.due() => Step::Due(due),
@@ -598,7 +605,9 @@ impl Session {
             Step::Incoming(Some(msg)) => {
                 self.handle_incoming(msg).await?;
                 self.drain_incoming(MAX_BATCH_EVENTS).await?;
-                self.flush().await?;
+                if self.commit_due() {
+                    self.flush().await?;
+                }
             }
             Step::Incoming(None) => {
                 self.incoming = None;
@@ -701,7 +710,7 @@ impl Session {
                 Ok(Some(msg)) => self.handle_incoming(msg).await?,
                 Ok(None) | Err(_) => self.incoming = None,
             }
-            if self.journal.pending_events() >= MAX_BATCH_EVENTS {
+            if self.commit_due() {
                 self.flush().await?;
             }
         }
@@ -720,11 +729,17 @@ impl Session {
                 Err(_) => break,
             }
             n += 1;
-            if self.journal.pending_events() >= MAX_BATCH_EVENTS {
+            if self.commit_due() {
                 self.flush().await?;
             }
         }
         Ok(())
+    }
+
+    /// Whether to commit now (see [`Journal::commit_due`]).
+    fn commit_due(&self) -> bool {
+        self.journal
+            .commit_due(BATCH_WINDOW, MAX_BATCH_EVENTS, MAX_BATCH_TEXT)
     }
 
     /// Commits what happened: the journal's batch with the transcript's
@@ -766,6 +781,11 @@ impl Session {
                 "$/cancel_request" => self.on_cancel_request(params).await?,
                 other => tracing::debug!(method = other, "ignoring notification"),
             },
+            Incoming::TextChunk(chunk) => {
+                let turn_id = self.turn_id();
+                self.transcript.text_chunk(&chunk, turn_id);
+                self.journal.text_chunk(turn_id, &chunk);
+            }
             Incoming::Request(request) => match request.method.as_str() {
                 "session/request_permission" => self.on_permission_request(request).await?,
                 _ => request.reject_unknown_method(),

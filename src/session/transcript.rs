@@ -12,27 +12,55 @@ use std::collections::HashMap;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::model::{self, Message, MessageRole, ToolCall};
+use crate::acp::chunk::{ChunkKind, TextChunk};
+use crate::model::{self, Message, MessagePart, MessageRole, ToolCall};
 
 /// See the module docs.
 #[derive(Debug, Default)]
 pub struct Transcript {
-    /// The message chunks currently merge into, and whether it changed
-    /// since it was last taken.
-    current: Option<(Message, bool)>,
-    /// Messages that ended (another role or turn began) with changes not
-    /// taken yet.
-    ended: Vec<Message>,
+    /// The message chunks currently merge into.
+    current: Option<Current>,
+    /// Parts of messages that ended (another role or turn began), not taken
+    /// yet.
+    ended: Vec<MessagePart>,
     tool_calls: HashMap<String, ToolCall>,
     /// Tool calls changed since the last take, in the order first changed.
     changed_tool_calls: Vec<String>,
 }
 
-/// What changed since the last [`Transcript::take_changes`]: the current
-/// state of each, to be written (messages and tool calls are upserted).
+/// The message being streamed: what was added since it was last taken, and
+/// the number of its next part. What was taken before is not kept: memory
+/// is bounded by a batch, not by the message.
+#[derive(Debug)]
+struct Current {
+    /// The message, `content` holding the blocks not taken yet.
+    message: Message,
+    part: i32,
+}
+
+impl Current {
+    /// Its new blocks as a part, if there are any.
+    fn take_part(&mut self) -> Option<MessagePart> {
+        if self.message.content.is_empty() {
+            return None;
+        }
+        let part = MessagePart {
+            part: self.part,
+            message: Message {
+                content: std::mem::take(&mut self.message.content),
+                ..self.message.clone()
+            },
+        };
+        self.part += 1;
+        Some(part)
+    }
+}
+
+/// What changed since the last [`Transcript::take_changes`]: what was added
+/// to messages, and the current state of each changed tool call (upserted).
 #[derive(Debug, Default, PartialEq)]
 pub struct Changes {
-    pub messages: Vec<Message>,
+    pub messages: Vec<MessagePart>,
     pub tool_calls: Vec<ToolCall>,
 }
 
@@ -40,12 +68,15 @@ impl Transcript {
     /// A prompt starts `turn_id`: it is a message of its own.
     pub fn user_prompt(&mut self, turn_id: Uuid, content: Vec<Value>) {
         self.end_message();
-        self.ended.push(Message {
-            id: model::new_id(),
-            turn_id: Some(turn_id),
-            role: MessageRole::User,
-            content,
-            created_at: model::now(),
+        self.ended.push(MessagePart {
+            part: 0,
+            message: Message {
+                id: model::new_id(),
+                turn_id: Some(turn_id),
+                role: MessageRole::User,
+                content,
+                created_at: model::now(),
+            },
         });
     }
 
@@ -64,7 +95,7 @@ impl Transcript {
                     _ => MessageRole::User,
                 };
                 if let Some(block) = update.get("content") {
-                    self.add_to_message(role, turn_id, block.clone());
+                    self.add_to_message(role, turn_id, block);
                 }
                 true
             }
@@ -75,6 +106,22 @@ impl Transcript {
                 false
             }
             _ => false,
+        }
+    }
+
+    /// Applies a chunk read on the fast path (as [`Transcript::apply`]
+    /// would its update).
+    pub fn text_chunk(&mut self, chunk: &TextChunk, turn_id: Option<Uuid>) {
+        let role = match chunk.kind {
+            ChunkKind::AgentMessage => MessageRole::Agent,
+            ChunkKind::AgentThought => MessageRole::Thought,
+            ChunkKind::UserMessage => MessageRole::User,
+        };
+        match &mut self.current {
+            Some(current) if current.message.role == role && current.message.turn_id == turn_id => {
+                current.message.push_text(&chunk.text);
+            }
+            _ => self.add_to_message(role, turn_id, &json!({"type": "text", "text": chunk.text})),
         }
     }
 
@@ -105,12 +152,7 @@ impl Transcript {
     /// Everything that changed since the last call.
     pub fn take_changes(&mut self) -> Changes {
         let mut messages = std::mem::take(&mut self.ended);
-        if let Some((message, changed)) = &mut self.current {
-            if *changed {
-                messages.push(message.clone());
-                *changed = false;
-            }
-        }
+        messages.extend(self.current.as_mut().and_then(Current::take_part));
         let tool_calls = self
             .changed_tool_calls
             .drain(..)
@@ -123,16 +165,15 @@ impl Transcript {
     }
 
     fn end_message(&mut self) {
-        if let Some((message, true)) = self.current.take() {
-            self.ended.push(message);
+        if let Some(mut current) = self.current.take() {
+            self.ended.extend(current.take_part());
         }
     }
 
-    fn add_to_message(&mut self, role: MessageRole, turn_id: Option<Uuid>, block: Value) {
+    fn add_to_message(&mut self, role: MessageRole, turn_id: Option<Uuid>, block: &Value) {
         match &mut self.current {
-            Some((message, changed)) if message.role == role && message.turn_id == turn_id => {
-                message.push_block(block);
-                *changed = true;
+            Some(current) if current.message.role == role && current.message.turn_id == turn_id => {
+                current.message.push_block(block);
             }
             _ => {
                 self.end_message();
@@ -144,7 +185,7 @@ impl Transcript {
                     created_at: model::now(),
                 };
                 message.push_block(block);
-                self.current = Some((message, true));
+                self.current = Some(Current { message, part: 0 });
             }
         }
     }
@@ -160,6 +201,16 @@ impl Transcript {
             self.changed_tool_calls.push(id.to_owned());
         }
     }
+}
+
+/// The text of chunk update `update` when it is exactly a plain text chunk
+/// of `kind` (nothing else that joining more text would lose).
+pub fn chunk_text_mut(update: &mut Value, kind: ChunkKind) -> Option<&mut String> {
+    let map = update.as_object_mut().filter(|m| m.len() == 2)?;
+    if map.get("sessionUpdate")?.as_str()? != kind.as_str() {
+        return None;
+    }
+    model::plain_text_mut(map.get_mut("content")?)
 }
 
 /// Joins chunk update `next` onto `prev` when both carry one plain text
@@ -210,10 +261,11 @@ mod tests {
         json!({"sessionUpdate": kind, "content": {"type": "text", "text": text}})
     }
 
-    fn texts(messages: &[Message]) -> Vec<(MessageRole, String)> {
-        messages
+    fn texts(parts: &[MessagePart]) -> Vec<(MessageRole, String)> {
+        parts
             .iter()
-            .map(|m| {
+            .map(|p| {
+                let m = &p.message;
                 let text = m
                     .content
                     .iter()
@@ -236,15 +288,19 @@ mod tests {
             texts(&changes.messages),
             [(MessageRole::Agent, "Hello".into())]
         );
-        // More text updates the same message: same id, whole text.
+        assert_eq!(changes.messages[0].part, 0);
+        // More text is the next part of the same message: only what was
+        // added, whatever the message holds already.
         t.apply(&chunk("agent_message_chunk", "!"), turn);
         let again = t.take_changes();
-        assert_eq!(again.messages[0].id, changes.messages[0].id);
-        assert_eq!(
-            texts(&again.messages),
-            [(MessageRole::Agent, "Hello!".into())]
-        );
+        assert_eq!(again.messages[0].message.id, changes.messages[0].message.id);
+        assert_eq!(again.messages[0].part, 1);
+        assert_eq!(texts(&again.messages), [(MessageRole::Agent, "!".into())]);
         assert_eq!(t.take_changes(), Changes::default(), "nothing new");
+        // Read back, the parts form the whole message.
+        let mut whole = changes.messages[0].message.clone();
+        whole.extend(again.messages[0].message.content.clone());
+        assert_eq!(whole.content, [json!({"type": "text", "text": "Hello!"})]);
     }
 
     #[test]
@@ -268,7 +324,7 @@ mod tests {
                 (MessageRole::User, "echo".into()),
             ]
         );
-        let turns: Vec<_> = changes.messages.iter().map(|m| m.turn_id).collect();
+        let turns: Vec<_> = changes.messages.iter().map(|p| p.message.turn_id).collect();
         assert_eq!(
             turns,
             [Some(one), Some(one), Some(two), Some(two), Some(two)]

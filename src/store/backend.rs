@@ -8,7 +8,7 @@ use uuid::Uuid;
 use crate::error::Result;
 use crate::model::Rule;
 use crate::model::{
-    Conversation, ConversationStatus, Decision, Event, Message, PermissionRequest,
+    Conversation, ConversationStatus, Decision, Event, Message, MessagePart, PermissionRequest,
     PermissionStatus, SessionState, ToolCall,
 };
 
@@ -17,8 +17,8 @@ use crate::model::{
 pub struct Batch {
     /// New events, with consecutive `seq`s following the conversation's `last_seq`.
     pub events: Vec<Event>,
-    /// Messages to insert or replace (by id).
-    pub messages: Vec<Message>,
+    /// What to add to messages, in order.
+    pub messages: Vec<MessagePart>,
     /// Tool-call states to insert or replace (by conversation and tool call id).
     pub tool_calls: Vec<ToolCall>,
     /// Permission requests to insert.
@@ -28,6 +28,15 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// How many rows committing it writes.
+    pub fn rows(&self) -> usize {
+        self.events.len()
+            + self.messages.len()
+            + self.tool_calls.len()
+            + self.new_permissions.len()
+            + usize::from(self.conversation.is_some())
+    }
+
     pub fn is_empty(&self) -> bool {
         self.events.is_empty()
             && self.messages.is_empty()

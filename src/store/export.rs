@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::backend::{Batch, ConversationPatch, PermissionFilter, Store};
 use crate::error::Result;
-use crate::model::Conversation;
+use crate::model::{Conversation, MessagePart};
 
 /// What a copy moved.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -81,7 +81,13 @@ async fn copy_conversation(
     let events = from.list_events(id, 0, i64::MAX).await?;
     let batch = Batch {
         events,
-        messages: from.list_messages(id).await?,
+        // Each message whole, as its first part.
+        messages: from
+            .list_messages(id)
+            .await?
+            .into_iter()
+            .map(|message| MessagePart { part: 0, message })
+            .collect(),
         tool_calls: from.list_tool_calls(id).await?,
         new_permissions: from
             .list_permissions(&PermissionFilter {

@@ -182,6 +182,13 @@ impl TryFrom<MessageRow> for Message {
     }
 }
 
+/// A later part of a message (see [`crate::model::MessagePart`]).
+#[derive(sqlx::FromRow)]
+pub struct MessagePartRow {
+    pub message_id: Uuid,
+    pub content: Json<Vec<Value>>,
+}
+
 #[derive(sqlx::FromRow)]
 pub struct ToolCallRow {
     tool_call_id: String,

@@ -129,20 +129,33 @@ macro_rules! impl_store {
                     .await?;
                 }
                 insert_events(&mut tx, conversation_id, &batch.events).await?;
-                for m in &batch.messages {
-                    sqlx::query(
-                        "insert into messages (id, conversation_id, turn_id, role, content, created_at)
-                         values ($1, $2, $3, $4, $5, $6)
-                         on conflict (id) do update set content = excluded.content",
-                    )
-                    .bind(m.id)
-                    .bind(conversation_id)
-                    .bind(m.turn_id)
-                    .bind(m.role.as_str())
-                    .bind(JsonText::of(&m.content))
-                    .bind(m.created_at)
-                    .execute(&mut *tx)
-                    .await?;
+                for MessagePart { part, message: m } in &batch.messages {
+                    // Idempotent: a commit retried after its answer was
+                    // lost must not fail on what it wrote.
+                    let query = if *part == 0 {
+                        sqlx::query(
+                            "insert into messages (id, conversation_id, turn_id, role, content, created_at)
+                             values ($1, $2, $3, $4, $5, $6)
+                             on conflict (id) do nothing",
+                        )
+                        .bind(m.id)
+                        .bind(conversation_id)
+                        .bind(m.turn_id)
+                        .bind(m.role.as_str())
+                        .bind(JsonText::of(&m.content))
+                        .bind(m.created_at)
+                    } else {
+                        sqlx::query(
+                            "insert into message_parts (conversation_id, message_id, part, content)
+                             values ($1, $2, $3, $4)
+                             on conflict do nothing",
+                        )
+                        .bind(conversation_id)
+                        .bind(m.id)
+                        .bind(*part)
+                        .bind(JsonText::of(&m.content))
+                    };
+                    query.execute(&mut *tx).await?;
                 }
                 for t in &batch.tool_calls {
                     sqlx::query(
@@ -174,6 +187,7 @@ macro_rules! impl_store {
                     update_conversation(&mut tx, conversation_id, patch).await?;
                 }
                 tx.commit().await?;
+                crate::telemetry::transaction(batch.rows());
                 Ok(())
             }
 
@@ -202,6 +216,8 @@ macro_rules! impl_store {
                 insert_events(&mut tx, event.conversation_id, std::slice::from_ref(&event)).await?;
                 update_conversation(&mut tx, event.conversation_id, patch).await?;
                 tx.commit().await?;
+                // The request, its event and the conversation.
+                crate::telemetry::transaction(3);
                 Ok(Some((request, event)))
             }
 
@@ -224,7 +240,7 @@ macro_rules! impl_store {
             }
 
             async fn list_messages(&self, conversation_id: Uuid) -> Result<Vec<Message>> {
-                sqlx::query_as::<_, MessageRow>(
+                let mut messages = sqlx::query_as::<_, MessageRow>(
                     "select * from messages where conversation_id = $1 order by id",
                 )
                 .bind(conversation_id)
@@ -232,7 +248,26 @@ macro_rules! impl_store {
                 .await?
                 .into_iter()
                 .map(Message::try_from)
-                .collect()
+                .collect::<Result<Vec<_>>>()?;
+                let parts = sqlx::query_as::<_, MessagePartRow>(
+                    "select message_id, content from message_parts
+                     where conversation_id = $1 order by message_id, part",
+                )
+                .bind(conversation_id)
+                .fetch_all(&self.pool)
+                .await?;
+                // Both in id order: one pass joins every part to its message.
+                let mut at = 0;
+                for part in parts {
+                    while messages.get(at).is_some_and(|m| m.id != part.message_id) {
+                        at += 1;
+                    }
+                    let Some(message) = messages.get_mut(at) else {
+                        break;
+                    };
+                    message.extend(part.content.0);
+                }
+                Ok(messages)
             }
 
             async fn list_tool_calls(&self, conversation_id: Uuid) -> Result<Vec<ToolCall>> {

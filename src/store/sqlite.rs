@@ -16,13 +16,13 @@ use super::backend::{
     Batch, ConversationPatch, PermissionFilter, PolicySet, Resolution, Store, TokenInfo,
 };
 use super::rows::{
-    text_col, ConversationRow, EventRow, JsonText, MessageRow, PermissionRow, PolicySetRow,
-    RuleRow, TokenRow, ToolCallRow,
+    text_col, ConversationRow, EventRow, JsonText, MessagePartRow, MessageRow, PermissionRow,
+    PolicySetRow, RuleRow, TokenRow, ToolCallRow,
 };
 use super::sql::impl_store;
 use crate::error::Result;
 use crate::model::Rule;
-use crate::model::{Conversation, Event, Message, PermissionRequest, ToolCall};
+use crate::model::{Conversation, Event, Message, MessagePart, PermissionRequest, ToolCall};
 
 /// Migrations embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
