@@ -22,6 +22,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "gateway/reference.rs"]
+mod reference;
 
 use std::time::Instant;
 
@@ -132,6 +134,23 @@ async fn main() {
         .split(',')
         .map(|s| s.trim().parse().expect("BENCH_SIZES: numbers"))
         .collect();
+    // The references, at the size the targets compare (200,000 unless
+    // BENCH_SIZES says otherwise), in the same run.
+    let reference_size = if sizes.contains(&200_000) {
+        200_000
+    } else {
+        sizes[sizes.len() / 2]
+    };
+    let alone = reference::agent_alone(reference_size);
+    let sdk = reference::sdk_parse_only(reference_size);
+    let sdk_rate = reference_size as f64 / sdk;
+    println!(
+        "[reference] agent alone (lines counted, nothing parsed): {reference_size} chunks in {alone:.3} s = {:.0} chunks/s",
+        reference_size as f64 / alone
+    );
+    println!(
+        "[reference] Rust SDK client (agent-client-protocol), parse only: {reference_size} chunks in {sdk:.3} s = {sdk_rate:.0} chunks/s"
+    );
     let backends = std::env::var("BENCH_BACKENDS").unwrap_or_else(|_| "sqlite,postgres".into());
     for backend in backends.split(',') {
         let db = match backend {
@@ -145,15 +164,28 @@ async fn main() {
             },
             other => panic!("BENCH_BACKENDS: unknown backend {other}"),
         };
-        streaming(backend, &db, &sizes).await;
+        streaming(backend, &db, &sizes, (reference_size, sdk_rate)).await;
     }
 }
 
-async fn streaming(backend: &str, db: &TestDb, sizes: &[usize]) {
+async fn streaming(
+    backend: &str,
+    db: &TestDb,
+    sizes: &[usize],
+    (ref_size, sdk_rate): (usize, f64),
+) {
     let gw = TestGateway::start(db, vec![demo_profile("demo", &[])]).await;
+    // Warm up (the first agent started and the first commits cost more).
+    stream_once(&gw, 10_000).await;
     let mut times = Vec::new();
     for &n in sizes {
         let s = stream_once(&gw, n).await;
+        if n == ref_size {
+            println!(
+                "[{backend}] at {n} chunks the gateway runs at {:.1}× the Rust SDK client's parse-only rate",
+                n as f64 / s.secs / sdk_rate
+            );
+        }
         println!(
             "[{backend}] stream {n:>7} chunks: {:7.3} s = {:>7.0} chunks/s end to end; \
              {} events, {:.0} transactions, {:.0} rows = {:.2} rows and {:.2} transactions per 1,000 chunks",

@@ -131,6 +131,39 @@ async fn a_long_stream_of_small_chunks_is_merged_without_losing_text(db: TestDb)
     assert_eq!(agent[0]["content"][0]["text"], expected.as_str());
 }
 
+async fn a_message_committed_in_parts_reads_back_whole_and_survives_a_restart(db: TestDb) {
+    let (gw, id, mut ws) = demo_conversation(&db).await;
+    gw.prompt(&id, "slow 4").await;
+    // The chunks come 50 ms apart, each committed (and so published) before
+    // the next as a rule: the message is stored as several parts.
+    let live = ws.until_type("turn_ended").await;
+    let chunk_events = live
+        .iter()
+        .filter(|e| e["data"]["update"]["sessionUpdate"] == "agent_message_chunk")
+        .count();
+    assert!(chunk_events >= 2, "several commits: {live:?}");
+    let expected = json!([{"type": "text", "text": "s0 s1 s2 s3 "}]);
+    let agent_message = |messages: &serde_json::Value| {
+        messages["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "agent")
+            .map(|m| m["content"].clone())
+            .collect::<Vec<_>>()
+    };
+    let (_, messages) = gw
+        .get(&format!("/api/v1/conversations/{id}/messages"))
+        .await;
+    assert_eq!(agent_message(&messages), [expected]);
+    ws.close().await;
+    let gw = gw.restart().await;
+    let (_, after) = gw
+        .get(&format!("/api/v1/conversations/{id}/messages"))
+        .await;
+    assert_eq!(after, messages);
+}
+
 async fn a_plan_and_content_blocks_pass_through_verbatim(db: TestDb) {
     let (gw, id, mut ws) = demo_conversation(&db).await;
     let content = json!([{"type": "text", "text": "plan"}, {"type": "resource_link", "uri": "file:///a.rs", "name": "a.rs"}]);
@@ -213,6 +246,7 @@ async fn closing_a_conversation_stops_its_agent_and_keeps_its_history(db: TestDb
 backend_tests!(
     a_prompt_streams_chunks_a_tool_call_and_turn_ended_and_survives_a_restart,
     a_long_stream_of_small_chunks_is_merged_without_losing_text,
+    a_message_committed_in_parts_reads_back_whole_and_survives_a_restart,
     a_plan_and_content_blocks_pass_through_verbatim,
     conversations_are_listed_newest_first_with_a_cursor,
     closing_a_conversation_stops_its_agent_and_keeps_its_history,
