@@ -18,7 +18,8 @@
 //!   `gateway/load.rs`).
 //!
 //! Sizes: BENCH_SIZES (comma-separated chunk counts), BENCH_BACKENDS
-//! (`sqlite,postgres`), and those named in `gateway/load.rs`.
+//! (`sqlite,postgres`), and those named in `gateway/load.rs`;
+//! BENCH_REFERENCE=off skips the references (to profile the gateway alone).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -141,16 +142,21 @@ async fn main() {
     } else {
         sizes[sizes.len() / 2]
     };
-    let alone = reference::agent_alone(reference_size);
-    let sdk = reference::sdk_parse_only(reference_size);
-    let sdk_rate = reference_size as f64 / sdk;
-    println!(
-        "[reference] agent alone (lines counted, nothing parsed): {reference_size} chunks in {alone:.3} s = {:.0} chunks/s",
-        reference_size as f64 / alone
-    );
-    println!(
-        "[reference] Rust SDK client (agent-client-protocol), parse only: {reference_size} chunks in {sdk:.3} s = {sdk_rate:.0} chunks/s"
-    );
+    let sdk_rate = if std::env::var("BENCH_REFERENCE").as_deref() == Ok("off") {
+        f64::NAN
+    } else {
+        let alone = reference::agent_alone(reference_size);
+        let sdk = reference::sdk_parse_only(reference_size);
+        println!(
+            "[reference] agent alone (lines counted, nothing parsed): {reference_size} chunks in {alone:.3} s = {:.0} chunks/s",
+            reference_size as f64 / alone
+        );
+        println!(
+            "[reference] Rust SDK client (agent-client-protocol), parse only: {reference_size} chunks in {sdk:.3} s = {:.0} chunks/s",
+            reference_size as f64 / sdk
+        );
+        reference_size as f64 / sdk
+    };
     let backends = std::env::var("BENCH_BACKENDS").unwrap_or_else(|_| "sqlite,postgres".into());
     for backend in backends.split(',') {
         let db = match backend {
