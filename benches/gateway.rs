@@ -23,6 +23,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "gateway/load.rs"]
+mod load;
 #[path = "gateway/reference.rs"]
 mod reference;
 
@@ -171,6 +173,7 @@ async fn main() {
             other => panic!("BENCH_BACKENDS: unknown backend {other}"),
         };
         streaming(backend, &db, &sizes, (reference_size, sdk_rate)).await;
+        load::run(backend, &db).await;
     }
 }
 

@@ -224,6 +224,46 @@ async fn the_inbox_starts_with_the_pending_snapshot_and_streams_decisions(db: Te
     assert_eq!(frames.last().unwrap()["conversation_id"], id.as_str());
 }
 
+async fn ask_n_asks_one_request_at_a_time_each_after_the_previous_answer(db: TestDb) {
+    let (_db, gw, id, mut ws) = setup(db).await;
+    gw.prompt(&id, "ask 3").await;
+    let mut all = Vec::new();
+    for (i, option) in ["allow-once", "reject-once", "allow-once"]
+        .into_iter()
+        .enumerate()
+    {
+        let frames = ws.until_type("permission_requested").await;
+        let request = frames.last().unwrap()["data"].clone();
+        all.extend(frames);
+        assert_eq!(request["tool_call"]["title"], format!("Write ask-{i}.txt"));
+        // Only this one is outstanding: the next waits for its answer.
+        let (_, pending) = gw
+            .get(&format!("/api/v1/permissions?conversation_id={id}"))
+            .await;
+        assert_eq!(pending["items"].as_array().unwrap().len(), 1, "{pending}");
+        let (status, body) = gw
+            .post(&respond_path(&request), json!({"option_id": option}))
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    all.extend(ws.until_type("turn_ended").await);
+    assert_eq!(all.last().unwrap()["data"]["stop_reason"], "end_turn");
+    assert_eq!(
+        tool_status(&all),
+        [
+            "in_progress",
+            "completed",
+            "failed",
+            "in_progress",
+            "completed"
+        ]
+    );
+    assert_eq!(
+        streamed_text(&all, "agent_message_chunk"),
+        "2 of 3 tool calls ran."
+    );
+}
+
 backend_tests!(
     an_approval_reaches_the_agent_and_a_second_different_answer_gets_409,
     a_rejection_reaches_the_agent,
@@ -233,4 +273,5 @@ backend_tests!(
     two_people_answering_at_once_exactly_one_wins,
     an_agent_withdrawing_its_request_resolves_it_cancelled,
     the_inbox_starts_with_the_pending_snapshot_and_streams_decisions,
+    ask_n_asks_one_request_at_a_time_each_after_the_previous_answer,
 );

@@ -47,6 +47,7 @@ pub(super) enum Scenario {
     Read,
     Edit,
     Parallel,
+    Ask,
     Plan,
     Long,
     Big,
@@ -74,6 +75,7 @@ impl Scenario {
             "read" => Self::Read,
             "edit" => Self::Edit,
             "parallel" => Self::Parallel,
+            "ask" => Self::Ask,
             "plan" => Self::Plan,
             "long" => Self::Long,
             "big" => Self::Big,
@@ -245,6 +247,7 @@ impl Turn {
             Scenario::Read => self.path_tool("read", "Read", args).await,
             Scenario::Edit => self.path_tool("edit", "Edit", args).await,
             Scenario::Parallel => self.parallel(count_arg(args, 2)).await,
+            Scenario::Ask => self.ask(count_arg(args, 3)).await,
             Scenario::Plan => self.plan().await,
             Scenario::Long => self.long(count_arg(args, 1000)).await,
             Scenario::Big => self.big(count_arg(args, 1 << 20)).await,
@@ -413,6 +416,34 @@ impl Turn {
             return Ok(TurnEnd::Stop(CANCELLED));
         }
         let ran = answers.iter().filter(|a| **a == Answer::Allowed).count();
+        self.say(&format!("{ran} of {n} tool calls ran.")).await?;
+        Ok(TurnEnd::Stop(END_TURN))
+    }
+
+    /// Scenario `ask`: `n` tool calls one after the other, each asking permission and waiting
+    /// for its answer before the next is announced: a steady series of requests, for load.
+    async fn ask(&self, n: u64) -> Result<TurnEnd, Cancelled> {
+        let mut ran = 0;
+        for i in 0..n {
+            let path = self.cwd.join(format!("ask-{i}.txt")).display().to_string();
+            let call = ToolCall {
+                id: self.next_tool_call_id(),
+                title: format!("Write ask-{i}.txt"),
+                kind: "edit",
+                locations: Some(json!([{ "path": path }])),
+                raw_input: json!({"path": path, "content": format!("ask {i}")}),
+                done_text: format!("wrote ask-{i}.txt"),
+                announced: true,
+            };
+            let answers = self
+                .run_tool_calls(std::slice::from_ref(&call), false)
+                .await?;
+            match answers[0] {
+                Answer::Allowed => ran += 1,
+                Answer::Rejected => {}
+                Answer::Cancelled => return Ok(TurnEnd::Stop(CANCELLED)),
+            }
+        }
         self.say(&format!("{ran} of {n} tool calls ran.")).await?;
         Ok(TurnEnd::Stop(END_TURN))
     }

@@ -55,6 +55,11 @@ impl PgStore {
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
+
+    /// Writes share the pool: Postgres locks rows, not the database.
+    fn writer(&self) -> &PgPool {
+        &self.pool
+    }
 }
 
 /// A whole batch of events in one statement.

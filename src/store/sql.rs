@@ -5,8 +5,9 @@
 //! it against its own pool. A backend supplies only what differs: its
 //! `insert_events` (Postgres inserts a whole batch with one `unnest`).
 
-/// Implements [`Store`](super::backend::Store) for a backend type with a `pool` field.
-/// The invoking module must define
+/// Implements [`Store`](super::backend::Store) for a backend type with a `pool` field (for
+/// reads) and a `writer()` method (the pool every write goes through). The invoking module
+/// must define
 /// `async fn insert_events(&mut Connection, Uuid, &[Event]) -> Result<()>`.
 macro_rules! impl_store {
     ($store:ty, $conn:ty) => {
@@ -56,7 +57,7 @@ macro_rules! impl_store {
                 .bind(c.updated_at)
                 .bind(&c.owner)
                 .bind(JsonText::of(&c.state))
-                .execute(&self.pool)
+                .execute(self.writer())
                 .await?;
                 Ok(())
             }
@@ -108,7 +109,7 @@ macro_rules! impl_store {
                 if batch.is_empty() {
                     return Ok(());
                 }
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.writer().begin().await?;
                 // Permission requests first: an event announcing one must
                 // never be visible without the request itself.
                 for p in &batch.new_permissions {
@@ -197,7 +198,7 @@ macro_rules! impl_store {
                 mut event: Event,
                 patch: &ConversationPatch,
             ) -> Result<Option<(PermissionRequest, Event)>> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.writer().begin().await?;
                 // A write first: the transaction takes the write lock at once.
                 let row = sqlx::query_as::<_, PermissionRow>(
                     "update permission_requests set status = $2, decision = $3
@@ -330,7 +331,7 @@ macro_rules! impl_store {
                 .bind(&rule.option_kind)
                 .bind(rule.permission_id)
                 .bind(rule.created_at)
-                .fetch_one(&self.pool)
+                .fetch_one(self.writer())
                 .await?;
                 Ok(row.into())
             }
@@ -351,7 +352,7 @@ macro_rules! impl_store {
                 )
                 .bind(conversation_id)
                 .bind(rule_id)
-                .execute(&self.pool)
+                .execute(self.writer())
                 .await?;
                 Ok(done.rows_affected() > 0)
             }
@@ -374,7 +375,7 @@ macro_rules! impl_store {
                 .bind(JsonText::of(&set.rules))
                 .bind(&set.updated_by)
                 .bind(set.updated_at)
-                .execute(&self.pool)
+                .execute(self.writer())
                 .await?;
                 Ok(())
             }
@@ -386,7 +387,7 @@ macro_rules! impl_store {
                 label: Option<&str>,
                 hash: &str,
             ) -> Result<TokenInfo> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.writer().begin().await?;
                 sqlx::query(
                     "insert into users (name, role, created_at) values ($1, $2, $3)
                      on conflict (name) do update set role = excluded.role",
@@ -450,7 +451,7 @@ macro_rules! impl_store {
                 )
                 .bind(id)
                 .bind(crate::model::now())
-                .execute(&self.pool)
+                .execute(self.writer())
                 .await?;
                 Ok(done.rows_affected() > 0)
             }
@@ -464,7 +465,7 @@ macro_rules! impl_store {
             }
 
             async fn remove_user(&self, name: &str) -> Result<bool> {
-                let mut tx = self.pool.begin().await?;
+                let mut tx = self.writer().begin().await?;
                 // A write first: the transaction takes the write lock at once
                 // (SQLite cannot turn a read transaction into a write one
                 // after another writer committed: SQLITE_BUSY_SNAPSHOT).
@@ -529,7 +530,7 @@ macro_rules! impl_store {
                 .bind(&record.pid_namespace)
                 .bind(&record.hostname)
                 .bind(record.started_at)
-                .execute(&self.pool)
+                .execute(self.writer())
                 .await?;
                 Ok(())
             }
@@ -547,7 +548,7 @@ macro_rules! impl_store {
                 .bind(record.start_time)
                 .bind(&record.boot_id)
                 .bind(&record.pid_namespace)
-                .execute(&self.pool)
+                .execute(self.writer())
                 .await?;
                 Ok(())
             }

@@ -33,7 +33,13 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 /// SQLite storage over a connection pool.
 #[derive(Clone)]
 pub struct SqliteStore {
+    /// For reads: in WAL mode they never wait for a writer.
     pool: SqlitePool,
+    /// For writes: one connection. SQLite takes one writer at a time; left
+    /// to compete, writers on several connections wait in its busy handler,
+    /// which sleeps (up to 100 ms a try) instead of queueing. Here they
+    /// queue for the connection, in order, and none sleeps.
+    writer: SqlitePool,
 }
 
 impl SqliteStore {
@@ -53,21 +59,31 @@ impl SqliteStore {
                     .with_context(|| format!("Failed to create {}", dir.display()))?;
             }
         }
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(BUSY_TIMEOUT)
+            .connect_with(options.clone())
+            .await
+            .with_context(|| format!("Failed to open SQLite database {url}"))?;
+        MIGRATOR
+            .run(&writer)
+            .await
+            .context("Failed to apply database migrations")?;
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
             .acquire_timeout(BUSY_TIMEOUT)
             .connect_with(options)
             .await
             .with_context(|| format!("Failed to open SQLite database {url}"))?;
-        MIGRATOR
-            .run(&pool)
-            .await
-            .context("Failed to apply database migrations")?;
-        Ok(SqliteStore { pool })
+        Ok(SqliteStore { pool, writer })
     }
 
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+
+    fn writer(&self) -> &SqlitePool {
+        &self.writer
     }
 }
 
