@@ -432,6 +432,7 @@ impl Journal {
     pub async fn flush(&mut self) -> Result<()> {
         if self.batch.is_empty() && !self.dirty {
             self.outage = None;
+            self.held_since = None;
             return Ok(());
         }
         self.batch.conversation = Some(self.patch(self.last_seq));

@@ -44,11 +44,15 @@ impl Current {
         if self.message.content.is_empty() {
             return None;
         }
+        let message = &mut self.message;
         let part = MessagePart {
             part: self.part,
             message: Message {
-                content: std::mem::take(&mut self.message.content),
-                ..self.message.clone()
+                id: message.id,
+                turn_id: message.turn_id,
+                role: message.role,
+                content: std::mem::take(&mut message.content),
+                created_at: message.created_at,
             },
         };
         self.part += 1;
