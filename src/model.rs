@@ -506,22 +506,16 @@ impl Message {
     /// Appends a content block, joining text to a preceding text block (in
     /// place: a message may grow to megabytes, one chunk at a time).
     pub fn push_block(&mut self, block: &Value) {
-        if let (Some(last), Some(text)) = (self.content.last_mut(), plain_text(block)) {
-            if let Some(prev) = plain_text_mut(last) {
-                prev.push_str(text);
-                return;
-            }
+        if !self.join_text(plain_text(block)) {
+            self.content.push(block.clone());
         }
-        self.content.push(block.clone());
     }
 
     /// Appends text, as [`Message::push_block`] a plain text block.
     pub fn push_text(&mut self, text: &str) {
-        match self.content.last_mut().and_then(plain_text_mut) {
-            Some(prev) => prev.push_str(text),
-            None => self
-                .content
-                .push(serde_json::json!({"type": "text", "text": text})),
+        if !self.join_text(Some(text)) {
+            self.content
+                .push(serde_json::json!({"type": "text", "text": text}));
         }
     }
 
@@ -529,13 +523,21 @@ impl Message {
     /// [`MessagePart`]).
     pub fn extend(&mut self, blocks: Vec<Value>) {
         for block in blocks {
-            match (
-                self.content.last_mut().and_then(plain_text_mut),
-                plain_text(&block),
-            ) {
-                (Some(prev), Some(text)) => prev.push_str(text),
-                _ => self.content.push(block),
+            if !self.join_text(plain_text(&block)) {
+                self.content.push(block);
             }
+        }
+    }
+
+    /// Appends `text` (of a plain text block) to the last block when that is
+    /// plain text too; whether it did.
+    fn join_text(&mut self, text: Option<&str>) -> bool {
+        match (text, self.content.last_mut().and_then(plain_text_mut)) {
+            (Some(text), Some(prev)) => {
+                prev.push_str(text);
+                true
+            }
+            _ => false,
         }
     }
 }

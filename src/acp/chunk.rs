@@ -28,7 +28,8 @@ impl ChunkKind {
         }
     }
 
-    fn parse(tag: &str) -> Option<Self> {
+    /// The kind a `sessionUpdate` tag names, if it is a chunk's.
+    pub fn parse(tag: &str) -> Option<Self> {
         Some(match tag {
             "agent_message_chunk" => Self::AgentMessage,
             "agent_thought_chunk" => Self::AgentThought,

@@ -133,19 +133,6 @@ pub enum Incoming {
     TextChunk(TextChunk),
 }
 
-impl Incoming {
-    /// A text chunk as the notification it is; anything else unchanged.
-    pub fn into_general(self) -> Incoming {
-        match self {
-            Incoming::TextChunk(chunk) => Incoming::Notification {
-                method: "session/update".into(),
-                params: chunk.to_params(),
-            },
-            other => other,
-        }
-    }
-}
-
 /// A request the peer made of us. Answer it through `responder`, now or much later.
 #[derive(Debug)]
 pub struct IncomingRequest {
@@ -1024,12 +1011,18 @@ mod tests {
         tokio::spawn(async move { peer.request(&method, json!({"asked": method})).await })
     }
 
-    /// The next message, a fast-path text chunk as its notification.
+    /// The next message, a fast-path text chunk as the notification it is.
     async fn next_incoming(incoming: &mut mpsc::Receiver<Incoming>) -> Incoming {
-        within(incoming.recv())
+        match within(incoming.recv())
             .await
             .expect("incoming channel ended")
-            .into_general()
+        {
+            Incoming::TextChunk(chunk) => Incoming::Notification {
+                method: "session/update".into(),
+                params: chunk.to_params(),
+            },
+            other => other,
+        }
     }
 
     async fn next_notification(incoming: &mut mpsc::Receiver<Incoming>) -> (String, Value) {

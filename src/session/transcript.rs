@@ -91,18 +91,13 @@ impl Transcript {
             .get("sessionUpdate")
             .and_then(Value::as_str)
             .unwrap_or("");
-        match kind {
-            "agent_message_chunk" | "agent_thought_chunk" | "user_message_chunk" => {
-                let role = match kind {
-                    "agent_message_chunk" => MessageRole::Agent,
-                    "agent_thought_chunk" => MessageRole::Thought,
-                    _ => MessageRole::User,
-                };
-                if let Some(block) = update.get("content") {
-                    self.add_to_message(role, turn_id, block);
-                }
-                true
+        if let Some(chunk) = ChunkKind::parse(kind) {
+            if let Some(block) = update.get("content") {
+                self.add_to_message(role(chunk), turn_id, block);
             }
+            return true;
+        }
+        match kind {
             "tool_call" | "tool_call_update" => {
                 if let Some(id) = update.get("toolCallId").and_then(Value::as_str) {
                     self.apply_tool_call(id, turn_id, update);
@@ -116,11 +111,7 @@ impl Transcript {
     /// Applies a chunk read on the fast path (as [`Transcript::apply`]
     /// would its update).
     pub fn text_chunk(&mut self, chunk: &TextChunk, turn_id: Option<Uuid>) {
-        let role = match chunk.kind {
-            ChunkKind::AgentMessage => MessageRole::Agent,
-            ChunkKind::AgentThought => MessageRole::Thought,
-            ChunkKind::UserMessage => MessageRole::User,
-        };
+        let role = role(chunk.kind);
         match &mut self.current {
             Some(current) if current.message.role == role && current.message.turn_id == turn_id => {
                 current.message.push_text(&chunk.text);
@@ -204,6 +195,15 @@ impl Transcript {
         if !self.changed_tool_calls.iter().any(|c| c == id) {
             self.changed_tool_calls.push(id.to_owned());
         }
+    }
+}
+
+/// The role of the message a chunk of `kind` belongs to.
+fn role(kind: ChunkKind) -> MessageRole {
+    match kind {
+        ChunkKind::AgentMessage => MessageRole::Agent,
+        ChunkKind::AgentThought => MessageRole::Thought,
+        ChunkKind::UserMessage => MessageRole::User,
     }
 }
 
