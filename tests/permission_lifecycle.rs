@@ -375,7 +375,169 @@ async fn the_inbox_snapshot_after_a_reconnect_equals_the_pending_list(db: TestDb
     assert_eq!(ids, [reqs[0]["id"].clone(), reqs[2]["id"].clone()]);
 }
 
+/// The store resolves a request once, and announces it as the table holds
+/// it, whatever copy the caller passes: a copy that differs from what was
+/// stored (as when the database kept only a cut-down stand-in) still
+/// resolves the stored request, and the event carries the stored one; a
+/// second resolution writes nothing.
+async fn a_resolution_announces_the_request_as_stored_and_happens_once(db: TestDb) {
+    use acp_gateway::model::{
+        self, Conversation, ConversationStatus, Decision, Event, PermissionRequest,
+        PermissionStatus,
+    };
+    use acp_gateway::store::{Batch, ConversationPatch, Resolution};
+
+    let store = acp_gateway::store::open(&db.url).await.unwrap();
+    let conversation = Conversation {
+        id: model::new_id(),
+        agent: "demo".into(),
+        title: None,
+        cwd: "/tmp".into(),
+        status: ConversationStatus::Idle,
+        acp_session_id: None,
+        last_seq: 0,
+        created_at: model::now(),
+        updated_at: model::now(),
+        owner: None,
+        state: Default::default(),
+    };
+    store.insert_conversation(&conversation).await.unwrap();
+    let stored = PermissionRequest {
+        id: model::new_id(),
+        conversation_id: conversation.id,
+        turn_id: None,
+        tool_call: json!({"toolCallId": "t1", "title": "as stored"}),
+        options: vec![json!({"optionId": "allow-once", "name": "Allow", "kind": "allow_once"})],
+        status: PermissionStatus::Pending,
+        decision: None,
+        created_at: model::now(),
+    };
+    let patch = |seq| ConversationPatch {
+        status: ConversationStatus::Running,
+        acp_session_id: None,
+        last_seq: seq,
+        current_turn_id: None,
+        updated_at: model::now(),
+        state: None,
+    };
+    let event = |seq| Event {
+        seq,
+        conversation_id: conversation.id,
+        kind: "permission_resolved".into(),
+        at: model::now(),
+        data: Value::Null,
+    };
+    store
+        .commit(
+            conversation.id,
+            &Batch {
+                new_permissions: vec![stored.clone()],
+                conversation: Some(patch(0)),
+                ..Batch::default()
+            },
+        )
+        .await
+        .unwrap();
+
+    let held = PermissionRequest {
+        tool_call: json!({"toolCallId": "t1", "title": "as the session held it"}),
+        ..stored.clone()
+    };
+    let resolution = Resolution {
+        request: held,
+        status: PermissionStatus::Approved,
+        decision: Decision::new(Some("allow-once".into()), "user:ann".into(), None),
+    };
+    let (resolved, announced) = store
+        .resolve_permission(&resolution, event(1), &patch(1))
+        .await
+        .unwrap()
+        .expect("pending, so resolved");
+    assert_eq!(resolved.tool_call, stored.tool_call);
+    assert_eq!(resolved.status, PermissionStatus::Approved);
+    assert_eq!(announced.data, serde_json::to_value(&resolved).unwrap());
+    let events = store.list_events(conversation.id, 0, 10).await.unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].data["tool_call"]["title"], "as stored");
+    let row = store
+        .get_conversation(conversation.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((row.last_seq, row.status), (1, ConversationStatus::Running));
+
+    // Once resolved, a second answer, with the exact copy this time, changes
+    // nothing.
+    let again = Resolution {
+        request: stored.clone(),
+        status: PermissionStatus::Rejected,
+        decision: Decision::new(Some("reject-once".into()), "user:bob".into(), None),
+    };
+    let second = store
+        .resolve_permission(&again, event(2), &patch(2))
+        .await
+        .unwrap();
+    assert!(second.is_none());
+    assert_eq!(
+        store
+            .list_events(conversation.id, 0, 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    let row = store.get_permission(stored.id).await.unwrap().unwrap();
+    assert_eq!(row.status, PermissionStatus::Approved);
+    assert_eq!(row.decision.unwrap().decided_by, "user:ann");
+
+    // The common case: the copy is exact (on Postgres, one statement).
+    let next = PermissionRequest {
+        id: model::new_id(),
+        turn_id: Some(model::new_id()),
+        tool_call: json!({"toolCallId": "t2", "rawInput": {"command": "ls \u{0}"}}),
+        created_at: model::now(),
+        ..stored.clone()
+    };
+    store
+        .commit(
+            conversation.id,
+            &Batch {
+                new_permissions: vec![next.clone()],
+                conversation: Some(patch(1)),
+                ..Batch::default()
+            },
+        )
+        .await
+        .unwrap();
+    let exact = Resolution {
+        request: next.clone(),
+        status: PermissionStatus::Rejected,
+        decision: Decision::new(Some("reject-once".into()), "user:ann".into(), None),
+    };
+    let (resolved, announced) = store
+        .resolve_permission(&exact, event(2), &patch(2))
+        .await
+        .unwrap()
+        .expect("pending, so resolved");
+    assert_eq!(
+        resolved,
+        store.get_permission(next.id).await.unwrap().unwrap()
+    );
+    assert_eq!(resolved.status, PermissionStatus::Rejected);
+    let events = store.list_events(conversation.id, 0, 10).await.unwrap();
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[1], announced);
+    assert_eq!(events[1].data, serde_json::to_value(&resolved).unwrap());
+    let row = store
+        .get_conversation(conversation.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.last_seq, 2);
+}
+
 backend_tests!(
+    a_resolution_announces_the_request_as_stored_and_happens_once,
     two_concurrent_requests_answered_in_reverse_order_each_reach_their_tool_call,
     cancel_with_two_requests_pending_answers_both_cancelled_and_the_turn_ends_cancelled,
     a_request_pending_when_the_gateway_restarts_is_expired_on_start,

@@ -147,6 +147,15 @@ async fn respond(
     AppJson(body): AppJson<RespondBody>,
 ) -> Result<Json<PermissionRequest>> {
     let answer = body.answer()?;
+    let held = state.sessions().respond_held(
+        id,
+        |owner| caller.can_see(owner),
+        answer.clone(),
+        caller.decided_by(),
+    );
+    if let Some(answered) = held.await {
+        return answered.map(Json);
+    }
     let request = visible_request(&state, &caller, id).await?;
     state
         .sessions()

@@ -20,7 +20,7 @@ use crate::model::{
     self, event_type, AgentStatus, Conversation, ConversationStatus, Decision, Event, EventData,
     MessagePart, PermissionRequest, PermissionStatus, SessionState, ToolCall, TurnEnded,
 };
-use crate::store::{Batch, ConversationPatch, Resolution, Store};
+use crate::store::{Batch, ConversationPatch, Lane, Resolution, Store};
 use crate::telemetry;
 
 /// Forms of a value that a database refusing the original can still hold.
@@ -144,6 +144,8 @@ pub struct Journal {
     published: i64,
     /// How many of its events the write-buffer gauge counts now.
     gauged: usize,
+    /// Who waits for the next commit.
+    lane: Lane,
 }
 
 /// A database outage the journal is riding out.
@@ -176,6 +178,7 @@ impl Journal {
             outage: None,
             published: conversation.last_seq,
             gauged: 0,
+            lane: Lane::Person,
         }
     }
 
@@ -187,6 +190,13 @@ impl Journal {
     /// writer, which lives on to keep trying; others fail.
     pub fn ride_out_outages(&mut self, max_events: usize) {
         self.holds = max_events.max(1);
+    }
+
+    /// Who waits for what is committed from now on: a person (the default:
+    /// a journal works for a call) or, in a running session between
+    /// commands, its agent.
+    pub fn serve(&mut self, lane: Lane) {
+        self.lane = lane;
     }
 
     /// Whether the database is unreachable and writes are waiting.
@@ -436,6 +446,7 @@ impl Journal {
             return Ok(());
         }
         self.batch.conversation = Some(self.patch(self.last_seq));
+        self.batch.lane = self.lane;
         if let Some(outage) = self.outage {
             // Not yet time, or the database still does not answer (asked
             // briefly, so that the session keeps serving meanwhile).
@@ -687,11 +698,16 @@ impl Journal {
         Ok(None)
     }
 
-    /// Flushes, then applies `resolution` if the request is still pending,
-    /// together with its `permission_resolved` event. `None`: someone else
-    /// resolved it first.
+    /// Commits what is held, then applies `resolution` if the request is
+    /// still pending, together with its `permission_resolved` event and the
+    /// conversation's columns. `None`: someone else resolved it first.
     pub async fn resolve(&mut self, resolution: &Resolution) -> Result<Option<PermissionRequest>> {
-        self.flush().await?;
+        // Held events go first. A change of the conversation's own columns
+        // alone (its status, say) needs no commit of its own: the resolution
+        // writes them.
+        if !self.batch.is_empty() || self.in_outage() {
+            self.flush().await?;
+        }
         if self.in_outage() {
             // Its event would come before the held ones: wait for them.
             return Err(crate::error::Error::Unavailable(

@@ -53,6 +53,8 @@ struct Shared {
     shutdown_timeout: std::time::Duration,
     write_buffer_events: usize,
     live: Mutex<HashMap<Uuid, SessionHandle>>,
+    /// Which live conversation holds each request waiting for a person.
+    held: pending::HeldRequests,
     /// Held while a conversation's agent starts again, so that concurrent
     /// prompts never start two.
     starting: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
@@ -87,6 +89,7 @@ impl Sessions {
                 shutdown_timeout: config.shutdown_timeout,
                 write_buffer_events: config.write_buffer_events,
                 live: Mutex::new(HashMap::new()),
+                held: Default::default(),
                 starting: Mutex::new(HashMap::new()),
                 max_agents: config.max_agents,
                 admitting: Mutex::new(0),
@@ -157,6 +160,7 @@ impl Sessions {
             write_buffer_events: self.inner.write_buffer_events,
             policies: self.inner.policies.clone(),
             exits: self.inner.exits.clone(),
+            held: self.inner.held.clone(),
         })
         .await?;
         // Registered now, forgotten when its task ends.
@@ -328,6 +332,30 @@ impl Sessions {
         Ok(())
     }
 
+    /// Answers a request that a live session on this node holds, if the
+    /// caller may see its conversation (`can_see`, given the owner): the
+    /// common case, answered without reading the database first. `None`
+    /// when no live session holds it (any more): see [`Sessions::respond`].
+    pub async fn respond_held(
+        &self,
+        id: Uuid,
+        can_see: impl FnOnce(Option<&str>) -> bool,
+        answer: Answer,
+        decided_by: String,
+    ) -> Option<Result<PermissionRequest>> {
+        let conversation_id = *self.inner.held.lock().unwrap().get(&id)?;
+        let session = self.live(conversation_id)?;
+        if !can_see(session.owner()) {
+            return Some(Err(Error::NotFound(format!("no permission request {id}"))));
+        }
+        match session.respond(id, answer, decided_by).await? {
+            Ok(Some(answered)) => Some(Ok(answered)),
+            // Answered or withdrawn meanwhile: the stored request tells.
+            Ok(None) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
     /// A user's answer to a permission request: the live session that holds
     /// it answers the agent; otherwise only a repeat of the recorded decision
     /// succeeds.
@@ -439,7 +467,7 @@ pub async fn recover(sink: &Sink) -> anyhow::Result<()> {
             .await?;
         for request in pending {
             let resolution = Resolution {
-                permission_id: request.id,
+                request,
                 status: PermissionStatus::Expired,
                 decision: Decision::new(None, "system".into(), Some(detail.into())),
             };

@@ -3,6 +3,7 @@
 //! the operator's policies give at once.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -20,9 +21,16 @@ pub struct Parked {
     pub responder: Responder,
 }
 
+/// Which conversation holds each request waiting for a person, across the
+/// sessions of this node: an answer goes straight to its session, without
+/// asking the database where the request belongs.
+pub type HeldRequests = Arc<Mutex<HashMap<Uuid, Uuid>>>;
+
 /// See the module docs.
 pub struct Pending {
     parked: HashMap<Uuid, Parked>,
+    /// This node's index of held requests, kept in step with `parked`.
+    held: HeldRequests,
     deadlines: Deadlines,
     /// Automatic approvals per policy rule, for `max_auto_per`.
     limiter: RateLimiter,
@@ -33,9 +41,10 @@ pub struct Pending {
 impl Pending {
     /// Requests time out after `timeout` (never without one), answered as
     /// `on_timeout` says.
-    pub fn new(timeout: Option<Duration>, on_timeout: OnTimeout) -> Pending {
+    pub fn new(timeout: Option<Duration>, on_timeout: OnTimeout, held: HeldRequests) -> Pending {
         Pending {
             parked: HashMap::new(),
+            held,
             deadlines: Deadlines::default(),
             limiter: RateLimiter::default(),
             timeout,
@@ -54,6 +63,10 @@ impl Pending {
     /// Holds a request until it is answered (or times out).
     pub fn park(&mut self, request: PermissionRequest, responder: Responder) {
         let id = request.id;
+        self.held
+            .lock()
+            .unwrap()
+            .insert(id, request.conversation_id);
         self.parked.insert(id, Parked { request, responder });
         if let Some(timeout) = self.timeout {
             self.deadlines.set(id, timeout);
@@ -63,13 +76,19 @@ impl Pending {
     /// Takes a request out to answer it; it no longer times out.
     pub fn take(&mut self, id: Uuid) -> Option<Parked> {
         self.deadlines.remove(id);
+        self.held.lock().unwrap().remove(&id);
         self.parked.remove(&id)
     }
 
     /// Returns a request whose answer could not be recorded: it stays
     /// pending, so nothing is lost, and no longer times out.
     pub fn put_back(&mut self, parked: Parked) {
-        self.parked.insert(parked.request.id, parked);
+        let request = &parked.request;
+        self.held
+            .lock()
+            .unwrap()
+            .insert(request.id, request.conversation_id);
+        self.parked.insert(request.id, parked);
     }
 
     /// Times `id` out again after `after` (its answer could not be
@@ -143,6 +162,16 @@ impl Pending {
         );
         self.limiter.record(&verdict, now);
         Some((status, decision))
+    }
+}
+
+impl Drop for Pending {
+    /// The session ended: what it held is no longer held on this node.
+    fn drop(&mut self) {
+        let mut held = self.held.lock().unwrap();
+        for id in self.parked.keys() {
+            held.remove(id);
+        }
     }
 }
 

@@ -25,7 +25,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::journal::{Journal, Sink};
-use super::pending::Pending;
+use super::pending::{HeldRequests, Pending};
 use super::transcript::Transcript;
 use crate::acp::agent::{describe_exit, AgentProcess};
 use crate::acp::client::{AgentSession, CallFuture, Opened, Opening, EXIT_AFTER_EOF};
@@ -41,7 +41,7 @@ use crate::permissions::policy::{Facts, Mode};
 use crate::permissions::{
     answer_resolved, keys_to_remember, option_kind, validate_answer, Answer, PolicyHandle,
 };
-use crate::store::{AgentProcessRecord, Resolution, Store};
+use crate::store::{AgentProcessRecord, Lane, Resolution, Store};
 use crate::telemetry;
 
 /// Most events committed in one batch while an agent streams.
@@ -121,11 +121,17 @@ type Changing = Pin<Box<dyn Future<Output = (Change, Result<Value>)> + Send>>;
 #[derive(Clone)]
 pub struct SessionHandle {
     tx: mpsc::Sender<Command>,
+    /// The conversation's owner (see [`crate::model::Conversation::owner`]).
+    owner: Option<Arc<str>>,
     /// Since when the agent has had no turn and no pending request.
     idle: Arc<Mutex<Option<Instant>>>,
 }
 
 impl SessionHandle {
+    pub fn owner(&self) -> Option<&str> {
+        self.owner.as_deref()
+    }
+
     async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
         let (reply, rx) = oneshot::channel();
         self.tx.send(make(reply)).await.ok()?;
@@ -222,6 +228,8 @@ pub struct StartParams {
     /// The operator policies that may answer permission requests.
     pub policies: PolicyHandle,
     pub exits: ExitCauses,
+    /// This node's index of requests waiting for a person.
+    pub held: HeldRequests,
 }
 
 /// Starts the agent, opens its ACP session, and spawns the session task.
@@ -243,6 +251,7 @@ pub async fn start(
         write_buffer_events,
         policies,
         exits,
+        held,
     } = params;
     let id = conversation.id;
     let span = tracing::info_span!(parent: None, "conversation", conversation_id = %id, agent = %profile.name);
@@ -302,6 +311,9 @@ pub async fn start(
     journal.set_status(ConversationStatus::Idle);
     journal.flush().await?;
     journal.ride_out_outages(write_buffer_events);
+    // From now on its commits are the agent's, except while serving a
+    // command (see `Session::take`).
+    journal.serve(Lane::Agent);
     conversation.status = journal.status();
     conversation.acp_session_id = Some(session.session_id().to_owned());
     conversation.last_seq = journal.last_seq();
@@ -328,14 +340,15 @@ pub async fn start(
         policies,
         turn: None,
         prompt: None,
-        pending: Pending::new(profile.permission_timeout, profile.on_timeout),
+        pending: Pending::new(profile.permission_timeout, profile.on_timeout, held),
         transcript: Transcript::default(),
         state,
         changes: FuturesUnordered::new(),
         call_timeout: profile.startup_timeout,
     };
     let task = tokio::spawn(task.run(shutdown).instrument(span));
-    Ok((SessionHandle { tx, idle }, conversation, task))
+    let owner = conversation.owner.as_deref().map(Arc::from);
+    Ok((SessionHandle { tx, owner, idle }, conversation, task))
 }
 
 /// A spawned agent with its ACP session open.
@@ -651,7 +664,13 @@ impl Session {
                     }));
                 }
             }
-            Step::Command(Some(cmd)) => self.handle_command(cmd).await?,
+            Step::Command(Some(cmd)) => {
+                // A person waits for its answer: its writes go first.
+                self.journal.serve(Lane::Person);
+                let handled = self.handle_command(cmd).await;
+                self.journal.serve(Lane::Agent);
+                handled?;
+            }
             Step::Changed(change, answer) => {
                 // What the agent sent before its answer (its own report of
                 // the change, say) comes first, as it did on the wire.
@@ -945,7 +964,7 @@ impl Session {
         let decision = Decision::new(option_id, decided_by.to_owned(), reason.map(str::to_owned));
         self.journal.set_status(self.status_now());
         let resolution = Resolution {
-            permission_id: id,
+            request: parked.request.clone(),
             status,
             decision: decision.clone(),
         };

@@ -25,6 +25,51 @@ pub struct Batch {
     pub new_permissions: Vec<PermissionRequest>,
     /// New conversation state, if it changed.
     pub conversation: Option<ConversationPatch>,
+    /// Who waits for this commit (see [`Lane`]).
+    pub lane: Lane,
+}
+
+/// Who waits for a write, and so which goes first when writes queue for the
+/// database. A person (a phone that answered a request, started a turn or
+/// created a conversation) waits on the HTTP answer; an agent's output only
+/// has to be stored in order and soon. So writes a person waits on go
+/// straight to the connection pool, and agents' commits first take one of a
+/// few places in a queue of their own: however many agents stream at once,
+/// a person's write waits for at most that many commits. Nothing is dropped
+/// or reordered within a conversation (its commits come from one task, one
+/// after the other).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Lane {
+    /// What an agent sent.
+    #[default]
+    Agent,
+    /// What a person is waiting for.
+    Person,
+}
+
+/// The agents' lane: how many of their commits may use or wait for the
+/// connection pool at once.
+#[derive(Debug, Clone)]
+pub struct Lanes {
+    agents: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+impl Lanes {
+    pub fn new(agent_places: usize) -> Lanes {
+        Lanes {
+            agents: std::sync::Arc::new(tokio::sync::Semaphore::new(agent_places)),
+        }
+    }
+
+    /// Waits for a place in `lane` (at once for a person); held until the
+    /// write is done.
+    pub async fn enter(&self, lane: Lane) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        match lane {
+            Lane::Person => None,
+            // Never closed.
+            Lane::Agent => self.agents.acquire().await.ok(),
+        }
+    }
 }
 
 impl Batch {
@@ -63,9 +108,21 @@ pub struct ConversationPatch {
 /// pending (compare-and-set: of two concurrent answers exactly one wins).
 #[derive(Debug, Clone)]
 pub struct Resolution {
-    pub permission_id: Uuid,
+    /// The request as it was stored while pending.
+    pub request: PermissionRequest,
     pub status: PermissionStatus,
     pub decision: Decision,
+}
+
+impl Resolution {
+    /// The request as it reads once resolved.
+    pub fn resolved(&self) -> PermissionRequest {
+        PermissionRequest {
+            status: self.status,
+            decision: Some(self.decision.clone()),
+            ..self.request.clone()
+        }
+    }
 }
 
 /// A list of operator policies and who set it.
@@ -138,7 +195,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Applies `resolution` if the request is still pending and, in the same
     /// transaction, appends `event` (its data is replaced by the resolved
-    /// request) and moves the conversation to `patch`. Returns the resolved
+    /// request as stored) and moves the conversation to `patch`. Returns the resolved
     /// request, or `None` when it was no longer pending (nothing is written).
     async fn resolve_permission(
         &self,

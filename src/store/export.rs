@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use uuid::Uuid;
 
-use super::backend::{Batch, ConversationPatch, PermissionFilter, Store};
+use super::backend::{Batch, ConversationPatch, Lane, PermissionFilter, Store};
 use crate::error::Result;
 use crate::model::{Conversation, MessagePart};
 
@@ -104,6 +104,7 @@ async fn copy_conversation(
             updated_at: conversation.updated_at,
             state: Some(conversation.state.clone()),
         }),
+        lane: Lane::Person,
     };
     // The row first (the rest refers to it), then everything in one transaction.
     if fresh {

@@ -5,7 +5,7 @@ use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use uuid::Uuid;
 
 use super::backend::{
-    Batch, ConversationPatch, PermissionFilter, PolicySet, Resolution, Store, TokenInfo,
+    Batch, ConversationPatch, Lanes, PermissionFilter, PolicySet, Resolution, Store, TokenInfo,
 };
 use super::rows::{
     text_col, ConversationRow, EventRow, JsonText, MessagePartRow, MessageRow, PermissionRow,
@@ -19,10 +19,19 @@ use crate::model::{Conversation, Event, Message, MessagePart, PermissionRequest,
 /// Migrations embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
+/// How many agents' commits run at once. A person's write, which goes
+/// first, waits for at most this many. More at once buys agents little on a
+/// small machine, where they compete for Postgres' CPU: in the approvals
+/// benchmark on 2 cores, 4 places gave about 10% more approvals a second
+/// than 2, and doubled the respond call's p50.
+const AGENT_PLACES: usize = 2;
+
 /// Postgres storage over a connection pool.
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// Agents' commits take at most [`AGENT_PLACES`] connections.
+    lanes: Lanes,
 }
 
 impl PgStore {
@@ -49,7 +58,10 @@ impl PgStore {
             .run(&pool)
             .await
             .context("Failed to apply database migrations")?;
-        Ok(PgStore { pool })
+        Ok(PgStore {
+            pool,
+            lanes: Lanes::new(AGENT_PLACES),
+        })
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -87,6 +99,63 @@ async fn insert_events(
     .execute(tx)
     .await?;
     Ok(())
+}
+
+/// The common resolution in one statement, so one round trip: the request
+/// is resolved only while pending *and* stored exactly as the resolution
+/// holds it (so the event, made from that copy, says what the table says),
+/// and only then are the event and the conversation written. When it does
+/// not apply (answered elsewhere, or stored differently), nothing is
+/// written and `None` lets the general transaction decide.
+async fn resolve_at_once(
+    pool: &PgPool,
+    resolution: &Resolution,
+    event: &Event,
+    patch: &ConversationPatch,
+) -> Result<Option<Event>> {
+    let request = &resolution.request;
+    let event = Event {
+        data: serde_json::to_value(resolution.resolved()).map_err(anyhow::Error::from)?,
+        ..event.clone()
+    };
+    let resolved: bool = sqlx::query_scalar(
+        "with resolved as (
+            update permission_requests set status = $2, decision = $3
+            where id = $1 and status = 'pending' and conversation_id = $4
+              and turn_id is not distinct from $5 and created_at = $6
+              and tool_call::text = $7 and options::text = $8
+            returning id
+         ), announced as (
+            insert into events (conversation_id, seq, type, at, data)
+            select $4, $9, $10, $11, $12 from resolved
+         ), moved as (
+            update conversations set status = $13, acp_session_id = $14, last_seq = $15,
+              current_turn_id = $16, updated_at = $17, agent_state = coalesce($18, agent_state)
+            where id = $4 and exists (select 1 from resolved)
+         )
+         select exists (select 1 from resolved)",
+    )
+    .bind(request.id)
+    .bind(resolution.status.as_str())
+    .bind(JsonText::of(&resolution.decision))
+    .bind(request.conversation_id)
+    .bind(request.turn_id)
+    .bind(request.created_at)
+    .bind(JsonText::of(&request.tool_call).0)
+    .bind(JsonText::of(&request.options).0)
+    .bind(event.seq)
+    .bind(&event.kind)
+    .bind(event.at)
+    .bind(JsonText::of(&event.data))
+    .bind(patch.status.as_str())
+    .bind(patch.acp_session_id.as_deref().map(text_col))
+    .bind(patch.last_seq)
+    .bind(patch.current_turn_id)
+    .bind(patch.updated_at)
+    .bind(patch.state.as_ref().map(JsonText::of))
+    .fetch_one(pool)
+    .await?;
+    Ok(resolved.then_some(event))
 }
 
 impl_store!(PgStore, PgConnection);

@@ -6,9 +6,14 @@
 //! `insert_events` (Postgres inserts a whole batch with one `unnest`).
 
 /// Implements [`Store`](super::backend::Store) for a backend type with a `pool` field (for
-/// reads) and a `writer()` method (the pool every write goes through). The invoking module
+/// reads), a `writer()` method (the pool every write goes through) and a `lanes` field
+/// ([`Lanes`](super::backend::Lanes): who goes first to the writer). The invoking module
 /// must define
-/// `async fn insert_events(&mut Connection, Uuid, &[Event]) -> Result<()>`.
+/// `async fn insert_events(&mut Connection, Uuid, &[Event]) -> Result<()>` and
+/// `async fn resolve_at_once(&Pool, &Resolution, &Event, &ConversationPatch) -> Result<Option<Event>>`
+/// (a resolution in one statement where the backend can: `None` where it
+/// cannot, or the stored request is not as the resolution expects, and the
+/// general transaction decides).
 macro_rules! impl_store {
     ($store:ty, $conn:ty) => {
         async fn update_conversation(
@@ -109,6 +114,7 @@ macro_rules! impl_store {
                 if batch.is_empty() {
                     return Ok(());
                 }
+                let _place = self.lanes.enter(batch.lane).await;
                 let mut tx = self.writer().begin().await?;
                 // Permission requests first: an event announcing one must
                 // never be visible without the request itself.
@@ -198,13 +204,17 @@ macro_rules! impl_store {
                 mut event: Event,
                 patch: &ConversationPatch,
             ) -> Result<Option<(PermissionRequest, Event)>> {
+                if let Some(event) = resolve_at_once(self.writer(), resolution, &event, patch).await? {
+                    crate::telemetry::transaction(3);
+                    return Ok(Some((resolution.resolved(), event)));
+                }
                 let mut tx = self.writer().begin().await?;
                 // A write first: the transaction takes the write lock at once.
                 let row = sqlx::query_as::<_, PermissionRow>(
                     "update permission_requests set status = $2, decision = $3
                      where id = $1 and status = 'pending' returning *",
                 )
-                .bind(resolution.permission_id)
+                .bind(resolution.request.id)
                 .bind(resolution.status.as_str())
                 .bind(JsonText::of(&resolution.decision))
                 .fetch_optional(&mut *tx)

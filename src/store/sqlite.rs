@@ -13,7 +13,7 @@ use sqlx::sqlite::{
 use uuid::Uuid;
 
 use super::backend::{
-    Batch, ConversationPatch, PermissionFilter, PolicySet, Resolution, Store, TokenInfo,
+    Batch, ConversationPatch, Lanes, PermissionFilter, PolicySet, Resolution, Store, TokenInfo,
 };
 use super::rows::{
     text_col, ConversationRow, EventRow, JsonText, MessagePartRow, MessageRow, PermissionRow,
@@ -40,6 +40,9 @@ pub struct SqliteStore {
     /// which sleeps (up to 100 ms a try) instead of queueing. Here they
     /// queue for the connection, in order, and none sleeps.
     writer: SqlitePool,
+    /// Agents' commits take one place: a person's write waits for at most
+    /// one of theirs.
+    lanes: Lanes,
 }
 
 impl SqliteStore {
@@ -75,7 +78,11 @@ impl SqliteStore {
             .connect_with(options)
             .await
             .with_context(|| format!("Failed to open SQLite database {url}"))?;
-        Ok(SqliteStore { pool, writer })
+        Ok(SqliteStore {
+            pool,
+            writer,
+            lanes: Lanes::new(1),
+        })
     }
 
     pub fn pool(&self) -> &SqlitePool {
@@ -107,6 +114,16 @@ async fn insert_events(
         .await?;
     }
     Ok(())
+}
+
+/// SQLite runs in-process: the transaction costs no round trips to save.
+async fn resolve_at_once(
+    _: &SqlitePool,
+    _: &Resolution,
+    _: &Event,
+    _: &ConversationPatch,
+) -> Result<Option<Event>> {
+    Ok(None)
 }
 
 impl_store!(SqliteStore, SqliteConnection);
