@@ -21,21 +21,31 @@ macro_rules! impl_store {
             conversation_id: Uuid,
             patch: &ConversationPatch,
         ) -> Result<()> {
-            sqlx::query(
+            let query = sqlx::query(
                 "update conversations set status = $2, acp_session_id = $3, last_seq = $4,
                    current_turn_id = $5, updated_at = $6, agent_state = coalesce($7, agent_state)
                  where id = $1",
             )
-            .bind(conversation_id)
-            .bind(patch.status.as_str())
-            .bind(patch.acp_session_id.as_deref().map(text_col))
-            .bind(patch.last_seq)
-            .bind(patch.current_turn_id)
-            .bind(patch.updated_at)
-            .bind(patch.state.as_ref().map(JsonText::of))
-            .execute(tx)
-            .await?;
+            .bind(conversation_id);
+            bind_patch(query, patch).execute(tx).await?;
             Ok(())
+        }
+
+        type Db = <$conn as sqlx::Connection>::Database;
+
+        /// Binds a patch's six columns (status, acp_session_id, last_seq,
+        /// current_turn_id, updated_at, agent_state), in that order.
+        fn bind_patch<'q>(
+            query: sqlx::query::Query<'q, Db, <Db as sqlx::Database>::Arguments<'q>>,
+            patch: &'q ConversationPatch,
+        ) -> sqlx::query::Query<'q, Db, <Db as sqlx::Database>::Arguments<'q>> {
+            query
+                .bind(patch.status.as_str())
+                .bind(patch.acp_session_id.as_deref().map(text_col))
+                .bind(patch.last_seq)
+                .bind(patch.current_turn_id)
+                .bind(patch.updated_at)
+                .bind(patch.state.as_ref().map(JsonText::of))
         }
 
         #[async_trait::async_trait]
