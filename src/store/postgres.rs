@@ -20,12 +20,14 @@ use crate::model::{Conversation, Event, Message, MessagePart, PermissionRequest,
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
 /// How many agents' commits run at once. A person's write, which goes
-/// first, waits for at most this many. More at once buys agents little on a
-/// small machine, where they compete for Postgres' CPU. In the approvals
-/// benchmark on 2 cores: 1 place, about 400 approvals a second and a
-/// respond call p50 of 2.0 ms; 2 places, about 560/s and 2.8 ms; 4 places,
-/// about 610/s and 5.3 ms.
-const AGENT_PLACES: usize = 2;
+/// first, waits for at most this many, and for the CPU they take: on a small
+/// machine agents compete with the person for Postgres' CPU. In the approvals
+/// benchmark on 2 cores (200 agents asking as fast as they are answered):
+/// 1 place, a respond call p50 of 2.0–2.8 ms at 260–400 approvals a second;
+/// 2 places, 2.8–3.9 ms at 380–560/s; 4 places, 5.3 ms at 610/s. Approvals
+/// come at a person's pace, so the person's wait is what counts. A streaming
+/// agent that waits for the place commits a larger batch when it gets it.
+const AGENT_PLACES: usize = 1;
 
 /// Postgres storage over a connection pool.
 #[derive(Clone)]
