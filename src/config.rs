@@ -122,6 +122,16 @@ pub struct AgentProfile {
     /// The `authenticate` method used when the agent says it needs one.
     #[serde(default)]
     pub auth_method: Option<String>,
+    /// Offer the agent `fs/read_text_file` and `fs/write_text_file`: files
+    /// inside the conversation's cwd, read and written by the gateway with
+    /// the agent's user's rights, each write published as `file_written`.
+    #[serde(default)]
+    pub client_fs: bool,
+    /// Offer the agent `terminal/*`: commands the gateway runs in the
+    /// conversation's cwd as the agent's user, under the operator's deny
+    /// policies, their output published as `terminal_output`.
+    #[serde(default)]
+    pub client_terminal: bool,
 }
 
 /// Requests per minute allowed per token.
@@ -375,6 +385,8 @@ impl AgentProfile {
             session_mode: None,
             session_config: BTreeMap::new(),
             auth_method: None,
+            client_fs: false,
+            client_terminal: false,
         })
     }
 

@@ -56,6 +56,7 @@ pub mod session;
 pub mod store;
 pub mod sys;
 pub mod telemetry;
+pub mod workspace;
 
 pub use app::Gateway;
 pub use config::Config;

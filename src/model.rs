@@ -462,6 +462,8 @@ pub mod event_type {
     pub const AGENT_STATUS: &str = "agent_status";
     pub const MODE_CHANGED: &str = "mode_changed";
     pub const CONFIG_OPTION_CHANGED: &str = "config_option_changed";
+    pub const FILE_WRITTEN: &str = "file_written";
+    pub const TERMINAL_OUTPUT: &str = "terminal_output";
 }
 
 /// Who spoke a message.
@@ -938,6 +940,31 @@ pub struct ConfigOptionChanged<'a> {
 
 impl EventData for ConfigOptionChanged<'_> {
     const KIND: &'static str = event_type::CONFIG_OPTION_CHANGED;
+}
+
+/// `file_written`: the agent wrote a file through `fs/write_text_file`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct FileWritten {
+    /// Where, resolved (symlinks followed).
+    pub path: String,
+    /// A unified diff against what the file held before (`--- /dev/null`
+    /// for a new file), cut beyond 64 KiB with a line
+    /// `[diff truncated: N more bytes]`.
+    pub diff: String,
+}
+
+impl EventData for FileWritten {
+    const KIND: &'static str = event_type::FILE_WRITTEN;
+}
+
+/// One write in a conversation's change list (`GET …/files`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct FileChange {
+    /// The `file_written` event's `seq`.
+    pub seq: i64,
+    pub at: DateTime<Utc>,
+    #[serde(flatten)]
+    pub written: FileWritten,
 }
 
 #[cfg(test)]

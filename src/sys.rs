@@ -143,3 +143,41 @@ pub fn return_large_allocations_to_the_system() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
     }
 }
+
+/// Gives the calling thread, and only it, `user`'s rights on files: its
+/// file system uid and gid become the user's, its supplementary groups none
+/// (as the agent's own process has them), and with a uid other than 0 the
+/// kernel drops the thread's power to override file permissions. Meant for
+/// a thread that ends when its work is done (see `workspace::as_user`).
+#[cfg(target_os = "linux")]
+pub fn become_for_files(user: &SystemUser) -> std::io::Result<()> {
+    // SAFETY: raw syscalls, so they change the calling thread's credentials
+    // only (glibc's wrappers of setgroups would change every thread's); the
+    // null list with a length of 0 is what setgroups expects for "none".
+    unsafe {
+        if libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        libc::syscall(libc::SYS_setfsgid, user.gid);
+        libc::syscall(libc::SYS_setfsuid, user.uid);
+        // Both answer the value before the call: asking again tells whether
+        // the change took.
+        let gid = libc::syscall(libc::SYS_setfsgid, user.gid) as u32;
+        let uid = libc::syscall(libc::SYS_setfsuid, user.uid) as u32;
+        if (uid, gid) != (user.uid, user.gid) {
+            return Err(std::io::Error::other(format!(
+                "cannot take the rights of user {:?}",
+                user.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn become_for_files(user: &SystemUser) -> std::io::Result<()> {
+    Err(std::io::Error::other(format!(
+        "acting as user {:?} on files needs Linux",
+        user.name
+    )))
+}

@@ -107,10 +107,15 @@ impl AgentSession {
             auth_method: profile.auth_method.as_deref(),
             authenticated: false,
         };
-        // We serve neither files nor terminals (yet): the default capabilities
-        // say so, and agents must not ask for them.
+        // Files and terminals only where the profile offers them; the
+        // methods of those it does not are answered "method not found".
+        let offered = acp::ClientCapabilities::default()
+            .fs(acp::FileSystemCapabilities::new()
+                .read_text_file(profile.client_fs)
+                .write_text_file(profile.client_fs))
+            .terminal(profile.client_terminal);
         let init = acp::InitializeRequest::new(acp_schema::ProtocolVersion::V1)
-            .client_capabilities(acp::ClientCapabilities::default())
+            .client_capabilities(offered)
             .client_info(acp::Implementation::new(
                 "acp-gateway",
                 env!("CARGO_PKG_VERSION"),

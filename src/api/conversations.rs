@@ -13,14 +13,16 @@ use uuid::Uuid;
 
 use super::extract::{AppJson, AppPath, AppQuery};
 use super::openapi::{
-    ContentBlock, ConversationList, EventList, MessageList, RuleList, SettingValue, ToolCallList,
+    ContentBlock, ConversationList, EventList, FileChangeList, MessageList, RuleList, SettingValue,
+    ToolCallList,
 };
 use super::state::AppState;
 use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::model::{
-    self, Conversation, ConversationStatus, ConversationView, Event, Message, Page, Rule, ToolCall,
+    self, event_type, Conversation, ConversationStatus, ConversationView, Event, FileChange,
+    Message, Page, Rule, ToolCall,
 };
 use crate::session::Setting;
 
@@ -34,6 +36,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(set_config_option))
         .routes(routes!(messages))
         .routes(routes!(tool_calls))
+        .routes(routes!(files))
         .routes(routes!(events))
         .routes(routes!(list_rules, forget_rules))
         .routes(routes!(show_rule, forget_rule))
@@ -434,6 +437,46 @@ async fn tool_calls(
     }))
 }
 
+/// The files the agent wrote through the gateway (`fs/write_text_file`),
+/// one item per write with its diff: a change list without replaying events.
+#[utoipa::path(
+    get, operation_id = "listFileChanges", path = "/api/v1/conversations/{id}/files", tag = "conversations",
+    params(("id" = Uuid, Path, description = "The conversation"), EventsQuery),
+    responses(
+        (status = 200, description = "A page of writes, oldest first; `next_cursor` (a seq, for `after`) when the page is full", body = FileChangeList),
+        (status = 404, description = "No such conversation"),
+        (status = 422, description = "Invalid after or limit"),
+    )
+)]
+async fn files(
+    State(state): State<AppState>,
+    caller: Caller,
+    AppPath(id): AppPath<Uuid>,
+    AppQuery(q): AppQuery<EventsQuery>,
+) -> Result<Json<Page<FileChange>>> {
+    load(&state, &caller, id).await?;
+    let (after, limit) = q.checked()?;
+    let events = state
+        .store()
+        .list_events_of_type(id, event_type::FILE_WRITTEN, after, limit)
+        .await?;
+    let next_cursor = (events.len() as i64 == limit)
+        .then(|| events.last().map(|e| e.seq.to_string()))
+        .flatten();
+    let items = events
+        .into_iter()
+        .filter_map(|event| {
+            let written = serde_json::from_value(event.data).ok()?;
+            Some(FileChange {
+                seq: event.seq,
+                at: event.at,
+                written,
+            })
+        })
+        .collect();
+    Ok(Json(Page { items, next_cursor }))
+}
+
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 struct EventsQuery {
@@ -443,6 +486,23 @@ struct EventsQuery {
     /// 1 to 10000 (default 1000).
     #[param(minimum = 1, maximum = 10000)]
     limit: Option<i64>,
+}
+
+impl EventsQuery {
+    /// `after` and `limit`, defaulted and checked.
+    fn checked(&self) -> Result<(i64, i64)> {
+        let after = self.after.unwrap_or(0);
+        let limit = self.limit.unwrap_or(1000);
+        if after < 0 {
+            return Err(Error::Unprocessable("after must not be negative".into()));
+        }
+        if !(1..=10_000).contains(&limit) {
+            return Err(Error::Unprocessable(
+                "limit must be between 1 and 10000".into(),
+            ));
+        }
+        Ok((after, limit))
+    }
 }
 
 /// The conversation's events with `seq > after`, ascending.
@@ -462,16 +522,7 @@ async fn events(
     AppQuery(q): AppQuery<EventsQuery>,
 ) -> Result<Json<Page<Event>>> {
     load(&state, &caller, id).await?;
-    let after = q.after.unwrap_or(0);
-    let limit = q.limit.unwrap_or(1000);
-    if after < 0 {
-        return Err(Error::Unprocessable("after must not be negative".into()));
-    }
-    if !(1..=10_000).contains(&limit) {
-        return Err(Error::Unprocessable(
-            "limit must be between 1 and 10000".into(),
-        ));
-    }
+    let (after, limit) = q.checked()?;
     let items = state.store().list_events(id, after, limit).await?;
     let next_cursor = (items.len() as i64 == limit)
         .then(|| items.last().map(|e| e.seq.to_string()))

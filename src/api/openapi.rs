@@ -13,7 +13,8 @@ use utoipa::{Modify, OpenApi, ToSchema};
 use uuid::Uuid;
 
 use crate::model::{
-    AgentState, ConversationView, Message, PermissionRequest, Rule, ToolCall, TurnEnded,
+    AgentState, ConversationView, FileChange, FileWritten, Message, PermissionRequest, Rule,
+    ToolCall, TurnEnded,
 };
 use crate::store::TokenInfo;
 
@@ -40,6 +41,8 @@ use crate::store::TokenInfo;
         AgentStatusEvent,
         ModeChangedEvent,
         ConfigOptionChangedEvent,
+        FileWrittenEvent,
+        TerminalOutputEvent,
         InboxSnapshot,
         Message,
         ToolCall,
@@ -219,6 +222,10 @@ list!(
     EventList, Event
 );
 list!(
+    /// Files the agent wrote through the gateway, oldest first.
+    FileChangeList, FileChange
+);
+list!(
     /// Remembered answers, oldest first.
     RuleList, Rule
 );
@@ -290,6 +297,17 @@ event!(
     ConfigOptionChangedEvent, ConfigOptionChangedType = "config_option_changed", ConfigOptionChangedData
 );
 
+event!(
+    /// `file_written`: the agent wrote a file through `fs/write_text_file`
+    /// (profiles with `client_fs`).
+    FileWrittenEvent, FileWrittenType = "file_written", FileWritten
+);
+event!(
+    /// `terminal_output`: output of a command the agent runs through
+    /// `terminal/create` (profiles with `client_terminal`).
+    TerminalOutputEvent, TerminalOutputType = "terminal_output", TerminalOutputData
+);
+
 /// One entry of a conversation's event log, by its `type`. A WebSocket
 /// sends each as one text frame.
 #[derive(Serialize, ToSchema)]
@@ -304,6 +322,8 @@ pub enum Event {
     AgentStatus(AgentStatusEvent),
     ModeChanged(ModeChangedEvent),
     ConfigOptionChanged(ConfigOptionChangedEvent),
+    FileWritten(FileWrittenEvent),
+    TerminalOutput(TerminalOutputEvent),
 }
 
 #[derive(Serialize, ToSchema)]
@@ -336,6 +356,26 @@ pub struct AgentStatusData {
     /// turns).
     #[schema(nullable = false)]
     context: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct TerminalOutputData {
+    /// The id `terminal/create` answered the agent.
+    terminal_id: String,
+    /// Output since the last event (stdout and stderr as they came; empty
+    /// in the first and last event of a terminal).
+    output: String,
+    /// First event only: the program and its arguments.
+    #[schema(nullable = false)]
+    command: Option<Vec<String>>,
+    /// First event only: where it runs.
+    #[schema(nullable = false)]
+    cwd: Option<String>,
+    /// Last event only: how it ended (ACP `TerminalExitStatus`:
+    /// `exitCode`, `signal`).
+    #[schema(nullable = false)]
+    exit_status: Option<Value>,
 }
 
 #[derive(Serialize, ToSchema)]

@@ -12,6 +12,7 @@
 
 pub mod journal;
 pub mod pending;
+pub mod served;
 pub mod task;
 pub mod transcript;
 

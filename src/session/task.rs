@@ -26,6 +26,7 @@ use uuid::Uuid;
 
 use super::journal::{Journal, Sink};
 use super::pending::{HeldRequests, Pending};
+use super::served::{Served, Write};
 use super::transcript::Transcript;
 use crate::acp::agent::{describe_exit, AgentProcess};
 use crate::acp::client::{AgentSession, CallFuture, Opened, Opening, EXIT_AFTER_EOF};
@@ -43,6 +44,8 @@ use crate::permissions::{
 };
 use crate::store::{AgentProcessRecord, Lane, Resolution, Store};
 use crate::telemetry;
+use crate::workspace::terminals::TerminalOutput;
+use crate::workspace::Workspace;
 
 /// Most events committed in one batch while an agent streams.
 const MAX_BATCH_EVENTS: usize = 512;
@@ -322,6 +325,25 @@ pub async fn start(
 
     let (tx, rx) = mpsc::channel(32);
     let idle = Arc::new(Mutex::new(Some(Instant::now())));
+    let (output_tx, terminal_output) = mpsc::channel(64);
+    // Files are never reached with the gateway's rights instead of the
+    // agent's user's: without that user, neither files nor terminals.
+    let user = agent_user(&profile);
+    let reachable = user.is_some() || profile.user.is_none();
+    let served = Served::new(
+        Workspace {
+            cwd: PathBuf::from(&conversation.cwd),
+            allowed_roots: profile.allowed_roots.clone(),
+            user,
+            files: profile.client_fs && reachable,
+            terminals: profile.client_terminal && reachable,
+        },
+        session.session_id().to_owned(),
+        profile.name.clone(),
+        profile.mode,
+        policies.clone(),
+        output_tx,
+    );
     let task = Session {
         idle: idle.clone(),
         idle_timeout: Some(profile.idle_timeout).filter(|t| !t.is_zero()),
@@ -345,6 +367,8 @@ pub async fn start(
         state,
         changes: FuturesUnordered::new(),
         call_timeout: profile.startup_timeout,
+        served,
+        terminal_output,
     };
     let task = tokio::spawn(task.run(shutdown).instrument(span));
     let owner = conversation.owner.as_deref().map(Arc::from);
@@ -499,6 +523,10 @@ struct Session {
     /// How long a cancelled turn may take to end when the gateway stops.
     shutdown_timeout: Duration,
     exits: ExitCauses,
+    /// Files and terminals, where the profile offers them.
+    served: Served,
+    /// Output of the terminals `served` runs.
+    terminal_output: mpsc::Receiver<TerminalOutput>,
 }
 
 /// What woke the session loop.
@@ -509,6 +537,7 @@ enum Step {
     Due(Vec<Uuid>),
     Command(Option<Command>),
     Changed(Change, Result<Value>),
+    Terminal(TerminalOutput),
     IdleTooLong,
     /// Time to commit what is held: the batch window closed, or the
     /// unreachable database is to be tried again.
@@ -591,6 +620,7 @@ impl Session {
                 Some((change, answer)) = self.changes.next(), if !self.changes.is_empty() => {
                     Step::Changed(change, answer)
                 }
+                Some(output) = self.terminal_output.recv() => Step::Terminal(output),
                 _ = shutdown.cancelled() => return Ok(End::ShuttingDown),
                 _ = idle_for(idle_since, self.idle_timeout) => Step::IdleTooLong,
             };
@@ -676,6 +706,12 @@ impl Session {
                 // the change, say) comes first, as it did on the wire.
                 self.drain_incoming(usize::MAX).await?;
                 self.changed(change, answer).await?;
+            }
+            Step::Terminal(output) => {
+                self.journal.append(output);
+                if self.commit_due() {
+                    self.flush().await?;
+                }
             }
             Step::Command(None) => return Ok(Some(End::ClosedByUser { reply: None })),
             Step::IdleTooLong => {
@@ -807,10 +843,27 @@ impl Session {
             }
             Incoming::Request(request) => match request.method.as_str() {
                 "session/request_permission" => self.on_permission_request(request).await?,
+                method if self.served.serves(method) => {
+                    if let Some(write) = self.served.handle(request, self.journal.store()).await? {
+                        self.record_write(write).await?;
+                    }
+                }
                 _ => request.reject_unknown_method(),
             },
         }
         Ok(())
+    }
+
+    /// A file the agent wrote: recorded and published, then the agent hears
+    /// it is done (even while the database is away: the event waits in the
+    /// journal, the file is written).
+    async fn record_write(&mut self, write: Write) -> Result<()> {
+        let Write { written, responder } = write;
+        tracing::info!(path = %written.path, "agent wrote a file");
+        self.journal.append(written);
+        let flushed = self.flush().await;
+        responder.respond(serde_json::json!({}));
+        flushed
     }
 
     fn on_update(&mut self, mut params: Value) {
@@ -1350,6 +1403,11 @@ impl Session {
 
     /// Records how the session ended and makes sure the agent is gone.
     async fn finish(&mut self, end: End) -> Result<()> {
+        // The agent's terminals go with it; what they printed so far is kept.
+        self.served.stop();
+        while let Ok(output) = self.terminal_output.try_recv() {
+            self.journal.append(output);
+        }
         let by_user = matches!(end, End::ClosedByUser { .. });
         let (detail, stop_reason, reply) = match end {
             End::AgentGone => (String::new(), "error", None),
@@ -1442,6 +1500,19 @@ impl Session {
             let _ = reply.send(());
         }
         Ok(())
+    }
+}
+
+/// The system user the profile's agent runs as (files it reaches through
+/// the gateway are reached with that user's rights).
+fn agent_user(profile: &AgentProfile) -> Option<crate::sys::SystemUser> {
+    let name = profile.user.as_deref()?;
+    match crate::sys::lookup_user(name) {
+        Ok(user) => Some(user),
+        Err(e) => {
+            tracing::warn!(error = %e, "the agent's user is gone");
+            None
+        }
     }
 }
 

@@ -210,6 +210,14 @@ pub trait Store: Send + Sync + 'static {
         after: i64,
         limit: i64,
     ) -> Result<Vec<Event>>;
+    /// The conversation's events of one `type` with `seq > after`, ascending.
+    async fn list_events_of_type(
+        &self,
+        conversation_id: Uuid,
+        kind: &str,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<Event>>;
     async fn list_messages(&self, conversation_id: Uuid) -> Result<Vec<Message>>;
     async fn list_tool_calls(&self, conversation_id: Uuid) -> Result<Vec<ToolCall>>;
     async fn get_permission(&self, id: Uuid) -> Result<Option<PermissionRequest>>;

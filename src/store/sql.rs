@@ -260,6 +260,26 @@ macro_rules! impl_store {
                 Ok(rows.into_iter().map(Event::from).collect())
             }
 
+            async fn list_events_of_type(
+                &self,
+                conversation_id: Uuid,
+                kind: &str,
+                after: i64,
+                limit: i64,
+            ) -> Result<Vec<Event>> {
+                let rows = sqlx::query_as::<_, EventRow>(
+                    "select * from events where conversation_id = $1 and type = $2 and seq > $3
+                     order by seq limit $4",
+                )
+                .bind(conversation_id)
+                .bind(kind)
+                .bind(after)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?;
+                Ok(rows.into_iter().map(Event::from).collect())
+            }
+
             async fn list_messages(&self, conversation_id: Uuid) -> Result<Vec<Message>> {
                 let mut messages = sqlx::query_as::<_, MessageRow>(
                     "select * from messages where conversation_id = $1 order by id",

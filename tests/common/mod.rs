@@ -173,6 +173,8 @@ pub fn profile(name: &str, command: &str, args: &[&str]) -> AgentProfile {
         session_mode: None,
         session_config: BTreeMap::new(),
         auth_method: None,
+        client_fs: false,
+        client_terminal: false,
     }
 }
 

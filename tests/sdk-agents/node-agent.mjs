@@ -19,6 +19,14 @@
 //            (the session's mode and configuration options as it holds them)
 //   usage -> a usage_update and a session_info_update (title "Usage report"),
 //            then echoes
+//   capabilities -> one agent_message_chunk: the clientCapabilities the
+//            gateway sent in initialize, as JSON
+//   calls <json> -> <json> is an array of [method, params]; each is sent to
+//            the gateway in turn with client.request(method, {sessionId,
+//            ...params}) (fs/*, terminal/*), a "$terminal" string in params
+//            standing for the terminalId the last terminal/create answered;
+//            one agent_message_chunk per call: a JSON line {"method", "result"}
+//            or {"method", "error": {"code", "message"}}
 // session/cancel cancels any running turn of that session.
 //
 // Every session offers the modes "ask" (current), "plan" and "broken" (which
@@ -64,6 +72,8 @@ const RESUME = process.env.ACP_TEST_AGENT_RESUME === "1";
 const CLOSE = process.env.ACP_TEST_AGENT_CLOSE === "1";
 const AUTH = process.env.ACP_TEST_AGENT_AUTH || null;
 let authenticated = false;
+/** What the gateway offered in initialize. */
+let clientCapabilities = null;
 
 /** Records a call the gateway made (only with STATE_DIR). */
 function record(method, params) {
@@ -192,6 +202,28 @@ async function hangTurn(client, sessionId, turn) {
   return "cancelled";
 }
 
+/** The `calls` scenario: requests to the gateway, one after the other. */
+async function callsTurn(client, sessionId, json) {
+  let terminal = null;
+  const substitute = (value) =>
+    JSON.parse(JSON.stringify(value), (_, v) => (v === "$terminal" ? terminal : v));
+  for (const [method, params] of JSON.parse(json)) {
+    let line;
+    try {
+      const result = await client.request(method, { sessionId, ...substitute(params ?? {}) });
+      if (method === "terminal/create") terminal = result.terminalId;
+      line = { method, result: result ?? null };
+    } catch (e) {
+      line = { method, error: { code: e.code ?? null, message: e.message ?? String(e) } };
+    }
+    await client.notify(
+      acp.methods.client.session.update,
+      chunk(sessionId, JSON.stringify(line) + "\n"),
+    );
+  }
+  return "end_turn";
+}
+
 async function toolTurn(client, session, sessionId, turn) {
   const target = path.join(session.cwd, "hello.txt");
   const toolCall = {
@@ -235,6 +267,7 @@ const app = acp
   .agent({ name: AGENT_NAME })
   .onRequest(acp.methods.agent.initialize, ({ params }) => {
     record("initialize", params);
+    clientCapabilities = params.clientCapabilities ?? null;
     log("initialize, client protocolVersion", params.protocolVersion);
     const sessionCapabilities = {};
     if (RESUME && STATE_DIR) sessionCapabilities.resume = {};
@@ -374,6 +407,15 @@ const app = acp
       let stopReason;
       if (firstWord === "tool") stopReason = await toolTurn(client, session, sessionId, turn);
       else if (firstWord === "hang") stopReason = await hangTurn(client, sessionId, turn);
+      else if (firstWord === "calls") {
+        stopReason = await callsTurn(client, sessionId, text.trim().slice("calls".length));
+      } else if (firstWord === "capabilities") {
+        await client.notify(
+          acp.methods.client.session.update,
+          chunk(sessionId, JSON.stringify(clientCapabilities)),
+        );
+        stopReason = "end_turn";
+      }
       else if (firstWord === "settings") {
         const { mode, model, brave } = session.settings;
         await client.notify(

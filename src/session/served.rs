@@ -1,0 +1,201 @@
+//! The agent's requests of files and terminals (`fs/*`, `terminal/*`),
+//! served where its profile offers them (see [`crate::workspace`]).
+//!
+//! Every one of them is first put to the operator's policies as the tool
+//! call it amounts to (a read, an edit, an execute): one a `deny` rule (or
+//! the `read_only` mode) covers is refused, whether or not the agent asked
+//! permission first. Nothing else here asks a person: asking is the agent's
+//! business, through `session/request_permission`.
+
+use std::sync::Arc;
+
+use agent_client_protocol_schema::v1 as acp;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::acp::rpc::{IncomingRequest, Responder};
+use crate::error::Result;
+use crate::model::{Action, FileWritten};
+use crate::permissions::policy::{Facts, Mode};
+use crate::permissions::PolicyHandle;
+use crate::store::Store;
+use crate::workspace::terminals::{self, TerminalOutput, Terminals};
+use crate::workspace::{files, Refusal, Workspace, INVALID_PARAMS};
+
+/// A file written, for the session to record before the agent hears so.
+pub struct Write {
+    pub written: FileWritten,
+    pub responder: Responder,
+}
+
+/// What a conversation serves its agent, and under which rules.
+pub struct Served {
+    workspace: Arc<Workspace>,
+    terminals: Terminals,
+    session_id: String,
+    agent: String,
+    mode: Mode,
+    policies: PolicyHandle,
+}
+
+impl Served {
+    /// Terminal output goes to `output`.
+    pub fn new(
+        workspace: Workspace,
+        session_id: String,
+        agent: String,
+        mode: Mode,
+        policies: PolicyHandle,
+        output: mpsc::Sender<TerminalOutput>,
+    ) -> Served {
+        Served {
+            workspace: Arc::new(workspace),
+            terminals: Terminals::new(output),
+            session_id,
+            agent,
+            mode,
+            policies,
+        }
+    }
+
+    /// Whether this conversation serves `method` (else: "method not found").
+    pub fn serves(&self, method: &str) -> bool {
+        match method {
+            "fs/read_text_file" | "fs/write_text_file" => self.workspace.files,
+            "terminal/create"
+            | "terminal/output"
+            | "terminal/wait_for_exit"
+            | "terminal/kill"
+            | "terminal/release" => self.workspace.terminals,
+            _ => false,
+        }
+    }
+
+    /// Kills every terminal's processes (the conversation's agent stops).
+    pub fn stop(&self) {
+        self.terminals.kill_all();
+    }
+
+    /// Serves one request the session found [`Served::serves`]. A write is
+    /// handed back, done, for the session to record and then answer; every
+    /// other request is answered here (a wait for a terminal's exit, later,
+    /// from a task of its own).
+    pub async fn handle(
+        &self,
+        request: IncomingRequest,
+        store: &dyn Store,
+    ) -> Result<Option<Write>> {
+        let IncomingRequest {
+            method,
+            params,
+            responder,
+            ..
+        } = request;
+        if let Err(refusal) = self.check_session(&params) {
+            answer(responder, Err(refusal));
+            return Ok(None);
+        }
+        if let Some(refusal) = self.denied(&method, &params, store).await? {
+            answer(responder, Err(refusal));
+            return Ok(None);
+        }
+        let outcome = match method.as_str() {
+            "fs/read_text_file" => {
+                let workspace = self.workspace.clone();
+                tokio::spawn(async move {
+                    answer(responder, files::read(&workspace, params).await);
+                });
+                return Ok(None);
+            }
+            "fs/write_text_file" => match files::write(&self.workspace, params).await {
+                Ok(written) => return Ok(Some(Write { written, responder })),
+                Err(refusal) => Err(refusal),
+            },
+            "terminal/create" => parse::<acp::CreateTerminalRequest>(params)
+                .and_then(|request| self.terminals.create(&self.workspace, &request)),
+            "terminal/output" => self.terminals.output(&params),
+            "terminal/wait_for_exit" => match self.terminals.waiter(&params) {
+                Ok(exit) => {
+                    tokio::spawn(async move { answer(responder, exit.await) });
+                    return Ok(None);
+                }
+                Err(refusal) => Err(refusal),
+            },
+            "terminal/kill" => self.terminals.kill(&params),
+            "terminal/release" => self.terminals.release(&params),
+            other => Err(Refusal::invalid(format!("{other} is not served here"))),
+        };
+        answer(responder, outcome);
+        Ok(None)
+    }
+
+    fn check_session(&self, params: &Value) -> std::result::Result<(), Refusal> {
+        match params.get("sessionId").and_then(Value::as_str) {
+            Some(id) if id == self.session_id => Ok(()),
+            Some(id) => Err(Refusal::invalid(format!(
+                "invalid params: session {id:?} is not this connection's session"
+            ))),
+            None => Err(Refusal::invalid(
+                "invalid params: sessionId (string) is required",
+            )),
+        }
+    }
+
+    /// The refusal of a request the operator's policies deny.
+    async fn denied(
+        &self,
+        method: &str,
+        params: &Value,
+        store: &dyn Store,
+    ) -> Result<Option<Refusal>> {
+        let path = || params.get("path").cloned().unwrap_or(Value::Null);
+        let tool_call = match method {
+            "fs/read_text_file" => json!({
+                "toolCallId": "fs", "kind": "read", "title": format!("Read {}", path()),
+                "locations": [{"path": path()}], "rawInput": {"path": path()},
+            }),
+            "fs/write_text_file" => json!({
+                "toolCallId": "fs", "kind": "edit", "title": format!("Write {}", path()),
+                "locations": [{"path": path()}], "rawInput": {"path": path()},
+            }),
+            "terminal/create" => match parse::<acp::CreateTerminalRequest>(params.clone()) {
+                Ok(request) => terminals::as_tool_call(&request, &self.workspace.cwd),
+                Err(refusal) => return Ok(Some(refusal)),
+            },
+            _ => return Ok(None),
+        };
+        // With the database away: the policies as last seen.
+        let policies = match self.policies.refresh(store).await {
+            Err(e) if e.is_outage() => self.policies.current(),
+            other => other?,
+        };
+        let facts = Facts {
+            agent: &self.agent,
+            tool_call: &tool_call,
+            cwd: &self.workspace.cwd,
+            mode: self.mode,
+        };
+        let verdict = policies.evaluate(&facts, &[], None, tokio::time::Instant::now());
+        if verdict.decision != Action::Deny {
+            return Ok(None);
+        }
+        tracing::info!(method, rule = ?verdict.rule, "operator policy refuses the agent's request");
+        Ok(Some(Refusal {
+            code: INVALID_PARAMS,
+            message: format!("refused by the operator's policy: {}", verdict.reason),
+            data: Some(json!({ "rule": verdict.rule })),
+        }))
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(params: Value) -> std::result::Result<T, Refusal> {
+    serde_json::from_value(params).map_err(|e| Refusal::invalid(format!("invalid params: {e}")))
+}
+
+/// Sends the request its answer.
+pub fn answer(responder: Responder, outcome: std::result::Result<Value, Refusal>) {
+    match outcome {
+        Ok(result) => responder.respond(result),
+        Err(refusal) => responder.respond_error(refusal.code, refusal.message, refusal.data),
+    }
+}

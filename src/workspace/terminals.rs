@@ -1,0 +1,382 @@
+//! `terminal/*`: commands the gateway runs for the agent, in the workspace,
+//! as the agent's user, each in a process group of its own.
+//!
+//! A terminal's output is kept (the last `outputByteLimit` bytes, cut at a
+//! character boundary from the start, as ACP asks) and each piece is also
+//! handed out as a [`TerminalOutput`] for the session to publish. Every
+//! terminal's process group is killed when it is released, and when the
+//! [`Terminals`] of a conversation are dropped (the session ended).
+
+use std::collections::HashMap;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+
+use agent_client_protocol_schema::v1 as acp;
+use serde::Serialize;
+use serde_json::{json, Value};
+use tokio::io::AsyncReadExt;
+use tokio::sync::{mpsc, watch};
+
+use super::{Refusal, Workspace};
+use crate::model::{event_type, EventData};
+
+/// Most output a terminal keeps, whatever `outputByteLimit` asks.
+pub const MAX_OUTPUT_BYTES: usize = 4 * 1024 * 1024;
+/// Most terminals a conversation has at once (released ones not counted).
+pub const MAX_TERMINALS: usize = 32;
+
+/// `terminal_output`: a piece of a terminal's output; the first says what
+/// runs (`command`, `cwd`), the last how it ended (`exit_status`).
+#[derive(Debug, Clone, Serialize)]
+pub struct TerminalOutput {
+    pub terminal_id: String,
+    pub output: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_status: Option<Value>,
+}
+
+impl EventData for TerminalOutput {
+    const KIND: &'static str = event_type::TERMINAL_OUTPUT;
+}
+
+/// What a command to be run is, for the operator's deny policies: an
+/// `execute` tool call as an agent would send it.
+pub fn as_tool_call(request: &acp::CreateTerminalRequest, cwd: &std::path::Path) -> Value {
+    let mut command = vec![request.command.clone()];
+    command.extend(request.args.iter().cloned());
+    json!({
+        "toolCallId": "terminal",
+        "title": command.join(" "),
+        "kind": "execute",
+        "rawInput": {"command": command, "cwd": cwd},
+    })
+}
+
+/// The kept output of one terminal.
+#[derive(Debug, Default)]
+struct Kept {
+    text: String,
+    truncated: bool,
+}
+
+#[derive(Debug)]
+struct Terminal {
+    pgid: Option<i32>,
+    limit: usize,
+    kept: Mutex<Kept>,
+    /// `Some` once the process has exited.
+    exit: watch::Receiver<Option<ExitStatus>>,
+}
+
+impl Terminal {
+    fn kill(&self) {
+        if self.exit.borrow().is_some() {
+            return;
+        }
+        if let Some(pgid) = self.pgid {
+            // SAFETY: kill has no memory preconditions; the group is the one
+            // the terminal's process leads, and it has not been reaped.
+            unsafe {
+                libc::kill(-pgid, libc::SIGKILL);
+            }
+        }
+    }
+
+    fn keep(&self, piece: &str) {
+        let mut kept = self.kept.lock().unwrap();
+        kept.text.push_str(piece);
+        if kept.text.len() > self.limit {
+            let mut cut = kept.text.len() - self.limit;
+            while !kept.text.is_char_boundary(cut) {
+                cut += 1;
+            }
+            kept.text.drain(..cut);
+            kept.truncated = true;
+        }
+    }
+}
+
+/// A conversation's terminals.
+#[derive(Debug)]
+pub struct Terminals {
+    live: Mutex<HashMap<String, Arc<Terminal>>>,
+    out: mpsc::Sender<TerminalOutput>,
+}
+
+impl Drop for Terminals {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+impl Terminals {
+    /// Output pieces go to `out`.
+    pub fn new(out: mpsc::Sender<TerminalOutput>) -> Terminals {
+        Terminals {
+            live: Mutex::new(HashMap::new()),
+            out,
+        }
+    }
+
+    /// Kills every terminal's processes (they stay until released).
+    pub fn kill_all(&self) {
+        for terminal in self.live.lock().unwrap().values() {
+            terminal.kill();
+        }
+    }
+
+    fn get(&self, params: &Value) -> Result<Arc<Terminal>, Refusal> {
+        let id = params
+            .get("terminalId")
+            .and_then(Value::as_str)
+            .ok_or_else(|| Refusal::invalid("invalid params: terminalId (string) is required"))?;
+        self.live
+            .lock()
+            .unwrap()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| Refusal::not_found(format!("no terminal {id:?}")))
+    }
+
+    /// `terminal/create`: starts the command (already checked against the
+    /// policies); answers `{terminalId}`.
+    pub fn create(
+        &self,
+        workspace: &Workspace,
+        request: &acp::CreateTerminalRequest,
+    ) -> Result<Value, Refusal> {
+        if self.live.lock().unwrap().len() >= MAX_TERMINALS {
+            return Err(Refusal::invalid(format!(
+                "this conversation has {MAX_TERMINALS} terminals already; release one first"
+            )));
+        }
+        let cwd = match &request.cwd {
+            Some(cwd) => workspace.resolve(cwd)?,
+            None => workspace.cwd.clone(),
+        };
+        let path = request
+            .env
+            .iter()
+            .find(|v| v.name == "PATH")
+            .map(|v| v.value.as_str());
+        let program = crate::sys::resolve_command(&request.command, path)
+            .map_err(|why| Refusal::invalid(format!("cannot run {:?}: {why}", request.command)))?;
+        let mut command = tokio::process::Command::new(program);
+        command
+            .args(&request.args)
+            .envs(request.env.iter().map(|v| (&v.name, &v.value)))
+            .current_dir(&cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(user) = workspace
+            .user
+            .as_ref()
+            .filter(|_| crate::sys::running_as_root())
+        {
+            command.uid(user.uid).gid(user.gid);
+            command.env("HOME", &user.home).env("USER", &user.name);
+        }
+        let mut child = command
+            .spawn()
+            .map_err(|e| Refusal::invalid(format!("cannot run {:?}: {e}", request.command)))?;
+        let id = format!("term_{}", uuid::Uuid::now_v7().simple());
+        let (exited, exit) = watch::channel(None);
+        let limit = request
+            .output_byte_limit
+            .map_or(MAX_OUTPUT_BYTES, |n| (n as usize).min(MAX_OUTPUT_BYTES));
+        let terminal = Arc::new(Terminal {
+            pgid: child.id().map(|pid| pid as i32),
+            limit,
+            kept: Mutex::default(),
+            exit,
+        });
+        self.live
+            .lock()
+            .unwrap()
+            .insert(id.clone(), terminal.clone());
+        let mut shown = vec![request.command.clone()];
+        shown.extend(request.args.iter().cloned());
+        let first = TerminalOutput {
+            terminal_id: id.clone(),
+            output: String::new(),
+            command: Some(shown),
+            cwd: Some(cwd.display().to_string()),
+            exit_status: None,
+        };
+        let out = self.out.clone();
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+        let terminal_id = id.clone();
+        tokio::spawn(async move {
+            let _ = out.send(first).await;
+            let piece = |output: String| TerminalOutput {
+                terminal_id: terminal_id.clone(),
+                output,
+                command: None,
+                cwd: None,
+                exit_status: None,
+            };
+            let (tx, mut pieces) = mpsc::channel::<String>(16);
+            let readers = [stdout.map(box_reader), stderr.map(box_reader)];
+            for reader in readers.into_iter().flatten() {
+                tokio::spawn(read_text(reader, tx.clone()));
+            }
+            drop(tx);
+            while let Some(text) = pieces.recv().await {
+                terminal.keep(&text);
+                let _ = out.send(piece(text)).await;
+            }
+            let status = child.wait().await;
+            let status = status.unwrap_or_else(|_| ExitStatus::from_raw(1 << 8));
+            let _ = exited.send(Some(status));
+            let _ = out
+                .send(TerminalOutput {
+                    exit_status: Some(exit_status(status)),
+                    ..piece(String::new())
+                })
+                .await;
+        });
+        Ok(json!({ "terminalId": id }))
+    }
+
+    /// `terminal/output`: what is kept, and how it ended if it has.
+    pub fn output(&self, params: &Value) -> Result<Value, Refusal> {
+        let terminal = self.get(params)?;
+        let kept = terminal.kept.lock().unwrap();
+        let mut answer = json!({"output": kept.text, "truncated": kept.truncated});
+        if let Some(status) = *terminal.exit.borrow() {
+            answer["exitStatus"] = exit_status(status);
+        }
+        Ok(answer)
+    }
+
+    /// `terminal/wait_for_exit`: waits (elsewhere than the session loop)
+    /// for the command to end.
+    pub fn waiter(
+        &self,
+        params: &Value,
+    ) -> Result<impl std::future::Future<Output = Result<Value, Refusal>> + use<>, Refusal> {
+        let mut exit = self.get(params)?.exit.clone();
+        Ok(async move {
+            let status = *exit
+                .wait_for(Option::is_some)
+                .await
+                .map_err(|_| Refusal::not_found("the terminal went away"))?;
+            Ok(exit_status(status.expect("waited for")))
+        })
+    }
+
+    /// `terminal/kill`: kills the command; the terminal stays until released.
+    pub fn kill(&self, params: &Value) -> Result<Value, Refusal> {
+        self.get(params)?.kill();
+        Ok(json!({}))
+    }
+
+    /// `terminal/release`: kills the command if it still runs and forgets
+    /// the terminal.
+    pub fn release(&self, params: &Value) -> Result<Value, Refusal> {
+        let terminal = self.get(params)?;
+        terminal.kill();
+        let id = params["terminalId"].as_str().unwrap_or_default();
+        self.live.lock().unwrap().remove(id);
+        Ok(json!({}))
+    }
+}
+
+type Reader = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
+
+fn box_reader(reader: impl tokio::io::AsyncRead + Unpin + Send + 'static) -> Reader {
+    Box::new(reader)
+}
+
+/// Reads a pipe to its end as text, never splitting a character (invalid
+/// bytes become U+FFFD).
+async fn read_text(mut reader: Reader, pieces: mpsc::Sender<String>) {
+    let mut buf = vec![0u8; 8192];
+    let mut held: Vec<u8> = Vec::new();
+    loop {
+        let n = match reader.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        held.extend_from_slice(&buf[..n]);
+        // An incomplete character at the end waits for the next read.
+        let complete = match std::str::from_utf8(&held) {
+            Ok(_) => held.len(),
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => held.len(),
+        };
+        let text = String::from_utf8_lossy(&held[..complete]).into_owned();
+        held.drain(..complete);
+        if !text.is_empty() && pieces.send(text).await.is_err() {
+            return;
+        }
+    }
+    if !held.is_empty() {
+        let _ = pieces
+            .send(String::from_utf8_lossy(&held).into_owned())
+            .await;
+    }
+}
+
+/// ACP's `TerminalExitStatus`.
+fn exit_status(status: ExitStatus) -> Value {
+    json!({
+        "exitCode": status.code(),
+        "signal": status.signal().map(signal_name),
+    })
+}
+
+fn signal_name(signal: i32) -> String {
+    let name = match signal {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        other => return format!("signal {other}"),
+    };
+    name.to_owned()
+}
+
+/// The cwd a terminal would run in, for the policies' facts.
+pub fn cwd_of(workspace: &Workspace, request: &acp::CreateTerminalRequest) -> PathBuf {
+    request.cwd.clone().unwrap_or_else(|| workspace.cwd.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_output_is_cut_from_the_start_at_a_character_boundary() {
+        let (exit_tx, exit) = watch::channel(None);
+        drop(exit_tx);
+        let terminal = Terminal {
+            pgid: None,
+            limit: 5,
+            kept: Mutex::default(),
+            exit,
+        };
+        terminal.keep("ab");
+        assert!(!terminal.kept.lock().unwrap().truncated);
+        terminal.keep("cé€");
+        let kept = terminal.kept.lock().unwrap();
+        // "abcé€" is 1+1+1+2+3 = 8 bytes; the last 5 are "é€".
+        assert_eq!(kept.text, "é€");
+        assert!(kept.truncated);
+    }
+}
