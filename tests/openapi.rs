@@ -323,7 +323,49 @@ async fn real_answers_and_events_match_the_document(db: TestDb) {
     assert!(contract.violations(&schema, &conversation).is_empty());
 }
 
+/// Files and terminals served to an agent (the npm SDK agent's `calls`):
+/// their events and the change list match the document too.
+async fn file_and_terminal_events_match_the_document(db: TestDb) {
+    let contract = Contract::new();
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = std::fs::canonicalize(dir.path()).unwrap();
+    let profile = acp_gateway::config::AgentProfile {
+        cwd: Some(cwd.clone()),
+        client_fs: true,
+        client_terminal: true,
+        ..node_sdk_profile("sdk")
+    };
+    let gw = TestGateway::start(&db, vec![profile]).await;
+    let (id, mut ws) = gw.open_conversation("sdk").await;
+    let calls = json!([
+        ["fs/write_text_file", {"path": cwd.join("a.txt"), "content": "a\n"}],
+        ["terminal/create", {"command": "echo", "args": ["hi"]}],
+        ["terminal/wait_for_exit", {"terminalId": "$terminal"}],
+    ]);
+    gw.prompt(&id, &format!("calls {calls}")).await;
+    ws.until_type("turn_ended").await;
+    let files = gw.get(&format!("/api/v1/conversations/{id}/files")).await;
+    contract.answer("get", "/api/v1/conversations/{id}/files", &files);
+    assert_eq!(files.1["items"].as_array().unwrap().len(), 1);
+    let events = gw.events(&id).await;
+    let mut terminal = 0;
+    for event in &events {
+        contract.schema("Event", event);
+        terminal += usize::from(event["type"] == "terminal_output");
+    }
+    // What ran, "hi", how it ended (the exit may come after the turn).
+    if terminal < 3 {
+        ws.until(|e| e["type"] == "terminal_output" && e["data"]["exit_status"].is_object())
+            .await;
+    }
+    for event in gw.events(&id).await {
+        contract.schema("Event", &event);
+    }
+    assert!(events.iter().any(|e| e["type"] == "file_written"));
+}
+
 backend_tests!(
     the_gateway_serves_its_document,
     real_answers_and_events_match_the_document,
+    file_and_terminal_events_match_the_document,
 );
