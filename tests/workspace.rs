@@ -346,7 +346,64 @@ async fn terminals_run_under_policy_are_published_and_die_with_the_conversation(
         .as_str()
         .unwrap()
         .to_owned();
-    // Its first line (the shell's pid), published before or after the turn ended.
+    let pid = terminal_pid(&gw, &id, &mut ws, &terminal).await;
+    let sleeper = ProcessWatch::new(pid);
+    assert!(!sleeper.has_ended());
+    let (status, _) = gw.delete(&format!("/api/v1/conversations/{id}")).await;
+    assert_eq!(status, 204);
+    assert!(
+        sleeper.ended().await,
+        "the terminal's process outlived its conversation"
+    );
+}
+
+async fn a_running_terminal_dies_with_its_agent(db: TestDb) {
+    let (_dir, work, _) = dirs();
+    let gw = gateway(&db, vec![agent("term", &work, false, true)], vec![]).await;
+    let (id, mut ws) = gw.open_conversation("term").await;
+    let answers = agent_calls(
+        &gw,
+        &id,
+        &mut ws,
+        json!([["terminal/create", {"command": "sh", "args": ["-c", "echo $$; exec sleep 1000"]}]]),
+    )
+    .await;
+    let terminal = answers[0]["result"]["terminalId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let pid = terminal_pid(&gw, &id, &mut ws, &terminal).await;
+    let sleeper = ProcessWatch::new(pid);
+
+    // The agent dies (as under an OOM killer); its terminal goes with it.
+    let record = agent_process_records(&db)
+        .await
+        .into_iter()
+        .find(|r| r.conversation_id.to_string() == id)
+        .expect("the conversation's agent is recorded");
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(record.pid, libc::SIGKILL) };
+    assert!(
+        sleeper.ended().await,
+        "the terminal's process outlived its agent"
+    );
+    // Its end is published: killed.
+    let ended = ws
+        .until(|e| {
+            e["type"] == "terminal_output"
+                && e["data"]["terminal_id"] == terminal
+                && e["data"]["exit_status"].is_object()
+        })
+        .await;
+    assert_eq!(
+        ended.last().unwrap()["data"]["exit_status"]["signal"],
+        "SIGKILL"
+    );
+}
+
+/// The pid a terminal running `echo $$; exec ...` printed first, published
+/// before or after its turn ended.
+async fn terminal_pid(gw: &TestGateway, id: &str, ws: &mut Ws, terminal: &str) -> i32 {
     let printed = |events: &[Value]| -> String {
         events
             .iter()
@@ -354,7 +411,7 @@ async fn terminals_run_under_policy_are_published_and_die_with_the_conversation(
             .filter_map(|e| e["data"]["output"].as_str())
             .collect()
     };
-    let mut pid = printed(&gw.events(&id).await);
+    let mut pid = printed(&gw.events(id).await);
     if !pid.ends_with('\n') {
         let more = ws
             .until(|e| {
@@ -366,19 +423,12 @@ async fn terminals_run_under_policy_are_published_and_die_with_the_conversation(
             .await;
         pid.push_str(&printed(&more));
     }
-    let pid: i32 = pid.trim().parse().unwrap();
-    let sleeper = ProcessWatch::new(pid);
-    assert!(!sleeper.has_ended());
-    let (status, _) = gw.delete(&format!("/api/v1/conversations/{id}")).await;
-    assert_eq!(status, 204);
-    assert!(
-        sleeper.ended().await,
-        "the terminal's process outlived its conversation"
-    );
+    pid.trim().parse().unwrap()
 }
 
 backend_tests!(
     files_and_terminals_are_offered_only_where_configured,
     reads_and_writes_stay_inside_the_workspace_and_are_published,
     terminals_run_under_policy_are_published_and_die_with_the_conversation,
+    a_running_terminal_dies_with_its_agent,
 );

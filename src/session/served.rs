@@ -71,9 +71,12 @@ impl Served {
         }
     }
 
-    /// Kills every terminal's processes (the conversation's agent stops).
-    pub fn stop(&self) {
+    /// Kills every terminal's processes (the conversation's agent stops);
+    /// what is returned ends when they have ended and all their output has
+    /// been handed out.
+    pub fn stop(&self) -> impl std::future::Future<Output = ()> + use<> {
         self.terminals.kill_all();
+        self.terminals.ended()
     }
 
     /// Serves one request the session found [`Served::serves`]. A write is

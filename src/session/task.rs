@@ -59,6 +59,9 @@ const BATCH_WINDOW: Duration = Duration::from_millis(10);
 const OUTAGE_PATIENCE: Duration = Duration::from_secs(600);
 /// How long an agent gets to exit after SIGTERM.
 const TERMINATE_GRACE: Duration = Duration::from_secs(2);
+/// How long a session that ends waits for its killed terminals to report
+/// their end (a process that left their group may hold their output open).
+const TERMINALS_END: Duration = Duration::from_secs(2);
 /// How long an agent gets to answer `session/close`.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
@@ -1403,8 +1406,19 @@ impl Session {
 
     /// Records how the session ended and makes sure the agent is gone.
     async fn finish(&mut self, end: End) -> Result<()> {
-        // The agent's terminals go with it; what they printed so far is kept.
-        self.served.stop();
+        // The agent's terminals go with it; what they printed, and how they
+        // ended, is kept (waiting a little for a command that will not die).
+        let ended = self.served.stop();
+        tokio::pin!(ended);
+        let bound = tokio::time::sleep(TERMINALS_END);
+        tokio::pin!(bound);
+        loop {
+            tokio::select! {
+                Some(output) = self.terminal_output.recv() => self.journal.append(output),
+                () = &mut ended => break,
+                () = &mut bound => break,
+            }
+        }
         while let Ok(output) = self.terminal_output.try_recv() {
             self.journal.append(output);
         }

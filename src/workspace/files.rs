@@ -17,6 +17,9 @@ pub const MAX_READ_BYTES: usize = 10 * 1024 * 1024;
 pub const MAX_WRITE_BYTES: usize = 10 * 1024 * 1024;
 /// Most of a diff published; the rest is cut, with a marker saying so.
 pub const MAX_DIFF_BYTES: usize = 64 * 1024;
+/// How long a diff may search for the smallest edit before it settles for
+/// a larger one (two big, very different files).
+const DIFF_TIME: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// `fs/read_text_file`: the file's text, from `line` (1-based) for `limit`
 /// lines when given.
@@ -46,14 +49,17 @@ pub async fn write(workspace: &Workspace, params: Value) -> Result<FileWritten, 
     let path = workspace.resolve(&request.path)?;
     let shown = path.clone();
     let content = request.content;
-    let (previous, content) = as_user(workspace.user.clone(), move || {
-        replace(&path, content.as_bytes()).map(|previous| (previous, content))
+    // The diff is made on the file thread too: it is work in proportion to
+    // the file, which the session's loop should not wait on.
+    let diff = as_user(workspace.user.clone(), move || {
+        replace(&path, content.as_bytes())
+            .map(|previous| unified_diff(&path, previous.as_deref(), &content))
     })
     .await
     .map_err(|e| Refusal::io(&shown, e))??;
     Ok(FileWritten {
         path: shown.display().to_string(),
-        diff: unified_diff(&shown, previous.as_deref(), &content),
+        diff,
     })
 }
 
@@ -178,7 +184,10 @@ pub fn unified_diff(path: &Path, previous: Option<&[u8]>, content: &str) -> Stri
     } else {
         "/dev/null"
     };
-    let mut diff = similar::TextDiff::from_lines(old.as_ref(), content)
+    // Past the time bound the diff is still right, only less minimal.
+    let mut diff = similar::TextDiff::configure()
+        .timeout(DIFF_TIME)
+        .diff_lines(old.as_ref(), content)
         .unified_diff()
         .context_radius(3)
         .header(before, &shown)
@@ -241,6 +250,78 @@ mod tests {
         let nested = dir.path().join("a/b/c.txt");
         assert_eq!(replace(&nested, b"x").unwrap(), None);
         assert_eq!(std::fs::read_to_string(nested).unwrap(), "x");
+    }
+
+    #[tokio::test]
+    async fn reads_and_writes_beyond_the_size_limits_are_refused_and_change_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let cwd = std::fs::canonicalize(dir.path()).unwrap();
+        let workspace = Workspace {
+            cwd: cwd.clone(),
+            allowed_roots: Vec::new(),
+            user: None,
+            files: true,
+            terminals: false,
+        };
+        // One line short of the limit, and one line more: 1 KiB lines.
+        let line = format!("{}\n", "x".repeat(1023));
+        let lines = MAX_READ_BYTES / line.len();
+        let big = cwd.join("big.txt");
+        std::fs::write(&big, line.repeat(lines + 1)).unwrap();
+        let params = |extra: Value| {
+            let mut p = json!({"sessionId": "s", "path": big});
+            p.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            p
+        };
+
+        let whole = read(&workspace, params(json!({}))).await.unwrap_err();
+        assert_eq!(whole.code, super::super::INVALID_PARAMS);
+        assert!(whole.message.contains("read it in parts"), "{whole:?}");
+        // From the first line on, without a limit, it is still too much ...
+        let unbounded = read(&workspace, params(json!({"line": 1})))
+            .await
+            .unwrap_err();
+        assert!(unbounded.message.contains("read it in parts"));
+        // ... but in parts it all comes.
+        let first = read(&workspace, params(json!({"line": 1, "limit": lines})))
+            .await
+            .unwrap();
+        assert_eq!(
+            first["content"].as_str().unwrap().len(),
+            MAX_READ_BYTES - MAX_READ_BYTES % line.len()
+        );
+        let rest = read(&workspace, params(json!({"line": lines + 1})))
+            .await
+            .unwrap();
+        assert_eq!(rest["content"], line);
+
+        let target = cwd.join("target.txt");
+        std::fs::write(&target, "kept\n").unwrap();
+        let content = "y".repeat(MAX_WRITE_BYTES + 1);
+        let refused = write(
+            &workspace,
+            json!({"sessionId": "s", "path": target, "content": content}),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(refused.code, super::super::INVALID_PARAMS);
+        assert!(refused.message.contains("at most"), "{refused:?}");
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "kept\n");
+        // At the limit exactly, it is written.
+        let content = "y".repeat(MAX_WRITE_BYTES);
+        write(
+            &workspace,
+            json!({"sessionId": "s", "path": target, "content": content}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            std::fs::metadata(&target).unwrap().len(),
+            MAX_WRITE_BYTES as u64
+        );
+        assert_eq!(std::fs::read_dir(&cwd).unwrap().count(), 2);
     }
 
     #[test]

@@ -58,11 +58,27 @@ pub fn as_tool_call(request: &acp::CreateTerminalRequest, cwd: &std::path::Path)
     })
 }
 
-/// The kept output of one terminal.
+/// The kept output of one terminal: up to twice its limit, so the front is
+/// cut once per limit's worth of output rather than on every piece.
 #[derive(Debug, Default)]
 struct Kept {
     text: String,
     truncated: bool,
+}
+
+impl Kept {
+    /// The last `limit` bytes (from a character boundary), and whether
+    /// anything before them was cut.
+    fn tail(&self, limit: usize) -> (&str, bool) {
+        if self.text.len() <= limit {
+            return (&self.text, self.truncated);
+        }
+        let mut cut = self.text.len() - limit;
+        while !self.text.is_char_boundary(cut) {
+            cut += 1;
+        }
+        (&self.text[cut..], true)
+    }
 }
 
 #[derive(Debug)]
@@ -91,11 +107,8 @@ impl Terminal {
     fn keep(&self, piece: &str) {
         let mut kept = self.kept.lock().unwrap();
         kept.text.push_str(piece);
-        if kept.text.len() > self.limit {
-            let mut cut = kept.text.len() - self.limit;
-            while !kept.text.is_char_boundary(cut) {
-                cut += 1;
-            }
+        if kept.text.len() > self.limit.saturating_mul(2) {
+            let cut = kept.text.len() - kept.tail(self.limit).0.len();
             kept.text.drain(..cut);
             kept.truncated = true;
         }
@@ -128,6 +141,24 @@ impl Terminals {
     pub fn kill_all(&self) {
         for terminal in self.live.lock().unwrap().values() {
             terminal.kill();
+        }
+    }
+
+    /// Ends when every terminal's command has ended and all its output,
+    /// its end included, has been handed out (give the output somewhere to
+    /// go meanwhile: it waits for room).
+    pub fn ended(&self) -> impl std::future::Future<Output = ()> + use<> {
+        let exits: Vec<_> = self
+            .live
+            .lock()
+            .unwrap()
+            .values()
+            .map(|terminal| terminal.exit.clone())
+            .collect();
+        async move {
+            for mut exit in exits {
+                let _ = exit.wait_for(Option::is_some).await;
+            }
         }
     }
 
@@ -237,13 +268,15 @@ impl Terminals {
             }
             let status = child.wait().await;
             let status = status.unwrap_or_else(|_| ExitStatus::from_raw(1 << 8));
-            let _ = exited.send(Some(status));
+            // Handed out before the exit is known, so whoever waits for the
+            // exit finds every piece of output already handed out.
             let _ = out
                 .send(TerminalOutput {
                     exit_status: Some(exit_status(status)),
                     ..piece(String::new())
                 })
                 .await;
+            let _ = exited.send(Some(status));
         });
         Ok(json!({ "terminalId": id }))
     }
@@ -252,7 +285,8 @@ impl Terminals {
     pub fn output(&self, params: &Value) -> Result<Value, Refusal> {
         let terminal = self.get(params)?;
         let kept = terminal.kept.lock().unwrap();
-        let mut answer = json!({"output": kept.text, "truncated": kept.truncated});
+        let (output, truncated) = kept.tail(terminal.limit);
+        let mut answer = json!({"output": output, "truncated": truncated});
         if let Some(status) = *terminal.exit.borrow() {
             answer["exitStatus"] = exit_status(status);
         }
@@ -372,11 +406,117 @@ mod tests {
             exit,
         };
         terminal.keep("ab");
-        assert!(!terminal.kept.lock().unwrap().truncated);
+        assert_eq!(terminal.kept.lock().unwrap().tail(5), ("ab", false));
         terminal.keep("cé€");
-        let kept = terminal.kept.lock().unwrap();
         // "abcé€" is 1+1+1+2+3 = 8 bytes; the last 5 are "é€".
-        assert_eq!(kept.text, "é€");
-        assert!(kept.truncated);
+        assert_eq!(terminal.kept.lock().unwrap().tail(5), ("é€", true));
+        // Past twice the limit the front is dropped; what is shown is the same.
+        terminal.keep("defgh");
+        let kept = terminal.kept.lock().unwrap();
+        assert!(kept.text.len() <= 10, "{:?}", kept.text);
+        assert_eq!(kept.tail(5), ("defgh", true));
+    }
+}
+
+#[cfg(test)]
+mod running {
+    use super::*;
+
+    fn workspace_in(cwd: PathBuf, user: Option<crate::sys::SystemUser>) -> Workspace {
+        Workspace {
+            cwd,
+            allowed_roots: Vec::new(),
+            user,
+            files: false,
+            terminals: true,
+        }
+    }
+
+    fn request(command: &str, args: &[&str]) -> acp::CreateTerminalRequest {
+        serde_json::from_value(json!({"sessionId": "s", "command": command, "args": args})).unwrap()
+    }
+
+    async fn finished(terminals: &Terminals, id: &Value) -> Value {
+        let params = json!({ "terminalId": id });
+        let exit = terminals.waiter(&params).unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(30), exit)
+            .await
+            .expect("the command ends")
+            .unwrap();
+        terminals.output(&params).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_conversation_has_at_most_so_many_terminals_and_released_ones_do_not_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let workspace = workspace_in(dir.path().to_path_buf(), None);
+        let (out, _output) = mpsc::channel(4096);
+        let terminals = Terminals::new(out);
+        let sleep = request("sleep", &["300"]);
+        let mut ids = Vec::new();
+        for _ in 0..MAX_TERMINALS {
+            ids.push(terminals.create(&workspace, &sleep).unwrap()["terminalId"].clone());
+        }
+        let refused = terminals.create(&workspace, &sleep).unwrap_err();
+        assert_eq!(refused.code, super::super::INVALID_PARAMS);
+        assert!(refused.message.contains("release one first"), "{refused:?}");
+
+        let first = json!({ "terminalId": ids[0] });
+        terminals.release(&first).unwrap();
+        assert_eq!(
+            terminals.output(&first).unwrap_err().code,
+            super::super::NOT_FOUND
+        );
+        let again = terminals.create(&workspace, &sleep).unwrap()["terminalId"].clone();
+        // Dropping the conversation's terminals kills what still runs.
+        let last = json!({ "terminalId": again });
+        let exit = terminals.waiter(&last).unwrap();
+        drop(terminals);
+        let status = tokio::time::timeout(std::time::Duration::from_secs(30), exit)
+            .await
+            .expect("the command is killed")
+            .unwrap();
+        assert_eq!(status["signal"], "SIGKILL", "{status}");
+    }
+
+    /// A terminal's command runs as the agent's user, with its home (only
+    /// where the gateway is root and the system has `nobody`).
+    #[tokio::test]
+    async fn commands_run_as_the_agents_user() {
+        let Some(nobody) = crate::sys::lookup_user("nobody")
+            .ok()
+            .filter(|_| crate::sys::running_as_root())
+        else {
+            eprintln!("skipped: needs root and a user named nobody");
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let workspace = workspace_in(dir.path().to_path_buf(), Some(nobody.clone()));
+        let (out, _output) = mpsc::channel(4096);
+        let terminals = Terminals::new(out);
+        let id = terminals
+            .create(
+                &workspace,
+                &request("sh", &["-c", "id -u; id -g; echo $HOME"]),
+            )
+            .unwrap()["terminalId"]
+            .clone();
+        let output = finished(&terminals, &id).await;
+        assert_eq!(
+            output["output"],
+            format!("{}\n{}\n{}\n", nobody.uid, nobody.gid, nobody.home),
+            "{output}"
+        );
+        assert_eq!(output["exitStatus"]["exitCode"], 0);
+
+        // Without a user to be, it runs as the gateway does.
+        let workspace = workspace_in(dir.path().to_path_buf(), None);
+        let id = terminals
+            .create(&workspace, &request("id", &["-u"]))
+            .unwrap()["terminalId"]
+            .clone();
+        assert_eq!(finished(&terminals, &id).await["output"], "0\n");
     }
 }
