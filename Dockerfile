@@ -18,6 +18,7 @@ RUN mkdir -p src/bin benches \
     && rm -rf src benches
 COPY src src
 COPY migrations migrations
+COPY web web
 COPY benches benches
 RUN touch src/main.rs src/lib.rs \
     && cargo build --release --locked --bin acp-gateway

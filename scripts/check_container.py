@@ -112,6 +112,12 @@ def check_dockerfile():
         if ins == "COPY" and not arg.startswith("--from"):
             for source in arg.split()[:-1]:
                 check((ROOT / source).exists(), f"Dockerfile: COPY {source} exists")
+    # What the sources embed (include_str!, include_bytes!, sqlx's migrate!) must be in the build.
+    copied = {source.rstrip("/") for ins, arg in build if ins == "COPY" and not arg.startswith("--from") for source in arg.split()[:-1]}
+    for rs in sorted((ROOT / "src").rglob("*.rs")):
+        for included in re.findall(r'include_(?:str|bytes)!\(\s*"([^"]+)"', rs.read_text()):
+            path = (rs.parent / included).resolve().relative_to(ROOT)
+            check(path.parts[0] in copied, f"Dockerfile: COPY {path.parts[0]} ({rs.relative_to(ROOT)} embeds {path})")
     users = [arg for ins, arg in runtime if ins == "USER"]
     check(users and users[-1] not in ("root", "0"), "Dockerfile: the runtime runs unprivileged")
     runs = " ".join(arg for ins, arg in runtime if ins == "RUN")

@@ -9,7 +9,7 @@
 //!   commands (`migrate`, `export`, `token`).
 //! - [`api`]: the HTTP + WebSocket API of `docs/api.md`: one
 //!   router per resource; handlers call the session supervisor and the store
-//!   only.
+//!   only. [`web`]: the built-in web client (`web/`), served at `/`.
 //! - [`session`]: conversations at work. [`session::Sessions`] is the
 //!   supervisor (live sessions, start, prompt, cancel, answer, close,
 //!   recovery after a restart); [`session::task`] is one conversation's loop
@@ -56,6 +56,7 @@ pub mod session;
 pub mod store;
 pub mod sys;
 pub mod telemetry;
+pub mod web;
 pub mod workspace;
 
 pub use app::Gateway;

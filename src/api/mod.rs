@@ -59,6 +59,7 @@ pub fn router(state: AppState) -> Router {
     let max_body = state.config().max_body_bytes;
     let (routes, _) = routes().split_for_parts();
     routes
+        .merge(crate::web::router())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body))
         .layer(

@@ -1,0 +1,153 @@
+//! The built-in web client (`web/` in the repository), served at `/`: the
+//! permission inbox, conversations and a conversation's live view, as plain
+//! HTML, CSS and JavaScript modules embedded in the binary. No build step,
+//! no CDN: the files in `web/` are what browsers get.
+
+use std::sync::OnceLock;
+
+use axum::extract::Path;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use sha2::{Digest, Sha256};
+
+/// One embedded file.
+struct Asset {
+    name: &'static str,
+    content_type: &'static str,
+    body: &'static str,
+}
+
+const ASSETS: &[Asset] = &[
+    Asset {
+        name: "index.html",
+        content_type: "text/html; charset=utf-8",
+        body: include_str!("../web/index.html"),
+    },
+    Asset {
+        name: "app.css",
+        content_type: "text/css; charset=utf-8",
+        body: include_str!("../web/app.css"),
+    },
+    Asset {
+        name: "app.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_str!("../web/app.js"),
+    },
+    Asset {
+        name: "api.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_str!("../web/api.js"),
+    },
+    Asset {
+        name: "dom.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_str!("../web/dom.js"),
+    },
+    Asset {
+        name: "live.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_str!("../web/live.js"),
+    },
+    Asset {
+        name: "render.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_str!("../web/render.js"),
+    },
+];
+
+/// The names of the embedded files (for the test that every file in `web/`
+/// is served).
+pub fn asset_names() -> impl Iterator<Item = &'static str> {
+    ASSETS.iter().map(|asset| asset.name)
+}
+
+/// Only this origin's scripts, styles and connections; no framing.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+                   connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
+
+/// `GET /` (the page) and `GET /ui/{file}` (what it loads).
+pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
+    Router::new()
+        .route("/", get(|headers: HeaderMap| async move { serve("index.html", &headers) }))
+        .route(
+            "/ui/{file}",
+            get(|Path(file): Path<String>, headers: HeaderMap| async move {
+                serve(&file, &headers)
+            }),
+        )
+}
+
+fn etags() -> &'static [String] {
+    static TAGS: OnceLock<Vec<String>> = OnceLock::new();
+    TAGS.get_or_init(|| {
+        ASSETS
+            .iter()
+            .map(|asset| {
+                let digest = Sha256::digest(asset.body.as_bytes());
+                let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+                format!("\"{hex}\"")
+            })
+            .collect()
+    })
+}
+
+fn serve(name: &str, headers: &HeaderMap) -> Response {
+    let Some(index) = ASSETS.iter().position(|asset| asset.name == name) else {
+        return (StatusCode::NOT_FOUND, "no such file\n").into_response();
+    };
+    let asset = &ASSETS[index];
+    let etag = &etags()[index];
+    let common = [
+        // Asked again each time, answered 304 while unchanged: a new
+        // gateway's client is picked up at once.
+        (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        (header::ETAG, HeaderValue::from_str(etag).expect("hex")),
+        (
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        ),
+        (
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(CSP),
+        ),
+        (
+            header::REFERRER_POLICY,
+            HeaderValue::from_static("no-referrer"),
+        ),
+    ];
+    let unchanged = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|tag| tag.trim() == etag));
+    if unchanged {
+        return (StatusCode::NOT_MODIFIED, common).into_response();
+    }
+    (
+        common,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(asset.content_type),
+        )],
+        asset.body,
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    /// What `web/` holds is what is served: no file left out, none stale.
+    #[test]
+    fn every_file_in_web_is_embedded() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("web");
+        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        on_disk.sort();
+        let mut served: Vec<String> = super::asset_names().map(str::to_owned).collect();
+        served.sort();
+        assert_eq!(on_disk, served);
+    }
+}

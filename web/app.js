@@ -1,0 +1,635 @@
+// acp-gateway's built-in web client: the permission inbox, conversations,
+// a conversation's live view. Plain modules, no build; everything it shows
+// comes from the API described in openapi/openapi.yaml.
+
+import { api, ApiError, token, whenUnauthorized } from "./api.js";
+import { h, fill, when } from "./dom.js";
+import { Live, connection } from "./live.js";
+import {
+  contentText,
+  decisionText,
+  permissionCard,
+  planList,
+  toolCallBody,
+  unifiedDiff,
+} from "./render.js";
+
+const main = document.getElementById("main");
+const liveIndicator = document.getElementById("live");
+const inboxCount = document.getElementById("inbox-count");
+const signOut = document.getElementById("sign-out");
+
+/** What the current view runs (its sockets), stopped when the view changes. */
+let current = { stop() {} };
+
+/** The inbox socket lives as long as the page, for the count in the bar. */
+let inbox = null;
+
+connection.listeners.add((up) => {
+  liveIndicator.textContent = up ? "" : "Reconnecting…";
+  liveIndicator.classList.toggle("down", !up);
+});
+
+whenUnauthorized(() => {
+  if (location.hash !== "#/sign-in") {
+    sessionStorage.setItem("acp-gateway.return", location.hash);
+    location.hash = "#/sign-in";
+  }
+});
+
+signOut.addEventListener("click", () => {
+  token.clear();
+  inbox?.stop();
+  inbox = null;
+  location.hash = "#/sign-in";
+});
+
+function route() {
+  current.stop();
+  current = { stop() {} };
+  const hash = location.hash || "#/";
+  signOut.hidden = !token.get();
+  for (const link of document.querySelectorAll("[data-nav]")) {
+    const here =
+      (link.dataset.nav === "inbox" && hash === "#/") ||
+      (link.dataset.nav === "conversations" && hash.startsWith("#/c"));
+    if (here) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+  if (hash === "#/sign-in") {
+    inbox?.stop();
+    inbox = null;
+    return signInView();
+  }
+  inbox ??= new Inbox();
+  const conversation = hash.match(/^#\/c\/([0-9a-f-]+)$/);
+  if (conversation) current = new ConversationView(conversation[1]);
+  else if (hash === "#/conversations") current = new ConversationsView();
+  else current = inbox.view();
+  main.focus({ preventScroll: true });
+}
+
+/** A problem as words for a person. */
+function problemText(error) {
+  if (error instanceof ApiError) return error.message;
+  return String(error?.message ?? error);
+}
+
+// ---------------------------------------------------------------- sign in
+
+function signInView() {
+  document.title = "Sign in · acp-gateway";
+  const input = h("input", {
+    id: "token",
+    name: "token",
+    type: "password",
+    autocomplete: "current-password",
+    required: true,
+    spellcheck: "false",
+  });
+  const error = h("p.error", { role: "alert", hidden: true });
+  const button = h("button.primary", { type: "submit" }, "Sign in");
+  const form = h(
+    "form.stack",
+    {
+      onsubmit: async (event) => {
+        event.preventDefault();
+        button.disabled = true;
+        error.hidden = true;
+        const previous = token.get();
+        token.set(input.value.trim());
+        try {
+          await api("GET", "/api/v1/agents", undefined, { signIn: true });
+          location.hash = sessionStorage.getItem("acp-gateway.return") || "#/";
+          sessionStorage.removeItem("acp-gateway.return");
+        } catch (e) {
+          if (previous) token.set(previous);
+          else token.clear();
+          error.textContent =
+            e instanceof ApiError && e.status === 401 ? "That token is not valid." : problemText(e);
+          error.hidden = false;
+        } finally {
+          button.disabled = false;
+        }
+      },
+    },
+    h("h1", {}, "Sign in"),
+    h("p", {}, "This gateway asks for a token. It stays in this browser until you sign out."),
+    h("label", { for: "token" }, "Token"),
+    input,
+    error,
+    button,
+  );
+  fill(main, form);
+  input.focus();
+}
+
+// ------------------------------------------------------------------ inbox
+
+/**
+ * Every pending permission request the caller can see, live over
+ * /api/v1/ws: the snapshot on each (re)connection, then requests as they
+ * come and go.
+ */
+class Inbox {
+  constructor() {
+    this.pending = new Map();
+    this.titles = new Map();
+    this.list = null;
+    this.live = new Live({
+      path: () => "/api/v1/ws",
+      onFrame: (frame) => this.frame(frame),
+      onDenied: () => whenUnauthorizedNow(),
+    });
+  }
+
+  stop() {
+    this.live.stop();
+  }
+
+  frame(frame) {
+    if (frame.type === "snapshot") {
+      this.pending = new Map(frame.pending_permissions.map((r) => [r.id, r]));
+    } else if (frame.type === "permission_requested") {
+      this.pending.set(frame.data.id, frame.data);
+    } else if (frame.type === "permission_resolved") {
+      this.pending.delete(frame.data.id);
+    } else {
+      return;
+    }
+    this.render();
+  }
+
+  /** The inbox as the page's view. */
+  view() {
+    document.title = "Inbox · acp-gateway";
+    this.list = h("div.cards", { id: "inbox", "aria-live": "polite" });
+    fill(main, h("h1", {}, "Waiting for you"), this.list);
+    this.render();
+    return { stop: () => (this.list = null) };
+  }
+
+  render() {
+    const count = this.pending.size;
+    inboxCount.hidden = count === 0;
+    inboxCount.textContent = String(count);
+    inboxCount.setAttribute("aria-label", `${count} waiting`);
+    if (!this.list) return;
+    const requests = [...this.pending.values()].sort((a, b) =>
+      a.created_at < b.created_at ? -1 : a.created_at > b.created_at ? 1 : 0,
+    );
+    // Cards already shown stay (a tap in flight keeps its state).
+    const shown = new Map([...this.list.querySelectorAll("[data-request-id]")].map((c) => [c.dataset.requestId, c]));
+    const cards = requests.map(
+      (request) =>
+        shown.get(request.id) ??
+        permissionCard(request, answer, { conversation: this.title(request.conversation_id) }),
+    );
+    if (cards.length === 0) {
+      fill(this.list, h("p.empty", {}, "Nothing is waiting for an answer."));
+    } else {
+      fill(this.list, cards);
+    }
+  }
+
+  /** A conversation's title, looked up once. */
+  title(id) {
+    if (!this.titles.has(id)) {
+      this.titles.set(id, "Conversation");
+      api("GET", `/api/v1/conversations/${id}`)
+        .then((c) => {
+          this.titles.set(id, c.title || `${c.agent} conversation`);
+          for (const link of this.list?.querySelectorAll(`a[href="#/c/${id}"]`) ?? []) {
+            link.textContent = this.titles.get(id);
+          }
+        })
+        .catch(() => {});
+    }
+    return this.titles.get(id);
+  }
+}
+
+function whenUnauthorizedNow() {
+  sessionStorage.setItem("acp-gateway.return", location.hash);
+  location.hash = "#/sign-in";
+}
+
+/** Answers a request from its card; the card says what happened. */
+async function answer(request, optionId, card) {
+  const buttons = card.querySelectorAll("button");
+  const error = card.querySelector(".error");
+  for (const button of buttons) button.disabled = true;
+  error.hidden = true;
+  try {
+    const resolved = await api("POST", `/api/v1/permissions/${request.id}/respond`, {
+      option_id: optionId,
+    });
+    settle(card, resolved);
+  } catch (e) {
+    if (e instanceof ApiError && e.code === "already_resolved" && e.problem?.request) {
+      settle(card, e.problem.request);
+    } else if (e instanceof ApiError && (e.status === 409 || e.status === 404)) {
+      settle(card, null);
+    } else {
+      error.textContent = problemText(e);
+      error.hidden = false;
+      for (const button of buttons) button.disabled = false;
+    }
+  }
+}
+
+/** A card whose request is answered: its buttons go, the answer shows. */
+function settle(card, resolved) {
+  // What was asked stays in the tool call's own card: this one shrinks to
+  // the question and its answer.
+  for (const detail of card.querySelectorAll(".options, .facts, .locations, pre")) detail.remove();
+  card.classList.add("resolved");
+  const said = resolved ? `Answered: ${decisionText(resolved)}` : "Answered elsewhere";
+  let note = card.querySelector(".decision");
+  if (!note) {
+    note = h("p.decision", { role: "status" });
+    card.append(note);
+  }
+  note.textContent = said;
+}
+
+// ---------------------------------------------------------- conversations
+
+class ConversationsView {
+  constructor() {
+    document.title = "Conversations · acp-gateway";
+    this.list = h("ul.conversations", { "aria-label": "Conversations" });
+    this.more = h("button.quiet", { type: "button", hidden: true, onclick: () => this.load() }, "More");
+    this.cursor = null;
+    fill(main, h("h1", {}, "Conversations"), this.createForm(), this.list, this.more);
+    this.load();
+  }
+
+  stop() {}
+
+  async load() {
+    const query = this.cursor ? `&cursor=${encodeURIComponent(this.cursor)}` : "";
+    try {
+      const page = await api("GET", `/api/v1/conversations?limit=50${query}`);
+      if (!this.cursor && page.items.length === 0) {
+        this.list.append(h("li.empty", {}, "No conversations yet."));
+      }
+      for (const c of page.items) this.list.append(this.row(c));
+      this.cursor = page.next_cursor;
+      this.more.hidden = !this.cursor;
+    } catch (e) {
+      this.list.append(h("li.error", { role: "alert" }, problemText(e)));
+    }
+  }
+
+  row(c) {
+    const remove = h(
+      "button.quiet.danger",
+      {
+        type: "button",
+        "aria-label": `Delete ${c.title || "conversation"}`,
+        onclick: async () => {
+          // Two taps: the first asks, the second deletes.
+          if (remove.dataset.armed !== "yes") {
+            remove.dataset.armed = "yes";
+            remove.textContent = "Really delete?";
+            return;
+          }
+          remove.disabled = true;
+          try {
+            await api("DELETE", `/api/v1/conversations/${c.id}`);
+            item.remove();
+          } catch (e) {
+            remove.disabled = false;
+            remove.textContent = problemText(e);
+          }
+        },
+        onblur: () => {
+          remove.dataset.armed = "";
+          remove.textContent = "Delete";
+        },
+      },
+      "Delete",
+    );
+    const item = h(
+      "li.conversation",
+      {},
+      h(
+        "a",
+        { href: `#/c/${c.id}` },
+        h("strong", {}, c.title || "Untitled"),
+        h("span.meta", {}, `${c.agent} · `, h(`span.status.${c.status}`, {}, c.status), ` · ${when(c.updated_at)}`),
+      ),
+      c.status === "closed" ? null : remove,
+    );
+    return item;
+  }
+
+  createForm() {
+    const agent = h("select", { id: "new-agent", name: "agent", required: true });
+    const title = h("input", { id: "new-title", name: "title", maxlength: 200 });
+    const cwd = h("input", {
+      id: "new-cwd",
+      name: "cwd",
+      placeholder: "the agent's default",
+      spellcheck: "false",
+      autocapitalize: "off",
+    });
+    const error = h("p.error", { role: "alert", hidden: true });
+    const button = h("button.primary", { type: "submit" }, "Start");
+    api("GET", "/api/v1/agents")
+      .then((agents) => {
+        for (const a of agents.items) {
+          const label = a.available ? a.title || a.name : `${a.title || a.name} (unavailable)`;
+          agent.append(h("option", { value: a.name, disabled: !a.available }, label));
+        }
+      })
+      .catch((e) => {
+        error.textContent = problemText(e);
+        error.hidden = false;
+      });
+    return h(
+      "form.stack.create",
+      {
+        "aria-label": "New conversation",
+        onsubmit: async (event) => {
+          event.preventDefault();
+          button.disabled = true;
+          button.textContent = "Starting…";
+          error.hidden = true;
+          const body = { agent: agent.value };
+          if (title.value.trim()) body.title = title.value.trim();
+          if (cwd.value.trim()) body.cwd = cwd.value.trim();
+          try {
+            const created = await api("POST", "/api/v1/conversations", body);
+            location.hash = `#/c/${created.id}`;
+          } catch (e) {
+            error.textContent = problemText(e);
+            error.hidden = false;
+            button.disabled = false;
+            button.textContent = "Start";
+          }
+        },
+      },
+      h("h2", {}, "New conversation"),
+      h("label", { for: "new-agent" }, "Agent"),
+      agent,
+      h("label", { for: "new-title" }, "Title"),
+      title,
+      h("label", { for: "new-cwd" }, "Directory"),
+      cwd,
+      error,
+      button,
+    );
+  }
+}
+
+// ----------------------------------------------------------- conversation
+
+/**
+ * One conversation, built from its events: every event since the first on
+ * opening, then live ones; after a dropped connection it resumes after the
+ * last event it showed.
+ */
+class ConversationView {
+  constructor(id) {
+    this.id = id;
+    this.timeline = h("div.timeline", { id: "timeline", "aria-label": "Conversation" });
+    this.toolCalls = new Map();
+    this.requests = new Map();
+    this.terminals = new Map();
+    this.plan = null;
+    this.open = null; // the message being streamed: {kind, turn, el}
+    this.turn = null; // the running turn's id
+    this.heading = h("h1", {}, "Conversation");
+    this.status = h("span.status", { id: "status" });
+    this.cancel = h(
+      "button.danger",
+      { type: "button", id: "cancel", disabled: true, onclick: () => this.cancelTurn() },
+      "Cancel",
+    );
+    this.error = h("p.error", { role: "alert", hidden: true });
+    this.prompt = h("textarea", {
+      id: "prompt",
+      name: "text",
+      rows: 2,
+      required: true,
+      placeholder: "Message the agent (Ctrl+Enter sends)",
+    });
+    this.send = h("button.primary", { type: "submit" }, "Send");
+    const form = h(
+      "form.prompt",
+      { onsubmit: (event) => this.submit(event) },
+      h("label.sr", { for: "prompt" }, "Message"),
+      this.prompt,
+      h("div.actions", {}, this.cancel, this.send),
+      this.error,
+    );
+    this.prompt.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) form.requestSubmit();
+    });
+    fill(
+      main,
+      h("div.head", {}, this.heading, h("p.meta", {}, this.status)),
+      this.timeline,
+      form,
+    );
+    // Followed to the newest until the reader scrolls up; again once back down.
+    this.following = true;
+    this.onScroll = () => {
+      this.following = window.innerHeight + window.scrollY >= document.body.scrollHeight - 120;
+    };
+    window.addEventListener("scroll", this.onScroll, { passive: true });
+    this.refresh();
+    this.live = new Live({
+      path: (after) => `/api/v1/conversations/${id}/ws?after=${after}`,
+      onFrame: (event) => this.event(event),
+      onDenied: () => whenUnauthorizedNow(),
+      resumable: true,
+    });
+  }
+
+  stop() {
+    this.live.stop();
+    window.removeEventListener("scroll", this.onScroll);
+  }
+
+  async refresh() {
+    try {
+      const c = await api("GET", `/api/v1/conversations/${this.id}`);
+      this.heading.textContent = c.title || "Untitled";
+      document.title = `${c.title || "Conversation"} · acp-gateway`;
+      this.showStatus(c.status);
+    } catch (e) {
+      this.error.textContent = problemText(e);
+      this.error.hidden = false;
+    }
+  }
+
+  showStatus(status) {
+    this.status.className = `status ${status}`;
+    this.status.textContent = status.replace("_", " ");
+    this.prompt.disabled = status === "closed" || status === "failed";
+    this.send.disabled = this.prompt.disabled;
+  }
+
+  async submit(event) {
+    event.preventDefault();
+    const text = this.prompt.value;
+    if (!text.trim()) return;
+    this.send.disabled = true;
+    this.error.hidden = true;
+    try {
+      await api("POST", `/api/v1/conversations/${this.id}/prompts`, { text });
+      this.prompt.value = "";
+    } catch (e) {
+      this.error.textContent = problemText(e);
+      this.error.hidden = false;
+    } finally {
+      this.send.disabled = false;
+    }
+  }
+
+  async cancelTurn() {
+    this.cancel.disabled = true;
+    try {
+      await api("POST", `/api/v1/conversations/${this.id}/cancel`);
+    } catch (e) {
+      this.error.textContent = problemText(e);
+      this.error.hidden = false;
+      this.cancel.disabled = false;
+    }
+  }
+
+  /** Adds to the timeline, keeping the newest in view unless the reader scrolled up. */
+  add(el) {
+    this.timeline.append(el);
+    this.follow();
+    return el;
+  }
+
+  follow() {
+    if (this.following) window.scrollTo(0, document.body.scrollHeight);
+  }
+
+  /** The message being streamed of this kind, or a new one. */
+  message(kind, turn) {
+    if (this.open && this.open.kind === kind && this.open.turn === turn) return this.open.el;
+    const label = { agent: "Agent", thought: "Thought", user: "You" }[kind];
+    const el = h("div.text");
+    this.add(h(`section.message.${kind}`, { "aria-label": label }, h("p.who", {}, label), el));
+    this.open = { kind, turn, el };
+    return el;
+  }
+
+  event(event) {
+    const data = event.data ?? {};
+    if (event.type !== "session_update") this.open = null;
+    switch (event.type) {
+      case "turn_started":
+        this.turn = data.turn_id;
+        this.cancel.disabled = false;
+        this.showStatus("running");
+        this.message("user", data.turn_id).textContent = contentText(data.content);
+        this.open = null;
+        break;
+      case "session_update":
+        this.update(data.turn_id, data.update ?? {});
+        break;
+      case "permission_requested":
+        this.showStatus("awaiting_permission");
+        this.request(data);
+        break;
+      case "permission_resolved":
+        if (this.turn) this.showStatus("running");
+        this.request(data);
+        break;
+      case "turn_ended": {
+        this.turn = null;
+        this.cancel.disabled = true;
+        const why = data.stop_reason === "end_turn" ? "Done" : `Ended: ${data.stop_reason}`;
+        this.add(h("p.turn-end", {}, data.error ? `${why} — ${data.error}` : why));
+        this.refresh();
+        break;
+      }
+      case "agent_status":
+        this.add(
+          h(
+            "p.note",
+            {},
+            `Agent ${data.status}${data.context ? ` (${data.context})` : ""}${data.detail ? `: ${data.detail}` : ""}`,
+          ),
+        );
+        if (data.status !== "starting") this.refresh();
+        break;
+      case "file_written":
+        this.add(h("section.card.file", { "aria-label": `Wrote ${data.path}` }, h("h3", {}, `Wrote ${data.path}`), unifiedDiff(data.diff ?? "")));
+        break;
+      case "terminal_output":
+        this.terminalOutput(data);
+        break;
+      default:
+        break;
+    }
+  }
+
+  update(turn, update) {
+    const kind = update.sessionUpdate;
+    if (kind === "agent_message_chunk" || kind === "agent_thought_chunk" || kind === "user_message_chunk") {
+      const who = kind === "agent_message_chunk" ? "agent" : kind === "user_message_chunk" ? "user" : "thought";
+      this.message(who, turn).append(contentText([update.content]));
+      this.follow();
+      return;
+    }
+    this.open = null;
+    if (kind === "tool_call" || kind === "tool_call_update") {
+      const known = this.toolCalls.get(update.toolCallId);
+      const merged = { ...(known?.data ?? {}), ...stripNulls(update) };
+      const el = known?.el ?? this.add(h("section.card.tool"));
+      fill(el, h("h3", {}, merged.title ?? "Tool call"), toolCallBody(merged));
+      el.setAttribute("aria-label", `Tool: ${merged.title ?? "tool call"}`);
+      el.dataset.status = merged.status ?? "";
+      this.toolCalls.set(update.toolCallId, { el, data: merged });
+    } else if (kind === "plan") {
+      const list = planList(update.entries);
+      if (this.plan?.isConnected && this.plan.dataset.turn === String(turn)) this.plan.replaceWith(list);
+      else this.add(list);
+      list.dataset.turn = String(turn);
+      this.plan = list;
+    }
+  }
+
+  request(request) {
+    const known = this.requests.get(request.id);
+    if (request.status === "pending") {
+      if (known) return;
+      this.requests.set(request.id, this.add(permissionCard(request, answer)));
+    } else if (known) {
+      settle(known, request);
+    }
+  }
+
+  terminalOutput(data) {
+    let terminal = this.terminals.get(data.terminal_id);
+    if (!terminal) {
+      const output = h("pre.output");
+      const title = data.command ? `$ ${data.command.join(" ")}` : "Terminal";
+      this.add(h("section.card.terminal", { "aria-label": "Terminal" }, h("h3", {}, title), output));
+      terminal = { output };
+      this.terminals.set(data.terminal_id, terminal);
+    }
+    terminal.output.append(data.output ?? "");
+    if (data.exit_status) {
+      const { exitCode, signal } = data.exit_status;
+      terminal.output.after(h("p.note", {}, signal ? `Killed (${signal})` : `Exit code ${exitCode}`));
+    }
+  }
+}
+
+function stripNulls(object) {
+  return Object.fromEntries(Object.entries(object).filter(([, v]) => v !== null && v !== undefined));
+}
+
+// Started once every class above is defined.
+window.addEventListener("hashchange", route);
+route();

@@ -1,0 +1,159 @@
+// How ACP objects look on the page: tool calls, permission requests, diffs,
+// plans, content blocks. Everything goes in as text.
+
+import { h } from "./dom.js";
+
+/** The text of content blocks (other kinds named in brackets). */
+export function contentText(blocks) {
+  return (blocks ?? [])
+    .map((block) => {
+      if (!block) return "";
+      if (block.type === "text") return block.text ?? "";
+      if (block.type === "resource_link") return `[${block.name ?? block.uri}]`;
+      if (block.type === "resource") return `[${block.resource?.uri ?? "resource"}]`;
+      return `[${block.type}]`;
+    })
+    .join("");
+}
+
+/** The command a tool call runs, where it says one. */
+export function commandOf(toolCall) {
+  const command = toolCall?.rawInput?.command;
+  if (Array.isArray(command)) {
+    // Codex's ["/bin/sh", "-lc", "..."]: the script is what runs.
+    if (command.length === 3 && /(^|\/)(ba|z)?sh$/.test(command[0]) && /^-l?c$/.test(command[1])) {
+      return command[2];
+    }
+    return command.join(" ");
+  }
+  if (typeof command === "string") return command;
+  return null;
+}
+
+/** A unified diff's lines, coloured by their first character. */
+export function unifiedDiff(text) {
+  return h(
+    "pre.diff",
+    {},
+    text.replace(/\n$/, "").split("\n").map((line) => {
+      const kind = line.startsWith("+++") || line.startsWith("---") || line.startsWith("@@")
+        ? "meta"
+        : line.startsWith("+")
+          ? "add"
+          : line.startsWith("-")
+            ? "del"
+            : "ctx";
+      return h(`span.${kind}`, {}, line + "\n");
+    }),
+  );
+}
+
+/**
+ * An ACP diff ({path, oldText, newText}) as lines: what the two share at
+ * the start and the end is trimmed to three lines of context.
+ */
+export function acpDiff(diff) {
+  const lines = (text) => {
+    const split = text.split("\n");
+    // A last newline ends the last line; it does not start another.
+    if (split.length > 1 && split[split.length - 1] === "") split.pop();
+    return split;
+  };
+  const old = diff.oldText == null ? [] : lines(diff.oldText);
+  const now = lines(diff.newText ?? "");
+  let start = 0;
+  while (start < old.length && start < now.length && old[start] === now[start]) start++;
+  let end = 0;
+  while (
+    end < old.length - start &&
+    end < now.length - start &&
+    old[old.length - 1 - end] === now[now.length - 1 - end]
+  ) {
+    end++;
+  }
+  const shown = [`--- ${diff.oldText == null ? "/dev/null" : diff.path}`, `+++ ${diff.path}`];
+  for (const line of old.slice(Math.max(0, start - 3), start)) shown.push(` ${line}`);
+  for (const line of old.slice(start, old.length - end)) shown.push(`-${line}`);
+  for (const line of now.slice(start, now.length - end)) shown.push(`+${line}`);
+  for (const line of now.slice(now.length - end, now.length - end + 3)) shown.push(` ${line}`);
+  return unifiedDiff(shown.join("\n"));
+}
+
+/** What a tool call is about: kind, locations, command, diffs, other content. */
+export function toolCallBody(toolCall) {
+  const parts = [];
+  const facts = [];
+  if (toolCall.kind) facts.push(h("span.kind", {}, toolCall.kind));
+  if (toolCall.status) facts.push(h(`span.status.${toolCall.status}`, {}, toolCall.status));
+  if (facts.length) parts.push(h("p.facts", {}, facts));
+  const locations = (toolCall.locations ?? []).filter((l) => l?.path);
+  if (locations.length) {
+    parts.push(
+      h(
+        "ul.locations",
+        { "aria-label": "Locations" },
+        locations.map((l) => h("li", {}, h("code", {}, l.line ? `${l.path}:${l.line}` : l.path))),
+      ),
+    );
+  }
+  const command = commandOf(toolCall);
+  if (command) parts.push(h("pre.command", { "aria-label": "Command" }, h("code", {}, `$ ${command}`)));
+  for (const item of toolCall.content ?? []) {
+    if (item?.type === "diff") parts.push(acpDiff(item));
+    else if (item?.type === "content") parts.push(h("pre.output", {}, contentText([item.content])));
+    else if (item?.type === "terminal") parts.push(h("p.note", {}, `terminal ${item.terminalId}`));
+  }
+  return parts;
+}
+
+/** A plan's entries. */
+export function planList(entries) {
+  return h(
+    "ol.plan",
+    { "aria-label": "Plan" },
+    (entries ?? []).map((entry) =>
+      h(`li.${entry.status ?? "pending"}`, {}, h("span.sr", {}, `${entry.status}: `), entry.content),
+    ),
+  );
+}
+
+/** How a resolved request was decided, in words. */
+export function decisionText(request) {
+  const decision = request.decision;
+  const option = (request.options ?? []).find((o) => o.optionId === decision?.option_id);
+  const how = option ? option.name : request.status;
+  const by = decision?.decided_by ? ` by ${decision.decided_by}` : "";
+  return `${how}${by}`;
+}
+
+/**
+ * A permission request as a card: what the agent wants to do and one
+ * button per option the agent offered, labelled with its name exactly.
+ * `answer(request, optionId)` is called on a tap.
+ */
+export function permissionCard(request, answer, { conversation } = {}) {
+  const toolCall = request.tool_call ?? {};
+  const buttons = (request.options ?? []).map((option) =>
+    h(
+      `button.option.${String(option.kind ?? "").startsWith("allow") ? "allow" : "reject"}`,
+      {
+        type: "button",
+        dataset: { optionId: option.optionId },
+        onclick: () => answer(request, option.optionId, card),
+      },
+      option.name,
+    ),
+  );
+  const card = h(
+    "article.card.permission",
+    { dataset: { requestId: request.id }, "aria-label": `Permission: ${toolCall.title ?? "tool call"}` },
+    conversation
+      ? h("p.where", {}, h("a", { href: `#/c/${request.conversation_id}` }, conversation))
+      : null,
+    h("h3", {}, toolCall.title ?? "The agent asks permission"),
+    toolCallBody({ ...toolCall, status: undefined }),
+    h("div.options", {}, buttons),
+    h("p.error", { role: "alert", hidden: true }),
+  );
+  return card;
+}
