@@ -21,6 +21,12 @@
 //            then echoes
 //   capabilities -> one agent_message_chunk: the clientCapabilities the
 //            gateway sent in initialize, as JSON
+//   work  -> a thought, a plan, an edit tool call with a diff that asks
+//            permission (options "Allow once", "Always allow", "Reject"),
+//            its update (completed or failed), then the message "Done."
+//   gated <n> -> n chunks "a1 " .. "a<n> ", then a permission request for
+//            the command `echo go` (the same options), then n chunks "b1 " ..
+//            "b<n> ", stopReason end_turn (the chunks come whatever the answer)
 //   calls <json> -> <json> is an array of [method, params]; each is sent to
 //            the gateway in turn with client.request(method, {sessionId,
 //            ...params}) (fs/*, terminal/*), a "$terminal" string in params
@@ -263,6 +269,92 @@ async function toolTurn(client, session, sessionId, turn) {
   return cancelled ? "cancelled" : "end_turn";
 }
 
+const OPTIONS = [
+  { optionId: "allow-once", name: "Allow once", kind: "allow_once" },
+  { optionId: "allow-always", name: "Always allow", kind: "allow_always" },
+  { optionId: "reject-once", name: "Reject", kind: "reject_once" },
+];
+
+async function update(client, sessionId, update) {
+  remember(sessionId, update);
+  await client.notify(acp.methods.client.session.update, { sessionId, update });
+}
+
+/** The `work` scenario: what a phone shows of an agent at work. */
+async function workTurn(client, session, sessionId, turn) {
+  const target = path.join(session.cwd, "src", "main.rs");
+  await update(client, sessionId, {
+    sessionUpdate: "agent_thought_chunk",
+    content: { type: "text", text: "The greeting should name the world." },
+  });
+  await update(client, sessionId, {
+    sessionUpdate: "plan",
+    entries: [
+      { content: "Read src/main.rs", priority: "high", status: "completed" },
+      { content: "Change the greeting", priority: "high", status: "in_progress" },
+      { content: "Run the tests", priority: "medium", status: "pending" },
+    ],
+  });
+  const toolCall = {
+    toolCallId: "call_edit",
+    title: "Edit src/main.rs",
+    kind: "edit",
+    status: "pending",
+    locations: [{ path: target, line: 2 }],
+    content: [
+      {
+        type: "diff",
+        path: target,
+        oldText: 'fn main() {\n    println!("hello");\n}\n',
+        newText: 'fn main() {\n    println!("hello, world");\n}\n',
+      },
+    ],
+  };
+  await update(client, sessionId, { sessionUpdate: "tool_call", ...toolCall });
+  const response = await client.request(acp.methods.client.session.requestPermission, {
+    sessionId,
+    toolCall,
+    options: OPTIONS,
+  });
+  const outcome = response.outcome;
+  const allowed = outcome.outcome === "selected" && outcome.optionId.startsWith("allow");
+  const cancelled = outcome.outcome === "cancelled" || turn.cancelled;
+  await update(client, sessionId, {
+    sessionUpdate: "tool_call_update",
+    toolCallId: "call_edit",
+    status: allowed && !cancelled ? "completed" : "failed",
+  });
+  if (cancelled) return "cancelled";
+  await update(client, sessionId, chunk(sessionId, allowed ? "Done." : "Left as it was.").update);
+  return "end_turn";
+}
+
+/** The `gated` scenario: a stream, a question, and more stream. */
+async function gatedTurn(client, sessionId, n, turn) {
+  for (let i = 1; i <= n; i++) await update(client, sessionId, chunk(sessionId, `a${i} `).update);
+  const toolCall = {
+    toolCallId: "call_gate",
+    title: "Run echo go",
+    kind: "execute",
+    status: "pending",
+    rawInput: { command: ["echo", "go"] },
+  };
+  await update(client, sessionId, { sessionUpdate: "tool_call", ...toolCall });
+  const response = await client.request(acp.methods.client.session.requestPermission, {
+    sessionId,
+    toolCall,
+    options: OPTIONS,
+  });
+  if (response.outcome.outcome === "cancelled" || turn.cancelled) return "cancelled";
+  await update(client, sessionId, {
+    sessionUpdate: "tool_call_update",
+    toolCallId: "call_gate",
+    status: "completed",
+  });
+  for (let i = 1; i <= n; i++) await update(client, sessionId, chunk(sessionId, `b${i} `).update);
+  return "end_turn";
+}
+
 const app = acp
   .agent({ name: AGENT_NAME })
   .onRequest(acp.methods.agent.initialize, ({ params }) => {
@@ -407,7 +499,11 @@ const app = acp
       let stopReason;
       if (firstWord === "tool") stopReason = await toolTurn(client, session, sessionId, turn);
       else if (firstWord === "hang") stopReason = await hangTurn(client, sessionId, turn);
-      else if (firstWord === "calls") {
+      else if (firstWord === "work") stopReason = await workTurn(client, session, sessionId, turn);
+      else if (firstWord === "gated") {
+        const n = Number.parseInt(text.trim().split(/\s+/)[1] ?? "10", 10);
+        stopReason = await gatedTurn(client, sessionId, n, turn);
+      } else if (firstWord === "calls") {
         stopReason = await callsTurn(client, sessionId, text.trim().slice("calls".length));
       } else if (firstWord === "capabilities") {
         await client.notify(

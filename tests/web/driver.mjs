@@ -1,0 +1,150 @@
+#!/usr/bin/env node
+// Drives Debian's Chromium (headless, through playwright-core) for the web
+// client's end-to-end tests. The Rust test says what to do, one JSON command
+// per line on stdin; each gets one JSON line on stdout:
+// {"ok": true, "value": ...} or {"ok": false, "error": "..."}.
+//
+// The browser reaches the gateway through a TCP proxy of this script's own,
+// so a test can drop the network ("cut": every connection closed, new ones
+// refused) and bring it back ("restore").
+//
+// Environment: GATEWAY (e.g. http://127.0.0.1:8080), CHROMIUM (default
+// /usr/bin/chromium). Every wait is bounded (WAIT_MS, default 20000).
+//
+// Commands ({"do": ..., ...}):
+//   goto {path}                 opens the proxy's origin + path
+//   click {role, name}          clicks the element with that role and exact accessible name
+//   fill {label, value}         types into the field with that label
+//   press {key}                 presses a key on the focused element
+//   focus {label}               focuses the field with that label
+//   select {label, value}       picks an option
+//   wait {selector, text?, state?}  waits for an element (with the text, or gone: state "detached")
+//   wait_text {selector, text}  waits until the element's whole text is exactly `text`
+//   texts {selector}            the text of every match
+//   names {selector, role}      the accessible names of the elements of `role` inside `selector`
+//   tags {selector}             the tag names of every match
+//   cut / restore               the network
+//   screenshot {path, full?}    the whole page (or, with full: false, the screen), as PNG
+//   errors                      what the page logged as errors, and its uncaught exceptions
+//   close
+
+import * as net from "node:net";
+import * as readline from "node:readline";
+import { chromium } from "playwright-core";
+
+const WAIT_MS = Number(process.env.WAIT_MS ?? 20000);
+const gateway = new URL(process.env.GATEWAY);
+
+// ---------------------------------------------------------------- the proxy
+const sockets = new Set();
+let cut = false;
+const proxy = net.createServer((client) => {
+  if (cut) return client.destroy();
+  const upstream = net.connect(Number(gateway.port), gateway.hostname);
+  for (const s of [client, upstream]) {
+    sockets.add(s);
+    s.on("close", () => sockets.delete(s));
+    s.on("error", () => {});
+  }
+  client.pipe(upstream);
+  upstream.pipe(client);
+  client.on("close", () => upstream.destroy());
+  upstream.on("close", () => client.destroy());
+});
+await new Promise((resolve) => proxy.listen(0, "127.0.0.1", resolve));
+const origin = `http://127.0.0.1:${proxy.address().port}`;
+
+// -------------------------------------------------------------- the browser
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
+  args: [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+  ],
+});
+const context = await browser.newContext({
+  viewport: { width: 375, height: 812 },
+  deviceScaleFactor: 2,
+  isMobile: true,
+  hasTouch: true,
+});
+const page = await context.newPage();
+page.setDefaultTimeout(WAIT_MS);
+const errors = [];
+page.on("pageerror", (e) => errors.push(`exception: ${e.message}`));
+page.on("console", (m) => {
+  // A refused connection while the network is cut is expected.
+  if (m.type() === "error" && !/ERR_CONNECTION|WebSocket connection|Failed to load resource/.test(m.text())) {
+    errors.push(`console: ${m.text()}`);
+  }
+});
+
+const commands = {
+  goto: ({ path }) => page.goto(origin + path).then(() => null),
+  click: ({ role, name }) => page.getByRole(role, { name, exact: true }).click(),
+  fill: ({ label, value }) => page.getByLabel(label, { exact: true }).fill(value),
+  focus: ({ label }) => page.getByLabel(label, { exact: true }).focus(),
+  press: ({ key }) => page.keyboard.press(key),
+  select: ({ label, value }) => page.getByLabel(label, { exact: true }).selectOption(value).then(() => null),
+  wait: async ({ selector, text, state }) => {
+    let locator = page.locator(selector);
+    if (text !== undefined) locator = locator.filter({ hasText: text });
+    await locator.first().waitFor({ state: state ?? "visible" });
+  },
+  wait_text: async ({ selector, text }) => {
+    try {
+      await page.waitForFunction(
+        ([selector, text]) => document.querySelector(selector)?.textContent === text,
+        [selector, text],
+        { timeout: WAIT_MS },
+      );
+    } catch {
+      const now = await page.locator(selector).first().textContent().catch(() => null);
+      throw new Error(`${selector} never read ${JSON.stringify(text)}; it reads ${JSON.stringify(now)}`);
+    }
+  },
+  texts: ({ selector }) => page.locator(selector).allTextContents(),
+  names: async ({ selector, role }) => {
+    const found = page.locator(selector).getByRole(role);
+    const names = [];
+    for (const el of await found.all()) names.push((await el.textContent()).trim());
+    return names;
+  },
+  tags: ({ selector }) => page.locator(selector).evaluateAll((els) => els.map((e) => e.tagName.toLowerCase())),
+  cut: () => {
+    cut = true;
+    for (const s of sockets) s.destroy();
+  },
+  restore: () => {
+    cut = false;
+  },
+  screenshot: ({ path, full }) => page.screenshot({ path, fullPage: full ?? true }).then(() => null),
+  errors: () => errors,
+  close: async () => {
+    await browser.close();
+    proxy.close();
+  },
+};
+
+const say = (line) => process.stdout.write(JSON.stringify(line) + "\n");
+say({ ok: true, value: { origin } });
+for await (const line of readline.createInterface({ input: process.stdin })) {
+  if (!line.trim()) continue;
+  let command;
+  try {
+    command = JSON.parse(line);
+    const run = commands[command.do];
+    if (!run) throw new Error(`unknown command ${command.do}`);
+    const value = await run(command);
+    say({ ok: true, value: value ?? null });
+  } catch (e) {
+    say({ ok: false, error: `${command?.do ?? "?"}: ${e.message.split("\n")[0]}` });
+  }
+  if (command?.do === "close") break;
+}
+process.exit(0);

@@ -1,0 +1,490 @@
+//! The built-in web client, end to end: Debian's Chromium (headless, driven
+//! by `tests/web/driver.mjs` on playwright-core) on a 375 px wide phone
+//! screen, against a real gateway and the agent built on the official npm
+//! ACP SDK. Screenshots go to `target/tmp/web-screenshots/`.
+//!
+//! Skipped (and said so) where Chromium or the driver's node_modules are
+//! missing, unless `ACP_GATEWAY_REQUIRE_BROWSER` is set (CI sets it).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use acp_gateway::config::AgentProfile;
+use common::*;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout};
+
+const REQUIRE_BROWSER: &str = "ACP_GATEWAY_REQUIRE_BROWSER";
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+fn web_tests_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/web")
+}
+
+/// A headless Chromium on the gateway, through the driver's proxy.
+struct Browser {
+    _child: Child,
+    stdin: ChildStdin,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Browser {
+    /// `None` (the test is skipped) where no browser can run here.
+    async fn open(gw: &TestGateway) -> Option<Browser> {
+        let driver = web_tests_dir().join("driver.mjs");
+        let installed = web_tests_dir().join("node_modules/playwright-core/package.json");
+        if !Path::new(CHROMIUM).exists() || !installed.exists() {
+            assert!(
+                std::env::var_os(REQUIRE_BROWSER).is_none(),
+                "{REQUIRE_BROWSER} is set but {CHROMIUM} or {} is missing",
+                installed.display()
+            );
+            eprintln!("skipped: needs {CHROMIUM} and `npm ci --prefix tests/web` (see the README)");
+            return None;
+        }
+        let mut child = tokio::process::Command::new("node")
+            .arg(driver)
+            .env("GATEWAY", &gw.base)
+            .env("CHROMIUM", CHROMIUM)
+            .env("WAIT_MS", WAIT.as_millis().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("node runs");
+        let stdin = child.stdin.take().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut browser = Browser {
+            _child: child,
+            stdin,
+            lines,
+        };
+        browser.answer().await.expect("the browser starts");
+        Some(browser)
+    }
+
+    async fn answer(&mut self) -> Result<Value, String> {
+        // The driver bounds each of its waits by WAIT; this bounds the rest.
+        let line = tokio::time::timeout(WAIT * 3, self.lines.next_line())
+            .await
+            .expect("the driver answers in time")
+            .unwrap()
+            .expect("the driver is running");
+        let answer: Value = serde_json::from_str(&line).unwrap();
+        if answer["ok"] == true {
+            Ok(answer["value"].clone())
+        } else {
+            Err(answer["error"].as_str().unwrap_or_default().to_owned())
+        }
+    }
+
+    /// Runs one command; the test fails if it does.
+    async fn run(&mut self, command: Value) -> Value {
+        let mut line = command.to_string();
+        line.push('\n');
+        self.stdin.write_all(line.as_bytes()).await.unwrap();
+        self.answer()
+            .await
+            .unwrap_or_else(|e| panic!("browser: {e} (command {command})"))
+    }
+
+    async fn goto(&mut self, path: &str) {
+        self.run(json!({"do": "goto", "path": path})).await;
+    }
+
+    async fn click(&mut self, role: &str, name: &str) {
+        self.run(json!({"do": "click", "role": role, "name": name}))
+            .await;
+    }
+
+    async fn fill(&mut self, label: &str, value: &str) {
+        self.run(json!({"do": "fill", "label": label, "value": value}))
+            .await;
+    }
+
+    async fn wait(&mut self, selector: &str) {
+        self.run(json!({"do": "wait", "selector": selector})).await;
+    }
+
+    async fn wait_for_text(&mut self, selector: &str, text: &str) {
+        self.run(json!({"do": "wait", "selector": selector, "text": text}))
+            .await;
+    }
+
+    async fn wait_gone(&mut self, selector: &str) {
+        self.run(json!({"do": "wait", "selector": selector, "state": "detached"}))
+            .await;
+    }
+
+    async fn texts(&mut self, selector: &str) -> Vec<String> {
+        let texts = self.run(json!({"do": "texts", "selector": selector})).await;
+        serde_json::from_value(texts).unwrap()
+    }
+
+    /// The whole page, or (`full` false) what the screen shows.
+    async fn screenshot(&mut self, name: &str, full: bool) -> PathBuf {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-screenshots");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        self.run(json!({"do": "screenshot", "path": path, "full": full}))
+            .await;
+        assert!(std::fs::metadata(&path).unwrap().len() > 0);
+        path
+    }
+
+    /// Closes the browser; the page must not have thrown or logged errors.
+    async fn close(mut self) {
+        let errors = self.run(json!({"do": "errors"})).await;
+        assert_eq!(errors, json!([]), "the page reported errors");
+        self.run(json!({"do": "close"})).await;
+    }
+}
+
+/// Postgres where it runs, else SQLite: the page does not depend on it.
+async fn db() -> TestDb {
+    match TestDb::postgres().await {
+        Some(db) => db,
+        None => TestDb::sqlite().await,
+    }
+}
+
+fn sdk_agent(cwd: &Path) -> AgentProfile {
+    AgentProfile {
+        title: Some("SDK agent".into()),
+        cwd: Some(cwd.to_path_buf()),
+        ..node_sdk_profile("sdk")
+    }
+}
+
+async fn gateway(db: &TestDb, work: &Path) -> TestGateway {
+    TestGateway::start(db, vec![sdk_agent(work)]).await
+}
+
+fn work_dir() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let work = std::fs::canonicalize(dir.path()).unwrap();
+    (dir, work)
+}
+
+#[tokio::test]
+async fn a_turn_with_an_approval_answered_from_the_inbox() {
+    let db = db().await;
+    let (_dir, work) = work_dir();
+    let gw = gateway(&db, &work).await;
+    let Some(mut browser) = Browser::open(&gw).await else {
+        return;
+    };
+
+    // A conversation started from the page.
+    browser.goto("/#/conversations").await;
+    browser
+        .run(json!({"do": "wait", "selector": "#new-agent option[value=sdk]", "state": "attached"}))
+        .await;
+    browser.fill("Title", "Fix the greeting").await;
+    browser.click("button", "Start").await;
+    browser.wait_for_text("h1", "Fix the greeting").await;
+    let (_, list) = gw.get("/api/v1/conversations").await;
+    let conversation = list["items"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(list["items"][0]["title"], "Fix the greeting");
+    let mut ws = gw.conversation_ws(&conversation, 0).await;
+
+    // The prompt sent from the keyboard.
+    browser.fill("Message", "work").await;
+    browser
+        .run(json!({"do": "press", "key": "Control+Enter"}))
+        .await;
+    ws.until_type("permission_requested").await;
+
+    // The inbox: one card, the agent's options as buttons named exactly so.
+    browser.goto("/#/").await;
+    browser.wait("article.permission").await;
+    // The conversation's title, looked up once the card is there.
+    browser
+        .wait_for_text("article.permission .where a", "Fix the greeting")
+        .await;
+    let card = browser.texts("article.permission").await.concat();
+    for shown in [
+        "Fix the greeting",
+        "Edit src/main.rs",
+        "edit",
+        &format!("{}:2", work.join("src/main.rs").display()),
+        "-    println!(\"hello\");",
+        "+    println!(\"hello, world\");",
+    ] {
+        assert!(card.contains(shown), "{shown:?} is not on the card: {card}");
+    }
+    let (_, pending) = gw.get("/api/v1/permissions?status=pending").await;
+    let request = &pending["items"][0];
+    let offered: Vec<Value> = request["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["name"].clone())
+        .collect();
+    let buttons = browser
+        .run(json!({"do": "names", "selector": "article.permission", "role": "button"}))
+        .await;
+    assert_eq!(buttons, json!(offered));
+    assert_eq!(buttons, json!(["Allow once", "Always allow", "Reject"]));
+    let tags = browser
+        .run(json!({"do": "tags", "selector": "article.permission .options > *"}))
+        .await;
+    assert_eq!(tags, json!(["button", "button", "button"]));
+    let shot = browser.screenshot("inbox.png", true).await;
+    eprintln!("inbox screenshot: {}", shot.display());
+
+    // A tap answers it: the agent goes on, the card goes.
+    browser.click("button", "Allow once").await;
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+    browser.wait_gone("article.permission").await;
+    browser.wait("#inbox p.empty").await;
+    let (_, answered) = gw
+        .get(&format!(
+            "/api/v1/permissions/{}",
+            request["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(answered["status"], "approved");
+    assert_eq!(answered["decision"]["option_id"], "allow-once");
+
+    // The conversation: prompt, thought, plan, the tool call done, the reply.
+    browser.goto(&format!("/#/c/{conversation}")).await;
+    browser.wait("p.turn-end").await;
+    browser.wait("section.tool[data-status=completed]").await;
+    assert_eq!(browser.texts("section.message.user .text").await, ["work"]);
+    assert_eq!(
+        browser.texts("section.message.thought .text").await,
+        ["The greeting should name the world."]
+    );
+    assert_eq!(
+        browser.texts("section.message.agent .text").await,
+        ["Done."]
+    );
+    let plan = browser.texts("ol.plan li").await;
+    assert_eq!(plan.len(), 3, "{plan:?}");
+    assert!(plan[1].contains("Change the greeting"));
+    let decision = browser.texts("article.permission .decision").await;
+    assert_eq!(decision.len(), 1);
+    assert!(decision[0].contains("Allow once"), "{decision:?}");
+    // As the phone shows it (the prompt box stays at the bottom of the
+    // screen), and the whole of it.
+    let shot = browser.screenshot("conversation.png", false).await;
+    eprintln!("conversation screenshot: {}", shot.display());
+    browser.screenshot("conversation-whole.png", true).await;
+    browser.close().await;
+}
+
+#[tokio::test]
+async fn a_request_answered_elsewhere_leaves_the_page() {
+    let db = db().await;
+    let (_dir, work) = work_dir();
+    let gw = gateway(&db, &work).await;
+    let Some(mut browser) = Browser::open(&gw).await else {
+        return;
+    };
+    browser.goto("/#/").await;
+    browser.wait("#inbox p.empty").await;
+
+    let (conversation, mut ws) = gw.open_conversation("sdk").await;
+    gw.prompt(&conversation, "tool").await;
+    let frames = ws.until_type("permission_requested").await;
+    let request = frames.last().unwrap()["data"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    browser
+        .wait(&format!("article.permission[data-request-id='{request}']"))
+        .await;
+    browser.wait("#inbox-count").await;
+
+    // Another device answers first.
+    let (status, _) = gw
+        .post(
+            &format!("/api/v1/permissions/{request}/respond"),
+            json!({"option_id": "reject-once"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    browser.wait_gone("article.permission").await;
+    browser.wait("#inbox p.empty").await;
+    browser
+        .run(json!({"do": "wait", "selector": "#inbox-count", "state": "hidden"}))
+        .await;
+
+    // The conversation's own card says how it was answered.
+    ws.until_type("turn_ended").await;
+    browser.goto(&format!("/#/c/{conversation}")).await;
+    browser.wait("article.permission .decision").await;
+    let decision = browser.texts("article.permission .decision").await;
+    assert!(decision[0].contains("Reject"), "{decision:?}");
+    assert_eq!(
+        browser
+            .run(json!({"do": "names", "selector": "article.permission", "role": "button"}))
+            .await,
+        json!([]),
+        "an answered request offers no buttons"
+    );
+    browser.close().await;
+}
+
+#[tokio::test]
+async fn a_network_dropped_mid_turn_loses_and_repeats_no_text() {
+    let db = db().await;
+    let (_dir, work) = work_dir();
+    let gw = gateway(&db, &work).await;
+    let Some(mut browser) = Browser::open(&gw).await else {
+        return;
+    };
+    let (conversation, mut ws) = gw.open_conversation("sdk").await;
+    browser.goto(&format!("/#/c/{conversation}")).await;
+    browser.wait("#prompt").await;
+    browser.fill("Message", "gated 300").await;
+    browser.click("button", "Send").await;
+
+    let first: String = (1..=300).map(|i| format!("a{i} ")).collect();
+    let second: String = (1..=300).map(|i| format!("b{i} ")).collect();
+    let frames = ws.until_type("permission_requested").await;
+    let request = frames.last().unwrap()["data"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    browser
+        .run(json!({"do": "wait_text", "selector": "section.message.agent .text", "text": first}))
+        .await;
+
+    // The network drops; meanwhile the turn goes on and ends.
+    browser.run(json!({"do": "cut"})).await;
+    browser.wait("#live.down").await;
+    let (status, _) = gw
+        .post(
+            &format!("/api/v1/permissions/{request}/respond"),
+            json!({"option_id": "allow-once"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+
+    // It comes back: what was missed arrives once, in order.
+    browser.run(json!({"do": "restore"})).await;
+    browser.wait("p.turn-end").await;
+    browser
+        .run(json!({"do": "wait", "selector": "#live.down", "state": "detached"}))
+        .await;
+    assert_eq!(
+        browser.texts("section.message.agent .text").await,
+        [first.clone(), second.clone()]
+    );
+    assert_eq!(
+        browser.texts("section.message.user .text").await,
+        ["gated 300"]
+    );
+    assert_eq!(browser.texts("section.tool").await.len(), 1);
+    assert_eq!(browser.texts("p.turn-end").await, ["Done"]);
+    // As stored.
+    let (_, messages) = gw
+        .get(&format!("/api/v1/conversations/{conversation}/messages"))
+        .await;
+    let stored: Vec<String> = messages["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "agent")
+        .map(|m| m["content"][0]["text"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(stored.concat(), format!("{first}{second}"));
+    browser.close().await;
+}
+
+#[tokio::test]
+async fn signing_in_with_a_token() {
+    let db = db().await;
+    let (_dir, work) = work_dir();
+    let alice = cli_token(&db, "alice", "user");
+    let gw = gateway(&db, &work).await;
+    let Some(mut browser) = Browser::open(&gw).await else {
+        return;
+    };
+    browser.goto("/").await;
+    browser.wait("#token").await;
+    browser.fill("Token", "acpgw_not-a-token").await;
+    browser.click("button", "Sign in").await;
+    browser
+        .wait_for_text("p.error", "That token is not valid.")
+        .await;
+
+    browser.fill("Token", &alice).await;
+    browser.click("button", "Sign in").await;
+    browser.wait_for_text("h1", "Waiting for you").await;
+    browser.wait("#sign-out").await;
+    // Alice's requests reach her page over the token-carrying WebSocket.
+    let (status, created) = call(
+        &gw,
+        "POST",
+        "/api/v1/conversations",
+        Some(&alice),
+        Some(json!({"agent": "sdk"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap();
+    let (status, _) = call(
+        &gw,
+        "POST",
+        &format!("/api/v1/conversations/{id}/prompts"),
+        Some(&alice),
+        Some(json!({"text": "tool"})),
+    )
+    .await;
+    assert_eq!(status, 202);
+    browser.wait("article.permission").await;
+
+    browser.click("button", "Sign out").await;
+    browser.wait("#token").await;
+    browser.close().await;
+}
+
+/// The page and its files, as a browser gets them (no browser needed).
+#[tokio::test]
+async fn the_client_is_served_from_the_binary() {
+    let db = TestDb::sqlite().await;
+    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
+    let page = gw.http.get(gw.url("/")).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let headers = page.headers().clone();
+    assert_eq!(headers["content-type"], "text/html; charset=utf-8");
+    let csp = headers["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("script-src 'self'"), "{csp}");
+    assert!(page.text().await.unwrap().contains("/ui/app.js"));
+
+    let script = gw.http.get(gw.url("/ui/app.js")).send().await.unwrap();
+    assert_eq!(script.status(), 200);
+    assert_eq!(
+        script.headers()["content-type"],
+        "text/javascript; charset=utf-8"
+    );
+    let etag = script.headers()["etag"].clone();
+    let again = gw
+        .http
+        .get(gw.url("/ui/app.js"))
+        .header("if-none-match", etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 304);
+    assert!(again.bytes().await.unwrap().is_empty());
+
+    let missing = gw.http.get(gw.url("/ui/nope.js")).send().await.unwrap();
+    assert_eq!(missing.status(), 404);
+    let outside = gw
+        .http
+        .get(gw.url("/ui/..%2FCargo.toml"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(outside.status(), 404);
+}
