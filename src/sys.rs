@@ -181,3 +181,14 @@ pub fn become_for_files(user: &SystemUser) -> std::io::Result<()> {
         user.name
     )))
 }
+
+/// For tests of running as another user: `nobody`, where the process is
+/// root and the system has such a user (else the test says it is skipped).
+#[cfg(test)]
+pub fn nobody_if_root() -> Option<SystemUser> {
+    let nobody = lookup_user("nobody").ok().filter(|_| running_as_root());
+    if nobody.is_none() {
+        eprintln!("skipped: needs root and a user named nobody");
+    }
+    nobody
+}

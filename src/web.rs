@@ -19,42 +19,25 @@ struct Asset {
     body: &'static str,
 }
 
+/// `asset!("app.js", "text/javascript")`: web/app.js, served as that type.
+macro_rules! asset {
+    ($name:literal, $type:literal) => {
+        Asset {
+            name: $name,
+            content_type: concat!($type, "; charset=utf-8"),
+            body: include_str!(concat!("../web/", $name)),
+        }
+    };
+}
+
 const ASSETS: &[Asset] = &[
-    Asset {
-        name: "index.html",
-        content_type: "text/html; charset=utf-8",
-        body: include_str!("../web/index.html"),
-    },
-    Asset {
-        name: "app.css",
-        content_type: "text/css; charset=utf-8",
-        body: include_str!("../web/app.css"),
-    },
-    Asset {
-        name: "app.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_str!("../web/app.js"),
-    },
-    Asset {
-        name: "api.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_str!("../web/api.js"),
-    },
-    Asset {
-        name: "dom.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_str!("../web/dom.js"),
-    },
-    Asset {
-        name: "live.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_str!("../web/live.js"),
-    },
-    Asset {
-        name: "render.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_str!("../web/render.js"),
-    },
+    asset!("index.html", "text/html"),
+    asset!("app.css", "text/css"),
+    asset!("app.js", "text/javascript"),
+    asset!("api.js", "text/javascript"),
+    asset!("dom.js", "text/javascript"),
+    asset!("live.js", "text/javascript"),
+    asset!("render.js", "text/javascript"),
 ];
 
 /// The names of the embedded files (for the test that every file in `web/`

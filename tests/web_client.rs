@@ -169,12 +169,41 @@ fn work_dir() -> (tempfile::TempDir, PathBuf) {
     (dir, work)
 }
 
+/// A gateway in open mode with the SDK agent working in `work`, and a
+/// browser on it; `None` where no browser can run here. Bind `_dir` and
+/// `_db` when taking it apart: fields left to `..` are dropped at once.
+struct Scene {
+    gw: TestGateway,
+    work: PathBuf,
+    browser: Browser,
+    _dir: tempfile::TempDir,
+    _db: TestDb,
+}
+
+async fn scene() -> Option<Scene> {
+    let db = db().await;
+    let (dir, work) = work_dir();
+    let gw = gateway(&db, &work).await;
+    let browser = Browser::open(&gw).await?;
+    Some(Scene {
+        gw,
+        work,
+        browser,
+        _dir: dir,
+        _db: db,
+    })
+}
+
 #[tokio::test]
 async fn a_turn_with_an_approval_answered_from_the_inbox() {
-    let db = db().await;
-    let (_dir, work) = work_dir();
-    let gw = gateway(&db, &work).await;
-    let Some(mut browser) = Browser::open(&gw).await else {
+    let Some(Scene {
+        gw,
+        work,
+        mut browser,
+        _dir,
+        _db,
+    }) = scene().await
+    else {
         return;
     };
 
@@ -280,10 +309,14 @@ async fn a_turn_with_an_approval_answered_from_the_inbox() {
 
 #[tokio::test]
 async fn a_request_answered_elsewhere_leaves_the_page() {
-    let db = db().await;
-    let (_dir, work) = work_dir();
-    let gw = gateway(&db, &work).await;
-    let Some(mut browser) = Browser::open(&gw).await else {
+    let Some(Scene {
+        gw,
+        mut browser,
+        _dir,
+        _db,
+        ..
+    }) = scene().await
+    else {
         return;
     };
     browser.goto("/#/").await;
@@ -333,10 +366,14 @@ async fn a_request_answered_elsewhere_leaves_the_page() {
 
 #[tokio::test]
 async fn a_network_dropped_mid_turn_loses_and_repeats_no_text() {
-    let db = db().await;
-    let (_dir, work) = work_dir();
-    let gw = gateway(&db, &work).await;
-    let Some(mut browser) = Browser::open(&gw).await else {
+    let Some(Scene {
+        gw,
+        mut browser,
+        _dir,
+        _db,
+        ..
+    }) = scene().await
+    else {
         return;
     };
     let (conversation, mut ws) = gw.open_conversation("sdk").await;

@@ -335,19 +335,7 @@ async fn terminals_run_under_policy_are_published_and_die_with_the_conversation(
     );
 
     // A terminal still running when the conversation is deleted is killed.
-    let answers = agent_calls(
-        &gw,
-        &id,
-        &mut ws,
-        json!([["terminal/create", {"command": "sh", "args": ["-c", "echo $$; exec sleep 1000"]}]]),
-    )
-    .await;
-    let terminal = answers[0]["result"]["terminalId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let pid = terminal_pid(&gw, &id, &mut ws, &terminal).await;
-    let sleeper = ProcessWatch::new(pid);
+    let (_, sleeper) = sleeping_terminal(&gw, &id, &mut ws).await;
     assert!(!sleeper.has_ended());
     let (status, _) = gw.delete(&format!("/api/v1/conversations/{id}")).await;
     assert_eq!(status, 204);
@@ -361,19 +349,7 @@ async fn a_running_terminal_dies_with_its_agent(db: TestDb) {
     let (_dir, work, _) = dirs();
     let gw = gateway(&db, vec![agent("term", &work, false, true)], vec![]).await;
     let (id, mut ws) = gw.open_conversation("term").await;
-    let answers = agent_calls(
-        &gw,
-        &id,
-        &mut ws,
-        json!([["terminal/create", {"command": "sh", "args": ["-c", "echo $$; exec sleep 1000"]}]]),
-    )
-    .await;
-    let terminal = answers[0]["result"]["terminalId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let pid = terminal_pid(&gw, &id, &mut ws, &terminal).await;
-    let sleeper = ProcessWatch::new(pid);
+    let (terminal, sleeper) = sleeping_terminal(&gw, &id, &mut ws).await;
 
     // The agent dies (as under an OOM killer); its terminal goes with it.
     let record = agent_process_records(&db)
@@ -399,6 +375,23 @@ async fn a_running_terminal_dies_with_its_agent(db: TestDb) {
         ended.last().unwrap()["data"]["exit_status"]["signal"],
         "SIGKILL"
     );
+}
+
+/// Has the agent start a terminal that sleeps; its id and its process.
+async fn sleeping_terminal(gw: &TestGateway, id: &str, ws: &mut Ws) -> (String, ProcessWatch) {
+    let answers = agent_calls(
+        gw,
+        id,
+        ws,
+        json!([["terminal/create", {"command": "sh", "args": ["-c", "echo $$; exec sleep 1000"]}]]),
+    )
+    .await;
+    let terminal = answers[0]["result"]["terminalId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let pid = terminal_pid(gw, id, ws, &terminal).await;
+    (terminal, ProcessWatch::new(pid))
 }
 
 /// The pid a terminal running `echo $$; exec ...` printed first, published

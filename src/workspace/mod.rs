@@ -119,11 +119,7 @@ mod tests {
     /// (only where the gateway is root and the system has `nobody`).
     #[tokio::test]
     async fn files_are_reached_with_the_agents_rights() {
-        let Some(nobody) = crate::sys::lookup_user("nobody")
-            .ok()
-            .filter(|_| crate::sys::running_as_root())
-        else {
-            eprintln!("skipped: needs root and a user named nobody");
+        let Some(nobody) = crate::sys::nobody_if_root() else {
             return;
         };
         let dir = tempfile::tempdir().unwrap();

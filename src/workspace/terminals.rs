@@ -483,11 +483,7 @@ mod running {
     /// where the gateway is root and the system has `nobody`).
     #[tokio::test]
     async fn commands_run_as_the_agents_user() {
-        let Some(nobody) = crate::sys::lookup_user("nobody")
-            .ok()
-            .filter(|_| crate::sys::running_as_root())
-        else {
-            eprintln!("skipped: needs root and a user named nobody");
+        let Some(nobody) = crate::sys::nobody_if_root() else {
             return;
         };
         let dir = tempfile::tempdir().unwrap();
