@@ -438,6 +438,57 @@ async fn a_network_dropped_mid_turn_loses_and_repeats_no_text() {
 }
 
 #[tokio::test]
+async fn a_turn_cancelled_and_a_conversation_deleted_from_the_page() {
+    let Some(Scene {
+        gw,
+        mut browser,
+        _dir,
+        _db,
+        ..
+    }) = scene().await
+    else {
+        return;
+    };
+    let (conversation, mut ws) = gw.open_conversation("sdk").await;
+    browser.goto(&format!("/#/c/{conversation}")).await;
+    browser.wait("#prompt").await;
+    browser.fill("Message", "hang").await;
+    browser.click("button", "Send").await;
+    browser.wait("#cancel:not([disabled])").await;
+    browser
+        .wait_for_text(
+            "section.message.agent .text",
+            "Hanging until session/cancel.",
+        )
+        .await;
+    browser.click("button", "Cancel").await;
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "cancelled");
+    browser
+        .wait_for_text("p.turn-end", "Ended: cancelled")
+        .await;
+    browser.wait("#cancel[disabled]").await;
+
+    // Deleted with two taps; it stays in the list, closed.
+    browser.goto("/#/conversations").await;
+    let row = format!("li.conversation[data-id='{conversation}']");
+    browser.wait(&row).await;
+    browser.click("button", "Delete conversation").await;
+    browser.wait_for_text(&row, "Really delete?").await;
+    assert_eq!(gw.conversation(&conversation).await["status"], "idle");
+    browser.click("button", "Delete conversation").await;
+    browser.wait(&format!("{row} .status.closed")).await;
+    assert_eq!(gw.conversation(&conversation).await["status"], "closed");
+    assert_eq!(
+        browser
+            .run(json!({"do": "names", "selector": row, "role": "button"}))
+            .await,
+        json!([])
+    );
+    browser.close().await;
+}
+
+#[tokio::test]
 async fn signing_in_with_a_token() {
     let db = db().await;
     let (_dir, work) = work_dir();

@@ -298,7 +298,8 @@ class ConversationsView {
           remove.disabled = true;
           try {
             await api("DELETE", `/api/v1/conversations/${c.id}`);
-            item.remove();
+            // Its history stays: the row stays, closed.
+            item.replaceWith(this.row({ ...c, status: "closed" }));
           } catch (e) {
             remove.disabled = false;
             remove.textContent = problemText(e);
@@ -313,7 +314,7 @@ class ConversationsView {
     );
     const item = h(
       "li.conversation",
-      {},
+      { dataset: { id: c.id } },
       h(
         "a",
         { href: `#/c/${c.id}` },
