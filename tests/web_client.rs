@@ -485,6 +485,13 @@ async fn a_turn_cancelled_and_a_conversation_deleted_from_the_page() {
             .await,
         json!([])
     );
+
+    // A conversation that is not there says so, and is not waited for.
+    browser
+        .goto("/#/c/0190aaaa-0000-7000-8000-000000000000")
+        .await;
+    browser.wait("form.prompt p.error").await;
+    browser.wait("#prompt[disabled]").await;
     browser.close().await;
 }
 

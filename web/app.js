@@ -464,6 +464,11 @@ class ConversationView {
     } catch (e) {
       this.error.textContent = problemText(e);
       this.error.hidden = false;
+      // Nothing to wait for: no such conversation (or not the caller's).
+      if (e instanceof ApiError && e.status === 404) {
+        this.live.stop();
+        this.prompt.disabled = this.send.disabled = true;
+      }
     }
   }
 
