@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-GATEWAY = ROOT / "target" / "debug" / "acp-gateway"
+GATEWAY = Path(os.environ.get("CARGO_TARGET_DIR") or ROOT / "target") / "debug" / "acp-gateway"
 failures = []
 
 
