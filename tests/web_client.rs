@@ -91,6 +91,14 @@ impl Browser {
             .unwrap_or_else(|e| panic!("browser: {e} (command {command})"))
     }
 
+    /// Opens a conversation's page and sends `text` from its prompt box.
+    async fn send_prompt(&mut self, conversation: &str, text: &str) {
+        self.goto(&format!("/#/c/{conversation}")).await;
+        self.wait("#prompt").await;
+        self.fill("Message", text).await;
+        self.click("button", "Send").await;
+    }
+
     async fn goto(&mut self, path: &str) {
         self.run(json!({"do": "goto", "path": path})).await;
     }
@@ -136,7 +144,7 @@ impl Browser {
     }
 
     /// Closes the browser; the page must not have thrown or logged errors.
-    async fn close(mut self) {
+    async fn close(&mut self) {
         let errors = self.run(json!({"do": "errors"})).await;
         assert_eq!(errors, json!([]), "the page reported errors");
         self.run(json!({"do": "close"})).await;
@@ -170,8 +178,9 @@ fn work_dir() -> (tempfile::TempDir, PathBuf) {
 }
 
 /// A gateway in open mode with the SDK agent working in `work`, and a
-/// browser on it; `None` where no browser can run here. Bind `_dir` and
-/// `_db` when taking it apart: fields left to `..` are dropped at once.
+/// browser on it; `None` where no browser can run here. Borrow its parts
+/// (`let Scene { gw, browser, .. } = &mut scene;`): it keeps the directory
+/// and the database alive.
 struct Scene {
     gw: TestGateway,
     work: PathBuf,
@@ -196,16 +205,12 @@ async fn scene() -> Option<Scene> {
 
 #[tokio::test]
 async fn a_turn_with_an_approval_answered_from_the_inbox() {
-    let Some(Scene {
-        gw,
-        work,
-        mut browser,
-        _dir,
-        _db,
-    }) = scene().await
-    else {
+    let Some(mut scene) = scene().await else {
         return;
     };
+    let Scene {
+        gw, work, browser, ..
+    } = &mut scene;
 
     // A conversation started from the page.
     browser.goto("/#/conversations").await;
@@ -309,16 +314,10 @@ async fn a_turn_with_an_approval_answered_from_the_inbox() {
 
 #[tokio::test]
 async fn a_request_answered_elsewhere_leaves_the_page() {
-    let Some(Scene {
-        gw,
-        mut browser,
-        _dir,
-        _db,
-        ..
-    }) = scene().await
-    else {
+    let Some(mut scene) = scene().await else {
         return;
     };
+    let Scene { gw, browser, .. } = &mut scene;
     browser.goto("/#/").await;
     browser.wait("#inbox p.empty").await;
 
@@ -366,21 +365,12 @@ async fn a_request_answered_elsewhere_leaves_the_page() {
 
 #[tokio::test]
 async fn a_network_dropped_mid_turn_loses_and_repeats_no_text() {
-    let Some(Scene {
-        gw,
-        mut browser,
-        _dir,
-        _db,
-        ..
-    }) = scene().await
-    else {
+    let Some(mut scene) = scene().await else {
         return;
     };
+    let Scene { gw, browser, .. } = &mut scene;
     let (conversation, mut ws) = gw.open_conversation("sdk").await;
-    browser.goto(&format!("/#/c/{conversation}")).await;
-    browser.wait("#prompt").await;
-    browser.fill("Message", "gated 300").await;
-    browser.click("button", "Send").await;
+    browser.send_prompt(&conversation, "gated 300").await;
 
     let first: String = (1..=300).map(|i| format!("a{i} ")).collect();
     let second: String = (1..=300).map(|i| format!("b{i} ")).collect();
@@ -439,21 +429,12 @@ async fn a_network_dropped_mid_turn_loses_and_repeats_no_text() {
 
 #[tokio::test]
 async fn a_turn_cancelled_and_a_conversation_deleted_from_the_page() {
-    let Some(Scene {
-        gw,
-        mut browser,
-        _dir,
-        _db,
-        ..
-    }) = scene().await
-    else {
+    let Some(mut scene) = scene().await else {
         return;
     };
+    let Scene { gw, browser, .. } = &mut scene;
     let (conversation, mut ws) = gw.open_conversation("sdk").await;
-    browser.goto(&format!("/#/c/{conversation}")).await;
-    browser.wait("#prompt").await;
-    browser.fill("Message", "hang").await;
-    browser.click("button", "Send").await;
+    browser.send_prompt(&conversation, "hang").await;
     browser.wait("#cancel:not([disabled])").await;
     browser
         .wait_for_text(
