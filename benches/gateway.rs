@@ -15,13 +15,17 @@
 //!   that only parses it, and by a bare line counter (what the agent alone
 //!   writes), as references for the streaming rate;
 //! - approvals, WebSocket fan-out, idle conversations and creating one (see
-//!   `gateway/load.rs`).
+//!   `gateway/load.rs`);
+//! - on Postgres, two nodes: the rate and the added latency on the node that
+//!   does not run the agent (see `gateway/cluster.rs`).
 //!
 //! Sizes: BENCH_SIZES (comma-separated chunk counts; each run BENCH_RUNS times, 3 by
 //! default, and the median shown), BENCH_BACKENDS
 //! (`sqlite,postgres`), and those named in `gateway/load.rs`;
 //! BENCH_REFERENCE=off skips the references (to profile the gateway alone).
 
+#[path = "gateway/cluster.rs"]
+mod cluster;
 #[path = "../tests/common/mod.rs"]
 mod common;
 #[path = "gateway/load.rs"]
@@ -175,6 +179,9 @@ async fn main() {
         };
         streaming(backend, &db, &sizes, (reference_size, sdk_rate)).await;
         load::run(backend, &db).await;
+        if backend == "postgres" {
+            cluster::run(&db).await;
+        }
     }
 }
 
@@ -211,7 +218,8 @@ async fn streaming(
             s.rows * 1000.0 / n as f64,
             s.transactions * 1000.0 / n as f64,
         );
-        if n == ref_size {
+        // (No comparison when the references were skipped.)
+        if n == ref_size && sdk_rate.is_finite() {
             println!(
                 "[{backend}] at {n} chunks the gateway runs at {:.1}× the Rust SDK client's parse-only rate",
                 n as f64 / s.secs / sdk_rate

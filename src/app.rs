@@ -13,6 +13,7 @@ use tokio_util::task::TaskTracker;
 use crate::api::{self, AppState};
 use crate::auth::Auth;
 use crate::bus::EventBus;
+use crate::cluster::Node;
 use crate::config::Config;
 use crate::permissions::PolicyHandle;
 use crate::session::journal::Sink;
@@ -40,11 +41,24 @@ impl Gateway {
         crate::telemetry::install();
         let url = config.database_url();
         tracing::info!(database = %redact_url(&url), "opening the database");
+        // On SQLite, a second gateway is refused before it touches the file;
+        // on Postgres, a node registers once the migrations made its table.
+        let early = match url.starts_with("sqlite:") {
+            true => Some(Node::join(&url, config.node_lease).await?),
+            false => None,
+        };
         let sink = Sink {
             store: crate::store::open(&url).await?,
             bus: EventBus::new(config.event_buffer),
         };
-        session::recover(&sink)
+        let node = match early {
+            Some(node) => node,
+            None => Node::join(&url, config.node_lease).await?,
+        };
+        if let Some(announcer) = node.announcer() {
+            sink.bus.announce_to(announcer);
+        }
+        session::recover(&sink, &node)
             .await
             .context("Failed to settle conversations left by a previous run")?;
         let listener = TcpListener::bind(&config.listen)
@@ -64,7 +78,14 @@ impl Gateway {
             .context("Failed to read the bound address")?;
         check_exposure(&config, addr, auth_required)?;
         let auth = Auth::new(auth_required, config.rate_limits.clone());
-        let sessions = Sessions::new(sink, policies, &config, shutdown.clone(), tasks.clone());
+        let sessions = Sessions::new(
+            sink,
+            node,
+            policies,
+            &config,
+            shutdown.clone(),
+            tasks.clone(),
+        );
         let state = AppState::new(config, auth, sessions);
         Ok(Gateway {
             state,
@@ -92,7 +113,18 @@ impl Gateway {
         ));
         self.tasks
             .spawn(crate::telemetry::keep_up(self.shutdown.clone()));
-        tracing::info!(addr = %self.local_addr(), "acp-gateway listening");
+        let sessions = self.state.sessions().clone();
+        let node = sessions.node().clone();
+        // Not tracked: it ends with the shutdown token, and nothing waits
+        // for it.
+        tokio::spawn(crate::cluster::run(
+            node.clone(),
+            sessions.sink().store.clone(),
+            sessions.sink().bus.clone(),
+            std::sync::Arc::new(sessions),
+            self.shutdown.clone(),
+        ));
+        tracing::info!(addr = %self.local_addr(), node_id = %node.id(), "acp-gateway listening");
         let stopped = CancellationToken::new();
         let server = tokio::spawn(
             axum::serve(self.listener, app)
@@ -115,6 +147,8 @@ impl Gateway {
         {
             tracing::warn!("some sessions did not stop in time");
         }
+        // Every agent has stopped: other nodes may start them from now on.
+        node.leave().await;
         self.state.close_websockets(STOP_MARGIN).await;
         let served = match served {
             Some(result) => result,

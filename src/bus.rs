@@ -6,9 +6,9 @@
 //! store. Each event is serialized once, here, not once per subscriber.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc};
 use uuid::Uuid;
 
 use crate::model::Event;
@@ -35,6 +35,17 @@ struct Inner {
     global: broadcast::Sender<Arc<Published>>,
     per_conversation: Mutex<HashMap<Uuid, broadcast::Sender<Arc<Published>>>>,
     capacity: usize,
+    /// Where this node's own committed events are announced to other nodes
+    /// (see [`crate::cluster`]).
+    announce: OnceLock<mpsc::UnboundedSender<Announced>>,
+}
+
+/// Committed events of one conversation, `first..=last` (seqs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Announced {
+    pub conversation: Uuid,
+    pub first: i64,
+    pub last: i64,
 }
 
 impl EventBus {
@@ -46,13 +57,50 @@ impl EventBus {
                 global: broadcast::channel(capacity * 4).0,
                 per_conversation: Mutex::new(HashMap::new()),
                 capacity,
+                announce: OnceLock::new(),
             }),
         }
     }
 
-    /// Publishes committed events of a conversation owned by `owner`, in order.
+    /// From now on, tells `announce` of every batch [`EventBus::publish`]
+    /// publishes.
+    pub fn announce_to(&self, announce: mpsc::UnboundedSender<Announced>) {
+        let _ = self.inner.announce.set(announce);
+    }
+
+    /// Publishes committed events of a conversation owned by `owner`, in
+    /// order (and announces them to other nodes).
     pub fn publish(&self, owner: Option<&str>, events: impl IntoIterator<Item = Event>) {
+        let span = self.send(owner, events);
+        if let (Some(announce), Some(announced)) = (self.inner.announce.get(), span) {
+            let _ = announce.send(announced);
+        }
+    }
+
+    /// Publishes committed events another node announced.
+    pub fn publish_relayed(&self, owner: Option<&str>, events: impl IntoIterator<Item = Event>) {
+        self.send(owner, events);
+    }
+
+    /// Whether anyone here listens to the conversation's events (its own
+    /// subscribers or the inbox's).
+    pub fn has_subscribers(&self, conversation_id: Uuid) -> bool {
+        self.inner.global.receiver_count() > 0
+            || self
+                .inner
+                .per_conversation
+                .lock()
+                .unwrap()
+                .contains_key(&conversation_id)
+    }
+
+    fn send(
+        &self,
+        owner: Option<&str>,
+        events: impl IntoIterator<Item = Event>,
+    ) -> Option<Announced> {
         let map = self.inner.per_conversation.lock().unwrap();
+        let mut span: Option<Announced> = None;
         for event in events {
             let published = Arc::new(Published {
                 conversation_id: event.conversation_id,
@@ -63,11 +111,22 @@ impl EventBus {
                 owner: owner.map(str::to_owned),
             });
             drop(event);
+            match &mut span {
+                Some(span) => span.last = published.seq,
+                None => {
+                    span = Some(Announced {
+                        conversation: published.conversation_id,
+                        first: published.seq,
+                        last: published.seq,
+                    })
+                }
+            }
             if let Some(tx) = map.get(&published.conversation_id) {
                 let _ = tx.send(published.clone());
             }
             let _ = self.inner.global.send(published);
         }
+        span
     }
 
     /// Live events of one conversation from now on.

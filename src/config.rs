@@ -63,6 +63,11 @@ pub struct Config {
     /// unreachable; beyond that its agent's output waits in its pipe.
     #[serde(default = "default_write_buffer_events")]
     pub write_buffer_events: usize,
+    /// How long a node's hold on its conversations lasts without renewal
+    /// (several nodes on one Postgres: see the README). A node renews it
+    /// three times a lease; once it runs out, other nodes take over.
+    #[serde(default = "default_node_lease", with = "humantime_serde")]
+    pub node_lease: Duration,
 }
 
 /// How to start one kind of agent.
@@ -184,6 +189,10 @@ fn default_write_buffer_events() -> usize {
 fn default_shutdown_timeout() -> Duration {
     Duration::from_secs(10)
 }
+fn default_node_lease() -> Duration {
+    Duration::from_secs(15)
+}
+
 fn default_idle_timeout() -> Duration {
     Duration::from_secs(30 * 60)
 }
@@ -273,6 +282,9 @@ impl Config {
         }
         if self.write_buffer_events == 0 {
             bail!("write_buffer_events: must be at least 1");
+        }
+        if self.node_lease < Duration::from_millis(300) {
+            bail!("node_lease: must be at least 300ms");
         }
         if self.shutdown_timeout.is_zero() {
             bail!("shutdown_timeout: must be greater than zero");

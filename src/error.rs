@@ -59,6 +59,24 @@ pub enum Error {
     Database(#[from] sqlx::Error),
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
+    /// The answer another gateway node gave (see [`crate::cluster`]),
+    /// passed on as it was.
+    #[error("{}", .0.detail)]
+    Remote(Box<Problem>),
+}
+
+/// An error as the API shows it: what [`Error`] becomes on the wire, and
+/// what one gateway node hands another.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Problem {
+    pub status: u16,
+    pub code: String,
+    pub detail: String,
+    /// Members merged into the problem body (e.g. the current request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<u64>,
 }
 
 impl Error {
@@ -132,12 +150,17 @@ impl Error {
             Error::Database(_) | Error::Internal(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "internal_error")
             }
+            // Rendered from its problem (see `problem`).
+            Error::Remote(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
         }
     }
-}
 
-impl IntoResponse for Error {
-    fn into_response(self) -> Response {
+    /// The error as the API shows it. An internal error's cause is logged
+    /// here and left out.
+    pub fn problem(self) -> Problem {
+        if let Error::Remote(problem) = self {
+            return *problem;
+        }
         let (status, code) = self.status_and_code();
         let detail = if status == StatusCode::INTERNAL_SERVER_ERROR {
             tracing::error!(error = ?self, "request failed");
@@ -145,24 +168,39 @@ impl IntoResponse for Error {
         } else {
             self.to_string()
         };
-        let mut body = json!({
-            "type": format!("urn:acp-gateway:problem:{code}"),
-            "title": status.canonical_reason().unwrap_or("Error"),
-            "status": status.as_u16(),
-            "detail": detail,
-            "code": code,
-        });
         let retry_after = match &self {
             Error::TooManyRequests { retry_after, .. } | Error::AtCapacity { retry_after, .. } => {
                 Some(*retry_after)
             }
             _ => None,
         };
-        if let Error::Conflict {
-            extra: Some(Value::Object(extra)),
-            ..
-        } = self
-        {
+        let extra = match self {
+            Error::Conflict { extra, .. } => extra,
+            _ => None,
+        };
+        Problem {
+            status: status.as_u16(),
+            code: code.to_owned(),
+            detail,
+            extra,
+            retry_after,
+        }
+    }
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let problem = self.problem();
+        let status =
+            StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut body = json!({
+            "type": format!("urn:acp-gateway:problem:{}", problem.code),
+            "title": status.canonical_reason().unwrap_or("Error"),
+            "status": status.as_u16(),
+            "detail": problem.detail,
+            "code": problem.code,
+        });
+        if let Some(Value::Object(extra)) = problem.extra {
             body.as_object_mut().unwrap().extend(extra);
         }
         let mut response = (
@@ -171,7 +209,7 @@ impl IntoResponse for Error {
             body.to_string(),
         )
             .into_response();
-        if let Some(seconds) = retry_after {
+        if let Some(seconds) = problem.retry_after {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));

@@ -45,6 +45,7 @@ pub mod app;
 pub mod auth;
 pub mod bus;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod demo_agent;
 pub mod error;

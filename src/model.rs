@@ -94,6 +94,9 @@ pub struct Conversation {
     pub owner: Option<String>,
     /// What the agent last reported about its session.
     pub state: SessionState,
+    /// The gateway node whose agent runs it (see [`crate::cluster`]); not
+    /// part of the API object.
+    pub node_id: Option<Uuid>,
 }
 
 /// A conversation: one ACP session with one agent profile, plus its
@@ -1162,6 +1165,7 @@ mod tests {
             updated_at: now(),
             owner: Some("alice".into()),
             state: offered(),
+            node_id: None,
         };
         c.state.title = Some("Agent's".into());
         let shown = serde_json::to_value(&c).unwrap();

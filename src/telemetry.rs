@@ -124,6 +124,8 @@ pub fn agent_restarted(context: &'static str, cause: &'static str) {
 /// What the registry and the database say now (`None`: the database did
 /// not answer; those gauges keep their last values).
 pub struct Snapshot {
+    /// This gateway node (`acp_gateway_node_info{node_id}`, always 1).
+    pub node_id: uuid::Uuid,
     pub agents_running: usize,
     pub conversations_by_status: Option<Vec<(String, i64)>>,
     pub permissions_pending: Option<i64>,
@@ -131,6 +133,7 @@ pub struct Snapshot {
 
 /// The page: the snapshot's gauges and everything recorded so far.
 pub fn render(now: Snapshot) -> String {
+    metrics::gauge!("acp_gateway_node_info", "node_id" => now.node_id.to_string()).set(1.0);
     metrics::gauge!("acp_gateway_agents_running").set(now.agents_running as f64);
     for (status, count) in now.conversations_by_status.unwrap_or_default() {
         metrics::gauge!("acp_gateway_conversations", "status" => status).set(count as f64);

@@ -400,6 +400,7 @@ async fn a_resolution_announces_the_request_as_stored_and_happens_once(db: TestD
         updated_at: model::now(),
         owner: None,
         state: Default::default(),
+        node_id: None,
     };
     store.insert_conversation(&conversation).await.unwrap();
     let stored = PermissionRequest {

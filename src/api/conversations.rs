@@ -99,6 +99,7 @@ async fn create(
         updated_at: now,
         owner: Some(caller.user.clone()),
         state: Default::default(),
+        node_id: None,
     };
     let conversation = state.sessions().start(profile, conversation).await?;
     Ok((StatusCode::CREATED, Json(conversation)))

@@ -93,6 +93,11 @@ struct Health {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     detail: Option<String>,
+    /// `/readyz`: this gateway node's id (stable while the process runs;
+    /// several nodes may share one Postgres).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    node_id: Option<uuid::Uuid>,
 }
 
 /// Answers while the process runs.
@@ -113,13 +118,19 @@ async fn healthz() -> Json<serde_json::Value> {
     )
 )]
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    let node_id = state.sessions().node().id();
     match state.store().ping().await {
-        Ok(()) => (StatusCode::OK, Json(json!({"status": "ready"}))),
+        Ok(()) => (
+            StatusCode::OK,
+            Json(json!({"status": "ready", "node_id": node_id})),
+        ),
         Err(e) => {
             tracing::warn!(error = %e, "database not reachable");
             (
                 StatusCode::SERVICE_UNAVAILABLE,
-                Json(json!({"status": "unavailable", "detail": "database not reachable"})),
+                Json(
+                    json!({"status": "unavailable", "detail": "database not reachable", "node_id": node_id}),
+                ),
             )
         }
     }
@@ -149,6 +160,7 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             .collect()
     });
     let page = telemetry::render(telemetry::Snapshot {
+        node_id: state.sessions().node().id(),
         agents_running: state.sessions().running(),
         conversations_by_status,
         permissions_pending: state.store().count_pending_permissions().await.ok(),

@@ -19,7 +19,7 @@ use policy::{Action, Policies, Verdict};
 pub use policy::{keys_to_remember, ToolKey};
 
 /// A user's answer to a permission request.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Answer {
     Option(String),
     Cancelled,

@@ -12,6 +12,7 @@
 
 pub mod journal;
 pub mod pending;
+pub mod remote;
 pub mod served;
 pub mod task;
 pub mod transcript;
@@ -27,8 +28,9 @@ use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::acp::procs::{self, Host, Sweep};
+use crate::cluster::{Claim, Duties, Forwarded, Node};
 use crate::config::{AgentProfile, Config};
-use crate::error::{Error, Result};
+use crate::error::{Error, Problem, Result};
 use crate::model::{
     AgentState, AgentStatus, Conversation, ConversationStatus, Decision, PermissionRequest,
     PermissionStatus, TurnEnded,
@@ -36,6 +38,7 @@ use crate::model::{
 use crate::permissions::{answer_without_agent, Answer, PolicyHandle};
 use crate::store::{PermissionFilter, Resolution, Store};
 use journal::{Journal, Sink};
+use remote::Remote;
 pub use task::Setting;
 use task::{SessionHandle, StartParams};
 
@@ -47,6 +50,8 @@ pub struct Sessions {
 
 struct Shared {
     sink: Sink,
+    /// This gateway node, and the others on the same database.
+    node: Node,
     policies: PolicyHandle,
     /// The agent profiles, by name, as conversations are started with them.
     profiles: HashMap<String, AgentProfile>,
@@ -71,6 +76,7 @@ struct Shared {
 impl Sessions {
     pub fn new(
         sink: Sink,
+        node: Node,
         policies: PolicyHandle,
         config: &Config,
         shutdown: CancellationToken,
@@ -84,6 +90,7 @@ impl Sessions {
         Sessions {
             inner: Arc::new(Shared {
                 sink,
+                node,
                 policies,
                 profiles,
                 max_line_bytes: config.max_line_bytes,
@@ -107,6 +114,11 @@ impl Sessions {
 
     pub fn store(&self) -> &dyn Store {
         &*self.inner.sink.store
+    }
+
+    /// This gateway node.
+    pub fn node(&self) -> &Node {
+        &self.inner.node
     }
 
     /// The operator policies in force.
@@ -136,10 +148,18 @@ impl Sessions {
     pub async fn start(
         &self,
         profile: AgentProfile,
-        conversation: Conversation,
+        mut conversation: Conversation,
     ) -> Result<Conversation> {
-        let (_, conversation) = self.launch(profile, conversation, false).await?;
-        Ok(conversation)
+        let id = conversation.id;
+        // Owned from the start: no other node takes it for left behind.
+        conversation.node_id = Some(self.inner.node.id());
+        match self.launch(profile, conversation, false).await {
+            Ok((_, conversation)) => Ok(conversation),
+            Err(e) => {
+                self.inner.node.release(id).await;
+                Err(e)
+            }
+        }
     }
 
     async fn launch(
@@ -170,6 +190,15 @@ impl Sessions {
         self.inner.tasks.spawn(async move {
             let _ = task.await;
             sessions.inner.live.lock().unwrap().remove(&id);
+            // Its agent is gone from this node: any node may start it again
+            // (unless it was started here again meanwhile).
+            sessions
+                .gated(id, async {
+                    if sessions.live(id).is_none() {
+                        sessions.inner.node.release(id).await;
+                    }
+                })
+                .await;
         });
         Ok((handle, conversation))
     }
@@ -213,24 +242,16 @@ impl Sessions {
 
     /// The live session of a conversation; one whose agent is gone (a
     /// crash, an idle stop, a restart of the gateway) has it started again
-    /// and resumed. Concurrent callers wait for one start.
-    async fn attach(&self, conversation: &Conversation) -> Result<SessionHandle> {
+    /// on this node and resumed, unless another live node runs it (then
+    /// that node). Concurrent callers wait for one start.
+    async fn attach(&self, conversation: &Conversation) -> Result<Attached> {
         let id = conversation.id;
         if let Some(session) = self.live(id) {
-            return Ok(session);
+            return Ok(Attached::Here(session));
         }
-        let gate = self
-            .inner
-            .starting
-            .lock()
-            .unwrap()
-            .entry(id)
-            .or_default()
-            .clone();
-        let started = async {
-            let _starting = gate.lock().await;
+        self.gated(id, async {
             if let Some(session) = self.live(id) {
-                return Ok(session);
+                return Ok(Attached::Here(session));
             }
             // As stored now: its `last_seq` and status are the journal's.
             let conversation = self.stored(id).await?;
@@ -247,52 +268,137 @@ impl Sessions {
                     ),
                 )
             })?;
-            let (session, _) = self.launch(profile, conversation, true).await?;
-            Ok(session)
-        }
-        .await;
-        // Registered (or failed) before the gate goes, and it goes with its
-        // last holder: whoever comes next finds the live session, or is the
-        // only one to try again.
+            let conversation = match self.inner.node.claim(id).await? {
+                Claim::Elsewhere(node) => return Ok(Attached::There(node)),
+                Claim::Mine { took_from: None } => conversation,
+                Claim::Mine {
+                    took_from: Some(dead),
+                } => {
+                    self.settle_taken(id, dead).await?;
+                    self.stored(id).await?
+                }
+            };
+            match self.launch(profile, conversation, true).await {
+                Ok((session, _)) => Ok(Attached::Here(session)),
+                Err(e) => {
+                    self.inner.node.release(id).await;
+                    Err(e)
+                }
+            }
+        })
+        .await
+    }
+
+    /// Runs `work` holding the conversation's gate: what starts its agent,
+    /// settles it for a dead node or gives it up runs one at a time.
+    async fn gated<T>(&self, id: Uuid, work: impl Future<Output = T>) -> T {
+        let gate = self
+            .inner
+            .starting
+            .lock()
+            .unwrap()
+            .entry(id)
+            .or_default()
+            .clone();
+        let done = {
+            let _held = gate.lock().await;
+            work.await
+        };
+        // Done (an agent registered, or not) before the gate goes, and it
+        // goes with its last holder: whoever comes next finds the live
+        // session, or is the only one to try again.
         let mut starting = self.inner.starting.lock().unwrap();
         let last_holder = Arc::strong_count(&gate) <= 2;
         if last_holder && starting.get(&id).is_some_and(|g| Arc::ptr_eq(g, &gate)) {
             starting.remove(&id);
         }
-        started
+        done
     }
 
     /// Runs `command` on the conversation's live session, starting the
-    /// agent again first if it is gone.
-    async fn on_live<T, F, Fut>(&self, conversation: &Conversation, command: F) -> Result<T>
+    /// agent again first if it is gone; where another node runs it, that
+    /// node runs `remote` and its answer is this one.
+    async fn on_live<T, F, Fut>(
+        &self,
+        conversation: &Conversation,
+        command: F,
+        remote: Remote,
+    ) -> Result<T>
     where
         F: Fn(SessionHandle) -> Fut,
         Fut: Future<Output = Option<Result<T>>>,
+        T: serde::de::DeserializeOwned,
     {
         if conversation.status == ConversationStatus::Closed {
             return Err(not_live(conversation));
         }
-        let session = self.attach(conversation).await?;
-        if let Some(result) = command(session.clone()).await {
-            return result;
+        // A few rounds: an agent may go away (or its node die) just then.
+        for _ in 0..3 {
+            match self.attach(conversation).await? {
+                Attached::Here(session) => {
+                    if let Some(result) = command(session.clone()).await {
+                        return result;
+                    }
+                    // Its agent went away just then (the session was
+                    // ending): once it has ended, start it again, as for
+                    // any gone agent.
+                    session.ended().await;
+                }
+                Attached::There(node) => {
+                    if let Some(answer) = self.forward(conversation.id, node, &remote).await? {
+                        return answer;
+                    }
+                }
+            }
         }
-        // Its agent went away just then (the session was ending): once it
-        // has ended, start the agent again, as for any gone agent.
-        session.ended().await;
-        let session = self.attach(conversation).await?;
-        match command(session).await {
-            Some(result) => result,
-            None => Err(not_live(&self.stored(conversation.id).await?)),
+        Err(not_live(&self.stored(conversation.id).await?))
+    }
+
+    /// Has `node` run `command`: its answer, or `None` when it died before
+    /// taking it.
+    async fn forward<T: serde::de::DeserializeOwned>(
+        &self,
+        conversation_id: Uuid,
+        node: Uuid,
+        command: &Remote,
+    ) -> Result<Option<Result<T>>> {
+        Ok(
+            match self
+                .inner
+                .node
+                .forward(conversation_id, node, command.to_value())
+                .await?
+            {
+                Forwarded::Answered(Ok(value)) => Some(remote::decode(value)),
+                Forwarded::Answered(Err(problem)) => Some(Err(Error::Remote(problem))),
+                Forwarded::OwnerGone => None,
+            },
+        )
+    }
+
+    /// Whether a live node other than this one runs the conversation's
+    /// agent (without claiming it).
+    async fn runs_elsewhere(&self, conversation_id: Uuid) -> Result<Option<Uuid>> {
+        if !self.inner.node.is_shared() || self.live(conversation_id).is_some() {
+            return Ok(None);
         }
+        self.inner.node.runs_elsewhere(conversation_id).await
     }
 
     /// Starts a turn, starting the agent again first if it is gone; the
     /// turn's id once `turn_started` is committed.
     pub async fn prompt(&self, conversation: &Conversation, content: Vec<Value>) -> Result<Uuid> {
-        self.on_live(conversation, |session| {
-            let content = content.clone();
-            async move { session.prompt(content).await }
-        })
+        let remote = Remote::Prompt {
+            content: content.clone(),
+        };
+        self.on_live(
+            conversation,
+            |session| {
+                let content = content.clone();
+                async move { session.prompt(content).await }
+            },
+            remote,
+        )
         .await
     }
 
@@ -312,10 +418,18 @@ impl Sessions {
                 .check(&conversation.state)
                 .map_err(Error::Unprocessable)?;
         }
-        self.on_live(conversation, |session| {
-            let (setting, changed_by) = (setting.clone(), changed_by.clone());
-            async move { session.change(setting, changed_by).await }
-        })
+        let remote = Remote::Change {
+            setting: setting.clone(),
+            changed_by: changed_by.clone(),
+        };
+        self.on_live(
+            conversation,
+            |session| {
+                let (setting, changed_by) = (setting.clone(), changed_by.clone());
+                async move { session.change(setting, changed_by).await }
+            },
+            remote,
+        )
         .await
     }
 
@@ -328,6 +442,11 @@ impl Sessions {
         }
         if conversation.status == ConversationStatus::Closed {
             return Err(not_live(conversation));
+        }
+        if let Some(node) = self.runs_elsewhere(conversation.id).await? {
+            if let Some(answer) = self.forward(conversation.id, node, &Remote::Cancel).await? {
+                return answer;
+            }
         }
         // No agent, so no turn: nothing to cancel.
         Ok(())
@@ -373,6 +492,15 @@ impl Sessions {
                     return Ok(answered);
                 }
             }
+        } else if let Some(node) = self.runs_elsewhere(request.conversation_id).await? {
+            let remote = Remote::Respond {
+                request: id,
+                answer: answer.clone(),
+                decided_by,
+            };
+            if let Some(answer) = self.forward(request.conversation_id, node, &remote).await? {
+                return answer;
+            }
         }
         let request = self
             .store()
@@ -383,16 +511,94 @@ impl Sessions {
     }
 
     /// Closes a conversation: its live session stops its agent (cancelling
-    /// its turn and requests); one without an agent is just marked closed.
+    /// its turn and requests), here or on the node that runs it; one without
+    /// an agent is just marked closed.
     pub async fn close(&self, conversation: &Conversation) -> Result<()> {
-        match self.live(conversation.id) {
-            Some(session) => session.close().await,
-            None if conversation.status != ConversationStatus::Closed => {
-                let mut journal = Journal::new(self.inner.sink.clone(), conversation, None);
-                journal.set_status(ConversationStatus::Closed);
-                journal.flush().await?;
+        if let Some(session) = self.live(conversation.id) {
+            session.close().await;
+            return Ok(());
+        }
+        if conversation.status == ConversationStatus::Closed {
+            return Ok(());
+        }
+        for _ in 0..3 {
+            match self.inner.node.claim(conversation.id).await? {
+                Claim::Elsewhere(node) => {
+                    if let Some(answer) =
+                        self.forward(conversation.id, node, &Remote::Close).await?
+                    {
+                        return answer;
+                    }
+                }
+                Claim::Mine { took_from } => {
+                    let id = conversation.id;
+                    return self
+                        .gated(id, async {
+                            if let Some(session) = self.live(id) {
+                                // Started here meanwhile.
+                                session.close().await;
+                                return Ok(());
+                            }
+                            let closed = async {
+                                if let Some(dead) = took_from {
+                                    self.settle_taken(id, dead).await?;
+                                }
+                                let conversation = self.stored(id).await?;
+                                let mut journal =
+                                    Journal::new(self.inner.sink.clone(), &conversation, None);
+                                journal.set_status(ConversationStatus::Closed);
+                                journal.flush().await
+                            }
+                            .await;
+                            self.inner.node.release(id).await;
+                            closed
+                        })
+                        .await;
+                }
             }
-            None => {}
+        }
+        Err(not_live(&self.stored(conversation.id).await?))
+    }
+
+    /// Settles a conversation just taken from a dead node: what its agent
+    /// left running here is killed, pending requests expire, a running turn
+    /// ends.
+    async fn settle_taken(&self, id: Uuid, dead: Uuid) -> Result<()> {
+        let sink = &self.inner.sink;
+        if let Err(e) = kill_leftover_agents(&*sink.store, |c| c == id).await {
+            tracing::warn!(conversation_id = %id, error = %e, "could not look for what the dead node's agent left");
+        }
+        let turn_id = sink
+            .store
+            .live_conversations()
+            .await?
+            .into_iter()
+            .find(|(c, _)| c.id == id)
+            .and_then(|(_, turn)| turn);
+        let conversation = self.stored(id).await?;
+        tracing::info!(conversation_id = %id, dead_node = %dead, "settling a conversation of a dead node");
+        settle(
+            sink,
+            &conversation,
+            turn_id,
+            "the gateway node that ran the agent stopped; the agent process is gone",
+        )
+        .await
+    }
+
+    /// Takes over and settles the conversations of dead nodes, leaving them
+    /// to whichever node gets their next command.
+    pub async fn settle_orphans_now(&self) -> Result<()> {
+        for (id, dead) in self.inner.node.take_orphans().await? {
+            self.gated(id, async {
+                let settled = self.settle_taken(id, dead).await;
+                self.inner
+                    .node
+                    .release_from(id, Some(self.inner.node.id()))
+                    .await?;
+                settled
+            })
+            .await?;
         }
         Ok(())
     }
@@ -403,6 +609,63 @@ impl Sessions {
             .await?
             .ok_or_else(|| Error::NotFound(format!("no conversation {id}")))
     }
+}
+
+/// What this node does for the others (see [`crate::cluster`]).
+#[async_trait::async_trait]
+impl Duties for Sessions {
+    async fn execute(&self, conversation_id: Uuid, command: Value) -> Result<Value, Box<Problem>> {
+        let run = async {
+            let command: Remote = remote::decode(command)?;
+            let conversation = self.stored(conversation_id).await?;
+            Ok::<Value, Error>(match command {
+                Remote::Prompt { content } => {
+                    serde_json::to_value(self.prompt(&conversation, content).await?)
+                        .expect("ids serialize")
+                }
+                Remote::Cancel => {
+                    self.cancel(&conversation).await?;
+                    Value::Null
+                }
+                Remote::Close => {
+                    self.close(&conversation).await?;
+                    Value::Null
+                }
+                Remote::Respond {
+                    request,
+                    answer,
+                    decided_by,
+                } => {
+                    let request = self.store().get_permission(request).await?.ok_or_else(|| {
+                        Error::NotFound(format!("no permission request {request}"))
+                    })?;
+                    serde_json::to_value(self.respond(&request, answer, decided_by).await?)
+                        .expect("requests serialize")
+                }
+                Remote::Change {
+                    setting,
+                    changed_by,
+                } => {
+                    self.change(&conversation, setting, changed_by).await?;
+                    Value::Null
+                }
+            })
+        };
+        run.await.map_err(|e| Box::new(e.problem()))
+    }
+
+    async fn settle_orphans(&self) {
+        if let Err(e) = self.settle_orphans_now().await {
+            tracing::warn!(error = %e, "could not settle the conversations of a dead node");
+        }
+    }
+}
+
+/// Where a conversation's agent runs.
+enum Attached {
+    Here(SessionHandle),
+    /// On this other live node.
+    There(Uuid),
 }
 
 /// One agent admitted under `max_agents` while it starts; its place is
@@ -437,63 +700,113 @@ fn not_live(conversation: &Conversation) -> Error {
 /// Conversations that still claim an agent belong to a previous run whose
 /// agents are gone (what is left of them is killed first): end their turns
 /// and expire their pending requests, with events so clients learn what
-/// happened. They stay open: the next prompt starts the agent again.
-pub async fn recover(sink: &Sink) -> anyhow::Result<()> {
-    let had_agents = kill_leftover_agents(&*sink.store)
+/// happened. They stay open: the next prompt starts the agent again. What
+/// another live node runs is left alone.
+pub async fn recover(sink: &Sink, node: &Node) -> anyhow::Result<()> {
+    // The agents on record first: one recorded later belongs to a node that
+    // claimed its conversation after `elsewhere` was read.
+    let records = sink.store.list_agent_processes().await?;
+    // Dead nodes' conversations become this node's (unless another node
+    // takes them first); then what live nodes run is known.
+    node.take_orphans().await?;
+    let elsewhere = node.owned_elsewhere().await?;
+    let had_agents = kill_recorded(&*sink.store, records, |c| !elsewhere.contains(&c))
         .await
         .context("Failed to go through the agent processes a previous run recorded")?;
+    // Ours to settle: on SQLite every one; on Postgres those nobody owns
+    // and those just taken from dead nodes.
+    let ours = |c: &Conversation| {
+        !elsewhere.contains(&c.id)
+            && (!node.is_shared() || c.node_id.is_none() || c.node_id == Some(node.id()))
+    };
     let detail = "the gateway restarted; the agent process is gone";
-    let mut left = sink.store.live_conversations().await?;
+    let mut left: Vec<(Conversation, Option<Uuid>)> = sink
+        .store
+        .live_conversations()
+        .await?
+        .into_iter()
+        .filter(|(c, _)| ours(c))
+        .collect();
     // Idle ones whose agent a crash left behind learn it is gone too.
     for id in had_agents {
         if left.iter().any(|(c, _)| c.id == id) {
             continue;
         }
         if let Some(conversation) = sink.store.get_conversation(id).await? {
-            if conversation.status == ConversationStatus::Idle {
+            if conversation.status == ConversationStatus::Idle && ours(&conversation) {
                 left.push((conversation, None));
             }
         }
     }
     for (conversation, turn_id) in left {
         tracing::info!(conversation_id = %conversation.id, "settling a conversation left by a previous run");
-        let mut journal = Journal::new(sink.clone(), &conversation, turn_id);
-        let pending = sink
-            .store
-            .list_permissions(&PermissionFilter {
-                pending_only: true,
-                conversation_id: Some(conversation.id),
-                owner: None,
-            })
-            .await?;
-        for request in pending {
-            let resolution = Resolution {
-                request,
-                status: PermissionStatus::Expired,
-                decision: Decision::new(None, "system".into(), Some(detail.into())),
-            };
-            journal.resolve(&resolution).await?;
-        }
-        let turn_ended = turn_id.map(|turn_id| TurnEnded {
-            turn_id,
-            stop_reason: "error".into(),
-            error: Some(detail.into()),
-        });
-        let agent = AgentStatus::new(AgentState::Exited, Some(detail.into()));
-        // Not closed: the next prompt starts the agent again.
-        journal
-            .agent_gone(turn_ended, agent, ConversationStatus::Idle)
+        settle(sink, &conversation, turn_id, detail).await?;
+        node.release_from(conversation.id, conversation.node_id)
             .await?;
     }
     Ok(())
 }
 
+/// Ends what a conversation whose agent is gone had going: its pending
+/// requests expire and its turn ends with `detail`; it stays open.
+async fn settle(
+    sink: &Sink,
+    conversation: &Conversation,
+    turn_id: Option<Uuid>,
+    detail: &str,
+) -> Result<()> {
+    let mut journal = Journal::new(sink.clone(), conversation, turn_id);
+    let pending = sink
+        .store
+        .list_permissions(&PermissionFilter {
+            pending_only: true,
+            conversation_id: Some(conversation.id),
+            owner: None,
+        })
+        .await?;
+    for request in pending {
+        let resolution = Resolution {
+            request,
+            status: PermissionStatus::Expired,
+            decision: Decision::new(None, "system".into(), Some(detail.into())),
+        };
+        journal.resolve(&resolution).await?;
+    }
+    let turn_ended = turn_id.map(|turn_id| TurnEnded {
+        turn_id,
+        stop_reason: "error".into(),
+        error: Some(detail.into()),
+    });
+    let agent = AgentStatus::new(AgentState::Exited, Some(detail.into()));
+    // Not closed: the next prompt starts the agent again.
+    journal
+        .agent_gone(turn_ended, agent, ConversationStatus::Idle)
+        .await?;
+    Ok(())
+}
+
 /// Kills what the agents of a previous run on this machine left running
 /// (a crashed gateway cannot take its agents' children with it) and forgets
-/// every record: records of another boot, container or machine name no
-/// process here. Returns the conversations whose agents were on record.
-async fn kill_leftover_agents(store: &dyn Store) -> anyhow::Result<Vec<Uuid>> {
+/// their records, for the conversations `mine` accepts: records of another
+/// boot, container or machine name no process here. Returns the
+/// conversations whose agents were on record.
+async fn kill_leftover_agents(
+    store: &dyn Store,
+    mine: impl Fn(Uuid) -> bool,
+) -> anyhow::Result<Vec<Uuid>> {
     let records = store.list_agent_processes().await?;
+    kill_recorded(store, records, mine).await
+}
+
+async fn kill_recorded(
+    store: &dyn Store,
+    records: Vec<crate::store::AgentProcessRecord>,
+    mine: impl Fn(Uuid) -> bool,
+) -> anyhow::Result<Vec<Uuid>> {
+    let records: Vec<_> = records
+        .into_iter()
+        .filter(|r| mine(r.conversation_id))
+        .collect();
     let conversations: Vec<Uuid> = records.iter().map(|r| r.conversation_id).collect();
     if records.is_empty() {
         return Ok(conversations);

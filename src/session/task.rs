@@ -92,7 +92,7 @@ enum Command {
 }
 
 /// A session setting a user asks the agent to change.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub enum Setting {
     /// `session/set_mode`.
     Mode(String),

@@ -103,6 +103,7 @@ pub struct ConversationRow {
     updated_at: DateTime<Utc>,
     owner: Option<String>,
     agent_state: Option<Json<Value>>,
+    node_id: Option<Uuid>,
 }
 
 impl ConversationRow {
@@ -128,6 +129,7 @@ impl ConversationRow {
                     .agent_state
                     .and_then(|Json(v)| serde_json::from_value(v).ok())
                     .unwrap_or_default(),
+                node_id: self.node_id,
             },
             self.current_turn_id,
         ))

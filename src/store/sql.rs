@@ -58,8 +58,8 @@ macro_rules! impl_store {
             async fn insert_conversation(&self, c: &Conversation) -> Result<()> {
                 sqlx::query(
                     "insert into conversations (id, agent, title, cwd, status, acp_session_id,
-                       last_seq, created_at, updated_at, owner, agent_state)
-                     values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                       last_seq, created_at, updated_at, owner, agent_state, node_id)
+                     values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
                 )
                 .bind(c.id)
                 .bind(&c.agent)
@@ -72,6 +72,7 @@ macro_rules! impl_store {
                 .bind(c.updated_at)
                 .bind(&c.owner)
                 .bind(JsonText::of(&c.state))
+                .bind(c.node_id)
                 .execute(self.writer())
                 .await?;
                 Ok(())

@@ -261,6 +261,14 @@ impl GatewayProcess {
                 a.args,
                 a.cwd.as_ref().unwrap()
             );
+            if !a.env.is_empty() {
+                let env: Vec<String> = a
+                    .env
+                    .iter()
+                    .map(|(k, v)| format!("{k:?} = {v:?}"))
+                    .collect();
+                text += &format!("env = {{ {} }}\n", env.join(", "));
+            }
         }
         config.write_all(text.as_bytes()).unwrap();
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_acp-gateway"))
@@ -338,16 +346,50 @@ impl GatewayProcess {
 
     /// A WebSocket on a conversation's events after `after`.
     pub async fn conversation_ws(&self, conversation: &str, after: i64) -> Ws {
-        let url = format!(
-            "{}/api/v1/conversations/{conversation}/ws?after={after}",
-            self.base
-        )
-        .replacen("http://", "ws://", 1);
+        self.ws(&format!(
+            "/api/v1/conversations/{conversation}/ws?after={after}"
+        ))
+        .await
+    }
+
+    /// A WebSocket on `path` (e.g. `/api/v1/ws`).
+    pub async fn ws(&self, path: &str) -> Ws {
+        let url = format!("{}{path}", self.base).replacen("http://", "ws://", 1);
         let (stream, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url))
             .await
             .expect("websocket connects in time")
             .expect("websocket connects");
         Ws { stream }
+    }
+
+    /// One REST call; the status and the JSON answer (or its text).
+    pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let req =
+            reqwest::Client::new().request(method.parse().unwrap(), format!("{}{path}", self.base));
+        send(req, None, body).await
+    }
+
+    /// Creates a conversation with `agent` (asserting 201); its id.
+    pub async fn create(&self, agent: &str) -> String {
+        let (status, body) = self
+            .call(
+                "POST",
+                "/api/v1/conversations",
+                Some(json!({"agent": agent})),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        body["id"].as_str().unwrap().to_owned()
+    }
+
+    /// Sends a text prompt; the status and the answer.
+    pub async fn prompt(&self, conversation: &str, text: &str) -> (u16, Value) {
+        self.call(
+            "POST",
+            &format!("/api/v1/conversations/{conversation}/prompts"),
+            Some(json!({"text": text})),
+        )
+        .await
     }
 
     /// What it logged so far.
@@ -381,6 +423,16 @@ impl GatewayProcess {
     }
 }
 
+/// A gateway process never outlives its test (however the test ends).
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 extern "C" {
     #[link_name = "kill"]
     fn libc_kill(pid: i32, signal: i32) -> i32;
@@ -394,7 +446,21 @@ pub async fn call(
     token: Option<&str>,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let mut req = gw.http.request(method.parse().unwrap(), gw.url(path));
+    send(
+        gw.http.request(method.parse().unwrap(), gw.url(path)),
+        token,
+        body,
+    )
+    .await
+}
+
+/// Sends a request with an optional bearer token and JSON body; the status
+/// and the JSON answer (or its text).
+async fn send(
+    mut req: reqwest::RequestBuilder,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
     if let Some(token) = token {
         req = req.bearer_auth(token);
     }
@@ -502,6 +568,7 @@ impl TestGateway {
             max_agents: None,
             shutdown_timeout: Duration::from_secs(10),
             write_buffer_events: 10_000,
+            node_lease: Duration::from_secs(15),
         }
     }
 

@@ -1,0 +1,450 @@
+//! Several gateway nodes on one Postgres: two `acp-gateway serve` processes
+//! on two ports, one database, a short `node_lease`. A conversation's agent
+//! runs on one node; its events, approvals and commands work from the other,
+//! and the other takes it over when its node dies. SQLite refuses a second
+//! node.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+/// Two nodes on `db`, each with `agents`.
+fn two_nodes(
+    db: &TestDb,
+    agents: &[acp_gateway::config::AgentProfile],
+) -> (GatewayProcess, GatewayProcess) {
+    let start = || GatewayProcess::start_configured(db, agents, "info", "node_lease = \"1s\"");
+    (start(), start())
+}
+
+async fn events(node: &GatewayProcess, id: &str) -> Vec<Value> {
+    let (status, body) = node
+        .call(
+            "GET",
+            &format!("/api/v1/conversations/{id}/events?limit=1000"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    body["items"].as_array().unwrap().clone()
+}
+
+async fn node_id(node: &GatewayProcess) -> String {
+    let (status, body) = node.call("GET", "/readyz", None).await;
+    assert_eq!(status, 200, "{body}");
+    body["node_id"].as_str().unwrap().to_owned()
+}
+
+/// The node that owns the conversation, as the database says.
+async fn owner(db: &TestDb, id: &str) -> Option<String> {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let owner: Option<uuid::Uuid> =
+        sqlx::query_scalar("select node_id from conversations where id = $1::uuid")
+            .bind(id)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    owner.map(|o| o.to_string())
+}
+
+/// `acp_gateway_agents_running` on a node.
+async fn agents_running(node: &GatewayProcess) -> i64 {
+    let text = reqwest::get(format!("{}/metrics", node.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("acp_gateway_agents_running "))
+        .expect("agents_running in /metrics");
+    line.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+/// Answers a permission request on `node` with an option.
+async fn respond(node: &GatewayProcess, request: &Value, option: &str) -> (u16, Value) {
+    let id = request["id"].as_str().unwrap();
+    node.call(
+        "POST",
+        &format!("/api/v1/permissions/{id}/respond"),
+        Some(json!({"option_id": option})),
+    )
+    .await
+}
+
+/// Waits on a WebSocket for the next `permission_requested` event.
+async fn requested(ws: &mut Ws) -> Value {
+    ws.until_type("permission_requested").await.last().unwrap()["data"].clone()
+}
+
+fn option_of(request: &Value, kind: &str) -> String {
+    request["options"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} option in {request}"))["optionId"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_websocket_on_another_node_gets_every_event_in_order() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let (a, b) = two_nodes(&db, &[demo_profile("demo", &[])]);
+    let (id_a, id_b) = (node_id(&a).await, node_id(&b).await);
+    assert_ne!(id_a, id_b, "each process is a node of its own");
+    let metrics = reqwest::get(format!("{}/metrics", b.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(&format!("acp_gateway_node_info{{node_id=\"{id_b}\"}} 1")),
+        "{metrics}"
+    );
+    assert!(a.log_text().contains(&id_a), "the node id is in the log");
+
+    let id = a.create("demo").await;
+    assert_eq!(owner(&db, &id).await.as_deref(), Some(id_a.as_str()));
+    let mut on_b = b.conversation_ws(&id, 0).await;
+    let mut inbox_b = b.ws("/api/v1/ws").await;
+    assert_eq!(inbox_b.next().await["type"], "snapshot");
+    for round in 0..3 {
+        let (status, body) = a.prompt(&id, "long 3000").await;
+        assert_eq!(status, 202, "round {round}: {body}");
+        on_b.until_type("turn_ended").await;
+    }
+    let stored = events(&a, &id).await;
+    // What B's socket showed is exactly what is stored, and what either
+    // node's `GET /events` says.
+    let mut shown = b.conversation_ws(&id, 0).await;
+    let replayed = shown
+        .until(|e| e["seq"] == stored.last().unwrap()["seq"])
+        .await;
+    assert_eq!(replayed, stored);
+    assert_eq!(events(&b, &id).await, stored);
+    assert_consecutive(&stored, 0);
+    // The live socket (opened before anything happened) got the same, in order.
+    let mut live = Vec::new();
+    let mut again = b.conversation_ws(&id, 0).await;
+    while live.len() < stored.len() {
+        live.push(again.next().await);
+    }
+    assert_eq!(live, stored);
+    // And the inbox on B saw the three turns end.
+    let mut ended = 0;
+    while ended < 3 {
+        let e = inbox_b.next().await;
+        assert_eq!(e["conversation_id"], id.as_str());
+        if e["type"] == "turn_ended" {
+            ended += 1;
+        }
+    }
+    assert_eq!(agents_running(&a).await, 1);
+    assert_eq!(agents_running(&b).await, 0);
+}
+
+#[tokio::test]
+async fn live_events_relayed_to_another_node_arrive_gapless_and_ordered() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let (a, b) = two_nodes(&db, &[demo_profile("demo", &[])]);
+    let id = a.create("demo").await;
+    let mut on_b = b.conversation_ws(&id, 0).await;
+    let mut on_a = a.conversation_ws(&id, 0).await;
+    a.prompt(&id, "long 20000").await;
+    let from_b = on_b.until_type("turn_ended").await;
+    let from_a = on_a.until_type("turn_ended").await;
+    assert_eq!(
+        from_b, from_a,
+        "the same events, in the same order, on both nodes"
+    );
+    assert_consecutive(&from_b, 0);
+    let text = streamed_text(&from_b, "agent_message_chunk");
+    assert!(text.len() > 20000, "{}", text.len());
+}
+
+#[tokio::test]
+async fn a_permission_answered_on_another_node_reaches_the_agent() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let (a, b) = two_nodes(&db, &[demo_profile("demo", &[])]);
+    let id = a.create("demo").await;
+    let mut on_a = a.conversation_ws(&id, 0).await;
+    let mut inbox_b = b.ws("/api/v1/ws").await;
+    assert_eq!(inbox_b.next().await["type"], "snapshot");
+    a.prompt(&id, "tool").await;
+    // B's inbox shows the request of a conversation A runs.
+    let request = requested(&mut inbox_b).await;
+    let allow = option_of(&request, "allow_once");
+    let (status, answered) = respond(&b, &request, &allow).await;
+    assert_eq!(status, 200, "{answered}");
+    assert_eq!(answered["status"], "approved", "{answered}");
+    assert_eq!(answered["decision"]["option_id"], allow.as_str());
+    let frames = on_a.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+    let resolved: Vec<&Value> = frames
+        .iter()
+        .filter(|e| e["type"] == "permission_resolved")
+        .collect();
+    assert_eq!(resolved.len(), 1, "{frames:#?}");
+    assert_eq!(resolved[0]["data"]["decision"]["option_id"], allow.as_str());
+    // Answering again on B with the same answer is idempotent, as on A.
+    let (status, again) = respond(&b, &request, &allow).await;
+    assert_eq!(status, 200, "{again}");
+}
+
+#[tokio::test]
+async fn answers_racing_on_two_nodes_have_exactly_one_winner() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let (a, b) = two_nodes(&db, &[demo_profile("demo", &[])]);
+    for round in 0..3 {
+        let id = a.create("demo").await;
+        let mut on_a = a.conversation_ws(&id, 0).await;
+        a.prompt(&id, "tool").await;
+        let request = requested(&mut on_a).await;
+        let (allow, reject) = (
+            option_of(&request, "allow_once"),
+            option_of(&request, "reject_once"),
+        );
+        let (on_a_answer, on_b_answer) = tokio::join!(
+            respond(&a, &request, &allow),
+            respond(&b, &request, &reject),
+        );
+        let mut statuses = [on_a_answer.0, on_b_answer.0];
+        statuses.sort();
+        assert_eq!(
+            statuses,
+            [200, 409],
+            "round {round}: {on_a_answer:?} {on_b_answer:?}"
+        );
+        let (winner, loser) = if on_a_answer.0 == 200 {
+            (on_a_answer.1, on_b_answer.1)
+        } else {
+            (on_b_answer.1, on_a_answer.1)
+        };
+        assert_eq!(loser["code"], "already_resolved", "{loser}");
+        // The loser is told what won.
+        assert_eq!(loser["request"]["decision"], winner["decision"], "{loser}");
+        let frames = on_a.until_type("turn_ended").await;
+        let resolved = frames
+            .iter()
+            .filter(|e| e["type"] == "permission_resolved")
+            .count();
+        assert_eq!(resolved, 1, "{frames:#?}");
+    }
+}
+
+#[tokio::test]
+async fn a_prompt_a_cancel_and_a_delete_sent_to_another_node_reach_the_agent() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let (a, b) = two_nodes(&db, &[node_sdk_profile("node")]);
+    let id = a.create("node").await;
+    let mut on_a = a.conversation_ws(&id, 0).await;
+    // Same answer as on the owner: 202 and the turn's id.
+    let (status, body) = b.prompt(&id, "hang").await;
+    assert_eq!(status, 202, "{body}");
+    let turn = body["turn_id"].as_str().unwrap().to_owned();
+    let started = on_a
+        .until(|e| e["data"]["update"]["sessionUpdate"] == "agent_message_chunk")
+        .await;
+    let turn_started = started
+        .iter()
+        .find(|e| e["type"] == "turn_started")
+        .unwrap();
+    assert_eq!(turn_started["data"]["turn_id"], turn.as_str());
+    // The agent runs on A, not on B.
+    assert_eq!(agents_running(&a).await, 1);
+    assert_eq!(agents_running(&b).await, 0);
+    // A second prompt through B meets the running turn, as on A.
+    let (status, busy) = b.prompt(&id, "hello").await;
+    assert_eq!(status, 409, "{busy}");
+    assert_eq!(busy["code"], "turn_in_progress");
+
+    let (status, body) = b
+        .call(
+            "POST",
+            &format!("/api/v1/conversations/{id}/cancel"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let frames = on_a.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "cancelled");
+    assert_eq!(frames.last().unwrap()["data"]["turn_id"], turn.as_str());
+
+    let (status, body) = b
+        .call("DELETE", &format!("/api/v1/conversations/{id}"), None)
+        .await;
+    assert_eq!(status, 204, "{body}");
+    let (_, shown) = a
+        .call("GET", &format!("/api/v1/conversations/{id}"), None)
+        .await;
+    assert_eq!(shown["status"], "closed", "{shown}");
+    assert_eq!(agents_running(&a).await, 0);
+    let (status, closed) = b.prompt(&id, "hello").await;
+    assert_eq!(status, 409, "{closed}");
+    assert_eq!(closed["code"], "conversation_closed");
+}
+
+#[tokio::test]
+async fn a_dead_nodes_conversation_is_taken_over_and_resumed() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let state = tempfile::tempdir().unwrap();
+    let mut agent = node_sdk_profile("node");
+    agent.env.insert(
+        "ACP_TEST_AGENT_STATE".into(),
+        state.path().to_str().unwrap().into(),
+    );
+    let (a, b) = two_nodes(&db, &[agent]);
+    let a_id = node_id(&a).await;
+    let id = a.create("node").await;
+    let mut on_a = a.conversation_ws(&id, 0).await;
+    a.prompt(&id, "first").await;
+    on_a.until_type("turn_ended").await;
+    a.prompt(&id, "tool").await;
+    let request = requested(&mut on_a).await;
+    let request_id = request["id"].as_str().unwrap().to_owned();
+    let agent_pid = agent_process_records(&db)
+        .await
+        .into_iter()
+        .find(|r| r.conversation_id.to_string() == id)
+        .unwrap()
+        .pid;
+    let agent = ProcessWatch::new(agent_pid);
+
+    a.kill();
+    // As if A had run on another machine: only its lease can tell B that
+    // it is dead.
+    db.execute(
+        &format!("update nodes set boot_id = 'another machine' where id = '{a_id}'"),
+        "",
+    )
+    .await;
+    let last = events(&b, &id).await.last().unwrap()["seq"]
+        .as_i64()
+        .unwrap();
+    let mut on_b = b.conversation_ws(&id, last).await;
+    let (status, body) = b.prompt(&id, "second").await;
+    assert_eq!(status, 202, "{body}");
+    // First the turn A was running ends (error), then B's (end_turn).
+    let frames = on_b
+        .until(|e| e["type"] == "turn_ended" && e["data"]["stop_reason"] == "end_turn")
+        .await;
+    assert_eq!(
+        streamed_text(&frames, "agent_message_chunk"),
+        "You said: second"
+    );
+    let b_id = node_id(&b).await;
+    assert_eq!(owner(&db, &id).await.as_deref(), Some(b_id.as_str()));
+    assert_eq!(agents_running(&b).await, 1);
+    // The agent resumed its session (session/load), with its context.
+    let ready: Vec<&Value> = frames
+        .iter()
+        .filter(|e| e["type"] == "agent_status" && e["data"]["status"] == "ready")
+        .collect();
+    assert_eq!(ready.len(), 1, "{frames:#?}");
+    assert_eq!(ready[0]["data"]["context"], "loaded");
+    // What was pending on A expired, saying why; A's turn ended.
+    let (_, expired) = b
+        .call("GET", &format!("/api/v1/permissions/{request_id}"), None)
+        .await;
+    assert_eq!(expired["status"], "expired", "{expired}");
+    assert!(
+        expired["decision"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("node"),
+        "{expired}"
+    );
+    let all = events(&b, &id).await;
+    assert_consecutive(&all, 0);
+    let turn_ends: Vec<&str> = all
+        .iter()
+        .filter(|e| e["type"] == "turn_ended")
+        .map(|e| e["data"]["stop_reason"].as_str().unwrap())
+        .collect();
+    assert_eq!(turn_ends, ["end_turn", "error", "end_turn"], "{all:#?}");
+    // The dead node's agent is gone (its stdin closed with A, or killed).
+    assert!(agent.ended().await);
+    let (_, messages) = b
+        .call("GET", &format!("/api/v1/conversations/{id}/messages"), None)
+        .await;
+    let users: Vec<&str> = messages["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(users, ["first", "tool", "second"]);
+}
+
+#[tokio::test]
+async fn a_dead_nodes_pending_requests_expire_without_any_command() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let (a, b) = two_nodes(&db, &[demo_profile("demo", &[])]);
+    let id = a.create("demo").await;
+    let mut on_a = a.conversation_ws(&id, 0).await;
+    a.prompt(&id, "tool").await;
+    let request = requested(&mut on_a).await;
+    let mut inbox_b = b.ws("/api/v1/ws").await;
+    let snapshot = inbox_b.next().await;
+    assert_eq!(snapshot["pending_permissions"][0]["id"], request["id"]);
+    a.kill();
+    // B's sweep settles it: the phone on B sees the request expire.
+    let frames = inbox_b.until(|e| e["type"] == "permission_resolved").await;
+    let resolved = frames.last().unwrap();
+    assert_eq!(resolved["data"]["id"], request["id"]);
+    assert_eq!(resolved["data"]["status"], "expired");
+    // Left for the next command, on any node.
+    let (status, body) = b.prompt(&id, "hello").await;
+    assert_eq!(status, 202, "{body}");
+    let b_id = node_id(&b).await;
+    assert_eq!(owner(&db, &id).await.as_deref(), Some(b_id.as_str()));
+}
+
+#[tokio::test]
+async fn a_second_gateway_on_one_sqlite_file_is_refused() {
+    let db = TestDb::sqlite().await;
+    let first = GatewayProcess::start(&db, &[demo_profile("demo", &[])]);
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        config.path(),
+        format!("listen = \"127.0.0.1:0\"\ndatabase_url = {:?}\n", db.url),
+    )
+    .unwrap();
+    let second = std::process::Command::new(env!("CARGO_BIN_EXE_acp-gateway"))
+        .args(["serve", "--config"])
+        .arg(config.path())
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let said = String::from_utf8_lossy(&second.stderr).into_owned()
+        + &String::from_utf8_lossy(&second.stdout);
+    assert!(said.contains("SQLite serves one gateway node"), "{said}");
+    assert!(said.contains("use Postgres"), "{said}");
+    // Once the first stops, another may take the file.
+    first.stop();
+    let third = GatewayProcess::start(&db, &[demo_profile("demo", &[])]);
+    third.stop();
+}
