@@ -216,21 +216,6 @@ impl Node {
         }
     }
 
-    /// Gives up `conversation` if `dead` (a node found dead) still has it.
-    pub async fn release_from(&self, conversation: Uuid, dead: Option<Uuid>) -> Result<()> {
-        let Some(pool) = &self.inner.pool else {
-            return Ok(());
-        };
-        sqlx::query(
-            "update conversations set node_id = null where id = $1 and node_id is not distinct from $2",
-        )
-        .bind(conversation)
-        .bind(dead)
-        .execute(pool)
-        .await?;
-        Ok(())
-    }
-
     /// The conversations that live nodes other than this one own.
     pub async fn owned_elsewhere(&self) -> Result<HashSet<Uuid>> {
         let Some(pool) = &self.inner.pool else {
@@ -261,8 +246,7 @@ impl Node {
     }
 
     /// Claims every conversation of a dead node: `(conversation, dead node)`.
-    /// The caller settles them and gives them up ([`Node::release_from`]
-    /// with this node's id).
+    /// The caller settles them and gives them up.
     pub async fn take_orphans(&self) -> Result<Vec<(Uuid, Uuid)>> {
         let Some(pool) = &self.inner.pool else {
             return Ok(Vec::new());
@@ -411,21 +395,30 @@ impl Node {
         self.is_shared().then(|| self.inner.announce.clone())
     }
 
+    /// Gives up every conversation this node owns (none of its agents runs).
+    pub async fn release_all(&self) -> Result<()> {
+        let Some(pool) = &self.inner.pool else {
+            return Ok(());
+        };
+        sqlx::query("update conversations set node_id = null where node_id = $1")
+            .bind(self.id())
+            .execute(pool)
+            .await?;
+        Ok(())
+    }
+
     /// Leaves on a clean stop: gives up every conversation, deletes the
     /// node's row, lets go of the SQLite file.
     pub async fn leave(&self) {
         self.inner.lock.lock().unwrap().take();
         let Some(pool) = &self.inner.pool else { return };
         let left = async {
-            sqlx::query("update conversations set node_id = null where node_id = $1")
-                .bind(self.id())
-                .execute(pool)
-                .await?;
+            self.release_all().await?;
             sqlx::query("delete from nodes where id = $1")
                 .bind(self.id())
                 .execute(pool)
                 .await?;
-            Ok::<_, sqlx::Error>(())
+            Ok::<_, Error>(())
         };
         match left.await {
             Ok(()) => tracing::info!(node_id = %self.id(), "left the cluster"),
@@ -756,18 +749,9 @@ async fn announce(
             first = rx.recv() => match first { Some(a) => a, None => return },
         };
         let mut merged: HashMap<Uuid, Announced> = HashMap::new();
-        let mut add = |a: Announced| {
-            merged
-                .entry(a.conversation)
-                .and_modify(|m| {
-                    m.first = m.first.min(a.first);
-                    m.last = m.last.max(a.last);
-                })
-                .or_insert(a);
-        };
-        add(first);
+        merge(&mut merged, first);
         while let Ok(a) = rx.try_recv() {
-            add(a);
+            merge(&mut merged, a);
         }
         let payloads: Vec<String> = merged
             .values()
@@ -783,6 +767,18 @@ async fn announce(
             tracing::warn!(error = %e, "could not tell other nodes of new events");
         }
     }
+}
+
+/// Adds `a` to what is known of its conversation: one span from the lowest
+/// seq to the highest.
+fn merge(spans: &mut HashMap<Uuid, Announced>, a: Announced) {
+    spans
+        .entry(a.conversation)
+        .and_modify(|m| {
+            m.first = m.first.min(a.first);
+            m.last = m.last.max(a.last);
+        })
+        .or_insert(a);
 }
 
 enum Relayed {
@@ -809,15 +805,7 @@ async fn relay(
         };
         let mut wanted: HashMap<Uuid, Announced> = HashMap::new();
         let mut take = |r: Relayed, cursors: &HashMap<Uuid, i64>| match r {
-            Relayed::Events(a) => {
-                wanted
-                    .entry(a.conversation)
-                    .and_modify(|m| {
-                        m.first = m.first.min(a.first);
-                        m.last = m.last.max(a.last);
-                    })
-                    .or_insert(a);
-            }
+            Relayed::Events(a) => merge(&mut wanted, a),
             Relayed::CatchUp => {
                 for (&conversation, &cursor) in cursors {
                     wanted.entry(conversation).or_insert(Announced {

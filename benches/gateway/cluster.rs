@@ -5,9 +5,10 @@
 //! - Rate: the demo agent's `long N` (BENCH_CLUSTER_CHUNKS, 200,000), timed
 //!   from the prompt until each node's WebSocket has the turn's end; every
 //!   chunk checked, in order, on both.
-//! - Added latency: a paced turn (BENCH_CLUSTER_PACED chunks, 2 ms apart, so
-//!   nearly every event is a commit of its own); for each event, when the
-//!   other node's socket got it minus when the owner's did.
+//! - Added latency: a paced turn (BENCH_CLUSTER_PACED chunks, 1,000, 2 ms
+//!   apart: a few chunks a commit, so hundreds of events, each announced on
+//!   its own); for each event, when the other node's socket got it minus when
+//!   the owner's did.
 //!
 //! BENCH_CLUSTER_CHUNKS=0 skips it.
 
@@ -30,8 +31,8 @@ pub async fn run(db: &TestDb) {
         demo_profile("demo", &[]),
         demo_profile("paced", &["--chunk-delay-ms", "2"]),
     ];
-    let owner = GatewayProcess::start_configured(db, &agents, "warn", "");
-    let other = GatewayProcess::start_configured(db, &agents, "warn", "");
+    let owner = GatewayProcess::start_configured(db, &agents, "info,sqlx=warn", "");
+    let other = GatewayProcess::start_configured(db, &agents, "info,sqlx=warn", "");
 
     // The rate.
     let id = owner.create("demo").await;
@@ -61,13 +62,19 @@ pub async fn run(db: &TestDb) {
         "both sockets got the same events, in the same order"
     );
     let secs = |f: &Vec<(Value, Instant)>| (f.last().unwrap().1 - started).as_secs_f64();
+    let rate = |f: &Vec<(Value, Instant)>| {
+        format!(
+            "{:.3} s = {:.0} chunks/s, {:.0} events/s",
+            secs(f),
+            chunks as f64 / secs(f),
+            f.len() as f64 / secs(f)
+        )
+    };
     println!(
-        "[postgres] two nodes: {chunks} chunks ({} events) delivered to a WebSocket on the owner node in {:.3} s = {:.0} chunks/s, on the other node in {:.3} s = {:.0} chunks/s",
+        "[postgres] two nodes: {chunks} chunks in {} events delivered to a WebSocket on the owner node in {}; on the other node in {}",
         a.len(),
-        secs(&a),
-        chunks as f64 / secs(&a),
-        secs(&b),
-        chunks as f64 / secs(&b),
+        rate(&a),
+        rate(&b),
     );
 
     // The added latency.

@@ -592,10 +592,7 @@ impl Sessions {
         for (id, dead) in self.inner.node.take_orphans().await? {
             self.gated(id, async {
                 let settled = self.settle_taken(id, dead).await;
-                self.inner
-                    .node
-                    .release_from(id, Some(self.inner.node.id()))
-                    .await?;
+                self.inner.node.release(id).await;
                 settled
             })
             .await?;
@@ -708,7 +705,7 @@ pub async fn recover(sink: &Sink, node: &Node) -> anyhow::Result<()> {
     let records = sink.store.list_agent_processes().await?;
     // Dead nodes' conversations become this node's (unless another node
     // takes them first); then what live nodes run is known.
-    node.take_orphans().await?;
+    let taken = node.take_orphans().await?;
     let elsewhere = node.owned_elsewhere().await?;
     let had_agents = kill_recorded(&*sink.store, records, |c| !elsewhere.contains(&c))
         .await
@@ -727,8 +724,12 @@ pub async fn recover(sink: &Sink, node: &Node) -> anyhow::Result<()> {
         .into_iter()
         .filter(|(c, _)| ours(c))
         .collect();
-    // Idle ones whose agent a crash left behind learn it is gone too.
-    for id in had_agents {
+    // Idle ones whose agent a crash (of this gateway or of a dead node) left
+    // behind learn it is gone too.
+    for id in had_agents
+        .into_iter()
+        .chain(taken.into_iter().map(|(id, _)| id))
+    {
         if left.iter().any(|(c, _)| c.id == id) {
             continue;
         }
@@ -741,9 +742,9 @@ pub async fn recover(sink: &Sink, node: &Node) -> anyhow::Result<()> {
     for (conversation, turn_id) in left {
         tracing::info!(conversation_id = %conversation.id, "settling a conversation left by a previous run");
         settle(sink, &conversation, turn_id, detail).await?;
-        node.release_from(conversation.id, conversation.node_id)
-            .await?;
     }
+    // Nothing runs here yet: whatever this node took is anyone's again.
+    node.release_all().await?;
     Ok(())
 }
 

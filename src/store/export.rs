@@ -110,6 +110,8 @@ async fn copy_conversation(
     if fresh {
         let mut row = conversation.clone();
         row.last_seq = 0;
+        // A node of the other database runs nothing here.
+        row.node_id = None;
         to.insert_conversation(&row).await?;
     }
     to.commit(id, &batch).await?;

@@ -321,9 +321,12 @@ impl GatewayProcess {
                 keep(&out_log, &line);
             }
         });
-        let addr = rx
-            .recv_timeout(WAIT)
-            .expect("acp-gateway reports its address");
+        let Ok(addr) = rx.recv_timeout(WAIT) else {
+            // Not left running after the test.
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("acp-gateway reports its address: {}", log.lock().unwrap());
+        };
         GatewayProcess {
             child,
             base: format!("http://{addr}"),
