@@ -581,6 +581,12 @@ fn lock_sqlite(url: &str) -> anyhow::Result<Option<std::fs::File>> {
     if file.as_os_str().is_empty() {
         return Ok(None);
     }
+    // A first start: the database's directory is made here, before the
+    // store would make it.
+    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("Failed to create {}", dir.display()))?;
+    }
     let mut path = PathBuf::from(file.as_os_str());
     path.as_mut_os_string().push(".lock");
     let mut lock = std::fs::OpenOptions::new()
@@ -899,7 +905,8 @@ mod tests {
     #[test]
     fn a_second_gateway_cannot_take_a_sqlite_file() {
         let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("g.db").display());
+        // In a directory that does not exist yet, as on a first start.
+        let url = format!("sqlite://{}", dir.path().join("new/g.db").display());
         let held = lock_sqlite(&url).unwrap();
         assert!(held.is_some());
         let err = lock_sqlite(&url).unwrap_err().to_string();
