@@ -264,6 +264,56 @@ async fn ask_n_asks_one_request_at_a_time_each_after_the_previous_answer(db: Tes
     );
 }
 
+/// Mistral Vibe asks with only `{toolCallId}`; the command is in the
+/// `tool_call` before. A person sees the whole call, as the policies judged
+/// it: in the REST answer, the inbox's snapshot and its live event.
+async fn a_request_carrying_only_its_tool_call_id_shows_the_announced_command(db: TestDb) {
+    let (_db, gw, id, mut ws) = setup(db).await;
+    let mut inbox = gw.ws("/api/v1/ws").await;
+    assert_eq!(inbox.next().await["type"], "snapshot");
+    let request = ask(&gw, &mut ws, &id, "vibe rm -rf build").await;
+    let shown = |call: &Value| {
+        assert_eq!(call["title"], "Run rm -rf build", "{call}");
+        assert_eq!(call["kind"], "execute", "{call}");
+        assert_eq!(call["rawInput"]["command"], "rm -rf build", "{call}");
+    };
+    shown(&request["tool_call"]);
+    let (status, got) = gw
+        .get(&format!(
+            "/api/v1/permissions/{}",
+            request["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(status, 200, "{got}");
+    shown(&got["tool_call"]);
+    let live = inbox.until_type("permission_requested").await;
+    shown(&live.last().unwrap()["data"]["tool_call"]);
+    let mut again = gw.ws("/api/v1/ws").await;
+    let snapshot = again.next().await;
+    shown(&snapshot["pending_permissions"][0]["tool_call"]);
+    gw.post(&respond_path(&request), json!({"option_id": "allow-once"}))
+        .await;
+    ws.until_type("turn_ended").await;
+}
+
+/// Qwen Code announces a bare `Shell` with empty raw input and puts the
+/// title and command in its request: the tool call's record keeps them.
+async fn the_details_a_request_carries_reach_the_tool_calls_record(db: TestDb) {
+    let (_db, gw, id, mut ws) = setup(db).await;
+    let request = ask(&gw, &mut ws, &id, "qwen ls -la").await;
+    assert_eq!(request["tool_call"]["title"], "Run ls -la");
+    gw.post(&respond_path(&request), json!({"option_id": "allow-once"}))
+        .await;
+    ws.until_type("turn_ended").await;
+    let (_, calls) = gw
+        .get(&format!("/api/v1/conversations/{id}/tool-calls"))
+        .await;
+    let call = &calls["items"][0];
+    assert_eq!(call["title"], "Run ls -la", "{calls}");
+    assert_eq!(call["raw_input"], json!({"command": "ls -la"}), "{calls}");
+    assert_eq!(call["status"], "completed", "{calls}");
+}
+
 backend_tests!(
     an_approval_reaches_the_agent_and_a_second_different_answer_gets_409,
     a_rejection_reaches_the_agent,
@@ -274,4 +324,6 @@ backend_tests!(
     an_agent_withdrawing_its_request_resolves_it_cancelled,
     the_inbox_starts_with_the_pending_snapshot_and_streams_decisions,
     ask_n_asks_one_request_at_a_time_each_after_the_previous_answer,
+    a_request_carrying_only_its_tool_call_id_shows_the_announced_command,
+    the_details_a_request_carries_reach_the_tool_calls_record,
 );

@@ -564,3 +564,29 @@ async fn the_client_is_served_from_the_binary() {
         .unwrap();
     assert_eq!(outside.status(), 404);
 }
+
+/// Mistral Vibe asks with only `{toolCallId}`: the card shows the command
+/// its earlier `tool_call` announced, not a blind "The agent asks
+/// permission".
+#[tokio::test]
+async fn a_request_carrying_only_its_tool_call_id_shows_the_command_on_the_card() {
+    let db = db().await;
+    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
+    let Some(mut browser) = Browser::open(&gw).await else {
+        return;
+    };
+    browser.goto("/#/").await;
+    browser.wait("#inbox p.empty").await;
+    let (conversation, mut ws) = gw.open_conversation("demo").await;
+    gw.prompt(&conversation, "vibe rm -rf build").await;
+    ws.until_type("permission_requested").await;
+    browser.wait("article.permission").await;
+    let card = browser.texts("article.permission").await.concat();
+    for shown in ["Run rm -rf build", "rm -rf build"] {
+        assert!(card.contains(shown), "{shown:?} is not on the card: {card}");
+    }
+    assert!(!card.contains("The agent asks permission"), "{card}");
+    browser.click("button", "Reject").await;
+    ws.until_type("turn_ended").await;
+    browser.close().await;
+}

@@ -42,6 +42,8 @@
 //! | `execute <command…>` | like `tool`, with kind `execute`, title `Run <command>` and raw input `{"command": …}` (the command defaults to `echo hello`) | as `tool` |
 //! | `codex <command…>` | like `execute`, with the command as Codex sends it: raw input `{"command": ["/bin/sh", "-lc", <command>]}` | as `tool` |
 //! | `gemini <command…>` | like `execute` as Gemini CLI asks: no `tool_call` before the request and no raw input, the command only in the title | as `tool` |
+//! | `vibe <command…>` | like `execute` as Mistral Vibe asks: the command in the `tool_call`, the request carrying only `{toolCallId}` | as `tool` |
+//! | `qwen <command…>` | like `execute` as Qwen Code asks: announced as a bare `Shell` with empty raw input, the request carrying the title and command | as `tool` |
 //! | `parallel [N]` | N tool calls (default 2), then N permission requests all outstanding at once; each tool call completes or fails as its own answer arrives, in any order; then a summary chunk | `end_turn`, or `cancelled` if any answer was cancelled |
 //! | `ask [N]` | N tool calls (default 3) one after the other, each like `tool` (title `Write ask-<i>.txt`): the next is announced only once the previous request is answered; then a summary chunk `<allowed> of <N> tool calls ran.` | `end_turn`, or `cancelled` at the first cancelled answer |
 //! | `plan` | a `plan` update with three entries, then a message chunk | `end_turn` |

@@ -44,6 +44,8 @@ pub(super) enum Scenario {
     Execute,
     Codex,
     Gemini,
+    Vibe,
+    Qwen,
     Read,
     Edit,
     Parallel,
@@ -72,6 +74,8 @@ impl Scenario {
             "execute" => Self::Execute,
             "codex" => Self::Codex,
             "gemini" => Self::Gemini,
+            "vibe" => Self::Vibe,
+            "qwen" => Self::Qwen,
             "read" => Self::Read,
             "edit" => Self::Edit,
             "parallel" => Self::Parallel,
@@ -161,6 +165,9 @@ struct ToolCall {
     raw_input: Value,
     /// Announced with a `tool_call` update before the permission request.
     announced: bool,
+    /// The permission request's `toolCall`, when it is not the call as
+    /// announced (some agents send only part of it, or more).
+    asked: Option<Value>,
     /// Text of the content reported when the call completes.
     done_text: String,
 }
@@ -244,6 +251,8 @@ impl Turn {
             Scenario::Execute => self.execute(args, false).await,
             Scenario::Codex => self.execute(args, true).await,
             Scenario::Gemini => self.gemini(args).await,
+            Scenario::Vibe => self.vibe(args).await,
+            Scenario::Qwen => self.qwen(args).await,
             Scenario::Read => self.path_tool("read", "Read", args).await,
             Scenario::Edit => self.path_tool("edit", "Edit", args).await,
             Scenario::Parallel => self.parallel(count_arg(args, 2)).await,
@@ -306,6 +315,7 @@ impl Turn {
             raw_input: json!({ "command": raw_command }),
             done_text: format!("ran {command}"),
             announced: true,
+            asked: None,
         };
         self.single_tool_call(call, false).await
     }
@@ -327,6 +337,58 @@ impl Turn {
             raw_input: Value::Null,
             done_text: format!("ran {command}"),
             announced: false,
+            asked: None,
+        };
+        self.single_tool_call(call, false).await
+    }
+
+    /// Scenario `vibe`: the command announced in a `tool_call`, the
+    /// permission request carrying only `{toolCallId}`, as Mistral Vibe asks.
+    async fn vibe(&self, command: &str) -> Result<TurnEnd, Cancelled> {
+        let command = if command.is_empty() {
+            "echo hello"
+        } else {
+            command
+        };
+        let id = self.next_tool_call_id();
+        let call = ToolCall {
+            asked: Some(json!({ "toolCallId": id })),
+            id,
+            title: format!("Run {command}"),
+            kind: "execute",
+            locations: None,
+            raw_input: json!({ "command": command }),
+            done_text: format!("ran {command}"),
+            announced: true,
+        };
+        self.single_tool_call(call, false).await
+    }
+
+    /// Scenario `qwen`: a call announced as a bare `Shell` with empty raw
+    /// input, the permission request carrying its title and command, as
+    /// Qwen Code asks.
+    async fn qwen(&self, command: &str) -> Result<TurnEnd, Cancelled> {
+        let command = if command.is_empty() {
+            "echo hello"
+        } else {
+            command
+        };
+        let id = self.next_tool_call_id();
+        let call = ToolCall {
+            asked: Some(json!({
+                "toolCallId": id,
+                "title": format!("Run {command}"),
+                "kind": "execute",
+                "status": "pending",
+                "rawInput": { "command": command },
+            })),
+            id,
+            title: "Shell".to_owned(),
+            kind: "execute",
+            locations: None,
+            raw_input: json!({}),
+            done_text: format!("ran {command}"),
+            announced: true,
         };
         self.single_tool_call(call, false).await
     }
@@ -352,6 +414,7 @@ impl Turn {
             raw_input: json!({ "path": path }),
             done_text: format!("{verb} {path}: done"),
             announced: true,
+            asked: None,
         };
         self.single_tool_call(call, false).await
     }
@@ -373,6 +436,7 @@ impl Turn {
             raw_input: json!({"path": path, "content": "hello"}),
             done_text: "wrote hello.txt".to_owned(),
             announced: true,
+            asked: None,
         }
     }
 
@@ -408,6 +472,7 @@ impl Turn {
                     raw_input: json!({"path": path, "content": format!("hello {i}")}),
                     done_text: format!("wrote hello-{i}.txt"),
                     announced: true,
+                    asked: None,
                 }
             })
             .collect();
@@ -434,6 +499,7 @@ impl Turn {
                 raw_input: json!({"path": path, "content": format!("ask {i}")}),
                 done_text: format!("wrote ask-{i}.txt"),
                 announced: true,
+                asked: None,
             };
             let answers = self
                 .run_tool_calls(std::slice::from_ref(&call), false)
@@ -609,7 +675,7 @@ impl Turn {
         for (index, call) in calls.iter().enumerate() {
             let params = json!({
                 "sessionId": self.session_id,
-                "toolCall": call.pending(),
+                "toolCall": call.asked.clone().unwrap_or_else(|| call.pending()),
                 "options": PERMISSION_OPTIONS
                     .iter()
                     .map(|(id, name, kind)| json!({"optionId": id, "name": name, "kind": kind}))

@@ -902,10 +902,18 @@ impl Session {
             );
             return Ok(());
         };
+        let turn_id = self.turn_id();
+        // The request's toolCall is an update of a call the agent may have
+        // announced before (Mistral Vibe sends only its id): what it says
+        // goes into the call's record, and the request is stored, shown and
+        // judged with the whole call, so a person approves what the policies
+        // judged.
+        self.transcript.apply_tool_call_update(&tool_call, turn_id);
+        let tool_call = self.transcript.known_tool_call(&tool_call);
         let permission = PermissionRequest {
             id: model::new_id(),
             conversation_id: self.journal.conversation_id(),
-            turn_id: self.turn_id(),
+            turn_id,
             tool_call,
             options,
             status: PermissionStatus::Pending,
@@ -913,8 +921,6 @@ impl Session {
             created_at: model::now(),
         };
         tracing::info!(permission_id = %permission.id, "agent asks permission");
-        // The request's toolCall is an update: complete it with what we know.
-        let tool_call = self.transcript.known_tool_call(&permission.tool_call);
         // With the database away: the policies as last seen, no remembered
         // answers (a person is asked rather than anything assumed).
         let policies = match self.policies.refresh(self.journal.store()).await {
@@ -932,7 +938,7 @@ impl Session {
         };
         let facts = Facts {
             agent: &self.agent,
-            tool_call: &tool_call,
+            tool_call: &permission.tool_call,
             cwd: &self.cwd,
             mode: self.mode,
         };

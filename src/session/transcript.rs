@@ -120,6 +120,14 @@ impl Transcript {
         }
     }
 
+    /// Applies what a permission request's `toolCall` (an update of the
+    /// call, without `sessionUpdate`) says to the call's record.
+    pub fn apply_tool_call_update(&mut self, update: &Value, turn_id: Option<Uuid>) {
+        if let Some(id) = update.get("toolCallId").and_then(Value::as_str) {
+            self.apply_tool_call(id, turn_id, update);
+        }
+    }
+
     /// What is known of a tool call, overlaid with `update` (a permission
     /// request's `toolCall`, which may carry only some fields).
     pub fn known_tool_call(&self, update: &Value) -> Value {
