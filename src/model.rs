@@ -728,7 +728,8 @@ pub struct PermissionRequest {
     pub id: Uuid,
     pub conversation_id: Uuid,
     pub turn_id: Option<Uuid>,
-    /// The ACP `toolCall` of the request, verbatim.
+    /// The ACP `toolCall` of the request laid over what the agent announced
+    /// of that call before: the call as the policies judged it.
     pub tool_call: Value,
     /// The ACP options, verbatim: `optionId`, `name`, `kind` (`allow_once`,
     /// `allow_always`, `reject_once`, `reject_always`).
