@@ -144,6 +144,12 @@ impl Served {
         }
     }
 
+    /// The real places of a tool call's paths, looked up with the agent's
+    /// user's rights (for the policies, which judge both forms).
+    pub async fn real_paths(&self, given: Vec<std::path::PathBuf>) -> Vec<std::path::PathBuf> {
+        crate::workspace::real_paths(self.workspace.user.clone(), given).await
+    }
+
     /// The refusal of a request the operator's policies deny.
     async fn denied(
         &self,
@@ -177,6 +183,7 @@ impl Served {
             tool_call: &tool_call,
             cwd: &self.workspace.cwd,
             mode: self.mode,
+            real_paths: &[],
         };
         let verdict = policies.evaluate(&facts, &[], None, tokio::time::Instant::now());
         if verdict.decision != Action::Deny {

@@ -88,6 +88,18 @@ impl Workspace {
     }
 }
 
+/// The real places of `given` (see [`paths::real_paths`]), looked up with
+/// `user`'s rights (for the policies, which judge both forms).
+pub async fn real_paths(user: Option<SystemUser>, given: Vec<PathBuf>) -> Vec<PathBuf> {
+    if given.is_empty() {
+        return given;
+    }
+    let asked = given.clone();
+    as_user(user, move || paths::real_paths(&asked))
+        .await
+        .unwrap_or(given)
+}
+
 /// Runs `work` on a thread of its own whose file system rights are `user`'s
 /// (when the gateway is root and there is a user to be), so a file the agent
 /// could not touch itself cannot be touched through the gateway either. The
