@@ -9,6 +9,7 @@
 //! the database: the session task hands requests in and journals what comes
 //! out ([`files::Written`], terminal output).
 
+pub mod beneath;
 pub mod files;
 pub mod paths;
 pub mod terminals;
