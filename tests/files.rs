@@ -6,15 +6,16 @@
 //!
 //! Threads and memory are the process's: the tests here take turns.
 
+mod common;
+
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use acp_gateway::workspace::files::{self, MAX_DIFF_SOURCE_BYTES, MAX_READ_BYTES};
 use acp_gateway::workspace::Workspace;
+use common::Flipping;
 use serde_json::{json, Value};
 
 /// The longest any one request may take before the test fails (a request
@@ -246,65 +247,21 @@ async fn reads_stop_at_the_limit_whatever_the_file_holds() {
     assert!(grown < 48 * 1024, "peak memory grew by {grown} KiB");
 }
 
-/// Flips each link between its inside and outside target (a new symlink
-/// renamed over it each time: the link is always there) until `stop`.
-fn flipper(
-    links: Vec<(PathBuf, PathBuf, PathBuf)>,
-    stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<()> {
-    for (link, inside, _) in &links {
-        std::os::unix::fs::symlink(inside, link).unwrap();
-    }
-    std::thread::spawn(move || {
-        let mut outward = true;
-        while !stop.load(Ordering::Relaxed) {
-            for (link, inside, outside) in &links {
-                let temp = link.with_extension("flipping");
-                let _ = std::fs::remove_file(&temp);
-                let target = if outward { outside } else { inside };
-                // Gone (the test ended early): nothing left to flip.
-                if std::os::unix::fs::symlink(target, &temp).is_err()
-                    || std::fs::rename(&temp, link).is_err()
-                {
-                    return;
-                }
-            }
-            outward = !outward;
-        }
-    })
-}
-
 /// The probe that read outside 85 times in 400 and wrote there 50 times:
-/// 1000 rounds of a read and a write through a symlinked directory and
-/// through a symlink as the last component, each flipped in and out all
-/// along.
+/// 1000 rounds of reads and writes through symlinks retargeted, and
+/// through a directory and a file exchanged with symlinks out, all along.
 #[tokio::test]
 async fn a_symlink_swapped_while_files_are_reached_never_leads_outside() {
     let _turn = SERIAL.lock().await;
     let (dir, cwd, workspace) = workspace();
     let outside = std::fs::canonicalize(dir.path()).unwrap().join("outside");
-    std::fs::create_dir_all(cwd.join("sub")).unwrap();
-    std::fs::create_dir_all(&outside).unwrap();
-    std::fs::write(cwd.join("sub/secret.txt"), "inside\n").unwrap();
-    std::fs::write(outside.join("secret.txt"), "outside\n").unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let flips = flipper(
-        vec![
-            (cwd.join("dir"), "sub".into(), outside.clone()),
-            (
-                cwd.join("last"),
-                cwd.join("sub/secret.txt"),
-                outside.join("secret.txt"),
-            ),
-        ],
-        stop.clone(),
-    );
+    let flipping = Flipping::start(&cwd, &outside);
     let (mut inside, mut refused) = (0, 0);
     for round in 0..1000 {
-        for path in [cwd.join("dir/secret.txt"), cwd.join("last")] {
+        for path in flipping.reads() {
             match files::read(&workspace, params(&path, None)).await {
                 Ok(read) => {
-                    assert_eq!(read["content"], "inside\n", "read outside at round {round}");
+                    assert_eq!(read["content"], "inside\n", "{path:?} read outside");
                     inside += 1;
                 }
                 Err(refusal) => {
@@ -313,12 +270,14 @@ async fn a_symlink_swapped_while_files_are_reached_never_leads_outside() {
                 }
             }
         }
-        let new = cwd.join(format!("dir/new-{}.txt", round % 4));
-        for (path, content) in [(new, "new\n"), (cwd.join("last"), "inside\n")] {
+        for (path, content) in flipping.writes(round) {
             match files::write(&workspace, params(&path, Some(content))).await {
                 Ok(written) => {
                     let at = Path::new(&written.path);
-                    assert!(at.starts_with(cwd.join("sub")), "wrote {at:?}");
+                    assert!(
+                        at.starts_with(&cwd) && !at.starts_with(&outside),
+                        "wrote {at:?}"
+                    );
                     inside += 1;
                 }
                 Err(refusal) => {
@@ -328,16 +287,10 @@ async fn a_symlink_swapped_while_files_are_reached_never_leads_outside() {
             }
         }
     }
-    stop.store(true, Ordering::Relaxed);
-    flips.join().unwrap();
-    let left: Vec<_> = std::fs::read_dir(&outside)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(left, ["secret.txt"], "left outside");
-    assert_eq!(
-        std::fs::read_to_string(outside.join("secret.txt")).unwrap(),
-        "outside\n"
+    flipping.assert_outside_untouched();
+    let flips = flipping.stop();
+    assert!(
+        inside > 0,
+        "nothing got through ({refused} refused, {flips} flips)"
     );
-    assert!(inside > 0, "nothing got through ({refused} refused)");
 }
