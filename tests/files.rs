@@ -109,6 +109,7 @@ async fn a_fifo_is_refused_at_once_and_no_thread_is_left_waiting_on_it() {
         after <= before + 2,
         "threads: {before} before, {after} after"
     );
+    eprintln!("100 FIFO requests: {before} threads before, {after} after");
     // Nothing was written in its place, and nothing beside it.
     let meta = std::fs::symlink_metadata(&pipe).unwrap();
     assert!(std::os::unix::fs::FileTypeExt::is_fifo(&meta.file_type()));
@@ -141,6 +142,7 @@ async fn a_fifo_fed_more_than_the_limit_is_refused_without_holding_what_it_is_fe
     assert!(read.message.contains("named pipe (FIFO)"), "{read:?}");
     let grown = status_kib("VmRSS:").saturating_sub(rss);
     assert!(grown < 16 * 1024, "memory grew by {grown} KiB");
+    eprintln!("fed FIFO refused: memory +{grown} KiB");
     // The gateway never opened it: the feeder still waits for a reader. One
     // comes and goes, and the feeder ends on a broken pipe.
     let reader = std::fs::OpenOptions::new()
@@ -179,7 +181,9 @@ async fn a_large_file_is_overwritten_without_being_read_and_its_diff_says_so() {
     assert!(grown < 32 * 1024, "peak memory grew by {grown} KiB");
     if let (Some(before), Some(after)) = (read, bytes_read()) {
         assert!(after - before < MIB, "{} bytes read", after - before);
+        eprintln!("300 MiB overwritten: {} bytes read", after - before);
     }
+    eprintln!("300 MiB overwritten: peak memory +{grown} KiB");
     assert!(written.diff_too_large);
     assert!(
         written
@@ -240,11 +244,13 @@ async fn reads_stop_at_the_limit_whatever_the_file_holds() {
             "{} bytes read",
             after - before
         );
+        eprintln!("a 300 MiB line refused: {} bytes read", after - before);
     }
     let second = read(2, 1).await.unwrap();
     assert_eq!(second["content"], "second\n");
     let grown = status_kib("VmHWM:").saturating_sub(peak);
     assert!(grown < 48 * 1024, "peak memory grew by {grown} KiB");
+    eprintln!("a 300 MiB line refused and skipped: peak memory +{grown} KiB");
 }
 
 /// The probe that read outside 85 times in 400 and wrote there 50 times:
