@@ -949,12 +949,19 @@ impl EventData for ConfigOptionChanged<'_> {
 /// `file_written`: the agent wrote a file through `fs/write_text_file`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct FileWritten {
-    /// Where, resolved (symlinks followed).
+    /// Where, resolved (symlinks followed): the file actually written,
+    /// inside the conversation's directory.
     pub path: String,
     /// A unified diff against what the file held before (`--- /dev/null`
     /// for a new file), cut beyond 64 KiB with a line
-    /// `[diff truncated: N more bytes]`.
+    /// `[diff truncated: N more bytes]`. When the previous content was
+    /// larger than a diff is made from (1 MiB), only the header and a line
+    /// `[diff too large: …]`.
     pub diff: String,
+    /// The previous content was larger than a diff is made from (1 MiB): it
+    /// was not read, and `diff` says so instead of showing the change.
+    #[serde(default)]
+    pub diff_too_large: bool,
 }
 
 impl EventData for FileWritten {

@@ -460,6 +460,58 @@ async fn the_dry_run_resolves_its_cwd_as_a_new_conversation_does(db: TestDb) {
     assert_eq!(status, 422, "{dry}");
 }
 
+/// The probe that evaded `{cwd}/secret/**` through `peek -> secret`: the
+/// agent's own tool calls are judged on their paths as they really are too,
+/// and so is the dry run.
+async fn a_deny_on_a_directory_is_not_evaded_through_a_symlink_to_it(db: TestDb) {
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = std::fs::canonicalize(dir.path()).unwrap();
+    std::fs::create_dir(cwd.join("secret")).unwrap();
+    std::os::unix::fs::symlink("secret", cwd.join("peek")).unwrap();
+    std::os::unix::fs::symlink("secret/later.txt", cwd.join("dangling")).unwrap();
+    let mut rules: Vec<PolicyRule> = serde_json::from_value(json!([
+        {"name": "no secrets", "paths": ["{cwd}/secret/**"], "decision": "deny"}
+    ]))
+    .unwrap();
+    rules.extend(example_rules());
+    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    config.policies = rules;
+    let gw = TestGateway::start_with(config).await;
+    let (status, conv) = gw
+        .post(
+            "/api/v1/conversations",
+            json!({"agent": "demo", "cwd": cwd.to_str().unwrap()}),
+        )
+        .await;
+    assert_eq!(status, 201, "{conv}");
+    let id = conv["id"].as_str().unwrap().to_owned();
+    let mut ws = gw.conversation_ws(&id, 0).await;
+
+    for prompt in ["edit peek/key.txt", "read peek/key.txt", "edit dangling"] {
+        let (resolved, _) = run(&gw, &id, &mut ws, prompt).await;
+        assert_eq!(resolved["status"], "rejected", "{prompt}: {resolved}");
+        assert_eq!(
+            resolved["decision"]["decided_by"], "policy:no secrets",
+            "{prompt}"
+        );
+    }
+    // Paths without a link in them are judged as before.
+    let (resolved, _) = run(&gw, &id, &mut ws, "edit src/main.rs").await;
+    assert_eq!(resolved["status"], "approved", "{resolved}");
+
+    let (status, dry) = gw
+        .post(
+            "/api/v1/policies/evaluate",
+            json!({"agent": "demo", "cwd": cwd.to_str().unwrap(), "tool_call": {
+                "kind": "edit", "locations": [{"path": cwd.join("peek/key.txt")}]
+            }}),
+        )
+        .await;
+    assert_eq!(status, 200, "{dry}");
+    assert_eq!(dry["decision"], "deny", "{dry}");
+    assert_eq!(dry["rule"], "no secrets", "{dry}");
+}
+
 backend_tests!(
     always_allow_on_a_codex_command_remembers_the_command_not_the_shell,
     always_on_an_interpreter_or_a_title_only_command_is_not_remembered,
@@ -472,4 +524,5 @@ backend_tests!(
     the_dry_run_agrees_with_the_live_path,
     profile_modes_read_only_and_trusted_apply_but_never_over_a_deny,
     the_dry_run_resolves_its_cwd_as_a_new_conversation_does,
+    a_deny_on_a_directory_is_not_evaded_through_a_symlink_to_it,
 );

@@ -254,6 +254,162 @@ async fn reads_and_writes_stay_inside_the_workspace_and_are_published(db: TestDb
     assert_eq!(files["items"].as_array().unwrap().len(), 3);
 }
 
+/// The probe that read outside 85 times in 400 and wrote there 50 times,
+/// leaving temporary files, while `file_written` named the inside path:
+/// the agent reads and writes through symlinks retargeted, and through a
+/// directory and a file exchanged with symlinks out, all along.
+async fn a_symlink_swapped_while_the_agent_reads_and_writes_never_leads_outside(db: TestDb) {
+    const ROUNDS: usize = 300;
+    let (_dir, work, outside) = dirs();
+    let gw = gateway(&db, vec![agent("files", &work, true, false)], Vec::new()).await;
+    let (id, mut ws) = gw.open_conversation("files").await;
+    let flipping = Flipping::start(&work, &outside);
+    let mut calls = Vec::new();
+    for round in 0..ROUNDS {
+        for path in flipping.reads() {
+            calls.push(json!(["fs/read_text_file", {"path": path}]));
+        }
+        for (path, content) in flipping.writes(round) {
+            calls.push(json!(["fs/write_text_file", {"path": path, "content": content}]));
+        }
+    }
+    // In turns of 200 calls: a prompt is a request body, bounded.
+    let mut answers = Vec::new();
+    for batch in calls.chunks(200) {
+        answers.extend(agent_calls(&gw, &id, &mut ws, Value::Array(batch.to_vec())).await);
+    }
+    flipping.assert_outside_untouched();
+    let outside_left = flipping.outside.clone();
+    let flips = flipping.stop();
+
+    assert_eq!(answers.len(), calls.len());
+    let (mut through, mut refused, mut writes_through) = (0, 0, 0);
+    for (call, answer) in calls.iter().zip(&answers) {
+        if answer.get("error").is_some() {
+            let (_, message) = error_of(answer);
+            assert!(message.contains("outside"), "{call}: {answer}");
+            refused += 1;
+        } else if call[0] == "fs/read_text_file" {
+            assert_eq!(
+                answer["result"]["content"], "inside\n",
+                "{call}: read outside"
+            );
+            through += 1;
+        } else {
+            assert_eq!(answer["result"], json!({}), "{answer}");
+            through += 1;
+            writes_through += 1;
+        }
+    }
+    // Every write published names the file it wrote, inside.
+    let events = gw.events(&id).await;
+    let written: Vec<&str> = events
+        .iter()
+        .filter(|e| e["type"] == "file_written")
+        .map(|e| e["data"]["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(written.len(), writes_through);
+    for path in written {
+        assert!(Path::new(path).starts_with(&work), "{path}");
+        assert!(!Path::new(path).starts_with(&outside_left), "{path}");
+    }
+    assert!(
+        through > 0,
+        "nothing got through ({refused} refused, {flips} flips)"
+    );
+}
+
+/// The probe that wedged a conversation: a named pipe nobody writes, read
+/// and written through fs/*. Refused at once, and the conversation goes on.
+async fn a_fifo_is_refused_at_once_and_the_conversation_goes_on(db: TestDb) {
+    let (_dir, work, _) = dirs();
+    let pipe = work.join("pipe");
+    let c = std::ffi::CString::new(pipe.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let gw = gateway(&db, vec![agent("files", &work, true, false)], Vec::new()).await;
+    let (id, mut ws) = gw.open_conversation("files").await;
+    let answers = agent_calls(
+        &gw,
+        &id,
+        &mut ws,
+        json!([
+            ["fs/read_text_file", {"path": pipe}],
+            ["fs/read_text_file", {"path": pipe, "line": 1, "limit": 1}],
+            ["fs/write_text_file", {"path": pipe, "content": "x"}],
+            ["fs/write_text_file", {"path": work.join("after.txt"), "content": "fine\n"}],
+            ["fs/read_text_file", {"path": work.join("after.txt")}],
+        ]),
+    )
+    .await;
+    for answer in &answers[..3] {
+        let (code, message) = error_of(answer);
+        assert_eq!(code, -32602, "{answer}");
+        assert!(
+            message.contains("is a named pipe (FIFO): only regular files are read and written"),
+            "{message}"
+        );
+    }
+    assert_eq!(answers[4]["result"]["content"], "fine\n");
+    let meta = std::fs::symlink_metadata(&pipe).unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&meta.file_type()));
+    let (status, _) = gw.delete(&format!("/api/v1/conversations/{id}")).await;
+    assert_eq!(status, 204);
+}
+
+/// `peek -> secret` inside the cwd does not get a file request past a
+/// `{cwd}/secret/**` deny, however the path is spelled.
+async fn a_deny_on_a_directory_is_not_evaded_through_a_symlink_to_it(db: TestDb) {
+    let (_dir, work, _) = dirs();
+    std::fs::create_dir(work.join("secret")).unwrap();
+    std::fs::write(work.join("secret/key.txt"), "KEY\n").unwrap();
+    std::os::unix::fs::symlink("secret", work.join("peek")).unwrap();
+    std::os::unix::fs::symlink(work.join("secret/key.txt"), work.join("key-link")).unwrap();
+    std::os::unix::fs::symlink("secret/later.txt", work.join("dangling")).unwrap();
+    let gw = gateway(
+        &db,
+        vec![agent("files", &work, true, false)],
+        vec![deny("no-secrets", json!({"paths": ["{cwd}/secret/**"]}))],
+    )
+    .await;
+    let (id, mut ws) = gw.open_conversation("files").await;
+    let answers = agent_calls(
+        &gw,
+        &id,
+        &mut ws,
+        json!([
+            ["fs/read_text_file", {"path": work.join("peek/key.txt")}],
+            ["fs/read_text_file", {"path": work.join("key-link")}],
+            ["fs/read_text_file", {"path": work.join("secret/../peek/key.txt")}],
+            ["fs/write_text_file", {"path": work.join("peek/key.txt"), "content": "pwned"}],
+            ["fs/write_text_file", {"path": work.join("peek/new.txt"), "content": "x"}],
+            ["fs/write_text_file", {"path": work.join("dangling"), "content": "x"}],
+            ["fs/write_text_file", {"path": work.join("key-link"), "content": "pwned"}],
+            ["fs/write_text_file", {"path": work.join("public.txt"), "content": "ok\n"}],
+        ]),
+    )
+    .await;
+    for answer in &answers[..7] {
+        let (_, message) = error_of(answer);
+        assert!(
+            message.contains("refused by the operator's policy"),
+            "{answer}"
+        );
+        assert_eq!(answer["error"]["code"], -32602, "{answer}");
+    }
+    assert_eq!(answers[7]["result"], json!({}));
+    assert_eq!(
+        std::fs::read_to_string(work.join("secret/key.txt")).unwrap(),
+        "KEY\n"
+    );
+    let mut secret: Vec<_> = std::fs::read_dir(work.join("secret"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    secret.sort();
+    assert_eq!(secret, ["key.txt"]);
+}
+
 async fn terminals_run_under_policy_are_published_and_die_with_the_conversation(db: TestDb) {
     let (_dir, work, _) = dirs();
     let gw = gateway(
@@ -424,4 +580,7 @@ backend_tests!(
     reads_and_writes_stay_inside_the_workspace_and_are_published,
     terminals_run_under_policy_are_published_and_die_with_the_conversation,
     a_running_terminal_dies_with_its_agent,
+    a_symlink_swapped_while_the_agent_reads_and_writes_never_leads_outside,
+    a_fifo_is_refused_at_once_and_the_conversation_goes_on,
+    a_deny_on_a_directory_is_not_evaded_through_a_symlink_to_it,
 );

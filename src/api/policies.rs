@@ -16,7 +16,7 @@ use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::model::{self, Action, PolicyRule};
-use crate::permissions::policy::{Facts, Policies};
+use crate::permissions::policy::{tool_paths, Facts, Policies};
 use crate::store::PolicySet;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -165,11 +165,21 @@ async fn evaluate(
         None => Vec::new(),
     };
     let policies = state.sessions().policies().refresh(state.store()).await?;
+    // As the live path does: its paths as they really are too, looked up
+    // with the rights of the profile's user.
+    let given = tool_paths(&body.tool_call, &cwd);
+    let real_paths = match profile.user.as_deref().map(crate::sys::lookup_user) {
+        None => crate::workspace::real_paths(None, given).await,
+        Some(Ok(user)) => crate::workspace::real_paths(Some(user), given).await,
+        // No such user: its agents start nowhere, nothing to look up as it.
+        Some(Err(_)) => Vec::new(),
+    };
     let facts = Facts {
         agent: &profile.name,
         tool_call: &body.tool_call,
         cwd: &cwd,
         mode: profile.mode,
+        real_paths: &real_paths,
     };
     let verdict = policies.evaluate(&facts, &remembered, None, tokio::time::Instant::now());
     Ok(Json(EvaluateResult {

@@ -135,6 +135,10 @@ pub struct Facts<'a> {
     pub tool_call: &'a Value,
     pub cwd: &'a Path,
     pub mode: Mode,
+    /// The tool call's paths as they really are (symlinks resolved, by the
+    /// caller: this engine touches no file system), or none when not known.
+    /// A deny matching the given paths or these denies; allowing needs both.
+    pub real_paths: &'a [PathBuf],
 }
 
 /// The outcome of evaluating a tool call.
@@ -282,10 +286,37 @@ const WRITE_KINDS: [&str; 4] = ["edit", "delete", "move", "execute"];
 
 impl Policies {
     /// Decides a tool call. `remembered` are the conversation's "always"
-    /// rules; `limiter` is `None` for a dry run.
+    /// rules; `limiter` is `None` for a dry run. With real paths known the
+    /// call is decided on the paths as given and as they really are, and
+    /// the stricter verdict wins: a symlink can neither hide a path from a
+    /// deny nor bring one under an allow.
     pub fn evaluate(
         &self,
         facts: &Facts<'_>,
+        remembered: &[Rule],
+        limiter: Option<&RateLimiter>,
+        now: Instant,
+    ) -> Verdict {
+        let given = tool_paths(facts.tool_call, facts.cwd);
+        let as_given = self.evaluate_paths(facts, &given, remembered, limiter, now);
+        let mut real: Vec<PathBuf> = facts
+            .real_paths
+            .iter()
+            .map(|p| normalize(facts.cwd, p))
+            .collect();
+        real.sort();
+        real.dedup();
+        if real.is_empty() || real == given {
+            return as_given;
+        }
+        let as_real = self.evaluate_paths(facts, &real, remembered, limiter, now);
+        stricter(as_given, as_real)
+    }
+
+    fn evaluate_paths(
+        &self,
+        facts: &Facts<'_>,
+        paths: &[PathBuf],
         remembered: &[Rule],
         limiter: Option<&RateLimiter>,
         now: Instant,
@@ -295,19 +326,18 @@ impl Policies {
             .get("kind")
             .and_then(Value::as_str)
             .unwrap_or("other");
-        let paths = tool_paths(facts.tool_call, facts.cwd);
         let units = units(facts.tool_call, kind);
         let mut allowed_by: Vec<String> = Vec::new();
         let mut limited: Vec<(String, Duration)> = Vec::new();
         let mut asked: Option<Verdict> = None;
         let mut remember = false;
         for unit in &units {
-            let op = self.first_match(facts, kind, unit.command.as_deref(), &paths);
+            let op = self.first_match(facts, kind, unit.command.as_deref(), paths);
             let denied = std::iter::once(op)
                 .chain(
                     unit.also
                         .iter()
-                        .map(|also| self.first_match(facts, kind, Some(also), &paths)),
+                        .map(|also| self.first_match(facts, kind, Some(also), paths)),
                 )
                 .flatten()
                 .find(|r| r.rule.decision == Action::Deny);
@@ -455,6 +485,31 @@ fn paths_ok(rule: &PolicyRule, paths: &[PathBuf], cwd: &Path) -> bool {
     }
 }
 
+/// Of a verdict on the paths as given and one on the paths as they really
+/// are, the stricter (deny, then ask, then allow); two allows count every
+/// rate limit either used and remember only if both would.
+fn stricter(given: Verdict, real: Verdict) -> Verdict {
+    let weight = |a: Action| match a {
+        Action::Deny => 2,
+        Action::Ask => 1,
+        Action::Allow => 0,
+    };
+    if weight(real.decision) > weight(given.decision) {
+        let reason = format!("{} (its paths as resolved, symlinks followed)", real.reason);
+        return Verdict { reason, ..real };
+    }
+    let mut given = given;
+    if given.decision == Action::Allow && real.decision == Action::Allow {
+        given.remember &= real.remember;
+        for limit in real.limited {
+            if !given.limited.contains(&limit) {
+                given.limited.push(limit);
+            }
+        }
+    }
+    given
+}
+
 fn verdict(decision: Action, rule: Option<&str>, reason: String) -> Verdict {
     Verdict::new(decision, rule, reason)
 }
@@ -480,7 +535,7 @@ fn describe(unit: &Unit, what: &str) -> String {
 }
 
 /// Every path a tool call touches, normalised against `cwd`.
-fn tool_paths(tool_call: &Value, cwd: &Path) -> Vec<PathBuf> {
+pub fn tool_paths(tool_call: &Value, cwd: &Path) -> Vec<PathBuf> {
     let mut raw: Vec<&str> = Vec::new();
     if let Some(locations) = tool_call.get("locations").and_then(Value::as_array) {
         raw.extend(locations.iter().filter_map(|l| l.get("path")?.as_str()));
@@ -847,6 +902,7 @@ mod tests {
             tool_call: &tool_call,
             cwd: Path::new("/srv/work"),
             mode,
+            real_paths: &[],
         };
         let v = p.evaluate(&facts, &[], Some(&RateLimiter::default()), Instant::now());
         (v.decision, v.rule)
@@ -920,6 +976,58 @@ mod tests {
             normalize(Path::new("/a/b"), Path::new("../../../x")),
             PathBuf::from("/x")
         );
+    }
+
+    #[test]
+    fn real_paths_are_judged_too_and_the_stricter_verdict_wins() {
+        let rules: Vec<PolicyRule> = serde_json::from_value(json!([
+            {"name": "docs ask", "agents": ["*"], "kinds": ["edit"],
+             "paths": ["{cwd}/docs/**"], "decision": "ask"},
+            {"name": "no secrets", "agents": ["*"], "paths": ["{cwd}/secret/**"],
+             "decision": "deny"},
+            {"name": "no etc", "agents": ["*"], "paths": ["/etc/**"], "decision": "deny"},
+            {"name": "workspace", "agents": ["*"], "kinds": ["edit", "read"],
+             "paths": ["{cwd}/**"], "decision": "allow", "remember": true},
+        ]))
+        .unwrap();
+        let p = Policies::compile(&rules).unwrap();
+        let decide_real = |call: Value, real: &[&str]| {
+            let real: Vec<PathBuf> = real.iter().map(PathBuf::from).collect();
+            let facts = Facts {
+                agent: "claude",
+                tool_call: &call,
+                cwd: Path::new("/srv/work"),
+                mode: Mode::Ask,
+                real_paths: &real,
+            };
+            p.evaluate(&facts, &[], None, Instant::now())
+        };
+        // A link inside the cwd to secret/: denied through either form.
+        let v = decide_real(edit("/srv/work/link/key"), &["/srv/work/secret/key"]);
+        assert_eq!((v.decision, v.rule.as_deref()), (Deny, Some("no secrets")));
+        assert!(v.reason.contains("as resolved"), "{}", v.reason);
+        let v = decide_real(edit("/srv/work/secret/key"), &["/srv/work/public/key"]);
+        assert_eq!((v.decision, v.rule.as_deref()), (Deny, Some("no secrets")));
+        // An ask rule matching one form does not hide a deny on the other.
+        let v = decide_real(edit("/srv/work/secret/a"), &["/srv/work/docs/a"]);
+        assert_eq!(v.decision, Deny, "{v:?}");
+        let v = decide_real(edit("/srv/work/docs/a"), &["/srv/work/secret/a"]);
+        assert_eq!(v.decision, Deny, "{v:?}");
+        // A link out of the cwd: an allow on the cwd no longer covers it.
+        let v = decide_real(edit("/srv/work/out/hosts"), &["/etc/hosts"]);
+        assert_eq!((v.decision, v.rule.as_deref()), (Deny, Some("no etc")));
+        let v = decide_real(edit("/srv/work/out/x"), &["/var/x"]);
+        assert_eq!(v.decision, Ask, "{v:?}");
+        // Nor does a link into the cwd bring an outside path under it.
+        let v = decide_real(edit("/var/x"), &["/srv/work/x"]);
+        assert_eq!(v.decision, Ask, "{v:?}");
+        // Both allowed: allowed, remembered only as the given form would be.
+        let v = decide_real(edit("/srv/work/a.rs"), &["/srv/work/src/a.rs"]);
+        assert_eq!((v.decision, v.remember), (Allow, true), "{v:?}");
+        // The same paths, or none known: as before.
+        let v = decide_real(edit("/srv/work/secret/../a.rs"), &["/srv/work/a.rs"]);
+        assert_eq!(v.decision, Allow, "{v:?}");
+        assert_eq!(decide_real(edit("/srv/work/link/key"), &[]).decision, Allow);
     }
 
     #[test]
@@ -1267,6 +1375,7 @@ mod tests {
                     tool_call: call,
                     cwd: Path::new("/srv/work"),
                     mode: Mode::Trusted,
+                    real_paths: &[],
                 },
                 &[],
                 None,
@@ -1299,6 +1408,7 @@ mod tests {
             tool_call: &call,
             cwd: Path::new("/srv/work"),
             mode: Mode::Ask,
+            real_paths: &[],
         };
         let mut decisions = Vec::new();
         for _ in 0..3 {
@@ -1396,6 +1506,7 @@ mod tests {
                 tool_call: &call,
                 cwd: Path::new("/srv/work"),
                 mode: Mode::Ask,
+                real_paths: &[],
             };
             let v = p.evaluate(&facts, &remembered, None, Instant::now());
             (v.decision, v.rule)
@@ -1415,6 +1526,7 @@ mod tests {
             tool_call: &call,
             cwd: Path::new("/srv/work"),
             mode: Mode::Ask,
+            real_paths: &[],
         };
         assert_eq!(
             p.evaluate(&facts, &never, None, Instant::now()).decision,
@@ -1452,6 +1564,7 @@ mod tests {
                 tool_call: &call,
                 cwd: Path::new("/srv/work"),
                 mode: Mode::Ask,
+                real_paths: &[],
             };
             none.evaluate(&facts, remembered, None, Instant::now())
                 .decision
@@ -1586,6 +1699,7 @@ mod props {
             tool_call,
             cwd: Path::new("/srv/work"),
             mode,
+            real_paths: &[],
         };
         p.evaluate(&facts, &[], None, Instant::now()).decision
     }

@@ -4,9 +4,13 @@
 //! Every one of them is first put to the operator's policies as the tool
 //! call it amounts to (a read, an edit, an execute): one a `deny` rule (or
 //! the `read_only` mode) covers is refused, whether or not the agent asked
-//! permission first. Nothing else here asks a person: asking is the agent's
-//! business, through `session/request_permission`.
+//! permission first. A file's path is judged as given and as the file
+//! really is, on the very file about to be read or written (the policies
+//! are asked from the file thread, between finding it and touching it).
+//! Nothing else here asks a person: asking is the agent's business, through
+//! `session/request_permission`.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use agent_client_protocol_schema::v1 as acp;
@@ -16,7 +20,7 @@ use tokio::sync::mpsc;
 use crate::acp::rpc::{IncomingRequest, Responder};
 use crate::error::Result;
 use crate::model::{Action, FileWritten};
-use crate::permissions::policy::{Facts, Mode};
+use crate::permissions::policy::{Facts, Mode, Policies};
 use crate::permissions::PolicyHandle;
 use crate::store::Store;
 use crate::workspace::terminals::{self, TerminalOutput, Terminals};
@@ -105,15 +109,19 @@ impl Served {
         let outcome = match method.as_str() {
             "fs/read_text_file" => {
                 let workspace = self.workspace.clone();
+                let gate = self.gate(&method, &params, store).await?;
                 tokio::spawn(async move {
-                    answer(responder, files::read(&workspace, params).await);
+                    answer(responder, files::read_gated(&workspace, params, gate).await);
                 });
                 return Ok(None);
             }
-            "fs/write_text_file" => match files::write(&self.workspace, params).await {
-                Ok(written) => return Ok(Some(Write { written, responder })),
-                Err(refusal) => Err(refusal),
-            },
+            "fs/write_text_file" => {
+                let gate = self.gate(&method, &params, store).await?;
+                match files::write_gated(&self.workspace, params, gate).await {
+                    Ok(written) => return Ok(Some(Write { written, responder })),
+                    Err(refusal) => Err(refusal),
+                }
+            }
             "terminal/create" => parse::<acp::CreateTerminalRequest>(params)
                 .and_then(|request| self.terminals.create(&self.workspace, &request)),
             "terminal/output" => self.terminals.output(&params),
@@ -144,51 +152,109 @@ impl Served {
         }
     }
 
-    /// The refusal of a request the operator's policies deny.
+    /// The real places of a tool call's paths, looked up with the agent's
+    /// user's rights (for the policies, which judge both forms).
+    pub async fn real_paths(&self, given: Vec<PathBuf>) -> Vec<PathBuf> {
+        crate::workspace::real_paths(self.workspace.user.clone(), given).await
+    }
+
+    /// The policies in force (with the database away: as last seen).
+    async fn policies(&self, store: &dyn Store) -> Result<Arc<Policies>> {
+        match self.policies.refresh(store).await {
+            Err(e) if e.is_outage() => Ok(self.policies.current()),
+            other => other,
+        }
+    }
+
+    /// The refusal of a terminal the operator's policies deny (files are
+    /// judged by their [`Served::gate`]).
     async fn denied(
         &self,
         method: &str,
         params: &Value,
         store: &dyn Store,
     ) -> Result<Option<Refusal>> {
-        let path = || params.get("path").cloned().unwrap_or(Value::Null);
         let tool_call = match method {
-            "fs/read_text_file" => json!({
-                "toolCallId": "fs", "kind": "read", "title": format!("Read {}", path()),
-                "locations": [{"path": path()}], "rawInput": {"path": path()},
-            }),
-            "fs/write_text_file" => json!({
-                "toolCallId": "fs", "kind": "edit", "title": format!("Write {}", path()),
-                "locations": [{"path": path()}], "rawInput": {"path": path()},
-            }),
             "terminal/create" => match parse::<acp::CreateTerminalRequest>(params.clone()) {
                 Ok(request) => terminals::as_tool_call(&request, &self.workspace.cwd),
                 Err(refusal) => return Ok(Some(refusal)),
             },
             _ => return Ok(None),
         };
-        // With the database away: the policies as last seen.
-        let policies = match self.policies.refresh(store).await {
-            Err(e) if e.is_outage() => self.policies.current(),
-            other => other?,
+        let policies = self.policies(store).await?;
+        Ok(judge(
+            &policies,
+            &Judged {
+                agent: self.agent.clone(),
+                cwd: self.workspace.cwd.clone(),
+                mode: self.mode,
+                method: method.to_owned(),
+                tool_call,
+            },
+            &[],
+        ))
+    }
+
+    /// What a file request is judged by, on its file thread: the request
+    /// as the tool call it amounts to, its path as given and as the file it
+    /// reaches really is.
+    async fn gate(&self, method: &str, params: &Value, store: &dyn Store) -> Result<files::Gate> {
+        let path = params.get("path").cloned().unwrap_or(Value::Null);
+        let (kind, verb) = match method {
+            "fs/write_text_file" => ("edit", "Write"),
+            _ => ("read", "Read"),
         };
-        let facts = Facts {
-            agent: &self.agent,
-            tool_call: &tool_call,
-            cwd: &self.workspace.cwd,
+        let judged = Judged {
+            agent: self.agent.clone(),
+            cwd: self.workspace.cwd.clone(),
             mode: self.mode,
+            method: method.to_owned(),
+            tool_call: json!({
+                "toolCallId": "fs", "kind": kind, "title": format!("{verb} {path}"),
+                "locations": [{"path": path}], "rawInput": {"path": path},
+            }),
         };
-        let verdict = policies.evaluate(&facts, &[], None, tokio::time::Instant::now());
-        if verdict.decision != Action::Deny {
-            return Ok(None);
-        }
-        tracing::info!(method, rule = ?verdict.rule, "operator policy refuses the agent's request");
-        Ok(Some(Refusal {
-            code: INVALID_PARAMS,
-            message: format!("refused by the operator's policy: {}", verdict.reason),
-            data: Some(json!({ "rule": verdict.rule })),
+        let policies = self.policies(store).await?;
+        // Its log lines belong to the conversation, on whichever thread.
+        let span = tracing::Span::current();
+        Ok(Box::new(move |real: &Path| {
+            let _entered = span.enter();
+            match judge(&policies, &judged, &[real.to_path_buf()]) {
+                Some(refusal) => Err(refusal),
+                None => Ok(()),
+            }
         }))
     }
+}
+
+/// A request of the agent's as the policies see it.
+struct Judged {
+    agent: String,
+    cwd: PathBuf,
+    mode: Mode,
+    method: String,
+    tool_call: Value,
+}
+
+/// The refusal of a request the operator's policies deny.
+fn judge(policies: &Policies, judged: &Judged, real_paths: &[PathBuf]) -> Option<Refusal> {
+    let facts = Facts {
+        agent: &judged.agent,
+        tool_call: &judged.tool_call,
+        cwd: &judged.cwd,
+        mode: judged.mode,
+        real_paths,
+    };
+    let verdict = policies.evaluate(&facts, &[], None, tokio::time::Instant::now());
+    if verdict.decision != Action::Deny {
+        return None;
+    }
+    tracing::info!(method = judged.method, rule = ?verdict.rule, "operator policy refuses the agent's request");
+    Some(Refusal {
+        code: INVALID_PARAMS,
+        message: format!("refused by the operator's policy: {}", verdict.reason),
+        data: Some(json!({ "rule": verdict.rule })),
+    })
 }
 
 fn parse<T: serde::de::DeserializeOwned>(params: Value) -> std::result::Result<T, Refusal> {

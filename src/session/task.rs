@@ -38,7 +38,7 @@ use crate::model::{
     self, AgentState, AgentStatus, ConfigOptionChanged, Conversation, ConversationStatus, Decision,
     ModeChanged, PermissionRequest, PermissionStatus, SessionState, TurnEnded, TurnStarted,
 };
-use crate::permissions::policy::{Facts, Mode};
+use crate::permissions::policy::{self, Facts, Mode};
 use crate::permissions::{
     answer_resolved, keys_to_remember, option_kind, validate_answer, Answer, PolicyHandle,
 };
@@ -936,11 +936,16 @@ impl Session {
             Err(e) if e.is_outage() => Vec::new(),
             other => other?,
         };
+        // Its paths as they really are too: a symlink hides nothing from a
+        // deny (the agent reaches them itself; this is as of now).
+        let given = policy::tool_paths(&tool_call, &self.cwd);
+        let real_paths = self.served.real_paths(given).await;
         let facts = Facts {
             agent: &self.agent,
             tool_call: &permission.tool_call,
             cwd: &self.cwd,
             mode: self.mode,
+            real_paths: &real_paths,
         };
         match self
             .pending

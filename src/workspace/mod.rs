@@ -2,13 +2,16 @@
 //! its profile offers it: files (`fs/read_text_file`, `fs/write_text_file`,
 //! with `client_fs`) and terminals (`terminal/*`, with `client_terminal`).
 //!
-//! The gateway enforces the workspace itself: a path must resolve (`..` and
-//! symlinks followed) to a place inside the conversation's cwd and the
-//! profile's `allowed_roots`; files are read and written with the agent's
-//! user's rights, never the gateway's. Nothing here knows about sessions or
-//! the database: the session task hands requests in and journals what comes
-//! out ([`files::Written`], terminal output).
+//! The gateway enforces the workspace itself: a file's path is resolved by
+//! the kernel beneath a descriptor of the conversation's cwd ([`beneath`]),
+//! so `..` and symlinks never lead out of it, not even when swapped while a
+//! request is served; only regular files are read and written; files are
+//! reached with the agent's user's rights, never the gateway's. Nothing here
+//! knows about sessions or the database: the session task hands requests in
+//! and journals what comes out ([`crate::model::FileWritten`], terminal
+//! output).
 
+pub mod beneath;
 pub mod files;
 pub mod paths;
 pub mod terminals;
@@ -54,9 +57,15 @@ impl Refusal {
     /// An I/O error, said with the path it happened on.
     pub fn io(path: &Path, error: std::io::Error) -> Refusal {
         let message = format!("{}: {error}", path.display());
+        use std::io::ErrorKind::*;
         match error.kind() {
-            std::io::ErrorKind::NotFound => Refusal::not_found(message),
-            std::io::ErrorKind::PermissionDenied => Refusal::invalid(message),
+            NotFound => Refusal::not_found(message),
+            // What the request names cannot be served as asked: the
+            // agent's doing, not the gateway's failing.
+            PermissionDenied | NotADirectory | IsADirectory | InvalidFilename | InvalidInput => {
+                Refusal::invalid(message)
+            }
+            _ if error.raw_os_error() == Some(libc::ELOOP) => Refusal::invalid(message),
             _ => Refusal {
                 code: INTERNAL_ERROR,
                 message,
@@ -82,10 +91,43 @@ pub struct Workspace {
 }
 
 impl Workspace {
-    /// A path the agent named, resolved and checked to be inside.
+    /// A path the agent named, resolved and checked to be inside (for a
+    /// terminal's cwd; files are reached through [`Workspace::root`]).
     pub fn resolve(&self, path: &Path) -> Result<PathBuf, Refusal> {
         paths::resolve_inside(path, &self.cwd, &self.allowed_roots).map_err(Refusal::invalid)
     }
+
+    /// The cwd, opened as the root every file is reached beneath (on the
+    /// thread that then reaches them: it is opened with its rights).
+    ///
+    /// Beneath the cwd is inside the `allowed_roots` when the cwd is: that
+    /// was checked when the conversation was made, and is checked again
+    /// here (the roots may have changed since); the cwd is opened without
+    /// following any symlink, so it is the directory that was checked.
+    pub fn root(&self, resolver: beneath::Resolver) -> Result<beneath::Root, Refusal> {
+        let within = |root: &PathBuf| {
+            std::fs::canonicalize(root).is_ok_and(|root| self.cwd.starts_with(root))
+        };
+        if !self.allowed_roots.is_empty() && !self.allowed_roots.iter().any(within) {
+            return Err(Refusal::invalid(format!(
+                "the conversation's directory {} is outside the agent's allowed_roots",
+                self.cwd.display()
+            )));
+        }
+        beneath::Root::open(&self.cwd, resolver).map_err(|e| Refusal::io(&self.cwd, e))
+    }
+}
+
+/// The real places of `given` (see [`paths::real_paths`]), looked up with
+/// `user`'s rights (for the policies, which judge both forms).
+pub async fn real_paths(user: Option<SystemUser>, given: Vec<PathBuf>) -> Vec<PathBuf> {
+    if given.is_empty() {
+        return given;
+    }
+    let asked = given.clone();
+    as_user(user, move || paths::real_paths(&asked))
+        .await
+        .unwrap_or(given)
 }
 
 /// Runs `work` on a thread of its own whose file system rights are `user`'s

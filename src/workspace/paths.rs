@@ -34,17 +34,40 @@ pub fn resolve_inside(path: &Path, cwd: &Path, roots: &[PathBuf]) -> Result<Path
     Ok(real)
 }
 
+/// The real place of each of `paths` (absolute): symlinks of its existing
+/// part resolved, the rest appended; one that cannot be looked at is kept
+/// as given. For the policies, which judge a tool call's paths both as
+/// given and as they really are.
+pub fn real_paths(paths: &[PathBuf]) -> Vec<PathBuf> {
+    paths
+        .iter()
+        .map(|path| resolve(path).unwrap_or_else(|_| path.clone()))
+        .collect()
+}
+
 /// The real place of an absolute path, which need not exist.
-fn resolve(path: &Path) -> Result<PathBuf, String> {
+pub fn resolve(path: &Path) -> Result<PathBuf, String> {
+    resolve_following(path, 0)
+}
+
+fn resolve_following(path: &Path, links: usize) -> Result<PathBuf, String> {
     // Its longest existing ancestor is resolved by the kernel (symlinks,
     // `..` after a symlink); the part that does not exist cannot hold a
-    // symlink, and its `..` are taken by hand.
+    // symlink, and its `..` are taken by hand. A dangling symlink leads
+    // where it points: writing through it makes that.
     let mut existing = path.to_path_buf();
     let mut missing: Vec<std::ffi::OsString> = Vec::new();
     let mut base = loop {
         match std::fs::canonicalize(&existing) {
             Ok(real) => break real,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if let Ok(target) = std::fs::read_link(&existing) {
+                    if links >= 40 {
+                        return Err(format!("{}: too many symbolic links", path.display()));
+                    }
+                    let parent = existing.parent().unwrap_or(Path::new("/"));
+                    break resolve_following(&parent.join(target), links + 1)?;
+                }
                 match existing.components().next_back() {
                     Some(Component::Normal(name)) => missing.push(name.to_owned()),
                     Some(Component::ParentDir) => missing.push("..".into()),
@@ -89,6 +112,12 @@ mod tests {
         assert!(refused(cwd.join("etc-link/passwd")).contains("resolves to /etc/passwd"));
         assert!(refused(cwd.join("new/../../y")).contains("outside"));
         assert!(refused(PathBuf::from("relative.txt")).contains("not an absolute path"));
+
+        // A dangling link leads where it points.
+        std::os::unix::fs::symlink("src/later.rs", cwd.join("dangling")).unwrap();
+        assert_eq!(ok(cwd.join("dangling")), cwd.join("src/later.rs"));
+        std::os::unix::fs::symlink("/etc/nothing-here", cwd.join("dangling-out")).unwrap();
+        assert!(refused(cwd.join("dangling-out")).contains("/etc/nothing-here"));
 
         let root = cwd.join("src");
         assert!(resolve_inside(&cwd.join("src/f"), &cwd, std::slice::from_ref(&root)).is_ok());
