@@ -122,11 +122,20 @@ async fn a_fifo_fed_more_than_the_limit_is_refused_without_holding_what_it_is_fe
     let (_dir, cwd, workspace) = workspace();
     let pipe = cwd.join("fed");
     mkfifo(&pipe);
-    // A writer with 100 MiB to give, waiting for a reader.
+    // A writer with 100 MiB to give, feeding as fast as it is read. A
+    // reader of the test's own holds the pipe open first, so the writer's
+    // open never waits (whenever its thread runs) and it fills the pipe.
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&pipe)
+        .unwrap();
+    let (opened, writing) = std::sync::mpsc::channel();
     let feeder = {
         let pipe = pipe.clone();
         std::thread::spawn(move || {
             let mut fifo = std::fs::OpenOptions::new().write(true).open(pipe)?;
+            let _ = opened.send(());
             let chunk = vec![b'a'; MIB as usize];
             for _ in 0..100 {
                 fifo.write_all(&chunk)?;
@@ -134,6 +143,9 @@ async fn a_fifo_fed_more_than_the_limit_is_refused_without_holding_what_it_is_fe
             std::io::Result::Ok(())
         })
     };
+    writing
+        .recv_timeout(WAIT)
+        .expect("the feeder opens the pipe");
     let rss = status_kib("VmRSS:");
     let read = tokio::time::timeout(WAIT, files::read(&workspace, params(&pipe, None)))
         .await
@@ -143,14 +155,9 @@ async fn a_fifo_fed_more_than_the_limit_is_refused_without_holding_what_it_is_fe
     let grown = status_kib("VmRSS:").saturating_sub(rss);
     assert!(grown < 16 * 1024, "memory grew by {grown} KiB");
     eprintln!("fed FIFO refused: memory +{grown} KiB");
-    // The gateway never opened it: the feeder still waits for a reader. One
-    // comes and goes, and the feeder ends on a broken pipe.
-    let reader = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(&pipe)
-        .unwrap();
-    drop(reader);
+    // The gateway never read it: the only reader goes, and the feeder ends
+    // on a broken pipe.
+    drop(held);
     let fed = tokio::time::timeout(WAIT, tokio::task::spawn_blocking(move || feeder.join()))
         .await
         .expect("the feeder ends")

@@ -938,7 +938,7 @@ impl Session {
         };
         // Its paths as they really are too: a symlink hides nothing from a
         // deny (the agent reaches them itself; this is as of now).
-        let given = policy::tool_paths(&tool_call, &self.cwd);
+        let given = policy::tool_paths(&permission.tool_call, &self.cwd);
         let real_paths = self.served.real_paths(given).await;
         let facts = Facts {
             agent: &self.agent,

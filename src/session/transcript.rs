@@ -131,25 +131,33 @@ impl Transcript {
     /// What is known of a tool call, overlaid with `update` (a permission
     /// request's `toolCall`, which may carry only some fields).
     pub fn known_tool_call(&self, update: &Value) -> Value {
-        let mut merged = json!({});
+        let mut merged = serde_json::Map::new();
         let known = update
             .get("toolCallId")
             .and_then(Value::as_str)
             .and_then(|id| self.tool_calls.get(id));
         if let Some(call) = known {
-            merged = json!({
-                "kind": call.kind, "title": call.title,
-                "locations": call.locations, "rawInput": call.raw_input,
-            });
+            let fields = [
+                ("kind", call.kind.clone().map(Value::from)),
+                ("title", call.title.clone().map(Value::from)),
+                ("locations", call.locations.clone()),
+                ("rawInput", call.raw_input.clone()),
+            ];
+            // What the agent never said stays out, rather than `null`.
+            for (k, v) in fields {
+                if let Some(v) = v.filter(|v| !v.is_null()) {
+                    merged.insert(k.to_owned(), v);
+                }
+            }
         }
-        if let (Some(merged), Some(update)) = (merged.as_object_mut(), update.as_object()) {
+        if let Some(update) = update.as_object() {
             for (k, v) in update {
                 if !v.is_null() {
                     merged.insert(k.clone(), v.clone());
                 }
             }
         }
-        merged
+        Value::Object(merged)
     }
 
     /// Everything that changed since the last call.
