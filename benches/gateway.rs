@@ -191,7 +191,10 @@ async fn streaming(
     sizes: &[usize],
     (ref_size, sdk_rate): (usize, f64),
 ) {
-    let gw = TestGateway::start(db, vec![demo_profile("demo", &[])]).await;
+    // A conversation per run, all from one caller.
+    let mut config = TestGateway::config(db, vec![demo_profile("demo", &[])]);
+    config.rate_limits.conversations_per_minute = 1_000_000;
+    let gw = TestGateway::start_with(config).await;
     // Warm up (the first agent started and the first commits cost more).
     stream_once(&gw, 10_000).await;
     let mut times = Vec::new();

@@ -64,6 +64,7 @@ struct CreateBody {
         (status = 201, description = "Started", body = ConversationView),
         (status = 404, description = "No such agent profile"),
         (status = 422, description = "Invalid input"),
+        (status = 429, description = "Too many new conversations for the user (`conversations_per_minute`), or all the agents the user may run are busy (`max_agents_per_user`); `Retry-After`"),
         (status = 502, description = "The agent could not be started (the detail says why, with its last stderr lines)"),
         (status = 503, description = "All `max_agents` agents are busy (`Retry-After`)"),
         (status = 504, description = "The agent did not answer in time"),
@@ -86,6 +87,8 @@ async fn create(
         .agent(&body.agent)
         .ok_or_else(|| Error::NotFound(format!("no agent named {:?}", body.agent)))?;
     let cwd = profile.conversation_cwd(body.cwd.as_deref())?;
+    // Counted once the request would start an agent.
+    state.auth().check_rate(&caller, Limited::Conversation)?;
     let now = model::now();
     let conversation = Conversation {
         id: model::new_id(),
@@ -252,7 +255,7 @@ struct TurnId {
         (status = 404, description = "No such conversation"),
         (status = 409, description = "`turn_in_progress`, `conversation_closed` or `agent_unavailable`"),
         (status = 422, description = "Invalid prompt"),
-        (status = 429, description = "Too many prompts (`Retry-After`)"),
+        (status = 429, description = "Too many prompts for the token, or the agent has to be started again and all the agents the owner may run are busy (`max_agents_per_user`); `Retry-After`"),
         (status = 502, description = "The agent could not be started again"),
         (status = 503, description = "At capacity (`max_agents`)"),
         (status = 504, description = "The agent did not answer in time"),
@@ -312,6 +315,7 @@ struct ModeBody {
         (status = 404, description = "No such conversation"),
         (status = 409, description = "`conversation_closed` or `agent_unavailable`"),
         (status = 422, description = "A mode the agent does not offer"),
+        (status = 429, description = "The agent has to be started again and all the agents the owner may run are busy (`max_agents_per_user`; `Retry-After`)"),
         (status = 502, description = "The agent refused (its message in the detail) or went away"),
         (status = 503, description = "At capacity (`max_agents`)"),
         (status = 504, description = "The agent did not answer in time"),
@@ -351,6 +355,7 @@ struct ConfigOptionBody {
         (status = 404, description = "No such conversation"),
         (status = 409, description = "`conversation_closed` or `agent_unavailable`"),
         (status = 422, description = "An option or value the agent does not offer"),
+        (status = 429, description = "The agent has to be started again and all the agents the owner may run are busy (`max_agents_per_user`; `Retry-After`)"),
         (status = 502, description = "The agent refused (its message in the detail) or went away"),
         (status = 503, description = "At capacity (`max_agents`)"),
         (status = 504, description = "The agent did not answer in time"),
