@@ -734,15 +734,23 @@ impl TestGateway {
         .await
     }
 
-    /// All events of a conversation from REST.
+    /// All events of a conversation from REST, page after page.
     pub async fn events(&self, conversation: &str) -> Vec<Value> {
-        let (status, body) = self
-            .get(&format!(
-                "/api/v1/conversations/{conversation}/events?limit=10000"
-            ))
-            .await;
-        assert_eq!(status, 200, "{body}");
-        body["items"].as_array().unwrap().clone()
+        let mut events = Vec::new();
+        let mut after = 0;
+        loop {
+            let (status, body) = self
+                .get(&format!(
+                    "/api/v1/conversations/{conversation}/events?after={after}&limit=10000"
+                ))
+                .await;
+            assert_eq!(status, 200, "{body}");
+            events.extend(body["items"].as_array().unwrap().iter().cloned());
+            match body["next_cursor"].as_str() {
+                Some(cursor) => after = cursor.parse().unwrap(),
+                None => return events,
+            }
+        }
     }
 }
 
