@@ -95,6 +95,11 @@ impl Gateway {
         })
     }
 
+    /// What its WebSockets hold for their clients (`ws_buffer_bytes`).
+    pub fn websocket_budget(&self) -> api::SendBudget {
+        self.state.send_budget().clone()
+    }
+
     pub fn local_addr(&self) -> SocketAddr {
         self.listener
             .local_addr()

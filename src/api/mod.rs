@@ -1,6 +1,7 @@
 //! The HTTP API: one router per resource, merged in [`router`]. The contract
 //! is `docs/api.md`; `openapi/openapi.yaml` describes it exactly.
 
+mod budget;
 mod conversations;
 mod extract;
 pub mod openapi;
@@ -24,6 +25,7 @@ use crate::error::Error;
 use crate::model::{ConversationStatus, Page};
 use crate::telemetry;
 
+pub use budget::SendBudget;
 pub use extract::{AppJson, AppPath, AppQuery};
 pub use state::AppState;
 

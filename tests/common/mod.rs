@@ -545,6 +545,8 @@ pub async fn demo_conversation(db: &TestDb) -> (TestGateway, String, Ws) {
 pub struct TestGateway {
     pub base: String,
     pub config: Config,
+    /// What its WebSockets hold for their clients.
+    pub ws_budget: acp_gateway::api::SendBudget,
     stop: CancellationToken,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     pub http: reqwest::Client,
@@ -584,12 +586,14 @@ impl TestGateway {
             .await
             .expect("gateway builds");
         let base = format!("http://{}", gateway.local_addr());
+        let ws_budget = gateway.websocket_budget();
         let stop = CancellationToken::new();
         let token = stop.clone();
         let task = tokio::spawn(gateway.run(async move { token.cancelled().await }));
         TestGateway {
             base,
             config,
+            ws_budget,
             stop,
             task: Some(task),
             http: reqwest::Client::new(),
