@@ -79,6 +79,25 @@ async fn all_events(gw: &TestGateway, id: &str) -> Vec<Value> {
     }
 }
 
+/// Every message of a conversation, paged.
+async fn all_messages(gw: &TestGateway, id: &str) -> Vec<Value> {
+    let mut messages = Vec::new();
+    let mut after = String::new();
+    loop {
+        let (status, page) = gw
+            .get(&format!(
+                "/api/v1/conversations/{id}/messages?limit=1000{after}"
+            ))
+            .await;
+        assert_eq!(status, 200, "{page}");
+        messages.extend(page["items"].as_array().unwrap().iter().cloned());
+        match page["next_cursor"].as_str() {
+            Some(cursor) => after = format!("&after={cursor}"),
+            None => return messages,
+        }
+    }
+}
+
 struct Streamed {
     secs: f64,
     events: usize,
@@ -111,16 +130,8 @@ async fn stream_once(gw: &TestGateway, n: usize) -> Streamed {
     assert_consecutive(&events, 0);
     let stored = streamed_text(&events, "agent_message_chunk");
     assert!(stored == expected, "the events stored hold every chunk");
-    let (status, messages) = gw
-        .get(&format!("/api/v1/conversations/{id}/messages"))
-        .await;
-    assert_eq!(status, 200);
-    let agent: Vec<&Value> = messages["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "agent")
-        .collect();
+    let messages = all_messages(gw, &id).await;
+    let agent: Vec<&Value> = messages.iter().filter(|m| m["role"] == "agent").collect();
     assert_eq!(agent.len(), 1, "one agent message");
     assert!(
         agent[0]["content"] == serde_json::json!([{"type": "text", "text": expected}]),
@@ -191,7 +202,10 @@ async fn streaming(
     sizes: &[usize],
     (ref_size, sdk_rate): (usize, f64),
 ) {
-    let gw = TestGateway::start(db, vec![demo_profile("demo", &[])]).await;
+    // A conversation per run, all from one caller.
+    let mut config = TestGateway::config(db, vec![demo_profile("demo", &[])]);
+    config.rate_limits.conversations_per_minute = 1_000_000;
+    let gw = TestGateway::start_with(config).await;
     // Warm up (the first agent started and the first commits cost more).
     stream_once(&gw, 10_000).await;
     let mut times = Vec::new();

@@ -295,7 +295,9 @@ async fn main() {
         &config,
         format!(
             "listen = \"127.0.0.1:{port}\"\ndatabase_url = {:?}\nshutdown_timeout = \"2s\"\n\
-             rate_limits = {{ prompts_per_minute = 1000000, connections_per_minute = 1000000 }}\n\
+             max_agents = 100000\nmax_agents_per_user = 100000\n\
+             rate_limits = {{ prompts_per_minute = 1000000, connections_per_minute = 1000000, \
+             conversations_per_minute = 1000000 }}\n\
              [[agents]]\nname = \"demo\"\ncommand = {:?}\nargs = [\"--chunk-delay-ms\", \"2\"]\n\
              cwd = {:?}\nidle_timeout = \"2s\"\npermission_timeout = \"4s\"\n",
             db.url,

@@ -78,6 +78,13 @@ impl Gateway {
             .context("Failed to read the bound address")?;
         check_exposure(&config, addr, auth_required)?;
         let auth = Auth::new(auth_required, config.rate_limits.clone());
+        let limits = config.agent_limits();
+        tracing::info!(
+            max_agents = limits.total,
+            max_agents_per_user = limits.per_user,
+            derived = config.max_agents.is_none(),
+            "agent limits"
+        );
         let sessions = Sessions::new(
             sink,
             node,
@@ -93,6 +100,11 @@ impl Gateway {
             tasks,
             shutdown,
         })
+    }
+
+    /// What its WebSockets hold for their clients (`ws_buffer_bytes`).
+    pub fn websocket_budget(&self) -> api::SendBudget {
+        self.state.send_budget().clone()
     }
 
     pub fn local_addr(&self) -> SocketAddr {

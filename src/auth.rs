@@ -133,8 +133,13 @@ pub struct Auth {
 /// Which limit a request counts against.
 #[derive(Debug, Clone, Copy)]
 pub enum Limited {
+    /// Per token.
     Prompt,
+    /// Per token.
     Connection,
+    /// A new conversation (and so an agent process), per user: tokens are
+    /// cheap to have several of, processes are not.
+    Conversation,
 }
 
 impl Auth {
@@ -208,17 +213,33 @@ impl Auth {
     /// Counts one request of `kind` for the caller; 429 with the seconds to
     /// wait when over the limit.
     pub fn check_rate(&self, caller: &Caller, kind: Limited) -> Result<()> {
-        let (name, per_minute) = match kind {
-            Limited::Prompt => ("prompts", self.limits.prompts_per_minute),
-            Limited::Connection => ("connections", self.limits.connections_per_minute),
+        let (name, per_minute, per, key) = match kind {
+            Limited::Prompt => (
+                "prompts",
+                self.limits.prompts_per_minute,
+                "token",
+                caller.limit_key(),
+            ),
+            Limited::Connection => (
+                "connections",
+                self.limits.connections_per_minute,
+                "token",
+                caller.limit_key(),
+            ),
+            Limited::Conversation => (
+                "new conversations",
+                self.limits.conversations_per_minute,
+                "user",
+                caller.user.clone(),
+            ),
         };
         let window = Duration::from_secs(60);
-        let key = (name, caller.limit_key());
         let mut hits = self.hits.lock().unwrap();
-        hits.try_hit(key, per_minute, window, Instant::now())
+        hits.try_hit((name, key), per_minute, window, Instant::now())
             .map_err(|wait| Error::TooManyRequests {
-                detail: format!("at most {per_minute} {name} per minute per token"),
-                retry_after: wait.as_secs().max(1),
+                detail: format!("at most {per_minute} {name} per minute per {per}"),
+                // Rounded up: a client that waits this long gets through.
+                retry_after: wait.as_secs_f64().ceil().max(1.0) as u64,
             })
     }
 }
@@ -244,6 +265,7 @@ mod tests {
             RateLimits {
                 prompts_per_minute: 2,
                 connections_per_minute: 5,
+                conversations_per_minute: 1,
             },
         );
         let caller = Caller {
@@ -262,5 +284,37 @@ mod tests {
         auth.check_rate(&caller, Limited::Connection).unwrap();
         tokio::time::advance(Duration::from_secs(41)).await;
         auth.check_rate(&caller, Limited::Prompt).unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn new_conversations_are_limited_per_user_whatever_the_token() {
+        let auth = Auth::new(
+            true,
+            RateLimits {
+                prompts_per_minute: 10,
+                connections_per_minute: 10,
+                conversations_per_minute: 1,
+            },
+        );
+        let caller = |user: &str| Caller {
+            user: user.into(),
+            role: Role::User,
+            token_id: Some(uuid::Uuid::now_v7()),
+        };
+        auth.check_rate(&caller("ann"), Limited::Conversation)
+            .unwrap();
+        // Another token of the same user is the same user.
+        match auth.check_rate(&caller("ann"), Limited::Conversation) {
+            Err(Error::TooManyRequests {
+                retry_after,
+                detail,
+            }) => {
+                assert_eq!(retry_after, 60);
+                assert!(detail.contains("per user"), "{detail}");
+            }
+            other => panic!("expected 429, got {other:?}"),
+        }
+        auth.check_rate(&caller("bob"), Limited::Conversation)
+            .unwrap();
     }
 }

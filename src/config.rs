@@ -50,11 +50,28 @@ pub struct Config {
     /// The system user agents run as when their profile names none.
     #[serde(default)]
     pub agent_user: Option<String>,
-    /// Most agent processes running at once (default: no limit). When a
-    /// conversation needs one more, the longest-idle agent is stopped first;
-    /// when none is idle, the request gets 503.
+    /// Most agent processes running at once on this node (default: derived
+    /// from the machine, see [`default_max_agents`]). When a conversation
+    /// needs one more, the longest-idle agent is stopped first; when none is
+    /// idle, the request gets 503.
     #[serde(default)]
     pub max_agents: Option<usize>,
+    /// Most agent processes of one user's conversations running at once on
+    /// this node (default: half of `max_agents`, at least 1). When one more
+    /// is needed, that user's longest-idle agent is stopped first; when none
+    /// of theirs is idle, the request gets 429.
+    #[serde(default)]
+    pub max_agents_per_user: Option<usize>,
+    /// Most bytes of JSON one page of events or messages holds (REST pages
+    /// and a WebSocket's catch-up reads alike); a page stops before the item
+    /// that would pass it (it always holds at least one).
+    #[serde(default = "default_max_page_bytes")]
+    pub max_page_bytes: usize,
+    /// Most bytes every WebSocket together holds for clients that have not
+    /// taken them yet; a client whose next frame does not fit is closed with
+    /// 1013 and resumes with `after`.
+    #[serde(default = "default_ws_buffer_bytes")]
+    pub ws_buffer_bytes: usize,
     /// On SIGTERM/SIGINT, how long running turns' agents get to answer their
     /// cancel (so those turns end `cancelled`) before agents are stopped.
     #[serde(default = "default_shutdown_timeout", with = "humantime_serde")]
@@ -139,7 +156,9 @@ pub struct AgentProfile {
     pub client_terminal: bool,
 }
 
-/// Requests per minute allowed per token.
+/// Requests per minute allowed: prompts and WebSocket connections per
+/// token, new conversations per user (each starts an agent process, and a
+/// user may hold many tokens).
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimits {
@@ -147,6 +166,8 @@ pub struct RateLimits {
     pub prompts_per_minute: u32,
     #[serde(default = "default_connections_per_minute")]
     pub connections_per_minute: u32,
+    #[serde(default = "default_conversations_per_minute")]
+    pub conversations_per_minute: u32,
 }
 
 fn default_prompts_per_minute() -> u32 {
@@ -155,14 +176,44 @@ fn default_prompts_per_minute() -> u32 {
 fn default_connections_per_minute() -> u32 {
     120
 }
+fn default_conversations_per_minute() -> u32 {
+    10
+}
 
 impl Default for RateLimits {
     fn default() -> Self {
         RateLimits {
             prompts_per_minute: default_prompts_per_minute(),
             connections_per_minute: default_connections_per_minute(),
+            conversations_per_minute: default_conversations_per_minute(),
         }
     }
+}
+
+/// Memory assumed for one agent process and what it runs (a Node.js agent
+/// such as Claude Code's adapter takes 150–300 MB, its tools more).
+const MEMORY_PER_AGENT: u64 = 512 * 1024 * 1024;
+/// Agents per CPU: agents mostly wait for their model, but their tools
+/// (builds, tests) compete for the CPUs.
+const AGENTS_PER_CPU: usize = 8;
+
+/// The `max_agents` of a machine with `memory` bytes (`None`: unknown) and
+/// `cpus` CPUs: one agent per 512 MiB, at most 8 per CPU, at least 2.
+pub fn default_max_agents(memory: Option<u64>, cpus: usize) -> usize {
+    let by_cpus = cpus.max(1) * AGENTS_PER_CPU;
+    let by_memory = memory.map_or(by_cpus, |m| {
+        usize::try_from(m / MEMORY_PER_AGENT).unwrap_or(usize::MAX)
+    });
+    by_cpus.min(by_memory).max(2)
+}
+
+/// How many agents may run at once on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AgentLimits {
+    /// Every conversation's together (`max_agents`).
+    pub total: usize,
+    /// One user's conversations' (`max_agents_per_user`).
+    pub per_user: usize,
 }
 
 fn default_listen() -> String {
@@ -179,6 +230,14 @@ fn default_max_body_bytes() -> usize {
 }
 fn default_event_buffer() -> usize {
     1024
+}
+/// 20 clients reading pages at once then hold tens of MB, not hundreds.
+fn default_max_page_bytes() -> usize {
+    1024 * 1024
+}
+/// Room for 64 clients each a full page behind.
+fn default_ws_buffer_bytes() -> usize {
+    64 * 1024 * 1024
 }
 fn default_startup_timeout() -> Duration {
     Duration::from_secs(60)
@@ -290,11 +349,34 @@ impl Config {
             bail!("shutdown_timeout: must be greater than zero");
         }
         if self.max_agents == Some(0) {
-            bail!("max_agents: must be at least 1 (leave it out for no limit)");
+            bail!("max_agents: must be at least 1 (leave it out for a default derived from the machine)");
         }
-        if self.rate_limits.prompts_per_minute == 0 || self.rate_limits.connections_per_minute == 0
-        {
-            bail!("rate_limits: limits must be at least 1 per minute");
+        if self.max_agents_per_user == Some(0) {
+            bail!("max_agents_per_user: must be at least 1 (leave it out for half of max_agents)");
+        }
+        if self.max_page_bytes < 1024 {
+            bail!("max_page_bytes: must be at least 1024");
+        }
+        if self.ws_buffer_bytes < self.max_page_bytes {
+            bail!(
+                "ws_buffer_bytes: must be at least max_page_bytes ({}), so that a page fits",
+                self.max_page_bytes
+            );
+        }
+        for (key, per_minute) in [
+            ("prompts_per_minute", self.rate_limits.prompts_per_minute),
+            (
+                "connections_per_minute",
+                self.rate_limits.connections_per_minute,
+            ),
+            (
+                "conversations_per_minute",
+                self.rate_limits.conversations_per_minute,
+            ),
+        ] {
+            if per_minute == 0 {
+                bail!("rate_limits.{key}: must be at least 1 per minute");
+            }
         }
         let mut names = HashSet::new();
         for (i, agent) in self.agents.iter().enumerate() {
@@ -361,6 +443,17 @@ impl Config {
             None => PathBuf::from("data"),
         };
         format!("sqlite://{}", dir.join("acp-gateway.db").display())
+    }
+
+    /// `max_agents` and `max_agents_per_user`, defaults applied: the
+    /// machine's for the total (see [`default_max_agents`]), half of the
+    /// total for one user.
+    pub fn agent_limits(&self) -> AgentLimits {
+        let total = self.max_agents.unwrap_or_else(|| {
+            default_max_agents(crate::sys::usable_memory_bytes(), crate::sys::usable_cpus())
+        });
+        let per_user = self.max_agents_per_user.unwrap_or((total / 2).max(1));
+        AgentLimits { total, per_user }
     }
 
     /// The profile with this name, with the gateway-wide `agent_user`
@@ -548,6 +641,48 @@ startup_timeout = "5s"
             .validate()
             .unwrap_err();
         assert!(err.to_string().starts_with("max_agents"), "{err}");
+    }
+
+    #[test]
+    fn spending_limits_default_to_bounds_and_are_checked_by_name() {
+        // One agent per 512 MiB, at most 8 per CPU, at least 2.
+        let gib = 1024 * 1024 * 1024;
+        assert_eq!(default_max_agents(Some(16 * gib), 2), 16);
+        assert_eq!(default_max_agents(Some(4 * gib), 2), 8);
+        assert_eq!(default_max_agents(Some(64 * gib), 16), 128);
+        assert_eq!(default_max_agents(Some(gib / 2), 4), 2);
+        assert_eq!(default_max_agents(None, 3), 24);
+        let config = Config::parse(GOOD).unwrap();
+        let limits = config.agent_limits();
+        assert!(limits.total >= 2, "{limits:?}");
+        assert_eq!(limits.per_user, limits.total / 2);
+        assert_eq!(config.rate_limits.conversations_per_minute, 10);
+        assert_eq!(config.max_page_bytes, 1024 * 1024);
+        assert_eq!(config.ws_buffer_bytes, 64 * 1024 * 1024);
+        let set =
+            Config::parse(&format!("max_agents = 6\nmax_agents_per_user = 4\n{GOOD}")).unwrap();
+        assert_eq!(
+            set.agent_limits(),
+            AgentLimits {
+                total: 6,
+                per_user: 4
+            }
+        );
+        for (line, key) in [
+            ("max_agents_per_user = 0", "max_agents_per_user"),
+            ("max_page_bytes = 10", "max_page_bytes"),
+            ("ws_buffer_bytes = 2048", "ws_buffer_bytes"),
+            (
+                "rate_limits = { conversations_per_minute = 0 }",
+                "rate_limits.conversations_per_minute",
+            ),
+        ] {
+            let err = Config::parse(&format!("{line}\n{GOOD}"))
+                .unwrap()
+                .validate()
+                .unwrap_err();
+            assert!(err.to_string().starts_with(key), "{line}: {err}");
+        }
     }
 
     #[test]

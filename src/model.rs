@@ -557,6 +557,10 @@ pub struct MessagePart {
     pub part: i32,
     /// The message, with `content` holding only this part's blocks.
     pub message: Message,
+    /// The seq of the event whose `data.content` is this part's content (a
+    /// prompt's `turn_started`): the content is stored there only, and read
+    /// back from it.
+    pub content_in_event: Option<i64>,
 }
 
 /// The text of a `{"type":"text","text":...}` block that carries nothing else

@@ -144,6 +144,29 @@ pub fn return_large_allocations_to_the_system() {
     }
 }
 
+/// The memory this process may use, in bytes: the machine's (`MemTotal` in
+/// `/proc/meminfo`), or its cgroup's limit (`memory.max`, cgroup v2) where
+/// that is lower; `None` where neither can be read.
+pub fn usable_memory_bytes() -> Option<u64> {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|kib| kib * 1024)?;
+    let limit = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    Some(limit.map_or(total, |limit| limit.min(total)))
+}
+
+/// How many CPUs this process may use (its affinity and cgroup quota
+/// count); 1 where that cannot be known.
+pub fn usable_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
 /// Gives the calling thread, and only it, `user`'s rights on files: its
 /// file system uid and gid become the user's, its supplementary groups none
 /// (as the agent's own process has them), and with a uid other than 0 the

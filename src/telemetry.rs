@@ -21,6 +21,11 @@ const COMMIT_SECONDS: &str = "acp_gateway_db_commit_seconds";
 const WRITE_BUFFER: &str = "acp_gateway_write_buffer_events";
 /// Open WebSocket connections.
 const WEBSOCKETS: &str = "acp_gateway_websocket_clients";
+/// Bytes WebSockets hold for clients that have not taken them yet (see
+/// `ws_buffer_bytes`).
+const WEBSOCKET_BUFFERED: &str = "acp_gateway_websocket_buffered_bytes";
+/// WebSockets closed with 1013 because their next bytes did not fit.
+const WEBSOCKET_OVER_BUDGET: &str = "acp_gateway_websocket_over_budget_total";
 /// Agent processes that ended, by cause.
 const AGENT_EXITS: &str = "acp_gateway_agent_exits_total";
 /// Agents started again for an existing conversation, by why they had gone
@@ -106,6 +111,16 @@ impl Drop for WebSocketOpen {
     fn drop(&mut self) {
         metrics::gauge!(WEBSOCKETS).decrement(1.0);
     }
+}
+
+/// Bytes held for WebSocket clients grew (`+n`) or shrank (`-n`).
+pub fn websocket_buffered(delta: f64) {
+    metrics::gauge!(WEBSOCKET_BUFFERED).increment(delta);
+}
+
+/// A WebSocket was closed with 1013: over `ws_buffer_bytes`.
+pub fn websocket_over_budget() {
+    metrics::counter!(WEBSOCKET_OVER_BUDGET).increment(1);
 }
 
 /// An agent process ended: `crashed` (by itself), `idle`, `capacity`

@@ -70,10 +70,12 @@ fn millis(d: Duration) -> f64 {
 /// measurement starts (setting up is not what is measured).
 const SETUP_CONCURRENCY: usize = 32;
 
-/// Every prompt and socket here comes from the one anonymous caller, far
-/// over the default per-minute limits.
-const NO_RATE_LIMITS: &str =
-    "[rate_limits]\nprompts_per_minute = 100000000\nconnections_per_minute = 100000000";
+/// Every conversation, prompt and socket here comes from the one anonymous
+/// caller, far over the default per-minute limits and agent limits (no
+/// agent is stopped to make room for another).
+const NO_RATE_LIMITS: &str = "max_agents = 100000\nmax_agents_per_user = 100000\n\
+    [rate_limits]\nprompts_per_minute = 100000000\nconnections_per_minute = 100000000\n\
+    conversations_per_minute = 100000000";
 
 /// The gateway's default log filter (README), so logging costs what it
 /// costs in production.
@@ -176,8 +178,6 @@ struct Served {
 
 impl Served {
     fn start(db: &TestDb, agent_args: &[&str]) -> Served {
-        // No `max_agents`: no limit (the default), so no agent is stopped to
-        // make room for another.
         let agent = demo_profile("demo", agent_args);
         Served {
             gw: GatewayProcess::start_configured(db, &[agent], LOG_FILTER, NO_RATE_LIMITS),

@@ -64,6 +64,7 @@ struct CreateBody {
         (status = 201, description = "Started", body = ConversationView),
         (status = 404, description = "No such agent profile"),
         (status = 422, description = "Invalid input"),
+        (status = 429, description = "Too many new conversations for the user (`conversations_per_minute`), or all the agents the user may run are busy (`max_agents_per_user`); `Retry-After`"),
         (status = 502, description = "The agent could not be started (the detail says why, with its last stderr lines)"),
         (status = 503, description = "All `max_agents` agents are busy (`Retry-After`)"),
         (status = 504, description = "The agent did not answer in time"),
@@ -86,6 +87,8 @@ async fn create(
         .agent(&body.agent)
         .ok_or_else(|| Error::NotFound(format!("no agent named {:?}", body.agent)))?;
     let cwd = profile.conversation_cwd(body.cwd.as_deref())?;
+    // Counted once the request would start an agent.
+    state.auth().check_rate(&caller, Limited::Conversation)?;
     let now = model::now();
     let conversation = Conversation {
         id: model::new_id(),
@@ -252,7 +255,7 @@ struct TurnId {
         (status = 404, description = "No such conversation"),
         (status = 409, description = "`turn_in_progress`, `conversation_closed` or `agent_unavailable`"),
         (status = 422, description = "Invalid prompt"),
-        (status = 429, description = "Too many prompts (`Retry-After`)"),
+        (status = 429, description = "Too many prompts for the token, or the agent has to be started again and all the agents the owner may run are busy (`max_agents_per_user`); `Retry-After`"),
         (status = 502, description = "The agent could not be started again"),
         (status = 503, description = "At capacity (`max_agents`)"),
         (status = 504, description = "The agent did not answer in time"),
@@ -312,6 +315,7 @@ struct ModeBody {
         (status = 404, description = "No such conversation"),
         (status = 409, description = "`conversation_closed` or `agent_unavailable`"),
         (status = 422, description = "A mode the agent does not offer"),
+        (status = 429, description = "The agent has to be started again and all the agents the owner may run are busy (`max_agents_per_user`; `Retry-After`)"),
         (status = 502, description = "The agent refused (its message in the detail) or went away"),
         (status = 503, description = "At capacity (`max_agents`)"),
         (status = 504, description = "The agent did not answer in time"),
@@ -351,6 +355,7 @@ struct ConfigOptionBody {
         (status = 404, description = "No such conversation"),
         (status = 409, description = "`conversation_closed` or `agent_unavailable`"),
         (status = 422, description = "An option or value the agent does not offer"),
+        (status = 429, description = "The agent has to be started again and all the agents the owner may run are busy (`max_agents_per_user`; `Retry-After`)"),
         (status = 502, description = "The agent refused (its message in the detail) or went away"),
         (status = 503, description = "At capacity (`max_agents`)"),
         (status = 504, description = "The agent did not answer in time"),
@@ -393,26 +398,49 @@ async fn change(
     load(state, caller, id).await.map(Json)
 }
 
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct MessagesQuery {
+    /// Messages after this one (its id: the previous page's `next_cursor`);
+    /// default: from the first.
+    after: Option<Uuid>,
+    /// 1 to 10000 (default 1000).
+    #[param(minimum = 1, maximum = 10000)]
+    limit: Option<i64>,
+}
+
 /// The conversation's messages, oldest first: consecutive chunks of one
-/// role within a turn form one message.
+/// role within a turn form one message. Paged like events: a page holds at
+/// most `limit` messages and `max_page_bytes` of JSON (at least one
+/// message); `next_cursor`, when set, is the `after` of the next page.
 #[utoipa::path(
     get, operation_id = "listMessages", path = "/api/v1/conversations/{id}/messages", tag = "conversations",
-    params(("id" = Uuid, Path, description = "The conversation")),
+    params(("id" = Uuid, Path, description = "The conversation"), MessagesQuery),
     responses(
-        (status = 200, description = "Every message", body = MessageList),
+        (status = 200, description = "A page; `next_cursor` (a message id, for `after`) when the page stopped at `limit` or at `max_page_bytes`", body = MessageList),
         (status = 404, description = "No such conversation"),
+        (status = 422, description = "Invalid after or limit"),
     )
 )]
 async fn messages(
     State(state): State<AppState>,
     caller: Caller,
     AppPath(id): AppPath<Uuid>,
+    AppQuery(q): AppQuery<MessagesQuery>,
 ) -> Result<Json<Page<Message>>> {
     load(&state, &caller, id).await?;
-    let items = state.store().list_messages(id).await?;
+    let limit = checked_limit(q.limit)?;
+    let page = state
+        .store()
+        .list_messages_page(id, q.after, limit, state.config().max_page_bytes)
+        .await?;
+    let next_cursor = page
+        .more
+        .then(|| page.items.last().map(|m| m.id.to_string()))
+        .flatten();
     Ok(Json(Page {
-        items,
-        next_cursor: None,
+        items: page.items,
+        next_cursor,
     }))
 }
 
@@ -444,7 +472,7 @@ async fn tool_calls(
     get, operation_id = "listFileChanges", path = "/api/v1/conversations/{id}/files", tag = "conversations",
     params(("id" = Uuid, Path, description = "The conversation"), EventsQuery),
     responses(
-        (status = 200, description = "A page of writes, oldest first; `next_cursor` (a seq, for `after`) when the page is full", body = FileChangeList),
+        (status = 200, description = "A page of writes, oldest first; `next_cursor` (a seq, for `after`) when the page stopped at `limit` or at `max_page_bytes`", body = FileChangeList),
         (status = 404, description = "No such conversation"),
         (status = 422, description = "Invalid after or limit"),
     )
@@ -457,14 +485,22 @@ async fn files(
 ) -> Result<Json<Page<FileChange>>> {
     load(&state, &caller, id).await?;
     let (after, limit) = q.checked()?;
-    let events = state
+    let page = state
         .store()
-        .list_events_of_type(id, event_type::FILE_WRITTEN, after, limit)
+        .list_events_of_type(
+            id,
+            event_type::FILE_WRITTEN,
+            after,
+            limit,
+            state.config().max_page_bytes,
+        )
         .await?;
-    let next_cursor = (events.len() as i64 == limit)
-        .then(|| events.last().map(|e| e.seq.to_string()))
+    let next_cursor = page
+        .more
+        .then(|| page.items.last().map(|e| e.seq.to_string()))
         .flatten();
-    let items = events
+    let items = page
+        .items
         .into_iter()
         .filter_map(|event| {
             let written = serde_json::from_value(event.data).ok()?;
@@ -493,25 +529,32 @@ impl EventsQuery {
     /// `after` and `limit`, defaulted and checked.
     fn checked(&self) -> Result<(i64, i64)> {
         let after = self.after.unwrap_or(0);
-        let limit = self.limit.unwrap_or(1000);
         if after < 0 {
             return Err(Error::Unprocessable("after must not be negative".into()));
         }
-        if !(1..=10_000).contains(&limit) {
-            return Err(Error::Unprocessable(
-                "limit must be between 1 and 10000".into(),
-            ));
-        }
-        Ok((after, limit))
+        Ok((after, checked_limit(self.limit)?))
     }
 }
 
-/// The conversation's events with `seq > after`, ascending.
+/// A page's `limit`: 1 to 10000, default 1000.
+fn checked_limit(limit: Option<i64>) -> Result<i64> {
+    let limit = limit.unwrap_or(1000);
+    if !(1..=10_000).contains(&limit) {
+        return Err(Error::Unprocessable(
+            "limit must be between 1 and 10000".into(),
+        ));
+    }
+    Ok(limit)
+}
+
+/// The conversation's events with `seq > after`, ascending. A page holds
+/// at most `limit` events and `max_page_bytes` of JSON (at least one
+/// event).
 #[utoipa::path(
     get, operation_id = "listEvents", path = "/api/v1/conversations/{id}/events", tag = "events",
     params(("id" = Uuid, Path, description = "The conversation"), EventsQuery),
     responses(
-        (status = 200, description = "A page; `next_cursor` is the last seq when the page is full", body = EventList),
+        (status = 200, description = "A page; `next_cursor` is its last seq when the page stopped at `limit` or at `max_page_bytes`", body = EventList),
         (status = 404, description = "No such conversation"),
         (status = 422, description = "Invalid after or limit"),
     )
@@ -524,11 +567,18 @@ async fn events(
 ) -> Result<Json<Page<Event>>> {
     load(&state, &caller, id).await?;
     let (after, limit) = q.checked()?;
-    let items = state.store().list_events(id, after, limit).await?;
-    let next_cursor = (items.len() as i64 == limit)
-        .then(|| items.last().map(|e| e.seq.to_string()))
+    let page = state
+        .store()
+        .list_events_page(id, after, limit, state.config().max_page_bytes)
+        .await?;
+    let next_cursor = page
+        .more
+        .then(|| page.items.last().map(|e| e.seq.to_string()))
         .flatten();
-    Ok(Json(Page { items, next_cursor }))
+    Ok(Json(Page {
+        items: page.items,
+        next_cursor,
+    }))
 }
 
 /// The answers remembered for the conversation ("always" answers).

@@ -1,6 +1,8 @@
 //! The HTTP API: one router per resource, merged in [`router`]. The contract
 //! is `docs/api.md`; `openapi/openapi.yaml` describes it exactly.
 
+mod body;
+mod budget;
 mod conversations;
 mod extract;
 pub mod openapi;
@@ -24,6 +26,7 @@ use crate::error::Error;
 use crate::model::{ConversationStatus, Page};
 use crate::telemetry;
 
+pub use budget::SendBudget;
 pub use extract::{AppJson, AppPath, AppQuery};
 pub use state::AppState;
 
@@ -71,6 +74,8 @@ pub fn router(state: AppState) -> Router {
             ),
         )
         .layer(cors(&state.config().cors_origins))
+        // Outermost: whatever answers before a body is read, this settles it.
+        .layer(axum::middleware::from_fn(body::settle_unread_body))
         .with_state(state)
 }
 

@@ -7,6 +7,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
+use super::budget::SendBudget;
 use crate::auth::{Auth, Caller};
 use crate::bus::EventBus;
 use crate::config::Config;
@@ -30,12 +31,16 @@ struct Shared {
     closing: CancellationToken,
     /// The open WebSockets, so that shutdown can wait for their close.
     sockets: TaskTracker,
+    /// What every WebSocket together may hold for its client.
+    send_budget: SendBudget,
 }
 
 impl AppState {
     pub fn new(config: Config, auth: Auth, sessions: Sessions) -> Self {
+        let send_budget = SendBudget::new(config.ws_buffer_bytes);
         AppState {
             inner: Arc::new(Shared {
+                send_budget,
                 config,
                 auth,
                 sessions,
@@ -61,6 +66,12 @@ impl AppState {
 
     pub fn store(&self) -> &dyn Store {
         self.inner.sessions.store()
+    }
+
+    /// What every WebSocket together may hold for its client
+    /// (`ws_buffer_bytes`).
+    pub fn send_budget(&self) -> &SendBudget {
+        &self.inner.send_budget
     }
 
     /// Where committed events are published.

@@ -34,6 +34,12 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 const CLOSE_TOO_SLOW: u16 = 4008;
 /// Close code when the connection's token is revoked or its user removed.
 const CLOSE_POLICY_VIOLATION: u16 = 1008;
+/// Close code for a client whose next bytes do not fit `ws_buffer_bytes`
+/// ("try again later"); it may resume with `after`.
+const CLOSE_TRY_AGAIN_LATER: u16 = 1013;
+/// How long a close frame may take to go out (one for being over the
+/// budget gets longer: see `close_for`).
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -90,9 +96,10 @@ impl BearerProtocol {
 /// Upgrades to a WebSocket carrying the conversation's events: every event
 /// with `seq > after`, in order, then live ones, one JSON text frame each
 /// (an `Event`): no gap, no duplicate. A client that reads too slowly is
-/// closed with 4008 and may come back with `after`; a revoked token closes
-/// it with 1008, a stopping gateway with 1001. Frames from the client other
-/// than ping/pong/close are ignored.
+/// closed with 4008, and one whose next frame does not fit the gateway's
+/// buffer budget (`ws_buffer_bytes`) with 1013; either may come back with
+/// `after`. A revoked token closes it with 1008, a stopping gateway with
+/// 1001. Frames from the client other than ping/pong/close are ignored.
 #[utoipa::path(
     get, operation_id = "conversationEvents", path = "/api/v1/conversations/{id}/ws", tag = "events",
     params(("id" = Uuid, Path, description = "The conversation"), WsQuery),
@@ -135,19 +142,38 @@ enum WsEnd {
     TooSlow,
     #[error("token revoked")]
     Revoked,
+    #[error("over the buffer budget")]
+    OverBudget,
     #[error(transparent)]
     Store(#[from] Error),
 }
 
-async fn send(socket: &mut WebSocket, text: impl Into<Utf8Bytes>) -> Result<(), WsEnd> {
-    match tokio::time::timeout(SEND_TIMEOUT, socket.send(Message::Text(text.into()))).await {
+/// Sends one frame, its bytes held in the budget until the client took it.
+async fn send(
+    state: &AppState,
+    socket: &mut WebSocket,
+    text: impl Into<Utf8Bytes>,
+) -> Result<(), WsEnd> {
+    let text = text.into();
+    let _held = state
+        .send_budget()
+        .take(text.len())
+        .ok_or(WsEnd::OverBudget)?;
+    send_frame(socket, text).await
+}
+
+/// Sends one frame whose bytes the caller holds in the budget.
+async fn send_frame(socket: &mut WebSocket, text: Utf8Bytes) -> Result<(), WsEnd> {
+    match tokio::time::timeout(SEND_TIMEOUT, socket.send(Message::Text(text))).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(_)) => Err(WsEnd::ClientGone),
         Err(_) => Err(WsEnd::TooSlow),
     }
 }
 
-/// Sends stored events after `*last` up to `until` (inclusive, or all).
+/// Sends stored events after `*last` up to `until` (inclusive, or all), a
+/// page at a time: each page (at most `max_page_bytes`) held in the budget
+/// while it is sent.
 async fn replay(
     state: &AppState,
     id: Uuid,
@@ -155,18 +181,30 @@ async fn replay(
     last: &mut i64,
     until: Option<i64>,
 ) -> Result<(), WsEnd> {
+    let max_bytes = state.config().max_page_bytes;
     loop {
-        let page = state.store().list_events(id, *last, REPLAY_PAGE).await?;
-        let full = page.len() as i64 == REPLAY_PAGE;
-        for event in page {
+        let page = state
+            .store()
+            .list_events_page(id, *last, REPLAY_PAGE, max_bytes)
+            .await?;
+        let more = page.more;
+        let mut held = state
+            .send_budget()
+            .take(page.bytes())
+            .ok_or(WsEnd::OverBudget)?;
+        for event in page.items {
             if until.is_some_and(|u| event.seq > u) {
                 return Ok(());
             }
+            let seq = event.seq;
             let text = serde_json::to_string(&event).expect("events serialize");
-            send(socket, &text).await?;
-            *last = event.seq;
+            drop(event);
+            let len = text.len();
+            send_frame(socket, text.into()).await?;
+            held.give_back(len);
+            *last = seq;
         }
-        if !full {
+        if !more {
             return Ok(());
         }
     }
@@ -196,7 +234,7 @@ async fn serve_conversation(
                         if seq > last + 1 {
                             replay(&state, id, &mut socket, &mut last, Some(seq)).await?;
                         } else {
-                            send(&mut socket, published.json.clone()).await?;
+                            send(&state, &mut socket, published.json.clone()).await?;
                             last = seq;
                         }
                     }
@@ -228,28 +266,40 @@ fn client_frame(frame: Option<Result<Message, axum::Error>>) -> Result<(), WsEnd
 }
 
 async fn close_for(socket: &mut WebSocket, result: &Result<(), WsEnd>) {
-    let (code, reason) = match result {
-        Ok(()) => (1001, "gateway shutting down"),
-        Err(WsEnd::TooSlow) => (CLOSE_TOO_SLOW, "too slow; resume with ?after="),
-        Err(WsEnd::Revoked) => (CLOSE_POLICY_VIOLATION, "token revoked"),
-        Err(WsEnd::Store(_)) => (1011, "internal error"),
+    let (code, reason, patience) = match result {
+        Ok(()) => (1001, "gateway shutting down", CLOSE_TIMEOUT),
+        Err(WsEnd::TooSlow) => (
+            CLOSE_TOO_SLOW,
+            "too slow; resume with ?after=",
+            CLOSE_TIMEOUT,
+        ),
+        Err(WsEnd::Revoked) => (CLOSE_POLICY_VIOLATION, "token revoked", CLOSE_TIMEOUT),
+        Err(WsEnd::OverBudget) => {
+            telemetry::websocket_over_budget();
+            // Nothing of a frame is left to send before it (a frame is
+            // refused before it is started): only the close frame waits
+            // for a client busy reading what came before.
+            (
+                CLOSE_TRY_AGAIN_LATER,
+                "over the gateway's buffer budget; resume with ?after=",
+                SEND_TIMEOUT,
+            )
+        }
+        Err(WsEnd::Store(_)) => (1011, "internal error", CLOSE_TIMEOUT),
         Err(WsEnd::ClientGone) => return,
     };
     let frame = CloseFrame {
         code,
         reason: Utf8Bytes::from_static(reason),
     };
-    let _ = tokio::time::timeout(
-        Duration::from_secs(1),
-        socket.send(Message::Close(Some(frame))),
-    )
-    .await;
+    let _ = tokio::time::timeout(patience, socket.send(Message::Close(Some(frame)))).await;
 }
 
 /// Upgrades to a WebSocket carrying every event of every conversation the
 /// caller can see, live, after one first frame: an `InboxSnapshot` of the
 /// pending permission requests. The permission inbox of a phone; after
-/// 4008 (too slow), reconnect for a fresh snapshot.
+/// 4008 (too slow) or 1013 (over the gateway's buffer budget), reconnect
+/// for a fresh snapshot.
 #[utoipa::path(
     get, operation_id = "inbox", path = "/api/v1/ws", tag = "events",
     params(TokenQuery),
@@ -298,12 +348,12 @@ async fn serve_inbox(
             })
             .await?;
         let snapshot = json!({"type": "snapshot", "pending_permissions": pending});
-        send(&mut socket, &snapshot.to_string()).await?;
+        send(&state, &mut socket, snapshot.to_string()).await?;
         loop {
             tokio::select! {
                 received = rx.recv() => match received {
                     Ok(published) if caller.can_see(published.owner.as_deref()) => {
-                        send(&mut socket, published.json.clone()).await?
+                        send(&state, &mut socket, published.json.clone()).await?
                     }
                     Ok(_) => {}
                     // A fresh snapshot is the way back: reconnect.
@@ -316,7 +366,7 @@ async fn serve_inbox(
                     // What was published before the sessions ended, then goodbye.
                     while let Ok(published) = rx.try_recv() {
                         if caller.can_see(published.owner.as_deref()) {
-                            send(&mut socket, published.json.clone()).await?;
+                            send(&state, &mut socket, published.json.clone()).await?;
                         }
                     }
                     return Ok(());

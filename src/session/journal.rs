@@ -632,6 +632,12 @@ impl Journal {
             self.batch.events.remove(0);
         }
         while let Some(message) = self.batch.messages.first() {
+            // Its own copy of a prompt: the event holding it may have been
+            // stored as a stand-in without it.
+            let message = MessagePart {
+                content_in_event: None,
+                ..message.clone()
+            };
             let piece = Batch {
                 messages: vec![message.clone()],
                 ..Batch::default()

@@ -29,7 +29,7 @@ use uuid::Uuid;
 
 use crate::acp::procs::{self, Host, Sweep};
 use crate::cluster::{Claim, Duties, Forwarded, Node};
-use crate::config::{AgentProfile, Config};
+use crate::config::{AgentLimits, AgentProfile, Config};
 use crate::error::{Error, Problem, Result};
 use crate::model::{
     AgentState, AgentStatus, Conversation, ConversationStatus, Decision, PermissionRequest,
@@ -64,9 +64,10 @@ struct Shared {
     /// Held while a conversation's agent starts again, so that concurrent
     /// prompts never start two.
     starting: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
-    /// Most agents at once (`max_agents`), and how many are starting.
-    max_agents: Option<usize>,
-    admitting: Mutex<usize>,
+    /// Most agents at once (`max_agents`, `max_agents_per_user`), and how
+    /// many are starting.
+    limits: AgentLimits,
+    admitting: Mutex<Admitting>,
     exits: task::ExitCauses,
     /// Cancelled when the gateway stops: every session closes its agent.
     shutdown: CancellationToken,
@@ -99,8 +100,8 @@ impl Sessions {
                 live: Mutex::new(HashMap::new()),
                 held: Default::default(),
                 starting: Mutex::new(HashMap::new()),
-                max_agents: config.max_agents,
-                admitting: Mutex::new(0),
+                limits: config.agent_limits(),
+                admitting: Mutex::new(Admitting::default()),
                 exits: Default::default(),
                 shutdown,
                 tasks,
@@ -169,7 +170,7 @@ impl Sessions {
         resume: bool,
     ) -> Result<(SessionHandle, Conversation)> {
         let id = conversation.id;
-        let _slot = self.admit().await?;
+        let _slot = self.admit(conversation.owner.as_deref()).await?;
         let (handle, conversation, task) = task::start(StartParams {
             sink: self.inner.sink.clone(),
             profile,
@@ -203,39 +204,72 @@ impl Sessions {
         Ok((handle, conversation))
     }
 
-    /// A slot for one more agent under `max_agents`: the longest-idle agent
-    /// is stopped to make room when all are taken; 503 when none is idle.
-    async fn admit(&self) -> Result<Slot> {
-        let Some(max) = self.inner.max_agents else {
-            return Ok(Slot(None));
+    /// A slot for one more agent of `owner`'s conversation. Under
+    /// `max_agents_per_user`, the owner's longest-idle agent is stopped to
+    /// make room when all theirs are taken, and 429 answered when none of
+    /// theirs is idle; under `max_agents` the same with everyone's agents,
+    /// and 503 (also when both limits are reached and no agent at all is
+    /// idle: the gateway is at capacity). Another user's agent is never
+    /// stopped for the owner's own limit.
+    async fn admit(&self, owner: Option<&str>) -> Result<Slot> {
+        let AgentLimits { total, per_user } = self.inner.limits;
+        let busy = |limit: &str, n: usize| {
+            format!("all {n} agents ({limit}) are busy with a turn or a permission request")
         };
         loop {
-            let idlest = {
+            let (idlest, over) = {
                 let live = self.inner.live.lock().unwrap();
                 let mut admitting = self.inner.admitting.lock().unwrap();
                 let running: Vec<&SessionHandle> =
                     live.values().filter(|h| !h.is_closed()).collect();
-                if running.len() + *admitting < max {
-                    *admitting += 1;
-                    return Ok(Slot(Some(self.clone())));
+                let idlest = |of: &mut dyn Iterator<Item = &&SessionHandle>| {
+                    of.filter_map(|h| Some((h.idle_since()?, *h)))
+                        .min_by_key(|(since, _)| *since)
+                        .map(|(_, h)| h.clone())
+                };
+                let everyone_full = running.len() + admitting.total >= total;
+                let theirs = running.iter().filter(|h| h.owner() == owner);
+                if theirs.clone().count() + admitting.of(owner) >= per_user {
+                    match idlest(&mut theirs.clone()) {
+                        Some(h) => (h, "max_agents_per_user"),
+                        None if everyone_full && idlest(&mut running.iter()).is_none() => {
+                            return Err(Error::AtCapacity {
+                                detail: busy("max_agents", total),
+                                retry_after: 5,
+                            })
+                        }
+                        None => {
+                            return Err(Error::TooManyRequests {
+                                detail: format!(
+                                    "all {per_user} agents this user may run \
+                                     (max_agents_per_user) are busy with a turn or a \
+                                     permission request"
+                                ),
+                                retry_after: 5,
+                            })
+                        }
+                    }
+                } else if everyone_full {
+                    match idlest(&mut running.iter()) {
+                        Some(h) => (h, "max_agents"),
+                        None => {
+                            return Err(Error::AtCapacity {
+                                detail: busy("max_agents", total),
+                                retry_after: 5,
+                            })
+                        }
+                    }
+                } else {
+                    admitting.add(owner);
+                    return Ok(Slot {
+                        sessions: self.clone(),
+                        owner: owner.map(str::to_owned),
+                    });
                 }
-                running
-                    .into_iter()
-                    .filter_map(|h| Some((h.idle_since()?, h.clone())))
-                    .min_by_key(|(since, _)| *since)
-                    .map(|(_, h)| h)
-            };
-            let Some(idlest) = idlest else {
-                return Err(Error::AtCapacity {
-                    detail: format!(
-                        "all {max} agents (max_agents) are busy with a turn or a permission request"
-                    ),
-                    retry_after: 5,
-                });
             };
             // Busy again meanwhile? Then look again.
             if idlest.release().await {
-                tracing::info!("stopped the longest-idle agent to make room (max_agents)");
+                tracing::info!(limit = over, "stopped the longest-idle agent to make room");
             }
         }
     }
@@ -665,15 +699,48 @@ enum Attached {
     There(Uuid),
 }
 
-/// One agent admitted under `max_agents` while it starts; its place is
-/// taken over by the live registry once it runs.
-struct Slot(Option<Sessions>);
+/// Agents admitted and still starting: in all, and per owner.
+#[derive(Default)]
+struct Admitting {
+    total: usize,
+    by_owner: HashMap<Option<String>, usize>,
+}
+
+impl Admitting {
+    fn of(&self, owner: Option<&str>) -> usize {
+        self.by_owner
+            .get(&owner.map(str::to_owned))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn add(&mut self, owner: Option<&str>) {
+        self.total += 1;
+        *self.by_owner.entry(owner.map(str::to_owned)).or_default() += 1;
+    }
+
+    fn remove(&mut self, owner: Option<String>) {
+        self.total -= 1;
+        if let std::collections::hash_map::Entry::Occupied(mut n) = self.by_owner.entry(owner) {
+            *n.get_mut() -= 1;
+            if *n.get() == 0 {
+                n.remove();
+            }
+        }
+    }
+}
+
+/// One agent admitted under the limits while it starts; its place is taken
+/// over by the live registry once it runs.
+struct Slot {
+    sessions: Sessions,
+    owner: Option<String>,
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        if let Some(sessions) = &self.0 {
-            *sessions.inner.admitting.lock().unwrap() -= 1;
-        }
+        let owner = self.owner.take();
+        self.sessions.inner.admitting.lock().unwrap().remove(owner);
     }
 }
 

@@ -1213,8 +1213,9 @@ impl Session {
             turn_id,
             content: &content,
         });
+        let turn_started = self.journal.last_seq();
         let prompt = self.session.prompt(&content);
-        self.transcript.user_prompt(turn_id, content);
+        self.transcript.user_prompt(turn_id, content, turn_started);
         self.journal.set_status(self.status_now());
         if let Err(e) = self.flush().await {
             self.turn = None;

@@ -54,6 +54,7 @@ impl Current {
                 content: std::mem::take(&mut message.content),
                 created_at: message.created_at,
             },
+            content_in_event: None,
         };
         self.part += 1;
         Some(part)
@@ -69,8 +70,9 @@ pub struct Changes {
 }
 
 impl Transcript {
-    /// A prompt starts `turn_id`: it is a message of its own.
-    pub fn user_prompt(&mut self, turn_id: Uuid, content: Vec<Value>) {
+    /// A prompt starts `turn_id`: it is a message of its own, whose content
+    /// is stored in the event `in_event` announcing the turn (not again).
+    pub fn user_prompt(&mut self, turn_id: Uuid, content: Vec<Value>, in_event: i64) {
         self.end_message();
         self.ended.push(MessagePart {
             part: 0,
@@ -81,6 +83,7 @@ impl Transcript {
                 content,
                 created_at: model::now(),
             },
+            content_in_event: Some(in_event),
         });
     }
 
@@ -330,7 +333,7 @@ mod tests {
         t.apply(&chunk("agent_thought_chunk", "hmm"), Some(one));
         t.apply(&chunk("agent_message_chunk", "A"), Some(one));
         t.apply(&chunk("agent_message_chunk", "B"), Some(one));
-        t.user_prompt(two, vec![json!({"type": "text", "text": "next"})]);
+        t.user_prompt(two, vec![json!({"type": "text", "text": "next"})], 7);
         t.apply(&chunk("agent_message_chunk", "C"), Some(two));
         t.apply(&chunk("user_message_chunk", "echo"), Some(two));
         let changes = t.take_changes();

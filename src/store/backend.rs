@@ -12,6 +12,93 @@ use crate::model::{
     PermissionStatus, SessionState, ToolCall,
 };
 
+/// One page of items read in order, bounded in count (`limit`) and in bytes
+/// of JSON (`max_bytes`): it stops before the item that would pass the byte
+/// bound, but always holds at least one, so that paging moves on.
+#[derive(Debug)]
+pub struct Bounded<T> {
+    pub items: Vec<T>,
+    /// Whether it stopped before the end: at `limit` items, or before an
+    /// item that would have passed `max_bytes`.
+    pub more: bool,
+    bytes: usize,
+    limit: usize,
+    max_bytes: usize,
+}
+
+impl<T: serde::Serialize> Bounded<T> {
+    pub fn new(limit: i64, max_bytes: usize) -> Self {
+        Bounded {
+            items: Vec::new(),
+            more: false,
+            bytes: 0,
+            limit: usize::try_from(limit).unwrap_or(0),
+            max_bytes,
+        }
+    }
+
+    /// The bytes of JSON its items take.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether the page is full: read no more.
+    pub fn is_full(&self) -> bool {
+        self.more
+    }
+
+    /// Adds the next item, unless it would pass the byte bound (the first
+    /// always fits); whether it was added.
+    pub fn push(&mut self, item: T) -> bool {
+        let size = json_size(&item);
+        if !self.grow(size) {
+            return false;
+        }
+        self.items.push(item);
+        if self.items.len() >= self.limit {
+            self.more = true;
+        }
+        true
+    }
+
+    /// Counts `size` more bytes for what the page holds, whatever the bound
+    /// (its first item grew).
+    pub fn count(&mut self, size: usize) {
+        self.bytes = self.bytes.saturating_add(size);
+    }
+
+    /// Counts `size` more bytes for what the page holds (the last item grew,
+    /// or is about to be added); `false`, and the page is full, when that
+    /// would pass the byte bound and the page already holds an item.
+    pub fn grow(&mut self, size: usize) -> bool {
+        if !self.items.is_empty() && self.bytes.saturating_add(size) > self.max_bytes {
+            self.more = true;
+            return false;
+        }
+        self.bytes = self.bytes.saturating_add(size);
+        true
+    }
+}
+
+/// How many bytes `value` takes as JSON, without building the text.
+pub fn json_size<T: serde::Serialize + ?Sized>(value: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing to a counter cannot fail; a value that cannot serialize
+    // counts what was written before it failed.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
 /// What one commit changes in a conversation.
 #[derive(Debug, Default)]
 pub struct Batch {
@@ -204,21 +291,47 @@ pub trait Store: Send + Sync + 'static {
         patch: &ConversationPatch,
     ) -> Result<Option<(PermissionRequest, Event)>>;
 
+    /// The conversation's events with `seq > after`, ascending, at most
+    /// `limit` (unbounded in bytes: for tools, not for clients).
     async fn list_events(
         &self,
         conversation_id: Uuid,
         after: i64,
         limit: i64,
     ) -> Result<Vec<Event>>;
-    /// The conversation's events of one `type` with `seq > after`, ascending.
+    /// A page of the conversation's events with `seq > after`, ascending,
+    /// bounded by `limit` and `max_bytes` (see [`Bounded`]); rows past the
+    /// bound are not read.
+    async fn list_events_page(
+        &self,
+        conversation_id: Uuid,
+        after: i64,
+        limit: i64,
+        max_bytes: usize,
+    ) -> Result<Bounded<Event>>;
+    /// A page of the conversation's events of one `type` with `seq >
+    /// after`, ascending, bounded as [`Store::list_events_page`].
     async fn list_events_of_type(
         &self,
         conversation_id: Uuid,
         kind: &str,
         after: i64,
         limit: i64,
-    ) -> Result<Vec<Event>>;
+        max_bytes: usize,
+    ) -> Result<Bounded<Event>>;
+    /// Every message of the conversation, oldest first.
     async fn list_messages(&self, conversation_id: Uuid) -> Result<Vec<Message>>;
+    /// A page of the conversation's messages after the message `after` (from
+    /// the first without), oldest first, bounded as
+    /// [`Store::list_events_page`]: a message counts whole, its parts
+    /// joined.
+    async fn list_messages_page(
+        &self,
+        conversation_id: Uuid,
+        after: Option<Uuid>,
+        limit: i64,
+        max_bytes: usize,
+    ) -> Result<Bounded<Message>>;
     async fn list_tool_calls(&self, conversation_id: Uuid) -> Result<Vec<ToolCall>>;
     async fn get_permission(&self, id: Uuid) -> Result<Option<PermissionRequest>>;
     /// Oldest first.

@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::backend::{Batch, ConversationPatch, Lane, PermissionFilter, Store};
 use crate::error::Result;
-use crate::model::{Conversation, MessagePart};
+use crate::model::{event_type, Conversation, Event, Message, MessagePart, MessageRole};
 
 /// What a copy moved.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -69,6 +69,37 @@ pub async fn copy_all(from: &dyn Store, to: &dyn Store) -> Result<CopyStats> {
     Ok(stats)
 }
 
+/// Each message whole, as its first part; a prompt's as the source stores
+/// it: its content in its `turn_started` event only.
+fn prompts_stored_once(events: &[Event], messages: Vec<Message>) -> Vec<MessagePart> {
+    let prompts: HashMap<Uuid, (i64, &serde_json::Value)> = events
+        .iter()
+        .filter(|e| e.kind == event_type::TURN_STARTED)
+        .filter_map(|e| {
+            let turn_id = e.data.get("turn_id")?.as_str()?.parse().ok()?;
+            Some((turn_id, (e.seq, e.data.get("content")?)))
+        })
+        .collect();
+    messages
+        .into_iter()
+        .map(|message| {
+            let content_in_event = message
+                .turn_id
+                .and_then(|turn| prompts.get(&turn))
+                .filter(|(_, content)| {
+                    message.role == MessageRole::User
+                        && content.as_array() == Some(&message.content)
+                })
+                .map(|(seq, _)| *seq);
+            MessagePart {
+                part: 0,
+                message,
+                content_in_event,
+            }
+        })
+        .collect()
+}
+
 async fn copy_conversation(
     from: &dyn Store,
     to: &dyn Store,
@@ -79,15 +110,10 @@ async fn copy_conversation(
 ) -> Result<()> {
     let id = conversation.id;
     let events = from.list_events(id, 0, i64::MAX).await?;
+    let messages = prompts_stored_once(&events, from.list_messages(id).await?);
     let batch = Batch {
         events,
-        // Each message whole, as its first part.
-        messages: from
-            .list_messages(id)
-            .await?
-            .into_iter()
-            .map(|message| MessagePart { part: 0, message })
-            .collect(),
+        messages,
         tool_calls: from.list_tool_calls(id).await?,
         new_permissions: from
             .list_permissions(&PermissionFilter {

@@ -5,7 +5,8 @@ use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use uuid::Uuid;
 
 use super::backend::{
-    Batch, ConversationPatch, Lanes, PermissionFilter, PolicySet, Resolution, Store, TokenInfo,
+    json_size, Batch, Bounded, ConversationPatch, Lanes, PermissionFilter, PolicySet, Resolution,
+    Store, TokenInfo,
 };
 use super::rows::{
     text_col, ConversationRow, EventRow, JsonText, MessagePartRow, MessageRow, PermissionRow,

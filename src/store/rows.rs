@@ -169,16 +169,26 @@ pub struct MessageRow {
     role: String,
     content: Json<Vec<Value>>,
     created_at: DateTime<Utc>,
+    /// The data of the `turn_started` event holding the content of a
+    /// prompt's message (see [`crate::model::MessagePart::content_in_event`]).
+    prompt: Option<Json<Value>>,
 }
 
 impl TryFrom<MessageRow> for Message {
     type Error = Error;
     fn try_from(r: MessageRow) -> Result<Message> {
+        let content = match r.prompt {
+            Some(Json(Value::Object(mut data))) => match data.remove("content") {
+                Some(Value::Array(content)) => content,
+                _ => r.content.0,
+            },
+            _ => r.content.0,
+        };
         Ok(Message {
             id: r.id,
             turn_id: r.turn_id,
             role: MessageRole::parse(&r.role).ok_or_else(|| bad("role", &r.role))?,
-            content: r.content.0,
+            content,
             created_at: r.created_at,
         })
     }

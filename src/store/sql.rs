@@ -16,6 +16,8 @@
 /// general transaction decides).
 macro_rules! impl_store {
     ($store:ty, $conn:ty) => {
+        use futures::TryStreamExt as _;
+
         async fn update_conversation(
             tx: &mut $conn,
             conversation_id: Uuid,
@@ -147,21 +149,28 @@ macro_rules! impl_store {
                     .await?;
                 }
                 insert_events(&mut tx, conversation_id, &batch.events).await?;
-                for MessagePart { part, message: m } in &batch.messages {
+                for MessagePart { part, message: m, content_in_event } in &batch.messages {
                     // Idempotent: a commit retried after its answer was
                     // lost must not fail on what it wrote.
                     let query = if *part == 0 {
+                        // A prompt's content is its event's: not stored again.
+                        let content = match content_in_event {
+                            Some(_) => JsonText("[]".into()),
+                            None => JsonText::of(&m.content),
+                        };
                         sqlx::query(
-                            "insert into messages (id, conversation_id, turn_id, role, content, created_at)
-                             values ($1, $2, $3, $4, $5, $6)
+                            "insert into messages (id, conversation_id, turn_id, role, content,
+                               created_at, prompt_seq)
+                             values ($1, $2, $3, $4, $5, $6, $7)
                              on conflict (id) do nothing",
                         )
                         .bind(m.id)
                         .bind(conversation_id)
                         .bind(m.turn_id)
                         .bind(m.role.as_str())
-                        .bind(JsonText::of(&m.content))
+                        .bind(content)
                         .bind(m.created_at)
+                        .bind(*content_in_event)
                     } else {
                         sqlx::query(
                             "insert into message_parts (conversation_id, message_id, part, content)
@@ -261,14 +270,41 @@ macro_rules! impl_store {
                 Ok(rows.into_iter().map(Event::from).collect())
             }
 
+            async fn list_events_page(
+                &self,
+                conversation_id: Uuid,
+                after: i64,
+                limit: i64,
+                max_bytes: usize,
+            ) -> Result<Bounded<Event>> {
+                let mut page = Bounded::new(limit, max_bytes);
+                // Streamed: what lies past the bound is never held.
+                let mut rows = sqlx::query_as::<_, EventRow>(
+                    "select * from events where conversation_id = $1 and seq > $2
+                     order by seq limit $3",
+                )
+                .bind(conversation_id)
+                .bind(after)
+                .bind(limit)
+                .fetch(&self.pool);
+                while let Some(row) = rows.try_next().await? {
+                    if !page.push(Event::from(row)) || page.is_full() {
+                        break;
+                    }
+                }
+                Ok(page)
+            }
+
             async fn list_events_of_type(
                 &self,
                 conversation_id: Uuid,
                 kind: &str,
                 after: i64,
                 limit: i64,
-            ) -> Result<Vec<Event>> {
-                let rows = sqlx::query_as::<_, EventRow>(
+                max_bytes: usize,
+            ) -> Result<Bounded<Event>> {
+                let mut page = Bounded::new(limit, max_bytes);
+                let mut rows = sqlx::query_as::<_, EventRow>(
                     "select * from events where conversation_id = $1 and type = $2 and seq > $3
                      order by seq limit $4",
                 )
@@ -276,40 +312,85 @@ macro_rules! impl_store {
                 .bind(kind)
                 .bind(after)
                 .bind(limit)
-                .fetch_all(&self.pool)
-                .await?;
-                Ok(rows.into_iter().map(Event::from).collect())
+                .fetch(&self.pool);
+                while let Some(row) = rows.try_next().await? {
+                    if !page.push(Event::from(row)) || page.is_full() {
+                        break;
+                    }
+                }
+                Ok(page)
             }
 
             async fn list_messages(&self, conversation_id: Uuid) -> Result<Vec<Message>> {
-                let mut messages = sqlx::query_as::<_, MessageRow>(
-                    "select * from messages where conversation_id = $1 order by id",
-                )
-                .bind(conversation_id)
-                .fetch_all(&self.pool)
-                .await?
-                .into_iter()
-                .map(Message::try_from)
-                .collect::<Result<Vec<_>>>()?;
-                let parts = sqlx::query_as::<_, MessagePartRow>(
+                let page = self
+                    .list_messages_page(conversation_id, None, i64::MAX, usize::MAX)
+                    .await?;
+                Ok(page.items)
+            }
+
+            async fn list_messages_page(
+                &self,
+                conversation_id: Uuid,
+                after: Option<Uuid>,
+                limit: i64,
+                max_bytes: usize,
+            ) -> Result<Bounded<Message>> {
+                let mut page = Bounded::new(limit, max_bytes);
+                {
+                    // A prompt's content is read from its `turn_started`.
+                    let mut rows = sqlx::query_as::<_, MessageRow>(
+                        "select m.id, m.turn_id, m.role, m.content, m.created_at, e.data as prompt
+                         from messages m
+                         left join events e on e.conversation_id = m.conversation_id
+                           and e.seq = m.prompt_seq
+                         where m.conversation_id = $1 and ($2 is null or m.id > $2)
+                         order by m.id limit $3",
+                    )
+                    .bind(conversation_id)
+                    .bind(after)
+                    .bind(limit)
+                    .fetch(&self.pool);
+                    while let Some(row) = rows.try_next().await? {
+                        if !page.push(Message::try_from(row)?) || page.is_full() {
+                            break;
+                        }
+                    }
+                }
+                let (Some(first), Some(last)) = (page.items.first(), page.items.last()) else {
+                    return Ok(page);
+                };
+                let (first, last) = (first.id, last.id);
+                let mut parts = sqlx::query_as::<_, MessagePartRow>(
                     "select message_id, content from message_parts
-                     where conversation_id = $1 order by message_id, part",
+                     where conversation_id = $1 and message_id >= $2 and message_id <= $3
+                     order by message_id, part",
                 )
                 .bind(conversation_id)
-                .fetch_all(&self.pool)
-                .await?;
+                .bind(first)
+                .bind(last)
+                .fetch(&self.pool);
                 // Both in id order: one pass joins every part to its message.
                 let mut at = 0;
-                for part in parts {
-                    while messages.get(at).is_some_and(|m| m.id != part.message_id) {
+                while let Some(part) = parts.try_next().await? {
+                    while page.items.get(at).is_some_and(|m| m.id != part.message_id) {
                         at += 1;
                     }
-                    let Some(message) = messages.get_mut(at) else {
+                    if at >= page.items.len() {
                         break;
-                    };
-                    message.extend(part.content.0);
+                    }
+                    let size = json_size(&part.content.0);
+                    if at == 0 {
+                        // The first message is the page's whatever its size.
+                        page.count(size);
+                    } else if !page.grow(size) {
+                        // This message passes the bound: the page ends
+                        // before it, and it starts the next.
+                        page.items.truncate(at);
+                        break;
+                    }
+                    page.items[at].extend(part.content.0);
                 }
-                Ok(messages)
+                Ok(page)
             }
 
             async fn list_tool_calls(&self, conversation_id: Uuid) -> Result<Vec<ToolCall>> {

@@ -545,6 +545,8 @@ pub async fn demo_conversation(db: &TestDb) -> (TestGateway, String, Ws) {
 pub struct TestGateway {
     pub base: String,
     pub config: Config,
+    /// What its WebSockets hold for their clients.
+    pub ws_budget: acp_gateway::api::SendBudget,
     stop: CancellationToken,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     pub http: reqwest::Client,
@@ -569,6 +571,9 @@ impl TestGateway {
             rate_limits: Default::default(),
             agent_user: None,
             max_agents: None,
+            max_agents_per_user: None,
+            max_page_bytes: 1024 * 1024,
+            ws_buffer_bytes: 64 * 1024 * 1024,
             shutdown_timeout: Duration::from_secs(10),
             write_buffer_events: 10_000,
             node_lease: Duration::from_secs(15),
@@ -581,12 +586,14 @@ impl TestGateway {
             .await
             .expect("gateway builds");
         let base = format!("http://{}", gateway.local_addr());
+        let ws_budget = gateway.websocket_budget();
         let stop = CancellationToken::new();
         let token = stop.clone();
         let task = tokio::spawn(gateway.run(async move { token.cancelled().await }));
         TestGateway {
             base,
             config,
+            ws_budget,
             stop,
             task: Some(task),
             http: reqwest::Client::new(),
@@ -731,15 +738,23 @@ impl TestGateway {
         .await
     }
 
-    /// All events of a conversation from REST.
+    /// All events of a conversation from REST, page after page.
     pub async fn events(&self, conversation: &str) -> Vec<Value> {
-        let (status, body) = self
-            .get(&format!(
-                "/api/v1/conversations/{conversation}/events?limit=10000"
-            ))
-            .await;
-        assert_eq!(status, 200, "{body}");
-        body["items"].as_array().unwrap().clone()
+        let mut events = Vec::new();
+        let mut after = 0;
+        loop {
+            let (status, body) = self
+                .get(&format!(
+                    "/api/v1/conversations/{conversation}/events?after={after}&limit=10000"
+                ))
+                .await;
+            assert_eq!(status, 200, "{body}");
+            events.extend(body["items"].as_array().unwrap().iter().cloned());
+            match body["next_cursor"].as_str() {
+                Some(cursor) => after = cursor.parse().unwrap(),
+                None => return events,
+            }
+        }
     }
 }
 
