@@ -161,6 +161,7 @@ pub fn profile(name: &str, command: &str, args: &[&str]) -> AgentProfile {
         command: command.into(),
         args: args.iter().map(|s| s.to_string()).collect(),
         env: BTreeMap::new(),
+        pass_env: Vec::new(),
         cwd: Some(std::env::temp_dir()),
         mcp_servers: vec![],
         permission_timeout: None,
@@ -560,6 +561,7 @@ impl TestGateway {
         Config {
             listen: "127.0.0.1:0".into(),
             database_url: Some(db.url.clone()),
+            database_url_file: None,
             max_line_bytes: 1024 * 1024,
             max_body_bytes: 64 * 1024,
             event_buffer: 1024,
