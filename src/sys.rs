@@ -7,12 +7,6 @@ use std::path::{Path, PathBuf};
 
 /// Finds the executable a command names, the way a shell would.
 pub fn resolve_command(command: &str, path_override: Option<&str>) -> Result<PathBuf, String> {
-    use std::os::unix::fs::PermissionsExt;
-    let is_executable = |p: &Path| {
-        std::fs::metadata(p)
-            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-            .unwrap_or(false)
-    };
     if command.contains('/') {
         let p = PathBuf::from(command);
         return if is_executable(&p) {
@@ -25,14 +19,32 @@ pub fn resolve_command(command: &str, path_override: Option<&str>) -> Result<Pat
             Err(format!("{command} does not exist"))
         };
     }
-    let path = path_override
+    candidates(command, path_override)
+        .next()
+        .ok_or_else(|| format!("{command} not found in PATH"))
+}
+
+/// Whether `p` is a file with an execute bit (as the gateway sees it).
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// The executables named `command` in `path` (else the gateway's `PATH`),
+/// in its order.
+fn candidates(command: &str, path: Option<&str>) -> impl Iterator<Item = PathBuf> {
+    let path = path
         .map(str::to_owned)
         .or_else(|| std::env::var("PATH").ok())
         .unwrap_or_default();
+    let command = command.to_owned();
     std::env::split_paths(&path)
-        .map(|dir| dir.join(command))
-        .find(|p| is_executable(p))
-        .ok_or_else(|| format!("{command} not found in PATH"))
+        .map(move |dir| dir.join(&command))
+        .filter(|p| is_executable(p))
+        .collect::<Vec<_>>()
+        .into_iter()
 }
 
 /// Whether `user` (its uid and primary group, as agents run: without
@@ -209,14 +221,25 @@ fn runnable(
         if name.is_empty() {
             return Ok(());
         }
-        let found = resolve_command(name, path).map_err(|why| {
-            format!(
-                "the interpreter of {script} ({} {name}): {why}",
-                interpreter.display()
-            )
-        })?;
-        runnable(&found, user, path, depth + 1)
-            .map_err(|why| format!("the interpreter of {script} ({name}): {why}"))?;
+        // As env does (execvp): the first one the user can run, past those
+        // it cannot; else what stopped the first.
+        let how = format!(
+            "the interpreter of {script} ({} {name})",
+            interpreter.display()
+        );
+        let mut first_refusal = None;
+        for candidate in candidates(name, path) {
+            match runnable(&candidate, user, path, depth + 1) {
+                Ok(()) => return Ok(()),
+                Err(why) => {
+                    first_refusal.get_or_insert(why);
+                }
+            }
+        }
+        return Err(match first_refusal {
+            Some(why) => format!("{how}: {why}"),
+            None => format!("{how}: {name} not found in PATH"),
+        });
     }
     Ok(())
 }

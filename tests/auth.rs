@@ -634,6 +634,8 @@ async fn an_agent_whose_interpreter_its_user_cannot_reach_is_reported_unavailabl
     // An interpreter only root reaches, and a venv's link to it.
     symlink("/bin/sh", closed.join("python3")).unwrap();
     symlink(closed.join("python3"), open.join("python")).unwrap();
+    // Found by `env` in the agent's PATH only there.
+    symlink("/bin/sh", closed.join("acp-test-python")).unwrap();
     let script = |name: &str, shebang: &str| {
         let path = open.join(name);
         std::fs::write(&path, format!("#!{shebang}\nexit 0\n")).unwrap();
@@ -647,18 +649,25 @@ async fn an_agent_whose_interpreter_its_user_cannot_reach_is_reported_unavailabl
     };
     let direct = script("direct", closed.join("python3").to_str().unwrap());
     let linked = script("linked", open.join("python").to_str().unwrap());
-    let by_env = script("by-env", "/usr/bin/env python3");
+    let by_env = script("by-env", "/usr/bin/env acp-test-python");
     let plain = script("plain", "/bin/sh");
+    // Past a directory it cannot search, env finds one it can.
+    symlink("/bin/sh", open.join("acp-test-python")).unwrap();
+    let second = script("second", "/usr/bin/env acp-test-python");
     let mut via_path = agent("by-env", &by_env);
     via_path
         .env
         .insert("PATH".into(), format!("{}:/usr/bin:/bin", closed.display()));
+    let mut past_it = agent("second", &second);
+    let path = format!("{}:{}:/usr/bin:/bin", closed.display(), open.display());
+    past_it.env.insert("PATH".into(), path);
     let gw = TestGateway::start(
         &db,
         vec![
             agent("direct", &direct),
             agent("linked", &linked),
             via_path,
+            past_it,
             agent("plain", &plain),
         ],
     )
@@ -674,6 +683,7 @@ async fn an_agent_whose_interpreter_its_user_cannot_reach_is_reported_unavailabl
             .clone()
     };
     assert_eq!(by_name("plain")["available"], true, "{agents}");
+    assert_eq!(by_name("second")["available"], true, "{agents}");
     let unreachable = format!("{} cannot be searched by user nobody", closed.display());
     for name in ["direct", "linked", "by-env"] {
         let agent = by_name(name);
