@@ -4,6 +4,8 @@ a Docker engine can (scripts/check-container runs this):
 - docker-compose.yml parses; the gateway waits for a healthy postgres:16
   with a named volume; every file it mounts or reads exists (an env file as
   its committed .example); the config it mounts is one the gateway accepts;
+  the database's password (POSTGRES_*) is not in the gateway's environment,
+  and the gateway is its container's PID 1;
 - the Dockerfile builds with the command CI's own builds use (cargo build
   --locked --bin acp-gateway, here with --release), copies only what
   exists, and runs unprivileged with a health check and a data volume;
@@ -97,9 +99,27 @@ def check_compose():
             env = dict(os.environ, DATABASE_URL=f"sqlite://{tmp}/check.db")
             accepted = subprocess.run([str(GATEWAY), "token", "list", "--config", str(source)], env=env, capture_output=True, text=True)
             check(accepted.returncode == 0, f"compose: the gateway accepts {source.relative_to(ROOT)}: {accepted.stderr.strip()}")
-    example = ROOT / "deploy" / "gateway.env.example"
-    keys = {line.split("=", 1)[0] for line in example.read_text().splitlines() if "=" in line and not line.startswith("#")}
-    check({"DATABASE_URL", "POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB"} <= keys, "compose: the env example sets the database variables")
+    gateway_keys, postgres_keys = environment_keys(gateway), environment_keys(postgres)
+    check({"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB"} <= postgres_keys, "compose: postgres's env example sets its user, password and database")
+    check({"DATABASE_URL", "DATABASE_URL_FILE"} & gateway_keys, "compose: the gateway's env example gives it its database")
+    check(not {k for k in gateway_keys if k.startswith("POSTGRES_")}, "compose: no POSTGRES_* variable (the database's password) in the gateway's environment")
+    check(not gateway.get("init"), "compose: the gateway is its container's PID 1 (an init's environment would be readable by agents of the gateway's user)")
+
+
+def environment_keys(service):
+    """The variables a service's environment gets: its env files (their committed
+    .example where there is one) and its `environment`."""
+    keys = set()
+    env_files = service.get("env_file", [])
+    for env_file in [env_files] if isinstance(env_files, str) else env_files:
+        path = ROOT / env_file
+        example = Path(str(path) + ".example")
+        path = example if example.is_file() else path
+        if path.is_file():
+            keys |= {line.split("=", 1)[0].strip() for line in path.read_text().splitlines() if "=" in line and not line.lstrip().startswith("#")}
+    environment = service.get("environment") or {}
+    keys |= set(environment) if isinstance(environment, dict) else {e.split("=", 1)[0] for e in environment}
+    return keys
 
 
 def check_dockerfile():

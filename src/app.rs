@@ -125,6 +125,9 @@ impl Gateway {
         ));
         self.tasks
             .spawn(crate::telemetry::keep_up(self.shutdown.clone()));
+        // Not tracked: it ends with the shutdown token; a last sweep follows
+        // once every session has stopped.
+        tokio::spawn(crate::spawn::reap_orphans(self.shutdown.clone()));
         let sessions = self.state.sessions().clone();
         let node = sessions.node().clone();
         // Not tracked: it ends with the shutdown token, and nothing waits
@@ -158,6 +161,9 @@ impl Gateway {
             .is_err()
         {
             tracing::warn!("some sessions did not stop in time");
+        }
+        if crate::spawn::adopting() {
+            let _ = tokio::task::spawn_blocking(crate::spawn::sweep_orphans).await;
         }
         // Every agent has stopped: other nodes may start them from now on.
         node.leave().await;
@@ -211,7 +217,8 @@ pub fn redact_url(url: &str) -> String {
 }
 
 /// Secure defaults: without any token the API is open, so it may only be
-/// reachable from this machine. Also warns about agents that would run as root.
+/// reachable from this machine. Also warns about agents that would run as
+/// root, or as the gateway's own user.
 fn check_exposure(config: &Config, addr: SocketAddr, auth_required: bool) -> anyhow::Result<()> {
     if !auth_required {
         if !addr.ip().is_loopback() {
@@ -226,9 +233,22 @@ fn check_exposure(config: &Config, addr: SocketAddr, auth_required: bool) -> any
              every caller is the operator \"anonymous\""
         );
     }
-    if crate::sys::running_as_root() && config.agent_user.is_none() {
-        for agent in config.agents.iter().filter(|a| a.user.is_none()) {
-            tracing::warn!(agent = %agent.name, "the gateway runs as root and this agent profile names no user: its agents will run as root");
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    for agent in config.agents.iter().filter_map(|a| config.agent(&a.name)) {
+        let uid = match agent.user.as_deref().map(crate::sys::lookup_user) {
+            None => me,
+            Some(Ok(user)) => user.uid,
+            // Validated at start: only a user removed since.
+            Some(Err(_)) => continue,
+        };
+        if uid != me {
+            continue;
+        }
+        if me == 0 {
+            tracing::warn!(agent = %agent.name, "the gateway runs as root and so will this agent profile's agents: name an unprivileged user (user or agent_user)");
+        } else {
+            tracing::warn!(agent = %agent.name, "this agent profile's agents run as the gateway's own user: they can read what the gateway can (its config, its data, database_url_file) and signal it; name another user (user or agent_user) to keep them out");
         }
     }
     Ok(())

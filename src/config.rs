@@ -1,5 +1,6 @@
 //! Gateway configuration: a TOML file (see the README and `docs/api.md`)
-//! plus the `DATABASE_URL` and `ACP_GATEWAY_LISTEN` environment overrides.
+//! plus the `DATABASE_URL` (or `DATABASE_URL_FILE`) and `ACP_GATEWAY_LISTEN`
+//! environment overrides.
 //!
 //! Everything is validated when the gateway starts; every error names the key
 //! that is wrong (`agents[1].cwd: must be an absolute path`).
@@ -25,6 +26,11 @@ pub struct Config {
     /// `postgres://…` or `sqlite://PATH`; default: SQLite in the data directory.
     #[serde(default)]
     pub database_url: Option<String>,
+    /// A file holding the database URL (e.g. a Docker secret), read at
+    /// start, instead of `database_url`: the URL then appears in no
+    /// environment and no config file.
+    #[serde(default)]
+    pub database_url_file: Option<PathBuf>,
     /// Longest line accepted from an agent's stdout; longer lines are discarded.
     #[serde(default = "default_max_line_bytes")]
     pub max_line_bytes: usize,
@@ -100,8 +106,16 @@ pub struct AgentProfile {
     pub command: String,
     #[serde(default)]
     pub args: Vec<String>,
+    /// Variables set for the agent (and its terminal commands), on top of
+    /// the few it gets from the gateway's environment (`PATH`, `HOME`,
+    /// `LANG`, … see [`crate::spawn::ALLOWED`]).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Names of variables of the gateway's environment passed on to the
+    /// agent and its terminal commands as they are (e.g. an API key); none
+    /// other is.
+    #[serde(default)]
+    pub pass_env: Vec<String>,
     /// Default working directory of its sessions (absolute).
     #[serde(default)]
     pub cwd: Option<PathBuf>,
@@ -272,14 +286,47 @@ impl Config {
                 config
             }
         };
-        if let Ok(url) = std::env::var("DATABASE_URL") {
-            config.database_url = Some(url);
-        }
+        config.database_url_from(
+            std::env::var("DATABASE_URL").ok(),
+            std::env::var_os("DATABASE_URL_FILE").map(PathBuf::from),
+        )?;
         if let Ok(listen) = std::env::var("ACP_GATEWAY_LISTEN") {
             config.listen = listen;
         }
         config.validate()?;
         Ok(config)
+    }
+
+    /// Where the database URL comes from: the environment's `DATABASE_URL`
+    /// or `DATABASE_URL_FILE` (never both), else the config's
+    /// `database_url_file` or `database_url` (never both); a file is read now.
+    fn database_url_from(
+        &mut self,
+        env_url: Option<String>,
+        env_file: Option<PathBuf>,
+    ) -> anyhow::Result<()> {
+        match (env_url, env_file) {
+            (Some(_), Some(_)) => {
+                bail!("DATABASE_URL_FILE: set either DATABASE_URL or DATABASE_URL_FILE, not both")
+            }
+            (Some(url), None) => {
+                self.database_url = Some(url);
+                self.database_url_file = None;
+            }
+            (None, Some(file)) => {
+                self.database_url = Some(read_secret(&file, "DATABASE_URL_FILE")?);
+                self.database_url_file = Some(file);
+            }
+            (None, None) => {
+                if let Some(file) = &self.database_url_file {
+                    if self.database_url.is_some() {
+                        bail!("database_url_file: set either database_url or database_url_file, not both");
+                    }
+                    self.database_url = Some(read_secret(file, "database_url_file")?);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn from_file(path: &Path) -> anyhow::Result<Config> {
@@ -315,8 +362,19 @@ impl Config {
         if let Some(url) = &self.database_url {
             let known = ["postgres://", "postgresql://", "sqlite:"];
             if !known.iter().any(|scheme| url.starts_with(scheme)) {
-                bail!("database_url: must start with postgres://, postgresql:// or sqlite://");
+                match &self.database_url_file {
+                    Some(file) => bail!(
+                        "database_url_file: the URL in {} must start with postgres://, postgresql:// or sqlite://",
+                        file.display()
+                    ),
+                    None => bail!(
+                        "database_url: must start with postgres://, postgresql:// or sqlite://"
+                    ),
+                }
             }
+        }
+        if self.database_url_file.is_some() && self.database_url.is_none() {
+            bail!("database_url_file: not read yet (the config must be loaded with Config::load)");
         }
         if self.max_line_bytes < 1024 {
             bail!("max_line_bytes: must be at least 1024");
@@ -400,6 +458,19 @@ impl Config {
                     bail!("{key}.cwd: {:?} must be an absolute path", cwd);
                 }
             }
+            for (j, name) in agent.pass_env.iter().enumerate() {
+                if !is_variable_name(name) {
+                    bail!("{key}.pass_env[{j}]: {name:?} is not an environment variable name");
+                }
+            }
+            for (name, value) in &agent.env {
+                if !is_variable_name(name) {
+                    bail!("{key}.env: {name:?} is not an environment variable name");
+                }
+                if value.contains('\0') {
+                    bail!("{key}.env.{name}: must not contain a NUL character");
+                }
+            }
             for (j, root) in agent.allowed_roots.iter().enumerate() {
                 if !root.is_absolute() {
                     bail!("{key}.allowed_roots[{j}]: {root:?} must be an absolute path");
@@ -467,7 +538,35 @@ impl Config {
     }
 }
 
+/// A secret kept in a file (its surrounding whitespace, the final newline
+/// above all, is not part of it).
+fn read_secret(file: &Path, key: &str) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("{key}: cannot read {}", file.display()))?;
+    let secret = text.trim();
+    if secret.is_empty() {
+        bail!("{key}: {} is empty", file.display());
+    }
+    Ok(secret.to_owned())
+}
+
+/// `[A-Za-z_][A-Za-z0-9_]*`: what a shell accepts as a variable name.
+fn is_variable_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
 impl AgentProfile {
+    /// The environment its agents (and their terminal commands) start with
+    /// when they run as `user` (`None`: the gateway's own): see
+    /// [`crate::spawn::environment`].
+    pub fn environment(&self, user: Option<&crate::sys::SystemUser>) -> crate::spawn::Environment {
+        crate::spawn::environment(&self.env, &self.pass_env, user)
+    }
+
     /// The scripted demo agent built into this executable
     /// (`acp-gateway demo-agent`), so a gateway is useful with no setup.
     pub fn builtin_demo() -> anyhow::Result<AgentProfile> {
@@ -478,6 +577,7 @@ impl AgentProfile {
             command: exe.to_string_lossy().into_owned(),
             args: vec!["demo-agent".into(), "--chunk-delay-ms".into(), "40".into()],
             env: BTreeMap::new(),
+            pass_env: Vec::new(),
             cwd: None,
             mcp_servers: Vec::new(),
             permission_timeout: None,
@@ -542,19 +642,21 @@ impl AgentProfile {
     }
 
     /// Why the command cannot be run, or `None` if it looks runnable (by
-    /// the profile's `user`, when it names one).
+    /// the profile's `user`, when it names one): the program, and the
+    /// interpreter of a script (see [`crate::sys::runnable_by`]).
     pub fn unavailable_reason(&self) -> Option<String> {
-        let path = self.env.get("PATH").map(String::as_str);
+        let user = match self.user.as_deref().map(crate::sys::lookup_user) {
+            Some(Ok(user)) => Some(user),
+            Some(Err(reason)) => return Some(reason),
+            None => None,
+        };
+        let environment = self.environment(user.as_ref());
+        let path = crate::spawn::path_of(&environment);
         let program = match crate::sys::resolve_command(&self.command, path) {
             Ok(program) => program,
             Err(reason) => return Some(reason),
         };
-        let user = self.user.as_deref()?;
-        let user = match crate::sys::lookup_user(user) {
-            Ok(user) => user,
-            Err(reason) => return Some(reason),
-        };
-        crate::sys::executable_by(&program, &user).err()
+        crate::sys::runnable_by(&program, user.as_ref(), path).err()
     }
 }
 
@@ -729,6 +831,85 @@ startup_timeout = "5s"
             .unwrap_err()
             .to_string()
             .starts_with("database_url"));
+    }
+
+    #[test]
+    fn the_database_url_can_come_from_a_file_read_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("database_url");
+        std::fs::write(&secret, "postgres://gw:pw@db/gw\n").unwrap();
+        let text = format!("database_url_file = {:?}", secret.display().to_string());
+        let mut config = Config::parse(&text).unwrap();
+        let err = config.validate().unwrap_err();
+        assert!(err.to_string().starts_with("database_url_file"), "{err}");
+        config.database_url_from(None, None).unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.database_url(), "postgres://gw:pw@db/gw");
+        // The environment's URL wins; its file too.
+        let mut config = Config::parse(&text).unwrap();
+        config
+            .database_url_from(Some("sqlite://x.db".into()), None)
+            .unwrap();
+        assert_eq!(config.database_url(), "sqlite://x.db");
+        let mut config = Config::parse("database_url = \"sqlite://x.db\"").unwrap();
+        config
+            .database_url_from(None, Some(secret.clone()))
+            .unwrap();
+        assert_eq!(config.database_url(), "postgres://gw:pw@db/gw");
+        // Never two sources of one kind, nor an empty or unreadable file.
+        let both = Config::parse(&format!("{text}\ndatabase_url = \"sqlite://x.db\"")).unwrap();
+        let err = both.clone().database_url_from(None, None).unwrap_err();
+        assert!(err.to_string().starts_with("database_url_file"), "{err}");
+        let err = Config::parse("")
+            .unwrap()
+            .database_url_from(Some("sqlite://x.db".into()), Some(secret.clone()))
+            .unwrap_err();
+        assert!(err.to_string().starts_with("DATABASE_URL_FILE"), "{err}");
+        std::fs::write(&secret, "\n").unwrap();
+        let err = Config::parse(&text)
+            .unwrap()
+            .database_url_from(None, None)
+            .unwrap_err();
+        assert!(err.to_string().contains("is empty"), "{err}");
+        let missing = format!(
+            "database_url_file = {:?}",
+            dir.path().join("nope").display().to_string()
+        );
+        let err = Config::parse(&missing)
+            .unwrap()
+            .database_url_from(None, None)
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("database_url_file: cannot read"),
+            "{err}"
+        );
+        // What it holds is checked like database_url, without showing it.
+        std::fs::write(&secret, "mysql://gw:secret@db/gw").unwrap();
+        let mut config = Config::parse(&text).unwrap();
+        config.database_url_from(None, None).unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.starts_with("database_url_file"), "{err}");
+        assert!(!err.contains("secret"), "{err}");
+    }
+
+    #[test]
+    fn pass_env_and_env_must_name_variables() {
+        let with = |extra: &str| Config::parse(&format!("{GOOD}{extra}")).unwrap();
+        let config = with("pass_env = [\"OPENAI_API_KEY\", \"_X1\"]\nenv = { MODEL = \"big\" }\n");
+        config.validate().unwrap();
+        assert_eq!(config.agents[0].pass_env, ["OPENAI_API_KEY", "_X1"]);
+        for bad in ["\"A=B\"", "\"\"", "\"1X\"", "\"A B\""] {
+            let err = with(&format!("pass_env = [\"OK\", {bad}]\n"))
+                .validate()
+                .unwrap_err();
+            assert!(
+                err.to_string().starts_with("agents[0].pass_env[1]"),
+                "{err}"
+            );
+        }
+        let err = with("env = { \"A=B\" = \"x\" }\n").validate().unwrap_err();
+        assert!(err.to_string().starts_with("agents[0].env"), "{err}");
     }
 
     #[test]

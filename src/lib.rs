@@ -25,6 +25,9 @@
 //!   policies in force; [`permissions::policy`] is the operator auto-approve
 //!   engine (pure: rules in, verdict out) on [`permissions::shell`], which
 //!   reads what a shell line runs (pure, on `brush-parser`).
+//! - [`spawn`]: how agents and terminal commands are started and ended: a
+//!   clean environment, each the root of a process tree that is killed
+//!   whole, and what they leave behind adopted and killed by the gateway.
 //! - [`store`]: persistence behind one trait ([`store::Store`]): Postgres and
 //!   SQLite from one SQL text, and export between them.
 //! - [`auth`]: bearer tokens, roles, who a token names, per-token rate limits.
@@ -54,6 +57,7 @@ pub mod model;
 pub mod permissions;
 pub mod ratelimit;
 pub mod session;
+pub mod spawn;
 pub mod store;
 pub mod sys;
 pub mod telemetry;

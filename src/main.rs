@@ -44,6 +44,15 @@ async fn run() -> anyhow::Result<()> {
     }
     match cli.command {
         Cmd::Serve { config } => {
+            // First of all: processes of the same user (agents running as
+            // the gateway's user) cannot read our environment or memory.
+            if let Err(e) = acp_gateway::sys::forbid_inspection() {
+                tracing::warn!(error = %e, "cannot make the gateway non-dumpable: processes of its user can read its memory");
+            }
+            // What agents and terminal commands leave behind is ours to kill.
+            if let Err(e) = acp_gateway::spawn::adopt_orphans() {
+                tracing::warn!(error = %e, "cannot adopt orphans: what an agent leaves after it exits may outlive it");
+            }
             acp_gateway::sys::return_large_allocations_to_the_system();
             let config = acp_gateway::Config::load(config.as_deref())?;
             let gateway = acp_gateway::Gateway::build(config).await?;

@@ -1,17 +1,12 @@
 //! What the gateway asks of the operating system: finding an executable the
-//! way a shell would, looking up the user an agent runs as, whether we are
-//! root, and how the allocator returns memory.
+//! way a shell would (and whether a user can run it, interpreter included),
+//! looking up the user an agent runs as, whether we are root, keeping other
+//! processes out of ours, and how the allocator returns memory.
 
 use std::path::{Path, PathBuf};
 
 /// Finds the executable a command names, the way a shell would.
 pub fn resolve_command(command: &str, path_override: Option<&str>) -> Result<PathBuf, String> {
-    use std::os::unix::fs::PermissionsExt;
-    let is_executable = |p: &Path| {
-        std::fs::metadata(p)
-            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-            .unwrap_or(false)
-    };
     if command.contains('/') {
         let p = PathBuf::from(command);
         return if is_executable(&p) {
@@ -24,57 +19,256 @@ pub fn resolve_command(command: &str, path_override: Option<&str>) -> Result<Pat
             Err(format!("{command} does not exist"))
         };
     }
-    let path = path_override
+    candidates(command, path_override)
+        .next()
+        .ok_or_else(|| format!("{command} not found in PATH"))
+}
+
+/// Whether `p` is a file with an execute bit (as the gateway sees it).
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// The executables named `command` in `path` (else the gateway's `PATH`),
+/// in its order.
+fn candidates(command: &str, path: Option<&str>) -> impl Iterator<Item = PathBuf> {
+    let path = path
         .map(str::to_owned)
         .or_else(|| std::env::var("PATH").ok())
         .unwrap_or_default();
+    let command = command.to_owned();
     std::env::split_paths(&path)
-        .map(|dir| dir.join(command))
-        .find(|p| is_executable(p))
-        .ok_or_else(|| format!("{command} not found in PATH"))
+        .map(move |dir| dir.join(&command))
+        .filter(|p| is_executable(p))
+        .collect::<Vec<_>>()
+        .into_iter()
 }
 
 /// Whether `user` (its uid and primary group, as agents run: without
 /// supplementary groups) may run `program`: search permission on every
-/// directory on the way, execute permission on the file. The reason when
-/// not.
+/// directory the kernel passes through on the way (symlinks followed, each
+/// hop's own directories included), execute permission on the file. The
+/// reason when not.
 pub fn executable_by(program: &Path, user: &SystemUser) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    let allowed = |meta: &std::fs::Metadata| {
-        let mode = meta.mode();
-        if user.uid == 0 {
-            // root may search any directory and run any file with an x bit.
-            return meta.is_dir() || mode & 0o111 != 0;
-        }
-        let bit = if meta.uid() == user.uid {
-            0o100
-        } else if meta.gid() == user.gid {
-            0o010
-        } else {
-            0o001
-        };
-        mode & bit != 0
-    };
-    let mut dirs: Vec<&Path> = program.ancestors().skip(1).collect();
-    dirs.reverse();
-    for dir in dirs.into_iter().filter(|d| !d.as_os_str().is_empty()) {
-        let meta = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        if !allowed(&meta) {
-            return Err(format!(
-                "{} cannot be searched by user {} (uid {})",
-                dir.display(),
-                user.name,
-                user.uid
-            ));
-        }
-    }
-    let meta = std::fs::metadata(program).map_err(|e| format!("{}: {e}", program.display()))?;
-    if allowed(&meta) {
+    let real = walk_as(program, user)?;
+    let meta = std::fs::metadata(&real).map_err(|e| format!("{}: {e}", real.display()))?;
+    if permits(&meta, user, 0o1) {
         Ok(())
     } else {
         Err(format!(
             "{} is not executable by user {} (uid {})",
             program.display(),
+            user.name,
+            user.uid
+        ))
+    }
+}
+
+/// Whether the `bits` (`0o1` execute or search, `0o4` read) of `meta`'s
+/// mode that apply to `user` (owner, group, others) are set; root may read
+/// and search anything, and run any file with an execute bit.
+fn permits(meta: &std::fs::Metadata, user: &SystemUser, bits: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let mode = meta.mode();
+    if user.uid == 0 {
+        return bits != 0o1 || meta.is_dir() || mode & 0o111 != 0;
+    }
+    let shift = if meta.uid() == user.uid {
+        6
+    } else if meta.gid() == user.gid {
+        3
+    } else {
+        0
+    };
+    mode & (bits << shift) != 0
+}
+
+/// Most symlinks followed on one path, as Linux allows.
+const MAX_SYMLINKS: usize = 40;
+
+/// Resolves `path` the way the kernel does for `user`: component by
+/// component, following symlinks wherever they are, and failing at the
+/// first directory `user` may not search. Where it really leads.
+fn walk_as(path: &Path, user: &SystemUser) -> Result<PathBuf, String> {
+    use std::collections::VecDeque;
+    use std::path::Component;
+    let start = std::path::absolute(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut pending: VecDeque<std::ffi::OsString> = VecDeque::new();
+    let push_front = |pending: &mut VecDeque<_>, p: &Path| {
+        for component in p.components().rev() {
+            match component {
+                Component::Normal(name) => pending.push_front(name.to_owned()),
+                Component::ParentDir => pending.push_front("..".into()),
+                Component::RootDir | Component::Prefix(_) | Component::CurDir => {}
+            }
+        }
+    };
+    push_front(&mut pending, &start);
+    let mut current = PathBuf::from("/");
+    let mut links = 0;
+    while let Some(name) = pending.pop_front() {
+        let meta =
+            std::fs::metadata(&current).map_err(|e| format!("{}: {e}", current.display()))?;
+        if !meta.is_dir() {
+            return Err(format!("{} is not a directory", current.display()));
+        }
+        if !permits(&meta, user, 0o1) {
+            return Err(format!(
+                "{} cannot be searched by user {} (uid {})",
+                current.display(),
+                user.name,
+                user.uid
+            ));
+        }
+        if name == ".." {
+            current.pop();
+            continue;
+        }
+        let next = current.join(&name);
+        let is_link = std::fs::symlink_metadata(&next)
+            .map_err(|e| format!("{}: {e}", next.display()))?
+            .file_type()
+            .is_symlink();
+        if !is_link {
+            current = next;
+            continue;
+        }
+        links += 1;
+        if links > MAX_SYMLINKS {
+            return Err(format!(
+                "{}: too many levels of symbolic links",
+                path.display()
+            ));
+        }
+        let target = std::fs::read_link(&next).map_err(|e| format!("{}: {e}", next.display()))?;
+        if target.is_absolute() {
+            current = PathBuf::from("/");
+        }
+        push_front(&mut pending, &target);
+    }
+    Ok(current)
+}
+
+/// Whether `program` can be started, by `user` when there is one (else by
+/// the gateway's own user, whose rights are not checked): the program
+/// itself, its symlinks followed, and, for a script, its `#!`
+/// interpreter the same way (`#!/usr/bin/env NAME` looks NAME up in
+/// `path`, the agent's `PATH`); the script must also be readable by the
+/// user, since the interpreter opens it. The reason names the path that
+/// cannot be reached.
+pub fn runnable_by(
+    program: &Path,
+    user: Option<&SystemUser>,
+    path: Option<&str>,
+) -> Result<(), String> {
+    runnable(program, user, path, 0)
+}
+
+/// Linux follows at most this many `#!` interpreters that are scripts
+/// themselves (`BINPRM_MAX_RECURSION`).
+const MAX_INTERPRETERS: usize = 4;
+
+fn runnable(
+    program: &Path,
+    user: Option<&SystemUser>,
+    path: Option<&str>,
+    depth: usize,
+) -> Result<(), String> {
+    if depth > MAX_INTERPRETERS {
+        return Err(format!(
+            "{}: too many levels of #! interpreters",
+            program.display()
+        ));
+    }
+    let real = std::fs::canonicalize(program).map_err(|e| format!("{}: {e}", program.display()))?;
+    match user {
+        Some(user) => executable_by(program, user)?,
+        None => {
+            use std::os::unix::fs::PermissionsExt;
+            let meta = std::fs::metadata(&real).map_err(|e| format!("{}: {e}", real.display()))?;
+            if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+                return Err(format!("{} is not an executable file", real.display()));
+            }
+        }
+    }
+    let Some(line) = shebang(&real) else {
+        return Ok(());
+    };
+    if let Some(user) = user {
+        readable_by(&real, user)?;
+    }
+    let script = program.display();
+    let (interpreter, argument) = match line.split_once([' ', '\t']) {
+        Some((interpreter, argument)) => (interpreter, argument.trim()),
+        None => (line.as_str(), ""),
+    };
+    if interpreter.is_empty() {
+        return Err(format!("{script}: its #! line names no interpreter"));
+    }
+    let interpreter = Path::new(interpreter);
+    runnable(interpreter, user, path, depth + 1)
+        .map_err(|why| format!("the interpreter of {script}: {why}"))?;
+    if interpreter.file_name().is_some_and(|name| name == "env") {
+        // `#!/usr/bin/env NAME` (or `env -S NAME ARGS`): NAME is looked up
+        // in the PATH the agent gets.
+        let name = argument
+            .split_whitespace()
+            .find(|word| !word.starts_with('-') && !word.contains('='))
+            .unwrap_or_default();
+        if name.is_empty() {
+            return Ok(());
+        }
+        // As env does (execvp): the first one the user can run, past those
+        // it cannot; else what stopped the first.
+        let how = format!(
+            "the interpreter of {script} ({} {name})",
+            interpreter.display()
+        );
+        let mut first_refusal = None;
+        for candidate in candidates(name, path) {
+            match runnable(&candidate, user, path, depth + 1) {
+                Ok(()) => return Ok(()),
+                Err(why) => {
+                    first_refusal.get_or_insert(why);
+                }
+            }
+        }
+        return Err(match first_refusal {
+            Some(why) => format!("{how}: {why}"),
+            None => format!("{how}: {name} not found in PATH"),
+        });
+    }
+    Ok(())
+}
+
+/// A script's `#!` line (without the `#!` and the line end), as the kernel
+/// reads it: at most its first 256 bytes. `None` for anything else, or
+/// when the file cannot be read.
+fn shebang(program: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(256);
+    std::fs::File::open(program)
+        .ok()?
+        .take(256)
+        .read_to_end(&mut head)
+        .ok()?;
+    let rest = head.strip_prefix(b"#!")?;
+    let line = rest.split(|&b| b == b'\n').next().unwrap_or_default();
+    Some(String::from_utf8_lossy(line).trim().to_owned())
+}
+
+/// Whether `user` (as in [`executable_by`]) may read `file`.
+fn readable_by(file: &Path, user: &SystemUser) -> Result<(), String> {
+    let meta = std::fs::metadata(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    if permits(&meta, user, 0o4) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} is a script that user {} (uid {}) cannot read",
+            file.display(),
             user.name,
             user.uid
         ))
@@ -129,6 +323,21 @@ pub fn lookup_user(name: &str) -> Result<SystemUser, String> {
 pub fn running_as_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// Makes this process non-dumpable: a process of the same user can then
+/// neither read its memory and environment (`/proc/<pid>/mem`, `environ`)
+/// nor attach a debugger to it, and it leaves no core dump. Its `/proc`
+/// entries belong to root from then on (it still reads its own).
+pub fn forbid_inspection() -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl with integer arguments only.
+    unsafe {
+        if libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// glibc raises its mmap threshold each time a large block is freed, up to
@@ -214,4 +423,85 @@ pub fn nobody_if_root() -> Option<SystemUser> {
         eprintln!("skipped: needs root and a user named nobody");
     }
     nobody
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{symlink, PermissionsExt};
+
+    fn mode(path: &Path, mode: u32) {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    fn script(path: &Path, shebang: &str) {
+        std::fs::write(path, format!("#!{shebang}\nexit 0\n")).unwrap();
+        mode(path, 0o755);
+    }
+
+    #[test]
+    fn a_scripts_interpreter_is_read_from_its_first_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        std::fs::write(&path, "#! /usr/bin/env  -S python3 -u \r\nprint()\n").unwrap();
+        assert_eq!(
+            shebang(&path).as_deref(),
+            Some("/usr/bin/env  -S python3 -u")
+        );
+        std::fs::write(&path, "\x7fELF…").unwrap();
+        assert_eq!(shebang(&path), None);
+    }
+
+    #[test]
+    fn without_a_user_a_missing_interpreter_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent");
+        script(&path, "/nonexistent/python3");
+        let why = runnable_by(&path, None, None).unwrap_err();
+        assert!(why.starts_with("the interpreter of"), "{why}");
+        assert!(why.contains("/nonexistent/python3"), "{why}");
+        script(&path, "/usr/bin/env no-such-interpreter-xyz");
+        let why = runnable_by(&path, None, Some("/usr/bin:/bin")).unwrap_err();
+        assert!(
+            why.contains("no-such-interpreter-xyz not found in PATH"),
+            "{why}"
+        );
+        script(&path, "/bin/sh");
+        runnable_by(&path, None, None).unwrap();
+    }
+
+    /// Every hop of a chain of symlinks is walked through, not only where
+    /// it ends (only where the gateway is root and the system has `nobody`).
+    #[test]
+    fn the_directories_of_every_symlink_on_the_way_must_be_searchable() {
+        let Some(nobody) = nobody_if_root() else {
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        mode(&root, 0o755);
+        let (open, closed) = (root.join("open"), root.join("closed"));
+        std::fs::create_dir(&open).unwrap();
+        std::fs::create_dir(&closed).unwrap();
+        mode(&closed, 0o700);
+        // open/python -> closed/python3 -> /bin/sh: where it ends is fine.
+        symlink("/bin/sh", closed.join("python3")).unwrap();
+        symlink(closed.join("python3"), open.join("python")).unwrap();
+        let why = executable_by(&open.join("python"), &nobody).unwrap_err();
+        assert_eq!(
+            why,
+            format!(
+                "{} cannot be searched by user nobody (uid {})",
+                closed.display(),
+                nobody.uid
+            )
+        );
+        executable_by(Path::new("/bin/sh"), &nobody).unwrap();
+        // A script is read by its interpreter: nobody must be able to.
+        let private = open.join("private");
+        script(&private, "/bin/sh");
+        mode(&private, 0o711);
+        let why = runnable_by(&private, Some(&nobody), None).unwrap_err();
+        assert!(why.contains("cannot read"), "{why}");
+    }
 }

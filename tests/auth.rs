@@ -611,7 +611,98 @@ async fn an_agent_its_user_cannot_run_is_reported_unavailable(db: TestDb) {
     assert_eq!(status, 502, "{body}");
 }
 
+/// Found with a real Python agent in a venv made by root: the script is
+/// reachable, its interpreter (the venv's python, a symlink into root's
+/// home) is not.
+async fn an_agent_whose_interpreter_its_user_cannot_reach_is_reported_unavailable(db: TestDb) {
+    if !acp_gateway::sys::running_as_root() {
+        eprintln!("skipping: only root can make an interpreter nobody may not reach");
+        return;
+    }
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let open = root.join("venv/bin");
+    let closed = root.join("home/root");
+    for (sub, mode) in [(&open, 0o755), (&closed, 0o700)] {
+        std::fs::create_dir_all(sub).unwrap();
+        std::fs::set_permissions(sub, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    std::fs::set_permissions(root.join("venv"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(root.join("home"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // An interpreter only root reaches, and a venv's link to it.
+    symlink("/bin/sh", closed.join("python3")).unwrap();
+    symlink(closed.join("python3"), open.join("python")).unwrap();
+    // Found by `env` in the agent's PATH only there.
+    symlink("/bin/sh", closed.join("acp-test-python")).unwrap();
+    let script = |name: &str, shebang: &str| {
+        let path = open.join(name);
+        std::fs::write(&path, format!("#!{shebang}\nexit 0\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    };
+    let agent = |name: &str, program: &std::path::Path| {
+        let mut p = profile(name, program.to_str().unwrap(), &[]);
+        p.user = Some("nobody".into());
+        p
+    };
+    let direct = script("direct", closed.join("python3").to_str().unwrap());
+    let linked = script("linked", open.join("python").to_str().unwrap());
+    let by_env = script("by-env", "/usr/bin/env acp-test-python");
+    let plain = script("plain", "/bin/sh");
+    // Past a directory it cannot search, env finds one it can.
+    symlink("/bin/sh", open.join("acp-test-python")).unwrap();
+    let second = script("second", "/usr/bin/env acp-test-python");
+    let mut via_path = agent("by-env", &by_env);
+    via_path
+        .env
+        .insert("PATH".into(), format!("{}:/usr/bin:/bin", closed.display()));
+    let mut past_it = agent("second", &second);
+    let path = format!("{}:{}:/usr/bin:/bin", closed.display(), open.display());
+    past_it.env.insert("PATH".into(), path);
+    let gw = TestGateway::start(
+        &db,
+        vec![
+            agent("direct", &direct),
+            agent("linked", &linked),
+            via_path,
+            past_it,
+            agent("plain", &plain),
+        ],
+    )
+    .await;
+    let (_, agents) = gw.get("/api/v1/agents").await;
+    let by_name = |name: &str| {
+        agents["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(by_name("plain")["available"], true, "{agents}");
+    assert_eq!(by_name("second")["available"], true, "{agents}");
+    let unreachable = format!("{} cannot be searched by user nobody", closed.display());
+    for name in ["direct", "linked", "by-env"] {
+        let agent = by_name(name);
+        assert_eq!(agent["available"], false, "{agent}");
+        let reason = agent["unavailable_reason"].as_str().unwrap();
+        assert!(reason.contains("interpreter"), "{name}: {reason}");
+        assert!(reason.contains(&unreachable), "{name}: {reason}");
+        // What it predicts is what happens, said the same way.
+        let (status, body) = gw
+            .post("/api/v1/conversations", json!({"agent": name}))
+            .await;
+        assert_eq!(status, 502, "{body}");
+        let detail = body["detail"].as_str().unwrap();
+        assert!(detail.contains(&unreachable), "{name}: {detail}");
+    }
+}
+
 backend_tests!(
+    an_agent_whose_interpreter_its_user_cannot_reach_is_reported_unavailable,
     cors_is_off_unless_origins_are_configured,
     an_agent_profile_with_a_user_runs_its_process_under_that_uid,
     a_cwd_outside_the_allowed_roots_is_rejected_however_it_is_spelled,

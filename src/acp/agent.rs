@@ -1,6 +1,7 @@
-//! Agent processes: spawned in their own process group so that the agent and
-//! everything it started can be killed together; stderr is logged with the
-//! conversation id and its last lines kept for error reports.
+//! Agent processes: started with a clean environment as the root of a
+//! process tree (see [`crate::spawn`]) so that the agent and everything it
+//! started can be killed together; stderr is logged with the conversation
+//! id and its last lines kept for error reports.
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -15,6 +16,7 @@ use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use crate::config::AgentProfile;
+use crate::spawn::Tree;
 
 /// How many stderr lines are kept for error reports.
 const STDERR_TAIL_LINES: usize = 20;
@@ -24,9 +26,8 @@ const STDERR_LINE_MAX: usize = 1000;
 /// A running agent subprocess.
 pub struct AgentProcess {
     child: Child,
-    pgid: Option<i32>,
-    /// When it started (clock ticks after boot), read from `/proc` at once.
-    start_time: Option<u64>,
+    /// The agent and what it started.
+    tree: Tree,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
     stderr_task: Option<JoinHandle<()>>,
     exit: Option<ExitStatus>,
@@ -39,53 +40,49 @@ pub struct AgentPipes {
 }
 
 impl AgentProcess {
-    /// Starts the profile's command in `cwd`.
+    /// Starts the profile's command in `cwd`, as the profile's user, with
+    /// the profile's environment (see [`AgentProfile::environment`]).
     pub fn spawn(
         profile: &AgentProfile,
         cwd: &Path,
         conversation_id: Uuid,
     ) -> anyhow::Result<(AgentProcess, AgentPipes)> {
-        let program = crate::sys::resolve_command(
-            &profile.command,
-            profile.env.get("PATH").map(String::as_str),
-        )
-        .map_err(|reason| anyhow::anyhow!("cannot start agent {:?}: {reason}", profile.name))?;
+        let user = match &profile.user {
+            // Unprivileged: std drops the supplementary groups too when the
+            // gateway is root.
+            Some(name) => Some(
+                crate::sys::lookup_user(name)
+                    .map_err(|e| anyhow::anyhow!("agent {:?}: {e}", profile.name))?,
+            ),
+            None => None,
+        };
+        let environment = profile.environment(user.as_ref());
+        let path = crate::spawn::path_of(&environment);
+        let cannot_start =
+            |reason: String| anyhow::anyhow!("cannot start agent {:?}: {reason}", profile.name);
+        let program = crate::sys::resolve_command(&profile.command, path).map_err(cannot_start)?;
+        // What `GET /api/v1/agents` predicts, said before the kernel says
+        // only "Permission denied".
+        crate::sys::runnable_by(&program, user.as_ref(), path).map_err(cannot_start)?;
         let mut command = Command::new(program);
         command
             .args(&profile.args)
-            .envs(&profile.env)
+            .env_clear()
+            .envs(&environment)
             .current_dir(cwd)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            // Its own group: killing the group reaches the agent's children too,
-            // and a Ctrl-C on the gateway's terminal does not hit the agents.
-            .process_group(0)
             .kill_on_drop(true);
-        if let Some(name) = &profile.user {
-            // Unprivileged: std drops the supplementary groups too when the
-            // gateway is root.
-            let user = crate::sys::lookup_user(name)
-                .map_err(|e| anyhow::anyhow!("agent {:?}: {e}", profile.name))?;
+        if let Some(user) = &user {
             command.uid(user.uid).gid(user.gid);
-            for (key, value) in [("HOME", &user.home), ("USER", name), ("LOGNAME", name)] {
-                if !profile.env.contains_key(key) {
-                    command.env(key, value);
-                }
-            }
         }
-        let mut child = command.spawn().with_context(|| {
+        let (mut child, tree) = crate::spawn::spawn(&mut command).with_context(|| {
             format!(
                 "cannot start agent {:?} ({})",
                 profile.name, profile.command
             )
         })?;
-        let pgid = child.id().map(|pid| pid as i32);
-        // Not reaped before we wait for it, so even an agent that exited at
-        // once still has its stat.
-        let start_time = pgid
-            .and_then(super::procs::stat)
-            .map(|stat| stat.start_time);
         let stdin = child.stdin.take().context("agent stdin missing")?;
         let stdout = child.stdout.take().context("agent stdout missing")?;
         let stderr = child.stderr.take().context("agent stderr missing")?;
@@ -111,8 +108,7 @@ impl AgentProcess {
         Ok((
             AgentProcess {
                 child,
-                pgid,
-                start_time,
+                tree,
                 stderr_tail,
                 stderr_task: Some(stderr_task),
                 exit: None,
@@ -124,7 +120,7 @@ impl AgentProcess {
     /// Its pid (also its process group id) and start time, which together
     /// tell it from a later process with the same pid; `None` without `/proc`.
     pub fn identity(&self) -> Option<(i32, u64)> {
-        Some((self.pgid?, self.start_time?))
+        Some((self.tree.pid(), self.tree.start_time()?))
     }
 
     /// Whether the agent is known to have exited (it was waited for).
@@ -138,10 +134,18 @@ impl AgentProcess {
         tail.iter().cloned().collect::<Vec<_>>().join("\n")
     }
 
-    /// Resolves when the agent exits (cancel-safe; returns at once afterwards).
+    /// Resolves when the agent exits (cancel-safe; returns at once
+    /// afterwards). What it leaves behind in its group, and what was below
+    /// it when it was asked to stop, goes with it.
     pub async fn wait(&mut self) -> ExitStatus {
         if let Some(status) = self.exit {
             return status;
+        }
+        let watched = self.tree.watches_exit();
+        if watched {
+            self.tree.exited().await;
+            // Before it is reaped: its group is still its own.
+            self.tree.kill_left();
         }
         let status = match self.child.wait().await {
             Ok(status) => status,
@@ -150,9 +154,13 @@ impl AgentProcess {
                 std::os::unix::process::ExitStatusExt::from_raw(-1)
             }
         };
+        if !watched {
+            // Without pidfds (before Linux 5.3): right after, as closely as
+            // can be.
+            self.tree.kill_left();
+        }
+        self.tree.reaped();
         self.exit = Some(status);
-        // Whatever the agent left behind in its group goes with it.
-        self.kill_group();
         status
     }
 
@@ -164,38 +172,29 @@ impl AgentProcess {
         }
     }
 
-    /// Stops the agent: SIGTERM to its group, SIGKILL after `grace`.
+    /// Stops the agent: SIGTERM to it, its group and everything below it;
+    /// after `grace`, the whole tree is killed.
     pub async fn terminate(&mut self, grace: Duration) -> ExitStatus {
         if self.exit.is_none() {
-            self.signal_group(libc::SIGTERM);
+            // Found now, they are still found once the agent has gone.
+            self.tree.remember();
+            self.tree.signal(libc::SIGTERM);
             if tokio::time::timeout(grace, self.wait()).await.is_err() {
-                self.kill_group();
+                self.tree.kill();
             }
         }
         let status = self.wait().await;
         self.drain_stderr().await;
         status
     }
-
-    fn kill_group(&self) {
-        self.signal_group(libc::SIGKILL);
-    }
-
-    fn signal_group(&self, signal: i32) {
-        if let Some(pgid) = self.pgid {
-            // SAFETY: killpg has no memory-safety preconditions; an already
-            // empty group just yields ESRCH.
-            unsafe {
-                libc::killpg(pgid, signal);
-            }
-        }
-    }
 }
 
 impl Drop for AgentProcess {
     fn drop(&mut self) {
         // Nothing outlives its conversation by accident.
-        self.kill_group();
+        if self.exit.is_none() {
+            self.tree.kill();
+        }
     }
 }
 

@@ -64,8 +64,13 @@ pub struct ProcStat {
     pub comm: String,
     /// `R`, `S`, `D`, `Z` (zombie), …
     pub state: char,
+    /// Parent pid (field 4): after its parent died, the nearest subreaper
+    /// above it (or init).
+    pub ppid: i32,
     /// Process group id (field 5).
     pub pgrp: i32,
+    /// Session id (field 6).
+    pub session: i32,
     /// Clock ticks after boot when the process started (field 22).
     pub start_time: u64,
 }
@@ -97,13 +102,18 @@ pub fn parse_stat(line: &str) -> Option<ProcStat> {
     // Field 3 (state) is the first one after the name.
     let rest: Vec<&str> = line[close + 1..].split_whitespace().collect();
     let state = rest.first()?.chars().next()?;
-    let pgrp = rest.get(5 - 3)?.parse().ok()?;
-    let start_time = rest.get(22 - 3)?.parse().ok()?;
+    let field = |n: usize| rest.get(n - 3);
+    let ppid = field(4)?.parse().ok()?;
+    let pgrp = field(5)?.parse().ok()?;
+    let session = field(6)?.parse().ok()?;
+    let start_time = field(22)?.parse().ok()?;
     Some(ProcStat {
         pid,
         comm,
         state,
+        ppid,
         pgrp,
+        session,
         start_time,
     })
 }
@@ -177,6 +187,59 @@ pub fn leftovers(pid: i32, start_time: u64, processes: &[ProcStat]) -> Leftovers
     }
 }
 
+/// The members of a process tree, as found in `processes` (pure: the caller
+/// scanned `/proc`): every process below `root` (whose parent, or its
+/// parent's parent…, is the root or one of the `known` members still
+/// running as the process they were), and with `group`, every process of
+/// the root's process group or session that started no earlier than the
+/// root. Only running processes, the root left out (it goes last).
+///
+/// `group` may only be asked for while the root's pid is still its own
+/// (running, or exited and not yet reaped): after that a new process could
+/// lead a group or session with that number.
+pub fn tree_members(
+    root: &ProcStat,
+    known: &[ProcStat],
+    group: bool,
+    processes: &[ProcStat],
+) -> Vec<ProcStat> {
+    use std::collections::{HashMap, HashSet};
+    let mut children: HashMap<i32, Vec<&ProcStat>> = HashMap::new();
+    for p in processes {
+        children.entry(p.ppid).or_default().push(p);
+    }
+    let mut inside: HashSet<(i32, u64)> = HashSet::new();
+    let mut queue: Vec<&ProcStat> = Vec::new();
+    let seeds = processes.iter().filter(|p| {
+        p.same_process(root)
+            || known.iter().any(|k| k.same_process(p))
+            || (group
+                && (p.pgrp == root.pid || p.session == root.pid)
+                && p.start_time >= root.start_time)
+    });
+    for p in seeds {
+        if inside.insert((p.pid, p.start_time)) {
+            queue.push(p);
+        }
+    }
+    while let Some(parent) = queue.pop() {
+        for child in children.get(&parent.pid).into_iter().flatten() {
+            // A child never started before its parent; the parent is the
+            // process judged, so its children are really its own.
+            if child.start_time >= parent.start_time && inside.insert((child.pid, child.start_time))
+            {
+                queue.push(child);
+            }
+        }
+    }
+    processes
+        .iter()
+        .filter(|p| inside.contains(&(p.pid, p.start_time)))
+        .filter(|p| p.is_running() && !p.same_process(root))
+        .cloned()
+        .collect()
+}
+
 /// What [`kill_leftovers`] did.
 #[derive(Debug)]
 pub enum Sweep {
@@ -239,25 +302,40 @@ pub fn kill_leftovers(pid: i32, start_time: u64) -> io::Result<Sweep> {
 
 /// SIGKILLs `process` if its pid still names the same process (`false`: it
 /// is gone or is another one now).
-#[cfg(target_os = "linux")]
 fn kill_same(process: &ProcStat) -> io::Result<bool> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, process.pid, 0) };
-    if fd < 0 {
-        let err = io::Error::last_os_error();
-        return match err.raw_os_error() {
-            Some(libc::ESRCH) => Ok(false),
-            // Before Linux 5.3: check, then kill (a window of microseconds).
-            Some(libc::ENOSYS) => kill_checked(process),
-            _ => Err(err),
-        };
-    }
-    // SAFETY: the fd was just opened and nothing else owns it.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    signal_if(process, libc::SIGKILL, still_same)
+}
+
+/// Sends `signal` to `process` if its pid still names the process that was
+/// read (same pid and start time; `false`: it is gone or is another one now).
+/// Whatever it did since (a new session, a new group) does not matter.
+pub fn signal_exact(process: &ProcStat, signal: i32) -> io::Result<bool> {
+    signal_if(process, signal, |p| {
+        stat(p.pid).is_some_and(|now| now.start_time == p.start_time)
+    })
+}
+
+/// Signals `process` if `same` (asked after the process was pinned) says
+/// it is still the one that was judged.
+#[cfg(target_os = "linux")]
+fn signal_if(
+    process: &ProcStat,
+    signal: i32,
+    same: impl Fn(&ProcStat) -> bool,
+) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let fd = match pidfd(process.pid) {
+        Ok(Some(fd)) => fd,
+        Ok(None) => return Ok(false),
+        // Before Linux 5.3: check, then signal (a window of microseconds).
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+            return signal_checked(process, signal, same)
+        }
+        Err(e) => return Err(e),
+    };
     // The pidfd pins the process it was opened on: if the pid still names the
     // process we judged, the signal reaches that process and no other.
-    if !still_same(process) {
+    if !same(process) {
         return Ok(false);
     }
     // SAFETY: a valid pidfd, a signal number, no siginfo, no flags.
@@ -265,7 +343,7 @@ fn kill_same(process: &ProcStat) -> io::Result<bool> {
         libc::syscall(
             libc::SYS_pidfd_send_signal,
             fd.as_raw_fd(),
-            libc::SIGKILL,
+            signal,
             std::ptr::null::<libc::siginfo_t>(),
             0,
         )
@@ -274,16 +352,49 @@ fn kill_same(process: &ProcStat) -> io::Result<bool> {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn kill_same(process: &ProcStat) -> io::Result<bool> {
-    kill_checked(process)
+fn signal_if(
+    process: &ProcStat,
+    signal: i32,
+    same: impl Fn(&ProcStat) -> bool,
+) -> io::Result<bool> {
+    signal_checked(process, signal, same)
 }
 
-fn kill_checked(process: &ProcStat) -> io::Result<bool> {
-    if !still_same(process) {
+/// A pidfd of `pid` (`None`: no such process), to wait for it or signal it
+/// without a reused pid ever being hit.
+#[cfg(target_os = "linux")]
+pub fn pidfd(pid: i32) -> io::Result<Option<std::os::fd::OwnedFd>> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        let err = io::Error::last_os_error();
+        return match err.raw_os_error() {
+            Some(libc::ESRCH) => Ok(None),
+            _ => Err(err),
+        };
+    }
+    // SAFETY: the fd was just opened and nothing else owns it.
+    Ok(Some(unsafe {
+        std::os::fd::OwnedFd::from_raw_fd(fd as i32)
+    }))
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn pidfd(_pid: i32) -> io::Result<Option<std::os::fd::OwnedFd>> {
+    Err(io::Error::from_raw_os_error(libc::ENOSYS))
+}
+
+fn signal_checked(
+    process: &ProcStat,
+    signal: i32,
+    same: impl Fn(&ProcStat) -> bool,
+) -> io::Result<bool> {
+    if !same(process) {
         return Ok(false);
     }
     // SAFETY: kill(2) has no memory-safety preconditions.
-    let rc = unsafe { libc::kill(process.pid, libc::SIGKILL) };
+    let rc = unsafe { libc::kill(process.pid, signal) };
     signal_result(rc)
 }
 
@@ -312,7 +423,9 @@ mod tests {
             pid,
             comm: format!("p{pid}"),
             state: 'S',
+            ppid: 1,
             pgrp,
+            session: pgrp,
             start_time,
         }
     }
@@ -431,6 +544,61 @@ mod tests {
         assert_eq!(leftovers(100, 5000, &[]), Leftovers::Nothing);
         let all = [zombie(101, 100, 5001), p(200, 200, 1)];
         assert_eq!(leftovers(100, 5000, &all), Leftovers::Nothing);
+    }
+
+    /// `p` with a parent and a session of its own.
+    fn under(pid: i32, ppid: i32, start_time: u64) -> ProcStat {
+        ProcStat {
+            ppid,
+            session: pid,
+            ..p(pid, pid, start_time)
+        }
+    }
+
+    #[test]
+    fn a_tree_is_what_is_below_its_root_whatever_session_it_made() {
+        let root = p(100, 100, 5000);
+        let all = [
+            root.clone(),
+            under(101, 100, 5001), // setsid'd child
+            under(102, 101, 5002), // its child
+            under(103, 100, 5003), // an orphan re-parented to the root
+            ProcStat {
+                state: 'Z',
+                ..under(104, 100, 5004) // exited already
+            },
+            p(105, 100, 5005),     // in its group, its parent elsewhere
+            under(200, 1, 4000),   // a stranger
+            under(201, 200, 6000), // a stranger's child
+            under(300, 100, 4999), // "below" a root younger than itself: a reused ppid
+        ];
+        let pids = |members: Vec<ProcStat>| members.iter().map(|m| m.pid).collect::<Vec<_>>();
+        assert_eq!(
+            pids(tree_members(&root, &[], true, &all)),
+            [101, 102, 103, 105]
+        );
+        // Once the root's pid is no longer its own, its group does not count.
+        assert_eq!(pids(tree_members(&root, &[], false, &all)), [101, 102, 103]);
+    }
+
+    #[test]
+    fn what_was_below_a_root_stays_its_own_after_the_root_has_gone() {
+        let root = p(100, 100, 5000);
+        let known = [under(101, 100, 5001)];
+        // The root is gone; its child was re-parented to init and started one.
+        let all = [
+            under(101, 1, 5001),
+            under(102, 101, 5002),
+            under(103, 1, 5003),
+        ];
+        let members = tree_members(&root, &known, false, &all);
+        assert_eq!(
+            members.iter().map(|m| m.pid).collect::<Vec<_>>(),
+            [101, 102]
+        );
+        // A known pid now naming another process is not followed.
+        let all = [under(101, 1, 9000), under(102, 101, 9001)];
+        assert!(tree_members(&root, &known, false, &all).is_empty());
     }
 
     #[test]

@@ -43,7 +43,8 @@ pub struct Served {
 }
 
 impl Served {
-    /// Terminal output goes to `output`.
+    /// Terminal output goes to `output`; terminal commands start with
+    /// `environment` (their agent's).
     pub fn new(
         workspace: Workspace,
         session_id: String,
@@ -51,10 +52,11 @@ impl Served {
         mode: Mode,
         policies: PolicyHandle,
         output: mpsc::Sender<TerminalOutput>,
+        environment: crate::spawn::Environment,
     ) -> Served {
         Served {
             workspace: Arc::new(workspace),
-            terminals: Terminals::new(output),
+            terminals: Terminals::new(output, environment),
             session_id,
             agent,
             mode,

@@ -333,6 +333,8 @@ pub async fn start(
     // agent's user's: without that user, neither files nor terminals.
     let user = agent_user(&profile);
     let reachable = user.is_some() || profile.user.is_none();
+    // Terminal commands get what the agent got (as its user).
+    let environment = profile.environment(user.as_ref());
     let served = Served::new(
         Workspace {
             cwd: PathBuf::from(&conversation.cwd),
@@ -346,6 +348,7 @@ pub async fn start(
         profile.mode,
         policies.clone(),
         output_tx,
+        environment,
     );
     let task = Session {
         idle: idle.clone(),

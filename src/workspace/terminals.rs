@@ -1,17 +1,24 @@
 //! `terminal/*`: commands the gateway runs for the agent, in the workspace,
-//! as the agent's user, each in a process group of its own.
+//! as the agent's user, with the agent's environment (plus the request's
+//! `env`), each the root of a process tree of its own (see [`crate::spawn`]).
 //!
 //! A terminal's output is kept (the last `outputByteLimit` bytes, cut at a
 //! character boundary from the start, as ACP asks) and each piece is also
-//! handed out as a [`TerminalOutput`] for the session to publish. Every
-//! terminal's process group is killed when it is released, and when the
-//! [`Terminals`] of a conversation are dropped (the session ended).
+//! handed out as a [`TerminalOutput`] for the session to publish. A
+//! terminal's command is killed with everything it started when the
+//! terminal is killed or released, and when the [`Terminals`] of a
+//! conversation are dropped (the session ended). When the command ends by
+//! itself, what it left running goes at once (its process group here; the
+//! rest is an orphan of the gateway's process, which kills it): its end is
+//! published then, even if something it started still held its output's
+//! pipes (they are read for at most [`PIPES_AFTER_EXIT`] more).
 
 use std::collections::HashMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use agent_client_protocol_schema::v1 as acp;
 use serde::Serialize;
@@ -21,11 +28,16 @@ use tokio::sync::{mpsc, watch};
 
 use super::{Refusal, Workspace};
 use crate::model::{event_type, EventData};
+use crate::spawn::{Environment, Tree};
 
 /// Most output a terminal keeps, whatever `outputByteLimit` asks.
 pub const MAX_OUTPUT_BYTES: usize = 4 * 1024 * 1024;
 /// Most terminals a conversation has at once (released ones not counted).
 pub const MAX_TERMINALS: usize = 32;
+/// How long a terminal's pipes are still read once its command has ended:
+/// what it wrote last is in them, but a process it left (one that escaped
+/// being killed) could hold them open for ever.
+pub const PIPES_AFTER_EXIT: Duration = Duration::from_millis(500);
 
 /// `terminal_output`: a piece of a terminal's output; the first says what
 /// runs (`command`, `cwd`), the last how it ended (`exit_status`).
@@ -83,7 +95,8 @@ impl Kept {
 
 #[derive(Debug)]
 struct Terminal {
-    pgid: Option<i32>,
+    /// The command and what it started (`None` only in tests of keeping).
+    tree: Option<Tree>,
     limit: usize,
     kept: Mutex<Kept>,
     /// `Some` once the process has exited.
@@ -95,12 +108,8 @@ impl Terminal {
         if self.exit.borrow().is_some() {
             return;
         }
-        if let Some(pgid) = self.pgid {
-            // SAFETY: kill has no memory preconditions; the group is the one
-            // the terminal's process leads, and it has not been reaped.
-            unsafe {
-                libc::kill(-pgid, libc::SIGKILL);
-            }
+        if let Some(tree) = &self.tree {
+            tree.kill();
         }
     }
 
@@ -120,6 +129,8 @@ impl Terminal {
 pub struct Terminals {
     live: Mutex<HashMap<String, Arc<Terminal>>>,
     out: mpsc::Sender<TerminalOutput>,
+    /// What every command starts with: its agent's environment.
+    environment: Environment,
 }
 
 impl Drop for Terminals {
@@ -129,11 +140,14 @@ impl Drop for Terminals {
 }
 
 impl Terminals {
-    /// Output pieces go to `out`.
-    pub fn new(out: mpsc::Sender<TerminalOutput>) -> Terminals {
+    /// Output pieces go to `out`; commands start with `environment` (their
+    /// agent's: see [`crate::config::AgentProfile::environment`]) and what
+    /// their request adds.
+    pub fn new(out: mpsc::Sender<TerminalOutput>, environment: Environment) -> Terminals {
         Terminals {
             live: Mutex::new(HashMap::new()),
             out,
+            environment,
         }
     }
 
@@ -195,18 +209,20 @@ impl Terminals {
             .env
             .iter()
             .find(|v| v.name == "PATH")
-            .map(|v| v.value.as_str());
+            .map(|v| v.value.as_str())
+            .or_else(|| crate::spawn::path_of(&self.environment));
         let program = crate::sys::resolve_command(&request.command, path)
             .map_err(|why| Refusal::invalid(format!("cannot run {:?}: {why}", request.command)))?;
         let mut command = tokio::process::Command::new(program);
         command
             .args(&request.args)
+            .env_clear()
+            .envs(&self.environment)
             .envs(request.env.iter().map(|v| (&v.name, &v.value)))
             .current_dir(&cwd)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .process_group(0)
             .kill_on_drop(true);
         if let Some(user) = workspace
             .user
@@ -214,10 +230,8 @@ impl Terminals {
             .filter(|_| crate::sys::running_as_root())
         {
             command.uid(user.uid).gid(user.gid);
-            command.env("HOME", &user.home).env("USER", &user.name);
         }
-        let mut child = command
-            .spawn()
+        let (mut child, tree) = crate::spawn::spawn(&mut command)
             .map_err(|e| Refusal::invalid(format!("cannot run {:?}: {e}", request.command)))?;
         let id = format!("term_{}", uuid::Uuid::now_v7().simple());
         let (exited, exit) = watch::channel(None);
@@ -225,7 +239,7 @@ impl Terminals {
             .output_byte_limit
             .map_or(MAX_OUTPUT_BYTES, |n| (n as usize).min(MAX_OUTPUT_BYTES));
         let terminal = Arc::new(Terminal {
-            pgid: child.id().map(|pid| pid as i32),
+            tree: Some(tree),
             limit,
             kept: Mutex::default(),
             exit,
@@ -258,15 +272,67 @@ impl Terminals {
             };
             let (tx, mut pieces) = mpsc::channel::<String>(16);
             let readers = [stdout.map(box_reader), stderr.map(box_reader)];
-            for reader in readers.into_iter().flatten() {
-                tokio::spawn(read_text(reader, tx.clone()));
-            }
+            let readers: Vec<_> = readers
+                .into_iter()
+                .flatten()
+                .map(|reader| tokio::spawn(read_text(reader, tx.clone())))
+                .collect();
             drop(tx);
-            while let Some(text) = pieces.recv().await {
+            let tree = terminal
+                .tree
+                .as_ref()
+                .expect("a running terminal has its tree");
+            let watched = tree.watches_exit();
+            let mut reaped = None;
+            let mut open = true;
+            loop {
+                tokio::select! {
+                    text = pieces.recv(), if open => match text {
+                        Some(text) => {
+                            terminal.keep(&text);
+                            let _ = out.send(piece(text)).await;
+                        }
+                        None => open = false,
+                    },
+                    () = tree.exited(), if watched => break,
+                    status = child.wait(), if !watched => {
+                        reaped = Some(status);
+                        break;
+                    }
+                }
+            }
+            // Ended: what it left running goes with it now, while its group
+            // is still its own (not reaped yet).
+            tree.kill_left();
+            // What it wrote last is still in the pipes; whatever it left
+            // that escaped must not hold its end back.
+            let deadline = tokio::time::Instant::now() + PIPES_AFTER_EXIT;
+            loop {
+                let text = match tokio::time::timeout_at(deadline, pieces.recv()).await {
+                    Ok(Some(text)) => text,
+                    Ok(None) => break,
+                    Err(_) => {
+                        tracing::debug!("a terminal's pipes stayed open after its command ended");
+                        for reader in &readers {
+                            reader.abort();
+                        }
+                        match pieces.try_recv() {
+                            Ok(text) => text,
+                            Err(_) => break,
+                        }
+                    }
+                };
                 terminal.keep(&text);
                 let _ = out.send(piece(text)).await;
             }
-            let status = child.wait().await;
+            for reader in readers {
+                reader.abort();
+            }
+            let status = match reaped {
+                Some(status) => status,
+                None => child.wait().await,
+            };
+            tree.reaped();
             let status = status.unwrap_or_else(|_| ExitStatus::from_raw(1 << 8));
             // Handed out before the exit is known, so whoever waits for the
             // exit finds every piece of output already handed out.
@@ -400,7 +466,7 @@ mod tests {
         let (exit_tx, exit) = watch::channel(None);
         drop(exit_tx);
         let terminal = Terminal {
-            pgid: None,
+            tree: None,
             limit: 5,
             kept: Mutex::default(),
             exit,
@@ -432,6 +498,11 @@ mod running {
         }
     }
 
+    /// An agent's environment with no profile settings.
+    fn environment(user: Option<&crate::sys::SystemUser>) -> Environment {
+        crate::spawn::environment(&Default::default(), &[], user)
+    }
+
     fn request(command: &str, args: &[&str]) -> acp::CreateTerminalRequest {
         serde_json::from_value(json!({"sessionId": "s", "command": command, "args": args})).unwrap()
     }
@@ -451,7 +522,7 @@ mod running {
         let dir = tempfile::tempdir().unwrap();
         let workspace = workspace_in(dir.path().to_path_buf(), None);
         let (out, _output) = mpsc::channel(4096);
-        let terminals = Terminals::new(out);
+        let terminals = Terminals::new(out, environment(None));
         let sleep = request("sleep", &["300"]);
         let mut ids = Vec::new();
         for _ in 0..MAX_TERMINALS {
@@ -491,7 +562,7 @@ mod running {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let workspace = workspace_in(dir.path().to_path_buf(), Some(nobody.clone()));
         let (out, _output) = mpsc::channel(4096);
-        let terminals = Terminals::new(out);
+        let terminals = Terminals::new(out, environment(Some(&nobody)));
         let id = terminals
             .create(
                 &workspace,

@@ -161,6 +161,7 @@ pub fn profile(name: &str, command: &str, args: &[&str]) -> AgentProfile {
         command: command.into(),
         args: args.iter().map(|s| s.to_string()).collect(),
         env: BTreeMap::new(),
+        pass_env: Vec::new(),
         cwd: Some(std::env::temp_dir()),
         mcp_servers: vec![],
         permission_timeout: None,
@@ -206,6 +207,32 @@ pub fn python_sdk_profile(name: &str) -> AgentProfile {
     profile(name, python.to_str().unwrap(), &[script.to_str().unwrap()])
 }
 
+/// How a gateway process is started, beyond its agents.
+pub struct Launch<'a> {
+    /// `RUST_LOG`.
+    pub log_filter: &'a str,
+    /// Top-level config lines (e.g. `max_line_bytes = …`).
+    pub extra: &'a str,
+    /// Command-line arguments after `serve --config FILE`.
+    pub args: &'a [&'a str],
+    /// Set in its environment (on top of the test's own).
+    pub env: &'a [(&'a str, &'a str)],
+    /// The system user it runs as (the test must be root).
+    pub user: Option<&'a acp_gateway::sys::SystemUser>,
+}
+
+impl Default for Launch<'_> {
+    fn default() -> Self {
+        Launch {
+            log_filter: "info",
+            extra: "",
+            args: &[],
+            env: &[],
+            user: None,
+        }
+    }
+}
+
 /// A gateway running as a separate `acp-gateway serve` process, for tests
 /// that need to kill it the hard way.
 pub struct GatewayProcess {
@@ -247,7 +274,28 @@ impl GatewayProcess {
         extra: &str,
         args: &[&str],
     ) -> GatewayProcess {
+        Self::launch(
+            db,
+            agents,
+            Launch {
+                log_filter,
+                extra,
+                args,
+                ..Launch::default()
+            },
+        )
+    }
+
+    /// Starts it as `launch` says.
+    pub fn launch(db: &TestDb, agents: &[AgentProfile], launch: Launch) -> GatewayProcess {
         use std::io::{BufRead, Write};
+        let Launch {
+            log_filter,
+            extra,
+            args,
+            env,
+            user,
+        } = launch;
         let mut config = tempfile::NamedTempFile::new().unwrap();
         let mut text = format!(
             "listen = \"127.0.0.1:0\"\ndatabase_url = {:?}\n{extra}\n",
@@ -269,18 +317,42 @@ impl GatewayProcess {
                     .collect();
                 text += &format!("env = {{ {} }}\n", env.join(", "));
             }
+            if !a.pass_env.is_empty() {
+                text += &format!("pass_env = {:?}\n", a.pass_env);
+            }
+            if let Some(user) = &a.user {
+                text += &format!("user = {user:?}\n");
+            }
+            text += &format!(
+                "client_fs = {}\nclient_terminal = {}\n",
+                a.client_fs, a.client_terminal
+            );
         }
         config.write_all(text.as_bytes()).unwrap();
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_acp-gateway"))
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_acp-gateway"));
+        command
             .args(["serve", "--config"])
             .arg(config.path())
             .args(args)
             .env("RUST_LOG", log_filter)
             .env("NO_COLOR", "1")
+            .envs(env.iter().copied())
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("start acp-gateway");
+            .stderr(std::process::Stdio::piped());
+        if let Some(user) = user {
+            use std::os::unix::fs::PermissionsExt;
+            use std::os::unix::process::CommandExt;
+            // What it must reach as that user: its config, an SQLite file's
+            // directory.
+            let readable = std::fs::Permissions::from_mode(0o644);
+            std::fs::set_permissions(config.path(), readable).unwrap();
+            if let Some(file) = db.url.strip_prefix("sqlite://") {
+                let dir = Path::new(file).parent().unwrap();
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+            }
+            command.uid(user.uid).gid(user.gid);
+        }
+        let mut child = command.spawn().expect("start acp-gateway");
         // It logs its address once it listens; the whole log is kept.
         let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         let keep = |log: &std::sync::Arc<std::sync::Mutex<String>>, line: &str| {
@@ -562,6 +634,7 @@ impl TestGateway {
         Config {
             listen: "127.0.0.1:0".into(),
             database_url: Some(db.url.clone()),
+            database_url_file: None,
             max_line_bytes: 1024 * 1024,
             max_body_bytes: 64 * 1024,
             event_buffer: 1024,
@@ -870,6 +943,8 @@ pub async fn child_pid(ws: &mut Ws) -> i32 {
 pub struct ProcessWatch {
     pub pid: i32,
     fd: std::os::fd::OwnedFd,
+    /// Killed when the watch is dropped (see [`ProcessWatch::killing`]).
+    kill_on_drop: bool,
 }
 
 impl ProcessWatch {
@@ -881,7 +956,20 @@ impl ProcessWatch {
         assert!(fd >= 0, "process {pid} runs");
         // SAFETY: the fd was just opened and is owned by nothing else.
         let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-        ProcessWatch { pid, fd }
+        ProcessWatch {
+            pid,
+            fd,
+            kill_on_drop: false,
+        }
+    }
+
+    /// A watch that kills the process when it is dropped if it still runs:
+    /// for processes a test expects the gateway to kill, which must not
+    /// outlive the test when it fails.
+    pub fn killing(pid: i32) -> ProcessWatch {
+        let mut watch = ProcessWatch::new(pid);
+        watch.kill_on_drop = true;
+        watch
     }
 
     /// Whether it has ended by now (does not wait).
@@ -898,6 +986,24 @@ impl ProcessWatch {
         tokio::task::spawn_blocking(move || poll_readable(fd, WAIT.as_millis() as i32))
             .await
             .unwrap()
+    }
+}
+
+impl Drop for ProcessWatch {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        if self.kill_on_drop && !self.has_ended() {
+            // SAFETY: a pidfd we own: the signal reaches this process only.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    self.fd.as_raw_fd(),
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                );
+            }
+        }
     }
 }
 
