@@ -127,7 +127,7 @@ impl Gateway {
             .spawn(crate::telemetry::keep_up(self.shutdown.clone()));
         // Not tracked: it ends with the shutdown token; a last sweep follows
         // once every session has stopped.
-        tokio::spawn(crate::spawn::reap_orphans(self.shutdown.clone()));
+        tokio::spawn(crate::process::spawn::reap_orphans(self.shutdown.clone()));
         let sessions = self.state.sessions().clone();
         let node = sessions.node().clone();
         // Not tracked: it ends with the shutdown token, and nothing waits
@@ -162,8 +162,8 @@ impl Gateway {
         {
             tracing::warn!("some sessions did not stop in time");
         }
-        if crate::spawn::adopting() {
-            let _ = tokio::task::spawn_blocking(crate::spawn::sweep_orphans).await;
+        if crate::process::spawn::adopting() {
+            let _ = tokio::task::spawn_blocking(crate::process::spawn::sweep_orphans).await;
         }
         // Every agent has stopped: other nodes may start them from now on.
         node.leave().await;

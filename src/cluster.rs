@@ -34,9 +34,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::acp::procs::{self, Host};
 use crate::bus::{Announced, EventBus};
 use crate::error::{Error, Problem, Result};
+use crate::process::procs::{self, Host};
 use crate::store::Store;
 
 const EVENTS: &str = "acp_gateway_events";

@@ -108,7 +108,7 @@ pub struct AgentProfile {
     pub args: Vec<String>,
     /// Variables set for the agent (and its terminal commands), on top of
     /// the few it gets from the gateway's environment (`PATH`, `HOME`,
-    /// `LANG`, … see [`crate::spawn::ALLOWED`]).
+    /// `LANG`, … see [`crate::process::spawn::ALLOWED`]).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// Names of variables of the gateway's environment passed on to the
@@ -562,9 +562,12 @@ fn is_variable_name(name: &str) -> bool {
 impl AgentProfile {
     /// The environment its agents (and their terminal commands) start with
     /// when they run as `user` (`None`: the gateway's own): see
-    /// [`crate::spawn::environment`].
-    pub fn environment(&self, user: Option<&crate::sys::SystemUser>) -> crate::spawn::Environment {
-        crate::spawn::environment(&self.env, &self.pass_env, user)
+    /// [`crate::process::spawn::environment`].
+    pub fn environment(
+        &self,
+        user: Option<&crate::sys::SystemUser>,
+    ) -> crate::process::spawn::Environment {
+        crate::process::spawn::environment(&self.env, &self.pass_env, user)
     }
 
     /// The scripted demo agent built into this executable
@@ -651,7 +654,7 @@ impl AgentProfile {
             None => None,
         };
         let environment = self.environment(user.as_ref());
-        let path = crate::spawn::path_of(&environment);
+        let path = crate::process::spawn::path_of(&environment);
         let program = match crate::sys::resolve_command(&self.command, path) {
             Ok(program) => program,
             Err(reason) => return Some(reason),

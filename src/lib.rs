@@ -20,14 +20,16 @@
 //! - [`acp`]: the protocol side. [`acp::rpc`] frames and multiplexes JSON-RPC
 //!   over any `AsyncRead`/`AsyncWrite`; [`acp::agent`] spawns and kills agent
 //!   processes; [`acp::client`] is the typed ACP session (handshake, prompt,
-//!   cancel); [`acp::procs`] finds what a crashed run's agents left running.
+//!   cancel).
 //! - [`permissions`]: answers to permission requests, timeouts, and the
 //!   policies in force; [`permissions::policy`] is the operator auto-approve
 //!   engine (pure: rules in, verdict out) on [`permissions::shell`], which
 //!   reads what a shell line runs (pure, on `brush-parser`).
-//! - [`spawn`]: how agents and terminal commands are started and ended: a
-//!   clean environment, each the root of a process tree that is killed
-//!   whole, and what they leave behind adopted and killed by the gateway.
+//! - [`process`]: the processes started for conversations. [`process::spawn`]
+//!   starts agents and terminal commands with a clean environment, each the
+//!   root of a process tree that is killed whole, and adopts and kills what
+//!   they leave behind; [`process::procs`] reads `/proc` and finds what a
+//!   crashed run's agents left running.
 //! - [`store`]: persistence behind one trait ([`store::Store`]): Postgres and
 //!   SQLite from one SQL text, and export between them.
 //! - [`auth`]: bearer tokens, roles, who a token names, per-token rate limits.
@@ -55,9 +57,9 @@ pub mod error;
 pub mod limits;
 pub mod model;
 pub mod permissions;
+pub mod process;
 pub mod ratelimit;
 pub mod session;
-pub mod spawn;
 pub mod store;
 pub mod sys;
 pub mod telemetry;

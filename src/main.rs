@@ -50,7 +50,7 @@ async fn run() -> anyhow::Result<()> {
                 tracing::warn!(error = %e, "cannot make the gateway non-dumpable: processes of its user can read its memory");
             }
             // What agents and terminal commands leave behind is ours to kill.
-            if let Err(e) = acp_gateway::spawn::adopt_orphans() {
+            if let Err(e) = acp_gateway::process::spawn::adopt_orphans() {
                 tracing::warn!(error = %e, "cannot adopt orphans: what an agent leaves after it exits may outlive it");
             }
             acp_gateway::sys::return_large_allocations_to_the_system();

@@ -280,7 +280,7 @@ async fn an_agents_children_left_by_a_crashed_gateway_are_killed_when_it_starts_
     let records = agent_process_records(&db).await;
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(records[0].conversation_id.to_string(), id);
-    let stat = acp_gateway::acp::procs::stat(child.pid).expect("the child runs");
+    let stat = acp_gateway::process::procs::stat(child.pid).expect("the child runs");
     assert_eq!(
         stat.pgrp, records[0].pid,
         "the child is in the agent's group"

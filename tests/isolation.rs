@@ -89,8 +89,8 @@ fn parse_env(text: &str) -> BTreeMap<String, String> {
 }
 
 fn allowlisted(name: &str) -> bool {
-    acp_gateway::spawn::ALLOWED.contains(&name)
-        || name.starts_with(acp_gateway::spawn::ALLOWED_PREFIX)
+    acp_gateway::process::spawn::ALLOWED.contains(&name)
+        || name.starts_with(acp_gateway::process::spawn::ALLOWED_PREFIX)
 }
 
 /// The pids the wrapper left running.

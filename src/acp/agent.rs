@@ -1,5 +1,5 @@
 //! Agent processes: started with a clean environment as the root of a
-//! process tree (see [`crate::spawn`]) so that the agent and everything it
+//! process tree (see [`crate::process::spawn`]) so that the agent and everything it
 //! started can be killed together; stderr is logged with the conversation
 //! id and its last lines kept for error reports.
 
@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use crate::config::AgentProfile;
-use crate::spawn::Tree;
+use crate::process::spawn::Tree;
 
 /// How many stderr lines are kept for error reports.
 const STDERR_TAIL_LINES: usize = 20;
@@ -57,7 +57,7 @@ impl AgentProcess {
             None => None,
         };
         let environment = profile.environment(user.as_ref());
-        let path = crate::spawn::path_of(&environment);
+        let path = crate::process::spawn::path_of(&environment);
         let cannot_start =
             |reason: String| anyhow::anyhow!("cannot start agent {:?}: {reason}", profile.name);
         let program = crate::sys::resolve_command(&profile.command, path).map_err(cannot_start)?;
@@ -77,7 +77,7 @@ impl AgentProcess {
         if let Some(user) = &user {
             command.uid(user.uid).gid(user.gid);
         }
-        let (mut child, tree) = crate::spawn::spawn(&mut command).with_context(|| {
+        let (mut child, tree) = crate::process::spawn::spawn(&mut command).with_context(|| {
             format!(
                 "cannot start agent {:?} ({})",
                 profile.name, profile.command

@@ -1,9 +1,8 @@
 //! The protocol side: JSON-RPC framing and multiplexing ([`rpc`]), agent
-//! processes ([`agent`], and [`procs`] for what a crashed run left), and the
+//! processes ([`agent`]), and the
 //! typed ACP client session on top ([`client`]).
 
 pub mod agent;
 pub mod chunk;
 pub mod client;
-pub mod procs;
 pub mod rpc;

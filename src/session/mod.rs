@@ -27,7 +27,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use crate::acp::procs::{self, Host, Sweep};
 use crate::cluster::{Claim, Duties, Forwarded, Node};
 use crate::config::{AgentLimits, AgentProfile, Config};
 use crate::error::{Error, Problem, Result};
@@ -36,6 +35,7 @@ use crate::model::{
     PermissionStatus, TurnEnded,
 };
 use crate::permissions::{answer_without_agent, Answer, PolicyHandle};
+use crate::process::procs::{self, Host, Sweep};
 use crate::store::{PermissionFilter, Resolution, Store};
 use journal::{Journal, Sink};
 use remote::Remote;

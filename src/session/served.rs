@@ -52,7 +52,7 @@ impl Served {
         mode: Mode,
         policies: PolicyHandle,
         output: mpsc::Sender<TerminalOutput>,
-        environment: crate::spawn::Environment,
+        environment: crate::process::spawn::Environment,
     ) -> Served {
         Served {
             workspace: Arc::new(workspace),

@@ -30,7 +30,6 @@ use super::served::{Served, Write};
 use super::transcript::Transcript;
 use crate::acp::agent::{describe_exit, AgentProcess};
 use crate::acp::client::{AgentSession, CallFuture, Opened, Opening, EXIT_AFTER_EOF};
-use crate::acp::procs::Host;
 use crate::acp::rpc::{Incoming, IncomingRequest, RpcConfig, RpcError, RpcPeer, INVALID_PARAMS};
 use crate::config::AgentProfile;
 use crate::error::{Error, Result};
@@ -42,6 +41,7 @@ use crate::permissions::policy::{self, Facts, Mode};
 use crate::permissions::{
     answer_resolved, keys_to_remember, option_kind, validate_answer, Answer, PolicyHandle,
 };
+use crate::process::procs::Host;
 use crate::store::{AgentProcessRecord, Lane, Resolution, Store};
 use crate::telemetry;
 use crate::workspace::terminals::TerminalOutput;
@@ -454,7 +454,7 @@ async fn connect(
     }
 }
 
-/// Records a freshly spawned agent (see [`crate::acp::procs`]).
+/// Records a freshly spawned agent (see [`crate::process::procs`]).
 async fn record_process(
     store: &dyn Store,
     process: &AgentProcess,

@@ -232,7 +232,7 @@ pub struct TokenInfo {
     pub revoked_at: Option<DateTime<Utc>>,
 }
 
-/// An agent process while it runs (see [`crate::acp::procs`]): what a
+/// An agent process while it runs (see [`crate::process::procs`]): what a
 /// gateway starting after a crash needs to find and kill what it left.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct AgentProcessRecord {

@@ -1,6 +1,6 @@
 //! `terminal/*`: commands the gateway runs for the agent, in the workspace,
 //! as the agent's user, with the agent's environment (plus the request's
-//! `env`), each the root of a process tree of its own (see [`crate::spawn`]).
+//! `env`), each the root of a process tree of its own (see [`crate::process::spawn`]).
 //!
 //! A terminal's output is kept (the last `outputByteLimit` bytes, cut at a
 //! character boundary from the start, as ACP asks) and each piece is also
@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::{Refusal, Workspace};
 use crate::model::{event_type, EventData};
-use crate::spawn::{Environment, Tree};
+use crate::process::spawn::{Environment, Tree};
 
 /// Most output a terminal keeps, whatever `outputByteLimit` asks.
 pub const MAX_OUTPUT_BYTES: usize = 4 * 1024 * 1024;
@@ -210,7 +210,7 @@ impl Terminals {
             .iter()
             .find(|v| v.name == "PATH")
             .map(|v| v.value.as_str())
-            .or_else(|| crate::spawn::path_of(&self.environment));
+            .or_else(|| crate::process::spawn::path_of(&self.environment));
         let program = crate::sys::resolve_command(&request.command, path)
             .map_err(|why| Refusal::invalid(format!("cannot run {:?}: {why}", request.command)))?;
         let mut command = tokio::process::Command::new(program);
@@ -231,7 +231,7 @@ impl Terminals {
         {
             command.uid(user.uid).gid(user.gid);
         }
-        let (mut child, tree) = crate::spawn::spawn(&mut command)
+        let (mut child, tree) = crate::process::spawn::spawn(&mut command)
             .map_err(|e| Refusal::invalid(format!("cannot run {:?}: {e}", request.command)))?;
         let id = format!("term_{}", uuid::Uuid::now_v7().simple());
         let (exited, exit) = watch::channel(None);
@@ -500,7 +500,7 @@ mod running {
 
     /// An agent's environment with no profile settings.
     fn environment(user: Option<&crate::sys::SystemUser>) -> Environment {
-        crate::spawn::environment(&Default::default(), &[], user)
+        crate::process::spawn::environment(&Default::default(), &[], user)
     }
 
     fn request(command: &str, args: &[&str]) -> acp::CreateTerminalRequest {

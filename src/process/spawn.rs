@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::acp::procs::{self, ProcStat};
+use crate::process::procs::{self, ProcStat};
 use crate::sys::SystemUser;
 
 /// The gateway's own variables every agent and terminal gets (with
