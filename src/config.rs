@@ -91,6 +91,94 @@ pub struct Config {
     /// three times a lease; once it runs out, other nodes take over.
     #[serde(default = "default_node_lease", with = "humantime_serde")]
     pub node_lease: Duration,
+    /// Notifications that reach a person (see `crate::notify`).
+    #[serde(default)]
+    pub notifications: Notifications,
+}
+
+/// `[notifications]`: when a person is notified, how much a notification
+/// says, and where its answers point.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Notifications {
+    /// The gateway's address as a phone reaches it, for action URLs
+    /// (`<base_url>/api/v1/actions/<token>`); without it, notifications
+    /// carry no actions.
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// How long a permission request waits, its owner away, before it is
+    /// notified.
+    #[serde(default = "default_notify_grace", with = "humantime_serde")]
+    pub grace: Duration,
+    /// How long before a profile's `permission_timeout` answers a request
+    /// its owner is reminded.
+    #[serde(default = "default_reminder_before", with = "humantime_serde")]
+    pub reminder_before: Duration,
+    /// The shortest turn whose end, its owner away, is notified.
+    #[serde(default = "default_min_turn", with = "humantime_serde")]
+    pub min_turn: Duration,
+    /// How long an action URL works at most (it also ends with its request).
+    #[serde(default = "default_action_ttl", with = "humantime_serde")]
+    pub action_ttl: Duration,
+    /// How much channels the operator does not control (ntfy, webhook,
+    /// FCM) are told; Web Push payloads are end-to-end encrypted and get
+    /// everything.
+    #[serde(default)]
+    pub detail: NotificationDetail,
+    /// Admit targets on loopback, private, link-local or metadata addresses,
+    /// and plain `http://` URLs (receivers on this machine, tests).
+    #[serde(default)]
+    pub allow_private_targets: bool,
+    /// Firebase Cloud Messaging, for targets of kind `fcm`.
+    #[serde(default)]
+    pub fcm: Option<FcmConfig>,
+}
+
+/// `[notifications.fcm]`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FcmConfig {
+    /// A Firebase service account's JSON key file (its `project_id`,
+    /// `client_email`, `private_key` and `token_uri` are used).
+    pub service_account_file: PathBuf,
+}
+
+/// `notifications.detail`.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum NotificationDetail {
+    /// A tool call's title and kind; no command text, no message text.
+    #[default]
+    Minimal,
+    Full,
+}
+
+impl Default for Notifications {
+    fn default() -> Self {
+        Notifications {
+            base_url: None,
+            grace: default_notify_grace(),
+            reminder_before: default_reminder_before(),
+            min_turn: default_min_turn(),
+            action_ttl: default_action_ttl(),
+            detail: NotificationDetail::default(),
+            allow_private_targets: false,
+            fcm: None,
+        }
+    }
+}
+
+fn default_notify_grace() -> Duration {
+    Duration::from_secs(15)
+}
+fn default_reminder_before() -> Duration {
+    Duration::from_secs(120)
+}
+fn default_min_turn() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_action_ttl() -> Duration {
+    Duration::from_secs(3600)
 }
 
 /// How to start one kind of agent.
@@ -402,6 +490,14 @@ impl Config {
         }
         if self.node_lease < Duration::from_millis(300) {
             bail!("node_lease: must be at least 300ms");
+        }
+        if let Some(url) = &self.notifications.base_url {
+            if !(url.starts_with("https://") || url.starts_with("http://")) || url.ends_with('/') {
+                bail!(
+                    "notifications.base_url: {url:?} must be an http(s) URL without a trailing / \
+                     (e.g. https://gateway.example.com)"
+                );
+            }
         }
         if self.shutdown_timeout.is_zero() {
             bail!("shutdown_timeout: must be greater than zero");

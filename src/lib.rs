@@ -34,6 +34,8 @@
 //!   SQLite from one SQL text, and export between them.
 //! - [`auth`]: bearer tokens, roles, who a token names, per-token rate limits.
 //! - [`config`]: the TOML config and its validation.
+//! - [`notify`]: notifications that reach a person (what they carry, and the
+//!   hand-over from the rules that find them due to the durable outbox).
 //! - [`model`] (the API's objects and typed event payloads), [`error`] (its
 //!   one error type), [`limits`] (on what users send), [`ratelimit`] (one
 //!   sliding window), [`sys`] (what we ask of the operating system),
@@ -56,6 +58,7 @@ pub mod demo_agent;
 pub mod error;
 pub mod limits;
 pub mod model;
+pub mod notify;
 pub mod permissions;
 pub mod process;
 pub mod ratelimit;

@@ -650,6 +650,7 @@ impl TestGateway {
             shutdown_timeout: Duration::from_secs(10),
             write_buffer_events: 10_000,
             node_lease: Duration::from_secs(15),
+            notifications: Default::default(),
         }
     }
 

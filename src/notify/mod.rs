@@ -1,0 +1,147 @@
+//! Notifications that reach a person: an agent waiting for an answer is
+//! never left unseen.
+//!
+//! The parts, and the one way data flows through them:
+//! - **when** (`rules`, pure; `notifier`): the session only announces facts
+//!   on the bus; the notifier follows them (and who is present), and hands
+//!   what the rules find due to the outbox as [`Outgoing`];
+//! - **the outbox** (`outbox`): durable, in the database; one delivery per
+//!   target of the user that wants the event, claimed by one node, retried
+//!   with backoff, every attempt recorded;
+//! - **channels** (`webhook`, `ntfy`, `web_push`, `fcm`): each turns a
+//!   [`Notification`] into one HTTP request to its service and says what
+//!   came of it ([`DeliveryOutcome`]); none knows about sessions;
+//! - **answers** (`actions`): single-use capability URLs, one per option of
+//!   a request, answered through the same path as `POST …/respond`.
+//!
+//! This file holds only what those parts share: the body every channel
+//! carries, and the hand-over from the rules to the outbox.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// What a notification is about (a target's `events` names these).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NotificationEvent {
+    /// A permission request still pending after the grace, its owner away.
+    PermissionWaiting,
+    /// A request about to be answered by its profile's `permission_timeout`.
+    PermissionReminder,
+    /// A long turn ended while its owner was away.
+    TurnEnded,
+    /// The agent could not start, or died during a turn.
+    AgentFailed,
+    /// `POST /api/v1/notification-targets/{id}/test`.
+    Test,
+}
+
+impl NotificationEvent {
+    /// The events a target gets when it names none.
+    pub const ALL: [NotificationEvent; 4] = [
+        NotificationEvent::PermissionWaiting,
+        NotificationEvent::PermissionReminder,
+        NotificationEvent::TurnEnded,
+        NotificationEvent::AgentFailed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PermissionWaiting => "permission_waiting",
+            Self::PermissionReminder => "permission_reminder",
+            Self::TurnEnded => "turn_ended",
+            Self::AgentFailed => "agent_failed",
+            Self::Test => "test",
+        }
+    }
+}
+
+/// The one body every channel carries (JSON as is for webhooks and Web
+/// Push; ntfy and FCM map it onto their own formats).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Notification {
+    pub event: NotificationEvent,
+    /// One per delivery to one target (retries keep it): receivers
+    /// deduplicate on it. Set by the outbox.
+    pub delivery_id: Uuid,
+    pub at: DateTime<Utc>,
+    /// The gateway user the notification is for.
+    pub user: String,
+    /// `None` only for a test notification.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<ConversationRef>,
+    /// The (first) request waiting, for permission events.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request: Option<RequestRef>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub turn: Option<TurnRef>,
+    /// How many requests this one notification stands for (a burst of
+    /// requests that became due together makes one notification).
+    pub count: u32,
+    /// One per option of `request`: a single-use URL answering it.
+    pub actions: Vec<Action>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConversationRef {
+    pub id: Uuid,
+    pub title: Option<String>,
+    pub agent: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestRef {
+    pub id: Uuid,
+    pub title: Option<String>,
+    pub kind: Option<String>,
+    /// The command it would run; left out at `detail = "minimal"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnRef {
+    pub id: Uuid,
+    pub stop_reason: Option<String>,
+    /// The start of the agent's last message; left out at `detail =
+    /// "minimal"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+}
+
+/// An answer one tap away: `POST url` answers the request with `option_id`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Action {
+    pub label: String,
+    pub option_id: String,
+    pub url: String,
+}
+
+/// What the rules hand to the outbox: a notification due for `body.user`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outgoing {
+    /// What makes it "the same" notification: the outbox keeps each key and
+    /// enqueues nothing when every key was seen before (nothing twice for
+    /// the same request and event, restarts included). E.g.
+    /// `permission_waiting:<request id>`, one per request of a burst.
+    pub keys: Vec<String>,
+    /// The same conversation's next notification replaces this one where
+    /// the channel can (Web Push `Topic`, FCM collapse key).
+    pub collapse_key: Option<String>,
+    /// The body, complete (`detail = "full"`); `delivery_id` is set per
+    /// delivery, and channels the operator does not control get it reduced
+    /// to `minimal` by the outbox.
+    pub body: Notification,
+}
+
+/// What came of one attempt to deliver to one target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeliveryOutcome {
+    /// The service took it (2xx).
+    Delivered { status: u16 },
+    /// Try again later: a timeout, a refused connection, 429, 5xx, …
+    Failed { status: Option<u16>, error: String },
+    /// The target is no more (404 or 410 from a push service): disable it.
+    Gone { status: u16 },
+}
