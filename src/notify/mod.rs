@@ -145,3 +145,13 @@ pub enum DeliveryOutcome {
     /// The target is no more (404 or 410 from a push service): disable it.
     Gone { status: u16 },
 }
+
+/// Where the rules put what is due: the durable outbox (`outbox`), or in a
+/// test, whatever records it.
+#[async_trait::async_trait]
+pub trait Enqueue: Send + Sync {
+    /// Persists `outgoing` for delivery to each of its user's targets that
+    /// want its event, in one transaction with its keys; `Ok(false)` (and
+    /// nothing enqueued) when every one of its keys was seen before.
+    async fn enqueue(&self, outgoing: Outgoing) -> crate::error::Result<bool>;
+}
