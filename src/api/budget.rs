@@ -12,7 +12,7 @@
 //! by its socket buffer sizes.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// A cheap-to-clone handle to the budget.
 #[derive(Clone, Debug)]
@@ -23,7 +23,8 @@ pub struct SendBudget {
 #[derive(Debug)]
 struct Inner {
     limit: usize,
-    used: Mutex<usize>,
+    /// Taken without a lock: every frame of every socket passes here.
+    used: AtomicUsize,
     /// The most ever held at once.
     peak: AtomicUsize,
     /// How many takes did not fit (watched: how often a budget is reached
@@ -36,7 +37,7 @@ impl SendBudget {
         SendBudget {
             inner: Arc::new(Inner {
                 limit,
-                used: Mutex::new(0),
+                used: AtomicUsize::new(0),
                 peak: AtomicUsize::new(0),
                 refused: tokio::sync::watch::Sender::new(0),
             }),
@@ -50,7 +51,7 @@ impl SendBudget {
 
     /// What every socket holds now.
     pub fn used(&self) -> usize {
-        *self.inner.used.lock().unwrap()
+        self.inner.used.load(Ordering::Relaxed)
     }
 
     /// The most every socket ever held at once.
@@ -72,13 +73,18 @@ impl SendBudget {
     /// Bytes larger than the whole budget fit only while nothing else is
     /// held (an event that large is sent alone, never refused forever).
     pub fn take(&self, bytes: usize) -> Option<Held> {
-        let mut used = self.inner.used.lock().unwrap();
-        if *used + bytes > self.inner.limit && *used > 0 {
+        let fits = |used: usize| used == 0 || used + bytes <= self.inner.limit;
+        let taken = self
+            .inner
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                fits(used).then_some(used + bytes)
+            });
+        let Ok(before) = taken else {
             self.inner.refused.send_modify(|n| *n += 1);
             return None;
-        }
-        *used += bytes;
-        self.inner.peak.fetch_max(*used, Ordering::Relaxed);
+        };
+        self.inner.peak.fetch_max(before + bytes, Ordering::Relaxed);
         crate::telemetry::websocket_buffered(bytes as f64);
         Some(Held {
             budget: self.clone(),
@@ -90,7 +96,7 @@ impl SendBudget {
         if bytes == 0 {
             return;
         }
-        *self.inner.used.lock().unwrap() -= bytes;
+        self.inner.used.fetch_sub(bytes, Ordering::AcqRel);
         crate::telemetry::websocket_buffered(-(bytes as f64));
     }
 }
