@@ -38,6 +38,8 @@ const ASSETS: &[Asset] = &[
     asset!("dom.js", "text/javascript"),
     asset!("live.js", "text/javascript"),
     asset!("render.js", "text/javascript"),
+    asset!("notify.js", "text/javascript"),
+    asset!("sw.js", "text/javascript"),
 ];
 
 /// The names of the embedded files (for the test that every file in `web/`
@@ -54,6 +56,8 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
 pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
         .route("/", get(|headers: HeaderMap| async move { serve("index.html", &headers) }))
+        // At the root, so that its scope is the whole app.
+        .route("/sw.js", get(|headers: HeaderMap| async move { serve("sw.js", &headers) }))
         .route(
             "/ui/{file}",
             get(|Path(file): Path<String>, headers: HeaderMap| async move {

@@ -5,6 +5,7 @@
 import { api, ApiError, token, whenUnauthorized } from "./api.js";
 import { h, fill, when } from "./dom.js";
 import { Live, connection } from "./live.js";
+import { SettingsView, serviceWorker } from "./notify.js";
 import {
   contentText,
   decisionText,
@@ -52,7 +53,8 @@ function route() {
   for (const link of document.querySelectorAll("[data-nav]")) {
     const here =
       (link.dataset.nav === "inbox" && hash === "#/") ||
-      (link.dataset.nav === "conversations" && hash.startsWith("#/c"));
+      (link.dataset.nav === "conversations" && hash.startsWith("#/c")) ||
+      (link.dataset.nav === "settings" && hash === "#/settings");
     if (here) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
   }
@@ -65,6 +67,7 @@ function route() {
   const conversation = hash.match(/^#\/c\/([0-9a-f-]+)$/);
   if (conversation) current = new ConversationView(conversation[1]);
   else if (hash === "#/conversations") current = new ConversationsView();
+  else if (hash === "#/settings") current = new SettingsView(main, problemText);
   else current = inbox.view();
   main.focus({ preventScroll: true });
 }
@@ -639,3 +642,5 @@ function stripNulls(object) {
 // Started once every class above is defined.
 window.addEventListener("hashchange", route);
 route();
+// The service worker shows notifications and answers from them (web/sw.js).
+serviceWorker();

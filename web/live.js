@@ -35,6 +35,7 @@ export class Live {
     this.timer = null;
     this.wake = () => {
       if (!this.stopped && (!this.ws || this.ws.readyState > WebSocket.OPEN)) this.open();
+      else this.presence();
     };
     window.addEventListener("online", this.wake);
     document.addEventListener("visibilitychange", this.wake);
@@ -53,6 +54,7 @@ export class Live {
     let opened = false;
     ws.onopen = () => {
       opened = true;
+      this.presence();
       this.delay = 250;
       connection.set(this, true);
     };
@@ -83,6 +85,16 @@ export class Live {
       this.timer = setTimeout(() => this.open(), this.delay);
       this.delay = Math.min(this.delay * 2, 5000);
     };
+  }
+
+  /**
+   * Tells the gateway whether a person sees this page: while one does, the
+   * gateway notifies nobody of what it shows (notifications reach the
+   * person once they look away).
+   */
+  presence() {
+    if (this.ws?.readyState !== WebSocket.OPEN) return;
+    this.ws.send(JSON.stringify({ type: "presence", visible: document.visibilityState === "visible" }));
   }
 
   stop() {

@@ -26,6 +26,14 @@
 //   cut / restore               the network
 //   screenshot {path, full?}    the whole page (or, with full: false, the screen), as PNG
 //   errors                      what the page logged as errors, and its uncaught exceptions
+//   upstream {url}              the gateway new connections go to (GATEWAY may be left out at start)
+//   stub_push {endpoint}        PushManager.subscribe answers a subscription of this endpoint with
+//                               real P-256 keys (made in the page): a browser offline has no push
+//                               service to subscribe with; set before goto
+//   sw_ready                    waits until the page's service worker is active
+//   push {data}                 delivers a push message to the service worker (DevTools)
+//   notifications               the notifications the service worker shows: title, body, tag, actions
+//   notification_click {action} taps an action of the first notification shown (in the worker)
 //   close
 
 import * as net from "node:net";
@@ -33,7 +41,7 @@ import * as readline from "node:readline";
 import { chromium } from "playwright-core";
 
 const WAIT_MS = Number(process.env.WAIT_MS ?? 20000);
-const gateway = new URL(process.env.GATEWAY);
+let gateway = new URL(process.env.GATEWAY ?? "http://127.0.0.1:9");
 
 // ---------------------------------------------------------------- the proxy
 const sockets = new Set();
@@ -68,6 +76,7 @@ const browser = await chromium.launch({
   ],
 });
 const context = await browser.newContext({
+  permissions: ["notifications"],
   viewport: { width: 375, height: 812 },
   deviceScaleFactor: 2,
   isMobile: true,
@@ -83,6 +92,25 @@ page.on("console", (m) => {
     errors.push(`console: ${m.text()}`);
   }
 });
+
+// The service worker's registration, as DevTools names it (for pushes).
+let cdp = null;
+const registrations = new Map();
+async function devtools() {
+  if (cdp) return cdp;
+  cdp = await context.newCDPSession(page);
+  cdp.on("ServiceWorker.workerRegistrationUpdated", ({ registrations: updated }) => {
+    for (const r of updated) registrations.set(r.scopeURL, r.registrationId);
+  });
+  await cdp.send("ServiceWorker.enable");
+  return cdp;
+}
+
+async function worker() {
+  const running = context.serviceWorkers();
+  if (running.length) return running[0];
+  return context.waitForEvent("serviceworker", { timeout: WAIT_MS });
+}
 
 const commands = {
   goto: ({ path }) => page.goto(origin + path).then(() => null),
@@ -125,6 +153,68 @@ const commands = {
   },
   screenshot: ({ path, full }) => page.screenshot({ path, fullPage: full ?? true }).then(() => null),
   errors: () => errors,
+  upstream: ({ url }) => {
+    gateway = new URL(url);
+  },
+  stub_push: ({ endpoint }) =>
+    context.addInitScript((endpoint) => {
+      if (!self.PushManager) return;
+      let subscription = null;
+      const b64 = (bytes) =>
+        btoa(String.fromCharCode(...bytes)).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+      const make = async () => {
+        const pair = await crypto.subtle.generateKey({ name: "ECDH", namedCurve: "P-256" }, true, ["deriveBits"]);
+        const raw = new Uint8Array(await crypto.subtle.exportKey("raw", pair.publicKey));
+        const auth = crypto.getRandomValues(new Uint8Array(16));
+        const json = { endpoint, expirationTime: null, keys: { p256dh: b64(raw), auth: b64(auth) } };
+        return { endpoint, toJSON: () => json, unsubscribe: async () => true };
+      };
+      PushManager.prototype.subscribe = async function (options) {
+        // What the page asked with: the gateway's VAPID key, 65 bytes.
+        self.__pushKeyBytes = new Uint8Array(options.applicationServerKey).length;
+        subscription ??= await make();
+        return subscription;
+      };
+      PushManager.prototype.getSubscription = async function () {
+        return subscription;
+      };
+    }, endpoint),
+  sw_ready: async () => {
+    await devtools();
+    await page.evaluate(() => navigator.serviceWorker.ready.then(() => null));
+    await worker();
+  },
+  push: async ({ data }) => {
+    const session = await devtools();
+    const scope = `${origin}/`;
+    const deadline = Date.now() + WAIT_MS;
+    while (!registrations.has(scope)) {
+      if (Date.now() > deadline) throw new Error(`no service worker registration for ${scope}`);
+      await new Promise((resolve) => {
+        session.once("ServiceWorker.workerRegistrationUpdated", resolve);
+        setTimeout(resolve, Math.max(0, deadline - Date.now()));
+      });
+    }
+    await session.send("ServiceWorker.deliverPushMessage", {
+      origin,
+      registrationId: registrations.get(scope),
+      data: typeof data === "string" ? data : JSON.stringify(data),
+    });
+  },
+  notifications: () =>
+    page.evaluate(() =>
+      navigator.serviceWorker.ready
+        .then((r) => r.getNotifications())
+        .then((shown) =>
+          shown.map((n) => ({ title: n.title, body: n.body, tag: n.tag, actions: n.actions.map((a) => a.action) })),
+        ),
+    ),
+  notification_click: async ({ action }) =>
+    (await worker()).evaluate(async (action) => {
+      const [notification] = await self.registration.getNotifications();
+      if (!notification) throw new Error("no notification is shown");
+      self.dispatchEvent(new NotificationEvent("notificationclick", { notification, action }));
+    }, action),
   close: async () => {
     await browser.close();
     proxy.close();

@@ -1,0 +1,97 @@
+// The service worker of acp-gateway's web client: shows a notification
+// for each push the gateway sends (Web Push, end-to-end encrypted), with
+// the request's options as buttons; a tap on one answers the request
+// through its single-use action URL, a tap elsewhere opens the
+// conversation. The API is never cached here.
+
+self.addEventListener("install", () => self.skipWaiting());
+self.addEventListener("activate", (event) => event.waitUntil(self.clients.claim()));
+
+/** Title and body for a notification (the gateway's JSON body). */
+function headline(n) {
+  const where = n.conversation?.title || n.conversation?.agent || "acp-gateway";
+  const what = n.request?.command || n.request?.title || "a tool call";
+  switch (n.event) {
+    case "permission_waiting":
+      return n.count > 1
+        ? [`${n.count} requests waiting`, where]
+        : [`Waiting for you: ${what}`, where];
+    case "permission_reminder":
+      return [`Still waiting: ${what}`, `${where}: answered automatically soon`];
+    case "turn_ended":
+      return [`Turn ended in ${where}`, n.turn?.summary || n.turn?.stop_reason || ""];
+    case "agent_failed":
+      return [`The agent failed in ${where}`, n.turn?.stop_reason || ""];
+    case "test":
+      return ["acp-gateway", "Notifications reach this device."];
+    default:
+      return ["acp-gateway", where];
+  }
+}
+
+self.addEventListener("push", (event) => {
+  let n;
+  try {
+    n = event.data?.json();
+  } catch {
+    n = null;
+  }
+  if (!n) return;
+  const [title, body] = headline(n);
+  const actions = (n.actions ?? []).map((a) => ({ action: a.option_id, title: a.label }));
+  event.waitUntil(
+    self.registration.showNotification(title, {
+      body,
+      // The same conversation's next notification replaces this one.
+      tag: n.conversation?.id ?? n.event,
+      renotify: true,
+      requireInteraction: n.event === "permission_waiting" || n.event === "permission_reminder",
+      actions,
+      data: { notification: n },
+    }),
+  );
+});
+
+self.addEventListener("notificationclick", (event) => {
+  const n = event.notification.data?.notification ?? {};
+  const action = (n.actions ?? []).find((a) => a.option_id === event.action);
+  event.notification.close();
+  if (action) {
+    // One tap answers: the URL is a single-use capability for this option.
+    event.waitUntil(
+      fetch(action.url, { method: "POST", credentials: "omit" })
+        .then(async (response) => {
+          const said = response.ok
+            ? `Answered: ${action.label}`
+            : response.status === 409
+              ? "Already answered"
+              : response.status === 410
+                ? "This answer has expired"
+                : `Not answered (${response.status})`;
+          await self.registration.showNotification("acp-gateway", {
+            body: said,
+            tag: `answered-${n.request?.id ?? ""}`,
+            data: { answered: response.status },
+          });
+        })
+        .catch(() =>
+          self.registration.showNotification("acp-gateway", {
+            body: "The gateway cannot be reached: open the app to answer.",
+            tag: `answered-${n.request?.id ?? ""}`,
+          }),
+        ),
+    );
+    return;
+  }
+  const path = n.conversation?.id ? `/#/c/${n.conversation.id}` : "/#/";
+  event.waitUntil(
+    self.clients.matchAll({ type: "window", includeUncontrolled: true }).then((windows) => {
+      const open = windows.find((w) => new URL(w.url).origin === self.location.origin);
+      if (open) {
+        open.navigate(path).catch(() => {});
+        return open.focus();
+      }
+      return self.clients.openWindow(path);
+    }),
+  );
+});
