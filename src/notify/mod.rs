@@ -17,6 +17,9 @@
 //! This file holds only what those parts share: the body every channel
 //! carries, and the hand-over from the rules to the outbox.
 
+pub mod vapid;
+pub mod web_push;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
