@@ -30,14 +30,14 @@ struct Service {
 }
 
 impl Service {
-    fn start(script: &str, arg: &str) -> Service {
+    fn start(script: &str, args: &[&str]) -> Service {
         let python = common::sdk_agents_dir().join(".venv/bin/python");
         let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/notify-services")
             .join(script);
         let mut child = Command::new(python)
             .arg(&script)
-            .arg(arg)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -126,7 +126,7 @@ fn permission_waiting() -> Notification {
 #[tokio::test]
 async fn web_push_sends_a_payload_the_subscription_decrypts_signed_by_the_gateways_vapid_key() {
     let keys = vapid::generate();
-    let service = Service::start("push_service.py", &keys.public_b64);
+    let service = Service::start("push_service.py", &[&keys.public_b64]);
     let p256dh = service.hello["p256dh"].as_str().unwrap().to_owned();
     let auth = service.hello["auth"].as_str().unwrap().to_owned();
     let client = client();
@@ -208,7 +208,7 @@ async fn web_push_sends_a_payload_the_subscription_decrypts_signed_by_the_gatewa
 #[tokio::test]
 async fn web_push_says_gone_for_410_and_failed_for_500_or_no_answer() {
     let keys = vapid::generate();
-    let service = Service::start("push_service.py", &keys.public_b64);
+    let service = Service::start("push_service.py", &[&keys.public_b64]);
     let p256dh = service.hello["p256dh"].as_str().unwrap().to_owned();
     let auth = service.hello["auth"].as_str().unwrap().to_owned();
     let client = client();
@@ -242,9 +242,15 @@ async fn web_push_says_gone_for_410_and_failed_for_500_or_no_answer() {
 
 /// An FCM stand-in, and an [`Fcm`] pointed at it.
 fn fcm_stand_in() -> (Service, Fcm, tempfile::TempDir) {
+    fcm_stand_in_issuing_tokens_for(3599)
+}
+
+/// An FCM stand-in whose tokens last `expires_in` seconds.
+fn fcm_stand_in_issuing_tokens_for(expires_in: u32) -> (Service, Fcm, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("service-account.json");
-    let service = Service::start("fcm_service.py", file.to_str().unwrap());
+    let lifetime = expires_in.to_string();
+    let service = Service::start("fcm_service.py", &[file.to_str().unwrap(), &lifetime]);
     let config = FcmConfig {
         service_account_file: file,
         api_base: Some(service.base.clone()),
@@ -351,4 +357,38 @@ async fn fcm_sends_at_once_share_one_token_request() {
     let seen = service.seen().await;
     assert_eq!(seen["token_requests"].as_array().unwrap().len(), 1);
     assert_eq!(seen["sends"].as_array().unwrap().len(), 5);
+}
+
+#[tokio::test]
+async fn fcm_fetches_a_new_token_when_the_cached_one_is_about_to_expire() {
+    // Tokens that expire within the renewal margin are never reused.
+    let (service, fcm, _dir) = fcm_stand_in_issuing_tokens_for(120);
+    let notification = permission_waiting();
+    for _ in 0..2 {
+        let outcome = fcm.deliver("device-1", &notification, None).await;
+        assert_eq!(outcome, DeliveryOutcome::Delivered { status: 200 });
+    }
+    let seen = service.seen().await;
+    assert_eq!(seen["token_requests"].as_array().unwrap().len(), 2);
+    assert!(seen["sends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| s["admitted"] == true));
+}
+
+#[tokio::test]
+async fn fcm_does_not_call_a_404_that_is_no_fcm_error_gone() {
+    // A wrong api_base: the front end's 404 must not disable every target.
+    let (service, _fcm, dir) = fcm_stand_in();
+    let config = FcmConfig {
+        service_account_file: dir.path().join("service-account.json"),
+        api_base: Some(format!("{}/wrong", service.base)),
+    };
+    let fcm = Fcm::new(&config, client()).unwrap();
+    let outcome = fcm.deliver("device-1", &permission_waiting(), None).await;
+    assert!(
+        matches!(&outcome, DeliveryOutcome::Failed { status: Some(404), error } if error.contains("Not Found")),
+        "{outcome:?}"
+    );
 }

@@ -178,13 +178,13 @@ impl Fcm {
                     renewed = true;
                 }
                 404 => {
-                    let text = body_start(response).await;
-                    return if text.contains("UNREGISTERED") || text.contains("NOT_FOUND") {
+                    let text = response.text().await.unwrap_or_default();
+                    return if names_unregistered(&text) {
                         DeliveryOutcome::Gone { status }
                     } else {
                         DeliveryOutcome::Failed {
                             status: Some(status),
-                            error: text,
+                            error: text.trim().chars().take(200).collect(),
                         }
                     };
                 }
@@ -285,6 +285,20 @@ impl Fcm {
         jsonwebtoken::encode(&header, &claims, &self.inner.key)
             .context("signing the service account's JWT")
     }
+}
+
+/// Whether an FCM error body says the device token is no more: its
+/// `errorCode` is `UNREGISTERED`, or its status `NOT_FOUND` (a 404 that is
+/// no FCM error, from a wrong `api_base` say, does not disable targets).
+fn names_unregistered(body: &str) -> bool {
+    let Ok(body) = serde_json::from_str::<Value>(body) else {
+        return false;
+    };
+    let error = &body["error"];
+    error["status"] == "NOT_FOUND"
+        || error["details"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|d| d["errorCode"] == "UNREGISTERED"))
 }
 
 /// The FCM v1 message for `notification`: the shade's title and body, and
@@ -422,6 +436,20 @@ mod tests {
         assert!(message("dev", &n, None)["message"]["android"]
             .get("collapse_key")
             .is_none());
+    }
+
+    #[test]
+    fn only_an_fcm_error_naming_the_token_unregistered_means_gone() {
+        assert!(names_unregistered(
+            r#"{"error": {"code": 404, "status": "NOT_FOUND", "details": [{"errorCode": "UNREGISTERED"}]}}"#
+        ));
+        assert!(names_unregistered(
+            r#"{"error": {"code": 404, "details": [{"errorCode": "UNREGISTERED"}]}}"#
+        ));
+        assert!(!names_unregistered("<html>404 Not Found</html>"));
+        assert!(!names_unregistered(
+            r#"{"error": {"status": "PERMISSION_DENIED"}}"#
+        ));
     }
 
     #[test]

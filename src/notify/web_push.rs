@@ -18,10 +18,36 @@ use super::vapid::VapidKeys;
 use super::DeliveryOutcome;
 
 /// The VAPID `sub` claim used by [`deliver`]: a contact for the push
-/// service's operators. Some push services (Apple's is reported to) refuse
-/// `localhost` contacts: pass a real one to [`deliver_as`] where there is
-/// one (e.g. the gateway's `https://` base URL).
+/// service's operators. Apple's push service refuses a subject whose host
+/// does not resolve (`localhost`, `.local`, `.invalid`: 403 `BadJwtToken`),
+/// while Google's and Mozilla's take it: give [`deliver_as`] the subject of
+/// [`subject_for`] the gateway's `notifications.base_url`.
 pub const DEFAULT_SUBJECT: &str = "mailto:acp-gateway@localhost";
+
+/// The VAPID subject for a gateway reachable at `base_url`: its `https://`
+/// origin when it has one on a public-looking host, else [`DEFAULT_SUBJECT`].
+pub fn subject_for(base_url: Option<&str>) -> String {
+    let origin = base_url
+        .and_then(|url| reqwest::Url::parse(url).ok())
+        .filter(|url| url.scheme() == "https")
+        .filter(|url| {
+            let host = url.host_str().unwrap_or("").trim_end_matches('.');
+            host.contains('.')
+                && ![
+                    "localhost",
+                    ".local",
+                    ".invalid",
+                    ".test",
+                    ".example",
+                    ".internal",
+                ]
+                .iter()
+                .any(|bad| host == bad.trim_start_matches('.') || host.ends_with(bad))
+                && host.parse::<std::net::IpAddr>().is_err()
+        })
+        .map(|url| url.origin().ascii_serialization());
+    origin.unwrap_or_else(|| DEFAULT_SUBJECT.to_string())
+}
 
 /// How long a VAPID JWT is valid (RFC 8292: at most 24 hours).
 const JWT_LIFETIME_SECS: u64 = 12 * 60 * 60;
@@ -315,6 +341,24 @@ mod tests {
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
         }
         assert_ne!(topic_header("a:1"), topic_header("a:2"));
+    }
+
+    #[test]
+    fn the_subject_is_the_gateways_public_https_origin_when_it_has_one() {
+        assert_eq!(
+            subject_for(Some("https://gateway.acme.com:8443/acp/")),
+            "https://gateway.acme.com:8443"
+        );
+        for base in [
+            None,
+            Some("http://gateway.acme.com"),
+            Some("https://localhost:8080"),
+            Some("https://box.local"),
+            Some("https://10.0.0.1"),
+            Some("not a url"),
+        ] {
+            assert_eq!(subject_for(base), DEFAULT_SUBJECT, "{base:?}");
+        }
     }
 
     #[test]

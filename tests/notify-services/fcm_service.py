@@ -7,7 +7,8 @@ as a Firebase JSON key file whose token_uri points here), verifies each
 token request's JWT assertion with that account's public key (PyJWT), never
 with the gateway's code, and admits a send only with a token it issued.
 
-Usage: fcm_service.py SERVICE_ACCOUNT_FILE_TO_WRITE
+Usage: fcm_service.py SERVICE_ACCOUNT_FILE_TO_WRITE [EXPIRES_IN]
+(EXPIRES_IN: the lifetime of the tokens it issues, default 3599 seconds)
 Prints one JSON line {"port"} when it listens, then serves:
   POST /token                                   the JWT bearer grant
   POST /v1/projects/test-project/messages:send  201-free FCM: 200 {"name"},
@@ -33,6 +34,7 @@ EMAIL = "gateway@test-project.iam.gserviceaccount.com"
 SCOPE = "https://www.googleapis.com/auth/firebase.messaging"
 KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 PUBLIC = KEY.public_key()
+EXPIRES_IN = int(sys.argv[2]) if len(sys.argv) > 2 else 3599
 ISSUED = set()
 SEEN = {"token_requests": [], "sends": []}
 LOCK = threading.Lock()
@@ -66,7 +68,12 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(200, {})
         if self.path == "/v1/projects/%s/messages:send" % PROJECT:
             return self.send(body)
-        self.reply(404, {"error": {"code": 404, "status": "NOT_FOUND", "message": "no such path"}})
+        body = b"<html><body>404 Not Found</body></html>"  # as Google's front end answers
+        self.send_response(404)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def token(self, body):
         form = urllib.parse.parse_qs(body.decode())
@@ -95,7 +102,7 @@ class Handler(BaseHTTPRequestHandler):
         access = "ya29.test-" + secrets.token_urlsafe(16)
         with LOCK:
             ISSUED.add(access)
-        self.reply(200, {"access_token": access, "expires_in": 3599, "token_type": "Bearer"})
+        self.reply(200, {"access_token": access, "expires_in": EXPIRES_IN, "token_type": "Bearer"})
 
     def send(self, body):
         bearer = self.headers.get("Authorization", "")
