@@ -141,6 +141,10 @@ pub struct FcmConfig {
     /// A Firebase service account's JSON key file (its `project_id`,
     /// `client_email`, `private_key` and `token_uri` are used).
     pub service_account_file: PathBuf,
+    /// Where FCM's HTTP v1 API is (default `https://fcm.googleapis.com`);
+    /// tests point it at a stand-in on loopback.
+    #[serde(default)]
+    pub api_base: Option<String>,
 }
 
 /// `notifications.detail`.

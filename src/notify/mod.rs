@@ -17,6 +17,11 @@
 //! This file holds only what those parts share: the body every channel
 //! carries, and the hand-over from the rules to the outbox.
 
+pub mod fcm;
+pub mod render;
+pub mod vapid;
+pub mod web_push;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;

@@ -105,7 +105,7 @@ install_venv() {
       --no-input -r "$DIR/requirements.txt" >&2; then
     die "pip install -r requirements.txt failed (see output above)"
   fi
-  "$DIR/.venv/bin/python" -c 'import acp' || die "the venv cannot import acp after install"
+  "$DIR/.venv/bin/python" -c 'import acp, http_ece, jwt, cryptography' || die "the venv cannot import acp, http_ece, jwt and cryptography after install"
   venv_stamp >"$VENV_STAMP_FILE"
   say ".venv installed"
 }

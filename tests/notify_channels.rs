@@ -1,0 +1,394 @@
+//! The Web Push and FCM channels against stand-ins of their services on
+//! loopback, which check what the gateway sends with libraries of their
+//! own (Python `http_ece`, PyJWT, cryptography: see
+//! `tests/notify-services/`), never with the gateway's code.
+
+mod common;
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use acp_gateway::config::FcmConfig;
+use acp_gateway::notify::fcm::Fcm;
+use acp_gateway::notify::render::headline;
+use acp_gateway::notify::{
+    vapid, web_push, Action, ConversationRef, DeliveryOutcome, Notification, NotificationEvent,
+    RequestRef,
+};
+use base64::Engine as _;
+use serde_json::Value;
+use uuid::Uuid;
+
+/// A stand-in service: a Python subprocess, killed (by its pid) when this is
+/// dropped, a failed test included.
+struct Service {
+    child: Child,
+    /// The JSON line it printed when it listened.
+    hello: Value,
+    base: String,
+}
+
+impl Service {
+    fn start(script: &str, args: &[&str]) -> Service {
+        let python = common::sdk_agents_dir().join(".venv/bin/python");
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/notify-services")
+            .join(script);
+        let mut child = Command::new(python)
+            .arg(&script)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the stand-in");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        // Owned from here: a panic below still kills it.
+        let mut service = Service {
+            child,
+            hello: Value::Null,
+            base: String::new(),
+        };
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the stand-in says where it listens");
+        service.hello = serde_json::from_str(&line)
+            .unwrap_or_else(|_| panic!("{script:?} printed {line:?}, not its port"));
+        service.base = format!("http://127.0.0.1:{}", service.hello["port"]);
+        service
+    }
+
+    async fn seen(&self) -> Value {
+        reqwest::get(format!("{}/seen", self.base))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+fn permission_waiting() -> Notification {
+    Notification {
+        event: NotificationEvent::PermissionWaiting,
+        delivery_id: Uuid::new_v4(),
+        at: chrono::Utc::now(),
+        user: "ana".into(),
+        conversation: Some(ConversationRef {
+            id: Uuid::new_v4(),
+            title: Some("Fix the build".into()),
+            agent: "Claude Code".into(),
+        }),
+        request: Some(RequestRef {
+            id: Uuid::new_v4(),
+            title: Some("Run rm -rf build".into()),
+            kind: Some("execute".into()),
+            command: None,
+        }),
+        turn: None,
+        count: 1,
+        actions: vec![
+            Action {
+                label: "Allow once".into(),
+                option_id: "allow_once".into(),
+                url: "https://gateway.example/api/v1/actions/a1".into(),
+            },
+            Action {
+                label: "Reject".into(),
+                option_id: "reject".into(),
+                url: "https://gateway.example/api/v1/actions/r1".into(),
+            },
+        ],
+    }
+}
+
+#[tokio::test]
+async fn web_push_sends_a_payload_the_subscription_decrypts_signed_by_the_gateways_vapid_key() {
+    let keys = vapid::generate();
+    let service = Service::start("push_service.py", &[&keys.public_b64]);
+    let p256dh = service.hello["p256dh"].as_str().unwrap().to_owned();
+    let auth = service.hello["auth"].as_str().unwrap().to_owned();
+    let client = client();
+    let endpoint = |mode: &str| format!("{}/push/{mode}", service.base);
+
+    let payload = serde_json::to_vec(&permission_waiting()).unwrap();
+    let topic = "conversation:0192f1a4-7c3e-7d2a-9b1e-3f4a5b6c7d8e";
+    let outcome = web_push::deliver(
+        &client,
+        &keys,
+        &endpoint("ok"),
+        &p256dh,
+        &auth,
+        &payload,
+        Some(topic),
+        120,
+    )
+    .await;
+    assert_eq!(outcome, DeliveryOutcome::Delivered { status: 201 });
+
+    // A payload that is no notification, without a topic.
+    let outcome = web_push::deliver(
+        &client,
+        &keys,
+        &endpoint("ok"),
+        &p256dh,
+        &auth,
+        b"hello",
+        None,
+        0,
+    )
+    .await;
+    assert_eq!(outcome, DeliveryOutcome::Delivered { status: 201 });
+
+    let seen = service.seen().await;
+    let seen = seen.as_array().unwrap();
+    assert_eq!(seen.len(), 2, "{seen:#?}");
+    assert!(seen.iter().all(|s| s["ok"] == true), "{seen:#?}");
+    let decrypted = |s: &Value| {
+        base64::engine::general_purpose::STANDARD
+            .decode(s["payload_b64"].as_str().unwrap())
+            .unwrap()
+    };
+    let (first, second) = (&seen[0], &seen[1]);
+    assert_eq!(decrypted(first), payload);
+    assert_eq!(first["jwt_verified"], true);
+    assert_eq!(first["k"], keys.public_b64.as_str());
+    assert_eq!(first["claims"]["aud"], service.base.as_str());
+    assert_eq!(first["claims"]["sub"], web_push::DEFAULT_SUBJECT);
+    let headers = &first["headers"];
+    assert_eq!(headers["ttl"], "120");
+    assert_eq!(headers["content-encoding"], "aes128gcm");
+    assert_eq!(headers["topic"], web_push::topic_header(topic).as_str());
+    assert_eq!(headers["urgency"], "high");
+    assert_eq!(decrypted(second), b"hello");
+    assert_eq!(second["headers"]["ttl"], "0");
+    assert_eq!(second["headers"]["urgency"], "normal");
+    assert!(second["headers"].get("topic").is_none());
+
+    // The stand-in does check: a push signed with another key is refused.
+    let other = vapid::generate();
+    let outcome = web_push::deliver(
+        &client,
+        &other,
+        &endpoint("ok"),
+        &p256dh,
+        &auth,
+        b"x",
+        None,
+        60,
+    )
+    .await;
+    assert!(
+        matches!(&outcome, DeliveryOutcome::Failed { status: Some(400), error } if error.contains("not the gateway's public key")),
+        "{outcome:?}"
+    );
+}
+
+#[tokio::test]
+async fn web_push_says_gone_for_410_and_failed_for_500_or_no_answer() {
+    let keys = vapid::generate();
+    let service = Service::start("push_service.py", &[&keys.public_b64]);
+    let p256dh = service.hello["p256dh"].as_str().unwrap().to_owned();
+    let auth = service.hello["auth"].as_str().unwrap().to_owned();
+    let client = client();
+    let send = |url: String| {
+        let (client, keys, p256dh, auth) = (&client, &keys, &p256dh, &auth);
+        async move { web_push::deliver(client, keys, &url, p256dh, auth, b"x", None, 60).await }
+    };
+
+    let gone = send(format!("{}/push/gone", service.base)).await;
+    assert_eq!(gone, DeliveryOutcome::Gone { status: 410 });
+
+    let failed = send(format!("{}/push/fail", service.base)).await;
+    match failed {
+        DeliveryOutcome::Failed {
+            status: Some(500),
+            error,
+        } => assert_eq!(error, "x".repeat(200), "the body's first 200 characters"),
+        other => panic!("{other:?}"),
+    }
+
+    // Nobody listening.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let unreachable = send(format!("http://127.0.0.1:{port}/push/ok")).await;
+    assert!(
+        matches!(unreachable, DeliveryOutcome::Failed { status: None, .. }),
+        "{unreachable:?}"
+    );
+}
+
+/// An FCM stand-in, and an [`Fcm`] pointed at it.
+fn fcm_stand_in() -> (Service, Fcm, tempfile::TempDir) {
+    fcm_stand_in_issuing_tokens_for(3599)
+}
+
+/// An FCM stand-in whose tokens last `expires_in` seconds.
+fn fcm_stand_in_issuing_tokens_for(expires_in: u32) -> (Service, Fcm, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("service-account.json");
+    let lifetime = expires_in.to_string();
+    let service = Service::start("fcm_service.py", &[file.to_str().unwrap(), &lifetime]);
+    let config = FcmConfig {
+        service_account_file: file,
+        api_base: Some(service.base.clone()),
+    };
+    let fcm = Fcm::new(&config, client()).unwrap();
+    (service, fcm, dir)
+}
+
+#[tokio::test]
+async fn fcm_sends_with_a_token_the_service_account_earned_and_reuses_it() {
+    let (service, fcm, _dir) = fcm_stand_in();
+    assert_eq!(fcm.project_id(), "test-project");
+    let notification = permission_waiting();
+
+    for _ in 0..2 {
+        let outcome = fcm
+            .deliver("device-1", &notification, Some("conversation:1"))
+            .await;
+        assert_eq!(outcome, DeliveryOutcome::Delivered { status: 200 });
+    }
+    let seen = service.seen().await;
+    let tokens = seen["token_requests"].as_array().unwrap();
+    assert_eq!(tokens.len(), 1, "one token for two sends: {seen:#?}");
+    assert_eq!(tokens[0]["ok"], true, "{seen:#?}");
+    assert_eq!(
+        tokens[0]["content_type"],
+        "application/x-www-form-urlencoded"
+    );
+    let sends = seen["sends"].as_array().unwrap();
+    assert_eq!(sends.len(), 2);
+    assert!(sends.iter().all(|s| s["admitted"] == true), "{seen:#?}");
+
+    let message = &sends[0]["body"]["message"];
+    let (title, body) = headline(&notification);
+    assert_eq!(title, "Claude Code asks: Run rm -rf build");
+    assert_eq!(message["token"], "device-1");
+    assert_eq!(message["notification"]["title"], title.as_str());
+    assert_eq!(message["notification"]["body"], body.as_str());
+    let data = &message["data"];
+    assert!(data.as_object().unwrap().values().all(Value::is_string));
+    assert_eq!(data["event"], "permission_waiting");
+    assert_eq!(data["delivery_id"], notification.delivery_id.to_string());
+    let conversation = notification.conversation.as_ref().unwrap();
+    assert_eq!(data["conversation_id"], conversation.id.to_string());
+    let request = notification.request.as_ref().unwrap();
+    assert_eq!(data["request_id"], request.id.to_string());
+    let actions: Vec<Action> = serde_json::from_str(data["actions"].as_str().unwrap()).unwrap();
+    assert_eq!(actions, notification.actions);
+    assert_eq!(message["android"]["collapse_key"], "conversation:1");
+    assert_eq!(message["android"]["priority"], "high");
+    assert_eq!(
+        message["apns"]["headers"]["apns-collapse-id"],
+        "conversation:1"
+    );
+    assert_eq!(message["apns"]["headers"]["apns-priority"], "10");
+}
+
+#[tokio::test]
+async fn fcm_says_gone_for_an_unregistered_device_and_renews_a_refused_token_once() {
+    let (service, fcm, _dir) = fcm_stand_in();
+    let notification = permission_waiting();
+
+    let gone = fcm.deliver("gone-device", &notification, None).await;
+    assert_eq!(gone, DeliveryOutcome::Gone { status: 404 });
+
+    // The service forgets its tokens: the next send is refused once, a new
+    // token is fetched, and the send goes through with it.
+    let revoked = client()
+        .post(format!("{}/revoke", service.base))
+        .send()
+        .await
+        .unwrap();
+    assert!(revoked.status().is_success());
+    let outcome = fcm.deliver("device-1", &notification, None).await;
+    assert_eq!(outcome, DeliveryOutcome::Delivered { status: 200 });
+
+    let seen = service.seen().await;
+    let tokens = seen["token_requests"].as_array().unwrap();
+    assert_eq!(tokens.len(), 2, "{seen:#?}");
+    let admitted: Vec<bool> = seen["sends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["admitted"].as_bool().unwrap())
+        .collect();
+    assert_eq!(admitted, [true, false, true]);
+}
+
+#[tokio::test]
+async fn fcm_sends_at_once_share_one_token_request() {
+    let (service, fcm, _dir) = fcm_stand_in();
+    let notification = permission_waiting();
+    let outcomes = futures::future::join_all((0..5).map(|i| {
+        let (fcm, notification) = (fcm.clone(), notification.clone());
+        async move {
+            fcm.deliver(&format!("device-{i}"), &notification, None)
+                .await
+        }
+    }))
+    .await;
+    assert!(outcomes
+        .iter()
+        .all(|o| *o == DeliveryOutcome::Delivered { status: 200 }));
+    let seen = service.seen().await;
+    assert_eq!(seen["token_requests"].as_array().unwrap().len(), 1);
+    assert_eq!(seen["sends"].as_array().unwrap().len(), 5);
+}
+
+#[tokio::test]
+async fn fcm_fetches_a_new_token_when_the_cached_one_is_about_to_expire() {
+    // Tokens that expire within the renewal margin are never reused.
+    let (service, fcm, _dir) = fcm_stand_in_issuing_tokens_for(120);
+    let notification = permission_waiting();
+    for _ in 0..2 {
+        let outcome = fcm.deliver("device-1", &notification, None).await;
+        assert_eq!(outcome, DeliveryOutcome::Delivered { status: 200 });
+    }
+    let seen = service.seen().await;
+    assert_eq!(seen["token_requests"].as_array().unwrap().len(), 2);
+    assert!(seen["sends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| s["admitted"] == true));
+}
+
+#[tokio::test]
+async fn fcm_does_not_call_a_404_that_is_no_fcm_error_gone() {
+    // A wrong api_base: the front end's 404 must not disable every target.
+    let (service, _fcm, dir) = fcm_stand_in();
+    let config = FcmConfig {
+        service_account_file: dir.path().join("service-account.json"),
+        api_base: Some(format!("{}/wrong", service.base)),
+    };
+    let fcm = Fcm::new(&config, client()).unwrap();
+    let outcome = fcm.deliver("device-1", &permission_waiting(), None).await;
+    assert!(
+        matches!(&outcome, DeliveryOutcome::Failed { status: Some(404), error } if error.contains("Not Found")),
+        "{outcome:?}"
+    );
+}
