@@ -159,3 +159,4 @@ async fn resolve_at_once(
 }
 
 impl_store!(PgStore, PgConnection);
+super::notify::impl_notify_store!(PgStore, "for update skip locked");

@@ -128,3 +128,4 @@ async fn resolve_at_once(
 }
 
 impl_store!(SqliteStore, SqliteConnection);
+super::notify::impl_notify_store!(SqliteStore, "");
