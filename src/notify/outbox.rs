@@ -124,6 +124,8 @@ pub struct Outbox {
     allow_private: bool,
     vapid: VapidKeys,
     fcm: Option<Fcm>,
+    /// Every attempt, once recorded (see [`Outbox::watch`]).
+    recorded: tokio::sync::broadcast::Sender<AttemptRecord>,
 }
 
 impl Outbox {
@@ -148,7 +150,14 @@ impl Outbox {
             allow_private: config.allow_private_targets,
             vapid,
             fcm,
+            recorded: tokio::sync::broadcast::channel(1024).0,
         })
+    }
+
+    /// Every attempt this node makes, once it is recorded (tests wait on
+    /// it instead of polling).
+    pub fn watch(&self) -> tokio::sync::broadcast::Receiver<AttemptRecord> {
+        self.recorded.subscribe()
     }
 
     pub fn vapid(&self) -> &VapidKeys {
@@ -257,7 +266,9 @@ impl Outbox {
             .await
         {
             tracing::warn!(error = %e, "could not record a notification attempt");
+            return;
         }
+        let _ = self.recorded.send(record.clone());
     }
 
     /// Sends a test notification to `target` now, records the attempt and
