@@ -137,6 +137,22 @@ fn waiting(user: &str, key: &str) -> Outgoing {
     }
 }
 
+/// Asserts `instance` matches the OpenAPI document's schema `name`.
+fn documented(name: &str, instance: &Value) {
+    let doc = serde_json::to_value(acp_gateway::api::openapi()).unwrap();
+    let root =
+        json!({"$ref": format!("#/components/schemas/{name}"), "components": doc["components"]});
+    let validator = jsonschema::validator_for(&root).expect("a valid JSON Schema");
+    let violations: Vec<String> = validator
+        .iter_errors(instance)
+        .map(|e| e.to_string())
+        .collect();
+    assert!(
+        violations.is_empty(),
+        "{name}: {violations:?}\nin {instance}"
+    );
+}
+
 async fn create(gw: &TestGateway, token: &str, body: Value) -> Value {
     let (status, created) = call(
         gw,
@@ -147,6 +163,7 @@ async fn create(gw: &TestGateway, token: &str, body: Value) -> Value {
     )
     .await;
     assert_eq!(status, 201, "{created}");
+    documented("CreatedNotificationTarget", &created);
     created
 }
 
@@ -177,12 +194,14 @@ async fn deliveries(gw: &TestGateway, token: &str, id: &str) -> Vec<Value> {
     )
     .await;
     assert_eq!(status, 200, "{body}");
+    documented("NotificationDeliveryList", &body);
     body["items"].as_array().unwrap().clone()
 }
 
 async fn targets(gw: &TestGateway, token: &str) -> Vec<Value> {
     let (status, body) = call(gw, "GET", "/api/v1/notification-targets", Some(token), None).await;
     assert_eq!(status, 200, "{body}");
+    documented("NotificationTargetList", &body);
     body["items"].as_array().unwrap().clone()
 }
 
@@ -339,6 +358,7 @@ async fn the_test_endpoint_answers_the_outcome_and_410_marks_the_target_gone(db:
     )
     .await;
     assert_eq!(status, 200, "{answer}");
+    documented("NotificationDelivery", &answer);
     assert_eq!(answer["outcome"], "delivered");
     assert_eq!(answer["event"], "test");
     assert_eq!(answer["http_status"], 200);
@@ -686,6 +706,7 @@ async fn the_vapid_public_key_is_made_once_and_kept(db: TestDb) {
     )
     .await;
     assert_eq!(status, 200, "{body}");
+    documented("VapidPublicKey", &body);
     let key = body["public_key"].as_str().unwrap().to_owned();
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(&key)

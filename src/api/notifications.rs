@@ -43,6 +43,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// The kind of a target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
+#[schema(as = NotificationTargetKind)]
 enum TargetKind {
     WebPush,
     Ntfy,
@@ -52,6 +53,7 @@ enum TargetKind {
 
 /// A browser's Push API subscription (`PushSubscription.toJSON()`).
 #[derive(Deserialize, ToSchema)]
+#[schema(as = PushSubscription)]
 struct Subscription {
     endpoint: String,
     keys: SubscriptionKeys,
@@ -63,6 +65,7 @@ struct Subscription {
 
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = PushSubscriptionKeys)]
 struct SubscriptionKeys {
     /// base64url: the subscription's P-256 public key (65 bytes).
     p256dh: String,
@@ -101,6 +104,7 @@ struct CreateBody {
 
 /// The last attempt to deliver to a target.
 #[derive(Serialize, ToSchema)]
+#[schema(as = NotificationLastDelivery)]
 struct LastDelivery {
     at: DateTime<Utc>,
     /// `delivered`, `failed` or `gone`.

@@ -17,6 +17,9 @@ use std::sync::Arc;
 
 use reqwest::Url;
 
+/// How long resolving a target's host at creation may take.
+const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Whether the gateway must not send to `ip` (unless allowed).
 pub fn is_forbidden(ip: IpAddr) -> bool {
     match ip {
@@ -85,8 +88,10 @@ pub async fn check_url(url: &str, allow_private: bool) -> Result<Url, String> {
     check_literal(&parsed)?;
     if let Some(url::Host::Domain(domain)) = parsed.host() {
         let port = parsed.port_or_known_default().unwrap_or(443);
-        let addrs: Vec<SocketAddr> = tokio::net::lookup_host((domain, port))
+        let lookup = tokio::net::lookup_host((domain, port));
+        let addrs: Vec<SocketAddr> = tokio::time::timeout(RESOLVE_TIMEOUT, lookup)
             .await
+            .map_err(|_| format!("host {host:?} did not resolve in time"))?
             .map_err(|e| format!("host {host:?} does not resolve ({e})"))?
             .collect();
         if let Some(bad) = addrs.iter().find(|a| is_forbidden(a.ip())) {

@@ -26,9 +26,10 @@ use crate::store::Store;
 
 /// Attempts per delivery, the first included.
 pub const MAX_ATTEMPTS: i32 = 5;
-/// How long a claim holds: a node that died mid-send leaves its rows to
-/// others after this (they may then be sent twice: at least once wins).
-const CLAIM: Duration = Duration::from_secs(60);
+/// How long a claim holds (three times an attempt's bound): a node that
+/// died mid-send leaves its rows to others, or to itself restarted, after
+/// this; those rows may then be sent twice (at least once wins).
+const CLAIM: Duration = Duration::from_secs(30);
 /// How often the worker looks without being woken: rows of other nodes,
 /// claims that ran out.
 const POLL: Duration = Duration::from_secs(2);

@@ -202,8 +202,9 @@ macro_rules! impl_notify_store {
                 owner: &str,
             ) -> $crate::error::Result<bool> {
                 let mut tx = self.writer().begin().await?;
-                // Attempts and deliveries first: SQLite enforces the
-                // cascade only with foreign keys on, which we do not rely on.
+                // Attempts and deliveries explicitly, not by the cascade:
+                // the same on both backends whatever their foreign-key
+                // settings.
                 sqlx::query(
                     "delete from notification_attempts where target_id = $1
                        and exists (select 1 from notification_targets where id = $1 and owner = $2)",
@@ -329,10 +330,12 @@ macro_rules! impl_notify_store {
             ) -> $crate::error::Result<()> {
                 use $crate::store::notify::AttemptNext;
                 let mut tx = self.writer().begin().await?;
+                // Nothing when the target was deleted during the attempt.
                 sqlx::query(
                     "insert into notification_attempts (delivery_id, target_id, event, attempt,
                        outcome, http_status, error, at)
-                     values ($1, $2, $3, $4, $5, $6, $7, $8)",
+                     select $1, $2, $3, $4, $5, $6, $7, $8
+                     where exists (select 1 from notification_targets where id = $2)",
                 )
                 .bind(a.delivery_id)
                 .bind(a.target_id)
