@@ -1,6 +1,8 @@
-//! Placeholders for the Web Push and FCM channels, which are built on
-//! another branch (`src/notify/web_push.rs`, `src/notify/fcm.rs`) with
-//! these signatures: this file goes at the merge.
+// Placeholders for the Web Push and FCM channels, which are built on
+// another branch (`src/notify/web_push.rs`, `src/notify/fcm.rs`) with these
+// signatures; `include!`d by `notify/mod.rs` so that they are
+// `crate::notify::{web_push, fcm}` as those will be. This file goes at the
+// merge.
 
 pub mod web_push {
     use crate::notify::vapid::VapidKeys;
