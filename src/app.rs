@@ -86,7 +86,12 @@ impl Gateway {
             "agent limits"
         );
         let outbox = std::sync::Arc::new(
-            crate::notify::outbox::Outbox::new(sink.store.clone(), &config.notifications).await?,
+            crate::notify::outbox::Outbox::new(
+                sink.store.clone(),
+                &config.notifications,
+                node.id(),
+            )
+            .await?,
         );
         let sessions = Sessions::new(
             sink,

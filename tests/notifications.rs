@@ -504,6 +504,60 @@ async fn a_pending_delivery_is_sent_after_a_restart(db: TestDb) {
     gw.stop().await;
 }
 
+/// The gateway killed (SIGKILL) while a receiver holds its request
+/// unanswered: the delivery is sent again, with its `delivery_id`, by the
+/// gateway started after it.
+async fn a_gateway_killed_mid_delivery_delivers_after_restart(db: TestDb) {
+    let config =
+        "node_lease = \"1s\"\n[notifications]\nallow_private_targets = true\nretry_base = \"1ms\"";
+    let gw = GatewayProcess::start_configured(&db, &[], "info", config);
+    let mut receiver = Receiver::start(None, &[0]).await;
+    let (status, created) = gw
+        .call(
+            "POST",
+            "/api/v1/notification-targets",
+            Some(json!({"kind": "webhook", "url": receiver.url("/")})),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    // What the rules would hand over, put in the outbox through the store
+    // (the gateway finds it when it next looks).
+    let store = acp_gateway::store::open(&db.url).await.unwrap();
+    let outgoing = waiting("anonymous", "r1");
+    let detail = acp_gateway::config::NotificationDetail::Minimal;
+    assert!(
+        acp_gateway::notify::outbox::enqueue_into(&*store, detail, &outgoing)
+            .await
+            .unwrap()
+    );
+    drop(store);
+    let first = receiver.next().await;
+    gw.kill();
+    let gw = GatewayProcess::start_configured(&db, &[], "info", config);
+    let again = receiver.next().await;
+    assert_eq!(again["body"]["delivery_id"], first["body"]["delivery_id"]);
+    assert_eq!(
+        again["headers"]["x-acp-gateway-delivery"],
+        first["headers"]["x-acp-gateway-delivery"]
+    );
+    let id = created["id"].as_str().unwrap();
+    let (_, listed) = gw
+        .call(
+            "GET",
+            &format!("/api/v1/notification-targets/{id}/deliveries"),
+            None,
+        )
+        .await;
+    let items = listed["items"].as_array().unwrap();
+    // The killed gateway recorded nothing; the second one's attempt may
+    // still be on its way to the database: at most that one.
+    assert!(
+        items.len() <= 1 && items.iter().all(|a| a["outcome"] == "delivered"),
+        "{listed}"
+    );
+    gw.stop();
+}
+
 async fn users_see_and_delete_only_their_own_targets(db: TestDb) {
     let (ann, bob) = tokens(&db);
     let gw = gateway(&db).await;
@@ -732,6 +786,7 @@ backend_tests!(
     a_receiver_failing_twice_gets_three_attempts_and_one_delivery,
     the_same_keys_are_notified_once,
     a_pending_delivery_is_sent_after_a_restart,
+    a_gateway_killed_mid_delivery_delivers_after_restart,
     users_see_and_delete_only_their_own_targets,
     bad_targets_are_refused_with_422,
     private_addresses_are_refused_unless_allowed,

@@ -26,7 +26,8 @@ create table notification_keys (
     primary key (owner, key)
 );
 
--- The outbox: claimed by one node at a time (claimed_until), retried at
+-- The outbox: claimed by one node at a time (claimed_by, until
+-- claimed_until), retried at
 -- due_at until delivered, gone, or out of attempts.
 create table notification_deliveries (
     id            uuid primary key,
@@ -38,6 +39,8 @@ create table notification_deliveries (
     attempts      integer     not null default 0,
     status        text        not null,
     due_at        timestamptz not null,
+    -- the node whose claim it is: a claim of a node that died is void
+    claimed_by    uuid,
     claimed_until timestamptz,
     created_at    timestamptz not null
 );

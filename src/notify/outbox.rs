@@ -26,9 +26,11 @@ use crate::store::Store;
 
 /// Attempts per delivery, the first included.
 pub const MAX_ATTEMPTS: i32 = 5;
-/// How long a claim holds (three times an attempt's bound): a node that
-/// died mid-send leaves its rows to others, or to itself restarted, after
-/// this; those rows may then be sent twice (at least once wins).
+/// How long a claim holds (three times an attempt's bound). A node that
+/// died mid-send leaves its rows to others, or to itself restarted, once
+/// its claim ran out or its death is known (SQLite: at once; Postgres: when
+/// its `node_lease` ran out); those rows are then sent again with their
+/// `delivery_id` (at least once wins).
 const CLAIM: Duration = Duration::from_secs(30);
 /// How often the worker looks without being woken: rows of other nodes,
 /// claims that ran out.
@@ -125,6 +127,8 @@ pub struct Outbox {
     allow_private: bool,
     vapid: VapidKeys,
     fcm: Option<Fcm>,
+    /// The node this outbox claims deliveries for.
+    node: Uuid,
     /// Every attempt, once recorded (see [`Outbox::watch`]).
     recorded: tokio::sync::broadcast::Sender<AttemptRecord>,
 }
@@ -132,7 +136,11 @@ pub struct Outbox {
 impl Outbox {
     /// An outbox on `store`, with its VAPID keys (made and stored on first
     /// start) and, if configured, FCM.
-    pub async fn new(store: Arc<dyn Store>, config: &Notifications) -> anyhow::Result<Outbox> {
+    pub async fn new(
+        store: Arc<dyn Store>,
+        config: &Notifications,
+        node: Uuid,
+    ) -> anyhow::Result<Outbox> {
         use anyhow::Context;
         let client = guard::client(config.allow_private_targets)?;
         let vapid = VapidKeys::load(&*store)
@@ -151,6 +159,7 @@ impl Outbox {
             allow_private: config.allow_private_targets,
             vapid,
             fcm,
+            node,
             recorded: tokio::sync::broadcast::channel(1024).0,
         })
     }
@@ -193,7 +202,11 @@ impl Outbox {
             woken.as_mut().enable();
             let now = Utc::now();
             let until = now + chrono::Duration::from_std(CLAIM).expect("small");
-            match self.store.claim_deliveries(now, until, BATCH).await {
+            match self
+                .store
+                .claim_deliveries(self.node, now, until, BATCH)
+                .await
+            {
                 Ok(claimed) if !claimed.is_empty() => {
                     futures::future::join_all(claimed.into_iter().map(|d| self.process(d))).await;
                     continue;

@@ -110,11 +110,12 @@ pub trait NotifyStore: Send + Sync {
         deliveries: &MakeDelivery<'_>,
     ) -> Result<bool>;
 
-    /// Claims up to `limit` pending deliveries due at `now` and not claimed
-    /// by another node (or whose claim ran out), until `until`. A delivery
-    /// is claimed by one node at a time.
+    /// Claims for `node`, until `until`, up to `limit` pending deliveries
+    /// due at `now` that no live node holds (unclaimed, their claim ran out,
+    /// or their node died). A delivery is claimed by one node at a time.
     async fn claim_deliveries(
         &self,
+        node: Uuid,
         now: DateTime<Utc>,
         until: DateTime<Utc>,
         limit: i64,
@@ -143,11 +144,13 @@ pub trait NotifyStore: Send + Sync {
 }
 
 /// Implements [`NotifyStore`] for a backend type with a `pool` field and a
-/// `writer()` method; `$lock` is what claiming adds to its row selection
-/// (`for update skip locked` on Postgres, nothing on SQLite, which serves
-/// one node and one writer).
+/// `writer()` method. `$dead` is the condition (on `claimed_by`, the node
+/// `$4` claiming, now `$2`) under which a claim is void because its node
+/// died; `$lock` what claiming adds to its row selection (`for update skip
+/// locked` on Postgres; nothing on SQLite, which serves one node and one
+/// writer).
 macro_rules! impl_notify_store {
-    ($store:ty, $lock:literal) => {
+    ($store:ty, $dead:literal, $lock:literal) => {
         #[async_trait::async_trait]
         impl $crate::store::notify::NotifyStore for $store {
             async fn insert_target(
@@ -286,16 +289,19 @@ macro_rules! impl_notify_store {
 
             async fn claim_deliveries(
                 &self,
+                node: uuid::Uuid,
                 now: chrono::DateTime<chrono::Utc>,
                 until: chrono::DateTime<chrono::Utc>,
                 limit: i64,
             ) -> $crate::error::Result<Vec<$crate::store::notify::DeliveryRecord>> {
                 Ok(sqlx::query_as(concat!(
-                    "update notification_deliveries set claimed_until = $1
+                    "update notification_deliveries set claimed_until = $1, claimed_by = $4
                      where id in (
                        select id from notification_deliveries
                        where status = 'pending' and due_at <= $2
-                         and (claimed_until is null or claimed_until <= $2)
+                         and (claimed_until is null or claimed_until <= $2 or ",
+                    $dead,
+                    ")
                        order by due_at limit $3 ",
                     $lock,
                     ")
@@ -304,6 +310,7 @@ macro_rules! impl_notify_store {
                 .bind(until)
                 .bind(now)
                 .bind(limit)
+                .bind(node)
                 .fetch_all(self.writer())
                 .await?)
             }
@@ -366,7 +373,7 @@ macro_rules! impl_notify_store {
                     };
                     sqlx::query(
                         "update notification_deliveries set attempts = $2, status = $3,
-                           due_at = $4, claimed_until = null
+                           due_at = $4, claimed_until = null, claimed_by = null
                          where id = $1",
                     )
                     .bind(a.delivery_id)

@@ -6,7 +6,7 @@ Usage: receiver.py [--secret S] [--statuses 500,500,200]
 Prints {"port": N} first, then one JSON line per request it got (printed
 before it answers): path, headers (lower-case names), body (JSON or text),
 signature_ok (null without --secret), and the status it answers (the
---statuses in order, then 200).
+--statuses in order, then 200; 0: never answer).
 """
 import argparse
 import hashlib
@@ -41,7 +41,13 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("content-length", "0")))
         with lock:
-            self.record(body)
+            status = self.record(body)
+        if status == 0:
+            # Never answers (until the process is killed).
+            threading.Event().wait()
+        self.send_response(status)
+        self.send_header("content-length", "0")
+        self.end_headers()
 
     def record(self, body):
         status = statuses.pop(0) if statuses else 200
@@ -59,9 +65,7 @@ class Handler(BaseHTTPRequestHandler):
             "status": status,
         }
         print(json.dumps(record), flush=True)
-        self.send_response(status)
-        self.send_header("content-length", "0")
-        self.end_headers()
+        return status
 
     def log_message(self, *_):
         pass
