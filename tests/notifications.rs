@@ -581,6 +581,17 @@ async fn users_see_and_delete_only_their_own_targets(db: TestDb) {
         let (status, body) = call(&gw, method, &path, Some(&bob), None).await;
         assert_eq!(status, 404, "{method} {path}: {body}");
     }
+    let (status, _) = call(&gw, "GET", "/api/v1/notification-targets", None, None).await;
+    assert_eq!(status, 401);
+    let (status, _) = call(
+        &gw,
+        "GET",
+        "/api/v1/notification-targets/nope/deliveries",
+        Some(&ann),
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
     // Nothing is enqueued for bob from ann's targets.
     assert!(gw.outbox.enqueue(waiting("bob", "r1")).await.unwrap());
     assert_eq!(targets(&gw, &ann).await.len(), 1);

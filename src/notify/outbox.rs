@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use super::fcm::Fcm;
@@ -35,8 +36,10 @@ const CLAIM: Duration = Duration::from_secs(30);
 /// How often the worker looks without being woken: rows of other nodes,
 /// claims that ran out.
 const POLL: Duration = Duration::from_secs(2);
-/// Rows claimed at once (sent concurrently).
-const BATCH: i64 = 32;
+/// Rows claimed at once.
+const BATCH: usize = 32;
+/// Sends under way at once, per node.
+const IN_FLIGHT: usize = 64;
 /// How long a Web Push service keeps a notification for an offline device.
 const WEB_PUSH_TTL: u32 = 3600;
 
@@ -189,41 +192,63 @@ impl Outbox {
         self.retry_base * 2u32.saturating_pow(attempt.saturating_sub(1).max(0) as u32)
     }
 
-    /// Sends what is due until `shutdown`: at once when woken, else at the
-    /// next row's due time or [`POLL`], whichever comes first.
+    /// Sends what is due until `shutdown`: at once when woken (an enqueue,
+    /// a send that ended), else at the next row's due time or [`POLL`],
+    /// whichever comes first. Each delivery is sent on a task of its own,
+    /// [`IN_FLIGHT`] at most, so that a receiver that takes its time holds
+    /// up no one else's notification. At shutdown, sends under way finish
+    /// (each bounded in time).
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        loop {
-            if shutdown.is_cancelled() {
-                return;
-            }
+        let sends = TaskTracker::new();
+        let places = Arc::new(Semaphore::new(IN_FLIGHT));
+        while !shutdown.is_cancelled() {
             // Registered before looking, so a wake during the look counts.
             let woken = self.wake.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            let now = Utc::now();
-            let until = now + chrono::Duration::from_std(CLAIM).expect("small");
-            match self
-                .store
-                .claim_deliveries(self.node, now, until, BATCH)
-                .await
-            {
-                Ok(claimed) if !claimed.is_empty() => {
-                    futures::future::join_all(claimed.into_iter().map(|d| self.process(d))).await;
-                    continue;
+            let free = places.available_permits().min(BATCH);
+            if free > 0 {
+                let now = Utc::now();
+                let until = now + chrono::Duration::from_std(CLAIM).expect("small");
+                let limit = i64::try_from(free).unwrap_or(1);
+                match self
+                    .store
+                    .claim_deliveries(self.node, now, until, limit)
+                    .await
+                {
+                    Ok(claimed) => {
+                        let full = claimed.len() == free;
+                        for delivery in claimed {
+                            let place = places
+                                .clone()
+                                .try_acquire_owned()
+                                .expect("claimed no more than the free places");
+                            let this = self.clone();
+                            sends.spawn(async move {
+                                this.process(delivery).await;
+                                drop(place);
+                                this.wake();
+                            });
+                        }
+                        if full {
+                            continue;
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "could not claim notification deliveries"),
                 }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "could not claim notification deliveries"),
             }
             let wait = match self.store.next_delivery_due().await {
                 Ok(Some(due)) => (due - Utc::now()).to_std().unwrap_or_default().min(POLL),
                 _ => POLL,
             };
             tokio::select! {
-                _ = shutdown.cancelled() => return,
+                _ = shutdown.cancelled() => {}
                 _ = &mut woken => {}
                 _ = tokio::time::sleep(wait) => {}
             }
         }
+        sends.close();
+        sends.wait().await;
     }
 
     /// One attempt at a claimed delivery, recorded.
