@@ -90,7 +90,11 @@ pub enum AttemptNext {
 /// Persistence of notifications (see the module).
 #[async_trait]
 pub trait NotifyStore: Send + Sync {
-    async fn insert_target(&self, target: &TargetRecord) -> Result<()>;
+    /// Stores a target, as it is (its last delivery and `gone` too);
+    /// `false` when one with its id exists (left as it is).
+    async fn insert_target(&self, target: &TargetRecord) -> Result<bool>;
+    /// Every user's targets, oldest first (for `export`).
+    async fn all_targets(&self) -> Result<Vec<TargetRecord>>;
     /// `owner`'s targets, oldest first.
     async fn list_targets(&self, owner: &str) -> Result<Vec<TargetRecord>>;
     async fn get_target(&self, id: Uuid) -> Result<Option<TargetRecord>>;
@@ -141,6 +145,8 @@ pub trait NotifyStore: Send + Sync {
     /// The VAPID key pair (private, public): the one stored, or else
     /// `candidate`, stored now (the first node to start wins).
     async fn vapid_keys(&self, candidate: (String, String)) -> Result<(String, String)>;
+    /// The stored VAPID key pair, if one was made.
+    async fn stored_vapid_keys(&self) -> Result<Option<(String, String)>>;
 }
 
 /// Implements [`NotifyStore`] for a backend type with a `pool` field and a
@@ -156,11 +162,12 @@ macro_rules! impl_notify_store {
             async fn insert_target(
                 &self,
                 t: &$crate::store::notify::TargetRecord,
-            ) -> $crate::error::Result<()> {
-                sqlx::query(
+            ) -> $crate::error::Result<bool> {
+                let done = sqlx::query(
                     "insert into notification_targets (id, owner, kind, label, events, config,
-                       created_at, gone)
-                     values ($1, $2, $3, $4, $5, $6, $7, $8)",
+                       created_at, gone, last_at, last_outcome, last_detail)
+                     values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                     on conflict (id) do nothing",
                 )
                 .bind(t.id)
                 .bind(&t.owner)
@@ -170,9 +177,22 @@ macro_rules! impl_notify_store {
                 .bind(&t.config)
                 .bind(t.created_at)
                 .bind(t.gone)
+                .bind(t.last_at)
+                .bind(&t.last_outcome)
+                .bind(&t.last_detail)
                 .execute(self.writer())
                 .await?;
-                Ok(())
+                Ok(done.rows_affected() > 0)
+            }
+
+            async fn all_targets(
+                &self,
+            ) -> $crate::error::Result<Vec<$crate::store::notify::TargetRecord>> {
+                Ok(
+                    sqlx::query_as("select * from notification_targets order by id")
+                        .fetch_all(&self.pool)
+                        .await?,
+                )
             }
 
             async fn list_targets(
@@ -417,6 +437,12 @@ macro_rules! impl_notify_store {
                 .await?;
                 Ok(sqlx::query_as("select private_key, public_key from vapid_keys where id = 1")
                     .fetch_one(&self.pool)
+                    .await?)
+            }
+
+            async fn stored_vapid_keys(&self) -> $crate::error::Result<Option<(String, String)>> {
+                Ok(sqlx::query_as("select private_key, public_key from vapid_keys where id = 1")
+                    .fetch_optional(&self.pool)
                     .await?)
             }
         }
