@@ -558,6 +558,52 @@ async fn a_gateway_killed_mid_delivery_delivers_after_restart(db: TestDb) {
     gw.stop();
 }
 
+/// Keys, finished deliveries and attempts past the retention are
+/// forgotten; nothing younger is.
+async fn old_notification_records_are_forgotten(db: TestDb) {
+    let (ann, _) = tokens(&db);
+    let gw = gateway(&db).await;
+    let mut watch = gw.outbox.watch();
+    let mut receiver = Receiver::start(None, &[]).await;
+    let target = create(
+        &gw,
+        &ann,
+        json!({"kind": "webhook", "url": receiver.url("/")}),
+    )
+    .await;
+    let id: Uuid = target["id"].as_str().unwrap().parse().unwrap();
+    assert!(gw.outbox.enqueue(waiting("ann", "r1")).await.unwrap());
+    receiver.next().await;
+    attempts(&mut watch, 1).await;
+    let config = gw.stop().await;
+    let store = acp_gateway::store::open(&db.url).await.unwrap();
+    let now = chrono::Utc::now();
+    assert_eq!(
+        store
+            .sweep_notifications(now - chrono::Duration::days(30))
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(store.list_attempts(id, 10).await.unwrap().len(), 1);
+    // Key, delivery and attempt: three rows.
+    assert_eq!(
+        store
+            .sweep_notifications(now + chrono::Duration::days(1))
+            .await
+            .unwrap(),
+        3
+    );
+    assert!(store.list_attempts(id, 10).await.unwrap().is_empty());
+    let detail = config.notifications.detail;
+    assert!(
+        acp_gateway::notify::outbox::enqueue_into(&*store, detail, &waiting("ann", "r1"))
+            .await
+            .unwrap(),
+        "a forgotten key is new again"
+    );
+}
+
 async fn users_see_and_delete_only_their_own_targets(db: TestDb) {
     let (ann, bob) = tokens(&db);
     let gw = gateway(&db).await;
@@ -798,6 +844,7 @@ backend_tests!(
     the_same_keys_are_notified_once,
     a_pending_delivery_is_sent_after_a_restart,
     a_gateway_killed_mid_delivery_delivers_after_restart,
+    old_notification_records_are_forgotten,
     users_see_and_delete_only_their_own_targets,
     bad_targets_are_refused_with_422,
     private_addresses_are_refused_unless_allowed,

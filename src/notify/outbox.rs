@@ -36,6 +36,10 @@ const CLAIM: Duration = Duration::from_secs(30);
 /// How often the worker looks without being woken: rows of other nodes,
 /// claims that ran out.
 const POLL: Duration = Duration::from_secs(2);
+/// How long keys, finished deliveries and attempts are kept.
+pub const RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+/// How often each node forgets what is past [`RETENTION`].
+const SWEEP_EVERY: Duration = Duration::from_secs(3600);
 /// Rows claimed at once.
 const BATCH: usize = 32;
 /// Sends under way at once, per node.
@@ -201,7 +205,19 @@ impl Outbox {
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let sends = TaskTracker::new();
         let places = Arc::new(Semaphore::new(IN_FLIGHT));
+        let mut swept: Option<std::time::Instant> = None;
         while !shutdown.is_cancelled() {
+            if swept.is_none_or(|at| at.elapsed() >= SWEEP_EVERY) {
+                swept = Some(std::time::Instant::now());
+                let before = Utc::now() - chrono::Duration::from_std(RETENTION).expect("small");
+                match self.store.sweep_notifications(before).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(rows = n, "old notification records forgotten"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not forget old notification records")
+                    }
+                }
+            }
             // Registered before looking, so a wake during the look counts.
             let woken = self.wake.notified();
             tokio::pin!(woken);

@@ -145,6 +145,10 @@ pub trait NotifyStore: Send + Sync {
     /// The VAPID key pair (private, public): the one stored, or else
     /// `candidate`, stored now (the first node to start wins).
     async fn vapid_keys(&self, candidate: (String, String)) -> Result<(String, String)>;
+    /// Forgets what is older than `before`: keys (nothing older can be
+    /// notified again by then), finished deliveries and attempts. How many
+    /// rows went.
+    async fn sweep_notifications(&self, before: DateTime<Utc>) -> Result<u64>;
     /// The stored VAPID key pair, if one was made.
     async fn stored_vapid_keys(&self) -> Result<Option<(String, String)>>;
 }
@@ -438,6 +442,25 @@ macro_rules! impl_notify_store {
                 Ok(sqlx::query_as("select private_key, public_key from vapid_keys where id = 1")
                     .fetch_one(&self.pool)
                     .await?)
+            }
+
+            async fn sweep_notifications(
+                &self,
+                before: chrono::DateTime<chrono::Utc>,
+            ) -> $crate::error::Result<u64> {
+                let mut gone = 0;
+                for statement in [
+                    "delete from notification_keys where created_at < $1",
+                    "delete from notification_deliveries where status <> 'pending' and due_at < $1",
+                    "delete from notification_attempts where at < $1",
+                ] {
+                    gone += sqlx::query(statement)
+                        .bind(before)
+                        .execute(self.writer())
+                        .await?
+                        .rows_affected();
+                }
+                Ok(gone)
             }
 
             async fn stored_vapid_keys(&self) -> $crate::error::Result<Option<(String, String)>> {
