@@ -509,7 +509,8 @@ async fn test(
     Ok(Json(Delivery::of(state.outbox().send_test(&target).await)))
 }
 
-/// A target's delivery attempts, newest first (the newest 200).
+/// A target's delivery attempts, newest first (the newest 200, kept 30
+/// days).
 #[utoipa::path(
     get, operation_id = "listNotificationDeliveries", path = "/api/v1/notification-targets/{id}/deliveries",
     tag = "notifications",
