@@ -398,7 +398,7 @@ impl Outbox {
                     p256dh,
                     auth,
                     body.as_bytes(),
-                    collapse_key,
+                    collapse_key.map(web_push_topic).as_deref(),
                     WEB_PUSH_TTL,
                 )
                 .await
@@ -421,6 +421,23 @@ impl Enqueue for Outbox {
         }
         Ok(enqueued)
     }
+}
+
+/// A Web Push `Topic` for a collapse key: at most 32 characters of the
+/// base64url alphabet (RFC 8030), which push services check; a key that is
+/// not one already becomes the start of its SHA-256, base64url (the same
+/// key, the same topic).
+pub fn web_push_topic(collapse_key: &str) -> String {
+    use base64::Engine;
+    use sha2::Digest;
+    let valid = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    if !collapse_key.is_empty() && collapse_key.len() <= 32 && collapse_key.chars().all(valid) {
+        return collapse_key.to_owned();
+    }
+    let digest = sha2::Sha256::digest(collapse_key.as_bytes());
+    let mut topic = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(digest);
+    topic.truncate(32);
+    topic
 }
 
 /// `delivered`, `failed` or `gone`.
@@ -476,6 +493,21 @@ fn now_millis() -> DateTime<Utc> {
 mod tests {
     use super::*;
     use crate::notify::{RequestRef, TurnRef};
+
+    #[test]
+    fn web_push_topics_are_32_base64url_characters_at_most() {
+        assert_eq!(web_push_topic("conv-1"), "conv-1");
+        let long = web_push_topic("conversation:0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b");
+        assert_eq!(long.len(), 32);
+        assert!(long
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
+        assert_eq!(
+            long,
+            web_push_topic("conversation:0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b")
+        );
+        assert_ne!(long, web_push_topic("conversation:other"));
+    }
 
     #[test]
     fn minimal_detail_leaves_out_the_command_and_the_summary_but_not_for_web_push() {
