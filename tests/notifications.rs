@@ -368,7 +368,6 @@ async fn the_test_endpoint_answers_the_outcome_and_410_marks_the_target_gone(db:
         (json!("test"), json!(true))
     );
     assert_eq!(deliveries(&gw, &ann, id).await.len(), 1);
-
     let mut gone = Receiver::start(None, &[410]).await;
     let target = create(&gw, &ann, json!({"kind": "ntfy", "url": gone.url("/t")})).await;
     let gone_id = target["id"].as_str().unwrap();
@@ -602,6 +601,42 @@ async fn old_notification_records_are_forgotten(db: TestDb) {
             .unwrap(),
         "a forgotten key is new again"
     );
+}
+
+async fn test_notifications_are_limited_per_user(db: TestDb) {
+    let (ann, bob) = tokens(&db);
+    let gw = gateway(&db).await;
+    let mut receiver = Receiver::start(None, &[]).await;
+    let mine = create(
+        &gw,
+        &ann,
+        json!({"kind": "webhook", "url": receiver.url("/")}),
+    )
+    .await;
+    let theirs = create(
+        &gw,
+        &bob,
+        json!({"kind": "webhook", "url": receiver.url("/")}),
+    )
+    .await;
+    let test = |target: &Value| {
+        format!(
+            "/api/v1/notification-targets/{}/test",
+            target["id"].as_str().unwrap()
+        )
+    };
+    for _ in 0..10 {
+        let (status, answer) = call(&gw, "POST", &test(&mine), Some(&ann), None).await;
+        assert_eq!(status, 200, "{answer}");
+        receiver.next().await;
+    }
+    let (status, problem) = call(&gw, "POST", &test(&mine), Some(&ann), None).await;
+    assert_eq!(status, 429, "{problem}");
+    assert!(!receiver.has_more().await);
+    // Per user: bob's are not counted with ann's.
+    let (status, _) = call(&gw, "POST", &test(&theirs), Some(&bob), None).await;
+    assert_eq!(status, 200);
+    gw.stop().await;
 }
 
 async fn users_see_and_delete_only_their_own_targets(db: TestDb) {
@@ -845,6 +880,7 @@ backend_tests!(
     a_pending_delivery_is_sent_after_a_restart,
     a_gateway_killed_mid_delivery_delivers_after_restart,
     old_notification_records_are_forgotten,
+    test_notifications_are_limited_per_user,
     users_see_and_delete_only_their_own_targets,
     bad_targets_are_refused_with_422,
     private_addresses_are_refused_unless_allowed,

@@ -498,6 +498,7 @@ async fn remove(
     responses(
         (status = 200, description = "The attempt (its outcome may be failed or gone)", body = Delivery),
         (status = 404, description = "No such target of the caller's"),
+        (status = 429, description = "More than 10 test notifications this minute (the caller's)"),
     )
 )]
 async fn test(
@@ -506,6 +507,7 @@ async fn test(
     AppPath(id): AppPath<Uuid>,
 ) -> Result<Json<Delivery>> {
     let target = own_target(&state, &caller, id).await?;
+    state.outbox().check_test_rate(&caller.user)?;
     Ok(Json(Delivery::of(state.outbox().send_test(&target).await)))
 }
 

@@ -44,6 +44,9 @@ const SWEEP_EVERY: Duration = Duration::from_secs(3600);
 const BATCH: usize = 32;
 /// Sends under way at once, per node.
 const IN_FLIGHT: usize = 64;
+/// Test notifications a user may send per minute (`POST …/test`): each
+/// makes the gateway send a request to a URL the user chose.
+pub const TESTS_PER_MINUTE: u32 = 10;
 /// How long a Web Push service keeps a notification for an offline device.
 const WEB_PUSH_TTL: u32 = 3600;
 
@@ -136,6 +139,8 @@ pub struct Outbox {
     fcm: Option<Fcm>,
     /// The node this outbox claims deliveries for.
     node: Uuid,
+    /// Test sends per user (see [`TESTS_PER_MINUTE`]).
+    tests: std::sync::Mutex<crate::ratelimit::SlidingWindow<String>>,
     /// Every attempt, once recorded (see [`Outbox::watch`]).
     recorded: tokio::sync::broadcast::Sender<AttemptRecord>,
 }
@@ -167,6 +172,7 @@ impl Outbox {
             vapid,
             fcm,
             node,
+            tests: Default::default(),
             recorded: tokio::sync::broadcast::channel(1024).0,
         })
     }
@@ -324,6 +330,25 @@ impl Outbox {
             return;
         }
         let _ = self.recorded.send(record.clone());
+    }
+
+    /// Counts a test send of `user`'s, or 429 past [`TESTS_PER_MINUTE`].
+    pub fn check_test_rate(&self, user: &str) -> Result<()> {
+        let window = Duration::from_secs(60);
+        let mut tests = self.tests.lock().expect("not poisoned");
+        tests
+            .try_hit(
+                user.to_owned(),
+                TESTS_PER_MINUTE,
+                window,
+                tokio::time::Instant::now(),
+            )
+            .map_err(|wait| crate::error::Error::TooManyRequests {
+                detail: format!(
+                    "at most {TESTS_PER_MINUTE} test notifications per minute per user"
+                ),
+                retry_after: wait.as_secs_f64().ceil().max(1.0) as u64,
+            })
     }
 
     /// Sends a test notification to `target` now, records the attempt and
