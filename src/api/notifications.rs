@@ -132,8 +132,13 @@ impl Target {
     fn of(record: &TargetRecord) -> Target {
         Target {
             id: record.id,
-            kind: serde_json::from_value(serde_json::Value::String(record.kind.clone()))
-                .unwrap_or(TargetKind::Webhook),
+            kind: match record.kind.as_str() {
+                "web_push" => TargetKind::WebPush,
+                "ntfy" => TargetKind::Ntfy,
+                "fcm" => TargetKind::Fcm,
+                // Only ever written from a TargetConfig's kind.
+                _ => TargetKind::Webhook,
+            },
             label: record.label.clone(),
             events: serde_json::from_str(&record.events).unwrap_or_default(),
             created_at: record.created_at,
