@@ -85,6 +85,14 @@ impl Gateway {
             derived = config.max_agents.is_none(),
             "agent limits"
         );
+        let outbox = std::sync::Arc::new(
+            crate::notify::outbox::Outbox::new(
+                sink.store.clone(),
+                &config.notifications,
+                node.id(),
+            )
+            .await?,
+        );
         let sessions = Sessions::new(
             sink,
             node,
@@ -93,7 +101,7 @@ impl Gateway {
             shutdown.clone(),
             tasks.clone(),
         );
-        let state = AppState::new(config, auth, sessions);
+        let state = AppState::new(config, auth, sessions, outbox);
         Ok(Gateway {
             state,
             listener,
@@ -105,6 +113,11 @@ impl Gateway {
     /// What its WebSockets hold for their clients (`ws_buffer_bytes`).
     pub fn websocket_budget(&self) -> api::SendBudget {
         self.state.send_budget().clone()
+    }
+
+    /// The notifications' durable outbox (where the rules enqueue).
+    pub fn outbox(&self) -> std::sync::Arc<crate::notify::outbox::Outbox> {
+        self.state.outbox().clone()
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -125,6 +138,8 @@ impl Gateway {
         ));
         self.tasks
             .spawn(crate::telemetry::keep_up(self.shutdown.clone()));
+        self.tasks
+            .spawn(self.state.outbox().clone().run(self.shutdown.clone()));
         // Not tracked: it ends with the shutdown token; a last sweep follows
         // once every session has stopped.
         tokio::spawn(crate::process::spawn::reap_orphans(self.shutdown.clone()));

@@ -120,15 +120,23 @@ pub async fn export(config: Option<&Path>, to: &str) -> anyhow::Result<()> {
     let stats = store::export::copy_all(&*from, &*target).await?;
     println!(
         "exported {} conversations ({} already there): {} events, {} messages, \
-         {} tool calls, {} permission requests, {} rules",
+         {} tool calls, {} permission requests, {} rules, {} notification targets",
         stats.conversations,
         stats.skipped,
         stats.events,
         stats.messages,
         stats.tool_calls,
         stats.permission_requests,
-        stats.rules
+        stats.rules,
+        stats.notification_targets
     );
+    if !stats.vapid_same {
+        println!(
+            "warning: {to_name} has a VAPID key of its own, kept: browsers that subscribed \
+             for Web Push here must subscribe again there",
+            to_name = crate::app::redact_url(to)
+        );
+    }
     Ok(())
 }
 

@@ -132,6 +132,11 @@ pub struct Notifications {
     /// Firebase Cloud Messaging, for targets of kind `fcm`.
     #[serde(default)]
     pub fcm: Option<FcmConfig>,
+    /// How long the outbox waits before its first retry of a delivery; each
+    /// next wait doubles (5 attempts at most: over 10 minutes at the
+    /// default 40s). Not in the operators' reference: for tests.
+    #[serde(default = "default_retry_base", with = "humantime_serde")]
+    pub retry_base: Duration,
 }
 
 /// `[notifications.fcm]`.
@@ -168,10 +173,14 @@ impl Default for Notifications {
             detail: NotificationDetail::default(),
             allow_private_targets: false,
             fcm: None,
+            retry_base: default_retry_base(),
         }
     }
 }
 
+fn default_retry_base() -> Duration {
+    Duration::from_secs(40)
+}
 fn default_notify_grace() -> Duration {
     Duration::from_secs(15)
 }

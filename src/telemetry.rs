@@ -31,6 +31,8 @@ const AGENT_EXITS: &str = "acp_gateway_agent_exits_total";
 /// Agents started again for an existing conversation, by why they had gone
 /// and what they remembered.
 const AGENT_RESTARTS: &str = "acp_gateway_agent_restarts_total";
+/// Notification delivery attempts, by target kind and outcome.
+const NOTIFICATIONS: &str = "acp_gateway_notifications_total";
 
 /// The process's recorder (one per process: the `metrics` facade is global).
 fn handle() -> &'static PrometheusHandle {
@@ -134,6 +136,12 @@ pub fn agent_exited(cause: &'static str) {
 /// `restart` when the gateway itself restarted).
 pub fn agent_restarted(context: &'static str, cause: &'static str) {
     metrics::counter!(AGENT_RESTARTS, "context" => context, "cause" => cause).increment(1);
+}
+
+/// A notification delivery attempt to a target of `kind` came to
+/// `outcome` (`delivered`, `failed`, `gone`).
+pub fn notification_attempt(kind: &str, outcome: &'static str) {
+    metrics::counter!(NOTIFICATIONS, "kind" => kind.to_owned(), "outcome" => outcome).increment(1);
 }
 
 /// What the registry and the database say now (`None`: the database did

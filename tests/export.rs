@@ -22,7 +22,10 @@ async fn history(gw: &TestGateway) -> Value {
         }));
     }
     let (_, permissions) = gw.get("/api/v1/permissions?status=all").await;
-    json!({"conversations": conversations, "permissions": permissions})
+    let (_, targets) = gw.get("/api/v1/notification-targets").await;
+    let (_, vapid) = gw.get("/api/v1/notifications/vapid-public-key").await;
+    json!({"conversations": conversations, "permissions": permissions,
+           "notification_targets": targets, "vapid": vapid})
 }
 
 fn export(from: &TestDb, to: &TestDb) -> String {
@@ -73,6 +76,13 @@ async fn make_history(db: &TestDb) {
         .await;
     ws.until_type("turn_ended").await;
     gw.delete(&format!("/api/v1/conversations/{other}")).await;
+    let (status, target) = gw
+        .post(
+            "/api/v1/notification-targets",
+            json!({"kind": "webhook", "url": "https://93.184.216.34/hook", "label": "bridge"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{target}");
     gw.stop().await;
 }
 
@@ -98,6 +108,10 @@ async fn an_export_round_trip_preserves_every_event_message_tool_call_and_reques
         .as_array()
         .unwrap()
         .is_empty());
+    assert_eq!(
+        original["notification_targets"]["items"][0]["label"],
+        "bridge"
+    );
     assert_eq!(
         original["conversations"][1]["rules"]["items"]
             .as_array()

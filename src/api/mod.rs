@@ -5,6 +5,7 @@ mod body;
 mod budget;
 mod conversations;
 mod extract;
+mod notifications;
 pub mod openapi;
 mod permissions;
 mod policies;
@@ -42,6 +43,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .merge(permissions::router())
         .merge(policies::router())
         .merge(tokens::router())
+        .merge(notifications::router())
         .merge(ws::router())
 }
 

@@ -57,6 +57,7 @@ use crate::store::TokenInfo;
         (name = "permissions", description = "The agents' permission requests and their answers"),
         (name = "policies", description = "Operator rules that answer permission requests"),
         (name = "tokens", description = "Bearer tokens and users (operators only)"),
+        (name = "notifications", description = "Where a user is notified, and what was delivered"),
     )
 )]
 pub struct ApiDoc;

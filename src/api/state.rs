@@ -13,6 +13,7 @@ use crate::bus::EventBus;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::model::Conversation;
+use crate::notify::outbox::Outbox;
 use crate::session::Sessions;
 use crate::store::Store;
 
@@ -33,10 +34,12 @@ struct Shared {
     sockets: TaskTracker,
     /// What every WebSocket together may hold for its client.
     send_budget: SendBudget,
+    /// The notifications' durable outbox.
+    outbox: Arc<Outbox>,
 }
 
 impl AppState {
-    pub fn new(config: Config, auth: Auth, sessions: Sessions) -> Self {
+    pub fn new(config: Config, auth: Auth, sessions: Sessions, outbox: Arc<Outbox>) -> Self {
         let send_budget = SendBudget::new(config.ws_buffer_bytes);
         AppState {
             inner: Arc::new(Shared {
@@ -46,6 +49,7 @@ impl AppState {
                 sessions,
                 closing: CancellationToken::new(),
                 sockets: TaskTracker::new(),
+                outbox,
             }),
         }
     }
@@ -66,6 +70,11 @@ impl AppState {
 
     pub fn store(&self) -> &dyn Store {
         self.inner.sessions.store()
+    }
+
+    /// The notifications' durable outbox (an [`Enqueue`](crate::notify::Enqueue)).
+    pub fn outbox(&self) -> &Arc<Outbox> {
+        &self.inner.outbox
     }
 
     /// What every WebSocket together may hold for its client

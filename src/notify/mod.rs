@@ -18,9 +18,14 @@
 //! carries, and the hand-over from the rules to the outbox.
 
 pub mod fcm;
+pub mod guard;
+pub mod http;
+pub mod ntfy;
+pub mod outbox;
 pub mod render;
 pub mod vapid;
 pub mod web_push;
+pub mod webhook;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

@@ -82,6 +82,27 @@ fn encode_public(secret: &p256::SecretKey) -> String {
     URL_SAFE_NO_PAD.encode(secret.public_key().to_encoded_point(false).as_bytes())
 }
 
+/// Kept in the database: made on first start, the same on every node.
+impl VapidKeys {
+    /// The stored pair, made and stored now if there is none; a stored pair
+    /// whose halves do not belong together is an error, not replaced
+    /// (browsers subscribed with its public key).
+    pub async fn load(store: &dyn crate::store::Store) -> crate::error::Result<VapidKeys> {
+        let fresh = generate();
+        let (private_b64, public_b64) = store
+            .vapid_keys((fresh.private_b64, fresh.public_b64))
+            .await?;
+        let keys = VapidKeys {
+            private_b64,
+            public_b64,
+        };
+        keys.check().map_err(|e| {
+            crate::error::Error::Internal(anyhow::anyhow!("the stored VAPID key pair: {e}"))
+        })?;
+        Ok(keys)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

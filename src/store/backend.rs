@@ -258,7 +258,7 @@ pub struct PermissionFilter {
 
 /// The gateway's storage.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: super::notify::NotifyStore + Send + Sync + 'static {
     /// Answers when the database is reachable.
     async fn ping(&self) -> Result<()>;
 

@@ -21,13 +21,20 @@ pub struct CopyStats {
     pub tool_calls: usize,
     pub permission_requests: usize,
     pub rules: usize,
+    /// Notification targets copied (those already there are left alone).
+    pub notification_targets: usize,
+    /// The VAPID key pair: the target now has the source's (copied, or it
+    /// had it already), or `false`: the target has a key of its own, kept,
+    /// and browsers subscribed with the source's must subscribe again.
+    pub vapid_same: bool,
 }
 
 /// Conversations read per page.
 const PAGE: i64 = 100;
 
 /// Copies every conversation with its events, messages, tool calls,
-/// permission requests and remembered rules. A conversation the target
+/// permission requests and remembered rules; the notification targets and
+/// the VAPID key pair (Web Push subscriptions are made against it). A conversation the target
 /// already holds with the same history is skipped, so an interrupted export
 /// can be run again; one it holds with a different history is an error.
 pub async fn copy_all(from: &dyn Store, to: &dyn Store) -> Result<CopyStats> {
@@ -64,6 +71,15 @@ pub async fn copy_all(from: &dyn Store, to: &dyn Store) -> Result<CopyStats> {
             };
             let turn = turns.get(&conversation.id).copied().flatten();
             copy_conversation(from, to, conversation, turn, fresh, &mut stats).await?;
+        }
+    }
+    stats.vapid_same = match from.stored_vapid_keys().await? {
+        Some(keys) => to.vapid_keys(keys.clone()).await? == keys,
+        None => true,
+    };
+    for target in from.all_targets().await? {
+        if to.insert_target(&target).await? {
+            stats.notification_targets += 1;
         }
     }
     Ok(stats)

@@ -8,6 +8,7 @@
 
 mod backend;
 pub mod export;
+pub mod notify;
 pub mod postgres;
 mod rows;
 mod sql;

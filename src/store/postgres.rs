@@ -159,3 +159,10 @@ async fn resolve_at_once(
 }
 
 impl_store!(PgStore, PgConnection);
+// A claim is void once its node's lease ran out (or its row is gone).
+super::notify::impl_notify_store!(
+    PgStore,
+    "not exists (select 1 from nodes n
+       where n.id = notification_deliveries.claimed_by and n.lease_until > $2)",
+    "for update skip locked"
+);

@@ -128,3 +128,5 @@ async fn resolve_at_once(
 }
 
 impl_store!(SqliteStore, SqliteConnection);
+// One node at a time: a claim of another node is one of a previous run.
+super::notify::impl_notify_store!(SqliteStore, "claimed_by <> $4", "");

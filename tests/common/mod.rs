@@ -622,6 +622,8 @@ pub struct TestGateway {
     stop: CancellationToken,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     pub http: reqwest::Client,
+    /// The notifications' outbox (tests enqueue what the rules would).
+    pub outbox: std::sync::Arc<acp_gateway::notify::outbox::Outbox>,
 }
 
 impl TestGateway {
@@ -661,6 +663,7 @@ impl TestGateway {
             .expect("gateway builds");
         let base = format!("http://{}", gateway.local_addr());
         let ws_budget = gateway.websocket_budget();
+        let outbox = gateway.outbox();
         let stop = CancellationToken::new();
         let token = stop.clone();
         let task = tokio::spawn(gateway.run(async move { token.cancelled().await }));
@@ -671,6 +674,7 @@ impl TestGateway {
             stop,
             task: Some(task),
             http: reqwest::Client::new(),
+            outbox,
         }
     }
 

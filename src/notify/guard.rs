@@ -1,0 +1,299 @@
+//! The SSRF guard: a notification target may not point the gateway at its
+//! own machine, its network or a cloud's metadata service, unless the
+//! operator allows it (`notifications.allow_private_targets`, which also
+//! admits plain `http://`).
+//!
+//! Checked twice: when a target is created (its URL, and what its host
+//! resolves to then), and at every delivery, where [`GuardedResolver`] is
+//! the resolver of the outbox's HTTP client: it drops forbidden addresses
+//! from every DNS answer, and the connection goes only to the addresses it
+//! returned. A name that resolved to a public address at creation and to
+//! 127.0.0.1 at delivery reaches nothing. Hosts written as IP addresses do
+//! not go through a resolver: [`check_literal`] covers them at delivery, and
+//! redirects are never followed.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+
+use reqwest::Url;
+
+/// How long resolving a target's host at creation may take.
+const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether the gateway must not send to `ip` (unless allowed).
+pub fn is_forbidden(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => forbidden_v4(v4),
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return forbidden_v4(v4);
+            }
+            let s = v6.segments();
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                // fc00::/7 unique local (fd00:ec2::254, the EC2 metadata
+                // service, among them)
+                || (s[0] & 0xfe00) == 0xfc00
+                // fe80::/10 link-local
+                || (s[0] & 0xffc0) == 0xfe80
+                // ::a.b.c.d (deprecated IPv4-compatible) and 64:ff9b::/96
+                // (NAT64) carry an IPv4 address that may be private
+                || (s[0..6] == [0, 0, 0, 0, 0, 0])
+                || (s[0] == 0x64 && s[1] == 0xff9b && forbidden_v4(embedded_v4(v6)))
+        }
+    }
+}
+
+fn embedded_v4(v6: Ipv6Addr) -> Ipv4Addr {
+    let o = v6.octets();
+    Ipv4Addr::new(o[12], o[13], o[14], o[15])
+}
+
+fn forbidden_v4(ip: Ipv4Addr) -> bool {
+    let o = ip.octets();
+    ip.is_loopback()
+        || ip.is_private()
+        || ip.is_link_local() // 169.254/16, the metadata address among them
+        || ip.is_unspecified()
+        || ip.is_multicast()
+        || ip.is_broadcast()
+        || o[0] == 0 // "this network"
+        || (o[0] == 100 && (o[1] & 0xc0) == 64) // 100.64/10, CGNAT
+        || (o[0] == 192 && o[1] == 0 && o[2] == 0) // 192.0.0/24, IETF
+        || (o[0] == 198 && (o[1] & 0xfe) == 18) // 198.18/15, benchmarking
+        || o[0] >= 240 // reserved
+}
+
+/// Checks a target's URL at creation: `https://` (or `http://` when
+/// allowed), a host, and (unless allowed) no forbidden address among what
+/// the host resolves to now. The message says what is wrong.
+pub async fn check_url(url: &str, allow_private: bool) -> Result<Url, String> {
+    let parsed = Url::parse(url).map_err(|e| format!("not a URL ({e})"))?;
+    match parsed.scheme() {
+        "https" => {}
+        "http" if allow_private => {}
+        "http" => return Err("must be https:// (plain http:// only where the operator sets notifications.allow_private_targets)".into()),
+        other => return Err(format!("scheme {other:?} is not https://")),
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err("must not carry credentials".into());
+    }
+    let Some(host) = parsed.host_str() else {
+        return Err("has no host".into());
+    };
+    if allow_private {
+        return Ok(parsed);
+    }
+    check_literal(&parsed)?;
+    if let Some(url::Host::Domain(domain)) = parsed.host() {
+        let port = parsed.port_or_known_default().unwrap_or(443);
+        let lookup = tokio::net::lookup_host((domain, port));
+        let addrs: Vec<SocketAddr> = tokio::time::timeout(RESOLVE_TIMEOUT, lookup)
+            .await
+            .map_err(|_| format!("host {host:?} did not resolve in time"))?
+            .map_err(|e| format!("host {host:?} does not resolve ({e})"))?
+            .collect();
+        if let Some(bad) = addrs.iter().find(|a| is_forbidden(a.ip())) {
+            return Err(format!(
+                "host {host:?} resolves to {}, a private or local address",
+                bad.ip()
+            ));
+        }
+    }
+    Ok(parsed)
+}
+
+/// At delivery: a host written as an IP address must not be forbidden
+/// (names are checked by [`GuardedResolver`]).
+pub fn check_literal(url: &Url) -> Result<(), String> {
+    let ip = match url.host() {
+        Some(url::Host::Ipv4(v4)) => IpAddr::V4(v4),
+        Some(url::Host::Ipv6(v6)) => IpAddr::V6(v6),
+        _ => return Ok(()),
+    };
+    if is_forbidden(ip) {
+        return Err(format!("{ip} is a private or local address"));
+    }
+    Ok(())
+}
+
+type Lookup = Arc<
+    dyn Fn(String) -> futures::future::BoxFuture<'static, std::io::Result<Vec<SocketAddr>>>
+        + Send
+        + Sync,
+>;
+
+/// A DNS resolver that answers only addresses the gateway may send to (all
+/// of them when private targets are allowed).
+#[derive(Clone)]
+pub struct GuardedResolver {
+    allow_private: bool,
+    lookup: Lookup,
+}
+
+impl GuardedResolver {
+    /// Resolves with the system's resolver.
+    pub fn new(allow_private: bool) -> GuardedResolver {
+        GuardedResolver::with_lookup(allow_private, |name| {
+            Box::pin(async move { Ok(tokio::net::lookup_host((name, 0)).await?.collect()) })
+        })
+    }
+
+    /// Resolves with `lookup` (tests: a DNS that answers what they want).
+    pub fn with_lookup(
+        allow_private: bool,
+        lookup: impl Fn(String) -> futures::future::BoxFuture<'static, std::io::Result<Vec<SocketAddr>>>
+            + Send
+            + Sync
+            + 'static,
+    ) -> GuardedResolver {
+        GuardedResolver {
+            allow_private,
+            lookup: Arc::new(lookup),
+        }
+    }
+
+    /// What `name` resolves to, forbidden addresses left out; an error when
+    /// none is left.
+    pub async fn resolve_checked(&self, name: &str) -> std::io::Result<Vec<SocketAddr>> {
+        let addrs = (self.lookup)(name.to_owned()).await?;
+        if self.allow_private {
+            return Ok(addrs);
+        }
+        let allowed: Vec<SocketAddr> = addrs
+            .into_iter()
+            .filter(|a| !is_forbidden(a.ip()))
+            .collect();
+        if allowed.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!("{name} resolves only to private or local addresses"),
+            ));
+        }
+        Ok(allowed)
+    }
+}
+
+impl reqwest::dns::Resolve for GuardedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let this = self.clone();
+        let name = name.as_str().to_owned();
+        Box::pin(async move {
+            let addrs = this.resolve_checked(&name).await?;
+            let addrs: reqwest::dns::Addrs = Box::new(addrs.into_iter());
+            Ok(addrs)
+        })
+    }
+}
+
+/// The HTTP client every channel sends with: the guarded resolver, no
+/// redirects, bounded time.
+pub fn client(allow_private: bool) -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .dns_resolver(Arc::new(GuardedResolver::new(allow_private)))
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .timeout(super::http::TIMEOUT)
+        .user_agent(concat!("acp-gateway/", env!("CARGO_PKG_VERSION")))
+        .build()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn private_local_and_metadata_addresses_are_forbidden() {
+        for bad in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "224.0.0.1",
+            "255.255.255.255",
+            "::1",
+            "::",
+            "fd00:ec2::254",
+            "fc00::1",
+            "fe80::1",
+            "ff02::1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+            "64:ff9b::a00:1",
+        ] {
+            assert!(is_forbidden(ip(bad)), "{bad}");
+        }
+        for good in ["93.184.216.34", "1.1.1.1", "2606:4700::1111", "100.128.0.1"] {
+            assert!(!is_forbidden(ip(good)), "{good}");
+        }
+    }
+
+    #[tokio::test]
+    async fn urls_are_refused_for_their_scheme_or_their_address() {
+        assert!(check_url("http://example.com/x", false).await.is_err());
+        assert!(check_url("ftp://example.com/x", false).await.is_err());
+        assert!(check_url("https://127.0.0.1/x", false).await.is_err());
+        assert!(check_url("https://[::1]/x", false).await.is_err());
+        assert!(check_url("https://169.254.169.254/", false).await.is_err());
+        assert!(check_url("https://localhost/x", false).await.is_err());
+        assert!(check_url("https://u:p@93.184.216.34/", false)
+            .await
+            .is_err());
+        assert!(check_url("https://93.184.216.34/x", false).await.is_ok());
+        assert!(check_url("http://127.0.0.1:9/x", true).await.is_ok());
+    }
+
+    /// A DNS answer that changes between the check and the connection: the
+    /// resolver the connection uses drops what it must not reach.
+    #[tokio::test]
+    async fn the_resolver_drops_forbidden_answers_whenever_they_come() {
+        let answers = Arc::new(std::sync::Mutex::new(vec![ip("93.184.216.34")]));
+        let dns = answers.clone();
+        let resolver = GuardedResolver::with_lookup(false, move |_| {
+            let ips = dns.lock().unwrap().clone();
+            Box::pin(async move { Ok(ips.into_iter().map(|ip| SocketAddr::new(ip, 0)).collect()) })
+        });
+        assert_eq!(
+            resolver.resolve_checked("rebind.test").await.unwrap(),
+            vec![SocketAddr::new(ip("93.184.216.34"), 0)]
+        );
+        *answers.lock().unwrap() = vec![ip("127.0.0.1")];
+        assert!(resolver.resolve_checked("rebind.test").await.is_err());
+        *answers.lock().unwrap() = vec![ip("127.0.0.1"), ip("1.1.1.1")];
+        assert_eq!(
+            resolver.resolve_checked("rebind.test").await.unwrap(),
+            vec![SocketAddr::new(ip("1.1.1.1"), 0)]
+        );
+    }
+
+    /// A real connection: a name resolving to 127.0.0.1 reaches a listener
+    /// there only when private targets are allowed.
+    #[tokio::test]
+    async fn a_name_resolving_to_loopback_is_not_reached_unless_allowed() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            while let Ok((mut s, _)) = listener.accept().await {
+                let mut request = [0u8; 4096];
+                let _ = s.read(&mut request).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n")
+                    .await;
+            }
+        });
+        let url = format!("http://localhost:{port}/");
+        let refused = client(false).unwrap().get(&url).send().await;
+        assert!(refused.is_err(), "{refused:?}");
+        let allowed = client(true).unwrap().get(&url).send().await.unwrap();
+        assert_eq!(allowed.status(), 204);
+    }
+}
