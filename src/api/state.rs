@@ -33,6 +33,8 @@ struct Shared {
     sockets: TaskTracker,
     /// What every WebSocket together may hold for its client.
     send_budget: SendBudget,
+    /// Which users have a visible client (see [`crate::notify::presence`]).
+    presence: crate::notify::presence::Presence,
 }
 
 impl AppState {
@@ -46,6 +48,7 @@ impl AppState {
                 sessions,
                 closing: CancellationToken::new(),
                 sockets: TaskTracker::new(),
+                presence: Default::default(),
             }),
         }
     }
@@ -53,6 +56,11 @@ impl AppState {
     /// Authentication and rate limits.
     pub fn auth(&self) -> &Auth {
         &self.inner.auth
+    }
+
+    /// Which users have a visible client.
+    pub fn presence(&self) -> &crate::notify::presence::Presence {
+        &self.inner.presence
     }
 
     pub fn config(&self) -> &Config {
