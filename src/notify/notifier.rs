@@ -227,6 +227,7 @@ impl Notifier {
                 let Some(turn) = turn_id() else {
                     return Vec::new();
                 };
+                self.known(state, conversation).await;
                 if let Some(known) = state.conversations.get_mut(&conversation) {
                     known.last_turn = Some(turn);
                 }
