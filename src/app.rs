@@ -116,7 +116,18 @@ impl Gateway {
             node: state.sessions().node().clone(),
             presence: state.presence().clone(),
             enqueue,
-            actions: None,
+            actions: state
+                .config()
+                .notifications
+                .base_url
+                .clone()
+                .map(|base_url| {
+                    Arc::new(crate::notify::actions::Minter {
+                        store: state.sessions().sink().store.clone(),
+                        base_url,
+                        ttl: state.config().notifications.action_ttl,
+                    }) as Arc<dyn crate::notify::notifier::MintActions>
+                }),
         });
         Ok(Gateway {
             state,
@@ -173,9 +184,13 @@ impl Gateway {
         tracing::info!(addr = %self.local_addr(), node_id = %node.id(), "acp-gateway listening");
         let stopped = CancellationToken::new();
         let server = tokio::spawn(
-            axum::serve(self.listener, app)
-                .with_graceful_shutdown(stopped.clone().cancelled_owned())
-                .into_future(),
+            // The peer's address: action URLs limit failed lookups per client.
+            axum::serve(
+                self.listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .with_graceful_shutdown(stopped.clone().cancelled_owned())
+            .into_future(),
         );
         tokio::pin!(server);
         let served = tokio::select! {

@@ -17,6 +17,7 @@
 //! This file holds only what those parts share: the body every channel
 //! carries, and the hand-over from the rules to the outbox.
 
+pub mod actions;
 pub mod notifier;
 pub mod presence;
 pub mod rules;
