@@ -286,7 +286,42 @@ async fn an_agent_that_dies_during_a_turn_is_notified_once(db: TestDb) {
     gw.stop().await;
 }
 
+/// Fails its first hand-over (as an outbox whose database is away would).
+struct FailingOnce(
+    mpsc::UnboundedSender<Outgoing>,
+    std::sync::atomic::AtomicBool,
+);
+
+#[async_trait::async_trait]
+impl Enqueue for FailingOnce {
+    async fn enqueue(&self, outgoing: Outgoing) -> acp_gateway::error::Result<bool> {
+        if !self.1.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Err(acp_gateway::error::Error::Unavailable(
+                "database away".into(),
+            ));
+        }
+        let _ = self.0.send(outgoing);
+        Ok(true)
+    }
+}
+
+async fn a_notification_that_could_not_be_handed_over_is_tried_again(db: TestDb) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let enqueue = FailingOnce(tx, Default::default());
+    let gw = TestGateway::start_notifying(
+        config(&db, vec![demo_profile("demo", &[])]),
+        Some(Arc::new(enqueue)),
+    )
+    .await;
+    let mut notified = Notified(rx);
+    let (_, request) = pending_request(&gw).await;
+    let got = notified.next().await;
+    assert_eq!(got.keys, [format!("permission_waiting:{}", id(&request))]);
+    gw.stop().await;
+}
+
 backend_tests!(
+    a_notification_that_could_not_be_handed_over_is_tried_again,
     a_burst_of_requests_makes_one_notification_and_none_twice,
     a_request_answered_within_the_grace_is_not_notified,
     nothing_while_present_then_one_when_the_last_client_goes_away,

@@ -37,6 +37,8 @@ use crate::store::{PermissionFilter, Store};
 /// How much of the agent's last message a `turn_ended` notification
 /// carries, in characters.
 pub const SUMMARY_CHARS: usize = 200;
+/// How soon a notification that could not be handed over is tried again.
+const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Mints the action URLs of a request's options for a user (see
 /// `crate::api::actions`); none without `base_url`.
@@ -85,13 +87,18 @@ impl Notifier {
             requests: HashMap::new(),
         };
         self.catch_up(&mut state).await;
+        // What could not be handed over (the database away): tried again.
+        let mut unsent: Vec<Due> = Vec::new();
         loop {
-            let sleep = state.rules.next_deadline().map(|at| {
+            let mut sleep = state.rules.next_deadline().map(|at| {
                 (at - Utc::now())
                     .to_std()
                     .unwrap_or(std::time::Duration::ZERO)
             });
-            let due = tokio::select! {
+            if !unsent.is_empty() {
+                sleep = Some(sleep.map_or(RETRY, |s| s.min(RETRY)));
+            }
+            let mut due = tokio::select! {
                 _ = shutdown.cancelled() => return,
                 received = events.recv() => match received {
                     Ok(published) if published.relayed => continue,
@@ -113,9 +120,11 @@ impl Notifier {
                 },
                 _ = sleep_for(sleep) => state.rules.due(Utc::now()),
             };
+            due.append(&mut unsent);
             for due in due {
-                if let Err(e) = self.hand_over(&mut state, due).await {
-                    tracing::warn!(error = %e, "a due notification could not be enqueued");
+                if let Err(e) = self.hand_over(&mut state, due.clone()).await {
+                    tracing::warn!(error = %e, "a due notification could not be enqueued; trying again");
+                    unsent.push(due);
                 }
             }
         }
@@ -276,6 +285,7 @@ impl Notifier {
                 state.rules.observe(
                     Fact::AgentFailed {
                         conversation,
+                        seq: event.seq,
                         user,
                         turn,
                         detail,
@@ -288,7 +298,20 @@ impl Notifier {
     }
 
     /// Builds the notification's body and enqueues it.
-    async fn hand_over(&self, state: &mut State, due: Due) -> Result<()> {
+    async fn hand_over(&self, state: &mut State, mut due: Due) -> Result<()> {
+        // Tried again later: requests answered meanwhile are left out.
+        match &mut due {
+            Due::Waiting { requests, .. } => {
+                requests.retain(|r| state.requests.contains_key(r));
+                if requests.is_empty() {
+                    return Ok(());
+                }
+            }
+            Due::Reminder { request, .. } if !state.requests.contains_key(request) => {
+                return Ok(());
+            }
+            _ => {}
+        }
         let user = due.user().to_owned();
         let keys = due.keys();
         let (event, conversation_id, request, turn, count) = match &due {

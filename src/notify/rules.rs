@@ -62,9 +62,11 @@ pub enum Fact {
         at: DateTime<Utc>,
         stop_reason: String,
     },
-    /// The agent could not start, or died during a turn.
+    /// The agent could not start, or died during a turn; `seq` is the
+    /// event's (a failure outside a turn is told by it).
     AgentFailed {
         conversation: Uuid,
+        seq: i64,
         user: String,
         turn: Option<Uuid>,
         detail: Option<String>,
@@ -92,6 +94,7 @@ pub enum Due {
     AgentFailed {
         user: String,
         conversation: Uuid,
+        seq: i64,
         turn: Option<Uuid>,
         detail: Option<String>,
     },
@@ -108,10 +111,13 @@ impl Due {
             Due::Reminder { request, .. } => vec![format!("permission_reminder:{request}")],
             Due::TurnEnded { turn, .. } => vec![format!("turn_ended:{turn}")],
             Due::AgentFailed {
-                conversation, turn, ..
+                conversation,
+                seq,
+                turn,
+                ..
             } => vec![match turn {
                 Some(turn) => format!("agent_failed:{turn}"),
-                None => format!("agent_failed:{conversation}"),
+                None => format!("agent_failed:{conversation}:{seq}"),
             }],
         }
     }
@@ -191,7 +197,11 @@ impl Rules {
                 Vec::new()
             }
             Fact::Answered { request } => {
-                self.pending.remove(&request);
+                // It cannot be due again: what was sent of it is forgotten.
+                if self.pending.remove(&request).is_some() {
+                    self.sent.remove(&format!("permission_waiting:{request}"));
+                    self.sent.remove(&format!("permission_reminder:{request}"));
+                }
                 Vec::new()
             }
             Fact::Presence { user, present } => {
@@ -239,6 +249,7 @@ impl Rules {
             }
             Fact::AgentFailed {
                 conversation,
+                seq,
                 user,
                 turn,
                 detail,
@@ -250,6 +261,7 @@ impl Rules {
                 self.once(Due::AgentFailed {
                     user,
                     conversation,
+                    seq,
                     turn,
                     detail,
                 })
@@ -566,6 +578,7 @@ mod tests {
             rules.observe(
                 Fact::AgentFailed {
                     conversation: c,
+                    seq: 7,
                     user: "alice".into(),
                     turn: None,
                     detail: Some("exit 3".into()),
