@@ -130,7 +130,8 @@ impl Notifier {
         }
     }
 
-    /// Takes in the store's pending requests of this node's conversations.
+    /// Takes in the store's pending requests of this node's conversations
+    /// (and forgets those no longer pending).
     async fn catch_up(&self, state: &mut State) {
         let pending = match self
             .store
@@ -147,6 +148,18 @@ impl Notifier {
                 return;
             }
         };
+        // Those answered while this task was not following (fallen behind).
+        let still: std::collections::HashSet<Uuid> = pending.iter().map(|r| r.id).collect();
+        let gone: Vec<Uuid> = state
+            .requests
+            .keys()
+            .filter(|id| !still.contains(id))
+            .copied()
+            .collect();
+        for request in gone {
+            state.requests.remove(&request);
+            state.rules.observe(Fact::Answered { request }, Utc::now());
+        }
         for request in pending {
             let Some(known) = self.known(state, request.conversation_id).await else {
                 continue;
