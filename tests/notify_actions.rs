@@ -179,7 +179,58 @@ async fn an_action_racing_a_respond_has_exactly_one_winner(db: TestDb) {
     gw.stop().await;
 }
 
+async fn a_users_action_answers_as_them_and_ends_when_they_are_removed(db: TestDb) {
+    let operator = cli_token(&db, "root-op", "operator");
+    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    config.notifications.grace = Duration::from_millis(200);
+    config.notifications.base_url = Some(BASE.into());
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let gw = TestGateway::start_notifying(config, Some(Arc::new(Recorder(tx)))).await;
+    let (alice, _) = make_token(&gw, &operator, "alice", "user").await;
+    let mut notifications = Vec::new();
+    for _ in 0..2 {
+        let (_, conv) = call(
+            &gw,
+            "POST",
+            "/api/v1/conversations",
+            Some(&alice),
+            Some(json!({"agent": "demo"})),
+        )
+        .await;
+        let conv = conv["id"].as_str().unwrap().to_owned();
+        let (status, _) = call(
+            &gw,
+            "POST",
+            &format!("/api/v1/conversations/{conv}/prompts"),
+            Some(&alice),
+            Some(json!({"text": "tool"})),
+        )
+        .await;
+        assert_eq!(status, 202);
+        let notified = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(notified.body.user, "alice");
+        notifications.push(notified);
+    }
+    let (status, answered) = gw
+        .post(&path(action(&notifications[0], "allow-once")), Value::Null)
+        .await;
+    assert_eq!(status, 200, "{answered}");
+    assert_eq!(answered["decision"]["decided_by"], "user:alice");
+    assert_eq!(answered["decision"]["via"], "notification");
+    let (status, _) = call(&gw, "DELETE", "/api/v1/users/alice", Some(&operator), None).await;
+    assert_eq!(status, 204);
+    let (status, _) = gw
+        .post(&path(action(&notifications[1], "allow-once")), Value::Null)
+        .await;
+    assert_eq!(status, 410);
+    gw.stop().await;
+}
+
 backend_tests!(
+    a_users_action_answers_as_them_and_ends_when_they_are_removed,
     an_action_answers_once_and_the_turn_goes_on,
     get_shows_a_page_and_answers_nothing,
     an_action_racing_a_respond_has_exactly_one_winner,

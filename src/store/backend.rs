@@ -379,8 +379,8 @@ pub trait Store: Send + Sync + 'static {
     async fn revoke_token(&self, id: Uuid) -> Result<bool>;
     /// The ids of every active token (for closing the WebSockets of revoked ones).
     async fn active_token_ids(&self) -> Result<std::collections::HashSet<Uuid>>;
-    /// Removes a user: every token of theirs is revoked. `false` if there is
-    /// no such user.
+    /// Removes a user: every token of theirs is revoked, and every action
+    /// URL of theirs is used up. `false` if there is no such user.
     async fn remove_user(&self, name: &str) -> Result<bool>;
     /// Whether any token is active (then every request needs one).
     async fn any_active_token(&self) -> Result<bool>;

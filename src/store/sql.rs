@@ -598,6 +598,14 @@ macro_rules! impl_store {
                 .bind(crate::model::now())
                 .execute(&mut *tx)
                 .await?;
+                // Their notifications' action URLs end with them.
+                sqlx::query(
+                    "update action_tokens set used_at = $2 where user_name = $1 and used_at is null",
+                )
+                .bind(name)
+                .bind(crate::model::now())
+                .execute(&mut *tx)
+                .await?;
                 let found: Option<(String,)> =
                     sqlx::query_as("select name from users where name = $1")
                         .bind(name)
