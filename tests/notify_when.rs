@@ -320,7 +320,25 @@ async fn a_notification_that_could_not_be_handed_over_is_tried_again(db: TestDb)
     gw.stop().await;
 }
 
+async fn an_agent_that_could_not_start_is_notified(db: TestDb) {
+    let (gw, mut notified) = start(config(
+        &db,
+        vec![demo_profile("exits", &["--exit-on", "initialize"])],
+    ))
+    .await;
+    let (status, body) = gw
+        .post("/api/v1/conversations", json!({"agent": "exits"}))
+        .await;
+    assert_eq!(status, 502, "{body}");
+    let got = notified.next().await;
+    assert_eq!(got.body.event, NotificationEvent::AgentFailed);
+    assert_eq!(got.body.conversation.as_ref().unwrap().agent, "exits");
+    assert!(got.keys[0].starts_with("agent_failed:"), "{:?}", got.keys);
+    gw.stop().await;
+}
+
 backend_tests!(
+    an_agent_that_could_not_start_is_notified,
     a_notification_that_could_not_be_handed_over_is_tried_again,
     a_burst_of_requests_makes_one_notification_and_none_twice,
     a_request_answered_within_the_grace_is_not_notified,
