@@ -229,7 +229,42 @@ async fn a_users_action_answers_as_them_and_ends_when_they_are_removed(db: TestD
     gw.stop().await;
 }
 
+async fn an_expired_action_is_gone_and_swept(db: TestDb) {
+    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    config.notifications.grace = Duration::from_millis(200);
+    config.notifications.base_url = Some(BASE.into());
+    config.notifications.action_ttl = Duration::from_nanos(1);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let gw = TestGateway::start_notifying(config, Some(Arc::new(Recorder(tx)))).await;
+    let (conversation, mut ws) = gw.open_conversation("demo").await;
+    gw.prompt(&conversation, "tool").await;
+    let request = ws.until_type("permission_requested").await.pop().unwrap()["data"].clone();
+    let notified = tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let allow = path(action(&notified, "allow-once"));
+    let resp = gw.http.get(gw.url(&allow)).send().await.unwrap();
+    assert_eq!(resp.status(), 410);
+    assert_eq!(gw.post(&allow, Value::Null).await.0, 410);
+    let (_, now) = gw
+        .get(&format!(
+            "/api/v1/permissions/{}",
+            request["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(now["status"], "pending");
+    gw.stop().await;
+    let store = acp_gateway::store::open(&db.url).await.unwrap();
+    let swept = store
+        .delete_expired_action_tokens(chrono::Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(swept, 4, "one token per option");
+}
+
 backend_tests!(
+    an_expired_action_is_gone_and_swept,
     a_users_action_answers_as_them_and_ends_when_they_are_removed,
     an_action_answers_once_and_the_turn_goes_on,
     get_shows_a_page_and_answers_nothing,

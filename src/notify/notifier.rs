@@ -37,6 +37,8 @@ use crate::store::{PermissionFilter, Store};
 /// How much of the agent's last message a `turn_ended` notification
 /// carries, in characters.
 pub const SUMMARY_CHARS: usize = 200;
+/// How often expired action tokens are deleted.
+const SWEEP: std::time::Duration = std::time::Duration::from_secs(3600);
 /// How soon a notification that could not be handed over is tried again.
 const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -89,6 +91,8 @@ impl Notifier {
         self.catch_up(&mut state).await;
         // What could not be handed over (the database away): tried again.
         let mut unsent: Vec<Due> = Vec::new();
+        let mut sweep = tokio::time::interval(SWEEP);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             let mut sleep = state.rules.next_deadline().map(|at| {
                 (at - Utc::now())
@@ -119,6 +123,10 @@ impl Notifier {
                     None => return,
                 },
                 _ = sleep_for(sleep) => state.rules.due(Utc::now()),
+                _ = sweep.tick() => {
+                    self.sweep_action_tokens().await;
+                    Vec::new()
+                }
             };
             due.append(&mut unsent);
             for due in due {
@@ -127,6 +135,18 @@ impl Notifier {
                     unsent.push(due);
                 }
             }
+        }
+    }
+
+    /// Deletes expired action tokens (they would answer 410 anyway).
+    async fn sweep_action_tokens(&self) {
+        if self.actions.is_none() {
+            return;
+        }
+        match self.store.delete_expired_action_tokens(Utc::now()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(deleted = n, "expired action tokens deleted"),
+            Err(e) => tracing::warn!(error = %e, "could not delete expired action tokens"),
         }
     }
 

@@ -401,6 +401,8 @@ pub trait Store: Send + Sync + 'static {
     async fn insert_action_tokens(&self, tokens: &[ActionToken]) -> Result<()>;
     /// The token with this hash, as stored.
     async fn find_action_token(&self, hash: &str) -> Result<Option<ActionToken>>;
+    /// Deletes the tokens that expired before `before`; how many.
+    async fn delete_expired_action_tokens(&self, before: DateTime<Utc>) -> Result<u64>;
     /// Marks the token used at `now` if nobody did before: the token as it
     /// was, and whether this call was the one that used it.
     async fn use_action_token(

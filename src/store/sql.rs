@@ -728,6 +728,17 @@ macro_rules! impl_store {
                 .await?)
             }
 
+            async fn delete_expired_action_tokens(
+                &self,
+                before: chrono::DateTime<chrono::Utc>,
+            ) -> Result<u64> {
+                let done = sqlx::query("delete from action_tokens where expires_at < $1")
+                    .bind(before)
+                    .execute(self.writer())
+                    .await?;
+                Ok(done.rows_affected())
+            }
+
             async fn use_action_token(
                 &self,
                 hash: &str,
