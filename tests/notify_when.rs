@@ -337,7 +337,32 @@ async fn an_agent_that_could_not_start_is_notified(db: TestDb) {
     gw.stop().await;
 }
 
+/// A stopping gateway cancels its requests (one that crashed has them
+/// expire when it starts again): nothing of them is notified after the
+/// restart; new ones are.
+async fn after_a_restart_nothing_of_before_is_notified_again(db: TestDb) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut notified = Notified(rx);
+    let config = config(&db, vec![demo_profile("demo", &[])]);
+    let gw =
+        TestGateway::start_notifying(config.clone(), Some(Arc::new(Recorder(tx.clone())))).await;
+    let (_, before) = pending_request(&gw).await;
+    let got = notified.next().await;
+    assert_eq!(got.keys, [format!("permission_waiting:{}", id(&before))]);
+    gw.stop().await;
+    let gw = TestGateway::start_notifying(config, Some(Arc::new(Recorder(tx)))).await;
+    let (_, stored) = gw
+        .get(&format!("/api/v1/permissions/{}", id(&before)))
+        .await;
+    assert_eq!(stored["status"], "cancelled");
+    let (_, after) = pending_request(&gw).await;
+    let next = notified.next().await;
+    assert_eq!(next.keys, [format!("permission_waiting:{}", id(&after))]);
+    gw.stop().await;
+}
+
 backend_tests!(
+    after_a_restart_nothing_of_before_is_notified_again,
     an_agent_that_could_not_start_is_notified,
     a_notification_that_could_not_be_handed_over_is_tried_again,
     a_burst_of_requests_makes_one_notification_and_none_twice,
