@@ -432,7 +432,15 @@ impl Notifier {
             collapse_key: conversation_id.map(|id| id.to_string()),
             body,
         };
-        self.enqueue.enqueue(outgoing).await?;
+        let (event, count) = (outgoing.body.event, outgoing.body.count);
+        let fresh = self.enqueue.enqueue(outgoing).await?;
+        tracing::debug!(
+            conversation_id = ?conversation_id,
+            event = event.as_str(),
+            count,
+            fresh,
+            "notification handed to the outbox"
+        );
         Ok(())
     }
 
