@@ -106,9 +106,9 @@ impl Notifier {
                 _ = shutdown.cancelled() => return,
                 received = events.recv() => match received {
                     Ok(published) if published.relayed => continue,
-                    Ok(published) => match serde_json::from_str::<Event>(&published.json) {
-                        Ok(event) => self.event(&mut state, event, published.owner.as_deref()).await,
-                        Err(_) => continue,
+                    Ok(published) => match parse(&published.json) {
+                        Some(event) => self.event(&mut state, event, published.owner.as_deref()).await,
+                        None => continue,
                     },
                     Err(RecvError::Lagged(_)) => {
                         self.catch_up(&mut state).await;
@@ -483,6 +483,25 @@ pub fn request_ref(request: &PermissionRequest) -> RequestRef {
         title: text("title"),
         kind: text("kind"),
         command,
+    }
+}
+
+/// The events the rules care about, parsed; others (streamed chunks, of
+/// any size) are only scanned for their type.
+fn parse(json: &str) -> Option<Event> {
+    #[derive(serde::Deserialize)]
+    struct Head<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: std::borrow::Cow<'a, str>,
+    }
+    let head: Head = serde_json::from_str(json).ok()?;
+    match &*head.kind {
+        event_type::PERMISSION_REQUESTED
+        | event_type::PERMISSION_RESOLVED
+        | event_type::TURN_STARTED
+        | event_type::TURN_ENDED
+        | event_type::AGENT_STATUS => serde_json::from_str(json).ok(),
+        _ => None,
     }
 }
 

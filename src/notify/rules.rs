@@ -289,6 +289,7 @@ impl Rules {
         let horizon = add(now, BATCH);
         let mut waiting: HashMap<&str, Vec<(DateTime<Utc>, Uuid)>> = HashMap::new();
         let mut reminders = Vec::new();
+        let mut missed = Vec::new();
         for (id, w) in &self.pending {
             if self.present.contains(&w.user) || only.is_some_and(|u| u != w.user) {
                 continue;
@@ -297,14 +298,19 @@ impl Rules {
                 waiting.entry(&w.user).or_default().push((w.at, *id));
             }
             if let Some((remind_at, timeout_at)) = w.reminder {
-                if remind_at <= horizon
-                    && now < timeout_at
-                    && !self.sent.contains(&format!("permission_reminder:{id}"))
-                {
-                    reminders.push((w.at, w.user.clone(), *id));
+                let key = format!("permission_reminder:{id}");
+                if remind_at <= horizon && !self.sent.contains(&key) {
+                    if now < timeout_at {
+                        reminders.push((w.at, w.user.clone(), *id));
+                    } else {
+                        // Too late to remind (the owner was here, or the
+                        // timeout's answer is late): never again.
+                        missed.push(key);
+                    }
                 }
             }
         }
+        self.sent.extend(missed);
         let mut due: Vec<Due> = waiting
             .into_iter()
             .map(|(user, mut requests)| {
@@ -514,6 +520,20 @@ mod tests {
         rules.due(t(15_000));
         rules.observe(Fact::Answered { request: s }, t(100_000));
         assert!(rules.due(t(480_000)).is_empty());
+        // Still pending after its timeout (its answer late) with the
+        // reminder missed while the owner was here: no reminder, and no
+        // deadline left to wake for.
+        let late = asked(&mut rules, "bob", 0, Some(600_000));
+        presence(&mut rules, "bob", true, 0);
+        let _ = rules.due(t(15_000));
+        assert_eq!(
+            presence(&mut rules, "bob", false, 700_000),
+            vec![Due::Waiting {
+                user: "bob".into(),
+                requests: vec![late]
+            }]
+        );
+        assert_eq!(rules.next_deadline(), None);
         // A timeout sooner than the grace plus reminder_before: the waiting
         // notification stands for it.
         asked(&mut rules, "alice", 0, Some(60_000));
