@@ -3,6 +3,7 @@
 
 use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -15,6 +16,8 @@ use crate::auth::Auth;
 use crate::bus::EventBus;
 use crate::cluster::Node;
 use crate::config::Config;
+use crate::notify::notifier::Notifier;
+use crate::notify::Enqueue;
 use crate::permissions::PolicyHandle;
 use crate::session::journal::Sink;
 use crate::session::{self, Sessions};
@@ -32,12 +35,24 @@ pub struct Gateway {
     listener: TcpListener,
     tasks: TaskTracker,
     shutdown: CancellationToken,
+    /// Follows the bus and hands what is due to the outbox; only when
+    /// something to hand it to was given ([`Gateway::build_with`]).
+    notifier: Option<crate::notify::notifier::Notifier>,
 }
 
 impl Gateway {
     /// Connects to Postgres, migrates, recovers, and binds `config.listen`
     /// (port 0 picks a free port: see [`Gateway::local_addr`]).
     pub async fn build(config: Config) -> anyhow::Result<Gateway> {
+        Self::build_with(config, None).await
+    }
+
+    /// As [`Gateway::build`], notifying through `enqueue` (the outbox, or
+    /// a test's recorder) when one is given.
+    pub async fn build_with(
+        config: Config,
+        enqueue: Option<Arc<dyn Enqueue>>,
+    ) -> anyhow::Result<Gateway> {
         crate::telemetry::install();
         let url = config.database_url();
         tracing::info!(database = %redact_url(&url), "opening the database");
@@ -101,12 +116,36 @@ impl Gateway {
             shutdown.clone(),
             tasks.clone(),
         );
-        let state = AppState::new(config, auth, sessions, outbox);
+        let state = AppState::new(config, auth, sessions, outbox.clone());
+        // What the rules find due goes to the outbox (a test may record it
+        // instead).
+        let enqueue = enqueue.unwrap_or_else(|| outbox as Arc<dyn crate::notify::Enqueue>);
+        let notifier = Some(Notifier {
+            config: state.config().clone(),
+            store: state.sessions().sink().store.clone(),
+            bus: state.bus().clone(),
+            node: state.sessions().node().clone(),
+            presence: state.presence().clone(),
+            enqueue,
+            actions: state
+                .config()
+                .notifications
+                .base_url
+                .clone()
+                .map(|base_url| {
+                    Arc::new(crate::notify::actions::Minter {
+                        store: state.sessions().sink().store.clone(),
+                        base_url,
+                        ttl: state.config().notifications.action_ttl,
+                    }) as Arc<dyn crate::notify::notifier::MintActions>
+                }),
+        });
         Ok(Gateway {
             state,
             listener,
             tasks,
             shutdown,
+            notifier,
         })
     }
 
@@ -130,7 +169,10 @@ impl Gateway {
     /// requests; every running turn is cancelled and its agent given
     /// `shutdown_timeout` to end it; every write is flushed; agents stop;
     /// WebSockets get what was left and close with 1001.
-    pub async fn run(self, stop: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    pub async fn run(
+        mut self,
+        stop: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
         let app = api::router(self.state.clone());
         self.tasks.spawn(close_revoked_websockets(
             self.state.clone(),
@@ -140,6 +182,9 @@ impl Gateway {
             .spawn(crate::telemetry::keep_up(self.shutdown.clone()));
         self.tasks
             .spawn(self.state.outbox().clone().run(self.shutdown.clone()));
+        if let Some(notifier) = self.notifier.take() {
+            self.tasks.spawn(notifier.run(self.shutdown.clone()));
+        }
         // Not tracked: it ends with the shutdown token; a last sweep follows
         // once every session has stopped.
         tokio::spawn(crate::process::spawn::reap_orphans(self.shutdown.clone()));
@@ -157,9 +202,13 @@ impl Gateway {
         tracing::info!(addr = %self.local_addr(), node_id = %node.id(), "acp-gateway listening");
         let stopped = CancellationToken::new();
         let server = tokio::spawn(
-            axum::serve(self.listener, app)
-                .with_graceful_shutdown(stopped.clone().cancelled_owned())
-                .into_future(),
+            // The peer's address: action URLs limit failed lookups per client.
+            axum::serve(
+                self.listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .with_graceful_shutdown(stopped.clone().cancelled_owned())
+            .into_future(),
         );
         tokio::pin!(server);
         let served = tokio::select! {

@@ -23,6 +23,9 @@ pub struct Published {
     pub json: axum::extract::ws::Utf8Bytes,
     /// The user whose conversation it is, for filtering the inbox.
     pub owner: Option<String>,
+    /// Committed by another node and relayed here (this node does not
+    /// notify for it: its own node does).
+    pub relayed: bool,
 }
 
 /// A cheap-to-clone handle to the fan-out.
@@ -71,7 +74,7 @@ impl EventBus {
     /// Publishes committed events of a conversation owned by `owner`, in
     /// order (and announces them to other nodes).
     pub fn publish(&self, owner: Option<&str>, events: impl IntoIterator<Item = Event>) {
-        let span = self.send(owner, events);
+        let span = self.send(owner, events, false);
         if let (Some(announce), Some(announced)) = (self.inner.announce.get(), span) {
             let _ = announce.send(announced);
         }
@@ -79,7 +82,7 @@ impl EventBus {
 
     /// Publishes committed events another node announced.
     pub fn publish_relayed(&self, owner: Option<&str>, events: impl IntoIterator<Item = Event>) {
-        self.send(owner, events);
+        self.send(owner, events, true);
     }
 
     /// Whether anyone here listens to the conversation's events (its own
@@ -98,6 +101,7 @@ impl EventBus {
         &self,
         owner: Option<&str>,
         events: impl IntoIterator<Item = Event>,
+        relayed: bool,
     ) -> Option<Announced> {
         let map = self.inner.per_conversation.lock().unwrap();
         let mut span: Option<Announced> = None;
@@ -109,6 +113,7 @@ impl EventBus {
                     .expect("events serialize")
                     .into(),
                 owner: owner.map(str::to_owned),
+                relayed,
             });
             drop(event);
             match &mut span {

@@ -35,6 +35,9 @@ pub enum Error {
     /// Well-formed input of the wrong shape.
     #[error("{0}")]
     Unprocessable(String),
+    /// No more: a used, expired or unknown capability (an action URL).
+    #[error("{0}")]
+    Gone(String),
     /// The resource is in a state that forbids the request.
     #[error("{detail}")]
     Conflict {
@@ -140,6 +143,7 @@ impl Error {
             Error::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             Error::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"),
             Error::Conflict { code, .. } => (StatusCode::CONFLICT, code),
+            Error::Gone(_) => (StatusCode::GONE, "gone"),
             Error::AgentFailed(_) => (StatusCode::BAD_GATEWAY, "agent_failed"),
             Error::AgentTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, "agent_timeout"),
             Error::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),

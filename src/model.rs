@@ -696,6 +696,11 @@ pub struct Decision {
     /// Why, when the gateway or a policy decided.
     pub reason: Option<String>,
     pub decided_at: DateTime<Utc>,
+    /// How a person's answer came: `notification` (an action URL); absent
+    /// for the API and the web client.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, example = "notification")]
+    pub via: Option<String>,
 }
 
 impl Decision {
@@ -712,6 +717,7 @@ impl Decision {
             decided_by,
             reason,
             decided_at: now(),
+            via: None,
         }
     }
 

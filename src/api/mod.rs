@@ -1,6 +1,7 @@
 //! The HTTP API: one router per resource, merged in [`router`]. The contract
 //! is `docs/api.md`; `openapi/openapi.yaml` describes it exactly.
 
+mod actions;
 mod body;
 mod budget;
 mod conversations;
@@ -39,6 +40,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(metrics))
         .routes(routes!(list_agents))
         .routes(routes!(openapi_json))
+        .merge(actions::router())
         .merge(conversations::router())
         .merge(permissions::router())
         .merge(policies::router())

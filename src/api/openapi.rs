@@ -57,7 +57,7 @@ use crate::store::TokenInfo;
         (name = "permissions", description = "The agents' permission requests and their answers"),
         (name = "policies", description = "Operator rules that answer permission requests"),
         (name = "tokens", description = "Bearer tokens and users (operators only)"),
-        (name = "notifications", description = "Where a user is notified, and what was delivered"),
+        (name = "notifications", description = "Where a user is notified, what was delivered, and answering a permission request from a notification (single-use action URLs, no bearer token)"),
     )
 )]
 pub struct ApiDoc;
@@ -184,7 +184,7 @@ pub struct Problem {
     /// `forbidden`, `rate_limited`, `turn_in_progress`, `conversation_closed`,
     /// `agent_unavailable`, `already_resolved`, `agent_gone`, `agent_failed`,
     /// `agent_timeout`, `at_capacity`, `database_unavailable`, `unavailable`,
-    /// `internal_error`.
+    /// `gone`, `internal_error`.
     #[schema(example = "not_found")]
     code: String,
     /// With `already_resolved`: the request as it stands.

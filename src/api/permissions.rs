@@ -152,6 +152,7 @@ async fn respond(
         |owner| caller.can_see(owner),
         answer.clone(),
         caller.decided_by(),
+        None,
     );
     if let Some(answered) = held.await {
         return answered.map(Json);
@@ -159,7 +160,7 @@ async fn respond(
     let request = visible_request(&state, &caller, id).await?;
     state
         .sessions()
-        .respond(&request, answer, caller.decided_by())
+        .respond(&request, answer, caller.decided_by(), None)
         .await
         .map(Json)
 }

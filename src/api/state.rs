@@ -36,6 +36,8 @@ struct Shared {
     send_budget: SendBudget,
     /// The notifications' durable outbox.
     outbox: Arc<Outbox>,
+    /// Which users have a visible client (see [`crate::notify::presence`]).
+    presence: crate::notify::presence::Presence,
 }
 
 impl AppState {
@@ -50,6 +52,7 @@ impl AppState {
                 closing: CancellationToken::new(),
                 sockets: TaskTracker::new(),
                 outbox,
+                presence: Default::default(),
             }),
         }
     }
@@ -57,6 +60,11 @@ impl AppState {
     /// Authentication and rate limits.
     pub fn auth(&self) -> &Auth {
         &self.inner.auth
+    }
+
+    /// Which users have a visible client.
+    pub fn presence(&self) -> &crate::notify::presence::Presence {
+        &self.inner.presence
     }
 
     pub fn config(&self) -> &Config {

@@ -119,7 +119,8 @@ async fn revoke(
 }
 
 /// Removes a user: every token of theirs is revoked (their open WebSockets
-/// close); their conversations and history stay.
+/// close) and their notifications' action URLs stop working (410); their
+/// conversations and history stay.
 #[utoipa::path(
     delete, operation_id = "removeUser", path = "/api/v1/users/{name}", tag = "tokens",
     params(("name" = String, Path, description = "The user")),

@@ -23,6 +23,7 @@ use super::extract::{bearer_subprotocol, AppPath, AppQuery};
 use super::state::AppState;
 use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
+use crate::notify::presence::PresenceClient;
 use crate::store::PermissionFilter;
 use crate::telemetry;
 
@@ -99,7 +100,10 @@ impl BearerProtocol {
 /// closed with 4008, and one whose next frame does not fit the gateway's
 /// buffer budget (`ws_buffer_bytes`) with 1013; either may come back with
 /// `after`. A revoked token closes it with 1008, a stopping gateway with
-/// 1001. Frames from the client other than ping/pong/close are ignored.
+/// 1001. The client may send `{"type":"presence","visible":true|false}`:
+/// while its last such frame says visible, its user counts as present and
+/// is not notified (see `docs/api.md`, Notifications); other frames than
+/// ping/pong/close are ignored.
 #[utoipa::path(
     get, operation_id = "conversationEvents", path = "/api/v1/conversations/{id}/ws", tag = "events",
     params(("id" = Uuid, Path, description = "The conversation"), WsQuery),
@@ -123,10 +127,11 @@ async fn conversation_ws(
     state.auth().check_rate(&caller, Limited::Connection)?;
     let after = q.after.unwrap_or(0).max(0);
     let revoked = state.auth().on_revocation(&caller);
+    let presence = state.presence().client(&caller.user);
     Ok(protocol.apply(upgrade).on_upgrade(move |socket| {
         let tracked = state.clone();
         tracked.track_socket(async move {
-            if let Err(e) = serve_conversation(state, id, after, revoked, socket).await {
+            if let Err(e) = serve_conversation(state, id, after, revoked, presence, socket).await {
                 tracing::debug!(conversation_id = %id, error = %e, "websocket ended");
             }
         })
@@ -215,6 +220,7 @@ async fn serve_conversation(
     id: Uuid,
     after: i64,
     revoked: CancellationToken,
+    mut presence: PresenceClient,
     mut socket: WebSocket,
 ) -> Result<(), WsEnd> {
     let _open = telemetry::WebSocketOpen::new();
@@ -241,7 +247,7 @@ async fn serve_conversation(
                     Err(RecvError::Lagged(_)) => replay(&state, id, &mut socket, &mut last, None).await?,
                     Err(RecvError::Closed) => return Ok(()),
                 },
-                incoming = socket.recv() => client_frame(incoming)?,
+                incoming = socket.recv() => client_frame(incoming, &mut presence)?,
                 _ = revoked.cancelled() => return Err(WsEnd::Revoked),
                 _ = shutdown.cancelled() => {
                     // Everything stored by now, then goodbye.
@@ -257,10 +263,19 @@ async fn serve_conversation(
 }
 
 /// What a frame from the client means: commands go over REST, pings are
-/// answered by the library, so only the end of the connection matters.
-fn client_frame(frame: Option<Result<Message, axum::Error>>) -> Result<(), WsEnd> {
+/// answered by the library, so only presence frames
+/// (`{"type":"presence","visible":bool}`) and the end of the connection
+/// matter.
+fn client_frame(
+    frame: Option<Result<Message, axum::Error>>,
+    presence: &mut PresenceClient,
+) -> Result<(), WsEnd> {
     match frame {
         Some(Ok(Message::Close(_))) | Some(Err(_)) | None => Err(WsEnd::ClientGone),
+        Some(Ok(Message::Text(text))) => {
+            presence.frame(text.as_str());
+            Ok(())
+        }
         Some(Ok(_)) => Ok(()),
     }
 }
@@ -299,7 +314,9 @@ async fn close_for(socket: &mut WebSocket, result: &Result<(), WsEnd>) {
 /// caller can see, live, after one first frame: an `InboxSnapshot` of the
 /// pending permission requests. The permission inbox of a phone; after
 /// 4008 (too slow) or 1013 (over the gateway's buffer budget), reconnect
-/// for a fresh snapshot.
+/// for a fresh snapshot. The client may send
+/// `{"type":"presence","visible":true|false}`, as on a conversation's
+/// WebSocket.
 #[utoipa::path(
     get, operation_id = "inbox", path = "/api/v1/ws", tag = "events",
     params(TokenQuery),
@@ -335,6 +352,7 @@ async fn serve_inbox(
     mut socket: WebSocket,
 ) -> Result<(), WsEnd> {
     let _open = telemetry::WebSocketOpen::new();
+    let mut presence = state.presence().client(&caller.user);
     // Subscribe before taking the snapshot so nothing falls between them.
     let mut rx = state.bus().subscribe_all();
     let shutdown = state.closing().clone();
@@ -360,7 +378,7 @@ async fn serve_inbox(
                     Err(RecvError::Lagged(_)) => return Err(WsEnd::TooSlow),
                     Err(RecvError::Closed) => return Ok(()),
                 },
-                incoming = socket.recv() => client_frame(incoming)?,
+                incoming = socket.recv() => client_frame(incoming, &mut presence)?,
                 _ = revoked.cancelled() => return Err(WsEnd::Revoked),
                 _ = shutdown.cancelled() => {
                     // What was published before the sessions ended, then goodbye.

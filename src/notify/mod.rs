@@ -17,12 +17,16 @@
 //! This file holds only what those parts share: the body every channel
 //! carries, and the hand-over from the rules to the outbox.
 
+pub mod actions;
 pub mod fcm;
 pub mod guard;
 pub mod http;
+pub mod notifier;
 pub mod ntfy;
 pub mod outbox;
+pub mod presence;
 pub mod render;
+pub mod rules;
 pub mod vapid;
 pub mod web_push;
 pub mod webhook;

@@ -496,13 +496,14 @@ impl Sessions {
         can_see: impl FnOnce(Option<&str>) -> bool,
         answer: Answer,
         decided_by: String,
+        via: Option<String>,
     ) -> Option<Result<PermissionRequest>> {
         let conversation_id = *self.inner.held.lock().unwrap().get(&id)?;
         let session = self.live(conversation_id)?;
         if !can_see(session.owner()) {
             return Some(Err(Error::NotFound(format!("no permission request {id}"))));
         }
-        match session.respond(id, answer, decided_by).await? {
+        match session.respond(id, answer, decided_by, via).await? {
             Ok(Some(answered)) => Some(Ok(answered)),
             // Answered or withdrawn meanwhile: the stored request tells.
             Ok(None) => None,
@@ -518,10 +519,11 @@ impl Sessions {
         request: &PermissionRequest,
         answer: Answer,
         decided_by: String,
+        via: Option<String>,
     ) -> Result<PermissionRequest> {
         let id = request.id;
         if let Some(session) = self.live(request.conversation_id) {
-            if let Some(result) = session.respond(id, answer.clone(), decided_by).await {
+            if let Some(result) = session.respond(id, answer.clone(), decided_by, via).await {
                 if let Some(answered) = result? {
                     return Ok(answered);
                 }
@@ -531,6 +533,7 @@ impl Sessions {
                 request: id,
                 answer: answer.clone(),
                 decided_by,
+                via,
             };
             if let Some(answer) = self.forward(request.conversation_id, node, &remote).await? {
                 return answer;
@@ -666,11 +669,12 @@ impl Duties for Sessions {
                     request,
                     answer,
                     decided_by,
+                    via,
                 } => {
                     let request = self.store().get_permission(request).await?.ok_or_else(|| {
                         Error::NotFound(format!("no permission request {request}"))
                     })?;
-                    serde_json::to_value(self.respond(&request, answer, decided_by).await?)
+                    serde_json::to_value(self.respond(&request, answer, decided_by, via).await?)
                         .expect("requests serialize")
                 }
                 Remote::Change {

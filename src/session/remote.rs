@@ -23,6 +23,9 @@ pub enum Remote {
         request: Uuid,
         answer: Answer,
         decided_by: String,
+        /// How the answer came (`notification`), if not over the API.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        via: Option<String>,
     },
     Change {
         setting: Setting,

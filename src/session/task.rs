@@ -77,6 +77,7 @@ enum Command {
         permission_id: Uuid,
         answer: Answer,
         decided_by: String,
+        via: Option<String>,
         reply: oneshot::Sender<Result<Option<PermissionRequest>>>,
     },
     Close {
@@ -160,11 +161,13 @@ impl SessionHandle {
         permission_id: Uuid,
         answer: Answer,
         decided_by: String,
+        via: Option<String>,
     ) -> Option<Result<Option<PermissionRequest>>> {
         self.call(|reply| Command::Respond {
             permission_id,
             answer,
             decided_by,
+            via,
             reply,
         })
         .await
@@ -1027,11 +1030,28 @@ impl Session {
         decided_by: &str,
         reason: Option<&str>,
     ) -> Result<Option<PermissionRequest>> {
+        self.resolve_via(id, status, option_id, decided_by, reason, None)
+            .await
+    }
+
+    /// [`Self::resolve`], saying how a person's answer came.
+    async fn resolve_via(
+        &mut self,
+        id: Uuid,
+        status: PermissionStatus,
+        option_id: Option<String>,
+        decided_by: &str,
+        reason: Option<&str>,
+        via: Option<String>,
+    ) -> Result<Option<PermissionRequest>> {
         self.flush().await?;
         let Some(parked) = self.pending.take(id) else {
             return Ok(None);
         };
-        let decision = Decision::new(option_id, decided_by.to_owned(), reason.map(str::to_owned));
+        let decision = Decision {
+            via,
+            ..Decision::new(option_id, decided_by.to_owned(), reason.map(str::to_owned))
+        };
         self.journal.set_status(self.status_now());
         let resolution = Resolution {
             request: parked.request.clone(),
@@ -1083,9 +1103,10 @@ impl Session {
                 permission_id,
                 answer,
                 decided_by,
+                via,
                 reply,
             } => {
-                let result = self.answer(permission_id, answer, &decided_by).await;
+                let result = self.answer(permission_id, answer, &decided_by, via).await;
                 let _ = reply.send(result);
             }
             Command::Change(change) => self.change(change),
@@ -1285,6 +1306,7 @@ impl Session {
         id: Uuid,
         answer: Answer,
         decided_by: &str,
+        via: Option<String>,
     ) -> Result<Option<PermissionRequest>> {
         let Some(pending) = self.pending.get(id) else {
             return Ok(None);
@@ -1311,7 +1333,7 @@ impl Session {
         // What was stored is the truth: our own decision reads back as the
         // identical answer.
         let request = match self
-            .resolve(id, status, option_id, decided_by, reason.as_deref())
+            .resolve_via(id, status, option_id, decided_by, reason.as_deref(), via)
             .await?
         {
             Some(request) => answer_resolved(request, &answer)?,

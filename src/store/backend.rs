@@ -232,6 +232,19 @@ pub struct TokenInfo {
     pub revoked_at: Option<DateTime<Utc>>,
 }
 
+/// An action URL's token as stored (its value is never stored, only its
+/// SHA-256 hash): one option of one request, for one user, used once.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct ActionToken {
+    pub hash: String,
+    pub request_id: Uuid,
+    pub option_id: String,
+    pub user_name: String,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub used_at: Option<DateTime<Utc>>,
+}
+
 /// An agent process while it runs (see [`crate::process::procs`]): what a
 /// gateway starting after a crash needs to find and kill what it left.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -366,8 +379,8 @@ pub trait Store: super::notify::NotifyStore + Send + Sync + 'static {
     async fn revoke_token(&self, id: Uuid) -> Result<bool>;
     /// The ids of every active token (for closing the WebSockets of revoked ones).
     async fn active_token_ids(&self) -> Result<std::collections::HashSet<Uuid>>;
-    /// Removes a user: every token of theirs is revoked. `false` if there is
-    /// no such user.
+    /// Removes a user: every token of theirs is revoked, and every action
+    /// URL of theirs is used up. `false` if there is no such user.
     async fn remove_user(&self, name: &str) -> Result<bool>;
     /// Whether any token is active (then every request needs one).
     async fn any_active_token(&self) -> Result<bool>;
@@ -383,4 +396,18 @@ pub trait Store: super::notify::NotifyStore + Send + Sync + 'static {
     async fn forget_agent_process(&self, record: &AgentProcessRecord) -> Result<()>;
     /// Every recorded agent process, of any machine.
     async fn list_agent_processes(&self) -> Result<Vec<AgentProcessRecord>>;
+
+    /// Stores action tokens (by their hashes).
+    async fn insert_action_tokens(&self, tokens: &[ActionToken]) -> Result<()>;
+    /// The token with this hash, as stored.
+    async fn find_action_token(&self, hash: &str) -> Result<Option<ActionToken>>;
+    /// Deletes the tokens that expired before `before`; how many.
+    async fn delete_expired_action_tokens(&self, before: DateTime<Utc>) -> Result<u64>;
+    /// Marks the token used at `now` if nobody did before: the token as it
+    /// was, and whether this call was the one that used it.
+    async fn use_action_token(
+        &self,
+        hash: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<(ActionToken, bool)>>;
 }

@@ -15,8 +15,8 @@ mod sql;
 pub mod sqlite;
 
 pub use backend::{
-    json_size, AgentProcessRecord, Batch, Bounded, ConversationPatch, Lane, PermissionFilter,
-    PolicySet, Resolution, Store, TokenInfo,
+    json_size, ActionToken, AgentProcessRecord, Batch, Bounded, ConversationPatch, Lane,
+    PermissionFilter, PolicySet, Resolution, Store, TokenInfo,
 };
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;

@@ -598,6 +598,14 @@ macro_rules! impl_store {
                 .bind(crate::model::now())
                 .execute(&mut *tx)
                 .await?;
+                // Their notifications' action URLs end with them.
+                sqlx::query(
+                    "update action_tokens set used_at = $2 where user_name = $1 and used_at is null",
+                )
+                .bind(name)
+                .bind(crate::model::now())
+                .execute(&mut *tx)
+                .await?;
                 let found: Option<(String,)> =
                     sqlx::query_as("select name from users where name = $1")
                         .bind(name)
@@ -681,6 +689,72 @@ macro_rules! impl_store {
                 )
                 .fetch_all(&self.pool)
                 .await?)
+            }
+
+            async fn insert_action_tokens(
+                &self,
+                tokens: &[super::backend::ActionToken],
+            ) -> Result<()> {
+                let mut tx = self.writer().begin().await?;
+                for t in tokens {
+                    sqlx::query(
+                        "insert into action_tokens
+                           (hash, request_id, option_id, user_name, created_at, expires_at, used_at)
+                         values ($1, $2, $3, $4, $5, $6, $7)",
+                    )
+                    .bind(&t.hash)
+                    .bind(t.request_id)
+                    .bind(&t.option_id)
+                    .bind(&t.user_name)
+                    .bind(t.created_at)
+                    .bind(t.expires_at)
+                    .bind(t.used_at)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn find_action_token(
+                &self,
+                hash: &str,
+            ) -> Result<Option<super::backend::ActionToken>> {
+                Ok(sqlx::query_as::<_, super::backend::ActionToken>(
+                    "select * from action_tokens where hash = $1",
+                )
+                .bind(hash)
+                .fetch_optional(&self.pool)
+                .await?)
+            }
+
+            async fn delete_expired_action_tokens(
+                &self,
+                before: chrono::DateTime<chrono::Utc>,
+            ) -> Result<u64> {
+                let done = sqlx::query("delete from action_tokens where expires_at < $1")
+                    .bind(before)
+                    .execute(self.writer())
+                    .await?;
+                Ok(done.rows_affected())
+            }
+
+            async fn use_action_token(
+                &self,
+                hash: &str,
+                now: chrono::DateTime<chrono::Utc>,
+            ) -> Result<Option<(super::backend::ActionToken, bool)>> {
+                let Some(token) = self.find_action_token(hash).await? else {
+                    return Ok(None);
+                };
+                let done = sqlx::query(
+                    "update action_tokens set used_at = $2 where hash = $1 and used_at is null",
+                )
+                .bind(hash)
+                .bind(now)
+                .execute(self.writer())
+                .await?;
+                Ok(Some((token, done.rows_affected() == 1)))
             }
         }
     };

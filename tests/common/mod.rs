@@ -657,8 +657,17 @@ impl TestGateway {
     }
 
     pub async fn start_with(config: Config) -> TestGateway {
+        Self::start_notifying(config, None).await
+    }
+
+    /// A gateway whose notifier hands what is due to `enqueue` (none
+    /// without one).
+    pub async fn start_notifying(
+        config: Config,
+        enqueue: Option<std::sync::Arc<dyn acp_gateway::notify::Enqueue>>,
+    ) -> TestGateway {
         config.validate().expect("valid test config");
-        let gateway = Gateway::build(config.clone())
+        let gateway = Gateway::build_with(config.clone(), enqueue)
             .await
             .expect("gateway builds");
         let base = format!("http://{}", gateway.local_addr());

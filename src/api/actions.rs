@@ -1,0 +1,263 @@
+//! `/api/v1/actions/{token}`: answering a permission request from a
+//! notification (see [`crate::notify::actions`]). The token is the only
+//! credential: no bearer token is needed, and nothing but this one answer is
+//! reachable with it.
+//!
+//! `POST` answers through the same path as `POST …/respond`, audited as
+//! `decided_by: "user:<name>"` with `via: "notification"`. `GET` only shows a
+//! page with one button that posts, so link previewers and mail scanners
+//! that fetch URLs answer nothing.
+
+use std::net::SocketAddr;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::state::AppState;
+use crate::error::{Error, Result};
+use crate::model::{PermissionRequest, PermissionStatus};
+use crate::notify::actions::well_formed;
+use crate::permissions::Answer;
+use crate::ratelimit::SlidingWindow;
+use crate::store::ActionToken;
+
+/// Failed lookups (unknown, used or expired tokens) allowed per client
+/// address per [`FAILURE_WINDOW`]; beyond, 429 until the window moves on.
+const MAX_FAILURES: u32 = 20;
+const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+
+/// The page's policy: no script, no style, a form that posts here only.
+const PAGE_CSP: &str =
+    "default-src 'none'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'";
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(show, answer))
+}
+
+/// Failed lookups per client address, on this node.
+fn failures() -> &'static Mutex<SlidingWindow<String>> {
+    static FAILURES: OnceLock<Mutex<SlidingWindow<String>>> = OnceLock::new();
+    FAILURES.get_or_init(Default::default)
+}
+
+/// The client's address (all clients behind one proxy share it).
+fn client(request: &Request) -> String {
+    request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip().to_string())
+        .unwrap_or_default()
+}
+
+/// 429 while `client` failed too often.
+fn check_failures(client: &str) -> Result<()> {
+    let now = tokio::time::Instant::now();
+    match failures()
+        .lock()
+        .unwrap()
+        .wait(client, MAX_FAILURES, FAILURE_WINDOW, now)
+    {
+        None => Ok(()),
+        Some(wait) => Err(Error::TooManyRequests {
+            detail: "too many unknown or used action tokens; try again later".into(),
+            retry_after: wait.as_secs().max(1),
+        }),
+    }
+}
+
+fn failed(client: String) -> Error {
+    failures()
+        .lock()
+        .unwrap()
+        .hit(client, FAILURE_WINDOW, tokio::time::Instant::now());
+    Error::Gone("this action is used, expired or unknown".into())
+}
+
+/// The token's row and its request, if the token is well formed and known.
+async fn lookup(state: &AppState, token: &str) -> Result<Option<(ActionToken, PermissionRequest)>> {
+    if !well_formed(token) {
+        return Ok(None);
+    }
+    let hash = crate::auth::hash_token(token);
+    let Some(row) = state.store().find_action_token(&hash).await? else {
+        return Ok(None);
+    };
+    let request = state.store().get_permission(row.request_id).await?;
+    Ok(request.map(|r| (row, r)))
+}
+
+fn option_name(request: &PermissionRequest, option_id: &str) -> String {
+    request
+        .option(option_id)
+        .and_then(|o| o.get("name"))
+        .and_then(|n| n.as_str())
+        .unwrap_or(option_id)
+        .to_owned()
+}
+
+/// A page with one button that answers: fetching it answers nothing.
+#[utoipa::path(
+    get, operation_id = "showAction", path = "/api/v1/actions/{token}", tag = "notifications",
+    security(()),
+    params(("token" = String, Path, description = "The action URL's token")),
+    responses(
+        (status = 200, description = "A page with one button that `POST`s this URL", content_type = "text/html", body = String),
+        (status = 410, description = "Used, expired or unknown", content_type = "text/html", body = String),
+        (status = 429, description = "Too many failed lookups from this address (`Retry-After`)"),
+    )
+)]
+async fn show(
+    State(state): State<AppState>,
+    axum::extract::Path(token): axum::extract::Path<String>,
+    request: Request,
+) -> Result<Response> {
+    let client = client(&request);
+    check_failures(&client)?;
+    let found = lookup(&state, &token).await?;
+    let usable = found.filter(|(row, request)| {
+        row.used_at.is_none()
+            && row.expires_at > crate::model::now()
+            && request.status == PermissionStatus::Pending
+    });
+    let Some((row, request)) = usable else {
+        let _ = failed(client);
+        return Ok(page(
+            StatusCode::GONE,
+            "This action is no longer available",
+            "<p>It was used already, it expired, or the request was answered.</p>",
+        ));
+    };
+    let title = request
+        .tool_call
+        .get("title")
+        .and_then(|t| t.as_str())
+        .unwrap_or("A tool call");
+    let body = format!(
+        "<p>{}</p><form method=\"post\"><button type=\"submit\">{}</button></form>",
+        escape(title),
+        escape(&option_name(&request, &row.option_id)),
+    );
+    Ok(page(StatusCode::OK, "Answer the agent", &body))
+}
+
+fn page(status: StatusCode, heading: &str, body: &str) -> Response {
+    let html = format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <meta name=\"referrer\" content=\"no-referrer\">\
+         <title>{heading}</title></head><body><h1>{heading}</h1>{body}</body></html>"
+    );
+    (
+        status,
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/html; charset=utf-8"),
+            ),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static(PAGE_CSP),
+            ),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
+            (
+                header::REFERRER_POLICY,
+                HeaderValue::from_static("no-referrer"),
+            ),
+        ],
+        html,
+    )
+        .into_response()
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
+}
+
+/// Answers the request with the token's option, once: audited as
+/// `decided_by: "user:<name>"`, `via: "notification"`. The token is used
+/// whatever comes of it.
+#[utoipa::path(
+    post, operation_id = "answerAction", path = "/api/v1/actions/{token}", tag = "notifications",
+    security(()),
+    params(("token" = String, Path, description = "The action URL's token")),
+    responses(
+        (status = 200, description = "Answered", body = PermissionRequest),
+        (status = 409, description = "`already_resolved` (member `request`): someone answered first; or `agent_gone`"),
+        (status = 410, description = "Used, expired or unknown"),
+        (status = 429, description = "Too many failed lookups from this address (`Retry-After`)"),
+    )
+)]
+async fn answer(
+    State(state): State<AppState>,
+    axum::extract::Path(token): axum::extract::Path<String>,
+    request: Request,
+) -> Result<Json<PermissionRequest>> {
+    let client = client(&request);
+    check_failures(&client)?;
+    if !well_formed(&token) {
+        return Err(failed(client));
+    }
+    let hash = crate::auth::hash_token(&token);
+    let now = crate::model::now();
+    let Some((row, first)) = state.store().use_action_token(&hash, now).await? else {
+        return Err(failed(client));
+    };
+    if !first || row.expires_at <= now {
+        return Err(failed(client));
+    }
+    let request = state
+        .store()
+        .get_permission(row.request_id)
+        .await?
+        .ok_or_else(|| failed(client))?;
+    if request.status != PermissionStatus::Pending {
+        return Err(already_resolved(request));
+    }
+    let decided_by = format!("user:{}", row.user_name);
+    let answer = Answer::Option(row.option_id.clone());
+    let via = Some("notification".to_owned());
+    let owner = row.user_name.clone();
+    let held = state.sessions().respond_held(
+        request.id,
+        |o| o == Some(owner.as_str()),
+        answer.clone(),
+        decided_by.clone(),
+        via.clone(),
+    );
+    let answered = match held.await {
+        Some(answered) => answered?,
+        None => {
+            state
+                .sessions()
+                .respond(&request, answer, decided_by, via)
+                .await?
+        }
+    };
+    // The same answer given another way first reads back as success from
+    // the shared path: only ours counts as this action's.
+    match &answered.decision {
+        Some(d) if d.via.as_deref() == Some("notification") => Ok(Json(answered)),
+        _ => Err(already_resolved(answered)),
+    }
+}
+
+fn already_resolved(request: PermissionRequest) -> Error {
+    Error::Conflict {
+        code: "already_resolved",
+        detail: format!(
+            "permission request {} is already {}",
+            request.id,
+            request.status.as_str()
+        ),
+        extra: Some(serde_json::json!({ "request": request })),
+    }
+}

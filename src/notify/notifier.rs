@@ -1,0 +1,513 @@
+//! The notifier: one task that follows the bus's global channel and who is
+//! present, feeds the [`rules`](super::rules), and hands each notification
+//! they find due to the outbox ([`Enqueue`]) with a complete body.
+//!
+//! One timer for everything: the task sleeps until the rules' next
+//! deadline (or the next fact), never one sleep per request.
+//!
+//! Each node notifies for the conversations whose events it commits itself
+//! (events relayed from other nodes are skipped: their own node notifies);
+//! presence is counted on this node. On start (and after falling behind on
+//! the bus) it reads the store's pending requests of its own conversations,
+//! so that anything past its grace and not yet notified is notified: the
+//! outbox's keys stop duplicates.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use chrono::Utc;
+use serde_json::Value;
+use tokio::sync::broadcast::error::RecvError;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::presence::{Presence, PresenceChange};
+use super::rules::{Due, Fact, Rules, Settings};
+use super::{
+    Action, ConversationRef, Enqueue, Notification, NotificationEvent, Outgoing, RequestRef,
+    TurnRef,
+};
+use crate::bus::EventBus;
+use crate::cluster::Node;
+use crate::config::Config;
+use crate::error::Result;
+use crate::model::{event_type, Conversation, Event, MessageRole, PermissionRequest};
+use crate::store::{PermissionFilter, Store};
+
+/// How much of the agent's last message a `turn_ended` notification
+/// carries, in characters.
+pub const SUMMARY_CHARS: usize = 200;
+/// How often expired action tokens are deleted.
+const SWEEP: std::time::Duration = std::time::Duration::from_secs(3600);
+/// How soon a notification that could not be handed over is tried again.
+const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Mints the action URLs of a request's options for a user (see
+/// `crate::api::actions`); none without `base_url`.
+#[async_trait::async_trait]
+pub trait MintActions: Send + Sync {
+    async fn mint(&self, request: &PermissionRequest, user: &str) -> Result<Vec<Action>>;
+}
+
+/// What the notifier needs, passed in.
+pub struct Notifier {
+    pub config: Config,
+    pub store: Arc<dyn Store>,
+    pub bus: EventBus,
+    pub node: Node,
+    pub presence: Presence,
+    pub enqueue: Arc<dyn Enqueue>,
+    pub actions: Option<Arc<dyn MintActions>>,
+}
+
+/// What the notifier remembers of a conversation.
+struct Known {
+    conversation: Conversation,
+    last_turn: Option<Uuid>,
+}
+
+struct State {
+    rules: Rules,
+    conversations: HashMap<Uuid, Known>,
+    requests: HashMap<Uuid, PermissionRequest>,
+}
+
+impl Notifier {
+    /// Runs until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) {
+        // Subscribed before reading the store: nothing falls between them.
+        let mut events = self.bus.subscribe_all();
+        let mut presence = self.presence.watch();
+        let n = &self.config.notifications;
+        let mut state = State {
+            rules: Rules::new(Settings {
+                grace: n.grace,
+                reminder_before: n.reminder_before,
+                min_turn: n.min_turn,
+            }),
+            conversations: HashMap::new(),
+            requests: HashMap::new(),
+        };
+        self.catch_up(&mut state).await;
+        // What could not be handed over (the database away): tried again.
+        let mut unsent: Vec<Due> = Vec::new();
+        let mut sweep = tokio::time::interval(SWEEP);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            let mut sleep = state.rules.next_deadline().map(|at| {
+                (at - Utc::now())
+                    .to_std()
+                    .unwrap_or(std::time::Duration::ZERO)
+            });
+            if !unsent.is_empty() {
+                sleep = Some(sleep.map_or(RETRY, |s| s.min(RETRY)));
+            }
+            let mut due = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                received = events.recv() => match received {
+                    Ok(published) if published.relayed => continue,
+                    Ok(published) => match parse(&published.json) {
+                        Some(event) => self.event(&mut state, event, published.owner.as_deref()).await,
+                        None => continue,
+                    },
+                    Err(RecvError::Lagged(_)) => {
+                        self.catch_up(&mut state).await;
+                        Vec::new()
+                    }
+                    Err(RecvError::Closed) => return,
+                },
+                change = presence.recv() => match change {
+                    Some(PresenceChange { user, present }) => {
+                        state.rules.observe(Fact::Presence { user, present }, Utc::now())
+                    }
+                    None => return,
+                },
+                _ = sleep_for(sleep) => state.rules.due(Utc::now()),
+                _ = sweep.tick() => {
+                    self.sweep_action_tokens().await;
+                    Vec::new()
+                }
+            };
+            due.append(&mut unsent);
+            for due in due {
+                if let Err(e) = self.hand_over(&mut state, due.clone()).await {
+                    tracing::warn!(error = %e, "a due notification could not be enqueued; trying again");
+                    unsent.push(due);
+                }
+            }
+        }
+    }
+
+    /// Deletes expired action tokens (they would answer 410 anyway).
+    async fn sweep_action_tokens(&self) {
+        if self.actions.is_none() {
+            return;
+        }
+        match self.store.delete_expired_action_tokens(Utc::now()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(deleted = n, "expired action tokens deleted"),
+            Err(e) => tracing::warn!(error = %e, "could not delete expired action tokens"),
+        }
+    }
+
+    /// Takes in the store's pending requests of this node's conversations
+    /// (and forgets those no longer pending).
+    async fn catch_up(&self, state: &mut State) {
+        let pending = match self
+            .store
+            .list_permissions(&PermissionFilter {
+                pending_only: true,
+                conversation_id: None,
+                owner: None,
+            })
+            .await
+        {
+            Ok(pending) => pending,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the pending requests to notify");
+                return;
+            }
+        };
+        // Those answered while this task was not following (fallen behind).
+        let still: std::collections::HashSet<Uuid> = pending.iter().map(|r| r.id).collect();
+        let gone: Vec<Uuid> = state
+            .requests
+            .keys()
+            .filter(|id| !still.contains(id))
+            .copied()
+            .collect();
+        for request in gone {
+            state.requests.remove(&request);
+            state.rules.observe(Fact::Answered { request }, Utc::now());
+        }
+        for request in pending {
+            let Some(known) = self.known(state, request.conversation_id).await else {
+                continue;
+            };
+            let own = !self.node.is_shared() || known.conversation.node_id == Some(self.node.id());
+            if own {
+                self.asked(state, request);
+            }
+        }
+    }
+
+    /// The conversation, read once.
+    async fn known<'a>(&self, state: &'a mut State, id: Uuid) -> Option<&'a Known> {
+        if let std::collections::hash_map::Entry::Vacant(slot) = state.conversations.entry(id) {
+            let conversation = self.store.get_conversation(id).await.ok()??;
+            slot.insert(Known {
+                conversation,
+                last_turn: None,
+            });
+        }
+        state.conversations.get(&id)
+    }
+
+    fn asked(&self, state: &mut State, request: PermissionRequest) {
+        let Some(known) = state.conversations.get(&request.conversation_id) else {
+            return;
+        };
+        let Some(user) = known.conversation.owner.clone() else {
+            return;
+        };
+        let timeout_at = self
+            .config
+            .agent(&known.conversation.agent)
+            .and_then(|p| p.permission_timeout)
+            .and_then(|t| chrono::Duration::from_std(t).ok())
+            .map(|t| request.created_at + t);
+        let fact = Fact::Asked {
+            request: request.id,
+            conversation: request.conversation_id,
+            user,
+            at: request.created_at,
+            timeout_at,
+        };
+        state.rules.observe(fact, Utc::now());
+        state.requests.insert(request.id, request);
+    }
+
+    /// An event this node committed.
+    async fn event(&self, state: &mut State, event: Event, owner: Option<&str>) -> Vec<Due> {
+        let Some(user) = owner.map(str::to_owned) else {
+            return Vec::new();
+        };
+        let conversation = event.conversation_id;
+        let turn_id = || {
+            event
+                .data
+                .get("turn_id")
+                .and_then(Value::as_str)
+                .and_then(|t| Uuid::parse_str(t).ok())
+        };
+        let now = Utc::now();
+        match event.kind.as_str() {
+            event_type::PERMISSION_REQUESTED => {
+                let Ok(request) = serde_json::from_value::<PermissionRequest>(event.data) else {
+                    return Vec::new();
+                };
+                if self.known(state, conversation).await.is_some() {
+                    self.asked(state, request);
+                }
+                Vec::new()
+            }
+            event_type::PERMISSION_RESOLVED => {
+                match event
+                    .data
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .and_then(|t| Uuid::parse_str(t).ok())
+                {
+                    Some(request) => {
+                        state.requests.remove(&request);
+                        state.rules.observe(Fact::Answered { request }, now)
+                    }
+                    None => Vec::new(),
+                }
+            }
+            event_type::TURN_STARTED => {
+                let Some(turn) = turn_id() else {
+                    return Vec::new();
+                };
+                self.known(state, conversation).await;
+                if let Some(known) = state.conversations.get_mut(&conversation) {
+                    known.last_turn = Some(turn);
+                }
+                state.rules.observe(
+                    Fact::TurnStarted {
+                        conversation,
+                        turn,
+                        at: event.at,
+                    },
+                    now,
+                )
+            }
+            event_type::TURN_ENDED => {
+                let Some(turn) = turn_id() else {
+                    return Vec::new();
+                };
+                let stop_reason = event
+                    .data
+                    .get("stop_reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned();
+                state.rules.observe(
+                    Fact::TurnEnded {
+                        conversation,
+                        user,
+                        turn,
+                        at: event.at,
+                        stop_reason,
+                    },
+                    now,
+                )
+            }
+            event_type::AGENT_STATUS
+                if event.data.get("status").and_then(Value::as_str) == Some("failed") =>
+            {
+                let turn = state
+                    .conversations
+                    .get_mut(&conversation)
+                    .and_then(|k| k.last_turn.take());
+                let detail = event
+                    .data
+                    .get("detail")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                state.rules.observe(
+                    Fact::AgentFailed {
+                        conversation,
+                        seq: event.seq,
+                        user,
+                        turn,
+                        detail,
+                    },
+                    now,
+                )
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Builds the notification's body and enqueues it.
+    async fn hand_over(&self, state: &mut State, mut due: Due) -> Result<()> {
+        // Tried again later: requests answered meanwhile are left out.
+        match &mut due {
+            Due::Waiting { requests, .. } => {
+                requests.retain(|r| state.requests.contains_key(r));
+                if requests.is_empty() {
+                    return Ok(());
+                }
+            }
+            Due::Reminder { request, .. } if !state.requests.contains_key(request) => {
+                return Ok(());
+            }
+            _ => {}
+        }
+        let user = due.user().to_owned();
+        let keys = due.keys();
+        let (event, conversation_id, request, turn, count) = match &due {
+            Due::Waiting { requests, .. } => {
+                let first = state.requests.get(&requests[0]);
+                (
+                    NotificationEvent::PermissionWaiting,
+                    first.map(|r| r.conversation_id),
+                    first.cloned(),
+                    None,
+                    requests.len() as u32,
+                )
+            }
+            Due::Reminder { request, .. } => {
+                let request = state.requests.get(request);
+                (
+                    NotificationEvent::PermissionReminder,
+                    request.map(|r| r.conversation_id),
+                    request.cloned(),
+                    None,
+                    1,
+                )
+            }
+            Due::TurnEnded {
+                conversation,
+                turn,
+                stop_reason,
+                ..
+            } => {
+                let summary = self.summary(*conversation, *turn).await;
+                (
+                    NotificationEvent::TurnEnded,
+                    Some(*conversation),
+                    None,
+                    Some(TurnRef {
+                        id: *turn,
+                        stop_reason: Some(stop_reason.clone()),
+                        summary,
+                    }),
+                    0,
+                )
+            }
+            Due::AgentFailed {
+                conversation,
+                turn,
+                detail,
+                ..
+            } => (
+                NotificationEvent::AgentFailed,
+                Some(*conversation),
+                None,
+                turn.map(|id| TurnRef {
+                    id,
+                    stop_reason: Some("error".into()),
+                    summary: detail.clone(),
+                }),
+                0,
+            ),
+        };
+        let conversation = match conversation_id {
+            Some(id) => self.known(state, id).await.map(|k| ConversationRef {
+                id,
+                title: k.conversation.title.clone(),
+                agent: k.conversation.agent.clone(),
+            }),
+            None => None,
+        };
+        let actions = match (&request, &self.actions) {
+            (Some(request), Some(minter)) => minter.mint(request, &user).await?,
+            _ => Vec::new(),
+        };
+        let body = Notification {
+            event,
+            delivery_id: Uuid::nil(),
+            at: Utc::now(),
+            user,
+            conversation,
+            request: request.as_ref().map(request_ref),
+            turn,
+            count,
+            actions,
+        };
+        let outgoing = Outgoing {
+            keys,
+            collapse_key: conversation_id.map(|id| id.to_string()),
+            body,
+        };
+        let (event, count) = (outgoing.body.event, outgoing.body.count);
+        let fresh = self.enqueue.enqueue(outgoing).await?;
+        tracing::debug!(
+            conversation_id = ?conversation_id,
+            event = event.as_str(),
+            count,
+            fresh,
+            "notification handed to the outbox"
+        );
+        Ok(())
+    }
+
+    /// The start of the agent's last message of the turn.
+    async fn summary(&self, conversation: Uuid, turn: Uuid) -> Option<String> {
+        let messages = self.store.list_messages(conversation).await.ok()?;
+        let last = messages
+            .iter()
+            .rev()
+            .find(|m| m.role == MessageRole::Agent && m.turn_id == Some(turn))?;
+        let text: String = last
+            .content
+            .iter()
+            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .collect();
+        Some(text.chars().take(SUMMARY_CHARS).collect())
+    }
+}
+
+/// What a notification says of a request: from its tool call.
+pub fn request_ref(request: &PermissionRequest) -> RequestRef {
+    let call = &request.tool_call;
+    let text = |k: &str| call.get(k).and_then(Value::as_str).map(str::to_owned);
+    let command = call
+        .get("rawInput")
+        .and_then(|input| input.get("command"))
+        .and_then(|c| match c {
+            Value::String(s) => Some(s.clone()),
+            Value::Array(parts) => Some(
+                parts
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ),
+            _ => None,
+        });
+    RequestRef {
+        id: request.id,
+        title: text("title"),
+        kind: text("kind"),
+        command,
+    }
+}
+
+/// The events the rules care about, parsed; others (streamed chunks, of
+/// any size) are only scanned for their type.
+fn parse(json: &str) -> Option<Event> {
+    #[derive(serde::Deserialize)]
+    struct Head<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: std::borrow::Cow<'a, str>,
+    }
+    let head: Head = serde_json::from_str(json).ok()?;
+    match &*head.kind {
+        event_type::PERMISSION_REQUESTED
+        | event_type::PERMISSION_RESOLVED
+        | event_type::TURN_STARTED
+        | event_type::TURN_ENDED
+        | event_type::AGENT_STATUS => serde_json::from_str(json).ok(),
+        _ => None,
+    }
+}
+
+async fn sleep_for(duration: Option<std::time::Duration>) {
+    match duration {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
