@@ -119,7 +119,7 @@ impl Gateway {
         let state = AppState::new(config, auth, sessions, outbox.clone());
         // What the rules find due goes to the outbox (a test may record it
         // instead).
-        let enqueue = enqueue.unwrap_or_else(|| outbox as Arc<dyn crate::notify::Enqueue>);
+        let enqueue = enqueue.unwrap_or(outbox as Arc<dyn crate::notify::Enqueue>);
         let notifier = Some(Notifier {
             config: state.config().clone(),
             store: state.sessions().sink().store.clone(),

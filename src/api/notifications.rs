@@ -394,7 +394,7 @@ async fn create(
             let auth = check_key(&sub.keys.auth, "subscription.keys.auth", 16)?;
             // 65 bytes, and a point of the curve: payloads can be encrypted to it.
             crate::notify::web_push::check_subscription(&p256dh, &auth)
-                .map_err(|e| unprocessable("subscription.keys", &e.to_string()))?;
+                .map_err(|e| unprocessable("subscription.keys", e))?;
             TargetConfig::WebPush {
                 endpoint: check_url(&state, &sub.endpoint, "subscription.endpoint").await?,
                 p256dh,
