@@ -762,8 +762,27 @@ async fn bad_targets_are_refused_with_422(db: TestDb) {
             "{body}: {problem}"
         );
     }
-    // A valid subscription is taken (its 65 and 16 bytes, padded or not).
-    let key65 = format!("BA{}", "A".repeat(85));
+    // 65 bytes that are not a point of the curve: nothing could be
+    // encrypted to it.
+    let not_a_point = format!("BA{}", "A".repeat(85));
+    let (status, problem) = call(
+        &gw,
+        "POST",
+        "/api/v1/notification-targets",
+        Some(&ann),
+        Some(json!({"kind": "web_push", "subscription": {"endpoint": "http://127.0.0.1:9/push", "keys": {"p256dh": not_a_point, "auth": "AAAAAAAAAAAAAAAAAAAAAA"}}})),
+    )
+    .await;
+    assert_eq!(status, 422, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("not a P-256 public key"),
+        "{problem}"
+    );
+    // A valid subscription is taken (a real point, its 16 bytes padded or not).
+    let key65 = acp_gateway::notify::vapid::generate().public_b64;
     create(&gw, &ann, json!({"kind": "web_push", "subscription": {"endpoint": "http://127.0.0.1:9/push", "keys": {"p256dh": key65, "auth": "AAAAAAAAAAAAAAAAAAAAAA=="}}})).await;
     gw.stop().await;
 }

@@ -34,6 +34,14 @@ struct Browser {
 impl Browser {
     /// `None` (the test is skipped) where no browser can run here.
     async fn open(gw: &TestGateway) -> Option<Browser> {
+        Browser::launch(Some(&gw.base))
+            .await
+            .map(|(browser, _)| browser)
+    }
+
+    /// A browser whose proxy has no gateway behind it yet (`upstream`
+    /// gives it one), and the origin the page is served from.
+    async fn launch(gateway: Option<&str>) -> Option<(Browser, String)> {
         let driver = web_tests_dir().join("driver.mjs");
         let installed = web_tests_dir().join("node_modules/playwright-core/package.json");
         if !Path::new(CHROMIUM).exists() || !installed.exists() {
@@ -45,9 +53,12 @@ impl Browser {
             eprintln!("skipped: needs {CHROMIUM} and `npm ci --prefix tests/web` (see the README)");
             return None;
         }
-        let mut child = tokio::process::Command::new("node")
+        let mut command = tokio::process::Command::new("node");
+        if let Some(gateway) = gateway {
+            command.env("GATEWAY", gateway);
+        }
+        let mut child = command
             .arg(driver)
-            .env("GATEWAY", &gw.base)
             .env("CHROMIUM", CHROMIUM)
             .env("WAIT_MS", WAIT.as_millis().to_string())
             .stdin(Stdio::piped())
@@ -62,8 +73,9 @@ impl Browser {
             stdin,
             lines,
         };
-        browser.answer().await.expect("the browser starts");
-        Some(browser)
+        let started = browser.answer().await.expect("the browser starts");
+        let origin = started["origin"].as_str().unwrap().to_owned();
+        Some((browser, origin))
     }
 
     async fn answer(&mut self) -> Result<Value, String> {
@@ -588,5 +600,145 @@ async fn a_request_carrying_only_its_tool_call_id_shows_the_command_on_the_card(
     assert!(!card.contains("The agent asks permission"), "{card}");
     browser.click("button", "Reject").await;
     ws.until_type("turn_ended").await;
+    browser.close().await;
+}
+
+/// A loopback receiver of what the gateway sends out: `/hook` (a webhook
+/// target: the notification's JSON body) and `/push` (a Web Push
+/// subscription's endpoint: an encrypted payload), each recorded as
+/// (path, content-encoding, body).
+async fn receiver() -> (
+    String,
+    tokio::sync::mpsc::UnboundedReceiver<(String, String, Vec<u8>)>,
+) {
+    use axum::extract::Request;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let app = axum::Router::new().fallback(move |request: Request| {
+        let tx = tx.clone();
+        async move {
+            let path = request.uri().path().to_owned();
+            let encoding = request
+                .headers()
+                .get("content-encoding")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            let body = axum::body::to_bytes(request.into_body(), 1 << 20)
+                .await
+                .unwrap_or_default();
+            let _ = tx.send((path, encoding, body.to_vec()));
+            axum::http::StatusCode::CREATED
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, rx)
+}
+
+/// Notifications on a phone, end to end: the settings page subscribes this
+/// browser (the Push API stubbed at its boundary: offline, Chromium has no
+/// push service) and makes a web_push target; an agent asks while nobody
+/// looks; the gateway delivers to the subscription's endpoint (encrypted)
+/// and to a webhook; the service worker, given that notification as a push
+/// (DevTools), shows it with the request's options, and a tap on "Allow
+/// once" answers the request through its action URL: the turn goes on.
+#[tokio::test]
+async fn a_notification_on_this_device_answers_the_request_from_its_button() {
+    let Some((mut browser, origin)) = Browser::launch(None).await else {
+        return;
+    };
+    let db = db().await;
+    let (receiver_url, mut received) = receiver().await;
+    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    config.notifications.base_url = Some(origin.clone());
+    config.notifications.grace = std::time::Duration::from_millis(100);
+    config.notifications.allow_private_targets = true;
+    let gw = TestGateway::start_with(config).await;
+    browser.run(json!({"do": "upstream", "url": gw.base})).await;
+    browser
+        .run(json!({"do": "stub_push", "endpoint": format!("{receiver_url}/push")}))
+        .await;
+
+    // "Notify me on this device" from the settings view.
+    browser.goto("/#/settings").await;
+    browser.run(json!({"do": "sw_ready"})).await;
+    browser.click("button", "Notify me on this device").await;
+    browser
+        .wait_for_text(
+            "section.notifications .status",
+            "This device gets notifications.",
+        )
+        .await;
+    browser.wait("li.target[data-kind=web_push]").await;
+    let (_, targets) = gw.get("/api/v1/notification-targets").await;
+    assert_eq!(targets["items"][0]["kind"], "web_push", "{targets}");
+    let (status, hook) = gw
+        .post(
+            "/api/v1/notification-targets",
+            json!({"kind": "webhook", "url": format!("{receiver_url}/hook"), "label": "hook"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{hook}");
+
+    // Nobody looks: the page leaves the app (its sockets close), the agent asks.
+    browser.goto("/ui/app.css").await;
+    let (conversation, mut ws) = gw.open_conversation("demo").await;
+    gw.prompt(&conversation, "tool").await;
+    let request = ws.until_type("permission_requested").await.pop().unwrap()["data"].clone();
+    let mut pushed = None;
+    let mut hooked = None;
+    while pushed.is_none() || hooked.is_none() {
+        let (path, encoding, body) = tokio::time::timeout(WAIT, received.recv())
+            .await
+            .expect("the gateway delivers to both targets")
+            .unwrap();
+        match path.as_str() {
+            "/push" => pushed = Some((encoding, body)),
+            "/hook" => hooked = Some(serde_json::from_slice::<Value>(&body).unwrap()),
+            other => panic!("unexpected delivery to {other}"),
+        }
+    }
+    let (encoding, payload) = pushed.unwrap();
+    assert_eq!(encoding, "aes128gcm", "Web Push payloads are encrypted");
+    assert!(
+        !payload.windows(9).any(|w| w == b"hello.txt"),
+        "not in clear"
+    );
+    let notification = hooked.unwrap();
+    assert_eq!(
+        notification["event"], "permission_waiting",
+        "{notification}"
+    );
+    assert_eq!(notification["request"]["id"], request["id"]);
+
+    // The service worker shows it, with the request's options as buttons.
+    browser
+        .run(json!({"do": "push", "data": notification}))
+        .await;
+    let shown = browser.run(json!({"do": "notifications"})).await;
+    assert_eq!(shown.as_array().unwrap().len(), 1, "{shown}");
+    assert_eq!(
+        shown[0]["title"], "Waiting for you: Write hello.txt",
+        "{shown}"
+    );
+    assert_eq!(shown[0]["tag"], conversation.as_str());
+    assert_eq!(shown[0]["actions"][0], "allow-once", "{shown}");
+
+    // A tap on "Allow once" answers it: the agent goes on.
+    browser
+        .run(json!({"do": "notification_click", "action": "allow-once"}))
+        .await;
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+    let (_, answered) = gw
+        .get(&format!(
+            "/api/v1/permissions/{}",
+            request["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(answered["status"], "approved", "{answered}");
+    assert_eq!(answered["decision"]["option_id"], "allow-once");
+    assert_eq!(answered["decision"]["via"], "notification");
     browser.close().await;
 }
