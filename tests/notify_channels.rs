@@ -692,6 +692,12 @@ async fn fcm_through_the_outbox_end_to_end(db: TestDb) {
     assert_eq!(data["request_title"], "Run echo notified");
     assert!(!data.contains_key("command"), "minimal detail: {message}");
     assert_eq!(message["android"]["priority"], "high");
+    // The conversation's next notification replaces this one.
+    assert_eq!(message["android"]["collapse_key"], conversation.as_str());
+    assert_eq!(
+        message["apns"]["headers"]["apns-collapse-id"],
+        conversation.as_str()
+    );
     let actions: Vec<Action> = serde_json::from_str(data["actions"].as_str().unwrap()).unwrap();
     let options: Vec<&str> = actions.iter().map(|a| a.option_id.as_str()).collect();
     assert_eq!(
