@@ -716,7 +716,36 @@ async fn fcm_through_the_outbox_end_to_end(db: TestDb) {
     gw.stop().await;
 }
 
+/// The other side of minimal: at `detail = "full"` FCM gets the command.
+async fn fcm_at_full_detail_gets_the_command(db: TestDb) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("service-account.json");
+    let service = Service::start("fcm_service.py", &[file.to_str().unwrap()]);
+    let mut config = notifying_config(&db);
+    config.notifications.detail = acp_gateway::config::NotificationDetail::Full;
+    config.notifications.fcm = Some(FcmConfig {
+        service_account_file: file,
+        api_base: Some(service.base.clone()),
+    });
+    let gw = TestGateway::start_with(config).await;
+    let device = create_target(&gw, json!({"kind": "fcm", "device_token": "device-e2e"})).await;
+    let mut watch = gw.outbox.watch();
+    let (_, mut ws, request) = waiting_request(&gw).await;
+    let attempts = attempts_of(&mut watch, "permission_waiting", &[&device]).await;
+    assert_eq!(attempts[&device].outcome, "delivered", "{attempts:?}");
+    let seen = service.seen().await;
+    let sends = seen["sends"].as_array().unwrap();
+    assert_eq!(sends.len(), 1, "{seen:#?}");
+    let data = &sends[0]["body"]["message"]["data"];
+    assert_eq!(data["request_id"], request["id"]);
+    assert_eq!(data["command"], "echo notified", "{data}");
+    let actions: Vec<Action> = serde_json::from_str(data["actions"].as_str().unwrap()).unwrap();
+    answer_through(&gw, &mut ws, &request, &actions).await;
+    gw.stop().await;
+}
+
 backend_tests!(
     web_push_through_the_outbox_end_to_end,
     fcm_through_the_outbox_end_to_end,
+    fcm_at_full_detail_gets_the_command,
 );
