@@ -1,7 +1,9 @@
 //! The Web Push and FCM channels against stand-ins of their services on
 //! loopback, which check what the gateway sends with libraries of their
 //! own (Python `http_ece`, PyJWT, cryptography: see
-//! `tests/notify-services/`), never with the gateway's code.
+//! `tests/notify-services/`), never with the gateway's code: first each
+//! channel alone, then both through a real gateway's outbox (both
+//! databases).
 
 mod common;
 
@@ -16,8 +18,10 @@ use acp_gateway::notify::{
     vapid, web_push, Action, ConversationRef, DeliveryOutcome, Notification, NotificationEvent,
     RequestRef,
 };
+use acp_gateway::store::notify::AttemptRecord;
 use base64::Engine as _;
-use serde_json::Value;
+use common::{call, TestDb, TestGateway, WAIT};
+use serde_json::{json, Value};
 use uuid::Uuid;
 
 /// A stand-in service: a Python subprocess, killed (by its pid) when this is
@@ -392,3 +396,356 @@ async fn fcm_does_not_call_a_404_that_is_no_fcm_error_gone() {
         "{outcome:?}"
     );
 }
+
+// End to end: the same stand-ins as targets of a real gateway, reached
+// through its outbox, for a test notification and for a real permission
+// request of the demo agent left unanswered (nobody present: the
+// WebSocket used to follow the conversation never says it is visible).
+
+/// Where the gateway says it is reached: action URLs start with it.
+const BASE: &str = "https://gateway.example";
+/// The demo agent's scenario asking to run a command (its tool call
+/// carries `rawInput.command`, so the detail rules have something to keep
+/// or leave out).
+const PROMPT: &str = "execute echo notified";
+
+/// A gateway with the demo agent, admitting targets on loopback, notifying
+/// a request 100 ms after it is made.
+fn notifying_config(db: &TestDb) -> acp_gateway::config::Config {
+    let mut config = TestGateway::config(db, vec![common::demo_profile("demo", &[])]);
+    config.notifications.allow_private_targets = true;
+    config.notifications.grace = Duration::from_millis(100);
+    config.notifications.base_url = Some(BASE.into());
+    config
+}
+
+/// Creates a target (no tokens: as the anonymous user); its id.
+async fn create_target(gw: &TestGateway, body: Value) -> String {
+    let (status, created) =
+        call(gw, "POST", "/api/v1/notification-targets", None, Some(body)).await;
+    assert_eq!(status, 201, "{created}");
+    created["id"].as_str().unwrap().to_owned()
+}
+
+/// `POST …/{id}/test`: the attempt it answers.
+async fn test_target(gw: &TestGateway, id: &str) -> Value {
+    let path = format!("/api/v1/notification-targets/{id}/test");
+    let (status, answer) = call(gw, "POST", &path, None, None).await;
+    assert_eq!(status, 200, "{answer}");
+    answer
+}
+
+/// The targets as listed, by id.
+async fn listed_targets(gw: &TestGateway) -> std::collections::HashMap<String, Value> {
+    let (status, body) = call(gw, "GET", "/api/v1/notification-targets", None, None).await;
+    assert_eq!(status, 200, "{body}");
+    body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["id"].as_str().unwrap().to_owned(), t.clone()))
+        .collect()
+}
+
+/// The next attempts of `event` the outbox records, one per target in
+/// `targets`, by target id.
+async fn attempts_of(
+    watch: &mut tokio::sync::broadcast::Receiver<AttemptRecord>,
+    event: &str,
+    targets: &[&str],
+) -> std::collections::HashMap<String, AttemptRecord> {
+    let mut got = std::collections::HashMap::new();
+    while got.len() < targets.len() {
+        let attempt = tokio::time::timeout(WAIT, watch.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{event} is attempted for {targets:?} in time: {got:?}"))
+            .unwrap();
+        let target = attempt.target_id.to_string();
+        if attempt.event == event && targets.contains(&target.as_str()) {
+            assert!(
+                got.insert(target, attempt.clone()).is_none(),
+                "one attempt per target: {attempt:?}"
+            );
+        }
+    }
+    got
+}
+
+/// A conversation with the demo agent asking for permission to run a
+/// command; its id, the WebSocket following it, and the request.
+async fn waiting_request(gw: &TestGateway) -> (String, common::Ws, Value) {
+    let (conversation, mut ws) = gw.open_conversation("demo").await;
+    gw.prompt(&conversation, PROMPT).await;
+    let request = ws.until_type("permission_requested").await.pop().unwrap()["data"].clone();
+    (conversation, ws, request)
+}
+
+/// Answers a request through an action URL that a notification carried,
+/// and waits until the turn ends.
+async fn answer_through(
+    gw: &TestGateway,
+    ws: &mut common::Ws,
+    request: &Value,
+    actions: &[Action],
+) {
+    let allow = actions
+        .iter()
+        .find(|a| a.option_id == "allow-once")
+        .unwrap_or_else(|| panic!("an allow-once action: {actions:?}"));
+    let path = allow.url.strip_prefix(BASE).unwrap();
+    let (status, answered) = gw.post(path, Value::Null).await;
+    assert_eq!(status, 200, "{answered}");
+    assert_eq!(answered["id"], request["id"]);
+    assert_eq!(answered["decision"]["via"], "notification");
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+}
+
+/// What the push stand-in decrypted of each push it admitted, as JSON.
+fn decrypted_bodies(seen: &Value) -> Vec<(Value, Value)> {
+    seen.as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            assert_eq!(s["ok"], true, "every push passed the checks: {s:#?}");
+            let plain = base64::engine::general_purpose::STANDARD
+                .decode(s["payload_b64"].as_str().unwrap())
+                .unwrap();
+            (serde_json::from_slice(&plain).unwrap(), s.clone())
+        })
+        .collect()
+}
+
+async fn web_push_through_the_outbox_end_to_end(db: TestDb) {
+    let gw = TestGateway::start_with(notifying_config(&db)).await;
+    let (status, key) = call(
+        &gw,
+        "GET",
+        "/api/v1/notifications/vapid-public-key",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{key}");
+    let vapid_key = key["public_key"].as_str().unwrap().to_owned();
+    // The stand-in verifies every JWT against the key the gateway published.
+    let service = Service::start("push_service.py", &[&vapid_key]);
+    let subscription = |mode: &str| {
+        json!({
+            "kind": "web_push",
+            "subscription": {
+                "endpoint": format!("{}/push/{mode}", service.base),
+                "keys": {"p256dh": service.hello["p256dh"], "auth": service.hello["auth"]},
+            },
+        })
+    };
+    let ok = create_target(&gw, subscription("ok")).await;
+
+    // (a) A test notification.
+    let answer = test_target(&gw, &ok).await;
+    assert_eq!(answer["outcome"], "delivered", "{answer}");
+    assert_eq!(answer["http_status"], 201, "{answer}");
+    let seen = decrypted_bodies(&service.seen().await);
+    assert_eq!(seen.len(), 1, "{seen:#?}");
+    let (body, push) = &seen[0];
+    assert_eq!(body["event"], "test", "{body}");
+    assert_eq!(body["delivery_id"], answer["delivery_id"]);
+    assert_eq!(body["user"], "anonymous");
+    assert_eq!(push["jwt_verified"], true);
+    assert_eq!(push["k"], vapid_key.as_str());
+    assert_eq!(push["claims"]["aud"], service.base.as_str());
+    assert_eq!(push["headers"]["urgency"], "normal");
+
+    // (b) A real request, nobody present: one push to each target, the one
+    // whose service answers 410 made gone.
+    let gone = create_target(&gw, subscription("gone")).await;
+    let mut watch = gw.outbox.watch();
+    let (conversation, mut ws, request) = waiting_request(&gw).await;
+    let attempts = attempts_of(&mut watch, "permission_waiting", &[&ok, &gone]).await;
+    assert_eq!(attempts[&ok].outcome, "delivered", "{attempts:?}");
+    assert_eq!(attempts[&ok].http_status, Some(201));
+    assert_eq!(attempts[&gone].outcome, "gone", "{attempts:?}");
+    assert_eq!(attempts[&gone].http_status, Some(410));
+
+    let seen = decrypted_bodies(&service.seen().await);
+    let waiting: Vec<&(Value, Value)> = seen
+        .iter()
+        .filter(|(body, _)| body["event"] == "permission_waiting")
+        .collect();
+    assert_eq!(waiting.len(), 1, "exactly one: {seen:#?}");
+    let (body, push) = waiting[0];
+    assert_eq!(body["delivery_id"], attempts[&ok].delivery_id.to_string());
+    assert_eq!(body["user"], "anonymous");
+    assert_eq!(body["count"], 1);
+    assert_eq!(body["conversation"]["id"], conversation.as_str());
+    assert_eq!(body["conversation"]["agent"], "demo");
+    assert_eq!(body["request"]["id"], request["id"]);
+    assert_eq!(body["request"]["title"], "Run echo notified");
+    assert_eq!(body["request"]["kind"], "execute");
+    // The default detail is minimal; Web Push is end-to-end encrypted and
+    // gets the command all the same.
+    assert_eq!(
+        gw.config.notifications.detail,
+        acp_gateway::config::NotificationDetail::Minimal
+    );
+    assert_eq!(body["request"]["command"], "echo notified", "{body}");
+    assert_eq!(push["jwt_verified"], true);
+    assert_eq!(push["k"], vapid_key.as_str());
+    assert_eq!(push["headers"]["urgency"], "high");
+    assert_eq!(
+        push["headers"]["topic"],
+        web_push::topic_header(&conversation).as_str()
+    );
+    assert_eq!(push["headers"]["ttl"], "3600");
+    let actions: Vec<Action> = serde_json::from_value(body["actions"].clone()).unwrap();
+    assert_eq!(actions.len(), 4, "{actions:?}");
+
+    // Answered from the notification: the turn ends, nothing more is sent.
+    answer_through(&gw, &mut ws, &request, &actions).await;
+    let listed = listed_targets(&gw).await;
+    assert_eq!(listed[&gone]["gone"], true, "{listed:?}");
+    assert_eq!(listed[&gone]["last_delivery"]["outcome"], "gone");
+    assert_eq!(listed[&ok]["gone"], false, "{listed:?}");
+    assert_eq!(listed[&ok]["last_delivery"]["outcome"], "delivered");
+    let again = decrypted_bodies(&service.seen().await);
+    assert_eq!(
+        again.len(),
+        2,
+        "the test and one permission_waiting: {again:#?}"
+    );
+    gw.stop().await;
+}
+
+async fn fcm_through_the_outbox_end_to_end(db: TestDb) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("service-account.json");
+    // It writes the service account (its token_uri on loopback) before it
+    // says where it listens.
+    let service = Service::start("fcm_service.py", &[file.to_str().unwrap()]);
+    let mut config = notifying_config(&db);
+    config.notifications.fcm = Some(FcmConfig {
+        service_account_file: file,
+        api_base: Some(service.base.clone()),
+    });
+    let gw = TestGateway::start_with(config).await;
+    let device = create_target(&gw, json!({"kind": "fcm", "device_token": "device-e2e"})).await;
+
+    let answer = test_target(&gw, &device).await;
+    assert_eq!(answer["outcome"], "delivered", "{answer}");
+    assert_eq!(answer["http_status"], 200, "{answer}");
+    let seen = service.seen().await;
+    let tokens = seen["token_requests"].as_array().unwrap();
+    assert_eq!(tokens.len(), 1, "{seen:#?}");
+    assert_eq!(tokens[0]["ok"], true, "the assertion verified: {seen:#?}");
+    let sends = seen["sends"].as_array().unwrap();
+    assert_eq!(sends.len(), 1, "{seen:#?}");
+    assert_eq!(
+        sends[0]["admitted"], true,
+        "with the token it issued: {seen:#?}"
+    );
+    let message = &sends[0]["body"]["message"];
+    assert_eq!(message["token"], "device-e2e");
+    assert_eq!(message["notification"]["title"], "Test notification");
+    assert_eq!(message["data"]["event"], "test");
+    assert_eq!(message["data"]["delivery_id"], answer["delivery_id"]);
+
+    // A real request, nobody present, at the default (minimal) detail.
+    let gone = create_target(&gw, json!({"kind": "fcm", "device_token": "gone-device"})).await;
+    let mut watch = gw.outbox.watch();
+    let (conversation, mut ws, request) = waiting_request(&gw).await;
+    let attempts = attempts_of(&mut watch, "permission_waiting", &[&device, &gone]).await;
+    assert_eq!(attempts[&device].outcome, "delivered", "{attempts:?}");
+    assert_eq!(attempts[&gone].outcome, "gone", "{attempts:?}");
+    assert_eq!(attempts[&gone].http_status, Some(404));
+
+    let seen = service.seen().await;
+    assert_eq!(
+        seen["token_requests"].as_array().unwrap().len(),
+        1,
+        "the token is reused: {seen:#?}"
+    );
+    let waiting: Vec<&Value> = seen["sends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["body"]["message"]["data"]["event"] == "permission_waiting")
+        .collect();
+    assert_eq!(waiting.len(), 2, "one per device: {seen:#?}");
+    assert!(waiting.iter().all(|s| s["admitted"] == true), "{seen:#?}");
+    let send = waiting
+        .iter()
+        .find(|s| s["body"]["message"]["token"] == "device-e2e")
+        .unwrap();
+    let message = &send["body"]["message"];
+    assert_eq!(
+        message["notification"]["title"],
+        "demo asks: Run echo notified"
+    );
+    let data = message["data"].as_object().unwrap();
+    assert!(data.values().all(Value::is_string), "{message}");
+    assert_eq!(
+        data["delivery_id"],
+        attempts[&device].delivery_id.to_string()
+    );
+    assert_eq!(data["request_id"], request["id"]);
+    assert_eq!(data["conversation_id"], conversation.as_str());
+    assert_eq!(data["request_title"], "Run echo notified");
+    assert!(!data.contains_key("command"), "minimal detail: {message}");
+    assert_eq!(message["android"]["priority"], "high");
+    // The conversation's next notification replaces this one.
+    assert_eq!(message["android"]["collapse_key"], conversation.as_str());
+    assert_eq!(
+        message["apns"]["headers"]["apns-collapse-id"],
+        conversation.as_str()
+    );
+    let actions: Vec<Action> = serde_json::from_str(data["actions"].as_str().unwrap()).unwrap();
+    let options: Vec<&str> = actions.iter().map(|a| a.option_id.as_str()).collect();
+    assert_eq!(
+        options,
+        ["allow-once", "allow-always", "reject-once", "reject-always"]
+    );
+    assert!(
+        actions.iter().all(|a| a.url.starts_with(BASE)),
+        "{actions:?}"
+    );
+
+    answer_through(&gw, &mut ws, &request, &actions).await;
+    let listed = listed_targets(&gw).await;
+    assert_eq!(listed[&gone]["gone"], true, "{listed:?}");
+    assert_eq!(listed[&device]["gone"], false, "{listed:?}");
+    gw.stop().await;
+}
+
+/// The other side of minimal: at `detail = "full"` FCM gets the command.
+async fn fcm_at_full_detail_gets_the_command(db: TestDb) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("service-account.json");
+    let service = Service::start("fcm_service.py", &[file.to_str().unwrap()]);
+    let mut config = notifying_config(&db);
+    config.notifications.detail = acp_gateway::config::NotificationDetail::Full;
+    config.notifications.fcm = Some(FcmConfig {
+        service_account_file: file,
+        api_base: Some(service.base.clone()),
+    });
+    let gw = TestGateway::start_with(config).await;
+    let device = create_target(&gw, json!({"kind": "fcm", "device_token": "device-e2e"})).await;
+    let mut watch = gw.outbox.watch();
+    let (_, mut ws, request) = waiting_request(&gw).await;
+    let attempts = attempts_of(&mut watch, "permission_waiting", &[&device]).await;
+    assert_eq!(attempts[&device].outcome, "delivered", "{attempts:?}");
+    let seen = service.seen().await;
+    let sends = seen["sends"].as_array().unwrap();
+    assert_eq!(sends.len(), 1, "{seen:#?}");
+    let data = &sends[0]["body"]["message"]["data"];
+    assert_eq!(data["request_id"], request["id"]);
+    assert_eq!(data["command"], "echo notified", "{data}");
+    let actions: Vec<Action> = serde_json::from_str(data["actions"].as_str().unwrap()).unwrap();
+    answer_through(&gw, &mut ws, &request, &actions).await;
+    gw.stop().await;
+}
+
+backend_tests!(
+    web_push_through_the_outbox_end_to_end,
+    fcm_through_the_outbox_end_to_end,
+    fcm_at_full_detail_gets_the_command,
+);
