@@ -12,8 +12,20 @@
 //! notification with `count` > 1, so with one user per conversation every
 //! request is a notification of its own (checked: `count` is 1 in each).
 //! Each conversation's socket is open (to see its agent ready and its
-//! request's `created_at`) but never says it is visible, so nobody counts as
-//! present.
+//! request's `created_at`); in the round measured it never says it is
+//! visible, so nobody counts as present.
+//!
+//! Three rounds, each conversation asking once (`ask 1`) at the same
+//! moment, then every request answered: one to warm up and a control, both
+//! with every owner present (`{"type":"presence","visible":true}`: nothing
+//! comes due, the receiver must get nothing), then the one measured, nobody
+//! present. The gateway's CPU per delivery is its process's CPU time
+//! (`/proc/<pid>/stat`, user + system; the agents are other processes and
+//! not counted) over the measured round minus the same over the control
+//! round (prompts until 300 ms after the last receipt, or after the grace
+//! and the 100 ms batch), divided by the notifications received: what
+//! notifying costs beyond the asking (the notifier, the outbox's rows, the
+//! HTTP request, the attempt recorded).
 //!
 //! Sizes (environment): BENCH_NOTIFY_CONVERSATIONS (200; 0 skips it),
 //! BENCH_NOTIFY_GRACE_MS (200).
@@ -50,13 +62,10 @@ pub struct NotifyReport {
     pub outbox_ms: Vec<f64>,
     /// From the prompts until every request was shown on its socket, s.
     pub ask_secs: f64,
-    /// Notifications that arrived before every request was shown (the
-    /// two CPU windows overlap by that many).
-    pub early: usize,
-    /// Gateway CPU from the prompts until every request was shown.
-    ask_cpu: Cpu,
-    /// Gateway CPU from then until the last notification arrived.
-    notify_cpu: Cpu,
+    /// CPU of the control round: the same asking, owners present.
+    control_cpu: Cpu,
+    /// CPU of the round measured, until the last notification arrived.
+    measured_cpu: Cpu,
 }
 
 impl fmt::Display for NotifyReport {
@@ -68,8 +77,8 @@ impl fmt::Display for NotifyReport {
              due → webhook received p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, min {:.1} ms (target p99 ≤ 250) \
              [due → handed to the outbox p50 {:.1} ms, p99 {:.1} ms; handed → received p50 {:.1} ms, p99 {:.1} ms]; \
              received {} of {}, lost {lost}, duplicates {}, largest count {}; \
-             gateway CPU per delivery {:.2} ms (all asked → last received, {} delivered before all were asked), \
-             per request asked {:.2} ms ({:.2} s to ask them all); bench clients and receiver {:.2} ms per delivery",
+             gateway CPU per delivery {:.2} ms (the round's {:.0} ms − {:.0} ms for the same asking with owners present; \
+             asking itself {:.2} ms per request, {:.2} s to ask them all); bench clients and receiver {:.2} ms per delivery",
             self.backend,
             self.conversations,
             self.grace_ms,
@@ -85,11 +94,12 @@ impl fmt::Display for NotifyReport {
             self.conversations,
             self.duplicates,
             self.max_count,
-            self.notify_cpu.gateway / self.received.max(1) as f64,
-            self.early,
-            self.ask_cpu.gateway / self.conversations as f64,
+            (self.measured_cpu.gateway - self.control_cpu.gateway) / self.received.max(1) as f64,
+            self.measured_cpu.gateway,
+            self.control_cpu.gateway,
+            self.control_cpu.gateway / self.conversations as f64,
             self.ask_secs,
-            self.notify_cpu.client / self.received.max(1) as f64,
+            (self.measured_cpu.client - self.control_cpu.client) / self.received.max(1) as f64,
         )
     }
 }
@@ -212,6 +222,19 @@ async fn asker(served: &Served, operator: &str, receiver: &str, i: usize) -> Ask
     }
 }
 
+impl Asker {
+    /// `{"type":"presence","visible":…}` on its socket.
+    async fn say_present(&mut self, visible: bool) {
+        use futures::SinkExt;
+        let frame = json!({"type": "presence", "visible": visible}).to_string();
+        self.ws
+            .stream
+            .send(tokio_tungstenite::tungstenite::Message::Text(frame.into()))
+            .await
+            .unwrap();
+    }
+}
+
 /// Prompts `ask 1`; the request's id and `created_at` once its socket shows it.
 async fn ask(served: &Served, asker: &mut Asker) -> (String, DateTime<Utc>) {
     let resp = served
@@ -246,6 +269,71 @@ async fn answer(served: &Served, asker: &mut Asker, request: &str) {
     asker.ws.until_type("turn_ended").await;
 }
 
+/// What one round measured.
+struct Round {
+    /// Each request's id and `created_at`.
+    asked: Vec<(String, DateTime<Utc>)>,
+    ask_secs: f64,
+    /// From the prompts until what is waited for is done and [`SETTLE`]
+    /// more (the attempts recorded).
+    cpu: Cpu,
+}
+
+/// How long a round's CPU window runs on after what it waits for.
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// Every conversation asks at once, its owner `present` or not; then, with
+/// owners present, the grace and the notifier's 100 ms batch pass (nothing
+/// comes due).
+async fn round(served: &Served, askers: &mut [Asker], present: bool, grace_ms: u64) -> Round {
+    let waited = tokio::time::sleep(Duration::from_millis(grace_ms + 100));
+    round_until(served, askers, present, waited).await
+}
+
+/// Every conversation asks at once, its owner `present` or not; the CPU
+/// window closes [`SETTLE`] after `waited` (begun once every request is
+/// shown); then every request is answered and every turn ends.
+async fn round_until(
+    served: &Served,
+    askers: &mut [Asker],
+    present: bool,
+    waited: impl std::future::Future<Output = ()>,
+) -> Round {
+    if present {
+        for a in askers.iter_mut() {
+            a.say_present(true).await;
+        }
+        // The frames have no answer: time for the gateway to take them in.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let cpu_before = served.cpu();
+    let started = Instant::now();
+    let asked: Vec<(String, DateTime<Utc>)> =
+        futures::future::join_all(askers.iter_mut().map(|a| ask(served, a))).await;
+    let ask_secs = started.elapsed().as_secs_f64();
+    waited.await;
+    tokio::time::sleep(SETTLE).await;
+    let cpu = served.cpu() - cpu_before;
+    futures::future::join_all(
+        askers
+            .iter_mut()
+            .zip(&asked)
+            .map(|(a, (request, _))| answer(served, a, request)),
+    )
+    .await;
+    if present {
+        for a in askers.iter_mut() {
+            a.say_present(false).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    Round {
+        asked,
+        ask_secs,
+        cpu,
+    }
+}
+
 /// `conversations` conversations of as many users, each asking once at the
 /// same moment, nobody present: see the module.
 pub async fn notifications(
@@ -265,38 +353,34 @@ pub async fn notifications(
         .collect()
         .await;
 
-    // Every conversation asks at once.
-    let cpu_before = served.cpu();
-    let started = Instant::now();
-    let asked: Vec<(String, DateTime<Utc>)> =
-        futures::future::join_all(askers.iter_mut().map(|a| ask(&served, a))).await;
-    let ask_secs = started.elapsed().as_secs_f64();
-    let cpu_asked = served.cpu();
-    let early = receiver.arrivals.lock().unwrap().len();
-
-    // Until every request has its notification (or the wait runs out).
-    let deadline = tokio::time::Instant::now() + WAIT + Duration::from_millis(grace_ms);
-    while receiver.distinct() < conversations {
-        let arrived = receiver.arrived.notified();
-        if tokio::time::timeout_at(deadline, arrived).await.is_err() {
-            break;
+    // A round to warm up, then the control: the same asking, everyone
+    // present (nothing is due); then the round measured, nobody present.
+    round(&served, &mut askers, true, grace_ms).await;
+    let control = round(&served, &mut askers, true, grace_ms).await;
+    assert_eq!(
+        receiver.arrivals.lock().unwrap().len(),
+        0,
+        "nothing is notified while its owner is present"
+    );
+    let waited = {
+        let receiver = &receiver;
+        async move {
+            let deadline = tokio::time::Instant::now() + WAIT + Duration::from_millis(grace_ms);
+            while receiver.distinct() < conversations {
+                let arrived = receiver.arrived.notified();
+                if tokio::time::timeout_at(deadline, arrived).await.is_err() {
+                    break;
+                }
+            }
         }
-    }
-    let cpu_after = served.cpu();
-
-    // Ended properly: every request answered, every turn over.
-    futures::future::join_all(
-        askers
-            .iter_mut()
-            .zip(&asked)
-            .map(|(a, (request, _))| answer(&served, a, request)),
-    )
-    .await;
+    };
+    let measured = round_until(&served, &mut askers, false, waited).await;
     for a in askers {
         a.ws.close().await;
     }
     served.stop();
     receiver.task.abort();
+    let asked = measured.asked;
 
     let created: HashMap<&str, DateTime<Utc>> =
         asked.iter().map(|(id, at)| (id.as_str(), *at)).collect();
@@ -334,10 +418,9 @@ pub async fn notifications(
         latency_ms: sorted(latency_ms),
         handed_ms: sorted(handed_ms),
         outbox_ms: sorted(outbox_ms),
-        ask_secs,
-        early,
-        ask_cpu: cpu_asked - cpu_before,
-        notify_cpu: cpu_after - cpu_asked,
+        ask_secs: measured.ask_secs,
+        control_cpu: control.cpu,
+        measured_cpu: measured.cpu,
     };
     println!("{report}");
     assert_eq!(
