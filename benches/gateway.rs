@@ -17,12 +17,18 @@
 //! - approvals, WebSocket fan-out, idle conversations and creating one (see
 //!   `gateway/load.rs`);
 //! - on Postgres, two nodes: the rate and the added latency on the node that
-//!   does not run the agent (see `gateway/cluster.rs`).
+//!   does not run the agent (see `gateway/cluster.rs`);
+//! - notifications: 200 conversations asking at once, nobody present, from a
+//!   request becoming due to a webhook receiver having it (see
+//!   `gateway/notify.rs`).
 //!
 //! Sizes: BENCH_SIZES (comma-separated chunk counts; each run BENCH_RUNS times, 3 by
 //! default, and the median shown), BENCH_BACKENDS
 //! (`sqlite,postgres`), and those named in `gateway/load.rs`;
 //! BENCH_REFERENCE=off skips the references (to profile the gateway alone).
+//! BENCH_ONLY picks scenarios (comma-separated: `reference`, `streaming`,
+//! `approvals`, `fanout`, `idle`, `cluster`, `notifications`; all when
+//! unset), e.g. `BENCH_ONLY=notifications cargo bench --bench gateway`.
 
 #[path = "gateway/cluster.rs"]
 mod cluster;
@@ -30,6 +36,8 @@ mod cluster;
 mod common;
 #[path = "gateway/load.rs"]
 mod load;
+#[path = "gateway/notify.rs"]
+mod notify;
 #[path = "gateway/reference.rs"]
 mod reference;
 
@@ -37,6 +45,15 @@ use std::time::Instant;
 
 use common::*;
 use serde_json::Value;
+
+/// Whether BENCH_ONLY (comma-separated scenario names; unset: all) picks
+/// scenario `name`.
+pub fn selected(name: &str) -> bool {
+    match std::env::var("BENCH_ONLY") {
+        Ok(only) => only.split(',').any(|s| s.trim() == name),
+        Err(_) => true,
+    }
+}
 
 /// The text the demo agent's `long n` streams.
 fn expected_text(n: usize) -> String {
@@ -160,7 +177,9 @@ async fn main() {
     } else {
         sizes[sizes.len() / 2]
     };
-    let sdk_rate = if std::env::var("BENCH_REFERENCE").as_deref() == Ok("off") {
+    let sdk_rate = if std::env::var("BENCH_REFERENCE").as_deref() == Ok("off")
+        || !selected("reference")
+    {
         f64::NAN
     } else {
         let alone = reference::agent_alone(reference_size);
@@ -188,10 +207,17 @@ async fn main() {
             },
             other => panic!("BENCH_BACKENDS: unknown backend {other}"),
         };
-        streaming(backend, &db, &sizes, (reference_size, sdk_rate)).await;
+        if selected("streaming") {
+            streaming(backend, &db, &sizes, (reference_size, sdk_rate)).await;
+        }
         load::run(backend, &db).await;
-        if backend == "postgres" {
+        if backend == "postgres" && selected("cluster") {
             cluster::run(&db).await;
+        }
+        let notified = env_or("BENCH_NOTIFY_CONVERSATIONS", 200);
+        if notified > 0 && selected("notifications") {
+            let grace_ms = env_or("BENCH_NOTIFY_GRACE_MS", 200);
+            notify::notifications(backend, &db, notified, grace_ms).await;
         }
     }
 }

@@ -15,7 +15,8 @@
 //!   (500) chunks, BENCH_FANOUT_DELAY_MS (20) apart;
 //! - BENCH_IDLE_CONVERSATIONS (1000).
 //!
-//! A size of 0 skips its scenario.
+//! A size of 0 skips its scenario, and so does BENCH_ONLY without its name
+//! (`approvals`, `fanout`, `idle`).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -32,24 +33,24 @@ use crate::common::*;
 /// 0 skips its scenario.
 pub async fn run(backend: &str, db: &TestDb) {
     let conversations = env_or("BENCH_APPROVAL_CONVERSATIONS", 200);
-    if conversations > 0 {
+    if conversations > 0 && crate::selected("approvals") {
         let asks = env_or("BENCH_APPROVAL_ASKS", 50);
         approvals(backend, db, conversations, asks).await;
     }
     let subscribers = env_or("BENCH_FANOUT_SUBSCRIBERS", 1000);
-    if subscribers > 0 {
+    if subscribers > 0 && crate::selected("fanout") {
         let chunks = env_or("BENCH_FANOUT_CHUNKS", 500);
         let delay_ms = env_or("BENCH_FANOUT_DELAY_MS", 20);
         fan_out(backend, db, subscribers, chunks, delay_ms).await;
     }
     let idle = env_or("BENCH_IDLE_CONVERSATIONS", 1000);
-    if idle > 0 {
+    if idle > 0 && crate::selected("idle") {
         idle_and_create(backend, db, idle).await;
     }
 }
 
 /// The value at quantile `q` (0..=1) of sorted samples (nearest rank).
-fn quantile(sorted: &[f64], q: f64) -> f64 {
+pub(crate) fn quantile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -57,7 +58,7 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-fn sorted(mut samples: Vec<f64>) -> Vec<f64> {
+pub(crate) fn sorted(mut samples: Vec<f64>) -> Vec<f64> {
     samples.sort_by(f64::total_cmp);
     samples
 }
@@ -68,7 +69,7 @@ fn millis(d: Duration) -> f64 {
 
 /// How many conversations or sockets are set up at once before a
 /// measurement starts (setting up is not what is measured).
-const SETUP_CONCURRENCY: usize = 32;
+pub(crate) const SETUP_CONCURRENCY: usize = 32;
 
 /// Every conversation, prompt and socket here comes from the one anonymous
 /// caller, far over the default per-minute limits and agent limits (no
@@ -84,10 +85,10 @@ const LOG_FILTER: &str = "info,sqlx=warn,tower_http=info";
 /// CPU time used so far, in ms: the gateway process, its children (the
 /// agents), and this process (the bench's clients).
 #[derive(Clone, Copy)]
-struct Cpu {
-    gateway: f64,
-    agents: f64,
-    client: f64,
+pub(crate) struct Cpu {
+    pub gateway: f64,
+    pub agents: f64,
+    pub client: f64,
 }
 
 impl std::ops::Sub for Cpu {
@@ -171,16 +172,23 @@ fn children(pid: u32) -> Vec<u32> {
 
 /// A gateway of its own with the demo agent (given extra arguments), and an
 /// HTTP client for it.
-struct Served {
-    gw: GatewayProcess,
-    http: reqwest::Client,
+pub(crate) struct Served {
+    pub gw: GatewayProcess,
+    pub http: reqwest::Client,
 }
 
 impl Served {
     fn start(db: &TestDb, agent_args: &[&str]) -> Served {
+        Served::start_with(db, agent_args, "")
+    }
+
+    /// Like [`Served::start`], with config lines after the limits (tables,
+    /// e.g. `[notifications]`).
+    pub fn start_with(db: &TestDb, agent_args: &[&str], extra: &str) -> Served {
         let agent = demo_profile("demo", agent_args);
+        let config = format!("{NO_RATE_LIMITS}\n{extra}");
         Served {
-            gw: GatewayProcess::start_configured(db, &[agent], LOG_FILTER, NO_RATE_LIMITS),
+            gw: GatewayProcess::start_configured(db, &[agent], LOG_FILTER, &config),
             http: reqwest::Client::new(),
         }
     }
@@ -189,7 +197,7 @@ impl Served {
         self.gw.child.id()
     }
 
-    fn url(&self, path: &str) -> String {
+    pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.gw.base)
     }
 
@@ -225,7 +233,7 @@ impl Served {
         body
     }
 
-    fn cpu(&self) -> Cpu {
+    pub fn cpu(&self) -> Cpu {
         Cpu {
             gateway: cpu_ms(self.pid()),
             agents: children(self.pid()).into_iter().map(thread_cpu_ms).sum(),
@@ -233,7 +241,7 @@ impl Served {
         }
     }
 
-    fn stop(self) {
+    pub fn stop(self) {
         self.gw.stop();
     }
 }
