@@ -41,7 +41,8 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Connects to Postgres, migrates, recovers, and binds `config.listen`
+    /// Opens the database (Postgres, or SQLite when nothing is set up),
+    /// migrates, recovers, and binds `config.listen`
     /// (port 0 picks a free port: see [`Gateway::local_addr`]).
     pub async fn build(config: Config) -> anyhow::Result<Gateway> {
         Self::build_with(config, None).await

@@ -1,9 +1,13 @@
 //! Live fan-out of published events: one broadcast channel per conversation
 //! (for its WebSocket) and one for everything (the `/api/v1/ws` inbox).
 //!
-//! Events reach the bus only after they are committed, so a subscriber that
-//! falls behind (a lagged broadcast receiver) can always catch up from the
-//! store. Each event is serialized once, here, not once per subscriber.
+//! Events reach the bus after they are committed, so a subscriber that falls
+//! behind (a lagged broadcast receiver) can catch up from the store. The one
+//! exception is a database outage: a conversation's journal then publishes
+//! what it holds before it can commit it (committed later, unchanged, under
+//! the same `seq`), and a subscriber that catches up meanwhile finds the
+//! store short of them; `api::ws` then waits for them there rather than skip
+//! them. Each event is serialized once, here, not once per subscriber.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};

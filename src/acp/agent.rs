@@ -123,11 +123,6 @@ impl AgentProcess {
         Some((self.tree.pid(), self.tree.start_time()?))
     }
 
-    /// Whether the agent is known to have exited (it was waited for).
-    pub fn has_exited(&self) -> bool {
-        self.exit.is_some()
-    }
-
     /// The last lines the agent wrote to stderr, joined by newlines.
     pub fn stderr_tail(&self) -> String {
         let tail = self.stderr_tail.lock().unwrap();

@@ -3,8 +3,13 @@
 //! Per conversation: subscribe to the bus first, then replay from the store
 //! everything after the client's `after`, then forward live events, skipping
 //! what was already sent and filling any hole (a lagged receiver) from the
-//! store. Events are committed before they are published, so the store always
-//! has whatever the bus skipped: no gap and no duplicate.
+//! store. Events are committed before they are published, so the store has
+//! whatever the bus skipped: no gap and no duplicate. During a database
+//! outage a journal publishes before it commits (see [`crate::bus`]): a hole
+//! the store does not hold yet is not skipped but asked for again at the
+//! conversation's next event, so a client still sees every event once and
+//! in order, only later (a conversation that falls silent after the outage
+//! leaves it waiting until its next event).
 
 use std::time::Duration;
 

@@ -236,11 +236,6 @@ impl Journal {
         self.status
     }
 
-    /// Uncommitted events: the writer flushes at a bound.
-    pub fn pending_events(&self) -> usize {
-        self.batch.events.len()
-    }
-
     /// Whether what is held should be committed now rather than joined by
     /// more: it is urgent, it has waited `window`, or it holds `max_text`
     /// bytes of text or `max_events` events. Streaming agents write many

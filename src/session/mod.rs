@@ -127,10 +127,6 @@ impl Sessions {
         &self.inner.policies
     }
 
-    pub fn shutdown_token(&self) -> &CancellationToken {
-        &self.inner.shutdown
-    }
-
     /// How many agents run on this node.
     pub fn running(&self) -> usize {
         let live = self.inner.live.lock().unwrap();

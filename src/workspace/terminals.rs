@@ -15,7 +15,6 @@
 
 use std::collections::HashMap;
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -452,11 +451,6 @@ fn signal_name(signal: i32) -> String {
     name.to_owned()
 }
 
-/// The cwd a terminal would run in, for the policies' facts.
-pub fn cwd_of(workspace: &Workspace, request: &acp::CreateTerminalRequest) -> PathBuf {
-    request.cwd.clone().unwrap_or_else(|| workspace.cwd.clone())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -488,7 +482,7 @@ mod tests {
 mod running {
     use super::*;
 
-    fn workspace_in(cwd: PathBuf, user: Option<crate::sys::SystemUser>) -> Workspace {
+    fn workspace_in(cwd: std::path::PathBuf, user: Option<crate::sys::SystemUser>) -> Workspace {
         Workspace {
             cwd,
             allowed_roots: Vec::new(),
