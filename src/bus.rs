@@ -7,7 +7,7 @@
 //! what it holds before it can commit it (committed later, unchanged, under
 //! the same `seq`), and a subscriber that catches up meanwhile finds the
 //! store short of them; `api::ws` then waits for them there rather than skip
-//! them. Each event is serialized once, here, not once per subscriber.
+//! them, and the journal [`EventBus::remind`]s it once they are committed. Each event is serialized once, here, not once per subscriber.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -136,6 +136,26 @@ impl EventBus {
             let _ = self.inner.global.send(published);
         }
         span
+    }
+
+    /// Sends an event that was published early (during a database outage)
+    /// again, once it is committed, to the conversation's own subscribers
+    /// only: one that already has it skips it (its `seq` is behind it), one
+    /// that waited for the store to hold it refills from there (see
+    /// `api::ws`). Not for the inbox, nor announced to other nodes.
+    pub fn remind(&self, owner: Option<&str>, event: &Event) {
+        let map = self.inner.per_conversation.lock().unwrap();
+        if let Some(tx) = map.get(&event.conversation_id) {
+            let _ = tx.send(Arc::new(Published {
+                conversation_id: event.conversation_id,
+                seq: event.seq,
+                json: serde_json::to_string(event)
+                    .expect("events serialize")
+                    .into(),
+                owner: owner.map(str::to_owned),
+                relayed: false,
+            }));
+        }
     }
 
     /// Live events of one conversation from now on.

@@ -190,3 +190,45 @@ async fn a_full_write_buffer_holds_the_agent_back_and_loses_nothing() {
     assert_consecutive(&events, 0);
     assert_eq!(streamed_text(&events, "agent_message_chunk"), expected);
 }
+
+/// A client that reconnects during an outage (refused: 503, the page
+/// retries) and just after it, to a conversation that fell silent: the
+/// events published before they could be committed reach it once the
+/// database holds them (not at some later event), each once, in order.
+#[tokio::test]
+async fn a_websocket_reconnecting_during_an_outage_sees_every_event_once_in_order() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let (gw, proxy) = behind_a_proxy(&db, 10_000, &[]).await;
+    let (id, mut ws) = gw.open_conversation("demo").await;
+    // 30 chunks, 50 ms apart.
+    gw.prompt(&id, "slow 30").await;
+    let seen = ws
+        .until(|e| e["data"]["update"]["content"]["text"] == "s5 ")
+        .await;
+    // Everything up to here was committed before it was published.
+    let committed = seen.last().unwrap()["seq"].as_i64().unwrap();
+
+    proxy.cut();
+    // The turn ends while nothing can be written: its events go out early.
+    let live = ws.until_type("turn_ended").await;
+    assert_eq!(live.last().unwrap()["data"]["stop_reason"], "end_turn");
+    // A client reconnecting meanwhile is told to come back.
+    let (status, problem) = gw
+        .get(&format!(
+            "/api/v1/conversations/{id}/events?after={committed}"
+        ))
+        .await;
+    assert_eq!(status, 503, "{problem}");
+
+    // It does as soon as the database answers, likely before the journal
+    // has committed what it published early (it retries with a backoff).
+    proxy.restore();
+    let mut again = gw.conversation_ws(&id, committed).await;
+    let caught_up = again.until_type("turn_ended").await;
+    assert_consecutive(&caught_up, committed);
+    assert_eq!(caught_up, live, "the same events, once each, in order");
+    let events = gw.events(&id).await;
+    assert_consecutive(&events, 0);
+}

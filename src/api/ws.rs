@@ -7,9 +7,9 @@
 //! whatever the bus skipped: no gap and no duplicate. During a database
 //! outage a journal publishes before it commits (see [`crate::bus`]): a hole
 //! the store does not hold yet is not skipped but asked for again at the
-//! conversation's next event, so a client still sees every event once and
-//! in order, only later (a conversation that falls silent after the outage
-//! leaves it waiting until its next event).
+//! conversation's next event, or when the journal, having committed what it
+//! published early, sends the last of it again ([`crate::bus::EventBus::remind`]):
+//! a client still sees every event once and in order, only later.
 
 use std::time::Duration;
 

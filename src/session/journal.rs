@@ -521,9 +521,15 @@ impl Journal {
         }
     }
 
-    /// Publishes what the commit made durable, except what went out early.
+    /// Publishes what the commit made durable, except what went out early;
+    /// of that, the last is sent again to the conversation's sockets, now
+    /// that the store holds it (a socket that reconnected during the outage
+    /// waits for the store, not for the next event).
     fn publish_committed(&mut self, mut events: Vec<Event>) {
         let published = self.published;
+        if let Some(early) = events.iter().rev().find(|e| e.seq <= published) {
+            self.sink.bus.remind(self.owner.as_deref(), early);
+        }
         events.retain(|e| e.seq > published);
         if let Some(last) = events.last() {
             self.published = last.seq;
