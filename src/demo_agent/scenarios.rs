@@ -33,6 +33,15 @@ const PERMISSION_OPTIONS: [(&str, &str, &str); 4] = [
     ("reject-always", "Always reject", "reject_always"),
 ];
 
+/// The command a scenario runs: the one given, else `echo hello`.
+fn or_hello(command: &str) -> &str {
+    if command.is_empty() {
+        "echo hello"
+    } else {
+        command
+    }
+}
+
 /// Numbers the `call_<n>` tool call ids, from 1, across all sessions of the process.
 static NEXT_TOOL_CALL: AtomicU64 = AtomicU64::new(1);
 
@@ -297,17 +306,56 @@ impl Turn {
     /// as a command line, or (`codex`) as the argv array Codex sends, which
     /// runs the line with `/bin/sh -lc`.
     async fn execute(&self, command: &str, codex_argv: bool) -> Result<TurnEnd, Cancelled> {
-        let command = if command.is_empty() {
-            "echo hello"
-        } else {
-            command
-        };
+        let command = or_hello(command);
         let raw_command = if codex_argv {
             json!(["/bin/sh", "-lc", command])
         } else {
             json!(command)
         };
+        let call = self.execute_call(command, raw_command);
+        self.single_tool_call(call, false).await
+    }
+
+    /// Scenario `gemini`: a permission request for a command that appears
+    /// only in the title: no `tool_call` before it and no raw input, as
+    /// Gemini CLI asks.
+    async fn gemini(&self, command: &str) -> Result<TurnEnd, Cancelled> {
+        let command = or_hello(command);
         let call = ToolCall {
+            title: command.to_owned(),
+            raw_input: Value::Null,
+            announced: false,
+            ..self.execute_call(command, Value::Null)
+        };
+        self.single_tool_call(call, false).await
+    }
+
+    /// Scenario `vibe`: the command announced in a `tool_call`, the
+    /// permission request carrying only `{toolCallId}`, as Mistral Vibe asks.
+    async fn vibe(&self, command: &str) -> Result<TurnEnd, Cancelled> {
+        let mut call = self.execute_call(or_hello(command), json!(or_hello(command)));
+        call.asked = Some(json!({ "toolCallId": call.id }));
+        self.single_tool_call(call, false).await
+    }
+
+    /// Scenario `qwen`: a call announced as a bare `Shell` with empty raw
+    /// input, the permission request carrying its title and command, as
+    /// Qwen Code asks.
+    async fn qwen(&self, command: &str) -> Result<TurnEnd, Cancelled> {
+        let whole = self.execute_call(or_hello(command), json!(or_hello(command)));
+        let call = ToolCall {
+            asked: Some(whole.pending()),
+            title: "Shell".to_owned(),
+            raw_input: json!({}),
+            ..whole
+        };
+        self.single_tool_call(call, false).await
+    }
+
+    /// An `execute` tool call running `command` (as `raw_command` in its
+    /// raw input), announced, and asked for as announced.
+    fn execute_call(&self, command: &str, raw_command: Value) -> ToolCall {
+        ToolCall {
             id: self.next_tool_call_id(),
             title: format!("Run {command}"),
             kind: "execute",
@@ -316,81 +364,7 @@ impl Turn {
             done_text: format!("ran {command}"),
             announced: true,
             asked: None,
-        };
-        self.single_tool_call(call, false).await
-    }
-
-    /// Scenario `gemini`: a permission request for a command that appears
-    /// only in the title: no `tool_call` before it and no raw input, as
-    /// Gemini CLI asks.
-    async fn gemini(&self, command: &str) -> Result<TurnEnd, Cancelled> {
-        let command = if command.is_empty() {
-            "echo hello"
-        } else {
-            command
-        };
-        let call = ToolCall {
-            id: self.next_tool_call_id(),
-            title: command.to_owned(),
-            kind: "execute",
-            locations: None,
-            raw_input: Value::Null,
-            done_text: format!("ran {command}"),
-            announced: false,
-            asked: None,
-        };
-        self.single_tool_call(call, false).await
-    }
-
-    /// Scenario `vibe`: the command announced in a `tool_call`, the
-    /// permission request carrying only `{toolCallId}`, as Mistral Vibe asks.
-    async fn vibe(&self, command: &str) -> Result<TurnEnd, Cancelled> {
-        let command = if command.is_empty() {
-            "echo hello"
-        } else {
-            command
-        };
-        let id = self.next_tool_call_id();
-        let call = ToolCall {
-            asked: Some(json!({ "toolCallId": id })),
-            id,
-            title: format!("Run {command}"),
-            kind: "execute",
-            locations: None,
-            raw_input: json!({ "command": command }),
-            done_text: format!("ran {command}"),
-            announced: true,
-        };
-        self.single_tool_call(call, false).await
-    }
-
-    /// Scenario `qwen`: a call announced as a bare `Shell` with empty raw
-    /// input, the permission request carrying its title and command, as
-    /// Qwen Code asks.
-    async fn qwen(&self, command: &str) -> Result<TurnEnd, Cancelled> {
-        let command = if command.is_empty() {
-            "echo hello"
-        } else {
-            command
-        };
-        let id = self.next_tool_call_id();
-        let call = ToolCall {
-            asked: Some(json!({
-                "toolCallId": id,
-                "title": format!("Run {command}"),
-                "kind": "execute",
-                "status": "pending",
-                "rawInput": { "command": command },
-            })),
-            id,
-            title: "Shell".to_owned(),
-            kind: "execute",
-            locations: None,
-            raw_input: json!({}),
-            done_text: format!("ran {command}"),
-            announced: true,
-        };
-        self.single_tool_call(call, false).await
+        }
     }
 
     /// Scenarios `read <path>` and `edit <path>`: one tool call of that kind
