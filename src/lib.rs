@@ -4,7 +4,7 @@
 //! with everything persisted in Postgres or an embedded SQLite file.
 //!
 //! The parts, from the top down; imports point down this list, never back
-//! up (`tests/architecture.rs` fails on any import loop):
+//! up (`tests/suite/architecture.rs` fails on any import loop):
 //! - [`app`]: building and running the whole gateway; [`cli`]: the other
 //!   commands (`migrate`, `export`, `token`).
 //! - [`api`]: the HTTP + WebSocket API of `docs/api.md`: one

@@ -39,7 +39,7 @@ pub async fn run(db: &TestDb) {
     let (on_owner, on_other) = (watch(&owner, &id), watch(&other, &id));
     let (owner_rx, other_rx) = (on_owner.await, on_other.await);
     let started = Instant::now();
-    let (status, body) = owner.prompt(&id, &format!("long {chunks}")).await;
+    let (status, body) = owner.try_prompt(&id, &format!("long {chunks}")).await;
     assert_eq!(status, 202, "{body}");
     let (a, b) = tokio::join!(owner_rx, other_rx);
     let (a, b) = (a.unwrap(), b.unwrap());
@@ -81,7 +81,7 @@ pub async fn run(db: &TestDb) {
     let id = owner.create("paced").await;
     let (on_owner, on_other) = (watch(&owner, &id), watch(&other, &id));
     let (owner_rx, other_rx) = (on_owner.await, on_other.await);
-    let (status, body) = owner.prompt(&id, &format!("long {paced}")).await;
+    let (status, body) = owner.try_prompt(&id, &format!("long {paced}")).await;
     assert_eq!(status, 202, "{body}");
     let (a, b) = tokio::join!(owner_rx, other_rx);
     let (a, b) = (a.unwrap(), b.unwrap());

@@ -237,7 +237,8 @@ impl Default for Launch<'_> {
 /// that need to kill it the hard way.
 pub struct GatewayProcess {
     pub child: std::process::Child,
-    pub base: String,
+    /// Its API, as every harness offers it.
+    pub client: Client,
     /// Everything it logged so far (stdout and stderr).
     log: std::sync::Arc<std::sync::Mutex<String>>,
     /// The threads copying its stdout and stderr into `log`.
@@ -401,70 +402,11 @@ impl GatewayProcess {
         };
         GatewayProcess {
             child,
-            base: format!("http://{addr}"),
+            client: Client::new(format!("http://{addr}")),
             log,
             readers: vec![err_reader, out_reader],
             _config: config,
         }
-    }
-
-    /// POSTs JSON (with a bearer token, if given) and returns the JSON answer.
-    pub async fn post(&self, path: &str, token: Option<&str>, body: Value) -> Value {
-        let mut req = reqwest::Client::new()
-            .post(format!("{}{path}", self.base))
-            .json(&body);
-        if let Some(token) = token {
-            req = req.bearer_auth(token);
-        }
-        req.send().await.unwrap().json().await.unwrap()
-    }
-
-    /// A WebSocket on a conversation's events after `after`.
-    pub async fn conversation_ws(&self, conversation: &str, after: i64) -> Ws {
-        self.ws(&format!(
-            "/api/v1/conversations/{conversation}/ws?after={after}"
-        ))
-        .await
-    }
-
-    /// A WebSocket on `path` (e.g. `/api/v1/ws`).
-    pub async fn ws(&self, path: &str) -> Ws {
-        let url = format!("{}{path}", self.base).replacen("http://", "ws://", 1);
-        let (stream, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url))
-            .await
-            .expect("websocket connects in time")
-            .expect("websocket connects");
-        Ws { stream }
-    }
-
-    /// One REST call; the status and the JSON answer (or its text).
-    pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let req =
-            reqwest::Client::new().request(method.parse().unwrap(), format!("{}{path}", self.base));
-        send(req, None, body).await
-    }
-
-    /// Creates a conversation with `agent` (asserting 201); its id.
-    pub async fn create(&self, agent: &str) -> String {
-        let (status, body) = self
-            .call(
-                "POST",
-                "/api/v1/conversations",
-                Some(json!({"agent": agent})),
-            )
-            .await;
-        assert_eq!(status, 201, "{body}");
-        body["id"].as_str().unwrap().to_owned()
-    }
-
-    /// Sends a text prompt; the status and the answer.
-    pub async fn prompt(&self, conversation: &str, text: &str) -> (u16, Value) {
-        self.call(
-            "POST",
-            &format!("/api/v1/conversations/{conversation}/prompts"),
-            Some(json!({"text": text})),
-        )
-        .await
     }
 
     /// What it logged so far.
@@ -515,18 +457,13 @@ extern "C" {
 
 /// One REST call with an optional bearer token and JSON body.
 pub async fn call(
-    gw: &TestGateway,
+    gw: &Client,
     method: &str,
     path: &str,
     token: Option<&str>,
     body: Option<Value>,
 ) -> (u16, Value) {
-    send(
-        gw.http.request(method.parse().unwrap(), gw.url(path)),
-        token,
-        body,
-    )
-    .await
+    gw.call_as(method, path, token, body).await
 }
 
 /// Sends a request with an optional bearer token and JSON body; the status
@@ -542,22 +479,11 @@ async fn send(
     if let Some(body) = body {
         req = req.json(&body);
     }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+    decode(req.send().await.unwrap()).await
 }
 
 /// Creates a token over the API as `operator`; returns (token, id).
-pub async fn make_token(
-    gw: &TestGateway,
-    operator: &str,
-    user: &str,
-    role: &str,
-) -> (String, String) {
+pub async fn make_token(gw: &Client, operator: &str, user: &str, role: &str) -> (String, String) {
     let (status, body) = call(
         gw,
         "POST",
@@ -615,13 +541,13 @@ pub async fn demo_conversation(db: &TestDb) -> (TestGateway, String, Ws) {
 
 /// A gateway serving on a free port.
 pub struct TestGateway {
-    pub base: String,
+    /// Its API, as every harness offers it.
+    pub client: Client,
     pub config: Config,
     /// What its WebSockets hold for their clients.
     pub ws_budget: acp_gateway::api::SendBudget,
     stop: CancellationToken,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
-    pub http: reqwest::Client,
     /// The notifications' outbox (tests enqueue what the rules would).
     pub outbox: std::sync::Arc<acp_gateway::notify::outbox::Outbox>,
 }
@@ -677,12 +603,11 @@ impl TestGateway {
         let token = stop.clone();
         let task = tokio::spawn(gateway.run(async move { token.cancelled().await }));
         TestGateway {
-            base,
+            client: Client::new(base),
             config,
             ws_budget,
             stop,
             task: Some(task),
-            http: reqwest::Client::new(),
             outbox,
         }
     }
@@ -704,6 +629,51 @@ impl TestGateway {
     pub async fn restart(self) -> TestGateway {
         let config = self.stop().await;
         TestGateway::start_with(config).await
+    }
+}
+
+/// A client of one gateway's API: what every harness (an in-process
+/// [`TestGateway`], a [`GatewayProcess`]) offers through `Deref`, so a
+/// method means the same whichever a test started.
+#[derive(Clone)]
+pub struct Client {
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+    pub http: reqwest::Client,
+}
+
+impl Client {
+    pub fn new(base: String) -> Client {
+        Client {
+            base,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// One REST call; the status and the JSON answer (or its text).
+    pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        self.call_as(method, path, None, body).await
+    }
+
+    /// One REST call with an optional bearer token and JSON body.
+    pub async fn call_as(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        send(
+            self.http.request(method.parse().unwrap(), self.url(path)),
+            token,
+            body,
+        )
+        .await
+    }
+
+    /// POSTs JSON with a bearer token (if given).
+    pub async fn post_as(&self, path: &str, token: Option<&str>, body: Value) -> (u16, Value) {
+        self.call_as("POST", path, token, Some(body)).await
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -748,6 +718,14 @@ impl TestGateway {
         decode(resp).await
     }
 
+    /// Creates a conversation with `agent` (asserting 201); its id.
+    pub async fn create(&self, agent: &str) -> String {
+        self.create_conversation(agent).await["id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
     /// Creates a conversation and returns its JSON (asserting 201).
     pub async fn create_conversation(&self, agent: &str) -> Value {
         let (status, body) = self
@@ -757,7 +735,6 @@ impl TestGateway {
         body
     }
 
-    /// Sends a text prompt and returns the turn id (asserting 202).
     /// A new conversation with `agent` and a WebSocket on it from the start.
     pub async fn open_conversation(&self, agent: &str) -> (String, Ws) {
         let id = self.create_conversation(agent).await["id"]
@@ -768,15 +745,20 @@ impl TestGateway {
         (id, ws)
     }
 
+    /// Sends a text prompt and returns the turn id (asserting 202).
     pub async fn prompt(&self, conversation: &str, text: &str) -> String {
-        let (status, body) = self
-            .post(
-                &format!("/api/v1/conversations/{conversation}/prompts"),
-                json!({"text": text}),
-            )
-            .await;
+        let (status, body) = self.try_prompt(conversation, text).await;
         assert_eq!(status, 202, "prompt: {body}");
         body["turn_id"].as_str().unwrap().to_owned()
+    }
+
+    /// Sends a text prompt; the status and the answer, whatever they are.
+    pub async fn try_prompt(&self, conversation: &str, text: &str) -> (u16, Value) {
+        self.post(
+            &format!("/api/v1/conversations/{conversation}/prompts"),
+            json!({"text": text}),
+        )
+        .await
     }
 
     pub async fn ws(&self, path: &str) -> Ws {
@@ -842,6 +824,20 @@ impl TestGateway {
                 None => return events,
             }
         }
+    }
+}
+
+impl std::ops::Deref for TestGateway {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl std::ops::Deref for GatewayProcess {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
     }
 }
 

@@ -1,9 +1,7 @@
 //! Permission requests: parked, listed, answered over REST, and the agent
 //! gets the right outcome.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 async fn ask(gw: &TestGateway, ws: &mut Ws, id: &str, text: &str) -> Value {

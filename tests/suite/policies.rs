@@ -1,12 +1,10 @@
 //! Operator policies end to end: real agent subprocesses, decisions without a
 //! person where the rules say so, audited with the rule's name.
 
-mod common;
-
+use crate::common::*;
 use acp_gateway::config::AgentProfile;
 use acp_gateway::model::PolicyRule;
 use acp_gateway::permissions::policy::Mode;
-use common::*;
 use serde_json::{json, Value};
 
 /// The example rules.

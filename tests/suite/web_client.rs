@@ -6,13 +6,11 @@
 //! Skipped (and said so) where Chromium or the driver's node_modules are
 //! missing, unless `ACP_GATEWAY_REQUIRE_BROWSER` is set (CI sets it).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
+use crate::common::*;
 use acp_gateway::config::AgentProfile;
-use common::*;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};

@@ -4,12 +4,10 @@
 //! lifecycle around it: `session/resume` over `session/load`,
 //! `session/close` on delete, `authenticate` with the profile's method.
 
-mod common;
-
 use std::path::Path;
 
+use crate::common::*;
 use acp_gateway::config::AgentProfile;
-use common::*;
 use serde_json::{json, Value};
 
 /// The npm SDK agent keeping its sessions (and a log of the calls it

@@ -1,9 +1,7 @@
 //! The OpenAPI document: the committed `openapi/openapi.yaml` is exactly
 //! what the code produces, and the gateway serves it.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 const REGENERATE: &str = "cargo run -- openapi > openapi/openapi.yaml";

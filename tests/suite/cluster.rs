@@ -4,9 +4,7 @@
 //! and the other takes it over when its node dies. SQLite refuses a second
 //! node.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 /// Two nodes on `db`, each with `agents`.
@@ -118,7 +116,7 @@ async fn a_websocket_on_another_node_gets_every_event_in_order() {
     let mut inbox_b = b.ws("/api/v1/ws").await;
     assert_eq!(inbox_b.next().await["type"], "snapshot");
     for round in 0..3 {
-        let (status, body) = a.prompt(&id, "long 3000").await;
+        let (status, body) = a.try_prompt(&id, "long 3000").await;
         assert_eq!(status, 202, "round {round}: {body}");
         on_b.until_type("turn_ended").await;
     }
@@ -256,7 +254,7 @@ async fn a_prompt_a_cancel_and_a_delete_sent_to_another_node_reach_the_agent() {
     let id = a.create("node").await;
     let mut on_a = a.conversation_ws(&id, 0).await;
     // Same answer as on the owner: 202 and the turn's id.
-    let (status, body) = b.prompt(&id, "hang").await;
+    let (status, body) = b.try_prompt(&id, "hang").await;
     assert_eq!(status, 202, "{body}");
     let turn = body["turn_id"].as_str().unwrap().to_owned();
     let started = on_a
@@ -271,7 +269,7 @@ async fn a_prompt_a_cancel_and_a_delete_sent_to_another_node_reach_the_agent() {
     assert_eq!(agents_running(&a).await, 1);
     assert_eq!(agents_running(&b).await, 0);
     // A second prompt through B meets the running turn, as on A.
-    let (status, busy) = b.prompt(&id, "hello").await;
+    let (status, busy) = b.try_prompt(&id, "hello").await;
     assert_eq!(status, 409, "{busy}");
     assert_eq!(busy["code"], "turn_in_progress");
 
@@ -296,7 +294,7 @@ async fn a_prompt_a_cancel_and_a_delete_sent_to_another_node_reach_the_agent() {
         .await;
     assert_eq!(shown["status"], "closed", "{shown}");
     assert_eq!(agents_running(&a).await, 0);
-    let (status, closed) = b.prompt(&id, "hello").await;
+    let (status, closed) = b.try_prompt(&id, "hello").await;
     assert_eq!(status, 409, "{closed}");
     assert_eq!(closed["code"], "conversation_closed");
 }
@@ -341,7 +339,7 @@ async fn a_dead_nodes_conversation_is_taken_over_and_resumed() {
         .as_i64()
         .unwrap();
     let mut on_b = b.conversation_ws(&id, last).await;
-    let (status, body) = b.prompt(&id, "second").await;
+    let (status, body) = b.try_prompt(&id, "second").await;
     assert_eq!(status, 202, "{body}");
     // First the turn A was running ends (error), then B's (end_turn).
     let frames = on_b
@@ -416,7 +414,7 @@ async fn a_dead_nodes_pending_requests_expire_without_any_command() {
     assert_eq!(resolved["data"]["id"], request["id"]);
     assert_eq!(resolved["data"]["status"], "expired");
     // Left for the next command, on any node.
-    let (status, body) = b.prompt(&id, "hello").await;
+    let (status, body) = b.try_prompt(&id, "hello").await;
     assert_eq!(status, 202, "{body}");
     let b_id = node_id(&b).await;
     assert_eq!(owner(&db, &id).await.as_deref(), Some(b_id.as_str()));

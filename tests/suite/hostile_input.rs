@@ -2,9 +2,7 @@
 //! oversized fields. Each must get a clear answer or be stored faithfully,
 //! and never wedge a conversation.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 /// Text of a message of `role` in a conversation's history.

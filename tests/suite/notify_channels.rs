@@ -5,12 +5,11 @@
 //! channel alone, then both through a real gateway's outbox (both
 //! databases).
 
-mod common;
-
 use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crate::common::{call, TestDb, TestGateway, WAIT};
 use acp_gateway::config::FcmConfig;
 use acp_gateway::notify::fcm::Fcm;
 use acp_gateway::notify::render::headline;
@@ -20,7 +19,6 @@ use acp_gateway::notify::{
 };
 use acp_gateway::store::notify::AttemptRecord;
 use base64::Engine as _;
-use common::{call, TestDb, TestGateway, WAIT};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -35,7 +33,7 @@ struct Service {
 
 impl Service {
     fn start(script: &str, args: &[&str]) -> Service {
-        let python = common::sdk_agents_dir().join(".venv/bin/python");
+        let python = crate::common::sdk_agents_dir().join(".venv/bin/python");
         let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/notify-services")
             .join(script);
@@ -127,6 +125,27 @@ fn permission_waiting() -> Notification {
     }
 }
 
+/// Sends `push` to the subscription with the default VAPID subject.
+async fn push(
+    client: &reqwest::Client,
+    keys: &vapid::VapidKeys,
+    endpoint: &str,
+    p256dh: &str,
+    auth: &str,
+    push: web_push::Push<'_>,
+) -> DeliveryOutcome {
+    let sender = web_push::Sender {
+        vapid: keys,
+        subject: web_push::DEFAULT_SUBJECT,
+    };
+    let to = web_push::Subscription {
+        endpoint,
+        p256dh,
+        auth,
+    };
+    web_push::deliver_as(client, &sender, &to, &push).await
+}
+
 #[tokio::test]
 async fn web_push_sends_a_payload_the_subscription_decrypts_signed_by_the_gateways_vapid_key() {
     let keys = vapid::generate();
@@ -138,29 +157,33 @@ async fn web_push_sends_a_payload_the_subscription_decrypts_signed_by_the_gatewa
 
     let payload = serde_json::to_vec(&permission_waiting()).unwrap();
     let topic = "conversation:0192f1a4-7c3e-7d2a-9b1e-3f4a5b6c7d8e";
-    let outcome = web_push::deliver(
+    let outcome = push(
         &client,
         &keys,
         &endpoint("ok"),
         &p256dh,
         &auth,
-        &payload,
-        Some(topic),
-        120,
+        web_push::Push {
+            payload: &payload,
+            topic: Some(topic),
+            ttl_seconds: 120,
+        },
     )
     .await;
     assert_eq!(outcome, DeliveryOutcome::Delivered { status: 201 });
 
     // A payload that is no notification, without a topic.
-    let outcome = web_push::deliver(
+    let outcome = push(
         &client,
         &keys,
         &endpoint("ok"),
         &p256dh,
         &auth,
-        b"hello",
-        None,
-        0,
+        web_push::Push {
+            payload: b"hello",
+            topic: None,
+            ttl_seconds: 0,
+        },
     )
     .await;
     assert_eq!(outcome, DeliveryOutcome::Delivered { status: 201 });
@@ -192,15 +215,17 @@ async fn web_push_sends_a_payload_the_subscription_decrypts_signed_by_the_gatewa
 
     // The stand-in does check: a push signed with another key is refused.
     let other = vapid::generate();
-    let outcome = web_push::deliver(
+    let outcome = push(
         &client,
         &other,
         &endpoint("ok"),
         &p256dh,
         &auth,
-        b"x",
-        None,
-        60,
+        web_push::Push {
+            payload: b"x",
+            topic: None,
+            ttl_seconds: 60,
+        },
     )
     .await;
     assert!(
@@ -218,7 +243,21 @@ async fn web_push_says_gone_for_410_and_failed_for_500_or_no_answer() {
     let client = client();
     let send = |url: String| {
         let (client, keys, p256dh, auth) = (&client, &keys, &p256dh, &auth);
-        async move { web_push::deliver(client, keys, &url, p256dh, auth, b"x", None, 60).await }
+        async move {
+            push(
+                client,
+                keys,
+                &url,
+                p256dh,
+                auth,
+                web_push::Push {
+                    payload: b"x",
+                    topic: None,
+                    ttl_seconds: 60,
+                },
+            )
+            .await
+        }
     };
 
     let gone = send(format!("{}/push/gone", service.base)).await;
@@ -412,7 +451,7 @@ const PROMPT: &str = "execute echo notified";
 /// A gateway with the demo agent, admitting targets on loopback, notifying
 /// a request 100 ms after it is made.
 fn notifying_config(db: &TestDb) -> acp_gateway::config::Config {
-    let mut config = TestGateway::config(db, vec![common::demo_profile("demo", &[])]);
+    let mut config = TestGateway::config(db, vec![crate::common::demo_profile("demo", &[])]);
     config.notifications.allow_private_targets = true;
     config.notifications.grace = Duration::from_millis(100);
     config.notifications.base_url = Some(BASE.into());
@@ -473,7 +512,7 @@ async fn attempts_of(
 
 /// A conversation with the demo agent asking for permission to run a
 /// command; its id, the WebSocket following it, and the request.
-async fn waiting_request(gw: &TestGateway) -> (String, common::Ws, Value) {
+async fn waiting_request(gw: &TestGateway) -> (String, crate::common::Ws, Value) {
     let (conversation, mut ws) = gw.open_conversation("demo").await;
     gw.prompt(&conversation, PROMPT).await;
     let request = ws.until_type("permission_requested").await.pop().unwrap()["data"].clone();
@@ -484,7 +523,7 @@ async fn waiting_request(gw: &TestGateway) -> (String, common::Ws, Value) {
 /// and waits until the turn ends.
 async fn answer_through(
     gw: &TestGateway,
-    ws: &mut common::Ws,
+    ws: &mut crate::common::Ws,
     request: &Value,
     actions: &[Action],
 ) {

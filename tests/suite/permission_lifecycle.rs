@@ -1,12 +1,10 @@
 //! The permission lifecycle made trustworthy: concurrent requests, the cancel
 //! rule, expiry, timeouts, remembered "always" answers and the inbox.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::*;
 use acp_gateway::permissions::OnTimeout;
-use common::*;
 use serde_json::{json, Value};
 
 fn respond_path(request: &Value) -> String {
@@ -143,17 +141,18 @@ async fn a_request_pending_when_the_gateway_restarts_is_expired_on_start(db: Tes
     // The gateway runs as its own process so that it can really crash.
     let process = GatewayProcess::start(&db, &[demo_profile("demo", &[])]);
     let created = process
-        .post("/api/v1/conversations", None, json!({"agent": "demo"}))
-        .await;
+        .post("/api/v1/conversations", json!({"agent": "demo"}))
+        .await
+        .1;
     let id = created["id"].as_str().unwrap().to_owned();
     let mut ws = process.conversation_ws(&id, 0).await;
     let turn = process
         .post(
             &format!("/api/v1/conversations/{id}/prompts"),
-            None,
             json!({"text": "tool"}),
         )
-        .await;
+        .await
+        .1;
     assert!(turn["turn_id"].is_string(), "{turn}");
     let request = requests(&mut ws, 1).await.pop().unwrap();
     process.kill();

@@ -3,9 +3,7 @@
 //! that and get close code 1001, the process exits 0, and the conversations
 //! resume after the next start.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 /// Starts a gateway process and a conversation on it; returns both and a
@@ -17,8 +15,9 @@ async fn conversation_on(
 ) -> (GatewayProcess, String, Ws) {
     let gw = GatewayProcess::start_configured(db, &[agent], "info", extra);
     let conversation = gw
-        .post("/api/v1/conversations", None, json!({"agent": "demo"}))
-        .await;
+        .post("/api/v1/conversations", json!({"agent": "demo"}))
+        .await
+        .1;
     let id = conversation["id"].as_str().unwrap().to_owned();
     let ws = gw.conversation_ws(&id, 0).await;
     (gw, id, ws)
@@ -27,10 +26,10 @@ async fn conversation_on(
 async fn prompt(gw: &GatewayProcess, id: &str, text: &str) -> Value {
     gw.post(
         &format!("/api/v1/conversations/{id}/prompts"),
-        None,
         json!({"text": text}),
     )
     .await
+    .1
 }
 
 async fn sigterm_ends_a_running_turn_cancelled_and_the_conversation_resumes(db: TestDb) {

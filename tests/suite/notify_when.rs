@@ -5,14 +5,12 @@
 //! that would have come after it (the notifier hands notifications over in
 //! the order they fall due).
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::*;
 use acp_gateway::config::Config;
 use acp_gateway::notify::{Enqueue, NotificationEvent, Outgoing};
-use common::*;
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;

@@ -7,12 +7,10 @@
 //! goes through a TCP proxy that the test cuts (dropping every connection
 //! and refusing new ones) and restores.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 

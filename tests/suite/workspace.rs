@@ -3,13 +3,11 @@
 //! where configured, kept inside the conversation's directory, under the
 //! operator's deny policies, visible as events.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
+use crate::common::*;
 use acp_gateway::config::AgentProfile;
 use acp_gateway::model::PolicyRule;
-use common::*;
 use serde_json::{json, Value};
 
 /// The SDK agent with files and terminals offered or not, in `cwd`.

@@ -3,10 +3,8 @@
 //! (`session/load` where the agent offers it, else a fresh session that
 //! says so), on real agent subprocesses.
 
-mod common;
-
+use crate::common::*;
 use acp_gateway::config::AgentProfile;
-use common::*;
 use serde_json::{json, Value};
 
 /// The pid of the agent process the gateway runs for `conversation`.

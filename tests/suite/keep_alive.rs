@@ -4,9 +4,7 @@
 //! the gateway closed without a word. A raw HTTP/1.1 client, so that what
 //! happens to the connection is seen, not hidden by a pool.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 

@@ -1,11 +1,9 @@
 //! What an operator watches: `GET /metrics` scraped and parsed, and JSON
 //! logs where every line of a session says its conversation (and turn).
 
-mod common;
-
 use std::collections::HashMap;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 /// A Prometheus text page as `name{labels}` → value (comments skipped).
@@ -99,18 +97,19 @@ async fn json_logs_say_which_conversation_and_turn_each_line_is_about(db: TestDb
         &["--log-format", "json"],
     );
     let conversation = gw
-        .post("/api/v1/conversations", None, json!({"agent": "demo"}))
-        .await;
+        .post("/api/v1/conversations", json!({"agent": "demo"}))
+        .await
+        .1;
     let id = conversation["id"].as_str().unwrap().to_owned();
     let mut ws = gw.conversation_ws(&id, 0).await;
     for (text, until) in [("hello", "turn_ended"), ("crash", "agent_status")] {
         let turn = gw
             .post(
                 &format!("/api/v1/conversations/{id}/prompts"),
-                None,
                 json!({"text": text}),
             )
-            .await;
+            .await
+            .1;
         assert!(turn["turn_id"].is_string(), "{turn}");
         ws.until(|e| e["type"] == until && e["data"]["status"] != "starting")
             .await;

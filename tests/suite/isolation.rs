@@ -4,13 +4,11 @@
 //! and everything they start dies with their conversation, however it was
 //! started (`setsid`, a double fork) and whenever its starter ends.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::common::*;
 use acp_gateway::config::AgentProfile;
-use common::*;
 use serde_json::{json, Value};
 
 /// Reports what the agent gets in `$REPORT_DIR` (its environment, whether it
@@ -144,7 +142,7 @@ async fn calls_in_process(gw: &TestGateway, id: &str, ws: &mut Ws, calls: Value)
 }
 
 async fn calls_in(gw: &GatewayProcess, id: &str, ws: &mut Ws, calls: Value) -> Vec<Value> {
-    let (status, body) = gw.prompt(id, &format!("calls {calls}")).await;
+    let (status, body) = gw.try_prompt(id, &format!("calls {calls}")).await;
     assert_eq!(status, 202, "{body}");
     answers_of(&ws.until_type("turn_ended").await)
 }

@@ -1,11 +1,9 @@
 //! Agents that misbehave: crash, print garbage, send unknown updates, fail or
 //! hang at start-up. The gateway keeps serving and reports what happened.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 async fn an_agent_crashing_mid_turn_ends_the_turn_with_error_and_reports_the_crash(db: TestDb) {
@@ -263,17 +261,18 @@ async fn an_agents_children_left_by_a_crashed_gateway_are_killed_when_it_starts_
     // The gateway runs as its own process so that it can really crash.
     let gateway = GatewayProcess::start(&db, &[demo_profile("demo", &[])]);
     let created = gateway
-        .post("/api/v1/conversations", None, json!({"agent": "demo"}))
-        .await;
+        .post("/api/v1/conversations", json!({"agent": "demo"}))
+        .await
+        .1;
     let id = created["id"].as_str().unwrap().to_owned();
     let mut ws = gateway.conversation_ws(&id, 0).await;
     let turn = gateway
         .post(
             &format!("/api/v1/conversations/{id}/prompts"),
-            None,
             json!({"text": "child"}),
         )
-        .await;
+        .await
+        .1;
     assert!(turn["turn_id"].is_string(), "{turn}");
     let child = ProcessWatch::new(child_pid(&mut ws).await);
     // The agent is on record, and the child is in its process group.

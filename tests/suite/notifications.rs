@@ -5,16 +5,14 @@
 //! directly into the gateway's outbox. Nothing sleeps: every wait is on a
 //! receiver's line or on an attempt being recorded.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::*;
 use acp_gateway::notify::outbox::Outbox;
 use acp_gateway::notify::{
     Action, ConversationRef, Enqueue, Notification, NotificationEvent, Outgoing, RequestRef,
 };
 use acp_gateway::store::notify::AttemptRecord;
-use common::*;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use uuid::Uuid;

@@ -2,9 +2,7 @@
 //! users see only their own conversations, operators see everything, and the
 //! gateway never opens itself to the network by accident.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
@@ -382,16 +380,18 @@ async fn a_token_never_appears_in_the_log(db: TestDb) {
     let process = GatewayProcess::start_logging(&db, &[demo_profile("demo", &[])], "debug");
     let http = reqwest::Client::new();
     let created = process
-        .post("/api/v1/tokens", Some(&operator), json!({"user": "alice"}))
-        .await;
+        .post_as("/api/v1/tokens", Some(&operator), json!({"user": "alice"}))
+        .await
+        .1;
     let alice = created["token"].as_str().unwrap().to_owned();
     let conv = process
-        .post(
+        .post_as(
             "/api/v1/conversations",
             Some(&alice),
             json!({"agent": "demo"}),
         )
-        .await;
+        .await
+        .1;
     let id = conv["id"].as_str().unwrap();
     let status = http
         .get(format!(

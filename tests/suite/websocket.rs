@@ -1,9 +1,7 @@
 //! Live updates: replay after `after`, no gap and no duplicate across the
 //! switch from replay to live, reconnecting mid-turn.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 async fn a_client_reconnecting_mid_turn_gets_exactly_the_missed_events_then_live_ones(db: TestDb) {
     let (gw, id, mut ws) = demo_conversation(&db).await;

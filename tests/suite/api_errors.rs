@@ -1,9 +1,7 @@
 //! Bad requests get the contract's status codes with problem+json bodies,
 //! and nothing is lost by them.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 async fn health_and_readiness_answer(db: TestDb) {

@@ -2,10 +2,8 @@
 //! `@agentclientprotocol/sdk`, PyPI `agent-client-protocol`), so that a
 //! misreading of the spec shows up here rather than in production.
 
-mod common;
-
+use crate::common::*;
 use acp_gateway::config::AgentProfile;
-use common::*;
 use serde_json::json;
 
 async fn full_turns_work_with(db: TestDb, profile: AgentProfile) {

@@ -2,13 +2,11 @@
 //! notification carries, against the real demo agent through a real gateway
 //! whose notifier hands what is due to a recorder.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::*;
 use acp_gateway::notify::{Action, Enqueue, Outgoing};
-use common::*;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 

@@ -4,11 +4,9 @@
 //! what WebSockets hold for slow clients bounded all together, and a prompt
 //! stored once.
 
-mod common;
-
 use std::os::fd::AsRawFd;
 
-use common::*;
+use crate::common::*;
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message as WsMessage;

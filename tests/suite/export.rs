@@ -1,9 +1,7 @@
 //! `acp-gateway export`: a history moves between the embedded database and
 //! Postgres (either way) without losing or changing anything.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 /// Everything the API shows of a gateway's history.

@@ -2,9 +2,7 @@
 //! URLs are for WebSocket upgrades only, unknown paths do not answer before
 //! authentication, and the start-up and connection edge cases.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 

@@ -1,9 +1,7 @@
 //! A whole turn end to end: REST + WebSocket + Postgres + a real agent
 //! subprocess, and the history surviving a restart.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 async fn a_prompt_streams_chunks_a_tool_call_and_turn_ended_and_survives_a_restart(db: TestDb) {

@@ -1,0 +1,41 @@
+//! The integration tests, in one binary (one link instead of thirty; the
+//! shared harness compiled once): each module is one area, driven through
+//! a real gateway (in-process or an `acp-gateway serve` process), real
+//! databases, real agent subprocesses and real clients. `tests/files.rs`
+//! stays a binary of its own: it measures its own process's threads and
+//! memory.
+
+#[macro_use]
+#[path = "../common/mod.rs"]
+mod common;
+
+mod agents;
+mod api_errors;
+mod architecture;
+mod auth;
+mod auth_hardening;
+mod cluster;
+mod db_outage;
+mod docs;
+mod export;
+mod hostile_input;
+mod isolation;
+mod keep_alive;
+mod notifications;
+mod notify_actions;
+mod notify_channels;
+mod notify_when;
+mod openapi;
+mod operability;
+mod permission_lifecycle;
+mod permissions;
+mod policies;
+mod resume;
+mod sdk_agents;
+mod session_settings;
+mod shutdown;
+mod spending;
+mod turns;
+mod web_client;
+mod websocket;
+mod workspace;
