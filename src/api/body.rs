@@ -6,7 +6,7 @@
 //! closes it without a word and a keep-alive client's next request meets
 //! "server disconnected".
 //!
-//! [`settle_unread_body`] does this once, as a layer around every route: a
+//! [`drain_unread_body`] does this once, as a layer around every route: a
 //! small rest with a known length (at most [`DRAIN_MAX_BYTES`]) is read and
 //! dropped before the answer goes out, so the connection stays usable;
 //! anything else gets `connection: close`.
@@ -32,7 +32,7 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 /// What became of a request's body.
 enum Fate {
     /// The handler still holds it.
-    Held,
+    InHandler,
     /// It was read to its end.
     Read,
     /// The handler let it go before its end: the rest.
@@ -77,7 +77,7 @@ impl HttpBody for Watched {
 impl Drop for Watched {
     fn drop(&mut self) {
         let mut fate = self.fate.lock().unwrap();
-        if matches!(*fate, Fate::Held) {
+        if matches!(*fate, Fate::InHandler) {
             *fate = match self.inner.take() {
                 Some(rest) if !rest.is_end_stream() => Fate::Left(rest),
                 _ => Fate::Read,
@@ -87,7 +87,7 @@ impl Drop for Watched {
 }
 
 /// The layer: see the module docs.
-pub async fn settle_unread_body(request: Request, next: Next) -> Response {
+pub async fn drain_unread_body(request: Request, next: Next) -> Response {
     let http1 = matches!(request.version(), Version::HTTP_10 | Version::HTTP_11);
     if !http1 || request.body().is_end_stream() {
         return next.run(request).await;
@@ -99,7 +99,7 @@ pub async fn settle_unread_body(request: Request, next: Next) -> Response {
         .headers()
         .get(header::EXPECT)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-    let fate = Arc::new(Mutex::new(Fate::Held));
+    let fate = Arc::new(Mutex::new(Fate::InHandler));
     let watched = fate.clone();
     let request = request.map(move |body| {
         Body::new(Watched {
@@ -116,7 +116,7 @@ pub async fn settle_unread_body(request: Request, next: Next) -> Response {
         }
         // Too large, of unknown length, not sent yet, or still held by
         // whatever the handler gave it to.
-        Fate::Left(_) | Fate::Held => false,
+        Fate::Left(_) | Fate::InHandler => false,
     };
     if !keep {
         response

@@ -25,7 +25,7 @@ struct Inner {
     limit: usize,
     /// Taken without a lock: every frame of every socket passes here.
     used: AtomicUsize,
-    /// The most ever held at once.
+    /// The most ever reserved at once.
     peak: AtomicUsize,
     /// How many takes did not fit (watched: how often a budget is reached
     /// is something to wait for).
@@ -54,7 +54,7 @@ impl SendBudget {
         self.inner.used.load(Ordering::Relaxed)
     }
 
-    /// The most every socket ever held at once.
+    /// The most all sockets ever reserved at once.
     pub fn peak(&self) -> usize {
         self.inner.peak.load(Ordering::Relaxed)
     }
@@ -71,8 +71,8 @@ impl SendBudget {
 
     /// `bytes` more for one socket, if they fit; `None` when they do not.
     /// Bytes larger than the whole budget fit only while nothing else is
-    /// held (an event that large is sent alone, never refused forever).
-    pub fn take(&self, bytes: usize) -> Option<Held> {
+    /// reserved (an event that large is sent alone, never refused forever).
+    pub fn reserve(&self, bytes: usize) -> Option<Reservation> {
         let fits = |used: usize| used == 0 || used + bytes <= self.inner.limit;
         let taken = self
             .inner
@@ -86,7 +86,7 @@ impl SendBudget {
         };
         self.inner.peak.fetch_max(before + bytes, Ordering::Relaxed);
         crate::telemetry::websocket_buffered(bytes as f64);
-        Some(Held {
+        Some(Reservation {
             budget: self.clone(),
             bytes,
         })
@@ -101,15 +101,15 @@ impl SendBudget {
     }
 }
 
-/// Bytes one socket holds; given back when dropped.
+/// Bytes one socket reserved; given back when dropped.
 #[derive(Debug)]
-pub struct Held {
+pub struct Reservation {
     budget: SendBudget,
     bytes: usize,
 }
 
-impl Held {
-    /// Gives back `bytes` of what is held (a frame of a page was taken by
+impl Reservation {
+    /// Gives back `bytes` of what is reserved (a frame of a page was taken by
     /// the client).
     pub fn give_back(&mut self, bytes: usize) {
         let bytes = bytes.min(self.bytes);
@@ -118,7 +118,7 @@ impl Held {
     }
 }
 
-impl Drop for Held {
+impl Drop for Reservation {
     fn drop(&mut self) {
         self.budget.give_back(self.bytes);
     }
@@ -131,13 +131,13 @@ mod tests {
     #[test]
     fn what_does_not_fit_is_refused_and_what_is_given_back_fits_again() {
         let budget = SendBudget::new(100);
-        let mut page = budget.take(60).unwrap();
-        let frame = budget.take(40).unwrap();
+        let mut page = budget.reserve(60).unwrap();
+        let frame = budget.reserve(40).unwrap();
         assert_eq!(budget.used(), 100);
-        assert!(budget.take(1).is_none());
+        assert!(budget.reserve(1).is_none());
         assert_eq!(budget.refused(), 1);
         page.give_back(30);
-        let more = budget.take(30).unwrap();
+        let more = budget.reserve(30).unwrap();
         drop((page, frame, more));
         assert_eq!(budget.used(), 0);
         assert_eq!(budget.peak(), 100);
@@ -146,11 +146,11 @@ mod tests {
     #[test]
     fn bytes_larger_than_the_budget_go_alone() {
         let budget = SendBudget::new(100);
-        let small = budget.take(10).unwrap();
-        assert!(budget.take(500).is_none());
+        let small = budget.reserve(10).unwrap();
+        assert!(budget.reserve(500).is_none());
         drop(small);
-        let large = budget.take(500).unwrap();
-        assert!(budget.take(1).is_none());
+        let large = budget.reserve(500).unwrap();
+        assert!(budget.reserve(1).is_none());
         drop(large);
         assert_eq!(budget.used(), 0);
     }

@@ -16,6 +16,7 @@ use super::openapi::{
     ContentBlock, ConversationList, EventList, FileChangeList, MessageList, RuleList, SettingValue,
     ToolCallList,
 };
+use super::page::{paged, whole};
 use super::state::AppState;
 use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
@@ -434,14 +435,7 @@ async fn messages(
         .store()
         .list_messages_page(id, q.after, limit, state.config().max_page_bytes)
         .await?;
-    let next_cursor = page
-        .more
-        .then(|| page.items.last().map(|m| m.id.to_string()))
-        .flatten();
-    Ok(Json(Page {
-        items: page.items,
-        next_cursor,
-    }))
+    Ok(paged(page, |m| m.id.to_string()))
 }
 
 /// The conversation's tool calls, each as every update left it.
@@ -460,10 +454,7 @@ async fn tool_calls(
 ) -> Result<Json<Page<ToolCall>>> {
     load(&state, &caller, id).await?;
     let items = state.store().list_tool_calls(id).await?;
-    Ok(Json(Page {
-        items,
-        next_cursor: None,
-    }))
+    Ok(whole(items))
 }
 
 /// The files the agent wrote through the gateway (`fs/write_text_file`),
@@ -571,14 +562,7 @@ async fn events(
         .store()
         .list_events_page(id, after, limit, state.config().max_page_bytes)
         .await?;
-    let next_cursor = page
-        .more
-        .then(|| page.items.last().map(|e| e.seq.to_string()))
-        .flatten();
-    Ok(Json(Page {
-        items: page.items,
-        next_cursor,
-    }))
+    Ok(paged(page, |e| e.seq.to_string()))
 }
 
 /// The answers remembered for the conversation ("always" answers).
@@ -597,10 +581,7 @@ async fn list_rules(
 ) -> Result<Json<Page<Rule>>> {
     load(&state, &caller, id).await?;
     let items = state.store().list_rules(id).await?;
-    Ok(Json(Page {
-        items,
-        next_cursor: None,
-    }))
+    Ok(whole(items))
 }
 
 /// One remembered answer.

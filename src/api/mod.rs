@@ -8,6 +8,7 @@ mod conversations;
 mod extract;
 mod notifications;
 pub mod openapi;
+mod page;
 mod permissions;
 mod policies;
 mod state;
@@ -27,6 +28,7 @@ use crate::auth::Caller;
 use crate::error::Error;
 use crate::model::{ConversationStatus, Page};
 use crate::telemetry;
+use page::whole;
 
 pub use budget::SendBudget;
 pub use extract::{AppJson, AppPath, AppQuery};
@@ -79,7 +81,7 @@ pub fn router(state: AppState) -> Router {
         )
         .layer(cors(&state.config().cors_origins))
         // Outermost: whatever answers before a body is read, this settles it.
-        .layer(axum::middleware::from_fn(body::settle_unread_body))
+        .layer(axum::middleware::from_fn(body::drain_unread_body))
         .with_state(state)
 }
 
@@ -224,10 +226,7 @@ async fn list_agents(State(state): State<AppState>, _caller: Caller) -> Json<Pag
             }
         })
         .collect();
-    Json(Page {
-        items,
-        next_cursor: None,
-    })
+    whole(items)
 }
 
 /// Unknown paths: 404, but only for a caller who may call the API at all

@@ -17,6 +17,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
 use super::extract::{AppJson, AppPath};
+use super::page::whole;
 use super::state::AppState;
 use crate::auth::Caller;
 use crate::error::{Error, Result};
@@ -235,10 +236,7 @@ async fn list(State(state): State<AppState>, caller: Caller) -> Result<Json<Page
         .iter()
         .map(Target::of)
         .collect();
-    Ok(Json(Page {
-        items,
-        next_cursor: None,
-    }))
+    Ok(whole(items))
 }
 
 fn unprocessable(what: &str, why: impl std::fmt::Display) -> Error {
@@ -545,10 +543,7 @@ async fn deliveries(
         .into_iter()
         .map(Delivery::of)
         .collect();
-    Ok(Json(Page {
-        items,
-        next_cursor: None,
-    }))
+    Ok(whole(items))
 }
 
 /// The gateway's VAPID public key, for `PushManager.subscribe`.

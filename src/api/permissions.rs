@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use super::extract::{AppJson, AppPath, AppQuery};
 use super::openapi::PermissionRequestList;
+use super::page::whole;
 use super::state::AppState;
 use crate::auth::Caller;
 use crate::error::{Error, Result};
@@ -61,10 +62,7 @@ async fn list(
         owner: caller.owner_filter(),
     };
     let items = state.store().list_permissions(&filter).await?;
-    Ok(Json(Page {
-        items,
-        next_cursor: None,
-    }))
+    Ok(whole(items))
 }
 
 /// One permission request.

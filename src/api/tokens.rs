@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use super::extract::{AppJson, AppPath};
 use super::openapi::TokenList;
+use super::page::whole;
 use super::state::AppState;
 use crate::auth::{issue_token, valid_user_name, Caller};
 use crate::error::{Error, Result};
@@ -37,10 +38,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 async fn list(State(state): State<AppState>, caller: Caller) -> Result<Json<Page<TokenInfo>>> {
     caller.require_operator()?;
     let items = state.store().list_tokens().await?;
-    Ok(Json(Page {
-        items,
-        next_cursor: None,
-    }))
+    Ok(whole(items))
 }
 
 #[derive(Deserialize, ToSchema)]

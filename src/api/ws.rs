@@ -158,21 +158,21 @@ enum WsEnd {
     Store(#[from] Error),
 }
 
-/// Sends one frame, its bytes held in the budget until the client took it.
+/// Sends one frame, its bytes reserved in the budget until the client took it.
 async fn send(
     state: &AppState,
     socket: &mut WebSocket,
     text: impl Into<Utf8Bytes>,
 ) -> Result<(), WsEnd> {
     let text = text.into();
-    let _held = state
+    let _reserved = state
         .send_budget()
-        .take(text.len())
+        .reserve(text.len())
         .ok_or(WsEnd::OverBudget)?;
     send_frame(socket, text).await
 }
 
-/// Sends one frame whose bytes the caller holds in the budget.
+/// Sends one frame whose bytes the caller reserved in the budget.
 async fn send_frame(socket: &mut WebSocket, text: Utf8Bytes) -> Result<(), WsEnd> {
     match tokio::time::timeout(SEND_TIMEOUT, socket.send(Message::Text(text))).await {
         Ok(Ok(())) => Ok(()),
@@ -182,7 +182,7 @@ async fn send_frame(socket: &mut WebSocket, text: Utf8Bytes) -> Result<(), WsEnd
 }
 
 /// Sends stored events after `*last` up to `until` (inclusive, or all), a
-/// page at a time: each page (at most `max_page_bytes`) held in the budget
+/// page at a time: each page (at most `max_page_bytes`) reserved in the budget
 /// while it is sent.
 async fn replay(
     state: &AppState,
@@ -198,9 +198,9 @@ async fn replay(
             .list_events_page(id, *last, REPLAY_PAGE, max_bytes)
             .await?;
         let more = page.more;
-        let mut held = state
+        let mut reserved = state
             .send_budget()
-            .take(page.bytes())
+            .reserve(page.bytes())
             .ok_or(WsEnd::OverBudget)?;
         for event in page.items {
             if until.is_some_and(|u| event.seq > u) {
@@ -211,7 +211,7 @@ async fn replay(
             drop(event);
             let len = text.len();
             send_frame(socket, text.into()).await?;
-            held.give_back(len);
+            reserved.give_back(len);
             *last = seq;
         }
         if !more {

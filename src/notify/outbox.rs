@@ -429,18 +429,21 @@ impl Outbox {
                 p256dh,
                 auth,
             } => {
-                web_push::deliver_as(
-                    &self.client,
-                    &self.vapid,
-                    &self.subject,
+                let sender = web_push::Sender {
+                    vapid: &self.vapid,
+                    subject: &self.subject,
+                };
+                let to = web_push::Subscription {
                     endpoint,
                     p256dh,
                     auth,
-                    body.as_bytes(),
-                    collapse_key,
-                    WEB_PUSH_TTL,
-                )
-                .await
+                };
+                let push = web_push::Push {
+                    payload: body.as_bytes(),
+                    topic: collapse_key,
+                    ttl_seconds: WEB_PUSH_TTL,
+                };
+                web_push::deliver_as(&self.client, &sender, &to, &push).await
             }
             TargetConfig::Fcm { device_token } => match (&self.fcm, serde_json::from_str(body)) {
                 (Some(fcm), Ok(n)) => fcm.deliver(device_token, &n, collapse_key).await,

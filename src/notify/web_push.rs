@@ -17,11 +17,12 @@ use sha2::{Digest as _, Sha256};
 use super::vapid::VapidKeys;
 use super::DeliveryOutcome;
 
-/// The VAPID `sub` claim used by [`deliver`]: a contact for the push
-/// service's operators. Apple's push service refuses a subject whose host
-/// does not resolve (`localhost`, `.local`, `.invalid`: 403 `BadJwtToken`),
-/// while Google's and Mozilla's take it: give [`deliver_as`] the subject of
-/// [`subject_for`] the gateway's `notifications.base_url`.
+/// The VAPID `sub` claim where nothing better is known: a contact for the
+/// push service's operators. Apple's push service refuses a subject whose
+/// host does not resolve (`localhost`, `.local`, `.invalid`: 403
+/// `BadJwtToken`), while Google's and Mozilla's take it: give
+/// [`deliver_as`] the subject [`subject_for`] makes of the gateway's
+/// `notifications.base_url`.
 pub const DEFAULT_SUBJECT: &str = "mailto:acp-gateway@localhost";
 
 /// The VAPID subject for a gateway reachable at `base_url`: its `https://`
@@ -56,67 +57,49 @@ const JWT_LIFETIME_SECS: u64 = 12 * 60 * 60;
 /// (RFC 8291 §4).
 pub const MAX_PAYLOAD: usize = 3993;
 
-/// Sends `payload` to the subscription `endpoint` (`p256dh`, `auth` as the
-/// browser's `PushSubscription.toJSON()` gives them), with the VAPID subject
-/// [`DEFAULT_SUBJECT`]. See [`deliver_as`].
-#[allow(clippy::too_many_arguments)]
-pub async fn deliver(
-    client: &reqwest::Client,
-    vapid: &VapidKeys,
-    endpoint: &str,
-    p256dh: &str,
-    auth: &str,
-    payload: &[u8],
-    topic: Option<&str>,
-    ttl_seconds: u32,
-) -> DeliveryOutcome {
-    deliver_as(
-        client,
-        vapid,
-        DEFAULT_SUBJECT,
-        endpoint,
-        p256dh,
-        auth,
-        payload,
-        topic,
-        ttl_seconds,
-    )
-    .await
+/// One push subscription, as the browser's `PushSubscription.toJSON()`
+/// gives it.
+pub struct Subscription<'a> {
+    pub endpoint: &'a str,
+    /// The browser's P-256 public key (base64url).
+    pub p256dh: &'a str,
+    /// The browser's 16-byte authentication secret (base64url).
+    pub auth: &'a str,
 }
 
-/// Sends `payload` encrypted to one push subscription, with the given client
+/// One message to push.
+pub struct Push<'a> {
+    pub payload: &'a [u8],
+    /// See [`topic_header`].
+    pub topic: Option<&'a str>,
+    pub ttl_seconds: u32,
+}
+
+/// Who pushes: the gateway's VAPID keys and the subject its JWTs name
+/// (see [`subject_for`]; [`DEFAULT_SUBJECT`] where nothing better is known).
+pub struct Sender<'a> {
+    pub vapid: &'a VapidKeys,
+    pub subject: &'a str,
+}
+
+/// Sends `push` encrypted to one push subscription, with the given client
 /// (which carries the gateway's guard against private addresses).
 ///
-/// Headers: `TTL: ttl_seconds`; `Topic` from `topic` (see [`topic_header`])
+/// Headers: `TTL: push.ttl_seconds`; `Topic` from `push.topic` (see [`topic_header`])
 /// so the push service replaces an undelivered message with the same topic;
 /// `Urgency: high` when the payload is a notification of a permission event
 /// (a person is holding up an agent), `normal` otherwise.
 ///
 /// 2xx is delivered; 404 and 410 say the subscription is gone; anything else,
 /// or no answer, failed (with the start of the response body).
-#[allow(clippy::too_many_arguments)]
 #[tracing::instrument(skip_all, fields(origin))]
 pub async fn deliver_as(
     client: &reqwest::Client,
-    vapid: &VapidKeys,
-    subject: &str,
-    endpoint: &str,
-    p256dh: &str,
-    auth: &str,
-    payload: &[u8],
-    topic: Option<&str>,
-    ttl_seconds: u32,
+    sender: &Sender<'_>,
+    to: &Subscription<'_>,
+    push: &Push<'_>,
 ) -> DeliveryOutcome {
-    let request = match build(
-        vapid,
-        subject,
-        endpoint,
-        p256dh,
-        auth,
-        payload,
-        topic,
-        ttl_seconds,
-    ) {
+    let request = match build(sender, to, push) {
         Ok(request) => request,
         Err(error) => {
             return DeliveryOutcome::Failed {
@@ -140,7 +123,7 @@ pub async fn deliver_as(
     outcome(builder.send().await).await
 }
 
-/// What [`deliver`] sends, made before anything goes out.
+/// What [`deliver_as`] sends, made before anything goes out.
 struct PushRequest {
     url: reqwest::Url,
     audience: String,
@@ -151,18 +134,18 @@ struct PushRequest {
     body: Vec<u8>,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn build(
-    vapid: &VapidKeys,
-    subject: &str,
-    endpoint: &str,
-    p256dh: &str,
-    auth: &str,
-    payload: &[u8],
-    topic: Option<&str>,
-    ttl_seconds: u32,
-) -> anyhow::Result<PushRequest> {
+fn build(sender: &Sender, to: &Subscription, push: &Push) -> anyhow::Result<PushRequest> {
     use anyhow::Context as _;
+    let Push {
+        payload,
+        topic,
+        ttl_seconds,
+    } = *push;
+    let Subscription {
+        endpoint,
+        p256dh,
+        auth,
+    } = *to;
     let url = reqwest::Url::parse(endpoint).context("the push endpoint is not a URL")?;
     anyhow::ensure!(
         matches!(url.scheme(), "https" | "http") && url.host().is_some(),
@@ -177,7 +160,7 @@ fn build(
     let body = web_push_native::encrypt(payload.to_vec(), &ua_public, &ua_auth)
         .map_err(|error| anyhow::anyhow!("encrypting the payload: {error}"))?;
     let audience = url.origin().ascii_serialization();
-    let authorization = vapid_authorization(vapid, &audience, subject)?;
+    let authorization = vapid_authorization(sender.vapid, &audience, sender.subject)?;
     Ok(PushRequest {
         url,
         audience,
@@ -375,16 +358,22 @@ mod tests {
         let good_key = vapid.public_b64.clone();
         let good_auth = URL_SAFE_NO_PAD.encode([7u8; 16]);
         let build = |endpoint: &str, key: &str, auth: &str, len: usize| {
-            build(
-                &vapid,
-                DEFAULT_SUBJECT,
+            let sender = Sender {
+                vapid: &vapid,
+                subject: DEFAULT_SUBJECT,
+            };
+            let to = Subscription {
                 endpoint,
-                key,
+                p256dh: key,
                 auth,
-                &vec![b'x'; len],
-                None,
-                60,
-            )
+            };
+            let payload = vec![b'x'; len];
+            let push = Push {
+                payload: &payload,
+                topic: None,
+                ttl_seconds: 60,
+            };
+            build(&sender, &to, &push)
         };
         let ok = build("https://push.example:8443/p/1", &good_key, &good_auth, 10).unwrap();
         assert_eq!(ok.audience, "https://push.example:8443");

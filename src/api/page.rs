@@ -1,0 +1,25 @@
+//! Lists in the contract's shape ([`Page`]): answered whole, or one page
+//! of what the store read within its bounds, with the next cursor.
+
+use axum::Json;
+
+use crate::model::Page;
+use crate::store::Bounded;
+
+/// A list answered whole: one page with no cursor.
+pub(crate) fn whole<T>(items: Vec<T>) -> Json<Page<T>> {
+    Json(Page {
+        items,
+        next_cursor: None,
+    })
+}
+
+/// One page of what the store read within `limit` and `max_page_bytes`,
+/// with the cursor (`cursor` of its last item) when more follow.
+pub(crate) fn paged<T>(page: Bounded<T>, cursor: impl Fn(&T) -> String) -> Json<Page<T>> {
+    let next_cursor = page.more.then(|| page.items.last().map(&cursor)).flatten();
+    Json(Page {
+        items: page.items,
+        next_cursor,
+    })
+}
