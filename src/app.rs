@@ -21,6 +21,7 @@ use crate::notify::Enqueue;
 use crate::permissions::PolicyHandle;
 use crate::session::journal::Sink;
 use crate::session::{self, Sessions};
+use crate::store::Backend;
 
 /// How long stopping may take beyond `shutdown_timeout` (agents stopping,
 /// writes, WebSockets closing) before the rest is left to `kill_on_drop`.
@@ -56,21 +57,18 @@ impl Gateway {
     ) -> anyhow::Result<Gateway> {
         crate::telemetry::install();
         let url = config.database_url();
-        tracing::info!(database = %redact_url(&url), "opening the database");
+        tracing::info!(database = %crate::store::redact_url(&url), "opening the database");
         // On SQLite, a second gateway is refused before it touches the file;
         // on Postgres, a node registers once the migrations made its table.
-        let early = match url.starts_with("sqlite:") {
-            true => Some(Node::join(&url, config.node_lease).await?),
-            false => None,
+        let lock = match Backend::of(&url)? {
+            Backend::Sqlite => crate::cluster::lock::lock_sqlite(&url)?,
+            Backend::Postgres => None,
         };
         let sink = Sink {
             store: crate::store::open(&url).await?,
             bus: EventBus::new(config.event_buffer),
         };
-        let node = match early {
-            Some(node) => node,
-            None => Node::join(&url, config.node_lease).await?,
-        };
+        let node = Node::join(&*sink.store, lock, config.node_lease).await?;
         if let Some(announcer) = node.announcer() {
             sink.bus.announce_to(announcer);
         }
@@ -160,6 +158,11 @@ impl Gateway {
         self.state.outbox().clone()
     }
 
+    /// This gateway as a node of its database (see [`crate::cluster`]).
+    pub fn node(&self) -> Node {
+        self.state.sessions().node().clone()
+    }
+
     pub fn local_addr(&self) -> SocketAddr {
         self.listener
             .local_addr()
@@ -191,15 +194,14 @@ impl Gateway {
         tokio::spawn(crate::process::spawn::reap_orphans(self.shutdown.clone()));
         let sessions = self.state.sessions().clone();
         let node = sessions.node().clone();
-        // Not tracked: it ends with the shutdown token, and nothing waits
-        // for it.
-        tokio::spawn(crate::cluster::run(
-            node.clone(),
+        // In the node's tasks: they end with the shutdown token, and are
+        // waited for before the node leaves.
+        node.start(
             sessions.sink().store.clone(),
             sessions.sink().bus.clone(),
             std::sync::Arc::new(sessions),
             self.shutdown.clone(),
-        ));
+        );
         tracing::info!(addr = %self.local_addr(), node_id = %node.id(), "acp-gateway listening");
         let stopped = CancellationToken::new();
         let server = tokio::spawn(
@@ -229,6 +231,9 @@ impl Gateway {
         }
         if crate::process::spawn::adopting() {
             let _ = tokio::task::spawn_blocking(crate::process::spawn::sweep_orphans).await;
+        }
+        if !node.stop(STOP_MARGIN).await {
+            tracing::warn!("some of the node's work for other nodes did not stop in time");
         }
         // Every agent has stopped: other nodes may start them from now on.
         node.leave().await;
@@ -266,18 +271,6 @@ async fn close_revoked_websockets(state: AppState, shutdown: CancellationToken) 
             Ok(active) => state.auth().close_revoked(&active),
             Err(e) => tracing::warn!(error = %e, "could not check tokens for revocation"),
         }
-    }
-}
-
-/// A database URL without its password, for logs.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            let userinfo = &url[scheme_end + 3..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{}{}:***{}", &url[..scheme_end + 3], user, &url[at..])
-        }
-        _ => url.to_owned(),
     }
 }
 

@@ -134,7 +134,7 @@ pub async fn export(config: Option<&Path>, to: &str) -> anyhow::Result<()> {
         println!(
             "warning: {to_name} has a VAPID key of its own, kept: browsers that subscribed \
              for Web Push here must subscribe again there",
-            to_name = crate::app::redact_url(to)
+            to_name = crate::store::redact_url(to)
         );
     }
     Ok(())

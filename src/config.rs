@@ -461,8 +461,7 @@ impl Config {
             }
         }
         if let Some(url) = &self.database_url {
-            let known = ["postgres://", "postgresql://", "sqlite:"];
-            if !known.iter().any(|scheme| url.starts_with(scheme)) {
+            if crate::store::Backend::of(url).is_err() {
                 match &self.database_url_file {
                     Some(file) => bail!(
                         "database_url_file: the URL in {} must start with postgres://, postgresql:// or sqlite://",

@@ -25,6 +25,9 @@
 //!   policies in force; [`permissions::policy`] is the operator auto-approve
 //!   engine (pure: rules in, verdict out) on [`permissions::shell`], which
 //!   reads what a shell line runs (pure, on `brush-parser`).
+//! - [`cluster`]: several gateway nodes on one Postgres (who runs which
+//!   conversation, commands and events between nodes); on SQLite, one node
+//!   holding the file's lock.
 //! - [`process`]: the processes started for conversations. [`process::spawn`]
 //!   starts agents and terminal commands with a clean environment, each the
 //!   root of a process tree that is killed whole, and adopts and kills what

@@ -271,7 +271,9 @@ pub struct PermissionFilter {
 
 /// The gateway's storage.
 #[async_trait]
-pub trait Store: super::notify::NotifyStore + Send + Sync + 'static {
+pub trait Store:
+    super::notify::NotifyStore + super::cluster::Clustered + Send + Sync + 'static
+{
     /// Answers when the database is reachable.
     async fn ping(&self) -> Result<()>;
 

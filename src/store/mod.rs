@@ -5,30 +5,37 @@
 //! session task) collects events, merged messages, tool-call states and new
 //! permission requests into a [`Batch`] and commits it in one transaction,
 //! instead of one round-trip per streamed chunk.
+//!
+//! The store is the only place that runs SQL: what gateway nodes sharing a
+//! database keep there is [`cluster`] ([`ClusterStore`], reached through
+//! [`Store`]'s [`Clustered::cluster`], on the store's own pool); what a
+//! database URL names is read in `url.rs` ([`Backend::of`]).
 
 mod backend;
+pub mod cluster;
+mod cluster_pg;
 pub mod export;
 pub mod notify;
 pub mod postgres;
 mod rows;
 mod sql;
 pub mod sqlite;
+mod url;
 
 pub use backend::{
     json_size, ActionToken, AgentProcessRecord, Batch, Bounded, ConversationPatch, Lane,
     PermissionFilter, PolicySet, Resolution, Store, TokenInfo,
 };
+pub use cluster::{ClusterStore, Clustered};
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
+pub use url::{redact_url, sqlite_file, Backend};
 
 /// Opens the store a database URL names (`postgres://…` or `sqlite://PATH`),
 /// creating the database if needed and applying its migrations.
 pub async fn open(url: &str) -> anyhow::Result<std::sync::Arc<dyn Store>> {
-    if url.starts_with("sqlite:") {
-        Ok(std::sync::Arc::new(SqliteStore::open(url).await?))
-    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(std::sync::Arc::new(PgStore::open(url).await?))
-    } else {
-        anyhow::bail!("unsupported database URL {url:?}: use postgres://… or sqlite://PATH")
+    match Backend::of(url)? {
+        Backend::Sqlite => Ok(std::sync::Arc::new(SqliteStore::open(url).await?)),
+        Backend::Postgres => Ok(std::sync::Arc::new(PgStore::open(url).await?)),
     }
 }

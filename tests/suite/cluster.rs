@@ -446,3 +446,55 @@ async fn a_second_gateway_on_one_sqlite_file_is_refused() {
     let third = GatewayProcess::start(&db, &[demo_profile("demo", &[])]);
     third.stop();
 }
+
+/// What a node does for the others (its lease, the commands sent to it, the
+/// events it relays) is owned by it and stops with its gateway: once the
+/// gateway's `run` has returned, none of the node's tasks still runs.
+#[tokio::test]
+async fn a_stopped_gateway_leaves_none_of_its_nodes_tasks_running() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let db = &db;
+    let start = move || async move {
+        let gateway =
+            acp_gateway::Gateway::build(TestGateway::config(db, vec![demo_profile("demo", &[])]))
+                .await
+                .unwrap();
+        let (node, base) = (gateway.node(), format!("http://{}", gateway.local_addr()));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let run = tokio::spawn(gateway.run(stop.clone().cancelled_owned()));
+        (node, base, stop, run)
+    };
+    let (node_a, base_a, stop_a, run_a) = start().await;
+    let (node_b, base_b, stop_b, run_b) = start().await;
+    let http = reqwest::Client::new();
+    let created: Value = http
+        .post(format!("{base_a}/api/v1/conversations"))
+        .json(&json!({"agent": "demo"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["id"].as_str().unwrap();
+    // A command B forwards to A: A carries it out in a task of its node.
+    let prompted = http
+        .post(format!("{base_b}/api/v1/conversations/{id}/prompts"))
+        .json(&json!({"text": "hello"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(prompted.status(), 202);
+    assert!(!node_a.is_stopped() && !node_b.is_stopped());
+    for (node, stop, run) in [(node_a, stop_a, run_a), (node_b, stop_b, run_b)] {
+        stop.cancel();
+        tokio::time::timeout(WAIT, run)
+            .await
+            .expect("the gateway stops in time")
+            .unwrap()
+            .unwrap();
+        assert!(node.is_stopped(), "a task of the node still runs");
+    }
+}

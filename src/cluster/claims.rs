@@ -1,0 +1,124 @@
+//! Who runs which conversation's agent: claiming a conversation for this
+//! node, finding it runs elsewhere, giving it up, and claiming the
+//! conversations of dead nodes (their orphans).
+
+use std::collections::{HashMap, HashSet};
+
+use uuid::Uuid;
+
+use super::{Claim, Node};
+use crate::error::{Error, Result};
+
+impl Node {
+    /// Makes this node the owner of `conversation` unless a live node is.
+    pub async fn claim(&self, conversation: Uuid) -> Result<Claim> {
+        let Some(shared) = &self.inner.shared else {
+            return Ok(Claim::Mine { took_from: None });
+        };
+        loop {
+            let Some(owner) = shared.conversation_node(conversation).await? else {
+                return Err(Error::NotFound(format!("no conversation {conversation}")));
+            };
+            let took_from = match owner {
+                Some(node) if node != self.id() => {
+                    if self.alive(node).await? {
+                        return Ok(Claim::Elsewhere(node));
+                    }
+                    Some(node)
+                }
+                _ => None,
+            };
+            if shared
+                .move_conversation(conversation, owner, self.id())
+                .await?
+            {
+                if let Some(dead) = took_from {
+                    tracing::info!(conversation_id = %conversation, dead_node = %dead,
+                        "took over a conversation of a dead node");
+                }
+                return Ok(Claim::Mine { took_from });
+            }
+            // Claimed by someone else meanwhile: look again.
+        }
+    }
+
+    /// The live node other than this one that owns `conversation`, if any.
+    pub async fn runs_elsewhere(&self, conversation: Uuid) -> Result<Option<Uuid>> {
+        let Some(shared) = &self.inner.shared else {
+            return Ok(None);
+        };
+        let owner = shared.conversation_node(conversation).await?;
+        match owner.flatten() {
+            Some(node) if node != self.id() && self.alive(node).await? => Ok(Some(node)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Gives up ownership (its agent is gone from this node).
+    pub async fn release(&self, conversation: Uuid) {
+        let Some(shared) = &self.inner.shared else {
+            return;
+        };
+        if let Err(e) = shared.release_conversation(conversation, self.id()).await {
+            tracing::warn!(conversation_id = %conversation, error = %e,
+                "could not release the conversation (it passes to another node once this node's lease runs out)");
+        }
+    }
+
+    /// Gives up every conversation this node owns (none of its agents runs).
+    pub async fn release_all(&self) -> Result<()> {
+        let Some(shared) = &self.inner.shared else {
+            return Ok(());
+        };
+        shared.release_all(self.id()).await
+    }
+
+    /// The conversations that live nodes other than this one own.
+    pub async fn owned_elsewhere(&self) -> Result<HashSet<Uuid>> {
+        let Some(shared) = &self.inner.shared else {
+            return Ok(HashSet::new());
+        };
+        let owned = shared.owned_by_others(self.id()).await?;
+        let mut alive = HashMap::new();
+        let mut elsewhere = HashSet::new();
+        for (conversation, node) in owned {
+            let live = match alive.get(&node) {
+                Some(live) => *live,
+                None => {
+                    let live = self.alive(node).await?;
+                    alive.insert(node, live);
+                    live
+                }
+            };
+            if live {
+                elsewhere.insert(conversation);
+            }
+        }
+        Ok(elsewhere)
+    }
+
+    /// Claims every conversation of a dead node: `(conversation, dead node)`.
+    /// The caller settles them and gives them up.
+    pub async fn claim_orphans(&self) -> Result<Vec<(Uuid, Uuid)>> {
+        let Some(shared) = &self.inner.shared else {
+            return Ok(Vec::new());
+        };
+        let mut claimed = Vec::new();
+        for node in shared.other_owners(self.id()).await? {
+            if self.alive(node).await? {
+                continue;
+            }
+            let ids = shared.move_all(node, self.id()).await?;
+            claimed.extend(ids.into_iter().map(|id| (id, node)));
+        }
+        // Dead nodes with nothing left go.
+        shared.delete_dead_nodes().await?;
+        Ok(claimed)
+    }
+
+    /// [`Node::claim_orphans`] under the name `session/` calls it by, until
+    /// the call is renamed there (issue 29).
+    pub async fn take_orphans(&self) -> Result<Vec<(Uuid, Uuid)>> {
+        self.claim_orphans().await
+    }
+}
