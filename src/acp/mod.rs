@@ -1,8 +1,10 @@
 //! The protocol side: JSON-RPC framing and multiplexing ([`rpc`]), agent
-//! processes ([`agent`]), and the
+//! processes ([`agent`]), the ACP reading of what an agent sends
+//! ([`incoming`], with the text-chunk fast path in [`chunk`]), and the
 //! typed ACP client session on top ([`client`]).
 
 pub mod agent;
 pub mod chunk;
 pub mod client;
+pub mod incoming;
 pub mod rpc;
