@@ -10,6 +10,9 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+/// The method of the notification a chunk comes in.
+pub const METHOD: &str = "session/update";
+
 /// Which message a chunk belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChunkKind {
@@ -72,7 +75,7 @@ impl TextChunk {
 pub fn parse_line(line: &[u8]) -> Option<TextChunk> {
     // Cheap refusals first: most other lines differ early.
     let line: Line = serde_json::from_slice(line).ok()?;
-    if line.method != "session/update" || line.jsonrpc.as_deref().is_some_and(|v| v != "2.0") {
+    if line.method != METHOD || line.jsonrpc.as_deref().is_some_and(|v| v != "2.0") {
         return None;
     }
     let update = line.params.update;

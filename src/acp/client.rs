@@ -1,6 +1,7 @@
 //! The client side of ACP over an [`RpcPeer`]: the handshake that opens a
 //! session (typed with `agent-client-protocol-schema`), then prompts and
-//! cancels on it. Errors carry the agent's last stderr lines.
+//! cancels on it. Errors ([`super::error::Error`]) carry the agent's last
+//! stderr lines.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,9 +15,9 @@ use agent_client_protocol_schema::v1 as acp;
 use tokio::sync::mpsc;
 
 use super::agent::{describe_exit, AgentProcess};
+use super::error::{Error, Result};
 use super::rpc::{Incoming, RpcError, RpcPeer};
 use crate::config::AgentProfile;
-use crate::error::{Error, Result};
 use crate::model::SessionState;
 
 /// How long we wait for the process after its stdout closed.
@@ -88,7 +89,26 @@ impl AgentSession {
     /// The history an agent replays while loading is not the conversation's
     /// news (the gateway has it): those updates are dropped. What else it
     /// sends meanwhile is returned, for the session to apply first.
+    ///
+    /// Fails with the crate's error (502 `agent_failed`, 504
+    /// `agent_timeout`), converted from [`Error`] here because the session
+    /// returns it as it is, without `?`.
     pub async fn open(
+        peer: RpcPeer,
+        process: &mut AgentProcess,
+        profile: &AgentProfile,
+        cwd: &str,
+        earlier: Option<&str>,
+        state: &mut SessionState,
+        incoming: &mut mpsc::Receiver<Incoming>,
+    ) -> crate::error::Result<Opening> {
+        let opening =
+            Self::handshake(peer, process, profile, cwd, earlier, state, incoming).await?;
+        Ok(opening)
+    }
+
+    /// [`AgentSession::open`], failing with the protocol layer's [`Error`].
+    async fn handshake(
         peer: RpcPeer,
         process: &mut AgentProcess,
         profile: &AgentProfile,
@@ -127,7 +147,7 @@ impl AgentSession {
         shake.auth_methods = auth_methods(&init);
         let init: acp::InitializeResponse = from_json("initialize", init)?;
         if init.protocol_version != acp_schema::ProtocolVersion::V1 {
-            return Err(Error::AgentFailed(format!(
+            return Err(Error::Failed(format!(
                 "agent speaks ACP protocol version {}, the gateway speaks 1",
                 to_json(&init.protocol_version)
             )));
@@ -303,7 +323,7 @@ impl Handshake<'_> {
                 Some(msg) = self.incoming.recv() => replay.keep(msg, &mut self.kept),
                 status = self.process.wait() => {
                     self.process.drain_stderr().await;
-                    return Err(Error::AgentFailed(format!(
+                    return Err(Error::Failed(format!(
                         "{} during {method}", describe_exit(status, &self.process.stderr_tail())
                     )));
                 }
@@ -315,7 +335,7 @@ impl Handshake<'_> {
             Ok(Err(RpcError::Closed(reason))) => {
                 let status = tokio::time::timeout(EXIT_AFTER_EOF, self.process.wait()).await;
                 self.process.drain_stderr().await;
-                Err(Error::AgentFailed(match status {
+                Err(Error::Failed(match status {
                     Ok(status) => format!(
                         "{} during {method}",
                         describe_exit(status, &self.process.stderr_tail())
@@ -326,7 +346,7 @@ impl Handshake<'_> {
                     ),
                 }))
             }
-            Err(_) => Err(Error::AgentTimeout(with_stderr(
+            Err(_) => Err(Error::Timeout(with_stderr(
                 format!(
                     "agent did not answer {method} within {}",
                     humantime_fmt(self.timeout)
@@ -374,14 +394,14 @@ impl Handshake<'_> {
         );
         let chosen = match self.auth_method {
             None => {
-                return Err(Error::AgentFailed(with_stderr(
+                return Err(Error::Failed(with_stderr(
                     format!("{needs}; {offered}: set auth_method in the agent's profile"),
                     self.process,
                 )))
             }
             Some(id) => match self.auth_methods.iter().find(|m| m.id == id) {
                 None => {
-                    return Err(Error::AgentFailed(with_stderr(
+                    return Err(Error::Failed(with_stderr(
                         format!(
                         "{needs}; the profile's auth_method {id:?} is not one it offers; {offered}"
                     ),
@@ -391,7 +411,7 @@ impl Handshake<'_> {
                 // Not for `authenticate`: a person logs in by running the
                 // agent in a terminal.
                 Some(m) if m.terminal => {
-                    return Err(Error::AgentFailed(with_stderr(
+                    return Err(Error::Failed(with_stderr(
                         format!(
                             "{needs}; the profile's auth_method {id:?} is a terminal login: log in \
                              by running the agent interactively, as the user it runs as"
@@ -417,7 +437,7 @@ impl Handshake<'_> {
     /// The answer, or the agent's error (with its stderr) as ours.
     fn accepted(&self, method: &str, answer: std::result::Result<Value, Refused>) -> Result<Value> {
         answer.map_err(|Refused { code, message }| {
-            Error::AgentFailed(with_stderr(
+            Error::Failed(with_stderr(
                 format!("agent answered {method} with error {code}: {message}"),
                 self.process,
             ))
@@ -434,7 +454,7 @@ impl Handshake<'_> {
         state: &mut SessionState,
     ) -> Result<()> {
         let pinned = |key: &str, why: String| {
-            Error::AgentFailed(format!("the profile's {key} cannot be applied: {why}"))
+            Error::Failed(format!("the profile's {key} cannot be applied: {why}"))
         };
         if let Some(mode) = &profile.session_mode {
             state
@@ -498,7 +518,7 @@ fn to_json(value: &impl serde::Serialize) -> Value {
 
 fn from_json<T: serde::de::DeserializeOwned>(method: &str, value: Value) -> Result<T> {
     serde_json::from_value(value).map_err(|e| {
-        Error::AgentFailed(format!(
+        Error::Failed(format!(
             "agent answered {method} with an invalid result: {e}"
         ))
     })

@@ -1,8 +1,14 @@
 //! The protocol side: JSON-RPC framing and multiplexing ([`rpc`]), agent
-//! processes ([`agent`]), and the
-//! typed ACP client session on top ([`client`]).
+//! processes ([`agent`]), the ACP reading of what an agent sends
+//! ([`incoming`], with the text-chunk fast path in [`chunk`]), and the
+//! typed ACP client session on top ([`client`]), which fails with the
+//! protocol layer's own [`Error`].
 
 pub mod agent;
 pub mod chunk;
 pub mod client;
+pub mod error;
+pub mod incoming;
 pub mod rpc;
+
+pub use error::{Error, Result};

@@ -1,0 +1,285 @@
+//! The reader's side of the connection: each line read is parsed and routed, a response to
+//! the caller waiting for its id (the id multiplexing), anything else to the incoming channel
+//! as the [`Inbound`] hook reads it, with backpressure.
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+use tokio::io::AsyncBufRead;
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, trace, warn};
+
+use super::framing::{Line, LineReader};
+use super::inbound::{Inbound, IncomingRequest, Responder};
+use super::shared::{RpcError, Shared, INTERNAL_ERROR};
+
+/// How much of a skipped line goes into the log.
+const PREVIEW_BYTES: usize = 200;
+
+/// Reads and routes lines until the stream ends or the connection is closed elsewhere.
+pub(super) async fn read_loop<I, R>(
+    shared: Arc<Shared>,
+    mut lines: LineReader<R>,
+    incoming_tx: mpsc::Sender<I>,
+) where
+    I: Inbound,
+    R: AsyncBufRead + Unpin,
+{
+    let mut closed_rx = shared.closed_tx.subscribe();
+    let mut router = Router {
+        shared: &shared,
+        incoming_tx: Some(incoming_tx),
+    };
+    let reason = loop {
+        let line = tokio::select! {
+            biased;
+            // Closed by a failed write or `RpcPeer::close`: stop reading, the reason is set.
+            _ = closed_rx.wait_for(Option::is_some) => return,
+            line = lines.next_line(|line| router.parse(line)) => line,
+        };
+        match line {
+            Ok(Some(Line::Complete(Some(incoming)))) => {
+                if !router.deliver(incoming, &mut closed_rx).await {
+                    return;
+                }
+            }
+            Ok(Some(Line::Complete(None))) => {}
+            Ok(Some(Line::TooLong { len })) => warn!(
+                label = %shared.label,
+                len,
+                max = lines.max,
+                "discarded a line longer than the limit"
+            ),
+            Ok(None) => break "peer closed the stream (EOF)".to_owned(),
+            Err(err) => break format!("read failed: {err}"),
+        }
+    };
+    shared.close(reason);
+    // Dropping `router` drops the incoming sender: the receiver gets what is queued, then None.
+}
+
+/// Routes parsed lines from the reader to waiting callers or the incoming channel.
+struct Router<'a, I> {
+    shared: &'a Arc<Shared>,
+    /// `None` once the receiver is gone; from then on requests are refused.
+    incoming_tx: Option<mpsc::Sender<I>>,
+}
+
+impl<I: Inbound> Router<'_, I> {
+    /// Reads one line (borrowed from the reader's buffer: parsed where it
+    /// lies, not copied first): a response goes to its caller; what is
+    /// returned goes to the incoming channel. What [`Inbound::read_fast`] knows takes the
+    /// fast path.
+    fn parse(&self, line: &[u8]) -> Option<I> {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if let Some(fast) = I::read_fast(line) {
+            return Some(fast);
+        }
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return None;
+        }
+        trace!(label = %self.shared.label, line = %preview(line), "received");
+        let object = match serde_json::from_slice::<Value>(line) {
+            Ok(Value::Object(object)) => object,
+            Ok(_) => {
+                self.skip(line, "not a JSON object");
+                return None;
+            }
+            Err(err) => {
+                let why = match std::str::from_utf8(line) {
+                    Ok(_) => format!("not JSON: {err}"),
+                    Err(_) => "not valid UTF-8".to_owned(),
+                };
+                self.skip(line, &why);
+                return None;
+            }
+        };
+        let incoming = match classify(object) {
+            Ok(Message::Response { id, outcome }) => {
+                self.shared.complete(id, outcome);
+                return None;
+            }
+            Ok(Message::Notification { method, params }) => I::notification(method, params),
+            Ok(Message::Request { id, method, params }) => I::request(IncomingRequest {
+                responder: Responder::new(id.clone(), method.clone(), Arc::clone(self.shared)),
+                id,
+                method,
+                params,
+            }),
+            Err(why) => {
+                self.skip(line, &format!("not a JSON-RPC message: {why}"));
+                return None;
+            }
+        };
+        Some(incoming)
+    }
+
+    async fn deliver(
+        &mut self,
+        incoming: I,
+        closed_rx: &mut watch::Receiver<Option<String>>,
+    ) -> bool {
+        let Some(incoming_tx) = &self.incoming_tx else {
+            self.refuse(incoming);
+            return true;
+        };
+        // Waiting here is the backpressure; `closed` keeps a stuck receiver from pinning us.
+        let sent = tokio::select! {
+            biased;
+            _ = closed_rx.wait_for(Option::is_some) => return false,
+            sent = incoming_tx.send(incoming) => sent,
+        };
+        if let Err(mpsc::error::SendError(incoming)) = sent {
+            warn!(
+                label = %self.shared.label,
+                "incoming receiver dropped; refusing requests and dropping notifications from now on"
+            );
+            self.incoming_tx = None;
+            self.refuse(incoming);
+        }
+        true
+    }
+
+    /// Disposes of a message nobody will receive.
+    fn refuse(&self, incoming: I) {
+        match incoming.into_request() {
+            Err(notification) => {
+                debug!(
+                    label = %self.shared.label,
+                    method = %notification.method(),
+                    "notification dropped: nobody is listening"
+                );
+            }
+            Ok(request) => {
+                debug!(
+                    label = %self.shared.label,
+                    id = %request.id,
+                    method = %request.method,
+                    "request refused: nobody is listening"
+                );
+                request.responder.respond_error(
+                    INTERNAL_ERROR,
+                    "client is not accepting requests",
+                    None,
+                );
+            }
+        }
+    }
+
+    fn skip(&self, line: &[u8], why: &str) {
+        warn!(
+            label = %self.shared.label,
+            line = %preview(line),
+            "skipping line: {why}"
+        );
+    }
+}
+
+/// One parsed JSON-RPC message.
+#[derive(Debug)]
+pub(super) enum Message {
+    Request {
+        id: Value,
+        method: String,
+        params: Value,
+    },
+    Notification {
+        method: String,
+        params: Value,
+    },
+    Response {
+        id: Value,
+        outcome: Result<Value, RpcError>,
+    },
+}
+
+/// Tells requests, notifications and responses apart by their fields. `jsonrpc` is not
+/// checked: some agents leave it out, and the shape says enough.
+pub(super) fn classify(mut object: Map<String, Value>) -> Result<Message, &'static str> {
+    let id = match object.remove("id") {
+        None | Some(Value::Null) => None,
+        Some(id @ (Value::Number(_) | Value::String(_))) => Some(id),
+        Some(_) => return Err("\"id\" must be a number or a string"),
+    };
+    if let Some(method) = object.remove("method") {
+        let Value::String(method) = method else {
+            return Err("\"method\" must be a string");
+        };
+        let params = object.remove("params").unwrap_or(Value::Null);
+        return Ok(match id {
+            Some(id) => Message::Request { id, method, params },
+            None => Message::Notification { method, params },
+        });
+    }
+    let Some(id) = id else {
+        return Err("neither \"method\" nor \"id\"");
+    };
+    // Some peers send `"error": null` next to a result.
+    let error = object.remove("error").filter(|error| !error.is_null());
+    let outcome = match (error, object.remove("result")) {
+        (Some(error), _) => Err(remote_error(error)),
+        (None, Some(result)) => Ok(result),
+        (None, None) => return Err("a response needs \"result\" or \"error\""),
+    };
+    Ok(Message::Response { id, outcome })
+}
+
+/// Turns an `error` member into [`RpcError::Remote`], tolerating malformed ones: the caller
+/// must learn that its request failed even if the peer described the failure badly.
+fn remote_error(error: Value) -> RpcError {
+    match error {
+        Value::Object(mut error) => RpcError::Remote {
+            code: error
+                .get("code")
+                .and_then(Value::as_i64)
+                .unwrap_or(INTERNAL_ERROR),
+            message: match error.remove("message") {
+                Some(Value::String(message)) => message,
+                _ => "(no message)".to_owned(),
+            },
+            data: error.remove("data").filter(|data| !data.is_null()),
+        },
+        other => RpcError::Remote {
+            code: INTERNAL_ERROR,
+            message: format!("malformed error object: {other}"),
+            data: None,
+        },
+    }
+}
+
+/// The start of a line, for logs.
+fn preview(line: &[u8]) -> String {
+    let mut text = String::from_utf8_lossy(&line[..line.len().min(PREVIEW_BYTES)]).into_owned();
+    if line.len() > PREVIEW_BYTES {
+        text.push('…');
+    }
+    text
+}
+
+impl Shared {
+    /// Hands a response to the caller waiting for its id.
+    fn complete(&self, id: Value, outcome: Result<Value, RpcError>) {
+        let waiter = parse_our_id(&id).and_then(|id| self.state().waiters.remove(&id));
+        match waiter {
+            Some(waiter) => {
+                if waiter.send(outcome).is_err() {
+                    debug!(label = %self.label, %id, "response arrived after its caller gave up");
+                }
+            }
+            None => warn!(
+                label = %self.label,
+                %id,
+                "skipping response to an unknown request id (its caller may have given up)"
+            ),
+        }
+    }
+}
+
+/// Our ids are u64; peers echo them back as a number or, sometimes, as a string.
+fn parse_our_id(id: &Value) -> Option<u64> {
+    match id {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}

@@ -1,0 +1,104 @@
+//! What one connection's handle, tasks and responders share: the table of callers waiting
+//! for an answer, the close reason, and the writer's queue; and the errors a request ends
+//! with.
+
+use std::collections::HashMap;
+use std::mem;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::debug;
+
+/// JSON-RPC error code: the method does not exist or is not available.
+pub const METHOD_NOT_FOUND: i64 = -32601;
+
+/// JSON-RPC error code: invalid method parameters.
+pub const INVALID_PARAMS: i64 = -32602;
+
+/// JSON-RPC error code: internal error.
+pub const INTERNAL_ERROR: i64 = -32603;
+
+/// Why a request did not produce a result.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RpcError {
+    /// The peer answered with a JSON-RPC error object.
+    #[error("remote error {code}: {message}")]
+    Remote {
+        /// The error's `code`.
+        code: i64,
+        /// The error's `message`.
+        message: String,
+        /// The error's `data`, if it had any.
+        data: Option<Value>,
+    },
+    /// The connection is closed (peer exited, end of stream, write failed, or
+    /// [`RpcPeer::close`](super::RpcPeer::close)); the string says why.
+    #[error("connection closed: {0}")]
+    Closed(String),
+}
+
+/// What the handle, the tasks and every [`Responder`](super::Responder) share.
+pub(super) struct Shared {
+    pub(super) label: String,
+    pub(super) next_id: AtomicU64,
+    pub(super) state: Mutex<State>,
+    /// Carries the close reason to whoever awaits it (the tasks,
+    /// [`RpcPeer::closed`](super::RpcPeer::closed)).
+    pub(super) closed_tx: watch::Sender<Option<String>>,
+    /// Serialized messages, each ending in `\n`, for the writer task.
+    pub(super) out_tx: mpsc::UnboundedSender<Vec<u8>>,
+}
+
+pub(super) struct State {
+    pub(super) closed: Option<String>,
+    pub(super) waiters: HashMap<u64, oneshot::Sender<Result<Value, RpcError>>>,
+}
+
+impl Shared {
+    pub(super) fn state(&self) -> MutexGuard<'_, State> {
+        // Nothing panics while holding the lock, but if something ever does, the table is
+        // still consistent, so keep going rather than poison every later call.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn closed_reason(&self) -> Option<String> {
+        self.state().closed.clone()
+    }
+
+    pub(super) fn closed_error(&self) -> RpcError {
+        RpcError::Closed(
+            self.closed_reason()
+                .unwrap_or_else(|| "connection closed".to_owned()),
+        )
+    }
+
+    /// Marks the connection closed and fails every waiting caller. The first reason wins.
+    pub(super) fn close(&self, reason: String) {
+        let waiters = {
+            let mut state = self.state();
+            if state.closed.is_some() {
+                return;
+            }
+            state.closed = Some(reason.clone());
+            self.closed_tx.send_replace(Some(reason.clone()));
+            mem::take(&mut state.waiters)
+        };
+        debug!(
+            label = %self.label,
+            %reason,
+            failed_requests = waiters.len(),
+            "rpc connection closed"
+        );
+        for waiter in waiters.into_values() {
+            // The caller may have given up in the meantime; nothing to do then.
+            let _ = waiter.send(Err(RpcError::Closed(reason.clone())));
+        }
+    }
+
+    /// Queues one serialized message for the writer.
+    pub(super) fn enqueue(&self, bytes: Vec<u8>) -> Result<(), RpcError> {
+        self.out_tx.send(bytes).map_err(|_| self.closed_error())
+    }
+}
