@@ -10,10 +10,12 @@
 //! permission requests until answered; [`journal`] is the single writer that
 //! commits, then publishes.
 
+pub mod command;
 pub mod journal;
 pub mod pending;
 pub mod remote;
 pub mod served;
+mod spawn;
 pub mod task;
 pub mod transcript;
 
@@ -37,10 +39,11 @@ use crate::model::{
 use crate::permissions::{answer_without_agent, Answer, PolicyHandle};
 use crate::process::procs::{self, Host, Sweep};
 use crate::store::{PermissionFilter, Resolution, Store};
+use command::SessionHandle;
+pub use command::Setting;
 use journal::{Journal, Sink};
 use remote::Remote;
-pub use task::Setting;
-use task::{SessionHandle, StartParams};
+use task::StartParams;
 
 /// The supervisor of every live conversation on this node: cheap to clone.
 #[derive(Clone)]

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::task::Setting;
+use super::command::Setting;
 use crate::error::{Error, Result};
 use crate::permissions::Answer;
 
