@@ -13,7 +13,6 @@
 pub mod command;
 pub mod journal;
 pub mod pending;
-pub mod remote;
 pub mod served;
 mod spawn;
 pub mod task;
@@ -39,10 +38,9 @@ use crate::model::{
 use crate::permissions::{answer_without_agent, Answer, PolicyHandle};
 use crate::process::procs::{self, Host, Sweep};
 use crate::store::{PermissionFilter, Resolution, Store};
-use command::SessionHandle;
 pub use command::Setting;
+use command::{Command, SessionHandle};
 use journal::{Journal, Sink};
-use remote::Remote;
 use task::StartParams;
 
 /// The supervisor of every live conversation on this node: cheap to clone.
@@ -350,12 +348,13 @@ impl Sessions {
 
     /// Runs `command` on the conversation's live session, starting the
     /// agent again first if it is gone; where another node runs it, that
-    /// node runs `remote` and its answer is this one.
+    /// node runs `remote` (the same command, sent as JSON) and its answer
+    /// is this one.
     async fn on_live<T, F, Fut>(
         &self,
         conversation: &Conversation,
         command: F,
-        remote: Remote,
+        remote: Command,
     ) -> Result<T>
     where
         F: Fn(SessionHandle) -> Fut,
@@ -393,7 +392,7 @@ impl Sessions {
         &self,
         conversation_id: Uuid,
         node: Uuid,
-        command: &Remote,
+        command: &Command,
     ) -> Result<Option<Result<T>>> {
         Ok(
             match self
@@ -402,7 +401,7 @@ impl Sessions {
                 .forward(conversation_id, node, command.to_value())
                 .await?
             {
-                Forwarded::Answered(Ok(value)) => Some(remote::decode(value)),
+                Forwarded::Answered(Ok(value)) => Some(decode(value)),
                 Forwarded::Answered(Err(problem)) => Some(Err(Error::Remote(problem))),
                 Forwarded::OwnerGone => None,
             },
@@ -421,7 +420,7 @@ impl Sessions {
     /// Starts a turn, starting the agent again first if it is gone; the
     /// turn's id once `turn_started` is committed.
     pub async fn prompt(&self, conversation: &Conversation, content: Vec<Value>) -> Result<Uuid> {
-        let remote = Remote::Prompt {
+        let remote = Command::Prompt {
             content: content.clone(),
         };
         self.on_live(
@@ -451,7 +450,7 @@ impl Sessions {
                 .check(&conversation.state)
                 .map_err(Error::Unprocessable)?;
         }
-        let remote = Remote::Change {
+        let remote = Command::Change {
             setting: setting.clone(),
             changed_by: changed_by.clone(),
         };
@@ -477,7 +476,10 @@ impl Sessions {
             return Err(not_live(conversation));
         }
         if let Some(node) = self.runs_elsewhere(conversation.id).await? {
-            if let Some(answer) = self.forward(conversation.id, node, &Remote::Cancel).await? {
+            if let Some(answer) = self
+                .forward(conversation.id, node, &Command::Cancel)
+                .await?
+            {
                 return answer;
             }
         }
@@ -528,7 +530,7 @@ impl Sessions {
                 }
             }
         } else if let Some(node) = self.runs_elsewhere(request.conversation_id).await? {
-            let remote = Remote::Respond {
+            let remote = Command::Respond {
                 request: id,
                 answer: answer.clone(),
                 decided_by,
@@ -561,7 +563,7 @@ impl Sessions {
             match self.inner.node.claim(conversation.id).await? {
                 Claim::Elsewhere(node) => {
                     if let Some(answer) =
-                        self.forward(conversation.id, node, &Remote::Close).await?
+                        self.forward(conversation.id, node, &Command::Close).await?
                     {
                         return answer;
                     }
@@ -649,22 +651,22 @@ impl Sessions {
 impl Duties for Sessions {
     async fn execute(&self, conversation_id: Uuid, command: Value) -> Result<Value, Box<Problem>> {
         let run = async {
-            let command: Remote = remote::decode(command)?;
+            let command: Command = decode(command)?;
             let conversation = self.stored(conversation_id).await?;
             Ok::<Value, Error>(match command {
-                Remote::Prompt { content } => {
+                Command::Prompt { content } => {
                     serde_json::to_value(self.prompt(&conversation, content).await?)
                         .expect("ids serialize")
                 }
-                Remote::Cancel => {
+                Command::Cancel => {
                     self.cancel(&conversation).await?;
                     Value::Null
                 }
-                Remote::Close => {
+                Command::Close => {
                     self.close(&conversation).await?;
                     Value::Null
                 }
-                Remote::Respond {
+                Command::Respond {
                     request,
                     answer,
                     decided_by,
@@ -676,12 +678,18 @@ impl Duties for Sessions {
                     serde_json::to_value(self.respond(&request, answer, decided_by, via).await?)
                         .expect("requests serialize")
                 }
-                Remote::Change {
+                Command::Change {
                     setting,
                     changed_by,
                 } => {
                     self.change(&conversation, setting, changed_by).await?;
                     Value::Null
+                }
+                // Never sent to another node (it cannot be read from JSON).
+                Command::Release => {
+                    return Err(Error::Internal(anyhow::anyhow!(
+                        "another node asked to release an agent"
+                    )))
                 }
             })
         };
@@ -745,6 +753,15 @@ impl Drop for Slot {
         let owner = self.owner.take();
         self.sessions.inner.admitting.lock().unwrap().remove(owner);
     }
+}
+
+/// The value another node's answer carries back.
+fn decode<T: serde::de::DeserializeOwned>(value: Value) -> Result<T> {
+    serde_json::from_value(value).map_err(|e| {
+        Error::Internal(anyhow::anyhow!(
+            "another node's answer is not what this node expects: {e}"
+        ))
+    })
 }
 
 /// Why a conversation cannot take a command: it is closed, or its agent

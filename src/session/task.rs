@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::command::{Change, Command, SessionHandle};
+use super::command::{Command, Order, Reply, SessionHandle, Setting};
 use super::journal::{Journal, Sink};
 use super::pending::{HeldRequests, Pending};
 use super::served::Served;
@@ -63,6 +63,14 @@ const MAX_BATCH_TEXT: usize = 1 << 20;
 /// How long a streamed update may wait to be committed with those after it
 /// (a client sees it this much later at most).
 const BATCH_WINDOW: Duration = Duration::from_millis(10);
+
+/// A change of a setting sent to the agent, and whom to tell once it
+/// answered.
+struct Change {
+    setting: Setting,
+    changed_by: String,
+    reply: oneshot::Sender<Result<()>>,
+}
 
 /// A change sent to the agent, resolving with its answer.
 type Changing = Pin<Box<dyn Future<Output = (Change, Result<Value>)> + Send>>;
@@ -253,7 +261,7 @@ struct Task {
     incoming: Option<mpsc::Receiver<Incoming>>,
     /// What the agent sent while its session opened, applied first.
     early: Vec<Incoming>,
-    commands: mpsc::Receiver<Command>,
+    commands: mpsc::Receiver<Order>,
     /// The profile's name, mode and the conversation's cwd, for the policies.
     agent: String,
     mode: Mode,
@@ -289,7 +297,7 @@ enum Step {
     Answered(Result<Value, RpcError>),
     Exited,
     Due(Vec<Uuid>),
-    Command(Option<Command>),
+    Command(Option<Order>),
     Changed(Change, Result<Value>),
     Terminal(TerminalOutput),
     IdleTooLong,
@@ -434,10 +442,16 @@ impl Task {
             }
             Step::Due(due) => self.time_out(due).await?,
             Step::Retry => self.flush().await?,
-            Step::Command(Some(Command::Close { reply })) => {
+            Step::Command(Some(Order {
+                command: Command::Close,
+                reply: Reply::Closed(reply),
+            })) => {
                 return Ok(Some(End::ClosedByUser { reply: Some(reply) }));
             }
-            Step::Command(Some(Command::Release { reply })) => {
+            Step::Command(Some(Order {
+                command: Command::Release,
+                reply: Reply::Released(reply),
+            })) => {
                 let idle = self.is_idle();
                 let _ = reply.send(idle);
                 if idle {
@@ -447,10 +461,10 @@ impl Task {
                     }));
                 }
             }
-            Step::Command(Some(cmd)) => {
+            Step::Command(Some(order)) => {
                 // A person waits for its answer: its writes go first.
                 self.journal.serve(Lane::Person);
-                let handled = self.handle_command(cmd).await;
+                let handled = self.handle_command(order).await;
                 self.journal.serve(Lane::Agent);
                 handled?;
             }
@@ -501,32 +515,51 @@ impl Task {
         }
     }
 
-    async fn handle_command(&mut self, cmd: Command) -> Result<()> {
-        match cmd {
-            Command::Prompt { content, reply } => {
+    /// Carries out a user's command (each comes with its kind of reply:
+    /// see [`SessionHandle`]).
+    async fn handle_command(&mut self, order: Order) -> Result<()> {
+        match (order.command, order.reply) {
+            (Command::Prompt { content }, Reply::Started(reply)) => {
                 let result = self.start_turn(content).await;
                 let _ = reply.send(result);
             }
-            Command::Cancel { reply } => {
+            (Command::Cancel, Reply::Done(reply)) => {
                 let result = self.cancel_turn("turn cancelled").await;
                 let _ = reply.send(result);
             }
-            Command::Respond {
-                permission_id,
-                answer,
-                decided_by,
-                via,
-                reply,
-            } => {
-                let result = self.answer(permission_id, answer, &decided_by, via).await;
+            (
+                Command::Respond {
+                    request,
+                    answer,
+                    decided_by,
+                    via,
+                },
+                Reply::Answered(reply),
+            ) => {
+                let result = self.answer(request, answer, &decided_by, via).await;
                 let _ = reply.send(result);
             }
-            Command::Change(change) => self.change(change),
-            Command::Close { reply } => {
+            (
+                Command::Change {
+                    setting,
+                    changed_by,
+                },
+                Reply::Done(reply),
+            ) => self.change(Change {
+                setting,
+                changed_by,
+                reply,
+            }),
+            (Command::Close, Reply::Closed(reply)) => {
                 let _ = reply.send(());
             }
-            Command::Release { reply } => {
+            (Command::Release, Reply::Released(reply)) => {
                 let _ = reply.send(false);
+            }
+            // The handle never pairs them so; the caller hears the session
+            // ended.
+            (command, _) => {
+                tracing::error!(?command, "a command came with another's reply; dropped");
             }
         }
         Ok(())

@@ -5,12 +5,12 @@
 use futures::stream::StreamExt;
 use serde_json::Value;
 
-use super::Task;
+use super::{Change, Task};
 use crate::acp::client::EXIT_AFTER_EOF;
 use crate::acp::rpc::RpcError;
 use crate::error::{Error, Result};
 use crate::model::{ConfigOptionChanged, ModeChanged};
-use crate::session::command::{Change, Setting};
+use crate::session::command::Setting;
 
 impl Task {
     /// Sends a user's change of a setting to the agent, once checked
