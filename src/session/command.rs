@@ -102,7 +102,7 @@ impl Setting {
 /// The supervisor's handle to a live conversation. Every call answers
 /// `None` once the session has ended.
 #[derive(Clone)]
-pub struct SessionHandle {
+pub struct Handle {
     pub(super) tx: mpsc::Sender<Order>,
     /// The conversation's owner (see [`crate::model::Conversation::owner`]).
     pub(super) owner: Option<Arc<str>>,
@@ -110,7 +110,7 @@ pub struct SessionHandle {
     pub(super) idle: Arc<Mutex<Option<Instant>>>,
 }
 
-impl SessionHandle {
+impl Handle {
     /// The conversation's owner.
     pub fn owner(&self) -> Option<&str> {
         self.owner.as_deref()

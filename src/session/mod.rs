@@ -39,7 +39,7 @@ use crate::error::{Error, Result};
 use crate::model::Conversation;
 use crate::permissions::PolicyHandle;
 use crate::store::Store;
-use command::SessionHandle;
+use command::Handle;
 pub use command::Setting;
 use journal::Sink;
 use task::StartParams;
@@ -60,9 +60,9 @@ struct Shared {
     max_line_bytes: usize,
     shutdown_timeout: std::time::Duration,
     write_buffer_events: usize,
-    live: Mutex<HashMap<Uuid, SessionHandle>>,
+    live: Mutex<HashMap<Uuid, Handle>>,
     /// Which live conversation holds each request waiting for a person.
-    held: pending::HeldRequests,
+    waiting: pending::WaitingRequests,
     /// Held while a conversation's agent starts again, so that concurrent
     /// prompts never start two.
     starting: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
@@ -100,7 +100,7 @@ impl Sessions {
                 shutdown_timeout: config.shutdown_timeout,
                 write_buffer_events: config.write_buffer_events,
                 live: Mutex::new(HashMap::new()),
-                held: Default::default(),
+                waiting: Default::default(),
                 starting: Mutex::new(HashMap::new()),
                 limits: config.agent_limits(),
                 admitting: Mutex::new(Admitting::default()),
@@ -136,7 +136,7 @@ impl Sessions {
     }
 
     /// The live session of a conversation, if its agent runs on this node.
-    fn live(&self, id: Uuid) -> Option<SessionHandle> {
+    fn live(&self, id: Uuid) -> Option<Handle> {
         let live = self.inner.live.lock().unwrap();
         live.get(&id).filter(|h| !h.is_closed()).cloned()
     }
@@ -166,7 +166,7 @@ impl Sessions {
         profile: AgentProfile,
         conversation: Conversation,
         resume: bool,
-    ) -> Result<(SessionHandle, Conversation)> {
+    ) -> Result<(Handle, Conversation)> {
         let id = conversation.id;
         let _slot = self.admit(conversation.owner.as_deref()).await?;
         let (handle, conversation, task) = task::start(StartParams {
@@ -180,7 +180,7 @@ impl Sessions {
             write_buffer_events: self.inner.write_buffer_events,
             policies: self.inner.policies.clone(),
             exits: self.inner.exits.clone(),
-            held: self.inner.held.clone(),
+            waiting: self.inner.waiting.clone(),
         })
         .await?;
         // Registered now, forgotten when its task ends.
@@ -218,9 +218,8 @@ impl Sessions {
             let (idlest, over) = {
                 let live = self.inner.live.lock().unwrap();
                 let mut admitting = self.inner.admitting.lock().unwrap();
-                let running: Vec<&SessionHandle> =
-                    live.values().filter(|h| !h.is_closed()).collect();
-                let idlest = |of: &mut dyn Iterator<Item = &&SessionHandle>| {
+                let running: Vec<&Handle> = live.values().filter(|h| !h.is_closed()).collect();
+                let idlest = |of: &mut dyn Iterator<Item = &&Handle>| {
                     of.filter_map(|h| Some((h.idle_since()?, *h)))
                         .min_by_key(|(since, _)| *since)
                         .map(|(_, h)| h.clone())

@@ -8,7 +8,7 @@ use std::future::Future;
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::command::{Command, SessionHandle, Setting};
+use super::command::{Command, Handle, Setting};
 use super::journal::Journal;
 use super::Sessions;
 use crate::cluster::{Claim, Duties, Forwarded};
@@ -77,7 +77,7 @@ impl Sessions {
         remote: Command,
     ) -> Result<T>
     where
-        F: Fn(SessionHandle) -> Fut,
+        F: Fn(Handle) -> Fut,
         Fut: Future<Output = Option<Result<T>>>,
         T: serde::de::DeserializeOwned,
     {
@@ -207,11 +207,11 @@ impl Sessions {
         Ok(())
     }
 
-    /// Answers a request that a live session on this node holds, if the
+    /// Answers a request waiting in a live session on this node, if the
     /// caller may see its conversation (`can_see`, given the owner): the
     /// common case, answered without reading the database first. `None`
     /// when no live session holds it (any more): see [`Sessions::respond`].
-    pub async fn respond_held(
+    pub async fn respond_waiting_here(
         &self,
         id: Uuid,
         can_see: impl FnOnce(Option<&str>) -> bool,
@@ -219,7 +219,7 @@ impl Sessions {
         decided_by: String,
         via: Option<String>,
     ) -> Option<Result<PermissionRequest>> {
-        let conversation_id = *self.inner.held.lock().unwrap().get(&id)?;
+        let conversation_id = *self.inner.waiting.lock().unwrap().get(&id)?;
         let session = self.live(conversation_id)?;
         if !can_see(session.owner()) {
             return Some(Err(Error::NotFound(format!("no permission request {id}"))));
@@ -378,7 +378,7 @@ impl Duties for Sessions {
 
 /// Where a conversation's agent runs.
 enum Attached {
-    Here(SessionHandle),
+    Here(Handle),
     /// On this other live node.
     There(Uuid),
 }

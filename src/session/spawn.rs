@@ -26,7 +26,7 @@ pub(super) struct Connected {
     /// What lets a later gateway kill what a crash of this one would leave
     /// of the agent; `None` where processes cannot be identified (no `/proc`).
     pub(super) record: Option<AgentProcessRecord>,
-    pub(super) session: AgentSession,
+    pub(super) agent: AgentSession,
     pub(super) opened: Opened,
     pub(super) incoming: mpsc::Receiver<Incoming>,
     /// What the agent sent while opening that is still to be applied.
@@ -80,7 +80,7 @@ pub(super) async fn connect(
         }) => Ok(Connected {
             process,
             record,
-            session,
+            agent: session,
             opened,
             incoming,
             early,

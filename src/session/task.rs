@@ -1,11 +1,11 @@
 //! One live conversation: the task that owns its agent process and ACP
 //! session, applies what the agent sends (to the [`Transcript`], the
 //! [`Pending`] requests and the [`Journal`]), and carries out the commands
-//! its [`SessionHandle`] sends (prompt, cancel, answer a permission request,
+//! its [`Handle`] sends (prompt, cancel, answer a permission request,
 //! change a setting, close).
 //!
 //! Data flows agent stdout → rpc → this task → journal (commit, then
-//! publish); commands flow supervisor → [`SessionHandle`] → this task → rpc
+//! publish); commands flow supervisor → [`Handle`] → this task → rpc
 //! → agent stdin. Everything about one conversation happens in this one
 //! task, so its state needs no locks and its events have one order.
 //!
@@ -37,9 +37,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::command::{Command, Order, Reply, SessionHandle, Setting};
+use super::command::{Command, Handle, Order, Reply, Setting};
 use super::journal::{Journal, Sink};
-use super::pending::{HeldRequests, Pending};
+use super::pending::{Pending, WaitingRequests};
 use super::served::Served;
 use super::spawn::{agent_user, connect, Connected, TERMINATE_GRACE};
 use super::transcript::Transcript;
@@ -97,7 +97,7 @@ pub struct StartParams {
     pub policies: PolicyHandle,
     pub exits: ExitCauses,
     /// This node's index of requests waiting for a person.
-    pub held: HeldRequests,
+    pub waiting: WaitingRequests,
 }
 
 /// Starts the agent, opens its ACP session, and spawns the session task.
@@ -107,7 +107,7 @@ pub struct StartParams {
 /// later prompt can try again; its `agent_status` says why.
 pub async fn start(
     params: StartParams,
-) -> Result<(SessionHandle, Conversation, tokio::task::JoinHandle<()>)> {
+) -> Result<(Handle, Conversation, tokio::task::JoinHandle<()>)> {
     let StartParams {
         sink,
         profile,
@@ -119,7 +119,7 @@ pub async fn start(
         write_buffer_events,
         policies,
         exits,
-        held,
+        waiting,
     } = params;
     let id = conversation.id;
     let span = tracing::info_span!(parent: None, "conversation", conversation_id = %id, agent = %profile.name);
@@ -145,7 +145,7 @@ pub async fn start(
     let Connected {
         process,
         record,
-        session,
+        agent,
         opened,
         incoming,
         early,
@@ -168,7 +168,7 @@ pub async fn start(
             telemetry::agent_restarted(context, cause);
         }
     }
-    journal.set_acp_session_id(session.session_id().to_owned());
+    journal.set_acp_session_id(agent.session_id().to_owned());
     if state != conversation.state {
         journal.set_state(&state);
     }
@@ -180,10 +180,10 @@ pub async fn start(
     journal.flush().await?;
     journal.ride_out_outages(write_buffer_events);
     // From now on its commits are the agent's, except while serving a
-    // command (see `Task::take`).
+    // command (see `Task::carry_out`).
     journal.serve(Lane::Agent);
     conversation.status = journal.status();
-    conversation.acp_session_id = Some(session.session_id().to_owned());
+    conversation.acp_session_id = Some(agent.session_id().to_owned());
     conversation.last_seq = journal.last_seq();
     conversation.updated_at = model::now();
     conversation.state = state.clone();
@@ -205,7 +205,7 @@ pub async fn start(
             files: profile.client_fs && reachable,
             terminals: profile.client_terminal && reachable,
         },
-        session.session_id().to_owned(),
+        agent.session_id().to_owned(),
         profile.name.clone(),
         profile.mode,
         policies.clone(),
@@ -220,17 +220,17 @@ pub async fn start(
         journal,
         process,
         record,
-        session,
+        agent,
         incoming: Some(incoming),
         early,
         commands: rx,
-        agent: profile.name.clone(),
+        profile_name: profile.name.clone(),
         mode: profile.mode,
         cwd: PathBuf::from(&conversation.cwd),
         policies,
         turn: None,
         prompt: None,
-        pending: Pending::new(profile.permission_timeout, profile.on_timeout, held),
+        pending: Pending::new(profile.permission_timeout, profile.on_timeout, waiting),
         transcript: Transcript::default(),
         state,
         changes: FuturesUnordered::new(),
@@ -240,7 +240,7 @@ pub async fn start(
     };
     let task = tokio::spawn(task.run(shutdown).instrument(span));
     let owner = conversation.owner.as_deref().map(Arc::from);
-    Ok((SessionHandle { tx, owner, idle }, conversation, task))
+    Ok((Handle { tx, owner, idle }, conversation, task))
 }
 
 /// A turn in progress.
@@ -256,14 +256,15 @@ struct Task {
     process: AgentProcess,
     /// Forgotten once the process is gone.
     record: Option<AgentProcessRecord>,
-    session: AgentSession,
+    /// The agent's ACP session.
+    agent: AgentSession,
     /// `None` once the agent's stdout has closed.
     incoming: Option<mpsc::Receiver<Incoming>>,
     /// What the agent sent while its session opened, applied first.
     early: Vec<Incoming>,
     commands: mpsc::Receiver<Order>,
     /// The profile's name, mode and the conversation's cwd, for the policies.
-    agent: String,
+    profile_name: String,
     mode: Mode,
     cwd: PathBuf,
     policies: PolicyHandle,
@@ -390,7 +391,7 @@ impl Task {
                 .turn
                 .as_ref()
                 .map_or_else(tracing::Span::none, |t| t.span.clone());
-            match self.take(step).instrument(span).await {
+            match self.carry_out(step).instrument(span).await {
                 Ok(Some(end)) => return Ok(end),
                 Ok(None) => {}
                 // The database is away: the session goes on, writes wait.
@@ -404,7 +405,7 @@ impl Task {
     }
 
     /// Carries out one step of the loop; `Some` when the session ends.
-    async fn take(&mut self, step: Step) -> Result<Option<End>> {
+    async fn carry_out(&mut self, step: Step) -> Result<Option<End>> {
         match step {
             Step::Incoming(Some(msg)) => {
                 self.handle_incoming(msg).await?;
@@ -516,7 +517,7 @@ impl Task {
     }
 
     /// Carries out a user's command (each comes with its kind of reply:
-    /// see [`SessionHandle`]).
+    /// see [`Handle`]).
     async fn handle_command(&mut self, order: Order) -> Result<()> {
         match (order.command, order.reply) {
             (Command::Prompt { content }, Reply::Started(reply)) => {

@@ -59,7 +59,7 @@ impl Task {
     /// takes it, so it frees what it holds for the session (applying what it
     /// sends meanwhile), within [`CLOSE_GRACE`].
     pub(super) async fn close_session(&mut self) -> Result<()> {
-        let Some(closing) = self.session.close() else {
+        let Some(closing) = self.agent.close() else {
             return Ok(());
         };
         tokio::pin!(closing);
@@ -133,7 +133,7 @@ impl Task {
             if let Some(turn) = self.turn.as_mut() {
                 // Politely first: the agent may still wrap up its updates.
                 turn.cancel_requested = true;
-                let _ = self.session.cancel().await;
+                let _ = self.agent.cancel().await;
             }
             if stop_reason == "cancelled" {
                 self.resolve_all(PermissionStatus::Cancelled, &detail)

@@ -68,7 +68,7 @@ impl Task {
         let given = policy::tool_paths(&permission.tool_call, &self.cwd);
         let real_paths = self.served.real_paths(given).await;
         let facts = Facts {
-            agent: &self.agent,
+            agent: &self.profile_name,
             tool_call: &permission.tool_call,
             cwd: &self.cwd,
             mode: self.mode,
@@ -166,7 +166,7 @@ impl Task {
         via: Option<String>,
     ) -> Result<Option<PermissionRequest>> {
         self.flush().await?;
-        let Some(parked) = self.pending.take(id) else {
+        let Some(parked) = self.pending.claim(id) else {
             return Ok(None);
         };
         let decision = Decision {

@@ -21,12 +21,12 @@ impl Task {
             Setting::Mode(mode_id) => self
                 .state
                 .check_mode(mode_id)
-                .map(|()| ("session/set_mode", self.session.set_mode(mode_id))),
+                .map(|()| ("session/set_mode", self.agent.set_mode(mode_id))),
             Setting::ConfigOption { config_id, value } => {
                 self.state.config_request(config_id, value).map(|params| {
                     (
                         "session/set_config_option",
-                        self.session.set_config_option(params),
+                        self.agent.set_config_option(params),
                     )
                 })
             }

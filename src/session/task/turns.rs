@@ -29,7 +29,7 @@ impl Task {
             content: &content,
         });
         let turn_started = self.journal.last_seq();
-        let prompt = self.session.prompt(&content);
+        let prompt = self.agent.prompt(&content);
         self.transcript.user_prompt(turn_id, content, turn_started);
         self.journal.set_status(self.status_now());
         if let Err(e) = self.flush().await {
@@ -52,7 +52,7 @@ impl Task {
             return Ok(());
         };
         turn.cancel_requested = true;
-        if let Err(e) = self.session.cancel().await {
+        if let Err(e) = self.agent.cancel().await {
             tracing::warn!(error = %e, "could not send session/cancel");
         }
         self.resolve_all(PermissionStatus::Cancelled, reason).await
