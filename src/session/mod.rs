@@ -29,6 +29,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
@@ -219,49 +220,38 @@ impl Sessions {
                 let live = self.inner.live.lock().unwrap();
                 let mut admitting = self.inner.admitting.lock().unwrap();
                 let running: Vec<&Handle> = live.values().filter(|h| !h.is_closed()).collect();
-                let idlest = |of: &mut dyn Iterator<Item = &&Handle>| {
-                    of.filter_map(|h| Some((h.idle_since()?, *h)))
-                        .min_by_key(|(since, _)| *since)
-                        .map(|(_, h)| h.clone())
-                };
-                let everyone_full = running.len() + admitting.total >= total;
-                let theirs = running.iter().filter(|h| h.owner() == owner);
-                if theirs.clone().count() + admitting.of(owner) >= per_user {
-                    match idlest(&mut theirs.clone()) {
-                        Some(h) => (h, "max_agents_per_user"),
-                        None if everyone_full && idlest(&mut running.iter()).is_none() => {
-                            return Err(Error::AtCapacity {
-                                detail: busy("max_agents", total),
-                                retry_after: 5,
-                            })
-                        }
-                        None => {
-                            return Err(Error::TooManyRequests {
-                                detail: format!(
-                                    "all {per_user} agents this user may run \
-                                     (max_agents_per_user) are busy with a turn or a \
-                                     permission request"
-                                ),
-                                retry_after: 5,
-                            })
-                        }
+                let seen: Vec<Running<'_>> = running
+                    .iter()
+                    .map(|h| Running {
+                        owner: h.owner(),
+                        idle_since: h.idle_since(),
+                    })
+                    .collect();
+                match admission(&self.inner.limits, owner, &seen, &admitting) {
+                    Admission::Admit => {
+                        admitting.add(owner);
+                        return Ok(Slot {
+                            sessions: self.clone(),
+                            owner: owner.map(str::to_owned),
+                        });
                     }
-                } else if everyone_full {
-                    match idlest(&mut running.iter()) {
-                        Some(h) => (h, "max_agents"),
-                        None => {
-                            return Err(Error::AtCapacity {
-                                detail: busy("max_agents", total),
-                                retry_after: 5,
-                            })
-                        }
+                    Admission::Stop { agent, limit } => (running[agent].clone(), limit),
+                    Admission::OwnerBusy => {
+                        return Err(Error::TooManyRequests {
+                            detail: format!(
+                                "all {per_user} agents this user may run \
+                                 (max_agents_per_user) are busy with a turn or a \
+                                 permission request"
+                            ),
+                            retry_after: 5,
+                        })
                     }
-                } else {
-                    admitting.add(owner);
-                    return Ok(Slot {
-                        sessions: self.clone(),
-                        owner: owner.map(str::to_owned),
-                    });
+                    Admission::AtCapacity => {
+                        return Err(Error::AtCapacity {
+                            detail: busy("max_agents", total),
+                            retry_after: 5,
+                        })
+                    }
                 }
             };
             // Busy again meanwhile? Then look again.
@@ -302,6 +292,68 @@ impl Sessions {
             .get_conversation(id)
             .await?
             .ok_or_else(|| Error::NotFound(format!("no conversation {id}")))
+    }
+}
+
+/// An agent running on this node, as admission sees it.
+struct Running<'a> {
+    owner: Option<&'a str>,
+    /// Since when it has been idle (`None`: busy).
+    idle_since: Option<Instant>,
+}
+
+/// What admitting one more agent calls for (see [`Sessions::admit`]).
+#[derive(Debug, PartialEq)]
+enum Admission {
+    /// Start it.
+    Admit,
+    /// First stop the agent at this index of those running (the
+    /// longest-idle one that counts against `limit`), then look again.
+    Stop { agent: usize, limit: &'static str },
+    /// All the agents the owner may run are busy (429).
+    OwnerBusy,
+    /// All agents are busy: the gateway is at capacity (503).
+    AtCapacity,
+}
+
+/// Admission, decided (pure): one more agent of `owner`'s, with `running`
+/// on this node and `starting` admitted but not running yet. Under
+/// `per_user` the owner's longest-idle agent makes room, under `total`
+/// anyone's; another user's agent is never stopped for the owner's own
+/// limit.
+fn admission(
+    limits: &AgentLimits,
+    owner: Option<&str>,
+    running: &[Running<'_>],
+    starting: &Admitting,
+) -> Admission {
+    let idlest = |of: &mut dyn Iterator<Item = usize>| {
+        of.filter_map(|i| Some((running[i].idle_since?, i)))
+            .min_by_key(|(since, _)| *since)
+            .map(|(_, i)| i)
+    };
+    let everyone = || 0..running.len();
+    let theirs = || everyone().filter(|&i| running[i].owner == owner);
+    let everyone_full = running.len() + starting.total >= limits.total;
+    if theirs().count() + starting.of(owner) >= limits.per_user {
+        match idlest(&mut theirs()) {
+            Some(agent) => Admission::Stop {
+                agent,
+                limit: "max_agents_per_user",
+            },
+            None if everyone_full && idlest(&mut everyone()).is_none() => Admission::AtCapacity,
+            None => Admission::OwnerBusy,
+        }
+    } else if everyone_full {
+        match idlest(&mut everyone()) {
+            Some(agent) => Admission::Stop {
+                agent,
+                limit: "max_agents",
+            },
+            None => Admission::AtCapacity,
+        }
+    } else {
+        Admission::Admit
     }
 }
 
@@ -347,5 +399,105 @@ impl Drop for Slot {
     fn drop(&mut self) {
         let owner = self.owner.take();
         self.sessions.inner.admitting.lock().unwrap().remove(owner);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    const LIMITS: AgentLimits = AgentLimits {
+        total: 3,
+        per_user: 2,
+    };
+
+    fn agent(owner: &str, idle_for: Option<u64>, now: Instant) -> Running<'_> {
+        Running {
+            owner: Some(owner),
+            // Longer idle: an earlier start of it.
+            idle_since: idle_for.map(|s| now + Duration::from_secs(1000 - s)),
+        }
+    }
+
+    #[test]
+    fn an_agent_under_both_limits_is_admitted() {
+        let now = Instant::now();
+        let running = [agent("bob", None, now)];
+        let decided = admission(&LIMITS, Some("alice"), &running, &Admitting::default());
+        assert_eq!(decided, Admission::Admit);
+    }
+
+    #[test]
+    fn at_the_per_user_limit_the_owners_longest_idle_agent_makes_room() {
+        let now = Instant::now();
+        let running = [
+            agent("alice", Some(5), now),
+            agent("bob", Some(60), now),
+            agent("alice", Some(30), now),
+        ];
+        let decided = admission(&LIMITS, Some("alice"), &running, &Admitting::default());
+        let limit = "max_agents_per_user";
+        assert_eq!(decided, Admission::Stop { agent: 2, limit });
+    }
+
+    #[test]
+    fn at_the_per_user_limit_with_none_of_the_owners_idle_another_users_idle_agent_is_spared() {
+        let now = Instant::now();
+        let running = [
+            agent("alice", None, now),
+            agent("bob", Some(60), now),
+            agent("alice", None, now),
+        ];
+        let decided = admission(&LIMITS, Some("alice"), &running, &Admitting::default());
+        assert_eq!(decided, Admission::OwnerBusy);
+    }
+
+    #[test]
+    fn at_both_limits_with_no_agent_idle_the_gateway_is_at_capacity() {
+        let now = Instant::now();
+        let running = [
+            agent("alice", None, now),
+            agent("bob", None, now),
+            agent("alice", None, now),
+        ];
+        let decided = admission(&LIMITS, Some("alice"), &running, &Admitting::default());
+        assert_eq!(decided, Admission::AtCapacity);
+    }
+
+    #[test]
+    fn at_the_total_limit_anyones_longest_idle_agent_makes_room() {
+        let now = Instant::now();
+        let running = [
+            agent("bob", Some(10), now),
+            agent("carol", Some(90), now),
+            agent("alice", None, now),
+        ];
+        let decided = admission(&LIMITS, Some("alice"), &running, &Admitting::default());
+        let limit = "max_agents";
+        assert_eq!(decided, Admission::Stop { agent: 1, limit });
+        let busy = [
+            agent("bob", None, now),
+            agent("carol", None, now),
+            agent("alice", None, now),
+        ];
+        let decided = admission(&LIMITS, Some("alice"), &busy, &Admitting::default());
+        assert_eq!(decided, Admission::AtCapacity);
+    }
+
+    #[test]
+    fn agents_still_starting_count_against_both_limits() {
+        let now = Instant::now();
+        let running = [agent("alice", None, now)];
+        let mut starting = Admitting::default();
+        starting.add(Some("alice"));
+        let decided = admission(&LIMITS, Some("alice"), &running, &starting);
+        assert_eq!(decided, Admission::OwnerBusy);
+        let decided = admission(&LIMITS, Some("bob"), &running, &starting);
+        assert_eq!(decided, Admission::Admit);
+        starting.add(Some("carol"));
+        let decided = admission(&LIMITS, Some("bob"), &running, &starting);
+        assert_eq!(decided, Admission::AtCapacity);
     }
 }
