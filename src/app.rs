@@ -72,7 +72,7 @@ impl Gateway {
         if let Some(announcer) = node.announcer() {
             sink.bus.announce_to(announcer);
         }
-        session::recover(&sink, &node)
+        session::recover::recover(&sink, &node)
             .await
             .context("Failed to settle conversations left by a previous run")?;
         let listener = TcpListener::bind(&config.listen)

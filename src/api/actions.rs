@@ -226,7 +226,7 @@ async fn answer(
     let answer = Answer::Option(row.option_id.clone());
     let via = Some("notification".to_owned());
     let owner = row.user_name.clone();
-    let held = state.sessions().respond_held(
+    let held = state.sessions().respond_waiting_here(
         request.id,
         |o| o == Some(owner.as_str()),
         answer.clone(),

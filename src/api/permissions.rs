@@ -145,7 +145,7 @@ async fn respond(
     AppJson(body): AppJson<RespondBody>,
 ) -> Result<Json<PermissionRequest>> {
     let answer = body.answer()?;
-    let held = state.sessions().respond_held(
+    let held = state.sessions().respond_waiting_here(
         id,
         |owner| caller.can_see(owner),
         answer.clone(),

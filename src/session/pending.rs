@@ -1,6 +1,6 @@
-//! The permission requests a session holds for its agent until they are
-//! answered: when each times out, what a timeout answers, and the answers
-//! the operator's policies give at once.
+//! The permission requests waiting in a session for their answer: when
+//! each times out, what a timeout answers, and the answers the operator's
+//! policies give at once.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -24,13 +24,13 @@ pub struct Parked {
 /// Which conversation holds each request waiting for a person, across the
 /// sessions of this node: an answer goes straight to its session, without
 /// asking the database where the request belongs.
-pub type HeldRequests = Arc<Mutex<HashMap<Uuid, Uuid>>>;
+pub type WaitingRequests = Arc<Mutex<HashMap<Uuid, Uuid>>>;
 
 /// See the module docs.
 pub struct Pending {
     parked: HashMap<Uuid, Parked>,
-    /// This node's index of held requests, kept in step with `parked`.
-    held: HeldRequests,
+    /// This node's index of waiting requests, kept in step with `parked`.
+    waiting: WaitingRequests,
     deadlines: Deadlines,
     /// Automatic approvals per policy rule, for `max_auto_per`.
     limiter: RateLimiter,
@@ -41,10 +41,14 @@ pub struct Pending {
 impl Pending {
     /// Requests time out after `timeout` (never without one), answered as
     /// `on_timeout` says.
-    pub fn new(timeout: Option<Duration>, on_timeout: OnTimeout, held: HeldRequests) -> Pending {
+    pub fn new(
+        timeout: Option<Duration>,
+        on_timeout: OnTimeout,
+        waiting: WaitingRequests,
+    ) -> Pending {
         Pending {
             parked: HashMap::new(),
-            held,
+            waiting,
             deadlines: Deadlines::default(),
             limiter: RateLimiter::default(),
             timeout,
@@ -63,7 +67,7 @@ impl Pending {
     /// Holds a request until it is answered (or times out).
     pub fn park(&mut self, request: PermissionRequest, responder: Responder) {
         let id = request.id;
-        self.held
+        self.waiting
             .lock()
             .unwrap()
             .insert(id, request.conversation_id);
@@ -73,10 +77,10 @@ impl Pending {
         }
     }
 
-    /// Takes a request out to answer it; it no longer times out.
-    pub fn take(&mut self, id: Uuid) -> Option<Parked> {
+    /// Claims a request to answer it: it no longer waits, nor times out.
+    pub fn claim(&mut self, id: Uuid) -> Option<Parked> {
         self.deadlines.remove(id);
-        self.held.lock().unwrap().remove(&id);
+        self.waiting.lock().unwrap().remove(&id);
         self.parked.remove(&id)
     }
 
@@ -84,7 +88,7 @@ impl Pending {
     /// pending, so nothing is lost, and no longer times out.
     pub fn put_back(&mut self, parked: Parked) {
         let request = &parked.request;
-        self.held
+        self.waiting
             .lock()
             .unwrap()
             .insert(request.id, request.conversation_id);
@@ -99,7 +103,7 @@ impl Pending {
         }
     }
 
-    /// Every held request, oldest first.
+    /// Every waiting request, oldest first.
     pub fn ids(&self) -> Vec<Uuid> {
         let mut ids: Vec<Uuid> = self.parked.keys().copied().collect();
         ids.sort();
@@ -121,7 +125,7 @@ impl Pending {
     }
 
     /// A request that timed out: its deadline is cleared, and (if it is
-    /// still held) the option it is answered with (`None`: cancelled).
+    /// still waiting) the option it is answered with (`None`: cancelled).
     pub fn expire(&mut self, id: Uuid) -> Option<Option<String>> {
         self.deadlines.remove(id);
         let request = self.get(id)?;
@@ -166,11 +170,11 @@ impl Pending {
 }
 
 impl Drop for Pending {
-    /// The session ended: what it held is no longer held on this node.
+    /// The session ended: its requests no longer wait on this node.
     fn drop(&mut self) {
-        let mut held = self.held.lock().unwrap();
+        let mut waiting = self.waiting.lock().unwrap();
         for id in self.parked.keys() {
-            held.remove(id);
+            waiting.remove(id);
         }
     }
 }

@@ -1,0 +1,228 @@
+//! Recovery: what a previous run of this gateway, or a dead node of the
+//! cluster, left behind. Its agents' leftover processes are killed, its
+//! pending requests expire and its running turns end; the conversations
+//! stay open, so the next prompt starts the agent again.
+
+use anyhow::Context;
+use uuid::Uuid;
+
+use super::journal::{Journal, Sink};
+use super::Sessions;
+use crate::cluster::Node;
+use crate::error::Result;
+use crate::model::{
+    AgentState, AgentStatus, Conversation, ConversationStatus, Decision, PermissionStatus,
+    TurnEnded,
+};
+use crate::process::procs::{self, Host, Sweep};
+use crate::store::{PermissionFilter, Resolution, Store};
+
+impl Sessions {
+    /// Settles a conversation just taken from a dead node: what its agent
+    /// left running here is killed, pending requests expire, a running turn
+    /// ends.
+    pub(super) async fn settle_taken(&self, id: Uuid, dead: Uuid) -> Result<()> {
+        let sink = &self.inner.sink;
+        if let Err(e) = kill_leftover_agents(&*sink.store, |c| c == id).await {
+            tracing::warn!(conversation_id = %id, error = %e, "could not look for what the dead node's agent left");
+        }
+        let turn_id = sink
+            .store
+            .live_conversations()
+            .await?
+            .into_iter()
+            .find(|(c, _)| c.id == id)
+            .and_then(|(_, turn)| turn);
+        let conversation = self.stored(id).await?;
+        tracing::info!(conversation_id = %id, dead_node = %dead, "settling a conversation of a dead node");
+        settle(
+            sink,
+            &conversation,
+            turn_id,
+            "the gateway node that ran the agent stopped; the agent process is gone",
+        )
+        .await
+    }
+
+    /// Takes over and settles the conversations of dead nodes, leaving them
+    /// to whichever node gets their next command.
+    pub async fn settle_orphans_now(&self) -> Result<()> {
+        for (id, dead) in self.inner.node.take_orphans().await? {
+            self.gated(id, async {
+                let settled = self.settle_taken(id, dead).await;
+                self.inner.node.release(id).await;
+                settled
+            })
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+/// Conversations that still claim an agent belong to a previous run whose
+/// agents are gone (what is left of them is killed first): end their turns
+/// and expire their pending requests, with events so clients learn what
+/// happened. They stay open: the next prompt starts the agent again. What
+/// another live node runs is left alone.
+pub async fn recover(sink: &Sink, node: &Node) -> anyhow::Result<()> {
+    // The agents on record first: one recorded later belongs to a node that
+    // claimed its conversation after `elsewhere` was read.
+    let records = sink.store.list_agent_processes().await?;
+    // Dead nodes' conversations become this node's (unless another node
+    // takes them first); then what live nodes run is known.
+    let taken = node.take_orphans().await?;
+    let elsewhere = node.owned_elsewhere().await?;
+    let had_agents = kill_recorded(&*sink.store, records, |c| !elsewhere.contains(&c))
+        .await
+        .context("Failed to go through the agent processes a previous run recorded")?;
+    // Ours to settle: on SQLite every one; on Postgres those nobody owns
+    // and those just taken from dead nodes.
+    let ours = |c: &Conversation| {
+        !elsewhere.contains(&c.id)
+            && (!node.is_shared() || c.node_id.is_none() || c.node_id == Some(node.id()))
+    };
+    let detail = "the gateway restarted; the agent process is gone";
+    let mut left: Vec<(Conversation, Option<Uuid>)> = sink
+        .store
+        .live_conversations()
+        .await?
+        .into_iter()
+        .filter(|(c, _)| ours(c))
+        .collect();
+    // Idle ones whose agent a crash (of this gateway or of a dead node) left
+    // behind learn it is gone too.
+    for id in had_agents
+        .into_iter()
+        .chain(taken.into_iter().map(|(id, _)| id))
+    {
+        if left.iter().any(|(c, _)| c.id == id) {
+            continue;
+        }
+        if let Some(conversation) = sink.store.get_conversation(id).await? {
+            if conversation.status == ConversationStatus::Idle && ours(&conversation) {
+                left.push((conversation, None));
+            }
+        }
+    }
+    for (conversation, turn_id) in left {
+        tracing::info!(conversation_id = %conversation.id, "settling a conversation left by a previous run");
+        settle(sink, &conversation, turn_id, detail).await?;
+    }
+    // Nothing runs here yet: whatever this node took is anyone's again.
+    node.release_all().await?;
+    Ok(())
+}
+
+/// Ends what a conversation whose agent is gone had going: its pending
+/// requests expire and its turn ends with `detail`; it stays open.
+async fn settle(
+    sink: &Sink,
+    conversation: &Conversation,
+    turn_id: Option<Uuid>,
+    detail: &str,
+) -> Result<()> {
+    let mut journal = Journal::new(sink.clone(), conversation, turn_id);
+    let pending = sink
+        .store
+        .list_permissions(&PermissionFilter {
+            pending_only: true,
+            conversation_id: Some(conversation.id),
+            owner: None,
+        })
+        .await?;
+    for request in pending {
+        let resolution = Resolution {
+            request,
+            status: PermissionStatus::Expired,
+            decision: Decision::new(None, "system".into(), Some(detail.into())),
+        };
+        journal.resolve(&resolution).await?;
+    }
+    let turn_ended = turn_id.map(|turn_id| TurnEnded {
+        turn_id,
+        stop_reason: "error".into(),
+        error: Some(detail.into()),
+    });
+    let agent = AgentStatus::new(AgentState::Exited, Some(detail.into()));
+    // Not closed: the next prompt starts the agent again.
+    journal
+        .agent_gone(turn_ended, agent, ConversationStatus::Idle)
+        .await?;
+    Ok(())
+}
+
+/// Kills what the agents of a previous run on this machine left running
+/// (a crashed gateway cannot take its agents' children with it) and forgets
+/// their records, for the conversations `mine` accepts: records of another
+/// boot, container or machine name no process here. Returns the
+/// conversations whose agents were on record.
+async fn kill_leftover_agents(
+    store: &dyn Store,
+    mine: impl Fn(Uuid) -> bool,
+) -> anyhow::Result<Vec<Uuid>> {
+    let records = store.list_agent_processes().await?;
+    kill_recorded(store, records, mine).await
+}
+
+async fn kill_recorded(
+    store: &dyn Store,
+    records: Vec<crate::store::AgentProcessRecord>,
+    mine: impl Fn(Uuid) -> bool,
+) -> anyhow::Result<Vec<Uuid>> {
+    let records: Vec<_> = records
+        .into_iter()
+        .filter(|r| mine(r.conversation_id))
+        .collect();
+    let conversations: Vec<Uuid> = records.iter().map(|r| r.conversation_id).collect();
+    if records.is_empty() {
+        return Ok(conversations);
+    }
+    let Some(here) = Host::here() else {
+        tracing::warn!(
+            records = records.len(),
+            "no /proc: cannot look for processes a previous run's agents left running"
+        );
+        return Ok(conversations);
+    };
+    for record in records {
+        let conversation_id = record.conversation_id;
+        let pid = record.pid;
+        if !here.sees(&record.boot_id, &record.pid_namespace) {
+            tracing::info!(%conversation_id, pid, host = %record.hostname, boot_id = %record.boot_id,
+                pid_namespace = %record.pid_namespace,
+                "forgetting an agent process recorded under another boot, container or machine");
+        } else {
+            let start_time = u64::try_from(record.start_time).unwrap_or_default();
+            let sweep = tokio::task::spawn_blocking(move || procs::kill_leftovers(pid, start_time))
+                .await
+                .context("the /proc scan panicked")?;
+            match sweep {
+                Ok(Sweep::Nothing) => {
+                    tracing::info!(%conversation_id, pid, "nothing left of a previous run's agent");
+                }
+                Ok(Sweep::PidReused(now)) => {
+                    tracing::info!(%conversation_id, pid, now = %now.comm,
+                        "a previous run's agent is gone and its pid reused: nothing killed");
+                }
+                Ok(Sweep::Killed { killed, failed }) => {
+                    let killed: Vec<String> = killed
+                        .iter()
+                        .map(|p| format!("{} ({})", p.pid, p.comm))
+                        .collect();
+                    tracing::warn!(%conversation_id, pid, killed = ?killed,
+                        "killed what a previous run's agent left running");
+                    for (p, e) in failed {
+                        tracing::error!(%conversation_id, pid, error = %e,
+                            "could not kill {} ({}), left by a previous run's agent", p.pid, p.comm);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(%conversation_id, pid, error = %e,
+                        "cannot look for what a previous run's agent left running");
+                }
+            }
+        }
+        store.forget_agent_process(&record).await?;
+    }
+    Ok(conversations)
+}

@@ -1,0 +1,410 @@
+//! Where a conversation's command runs: on its live session here (starting
+//! its agent again first if it is gone), or on the gateway node that owns
+//! it (see [`crate::cluster`]), forwarded as a [`Command`]; and what this
+//! node does with the commands the others forward to it ([`Duties`]).
+
+use std::future::Future;
+
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::command::{Command, Handle, Setting};
+use super::journal::Journal;
+use super::Sessions;
+use crate::cluster::{Claim, Duties, Forwarded};
+use crate::error::{Error, Problem, Result};
+use crate::model::{Conversation, ConversationStatus, PermissionRequest};
+use crate::permissions::{answer_without_agent, Answer};
+
+impl Sessions {
+    /// The live session of a conversation; one whose agent is gone (a
+    /// crash, an idle stop, a restart of the gateway) has it started again
+    /// on this node and resumed, unless another live node runs it (then
+    /// that node). Concurrent callers wait for one start.
+    async fn attach(&self, conversation: &Conversation) -> Result<Attached> {
+        let id = conversation.id;
+        if let Some(session) = self.live(id) {
+            return Ok(Attached::Here(session));
+        }
+        self.gated(id, async {
+            if let Some(session) = self.live(id) {
+                return Ok(Attached::Here(session));
+            }
+            // As stored now: its `last_seq` and status are the journal's.
+            let conversation = self.stored(id).await?;
+            if conversation.status == ConversationStatus::Closed {
+                return Err(not_live(&conversation));
+            }
+            let profile = self.inner.profiles.get(&conversation.agent).cloned();
+            let profile = profile.ok_or_else(|| {
+                Error::conflict(
+                    "agent_unavailable",
+                    format!(
+                        "the conversation's agent profile {:?} is no longer configured",
+                        conversation.agent
+                    ),
+                )
+            })?;
+            let conversation = match self.inner.node.claim(id).await? {
+                Claim::Elsewhere(node) => return Ok(Attached::There(node)),
+                Claim::Mine { took_from: None } => conversation,
+                Claim::Mine {
+                    took_from: Some(dead),
+                } => {
+                    self.settle_taken(id, dead).await?;
+                    self.stored(id).await?
+                }
+            };
+            match self.launch(profile, conversation, true).await {
+                Ok((session, _)) => Ok(Attached::Here(session)),
+                Err(e) => {
+                    self.inner.node.release(id).await;
+                    Err(e)
+                }
+            }
+        })
+        .await
+    }
+
+    /// Runs `command` on the conversation's live session, starting the
+    /// agent again first if it is gone; where another node runs it, that
+    /// node runs `remote` (the same command, sent as JSON) and its answer
+    /// is this one.
+    async fn on_live<T, F, Fut>(
+        &self,
+        conversation: &Conversation,
+        command: F,
+        remote: Command,
+    ) -> Result<T>
+    where
+        F: Fn(Handle) -> Fut,
+        Fut: Future<Output = Option<Result<T>>>,
+        T: serde::de::DeserializeOwned,
+    {
+        if conversation.status == ConversationStatus::Closed {
+            return Err(not_live(conversation));
+        }
+        // A few rounds: an agent may go away (or its node die) just then.
+        for _ in 0..3 {
+            match self.attach(conversation).await? {
+                Attached::Here(session) => {
+                    if let Some(result) = command(session.clone()).await {
+                        return result;
+                    }
+                    // Its agent went away just then (the session was
+                    // ending): once it has ended, start it again, as for
+                    // any gone agent.
+                    session.ended().await;
+                }
+                Attached::There(node) => {
+                    if let Some(answer) = self.forward(conversation.id, node, &remote).await? {
+                        return answer;
+                    }
+                }
+            }
+        }
+        Err(not_live(&self.stored(conversation.id).await?))
+    }
+
+    /// Has `node` run `command`: its answer, or `None` when it died before
+    /// taking it.
+    async fn forward<T: serde::de::DeserializeOwned>(
+        &self,
+        conversation_id: Uuid,
+        node: Uuid,
+        command: &Command,
+    ) -> Result<Option<Result<T>>> {
+        Ok(
+            match self
+                .inner
+                .node
+                .forward(conversation_id, node, command.to_value())
+                .await?
+            {
+                Forwarded::Answered(Ok(value)) => Some(decode(value)),
+                Forwarded::Answered(Err(problem)) => Some(Err(Error::Remote(problem))),
+                Forwarded::OwnerGone => None,
+            },
+        )
+    }
+
+    /// Whether a live node other than this one runs the conversation's
+    /// agent (without claiming it).
+    async fn runs_elsewhere(&self, conversation_id: Uuid) -> Result<Option<Uuid>> {
+        if !self.inner.node.is_shared() || self.live(conversation_id).is_some() {
+            return Ok(None);
+        }
+        self.inner.node.runs_elsewhere(conversation_id).await
+    }
+
+    /// Starts a turn, starting the agent again first if it is gone; the
+    /// turn's id once `turn_started` is committed.
+    pub async fn prompt(&self, conversation: &Conversation, content: Vec<Value>) -> Result<Uuid> {
+        let remote = Command::Prompt {
+            content: content.clone(),
+        };
+        self.on_live(
+            conversation,
+            |session| {
+                let content = content.clone();
+                async move { session.prompt(content).await }
+            },
+            remote,
+        )
+        .await
+    }
+
+    /// Changes a session setting (the agent's session mode or one of its
+    /// configuration options), between turns or during one; returns once
+    /// the agent accepted and the change is recorded. What the agent does
+    /// not offer is refused (422) without asking it, and without starting
+    /// an agent that is gone.
+    pub async fn change(
+        &self,
+        conversation: &Conversation,
+        setting: Setting,
+        changed_by: String,
+    ) -> Result<()> {
+        if self.live(conversation.id).is_none() {
+            setting
+                .check(&conversation.state)
+                .map_err(Error::Unprocessable)?;
+        }
+        let remote = Command::Change {
+            setting: setting.clone(),
+            changed_by: changed_by.clone(),
+        };
+        self.on_live(
+            conversation,
+            |session| {
+                let (setting, changed_by) = (setting.clone(), changed_by.clone());
+                async move { session.change(setting, changed_by).await }
+            },
+            remote,
+        )
+        .await
+    }
+
+    /// Cancels the running turn, if any.
+    pub async fn cancel(&self, conversation: &Conversation) -> Result<()> {
+        if let Some(session) = self.live(conversation.id) {
+            if let Some(result) = session.cancel().await {
+                return result;
+            }
+        }
+        if conversation.status == ConversationStatus::Closed {
+            return Err(not_live(conversation));
+        }
+        if let Some(node) = self.runs_elsewhere(conversation.id).await? {
+            if let Some(answer) = self
+                .forward(conversation.id, node, &Command::Cancel)
+                .await?
+            {
+                return answer;
+            }
+        }
+        // No agent, so no turn: nothing to cancel.
+        Ok(())
+    }
+
+    /// Answers a request waiting in a live session on this node, if the
+    /// caller may see its conversation (`can_see`, given the owner): the
+    /// common case, answered without reading the database first. `None`
+    /// when no live session holds it (any more): see [`Sessions::respond`].
+    pub async fn respond_waiting_here(
+        &self,
+        id: Uuid,
+        can_see: impl FnOnce(Option<&str>) -> bool,
+        answer: Answer,
+        decided_by: String,
+        via: Option<String>,
+    ) -> Option<Result<PermissionRequest>> {
+        let conversation_id = *self.inner.waiting.lock().unwrap().get(&id)?;
+        let session = self.live(conversation_id)?;
+        if !can_see(session.owner()) {
+            return Some(Err(Error::NotFound(format!("no permission request {id}"))));
+        }
+        match session.respond(id, answer, decided_by, via).await? {
+            Ok(Some(answered)) => Some(Ok(answered)),
+            // Answered or withdrawn meanwhile: the stored request tells.
+            Ok(None) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    /// A user's answer to a permission request: the live session that holds
+    /// it answers the agent; otherwise only a repeat of the recorded decision
+    /// succeeds.
+    pub async fn respond(
+        &self,
+        request: &PermissionRequest,
+        answer: Answer,
+        decided_by: String,
+        via: Option<String>,
+    ) -> Result<PermissionRequest> {
+        let id = request.id;
+        if let Some(session) = self.live(request.conversation_id) {
+            if let Some(result) = session.respond(id, answer.clone(), decided_by, via).await {
+                if let Some(answered) = result? {
+                    return Ok(answered);
+                }
+            }
+        } else if let Some(node) = self.runs_elsewhere(request.conversation_id).await? {
+            let remote = Command::Respond {
+                request: id,
+                answer: answer.clone(),
+                decided_by,
+                via,
+            };
+            if let Some(answer) = self.forward(request.conversation_id, node, &remote).await? {
+                return answer;
+            }
+        }
+        let request = self
+            .store()
+            .get_permission(id)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("no permission request {id}")))?;
+        answer_without_agent(request, &answer)
+    }
+
+    /// Closes a conversation: its live session stops its agent (cancelling
+    /// its turn and requests), here or on the node that runs it; one without
+    /// an agent is just marked closed.
+    pub async fn close(&self, conversation: &Conversation) -> Result<()> {
+        if let Some(session) = self.live(conversation.id) {
+            session.close().await;
+            return Ok(());
+        }
+        if conversation.status == ConversationStatus::Closed {
+            return Ok(());
+        }
+        for _ in 0..3 {
+            match self.inner.node.claim(conversation.id).await? {
+                Claim::Elsewhere(node) => {
+                    if let Some(answer) =
+                        self.forward(conversation.id, node, &Command::Close).await?
+                    {
+                        return answer;
+                    }
+                }
+                Claim::Mine { took_from } => {
+                    let id = conversation.id;
+                    return self
+                        .gated(id, async {
+                            if let Some(session) = self.live(id) {
+                                // Started here meanwhile.
+                                session.close().await;
+                                return Ok(());
+                            }
+                            let closed = async {
+                                if let Some(dead) = took_from {
+                                    self.settle_taken(id, dead).await?;
+                                }
+                                let conversation = self.stored(id).await?;
+                                let mut journal =
+                                    Journal::new(self.inner.sink.clone(), &conversation, None);
+                                journal.set_status(ConversationStatus::Closed);
+                                journal.flush().await
+                            }
+                            .await;
+                            self.inner.node.release(id).await;
+                            closed
+                        })
+                        .await;
+                }
+            }
+        }
+        Err(not_live(&self.stored(conversation.id).await?))
+    }
+}
+
+/// What this node does for the others (see [`crate::cluster`]).
+#[async_trait::async_trait]
+impl Duties for Sessions {
+    async fn execute(&self, conversation_id: Uuid, command: Value) -> Result<Value, Box<Problem>> {
+        let run = async {
+            let command: Command = decode(command)?;
+            let conversation = self.stored(conversation_id).await?;
+            Ok::<Value, Error>(match command {
+                Command::Prompt { content } => {
+                    serde_json::to_value(self.prompt(&conversation, content).await?)
+                        .expect("ids serialize")
+                }
+                Command::Cancel => {
+                    self.cancel(&conversation).await?;
+                    Value::Null
+                }
+                Command::Close => {
+                    self.close(&conversation).await?;
+                    Value::Null
+                }
+                Command::Respond {
+                    request,
+                    answer,
+                    decided_by,
+                    via,
+                } => {
+                    let request = self.store().get_permission(request).await?.ok_or_else(|| {
+                        Error::NotFound(format!("no permission request {request}"))
+                    })?;
+                    serde_json::to_value(self.respond(&request, answer, decided_by, via).await?)
+                        .expect("requests serialize")
+                }
+                Command::Change {
+                    setting,
+                    changed_by,
+                } => {
+                    self.change(&conversation, setting, changed_by).await?;
+                    Value::Null
+                }
+                // Never sent to another node (it cannot be read from JSON).
+                Command::Release => {
+                    return Err(Error::Internal(anyhow::anyhow!(
+                        "another node asked to release an agent"
+                    )))
+                }
+            })
+        };
+        run.await.map_err(|e| Box::new(e.problem()))
+    }
+
+    async fn settle_orphans(&self) {
+        if let Err(e) = self.settle_orphans_now().await {
+            tracing::warn!(error = %e, "could not settle the conversations of a dead node");
+        }
+    }
+}
+
+/// Where a conversation's agent runs.
+enum Attached {
+    Here(Handle),
+    /// On this other live node.
+    There(Uuid),
+}
+
+/// The value another node's answer carries back.
+fn decode<T: serde::de::DeserializeOwned>(value: Value) -> Result<T> {
+    serde_json::from_value(value).map_err(|e| {
+        Error::Internal(anyhow::anyhow!(
+            "another node's answer is not what this node expects: {e}"
+        ))
+    })
+}
+
+/// Why a conversation cannot take a command: it is closed, or its agent
+/// went away while the command waited.
+fn not_live(conversation: &Conversation) -> Error {
+    match conversation.status {
+        ConversationStatus::Closed => {
+            Error::conflict("conversation_closed", "the conversation is closed")
+        }
+        _ => Error::conflict(
+            "agent_unavailable",
+            format!(
+                "the conversation's agent is not running (status {})",
+                conversation.status.as_str()
+            ),
+        ),
+    }
+}

@@ -1,0 +1,140 @@
+//! Spawning a conversation's agent: the process, its record (so a later
+//! gateway can kill what a crash of this one leaves behind), and its ACP
+//! session opened (or loaded again).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use crate::acp::agent::AgentProcess;
+use crate::acp::client::{AgentSession, Opened, Opening};
+use crate::acp::rpc::{Incoming, RpcConfig, RpcPeer};
+use crate::config::AgentProfile;
+use crate::error::{Error, Result};
+use crate::model::{self, Conversation, SessionState};
+use crate::process::procs::Host;
+use crate::store::{AgentProcessRecord, Store};
+
+/// How long an agent gets to exit after SIGTERM.
+pub(super) const TERMINATE_GRACE: Duration = Duration::from_secs(2);
+
+/// A spawned agent with its ACP session open.
+pub(super) struct Connected {
+    pub(super) process: AgentProcess,
+    /// What lets a later gateway kill what a crash of this one would leave
+    /// of the agent; `None` where processes cannot be identified (no `/proc`).
+    pub(super) record: Option<AgentProcessRecord>,
+    pub(super) agent: AgentSession,
+    pub(super) opened: Opened,
+    pub(super) incoming: mpsc::Receiver<Incoming>,
+    /// What the agent sent while opening that is still to be applied.
+    pub(super) early: Vec<Incoming>,
+}
+
+/// Spawns the process, records it, and opens the ACP session (loading
+/// `earlier` where the agent can).
+pub(super) async fn connect(
+    profile: &AgentProfile,
+    conversation: &Conversation,
+    earlier: Option<&str>,
+    state: &mut SessionState,
+    max_line_bytes: usize,
+    store: &dyn Store,
+) -> Result<Connected> {
+    let cwd = PathBuf::from(&conversation.cwd);
+    let (mut process, pipes) = AgentProcess::spawn(profile, &cwd, conversation.id)
+        .map_err(|e| Error::AgentFailed(format!("{e:#}")))?;
+    // Before the handshake: a crash during it leaves an agent as well.
+    let record = match record_process(store, &process, conversation.id).await {
+        Ok(record) => record,
+        Err(err) => {
+            process.terminate(TERMINATE_GRACE).await;
+            return Err(err);
+        }
+    };
+    let (peer, mut incoming) = RpcPeer::spawn(
+        pipes.stdout,
+        pipes.stdin,
+        RpcConfig {
+            max_line_bytes,
+            label: conversation.id.to_string(),
+            ..RpcConfig::default()
+        },
+    );
+    let opening = AgentSession::open(
+        peer,
+        &mut process,
+        profile,
+        &conversation.cwd,
+        earlier,
+        state,
+        &mut incoming,
+    );
+    match opening.await {
+        Ok(Opening {
+            session,
+            opened,
+            early,
+        }) => Ok(Connected {
+            process,
+            record,
+            agent: session,
+            opened,
+            incoming,
+            early,
+        }),
+        Err(err) => {
+            process.terminate(TERMINATE_GRACE).await;
+            forget_process(store, record.as_ref()).await;
+            Err(err)
+        }
+    }
+}
+
+/// Records a freshly spawned agent (see [`crate::process::procs`]).
+async fn record_process(
+    store: &dyn Store,
+    process: &AgentProcess,
+    conversation_id: Uuid,
+) -> Result<Option<AgentProcessRecord>> {
+    let (Some(host), Some((pid, start_time))) = (Host::here(), process.identity()) else {
+        tracing::debug!("the agent process cannot be identified (no /proc): not recorded");
+        return Ok(None);
+    };
+    let record = AgentProcessRecord {
+        conversation_id,
+        pid,
+        start_time: start_time as i64,
+        boot_id: host.boot_id.clone(),
+        pid_namespace: host.pid_namespace.clone(),
+        hostname: host.hostname.clone(),
+        started_at: model::now(),
+    };
+    store.record_agent_process(&record).await?;
+    Ok(Some(record))
+}
+
+/// Forgets an agent's record once it has been reaped and its group killed.
+pub(super) async fn forget_process(store: &dyn Store, record: Option<&AgentProcessRecord>) {
+    let Some(record) = record else { return };
+    if let Err(e) = store.forget_agent_process(record).await {
+        // The next start judges it like any record (by pid and start time:
+        // nothing of it runs any more) and forgets it then.
+        tracing::warn!(error = %e, pid = record.pid, "could not forget the agent process record");
+    }
+}
+
+/// The system user the profile's agent runs as (files it reaches through
+/// the gateway are reached with that user's rights).
+pub(super) fn agent_user(profile: &AgentProfile) -> Option<crate::sys::SystemUser> {
+    let name = profile.user.as_deref()?;
+    match crate::sys::lookup_user(name) {
+        Ok(user) => Some(user),
+        Err(e) => {
+            tracing::warn!(error = %e, "the agent's user is gone");
+            None
+        }
+    }
+}

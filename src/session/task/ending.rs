@@ -1,0 +1,211 @@
+//! How a session ends: the user closes it, the gateway stops its agent
+//! (idle, capacity, an error) or shuts down, or the agent goes by itself.
+//! Whatever the cause, its terminals stop, its turn ends, its requests are
+//! answered, and the agent is gone and forgotten before the task returns.
+
+use std::time::Duration;
+
+use super::{next_incoming, next_prompt_result, End, Task};
+use crate::acp::agent::describe_exit;
+use crate::acp::rpc::RpcError;
+use crate::error::Result;
+use crate::model::{AgentState, AgentStatus, ConversationStatus, PermissionStatus, TurnEnded};
+use crate::session::spawn::{forget_process, TERMINATE_GRACE};
+use crate::telemetry;
+
+/// How long a session whose agent is gone keeps trying to write what an
+/// unreachable database has not taken yet.
+const OUTAGE_PATIENCE: Duration = Duration::from_secs(600);
+/// How long a session that ends waits for its killed terminals to report
+/// their end (a process that left their group may hold their output open).
+const TERMINALS_END: Duration = Duration::from_secs(2);
+/// How long an agent gets to answer `session/close`.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+impl Task {
+    /// Shutting down: cancels the running turn and gives the agent
+    /// `shutdown_timeout` to answer the prompt (applying what it sends
+    /// meanwhile), so the turn ends as the agent ends it.
+    pub(super) async fn wind_down(&mut self) -> Result<()> {
+        if self.turn.is_none() {
+            return Ok(());
+        }
+        self.cancel_turn("the gateway is shutting down").await?;
+        let deadline = tokio::time::Instant::now() + self.shutdown_timeout;
+        while self.turn.is_some() {
+            tokio::select! {
+                result = next_prompt_result(&mut self.prompt) => {
+                    self.prompt = None;
+                    self.drain_incoming(usize::MAX).await?;
+                    if !matches!(result, Err(RpcError::Closed(_))) {
+                        self.end_turn(result);
+                    }
+                    break;
+                }
+                msg = next_incoming(&mut self.incoming) => match msg {
+                    Some(msg) => self.handle_incoming(msg).await?,
+                    None => break,
+                },
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!("the agent did not answer session/cancel before shutdown_timeout");
+                    break;
+                }
+            }
+        }
+        self.flush().await
+    }
+
+    /// A user closed the conversation: `session/close`, where the agent
+    /// takes it, so it frees what it holds for the session (applying what it
+    /// sends meanwhile), within [`CLOSE_GRACE`].
+    pub(super) async fn close_session(&mut self) -> Result<()> {
+        let Some(closing) = self.agent.close() else {
+            return Ok(());
+        };
+        tokio::pin!(closing);
+        let deadline = tokio::time::Instant::now() + CLOSE_GRACE;
+        loop {
+            tokio::select! {
+                answer = &mut closing => {
+                    if let Err(e) = answer {
+                        tracing::warn!(error = %e, "session/close failed");
+                    }
+                    return Ok(());
+                }
+                msg = next_incoming(&mut self.incoming) => match msg {
+                    Some(msg) => self.handle_incoming(msg).await?,
+                    None => return Ok(()),
+                },
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!("the agent did not answer session/close in time");
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Counts why the agent went, and remembers it for a restart's count.
+    pub(super) fn exited(&self, cause: &'static str) {
+        telemetry::agent_exited(cause);
+        self.exits
+            .lock()
+            .unwrap()
+            .insert(self.journal.conversation_id(), cause);
+    }
+
+    /// Records how the session ended and makes sure the agent is gone.
+    pub(super) async fn finish(&mut self, end: End) -> Result<()> {
+        // The agent's terminals go with it; what they printed, and how they
+        // ended, is kept (waiting a little for a command that will not die).
+        let ended = self.served.stop();
+        tokio::pin!(ended);
+        let bound = tokio::time::sleep(TERMINALS_END);
+        tokio::pin!(bound);
+        loop {
+            tokio::select! {
+                Some(output) = self.terminal_output.recv() => self.journal.append(output),
+                () = &mut ended => break,
+                () = &mut bound => break,
+            }
+        }
+        while let Ok(output) = self.terminal_output.try_recv() {
+            self.journal.append(output);
+        }
+        let by_user = matches!(end, End::ClosedByUser { .. });
+        let (detail, stop_reason, reply) = match end {
+            End::AgentGone => (String::new(), "error", None),
+            End::ClosedByUser { reply } => {
+                self.exited("closed");
+                ("conversation closed".to_owned(), "cancelled", reply)
+            }
+            End::Stopped { detail, cause } => {
+                self.exited(cause);
+                (detail, "error", None)
+            }
+            End::ShuttingDown => {
+                self.exited("shutdown");
+                self.wind_down().await?;
+                ("the gateway is shutting down".to_owned(), "cancelled", None)
+            }
+        };
+        let closing = !detail.is_empty();
+        if closing {
+            if let Some(turn) = self.turn.as_mut() {
+                // Politely first: the agent may still wrap up its updates.
+                turn.cancel_requested = true;
+                let _ = self.agent.cancel().await;
+            }
+            if stop_reason == "cancelled" {
+                self.resolve_all(PermissionStatus::Cancelled, &detail)
+                    .await?;
+            }
+            if by_user {
+                self.close_session().await?;
+            }
+            self.process.terminate(TERMINATE_GRACE).await;
+            self.drain_until_closed().await?;
+        }
+        // Closed only by a user: otherwise the next prompt starts the agent
+        // again.
+        let final_status = if by_user {
+            ConversationStatus::Closed
+        } else {
+            ConversationStatus::Idle
+        };
+        let (agent_state, detail) = if closing {
+            (AgentState::Exited, detail)
+        } else {
+            let status = self.process.wait().await;
+            self.process.drain_stderr().await;
+            let detail = describe_exit(status, &self.process.stderr_tail());
+            tracing::warn!(%detail, "agent exited");
+            self.exited(if status.success() {
+                "exited"
+            } else {
+                "crashed"
+            });
+            let state = if status.success() {
+                AgentState::Exited
+            } else {
+                AgentState::Failed
+            };
+            (state, detail)
+        };
+        self.settle_changes().await?;
+        // What waits for an unreachable database is written first (the
+        // requests' answers must come after it).
+        self.save_transcript();
+        let patience = if by_user || stop_reason == "cancelled" {
+            self.shutdown_timeout
+        } else {
+            OUTAGE_PATIENCE
+        };
+        let deadline = tokio::time::Instant::now() + patience;
+        self.journal.settle(deadline).await;
+        // Reaped, and its group killed with it.
+        forget_process(self.journal.store(), self.record.take().as_ref()).await;
+        // Requests the agent can no longer receive an answer for.
+        let reason = format!("the agent went away: {}", first_line(&detail));
+        self.resolve_all(PermissionStatus::Expired, &reason).await?;
+        let turn_ended = self.turn.take().map(|turn| TurnEnded {
+            turn_id: turn.id,
+            stop_reason: stop_reason.to_owned(),
+            error: (stop_reason == "error").then(|| detail.clone()),
+        });
+        let agent = AgentStatus::new(agent_state, Some(detail));
+        self.save_transcript();
+        self.journal
+            .agent_gone(turn_ended, agent, final_status)
+            .await?;
+        // Nothing held in memory may go with the task.
+        self.journal.settle(deadline).await;
+        if let Some(reply) = reply {
+            let _ = reply.send(());
+        }
+        Ok(())
+    }
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or(s)
+}

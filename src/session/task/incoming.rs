@@ -1,0 +1,115 @@
+//! What the agent sends, applied: `session/update` notifications to the
+//! transcript and the journal, its requests (permission, files, terminals)
+//! to whoever serves them, and what is queued in its stdout drained in
+//! order.
+
+use serde_json::Value;
+
+use super::Task;
+use crate::acp::client::EXIT_AFTER_EOF;
+use crate::acp::rpc::Incoming;
+use crate::error::Result;
+use crate::session::served::Write;
+
+impl Task {
+    /// Applies what the agent sent while its session opened.
+    pub(super) async fn apply_early(&mut self) -> Result<()> {
+        for msg in std::mem::take(&mut self.early) {
+            self.handle_incoming(msg).await?;
+        }
+        self.flush().await
+    }
+
+    /// After the agent exited: applies everything left in its stdout until the
+    /// reader reaches the end (bounded, in case a stray process holds the pipe).
+    pub(super) async fn drain_until_closed(&mut self) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + EXIT_AFTER_EOF;
+        while let Some(rx) = self.incoming.as_mut() {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(msg)) => self.handle_incoming(msg).await?,
+                Ok(None) | Err(_) => self.incoming = None,
+            }
+            if self.commit_due() {
+                self.flush().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies whatever the agent has already sent, up to `max` messages.
+    pub(super) async fn drain_incoming(&mut self, max: usize) -> Result<()> {
+        let mut n = 0;
+        while n < max && !self.journal.is_full() {
+            let Some(rx) = self.incoming.as_mut() else {
+                break;
+            };
+            match rx.try_recv() {
+                Ok(msg) => self.handle_incoming(msg).await?,
+                Err(_) => break,
+            }
+            n += 1;
+            if self.commit_due() {
+                self.flush().await?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) async fn handle_incoming(&mut self, msg: Incoming) -> Result<()> {
+        match msg {
+            Incoming::Notification { method, params } => match method.as_str() {
+                "session/update" => self.on_update(params),
+                "$/cancel_request" => self.on_cancel_request(params).await?,
+                other => tracing::debug!(method = other, "ignoring notification"),
+            },
+            Incoming::TextChunk(chunk) => {
+                let turn_id = self.turn_id();
+                self.transcript.text_chunk(&chunk, turn_id);
+                self.journal.text_chunk(turn_id, &chunk);
+            }
+            Incoming::Request(request) => match request.method.as_str() {
+                "session/request_permission" => self.on_permission_request(request).await?,
+                method if self.served.serves(method) => {
+                    if let Some(write) = self.served.handle(request, self.journal.store()).await? {
+                        self.record_write(write).await?;
+                    }
+                }
+                _ => request.reject_unknown_method(),
+            },
+        }
+        Ok(())
+    }
+
+    /// A file the agent wrote: recorded and published, then the agent hears
+    /// it is done (even while the database is away: the event waits in the
+    /// journal, the file is written).
+    pub(super) async fn record_write(&mut self, write: Write) -> Result<()> {
+        let Write { written, responder } = write;
+        tracing::info!(path = %written.path, "agent wrote a file");
+        self.journal.append(written);
+        let flushed = self.flush().await;
+        responder.respond(serde_json::json!({}));
+        flushed
+    }
+
+    pub(super) fn on_update(&mut self, mut params: Value) {
+        // Taken, not copied: an update may be megabytes long.
+        let update = params
+            .as_object_mut()
+            .and_then(|p| p.remove("update"))
+            .filter(Value::is_object);
+        let Some(update) = update else {
+            tracing::warn!("session/update without an update object; ignored");
+            return;
+        };
+        let turn_id = self.turn_id();
+        if self.state.apply_update(&update) {
+            self.journal.set_state(&self.state);
+        }
+        if self.transcript.apply(&update, turn_id) {
+            self.journal.chunk(turn_id, update);
+        } else {
+            self.journal.session_update(turn_id, update);
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! The agent's permission requests: judged by the operator's policies and
+//! the remembered rules, else parked for a person; answered by a person, a
+//! timeout or the end of the session, or withdrawn by the agent. An answer
+//! is persisted first, then the agent hears it.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::Task;
+use crate::acp::rpc::{IncomingRequest, INVALID_PARAMS};
+use crate::error::{Error, Result};
+use crate::model::{self, Decision, PermissionRequest, PermissionStatus};
+use crate::permissions::policy::{self, Facts};
+use crate::permissions::{answer_resolved, keys_to_remember, option_kind, validate_answer, Answer};
+use crate::store::Resolution;
+
+impl Task {
+    pub(super) async fn on_permission_request(&mut self, request: IncomingRequest) -> Result<()> {
+        let params = &request.params;
+        let tool_call = params.get("toolCall").filter(|v| v.is_object()).cloned();
+        let options = params.get("options").and_then(Value::as_array).cloned();
+        let (Some(tool_call), Some(options)) = (tool_call, options) else {
+            request.responder.respond_error(
+                INVALID_PARAMS,
+                "session/request_permission needs toolCall (object) and options (array)",
+                None,
+            );
+            return Ok(());
+        };
+        let turn_id = self.turn_id();
+        // The request's toolCall is an update of a call the agent may have
+        // announced before (Mistral Vibe sends only its id): what it says
+        // goes into the call's record, and the request is stored, shown and
+        // judged with the whole call, so a person approves what the policies
+        // judged.
+        self.transcript.apply_tool_call_update(&tool_call, turn_id);
+        let tool_call = self.transcript.known_tool_call(&tool_call);
+        let permission = PermissionRequest {
+            id: model::new_id(),
+            conversation_id: self.journal.conversation_id(),
+            turn_id,
+            tool_call,
+            options,
+            status: PermissionStatus::Pending,
+            decision: None,
+            created_at: model::now(),
+        };
+        tracing::info!(permission_id = %permission.id, "agent asks permission");
+        // With the database away: the policies as last seen, no remembered
+        // answers (a person is asked rather than anything assumed).
+        let policies = match self.policies.refresh(self.journal.store()).await {
+            Err(e) if e.is_outage() => self.policies.current(),
+            other => other?,
+        };
+        let remembered = match self
+            .journal
+            .store()
+            .list_rules(permission.conversation_id)
+            .await
+        {
+            Err(e) if e.is_outage() => Vec::new(),
+            other => other?,
+        };
+        // Its paths as they really are too: a symlink hides nothing from a
+        // deny (the agent reaches them itself; this is as of now).
+        let given = policy::tool_paths(&permission.tool_call, &self.cwd);
+        let real_paths = self.served.real_paths(given).await;
+        let facts = Facts {
+            agent: &self.profile_name,
+            tool_call: &permission.tool_call,
+            cwd: &self.cwd,
+            mode: self.mode,
+            real_paths: &real_paths,
+        };
+        match self
+            .pending
+            .decide(&permission, &policies, &facts, &remembered)
+        {
+            Some((status, decision)) => {
+                // Decided by policy: requested and resolved are committed
+                // together and both published, so the audit trail shows what
+                // ran without a person, and which rule let it.
+                let answer = decision.acp_result();
+                self.journal
+                    .add_permission_request(&permission, Some((status, decision)));
+                self.flush().await?;
+                request.responder.respond(answer);
+            }
+            None => {
+                self.journal.add_permission_request(&permission, None);
+                self.pending.park(permission, request.responder);
+                self.journal.set_status(self.status_now());
+            }
+        }
+        Ok(())
+    }
+
+    /// Answers the requests whose `permission_timeout` ran out.
+    pub(super) async fn time_out(&mut self, due: Vec<Uuid>) -> Result<()> {
+        let reason = self.pending.timeout_reason();
+        for id in due {
+            let Some(option) = self.pending.expire(id) else {
+                continue;
+            };
+            let resolved = self
+                .resolve(
+                    id,
+                    PermissionStatus::TimedOut,
+                    option,
+                    "system",
+                    Some(&reason),
+                )
+                .await;
+            match resolved {
+                Ok(_) => {}
+                // Answered once the database can record it.
+                Err(e) if e.is_outage() => self.pending.retry_later(id, Duration::from_secs(1)),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// The agent withdrew one of its own requests.
+    pub(super) async fn on_cancel_request(&mut self, params: Value) -> Result<()> {
+        let Some(request_id) = params.get("requestId") else {
+            return Ok(());
+        };
+        if let Some(id) = self.pending.find_by_rpc_id(request_id) {
+            self.resolve(
+                id,
+                PermissionStatus::Cancelled,
+                None,
+                "system",
+                Some("withdrawn by the agent"),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Decides a pending request: persisted first, then the agent is
+    /// answered, then `permission_resolved` is published.
+    pub(super) async fn resolve(
+        &mut self,
+        id: Uuid,
+        status: PermissionStatus,
+        option_id: Option<String>,
+        decided_by: &str,
+        reason: Option<&str>,
+    ) -> Result<Option<PermissionRequest>> {
+        self.resolve_via(id, status, option_id, decided_by, reason, None)
+            .await
+    }
+
+    /// [`Self::resolve`], saying how a person's answer came.
+    pub(super) async fn resolve_via(
+        &mut self,
+        id: Uuid,
+        status: PermissionStatus,
+        option_id: Option<String>,
+        decided_by: &str,
+        reason: Option<&str>,
+        via: Option<String>,
+    ) -> Result<Option<PermissionRequest>> {
+        self.flush().await?;
+        let Some(parked) = self.pending.claim(id) else {
+            return Ok(None);
+        };
+        let decision = Decision {
+            via,
+            ..Decision::new(option_id, decided_by.to_owned(), reason.map(str::to_owned))
+        };
+        self.journal.set_status(self.status_now());
+        let resolution = Resolution {
+            request: parked.request.clone(),
+            status,
+            decision: decision.clone(),
+        };
+        match self.journal.resolve(&resolution).await {
+            Ok(Some(request)) => {
+                parked.responder.respond(decision.acp_result());
+                Ok(Some(request))
+            }
+            Ok(None) => {
+                // Resolved elsewhere (cannot happen while we own it, but the
+                // store is the arbiter): answer the agent with what won.
+                let current = self.journal.store().get_permission(id).await?;
+                if let Some(d) = current.as_ref().and_then(|c| c.decision.as_ref()) {
+                    parked.responder.respond(d.acp_result());
+                }
+                Ok(current)
+            }
+            Err(e) => {
+                // Not persisted: keep it pending so nothing is lost.
+                self.pending.put_back(parked);
+                self.journal.set_status(self.status_now());
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) async fn resolve_all(
+        &mut self,
+        status: PermissionStatus,
+        reason: &str,
+    ) -> Result<()> {
+        for id in self.pending.ids() {
+            self.resolve(id, status, None, "system", Some(reason))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// A user's answer to a request this session holds (`None`: it holds
+    /// none with that id). An "always" answer is remembered as rules.
+    pub(super) async fn answer(
+        &mut self,
+        id: Uuid,
+        answer: Answer,
+        decided_by: &str,
+        via: Option<String>,
+    ) -> Result<Option<PermissionRequest>> {
+        let Some(pending) = self.pending.get(id) else {
+            return Ok(None);
+        };
+        let status = validate_answer(pending, &answer)?;
+        let option_id = match answer.clone() {
+            Answer::Option(id) => Some(id),
+            Answer::Cancelled => None,
+        };
+        let always = option_id
+            .as_deref()
+            .and_then(|o| option_kind(pending, o))
+            .filter(|kind| kind.ends_with("_always"))
+            .map(|kind| {
+                let keys = keys_to_remember(&self.transcript.known_tool_call(&pending.tool_call));
+                (kind.to_owned(), keys)
+            });
+        // An "always" that would cover more than the user saw is not
+        // remembered; the answer applies to this request, and says why.
+        let reason = match &always {
+            Some((_, Err(why))) => Some(format!("not remembered: {why}")),
+            _ => None,
+        };
+        // What was stored is the truth: our own decision reads back as the
+        // identical answer.
+        let request = match self
+            .resolve_via(id, status, option_id, decided_by, reason.as_deref(), via)
+            .await?
+        {
+            Some(request) => answer_resolved(request, &answer)?,
+            None => return Err(Error::NotFound(format!("no permission request {id}"))),
+        };
+        match always {
+            Some((option_kind, Ok(keys))) => {
+                for key in keys {
+                    let rule = model::Rule {
+                        id: model::new_id(),
+                        conversation_id: request.conversation_id,
+                        tool_kind: key.kind,
+                        subject: key.subject,
+                        option_kind: option_kind.clone(),
+                        permission_id: request.id,
+                        created_at: model::now(),
+                    };
+                    let rule = self.journal.store().upsert_rule(&rule).await?;
+                    tracing::info!(rule_id = %rule.id, kind = %rule.tool_kind,
+                        subject = %rule.subject, "remembered {}", rule.option_kind);
+                }
+            }
+            Some((option_kind, Err(why))) => {
+                tracing::info!(permission_id = %id, %why, "{option_kind} not remembered");
+            }
+            None => {}
+        }
+        Ok(Some(request))
+    }
+}
