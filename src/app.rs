@@ -1,5 +1,5 @@
 //! Building and running the gateway: connect the store, apply migrations,
-//! settle what a previous run left behind, bind, serve, stop cleanly.
+//! recover what a previous run left behind, bind, serve, stop cleanly.
 
 use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
@@ -74,7 +74,7 @@ impl Gateway {
         }
         session::recover::recover(&sink, &node)
             .await
-            .context("Failed to settle conversations left by a previous run")?;
+            .context("Failed to recover conversations left by a previous run")?;
         let listener = TcpListener::bind(&config.listen)
             .await
             .with_context(|| format!("Failed to bind {}", config.listen))?;

@@ -98,7 +98,7 @@ impl Node {
     }
 
     /// Claims every conversation of a dead node: `(conversation, dead node)`.
-    /// The caller settles them and gives them up.
+    /// The caller recovers them and gives them up.
     pub async fn claim_orphans(&self) -> Result<Vec<(Uuid, Uuid)>> {
         let Some(shared) = &self.inner.shared else {
             return Ok(Vec::new());
@@ -114,11 +114,5 @@ impl Node {
         // Dead nodes with nothing left go.
         shared.delete_dead_nodes().await?;
         Ok(claimed)
-    }
-
-    /// [`Node::claim_orphans`] under the name `session/` calls it by, until
-    /// the call is renamed there (issue 29).
-    pub async fn take_orphans(&self) -> Result<Vec<(Uuid, Uuid)>> {
-        self.claim_orphans().await
     }
 }

@@ -16,7 +16,7 @@
 //!   command taken runs it: the owner, or the sender once the owner is dead.
 //! - **Failover:** a node is dead once its lease ran out, or at once when it
 //!   ran on this machine and its process is gone. The next command for one
-//!   of its conversations claims it (and settles what it left: pending
+//!   of its conversations claims it (and recovers what it left: pending
 //!   requests expire, a running turn ends); every node also sweeps for such
 //!   conversations each renewal.
 //!
@@ -91,7 +91,7 @@ pub enum Forwarded {
     OwnerGone,
 }
 
-/// What a node does for the others: run the commands sent to it, and settle
+/// What a node does for the others: run the commands sent to it, and recover
 /// the conversations of dead nodes.
 #[async_trait::async_trait]
 pub trait Duties: Send + Sync + 'static {
@@ -100,7 +100,7 @@ pub trait Duties: Send + Sync + 'static {
         conversation: Uuid,
         command: Value,
     ) -> std::result::Result<Value, Box<Problem>>;
-    async fn settle_orphans(&self);
+    async fn adopt_orphans(&self);
 }
 
 impl Node {

@@ -84,7 +84,7 @@ async fn run(
                 node.renew(&*shared).await;
                 node.receive_commands(&shared, &duties).await;
                 let duties = duties.clone();
-                tasks.spawn(async move { duties.settle_orphans().await });
+                tasks.spawn(async move { duties.adopt_orphans().await });
                 let _ = shared.delete_commands_older_than(COMMAND_RETENTION).await;
             }
             received = listener.recv() => match received {

@@ -8,7 +8,7 @@
 //!
 //! Inside: `route` runs the API's commands here or forwards them to the
 //! node that owns the conversation (and serves those forwarded here);
-//! [`recover`] settles what a previous run or a dead node left behind;
+//! [`recover`] recovers what a previous run or a dead node left behind;
 //! [`task`] is one conversation's `select!` loop, taking [`command`]s;
 //! `spawn` starts its agent; [`transcript`] (pure) turns chunks into
 //! messages and tool-call states; [`pending`] holds permission requests
@@ -262,7 +262,7 @@ impl Sessions {
     }
 
     /// Runs `work` holding the conversation's gate: what starts its agent,
-    /// settles it for a dead node or gives it up runs one at a time.
+    /// recovers it for a dead node or gives it up runs one at a time.
     async fn gated<T>(&self, id: Uuid, work: impl Future<Output = T>) -> T {
         let gate = self
             .inner

@@ -21,7 +21,7 @@ impl Sessions {
     /// Settles a conversation just taken from a dead node: what its agent
     /// left running here is killed, pending requests expire, a running turn
     /// ends.
-    pub(super) async fn settle_taken(&self, id: Uuid, dead: Uuid) -> Result<()> {
+    pub(super) async fn recover_taken(&self, id: Uuid, dead: Uuid) -> Result<()> {
         let sink = &self.inner.sink;
         if let Err(e) = kill_leftover_agents(&*sink.store, |c| c == id).await {
             tracing::warn!(conversation_id = %id, error = %e, "could not look for what the dead node's agent left");
@@ -34,8 +34,8 @@ impl Sessions {
             .find(|(c, _)| c.id == id)
             .and_then(|(_, turn)| turn);
         let conversation = self.stored(id).await?;
-        tracing::info!(conversation_id = %id, dead_node = %dead, "settling a conversation of a dead node");
-        settle(
+        tracing::info!(conversation_id = %id, dead_node = %dead, "recovering a conversation of a dead node");
+        recover_conversation(
             sink,
             &conversation,
             turn_id,
@@ -44,14 +44,14 @@ impl Sessions {
         .await
     }
 
-    /// Takes over and settles the conversations of dead nodes, leaving them
+    /// Takes over and recovers the conversations of dead nodes, leaving them
     /// to whichever node gets their next command.
-    pub async fn settle_orphans_now(&self) -> Result<()> {
-        for (id, dead) in self.inner.node.take_orphans().await? {
+    pub async fn recover_orphans(&self) -> Result<()> {
+        for (id, dead) in self.inner.node.claim_orphans().await? {
             self.gated(id, async {
-                let settled = self.settle_taken(id, dead).await;
+                let recovered = self.recover_taken(id, dead).await;
                 self.inner.node.release(id).await;
-                settled
+                recovered
             })
             .await?;
         }
@@ -70,12 +70,12 @@ pub async fn recover(sink: &Sink, node: &Node) -> anyhow::Result<()> {
     let records = sink.store.list_agent_processes().await?;
     // Dead nodes' conversations become this node's (unless another node
     // takes them first); then what live nodes run is known.
-    let taken = node.take_orphans().await?;
+    let taken = node.claim_orphans().await?;
     let elsewhere = node.owned_elsewhere().await?;
     let had_agents = kill_recorded(&*sink.store, records, |c| !elsewhere.contains(&c))
         .await
         .context("Failed to go through the agent processes a previous run recorded")?;
-    // Ours to settle: on SQLite every one; on Postgres those nobody owns
+    // Ours to recover: on SQLite every one; on Postgres those nobody owns
     // and those just taken from dead nodes.
     let ours = |c: &Conversation| {
         !elsewhere.contains(&c.id)
@@ -106,7 +106,7 @@ pub async fn recover(sink: &Sink, node: &Node) -> anyhow::Result<()> {
     }
     for (conversation, turn_id) in left {
         tracing::info!(conversation_id = %conversation.id, "settling a conversation left by a previous run");
-        settle(sink, &conversation, turn_id, detail).await?;
+        recover_conversation(sink, &conversation, turn_id, detail).await?;
     }
     // Nothing runs here yet: whatever this node took is anyone's again.
     node.release_all().await?;
@@ -115,7 +115,7 @@ pub async fn recover(sink: &Sink, node: &Node) -> anyhow::Result<()> {
 
 /// Ends what a conversation whose agent is gone had going: its pending
 /// requests expire and its turn ends with `detail`; it stays open.
-async fn settle(
+async fn recover_conversation(
     sink: &Sink,
     conversation: &Conversation,
     turn_id: Option<Uuid>,

@@ -51,7 +51,7 @@ impl Sessions {
                 Claim::Mine {
                     took_from: Some(dead),
                 } => {
-                    self.settle_taken(id, dead).await?;
+                    self.recover_taken(id, dead).await?;
                     self.stored(id).await?
                 }
             };
@@ -299,7 +299,7 @@ impl Sessions {
                             }
                             let closed = async {
                                 if let Some(dead) = took_from {
-                                    self.settle_taken(id, dead).await?;
+                                    self.recover_taken(id, dead).await?;
                                 }
                                 let conversation = self.stored(id).await?;
                                 let mut journal =
@@ -369,9 +369,9 @@ impl Duties for Sessions {
         run.await.map_err(|e| Box::new(e.problem()))
     }
 
-    async fn settle_orphans(&self) {
-        if let Err(e) = self.settle_orphans_now().await {
-            tracing::warn!(error = %e, "could not settle the conversations of a dead node");
+    async fn adopt_orphans(&self) {
+        if let Err(e) = self.recover_orphans().await {
+            tracing::warn!(error = %e, "could not recover the conversations of a dead node");
         }
     }
 }

@@ -171,7 +171,7 @@ impl Task {
             };
             (state, detail)
         };
-        self.settle_changes().await?;
+        self.answer_changes_left().await?;
         // What waits for an unreachable database is written first (the
         // requests' answers must come after it).
         self.save_transcript();

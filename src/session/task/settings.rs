@@ -115,7 +115,7 @@ impl Task {
     /// The agent is gone: the setting changes it was asked for are
     /// answered now, with its answer if it gave one, else the end of its
     /// connection.
-    pub(super) async fn settle_changes(&mut self) -> Result<()> {
+    pub(super) async fn answer_changes_left(&mut self) -> Result<()> {
         while let Ok(Some((change, answer))) =
             tokio::time::timeout(EXIT_AFTER_EOF, self.changes.next()).await
         {
