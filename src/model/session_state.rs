@@ -73,6 +73,14 @@ pub struct Usage {
     cost: Option<Value>,
 }
 
+/// A configuration option's value: a select's value id, or a boolean.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum SettingValue {
+    Text(String),
+    Flag(bool),
+}
+
 /// What an agent last reported about its session, as ACP objects, verbatim:
 /// from the answers to `session/new`, `session/load` and `session/resume`,
 /// and from its `current_mode_update`, `config_option_update`,

@@ -314,7 +314,7 @@ pub async fn start(
         journal.set_state(&state);
     }
     journal.append(AgentStatus {
-        context: opened.context(),
+        context: opened.context().map(Into::into),
         ..AgentStatus::new(AgentState::Ready, None)
     });
     journal.set_status(ConversationStatus::Idle);
@@ -1186,9 +1186,9 @@ impl Session {
             Setting::Mode(mode_id) => {
                 self.state.set_current_mode(mode_id);
                 self.journal.append(ModeChanged {
-                    mode_id,
-                    changed_by: &changed_by,
-                    modes: &self.state.modes,
+                    mode_id: mode_id.clone(),
+                    changed_by: changed_by.clone(),
+                    modes: self.state.modes.clone(),
                 });
             }
             Setting::ConfigOption { config_id, value } => {
@@ -1201,10 +1201,10 @@ impl Session {
                     ),
                 }
                 self.journal.append(ConfigOptionChanged {
-                    config_id,
-                    value,
-                    changed_by: &changed_by,
-                    config_options: &self.state.config_options,
+                    config_id: config_id.clone(),
+                    value: value.clone(),
+                    changed_by: changed_by.clone(),
+                    config_options: self.state.config_options.clone(),
                 });
             }
         }
@@ -1235,7 +1235,7 @@ impl Session {
         self.journal.set_turn(Some(turn_id));
         self.journal.append(TurnStarted {
             turn_id,
-            content: &content,
+            content: content.clone(),
         });
         let turn_started = self.journal.last_seq();
         let prompt = self.session.prompt(&content);
