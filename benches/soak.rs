@@ -412,7 +412,7 @@ async fn main() {
             let announced = |kind: &str| {
                 events
                     .iter()
-                    .filter(|e| e.kind == kind && e.data["id"] == json!(request.id))
+                    .filter(|e| e.body.kind() == kind && e.data_value()["id"] == json!(request.id))
                     .collect::<Vec<_>>()
             };
             let resolved = announced("permission_resolved");
@@ -420,12 +420,18 @@ async fn main() {
                 failures.push(format!("{id}: request {} still pending", request.id));
             } else if announced("permission_requested").len() != 1 || resolved.len() != 1 {
                 failures.push(format!("{id}: request {} not announced once", request.id));
-            } else if resolved[0].data["status"] != json!(request.status.as_str()) {
+            } else if resolved[0].data_value()["status"] != json!(request.status.as_str()) {
                 failures.push(format!("{id}: request {} resolved twice over", request.id));
             }
         }
-        let started_turns = events.iter().filter(|e| e.kind == "turn_started").count();
-        let ended_turns = events.iter().filter(|e| e.kind == "turn_ended").count();
+        let started_turns = events
+            .iter()
+            .filter(|e| e.body.kind() == "turn_started")
+            .count();
+        let ended_turns = events
+            .iter()
+            .filter(|e| e.body.kind() == "turn_ended")
+            .count();
         turns.0 += started_turns;
         turns.1 += ended_turns;
         if started_turns != ended_turns {

@@ -13,8 +13,7 @@ use uuid::Uuid;
 
 use super::extract::{AppJson, AppPath, AppQuery};
 use super::openapi::{
-    ContentBlock, ConversationList, EventList, FileChangeList, MessageList, RuleList, SettingValue,
-    ToolCallList,
+    ContentBlock, ConversationList, EventList, FileChangeList, MessageList, RuleList, ToolCallList,
 };
 use super::page::{paged, whole};
 use super::state::AppState;
@@ -22,8 +21,8 @@ use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::model::{
-    self, event_type, Conversation, ConversationStatus, ConversationView, Event, FileChange,
-    Message, Page, Rule, ToolCall,
+    self, event_type, Conversation, ConversationStatus, ConversationView, Event, EventBody,
+    FileChange, Message, Page, Rule, SettingValue, ToolCall,
 };
 use crate::session::Setting;
 
@@ -494,7 +493,10 @@ async fn files(
         .items
         .into_iter()
         .filter_map(|event| {
-            let written = serde_json::from_value(event.data).ok()?;
+            // A stand-in too, where it still has the members of one.
+            let EventBody::FileWritten(written) = event.body.lenient() else {
+                return None;
+            };
             Some(FileChange {
                 seq: event.seq,
                 at: event.at,

@@ -1,20 +1,16 @@
 //! The OpenAPI document: what the routers declare with `#[utoipa::path]`
 //! (so a route cannot go undocumented), plus what no handler returns
-//! directly: problem details on every error, the events and the WebSocket
-//! frames. `acp-gateway openapi` prints it; `openapi/openapi.yaml` is that
+//! directly: problem details on every error, the events (documented by
+//! [`crate::model::Event`] itself) and the WebSocket frames. `acp-gateway openapi` prints it; `openapi/openapi.yaml` is that
 //! output, committed, and `GET /api/v1/openapi.json` serves it.
 
-use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::Value;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{Content, RefOr};
 use utoipa::{Modify, OpenApi, ToSchema};
-use uuid::Uuid;
 
 use crate::model::{
-    AgentState, ConversationView, FileChange, FileWritten, Message, PermissionRequest, Rule,
-    ToolCall, TurnEnded,
+    ConversationView, Event, FileChange, Message, PermissionRequest, Rule, ToolCall,
 };
 use crate::store::TokenInfo;
 
@@ -33,16 +29,6 @@ use crate::store::TokenInfo;
     components(schemas(
         Problem,
         Event,
-        TurnStartedEvent,
-        SessionUpdateEvent,
-        PermissionRequestedEvent,
-        PermissionResolvedEvent,
-        TurnEndedEvent,
-        AgentStatusEvent,
-        ModeChangedEvent,
-        ConfigOptionChangedEvent,
-        FileWrittenEvent,
-        TerminalOutputEvent,
         InboxSnapshot,
         Message,
         ToolCall,
@@ -239,183 +225,12 @@ list!(
     TokenList, TokenInfo
 );
 
-/// Defines one event schema: its `type`, and its `data`.
-macro_rules! event {
-    ($(#[$doc:meta])* $name:ident, $tag:ident = $kind:tt, $data:ty) => {
-        $(#[$doc])*
-        #[derive(Serialize, ToSchema)]
-        #[allow(dead_code)]
-        pub struct $name {
-            /// From 1, one more per event of the conversation.
-            seq: i64,
-            conversation_id: Uuid,
-            r#type: $tag,
-            at: DateTime<Utc>,
-            data: $data,
-        }
-
-        #[derive(Serialize, ToSchema)]
-        #[allow(dead_code)]
-        pub enum $tag {
-            #[serde(rename = $kind)]
-            Kind,
-        }
-    };
-}
-
-event!(
-    /// `turn_started`: a prompt was accepted.
-    TurnStartedEvent, TurnStartedType = "turn_started", TurnStartedData
-);
-event!(
-    /// `session_update`: an update from the agent, verbatim.
-    SessionUpdateEvent, SessionUpdateType = "session_update", SessionUpdateData
-);
-event!(
-    /// `permission_requested`: the agent asks; the request as stored.
-    PermissionRequestedEvent, PermissionRequestedType = "permission_requested", PermissionRequest
-);
-event!(
-    /// `permission_resolved`: the request with its decision.
-    PermissionResolvedEvent, PermissionResolvedType = "permission_resolved", PermissionRequest
-);
-event!(
-    /// `turn_ended`: the agent answered the prompt, or the turn ended
-    /// without that answer (`stop_reason` `error`).
-    TurnEndedEvent, TurnEndedType = "turn_ended", TurnEnded
-);
-event!(
-    /// `agent_status`: the agent process started, is ready, or went away.
-    AgentStatusEvent, AgentStatusType = "agent_status", AgentStatusData
-);
-event!(
-    /// `mode_changed`: a user changed the session mode and the agent accepted.
-    ModeChangedEvent, ModeChangedType = "mode_changed", ModeChangedData
-);
-event!(
-    /// `config_option_changed`: a user set a configuration option and the
-    /// agent accepted.
-    ConfigOptionChangedEvent, ConfigOptionChangedType = "config_option_changed", ConfigOptionChangedData
-);
-
-event!(
-    /// `file_written`: the agent wrote a file through `fs/write_text_file`
-    /// (profiles with `client_fs`).
-    FileWrittenEvent, FileWrittenType = "file_written", FileWritten
-);
-event!(
-    /// `terminal_output`: output of a command the agent runs through
-    /// `terminal/create` (profiles with `client_terminal`).
-    TerminalOutputEvent, TerminalOutputType = "terminal_output", TerminalOutputData
-);
-
-/// One entry of a conversation's event log, by its `type`. A WebSocket
-/// sends each as one text frame.
-#[derive(Serialize, ToSchema)]
-#[serde(untagged)]
-#[allow(dead_code)]
-pub enum Event {
-    TurnStarted(TurnStartedEvent),
-    SessionUpdate(SessionUpdateEvent),
-    PermissionRequested(PermissionRequestedEvent),
-    PermissionResolved(PermissionResolvedEvent),
-    TurnEnded(TurnEndedEvent),
-    AgentStatus(AgentStatusEvent),
-    ModeChanged(ModeChangedEvent),
-    ConfigOptionChanged(ConfigOptionChangedEvent),
-    FileWritten(FileWrittenEvent),
-    TerminalOutput(TerminalOutputEvent),
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-pub struct TurnStartedData {
-    turn_id: Uuid,
-    /// The user's prompt: ACP content blocks.
-    content: Vec<Value>,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-pub struct SessionUpdateData {
-    /// The turn it belongs to; `null` between turns.
-    turn_id: Option<Uuid>,
-    /// The ACP update object (`sessionUpdate` tells its kind), verbatim.
-    /// Consecutive text chunks of one kind may be merged into one event.
-    update: Value,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-pub struct AgentStatusData {
-    status: AgentState,
-    /// Why (its exit and last stderr lines when it went away).
-    detail: Option<String>,
-    /// Only when an agent is started again for an existing conversation:
-    /// `loaded` (it restored the session: `session/resume` or
-    /// `session/load`) or `reset` (a fresh session: it forgot earlier
-    /// turns).
-    #[schema(nullable = false)]
-    context: Option<String>,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-pub struct TerminalOutputData {
-    /// The id `terminal/create` answered the agent.
-    terminal_id: String,
-    /// Output since the last event (stdout and stderr as they came; empty
-    /// in the first and last event of a terminal).
-    output: String,
-    /// First event only: the program and its arguments.
-    #[schema(nullable = false)]
-    command: Option<Vec<String>>,
-    /// First event only: where it runs.
-    #[schema(nullable = false)]
-    cwd: Option<String>,
-    /// Last event only: how it ended (ACP `TerminalExitStatus`:
-    /// `exitCode`, `signal`).
-    #[schema(nullable = false)]
-    exit_status: Option<Value>,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-pub struct ModeChangedData {
-    mode_id: String,
-    /// `user:<name>`.
-    changed_by: String,
-    /// The conversation's `modes` since (ACP `SessionModeState`).
-    modes: Option<Value>,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-pub struct ConfigOptionChangedData {
-    config_id: String,
-    #[schema(value_type = SettingValue)]
-    value: Value,
-    /// `user:<name>`.
-    changed_by: String,
-    /// The full set the agent answered with (ACP `SessionConfigOption`s).
-    config_options: Option<Value>,
-}
-
 /// An ACP content block (`text`, `image`, `audio`, `resource_link`,
 /// `resource`), verbatim: its `type` says which.
 #[derive(Serialize, ToSchema)]
 #[allow(dead_code)]
 pub struct ContentBlock {
     r#type: String,
-}
-
-/// A configuration option's value: a select's value id, or a boolean.
-#[derive(Serialize, ToSchema)]
-#[serde(untagged)]
-#[allow(dead_code)]
-pub enum SettingValue {
-    Text(String),
-    Flag(bool),
 }
 
 /// The first frame of `GET /api/v1/ws`: what waits for an answer now.

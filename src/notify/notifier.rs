@@ -31,7 +31,10 @@ use crate::bus::EventBus;
 use crate::cluster::Node;
 use crate::config::Config;
 use crate::error::Result;
-use crate::model::{event_type, Conversation, Event, MessageRole, PermissionRequest};
+use crate::model::{
+    event_type, AgentState, AgentStatus, Conversation, Event, EventBody, MessageRole,
+    PermissionRequest, TurnEnded, TurnStarted,
+};
 use crate::store::{PermissionFilter, Store};
 
 /// How much of the agent's last message a `turn_ended` notification
@@ -233,42 +236,34 @@ impl Notifier {
             return Vec::new();
         };
         let conversation = event.conversation_id;
-        let turn_id = || {
-            event
-                .data
-                .get("turn_id")
-                .and_then(Value::as_str)
-                .and_then(|t| Uuid::parse_str(t).ok())
-        };
+        let (seq, at) = (event.seq, event.at);
         let now = Utc::now();
-        match event.kind.as_str() {
-            event_type::PERMISSION_REQUESTED => {
-                let Ok(request) = serde_json::from_value::<PermissionRequest>(event.data) else {
-                    return Vec::new();
-                };
+        // A stand-in for an event the database refused counts for what it
+        // still says (see `EventBody::lenient`).
+        let body = match event.body.lenient() {
+            EventBody::Verbatim { kind, data } => match stand_in_turn(&kind, &data) {
+                Some(body) => body,
+                None => return Vec::new(),
+            },
+            body => body,
+        };
+        match body {
+            EventBody::PermissionRequested(request) => {
                 if self.known(state, conversation).await.is_some() {
                     self.asked(state, request);
                 }
                 Vec::new()
             }
-            event_type::PERMISSION_RESOLVED => {
-                match event
-                    .data
-                    .get("id")
-                    .and_then(Value::as_str)
-                    .and_then(|t| Uuid::parse_str(t).ok())
-                {
-                    Some(request) => {
-                        state.requests.remove(&request);
-                        state.rules.observe(Fact::Answered { request }, now)
-                    }
-                    None => Vec::new(),
-                }
+            EventBody::PermissionResolved(request) => {
+                state.requests.remove(&request.id);
+                state.rules.observe(
+                    Fact::Answered {
+                        request: request.id,
+                    },
+                    now,
+                )
             }
-            event_type::TURN_STARTED => {
-                let Some(turn) = turn_id() else {
-                    return Vec::new();
-                };
+            EventBody::TurnStarted(TurnStarted { turn_id: turn, .. }) => {
                 self.known(state, conversation).await;
                 if let Some(known) = state.conversations.get_mut(&conversation) {
                     known.last_turn = Some(turn);
@@ -277,48 +272,38 @@ impl Notifier {
                     Fact::TurnStarted {
                         conversation,
                         turn,
-                        at: event.at,
+                        at,
                     },
                     now,
                 )
             }
-            event_type::TURN_ENDED => {
-                let Some(turn) = turn_id() else {
-                    return Vec::new();
-                };
-                let stop_reason = event
-                    .data
-                    .get("stop_reason")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned();
-                state.rules.observe(
-                    Fact::TurnEnded {
-                        conversation,
-                        user,
-                        turn,
-                        at: event.at,
-                        stop_reason,
-                    },
-                    now,
-                )
-            }
-            event_type::AGENT_STATUS
-                if event.data.get("status").and_then(Value::as_str) == Some("failed") =>
-            {
+            EventBody::TurnEnded(TurnEnded {
+                turn_id: turn,
+                stop_reason,
+                ..
+            }) => state.rules.observe(
+                Fact::TurnEnded {
+                    conversation,
+                    user,
+                    turn,
+                    at,
+                    stop_reason,
+                },
+                now,
+            ),
+            EventBody::AgentStatus(AgentStatus {
+                status: AgentState::Failed,
+                detail,
+                ..
+            }) => {
                 let turn = state
                     .conversations
                     .get_mut(&conversation)
                     .and_then(|k| k.last_turn.take());
-                let detail = event
-                    .data
-                    .get("detail")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned);
                 state.rules.observe(
                     Fact::AgentFailed {
                         conversation,
-                        seq: event.seq,
+                        seq,
                         user,
                         turn,
                         detail,
@@ -501,6 +486,31 @@ fn parse(json: &str) -> Option<Event> {
         | event_type::TURN_STARTED
         | event_type::TURN_ENDED
         | event_type::AGENT_STATUS => serde_json::from_str(json).ok(),
+        _ => None,
+    }
+}
+
+/// The turn a stand-in `turn_started` or `turn_ended` still names (with
+/// its `stop_reason`, else none), as such an event; `None` for others.
+fn stand_in_turn(kind: &str, data: &Value) -> Option<EventBody> {
+    let turn_id = data
+        .get("turn_id")
+        .and_then(Value::as_str)
+        .and_then(|t| Uuid::parse_str(t).ok())?;
+    match kind {
+        event_type::TURN_STARTED => Some(EventBody::TurnStarted(TurnStarted {
+            turn_id,
+            content: Vec::new(),
+        })),
+        event_type::TURN_ENDED => Some(EventBody::TurnEnded(TurnEnded {
+            turn_id,
+            stop_reason: data
+                .get("stop_reason")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            error: None,
+        })),
         _ => None,
     }
 }

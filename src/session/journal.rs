@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 use uuid::Uuid;
 
 use super::transcript;
@@ -17,8 +17,8 @@ use crate::acp::chunk::TextChunk;
 use crate::bus::EventBus;
 use crate::error::Result;
 use crate::model::{
-    self, event_type, AgentStatus, Conversation, ConversationStatus, Decision, Event, EventData,
-    MessagePart, PermissionRequest, PermissionStatus, SessionState, ToolCall, TurnEnded,
+    self, AgentStatus, Conversation, ConversationStatus, Decision, Event, EventBody, MessagePart,
+    PermissionRequest, PermissionStatus, SessionState, SessionUpdate, ToolCall, TurnEnded,
 };
 use crate::store::{Batch, ConversationPatch, Lane, Resolution, Store};
 use crate::telemetry;
@@ -27,7 +27,7 @@ use crate::telemetry;
 mod storable {
     use serde_json::{json, Map, Value};
 
-    use crate::model::{Event, ToolCall};
+    use crate::model::{Event, EventBody, ToolCall};
 
     /// Longest string kept in a stand-in.
     const MAX_STRING: usize = 4096;
@@ -79,14 +79,15 @@ mod storable {
     /// (`turn_id`, `stop_reason`, `status`). Both say `unstorable`.
     pub fn event_stand_ins(event: &Event) -> Vec<Event> {
         let note = "the database could not store this event as the agent sent it";
-        let mut lossy = match lossy(&event.data) {
+        let data = event.data_value();
+        let mut lossy = match lossy(&data) {
             Value::Object(map) => map,
             other => Map::from_iter([("value".to_owned(), other)]),
         };
         lossy.insert("unstorable".into(), json!(note));
         let mut minimal = Map::new();
         for key in ["turn_id", "stop_reason", "status"] {
-            if let Some(Value::String(s)) = event.data.get(key) {
+            if let Some(Value::String(s)) = data.get(key) {
                 if s.len() <= 64 && !s.contains('\0') {
                     minimal.insert(key.into(), json!(s));
                 }
@@ -96,7 +97,10 @@ mod storable {
         [lossy, minimal]
             .into_iter()
             .map(|data| Event {
-                data: Value::Object(data),
+                body: EventBody::Verbatim {
+                    kind: event.body.kind().to_owned(),
+                    data: Value::Object(data),
+                },
                 ..event.clone()
             })
             .collect()
@@ -265,19 +269,16 @@ impl Journal {
         }
     }
 
-    /// Appends an event of a type the gateway defines.
-    pub fn append<E: EventData>(&mut self, data: E) {
-        let data = serde_json::to_value(&data).expect("event data serializes");
-        self.event(E::KIND, data);
+    /// Appends an event of a type the gateway defines (its typed `data`,
+    /// e.g. a [`TurnEnded`]).
+    pub fn append(&mut self, body: impl Into<EventBody>) {
+        self.event(body.into());
     }
 
     /// Appends a `session_update` event carrying the agent's `update`
     /// verbatim (moved, not copied: it may be megabytes long).
     pub fn session_update(&mut self, turn_id: Option<Uuid>, update: Value) {
-        let mut data = Map::new();
-        data.insert("turn_id".into(), serde_json::json!(turn_id));
-        data.insert("update".into(), update);
-        self.event(event_type::SESSION_UPDATE, Value::Object(data));
+        self.event(EventBody::SessionUpdate(SessionUpdate { turn_id, update }));
     }
 
     /// Like [`Journal::session_update`] for a message chunk, but a plain
@@ -286,7 +287,7 @@ impl Journal {
     /// [`transcript::join_chunk`]): streaming costs one event per batch.
     pub fn chunk(&mut self, turn_id: Option<Uuid>, update: Value) {
         if let Some(last) = self.joinable(turn_id) {
-            if transcript::join_chunk(&mut last.data["update"], &update) {
+            if transcript::join_chunk(&mut last.update, &update) {
                 self.held_text += update["content"]["text"].as_str().map_or(0, str::len);
                 return;
             }
@@ -299,7 +300,7 @@ impl Journal {
     pub fn text_chunk(&mut self, turn_id: Option<Uuid>, chunk: &TextChunk) {
         let prev = self
             .joinable(turn_id)
-            .and_then(|last| transcript::chunk_text_mut(&mut last.data["update"], chunk.kind));
+            .and_then(|last| transcript::chunk_text_mut(&mut last.update, chunk.kind));
         match prev {
             Some(prev) => {
                 prev.push_str(&chunk.text);
@@ -309,21 +310,18 @@ impl Journal {
         }
     }
 
-    /// The newest event, if it is an unpublished `session_update` of this
-    /// turn (what a chunk may join).
-    fn joinable(&mut self, turn_id: Option<Uuid>) -> Option<&mut Event> {
+    /// The newest event's data, if it is an unpublished `session_update` of
+    /// this turn (what a chunk may join).
+    fn joinable(&mut self, turn_id: Option<Uuid>) -> Option<&mut SessionUpdate> {
         let last = self
             .batch
             .events
             .last_mut()
             .filter(|last| last.seq > self.published)?;
-        // Compared without formatting the id: this runs for every chunk.
-        let same_turn = match last.data.get("turn_id") {
-            Some(Value::String(id)) => Uuid::parse_str(id).ok() == turn_id,
-            Some(Value::Null) | None => turn_id.is_none(),
-            Some(_) => false,
-        };
-        (last.kind == event_type::SESSION_UPDATE && same_turn).then_some(last)
+        match &mut last.body {
+            EventBody::SessionUpdate(update) if update.turn_id == turn_id => Some(update),
+            _ => None,
+        }
     }
 
     /// A new permission request, announced by `permission_requested` and
@@ -335,8 +333,7 @@ impl Journal {
         request: &PermissionRequest,
         decided: Option<(PermissionStatus, Decision)>,
     ) {
-        let data = serde_json::to_value(request).expect("serializes");
-        self.event(event_type::PERMISSION_REQUESTED, data);
+        self.event(EventBody::PermissionRequested(request.clone()));
         self.urgent = true;
         match decided {
             None => self.batch.new_permissions.push(request.clone()),
@@ -346,9 +343,8 @@ impl Journal {
                     decision: Some(decision),
                     ..request.clone()
                 };
-                let data = serde_json::to_value(&resolved).expect("serializes");
-                self.batch.new_permissions.push(resolved);
-                self.event(event_type::PERMISSION_RESOLVED, data);
+                self.batch.new_permissions.push(resolved.clone());
+                self.event(EventBody::PermissionResolved(resolved));
             }
         }
     }
@@ -363,20 +359,19 @@ impl Journal {
         self.batch.tool_calls.push(call);
     }
 
-    fn event(&mut self, kind: &str, data: Value) {
+    fn event(&mut self, body: EventBody) {
         self.hold();
-        let event = self.next_event(kind, data);
+        let event = self.next_event(body);
         self.last_seq = event.seq;
         self.batch.events.push(event);
     }
 
-    fn next_event(&self, kind: &str, data: Value) -> Event {
+    fn next_event(&self, body: EventBody) -> Event {
         Event {
             seq: self.last_seq + 1,
             conversation_id: self.conversation_id,
-            kind: kind.to_owned(),
             at: model::now(),
-            data,
+            body,
         }
     }
 
@@ -721,7 +716,8 @@ impl Journal {
                 "the database is unreachable; try again".into(),
             ));
         }
-        let event = self.next_event(model::event_type::PERMISSION_RESOLVED, Value::Null);
+        // The store fills in the request as it resolved it.
+        let event = self.next_event(EventBody::PermissionResolved(resolution.resolved()));
         let patch = self.patch(event.seq);
         match self
             .sink

@@ -173,7 +173,7 @@ pub async fn start(
         journal.set_state(&state);
     }
     journal.append(AgentStatus {
-        context: opened.context(),
+        context: opened.context().map(Into::into),
         ..AgentStatus::new(AgentState::Ready, None)
     });
     journal.set_status(ConversationStatus::Idle);

@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::backend::{Batch, ConversationPatch, Lane, PermissionFilter, Store};
 use crate::error::Result;
-use crate::model::{event_type, Conversation, Event, Message, MessagePart, MessageRole};
+use crate::model::{Conversation, Event, EventBody, Message, MessagePart, MessageRole};
 
 /// What a copy moved.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -88,12 +88,13 @@ pub async fn copy_all(from: &dyn Store, to: &dyn Store) -> Result<CopyStats> {
 /// Each message whole, as its first part; a prompt's as the source stores
 /// it: its content in its `turn_started` event only.
 fn prompts_stored_once(events: &[Event], messages: Vec<Message>) -> Vec<MessagePart> {
-    let prompts: HashMap<Uuid, (i64, &serde_json::Value)> = events
+    let prompts: HashMap<Uuid, (i64, &[serde_json::Value])> = events
         .iter()
-        .filter(|e| e.kind == event_type::TURN_STARTED)
-        .filter_map(|e| {
-            let turn_id = e.data.get("turn_id")?.as_str()?.parse().ok()?;
-            Some((turn_id, (e.seq, e.data.get("content")?)))
+        .filter_map(|e| match &e.body {
+            EventBody::TurnStarted(started) => {
+                Some((started.turn_id, (e.seq, started.content.as_slice())))
+            }
+            _ => None,
         })
         .collect();
     messages
@@ -103,8 +104,7 @@ fn prompts_stored_once(events: &[Event], messages: Vec<Message>) -> Vec<MessageP
                 .turn_id
                 .and_then(|turn| prompts.get(&turn))
                 .filter(|(_, content)| {
-                    message.role == MessageRole::User
-                        && content.as_array() == Some(&message.content)
+                    message.role == MessageRole::User && *content == message.content.as_slice()
                 })
                 .map(|(seq, _)| *seq);
             MessagePart {

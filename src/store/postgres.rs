@@ -15,7 +15,9 @@ use super::rows::{
 use super::sql::impl_store;
 use crate::error::Result;
 use crate::model::Rule;
-use crate::model::{Conversation, Event, Message, MessagePart, PermissionRequest, ToolCall};
+use crate::model::{
+    Conversation, Event, EventBody, Message, MessagePart, PermissionRequest, ToolCall,
+};
 
 /// Migrations embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
@@ -88,9 +90,12 @@ async fn insert_events(
         return Ok(());
     }
     let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
-    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e.body.kind()).collect();
     let ats: Vec<_> = events.iter().map(|e| e.at).collect();
-    let data: Vec<JsonText> = events.iter().map(|e| JsonText::of(&e.data)).collect();
+    let data: Vec<JsonText> = events
+        .iter()
+        .map(|e| JsonText::of(&e.body.data()))
+        .collect();
     sqlx::query(
         "insert into events (conversation_id, seq, type, at, data)
          select $1, * from unnest($2::bigint[], $3::text[], $4::timestamptz[], $5::json[])",
@@ -119,7 +124,7 @@ async fn resolve_at_once(
 ) -> Result<Option<Event>> {
     let request = &resolution.request;
     let event = Event {
-        data: serde_json::to_value(resolution.resolved()).map_err(anyhow::Error::from)?,
+        body: EventBody::PermissionResolved(resolution.resolved()),
         ..event.clone()
     };
     let query = sqlx::query(
@@ -148,9 +153,9 @@ async fn resolve_at_once(
     .bind(JsonText::of(&request.tool_call).0)
     .bind(JsonText::of(&request.options).0)
     .bind(event.seq)
-    .bind(&event.kind)
+    .bind(event.body.kind())
     .bind(event.at)
-    .bind(JsonText::of(&event.data));
+    .bind(JsonText::of(&event.body.data()));
     let resolved: bool = bind_patch(query, patch)
         .try_map(|row: sqlx::postgres::PgRow| sqlx::Row::try_get(&row, 0))
         .fetch_one(pool)

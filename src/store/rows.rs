@@ -9,8 +9,8 @@ use uuid::Uuid;
 use crate::error::{Error, Result};
 use crate::model::Rule;
 use crate::model::{
-    Conversation, ConversationStatus, Decision, Event, Message, MessageRole, PermissionRequest,
-    PermissionStatus, ToolCall,
+    Conversation, ConversationStatus, Decision, Event, EventBody, Message, MessageRole,
+    PermissionRequest, PermissionStatus, ToolCall,
 };
 
 /// A JSON document bound as its text: Postgres `json` (not `jsonb`, which
@@ -155,9 +155,8 @@ impl From<EventRow> for Event {
         Event {
             seq: r.seq,
             conversation_id: r.conversation_id,
-            kind: r.kind,
             at: r.at,
-            data: r.data.0,
+            body: EventBody::read(&r.kind, r.data.0),
         }
     }
 }

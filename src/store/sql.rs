@@ -243,7 +243,7 @@ macro_rules! impl_store {
                     return Ok(None);
                 };
                 let request = PermissionRequest::try_from(row)?;
-                event.data = serde_json::to_value(&request).map_err(anyhow::Error::from)?;
+                event.body = crate::model::EventBody::PermissionResolved(request.clone());
                 insert_events(&mut tx, event.conversation_id, std::slice::from_ref(&event)).await?;
                 update_conversation(&mut tx, event.conversation_id, patch).await?;
                 tx.commit().await?;

@@ -108,9 +108,9 @@ async fn insert_events(
         )
         .bind(conversation_id)
         .bind(e.seq)
-        .bind(&e.kind)
+        .bind(e.body.kind())
         .bind(e.at)
-        .bind(JsonText::of(&e.data))
+        .bind(JsonText::of(&e.body.data()))
         .execute(&mut *tx)
         .await?;
     }

@@ -20,13 +20,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_client_protocol_schema::v1 as acp;
-use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, watch};
 
 use super::{Refusal, Workspace};
-use crate::model::{event_type, EventData};
+pub use crate::model::TerminalOutput;
 use crate::process::spawn::{Environment, Tree};
 
 /// Most output a terminal keeps, whatever `outputByteLimit` asks.
@@ -37,24 +36,6 @@ pub const MAX_TERMINALS: usize = 32;
 /// what it wrote last is in them, but a process it left (one that escaped
 /// being killed) could hold them open for ever.
 pub const PIPES_AFTER_EXIT: Duration = Duration::from_millis(500);
-
-/// `terminal_output`: a piece of a terminal's output; the first says what
-/// runs (`command`, `cwd`), the last how it ended (`exit_status`).
-#[derive(Debug, Clone, Serialize)]
-pub struct TerminalOutput {
-    pub terminal_id: String,
-    pub output: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub command: Option<Vec<String>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cwd: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub exit_status: Option<Value>,
-}
-
-impl EventData for TerminalOutput {
-    const KIND: &'static str = event_type::TERMINAL_OUTPUT;
-}
 
 /// What a command to be run is, for the operator's deny policies: an
 /// `execute` tool call as an agent would send it.

@@ -358,7 +358,7 @@ fn the_import_reader_sees_the_arrows_that_make_the_layers() {
     // And it finds a loop where there is one.
     let mut looped = graph.clone();
     looped
-        .get_mut("src/model.rs")
+        .get_mut("src/model/mod.rs")
         .unwrap()
         .insert("src/session/task.rs".into());
     assert!(find_loop(&looped).is_some());

@@ -423,9 +423,11 @@ async fn a_resolution_announces_the_request_as_stored_and_happens_once(db: TestD
     let event = |seq| Event {
         seq,
         conversation_id: conversation.id,
-        kind: "permission_resolved".into(),
         at: model::now(),
-        data: Value::Null,
+        body: model::EventBody::Verbatim {
+            kind: "permission_resolved".into(),
+            data: Value::Null,
+        },
     };
     store
         .commit(
@@ -455,10 +457,13 @@ async fn a_resolution_announces_the_request_as_stored_and_happens_once(db: TestD
         .expect("pending, so resolved");
     assert_eq!(resolved.tool_call, stored.tool_call);
     assert_eq!(resolved.status, PermissionStatus::Approved);
-    assert_eq!(announced.data, serde_json::to_value(&resolved).unwrap());
+    assert_eq!(
+        announced.data_value(),
+        serde_json::to_value(&resolved).unwrap()
+    );
     let events = store.list_events(conversation.id, 0, 10).await.unwrap();
     assert_eq!(events.len(), 1);
-    assert_eq!(events[0].data["tool_call"]["title"], "as stored");
+    assert_eq!(events[0].data_value()["tool_call"]["title"], "as stored");
     let row = store
         .get_conversation(conversation.id)
         .await
@@ -527,7 +532,10 @@ async fn a_resolution_announces_the_request_as_stored_and_happens_once(db: TestD
     let events = store.list_events(conversation.id, 0, 10).await.unwrap();
     assert_eq!(events.len(), 2);
     assert_eq!(events[1], announced);
-    assert_eq!(events[1].data, serde_json::to_value(&resolved).unwrap());
+    assert_eq!(
+        events[1].data_value(),
+        serde_json::to_value(&resolved).unwrap()
+    );
     let row = store
         .get_conversation(conversation.id)
         .await

@@ -79,9 +79,9 @@ impl Task {
             Setting::Mode(mode_id) => {
                 self.state.set_current_mode(mode_id);
                 self.journal.append(ModeChanged {
-                    mode_id,
-                    changed_by: &changed_by,
-                    modes: &self.state.modes,
+                    mode_id: mode_id.clone(),
+                    changed_by: changed_by.clone(),
+                    modes: self.state.modes.clone(),
                 });
             }
             Setting::ConfigOption { config_id, value } => {
@@ -94,10 +94,10 @@ impl Task {
                     ),
                 }
                 self.journal.append(ConfigOptionChanged {
-                    config_id,
-                    value,
-                    changed_by: &changed_by,
-                    config_options: &self.state.config_options,
+                    config_id: config_id.clone(),
+                    value: value.clone(),
+                    changed_by: changed_by.clone(),
+                    config_options: self.state.config_options.clone(),
                 });
             }
         }

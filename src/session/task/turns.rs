@@ -26,7 +26,7 @@ impl Task {
         self.journal.set_turn(Some(turn_id));
         self.journal.append(TurnStarted {
             turn_id,
-            content: &content,
+            content: content.clone(),
         });
         let turn_started = self.journal.last_seq();
         let prompt = self.agent.prompt(&content);

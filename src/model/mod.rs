@@ -1,0 +1,31 @@
+//! The gateway's own objects as the API reference (`docs/api.md`) names
+//! them, one file per job: [`conversation`] (a conversation, its messages
+//! and tool calls), [`permission`] (requests, answers, rules, roles,
+//! policies), [`session_state`] (what the agent reported about its
+//! session), [`event`] (the event log) and [`stamp`] (new ids, the time
+//! now). ACP objects inside them (updates, tool calls, content blocks,
+//! permission options) are kept as raw JSON, verbatim. Everything is
+//! re-exported here, as `crate::model::X`; the files import each other,
+//! never this one.
+
+use serde::Serialize;
+
+pub mod conversation;
+pub mod event;
+pub mod permission;
+pub mod session_state;
+pub mod stamp;
+
+pub use conversation::*;
+pub use event::*;
+pub use permission::*;
+pub use session_state::*;
+pub use stamp::*;
+
+/// A list in the contract's shape: one page of items, and the cursor of
+/// the next page (`None`: this is the last).
+#[derive(Debug, Serialize)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub next_cursor: Option<String>,
+}

@@ -1,0 +1,228 @@
+//! Permission requests and their answers, remembered answers (rules), the
+//! roles of users, and operator policy rules.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::stamp::now;
+
+/// Where a permission request stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PermissionStatus {
+    Pending,
+    Approved,
+    Rejected,
+    Cancelled,
+    Expired,
+    TimedOut,
+}
+
+impl PermissionStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Approved => "approved",
+            Self::Rejected => "rejected",
+            Self::Cancelled => "cancelled",
+            Self::Expired => "expired",
+            Self::TimedOut => "timed_out",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "pending" => Self::Pending,
+            "approved" => Self::Approved,
+            "rejected" => Self::Rejected,
+            "cancelled" => Self::Cancelled,
+            "expired" => Self::Expired,
+            "timed_out" => Self::TimedOut,
+            _ => return None,
+        })
+    }
+}
+
+/// How a permission request was answered.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Decision {
+    /// The option chosen; `null` with the `cancelled` outcome.
+    pub option_id: Option<String>,
+    /// `selected` or `cancelled`, as in ACP.
+    #[schema(example = "selected")]
+    pub outcome: String,
+    /// `user:<name>`, `policy:<rule name>` or `system`.
+    #[schema(example = "user:alice")]
+    pub decided_by: String,
+    /// Why, when the gateway or a policy decided.
+    pub reason: Option<String>,
+    pub decided_at: DateTime<Utc>,
+    /// How a person's answer came: `notification` (an action URL); absent
+    /// for the API and the web client.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, example = "notification")]
+    pub via: Option<String>,
+}
+
+impl Decision {
+    /// A decision made now: the option chosen, or (`None`) the cancelled outcome.
+    pub fn new(option_id: Option<String>, decided_by: String, reason: Option<String>) -> Decision {
+        Decision {
+            outcome: if option_id.is_some() {
+                "selected"
+            } else {
+                "cancelled"
+            }
+            .to_owned(),
+            option_id,
+            decided_by,
+            reason,
+            decided_at: now(),
+            via: None,
+        }
+    }
+
+    /// The ACP result sent back to the agent.
+    pub fn acp_result(&self) -> Value {
+        match &self.option_id {
+            Some(option_id) if self.outcome == "selected" => {
+                serde_json::json!({"outcome": {"outcome": "selected", "optionId": option_id}})
+            }
+            _ => serde_json::json!({"outcome": {"outcome": "cancelled"}}),
+        }
+    }
+}
+
+/// An agent's `session/request_permission`, parked until answered.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct PermissionRequest {
+    pub id: Uuid,
+    pub conversation_id: Uuid,
+    pub turn_id: Option<Uuid>,
+    /// The ACP `toolCall` of the request laid over what the agent announced
+    /// of that call before: the call as the policies judged it.
+    pub tool_call: Value,
+    /// The ACP options, verbatim: `optionId`, `name`, `kind` (`allow_once`,
+    /// `allow_always`, `reject_once`, `reject_always`).
+    pub options: Vec<Value>,
+    pub status: PermissionStatus,
+    pub decision: Option<Decision>,
+    pub created_at: DateTime<Utc>,
+}
+
+impl PermissionRequest {
+    /// The option with this id, if the agent offered it.
+    pub fn option(&self, option_id: &str) -> Option<&Value> {
+        self.options
+            .iter()
+            .find(|o| o.get("optionId").and_then(Value::as_str) == Some(option_id))
+    }
+
+    /// The status a selected option leads to: its kind decides.
+    pub fn status_for_option(&self, option_id: &str) -> Option<PermissionStatus> {
+        let kind = self.option(option_id)?.get("kind").and_then(Value::as_str);
+        Some(match kind {
+            Some(k) if k.starts_with("allow") => PermissionStatus::Approved,
+            _ => PermissionStatus::Rejected,
+        })
+    }
+}
+
+/// What a user may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Sees and answers only their own conversations.
+    User,
+    /// Sees everything; alone changes policies and tokens.
+    Operator,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::User => "user",
+            Role::Operator => "operator",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "user" => Some(Role::User),
+            "operator" => Some(Role::Operator),
+            _ => None,
+        }
+    }
+}
+
+/// A remembered "always" answer, scoped to one conversation.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Rule {
+    pub id: Uuid,
+    pub conversation_id: Uuid,
+    /// The tool call kind it covers.
+    pub tool_kind: String,
+    /// The program (`execute`), the path (path tools) or the title (others).
+    pub subject: String,
+    /// `allow_always` or `reject_always`.
+    pub option_kind: String,
+    /// The request whose answer created it.
+    pub permission_id: Uuid,
+    pub created_at: DateTime<Utc>,
+}
+
+/// What an operator policy rule decides (the rule's `decision`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    Allow,
+    Deny,
+    Ask,
+}
+
+/// At most `count` automatic approvals by one rule per `window`, per
+/// conversation; beyond it, a person is asked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    pub count: u32,
+    /// A duration, e.g. `"1m"`, `"30s"`.
+    #[serde(with = "humantime_serde")]
+    #[schema(value_type = String, example = "1m")]
+    pub window: Duration,
+}
+
+/// One operator rule, as written in the config file or sent to the API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyRule {
+    /// Unique in the list; at most 100 characters, one line.
+    #[schema(min_length = 1, max_length = 100)]
+    pub name: String,
+    /// Profile names, or `"*"` for every agent (the default).
+    #[serde(default = "every_agent")]
+    pub agents: Vec<String>,
+    /// Tool call kinds it covers (empty: every kind).
+    #[serde(default)]
+    pub kinds: Vec<String>,
+    /// Regexes; the rule covers a shell command part that one of them matches.
+    #[serde(default)]
+    pub commands: Vec<String>,
+    /// Globs over normalised paths; `{cwd}` is the conversation's directory.
+    #[serde(default)]
+    pub paths: Vec<String>,
+    pub decision: Action,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_auto_per: Option<RateLimit>,
+    /// Answer `allow` with the agent's `allow_always` option.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub remember: bool,
+}
+
+fn every_agent() -> Vec<String> {
+    vec!["*".into()]
+}
