@@ -6,6 +6,11 @@
 //! a database round-trip per event. Writers append through its typed
 //! methods (events, chunks joined while uncommitted, requests, messages,
 //! tool calls, the end of an agent); the batch itself is private.
+//!
+//! This file holds the writing and committing; `journal/outage.rs` rides
+//! out a database outage (buffering, publishing early, retrying), and
+//! `journal/storable.rs` is the fallback for what the database refuses
+//! (each part alone, then stand-ins).
 
 use std::time::Duration;
 
@@ -23,89 +28,8 @@ use crate::model::{
 use crate::store::{Batch, ConversationPatch, Lane, Resolution, Store};
 use crate::telemetry;
 
-/// Forms of a value that a database refusing the original can still hold.
-mod storable {
-    use serde_json::{json, Map, Value};
-
-    use crate::model::{Event, EventBody, ToolCall};
-
-    /// Longest string kept in a stand-in.
-    const MAX_STRING: usize = 4096;
-
-    /// `value` with NUL characters replaced and long strings cut.
-    pub fn lossy(value: &Value) -> Value {
-        match value {
-            Value::String(s) => Value::String(lossy_str(s)),
-            Value::Array(items) => Value::Array(items.iter().map(lossy).collect()),
-            Value::Object(map) => {
-                Value::Object(map.iter().map(|(k, v)| (lossy_str(k), lossy(v))).collect())
-            }
-            other => other.clone(),
-        }
-    }
-
-    fn lossy_str(s: &str) -> String {
-        let mut end = s.len().min(MAX_STRING);
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        let mut out = s[..end].replace('\0', "\u{FFFD}");
-        if end < s.len() {
-            out.push_str("…[cut: could not be stored]");
-        }
-        out
-    }
-
-    pub fn lossy_tool_call(call: &ToolCall) -> ToolCall {
-        let text = |s: &Option<String>| s.as_deref().map(lossy_str);
-        let doc = |v: &Option<Value>| v.as_ref().map(lossy);
-        ToolCall {
-            tool_call_id: lossy_str(&call.tool_call_id),
-            turn_id: call.turn_id,
-            title: text(&call.title),
-            kind: text(&call.kind),
-            status: text(&call.status),
-            content: doc(&call.content),
-            locations: doc(&call.locations),
-            raw_input: doc(&call.raw_input),
-            raw_output: doc(&call.raw_output),
-            created_at: call.created_at,
-            updated_at: call.updated_at,
-        }
-    }
-
-    /// What to store instead of an event the database refused, best first:
-    /// its data made lossy, then only the small members clients rely on
-    /// (`turn_id`, `stop_reason`, `status`). Both say `unstorable`.
-    pub fn event_stand_ins(event: &Event) -> Vec<Event> {
-        let note = "the database could not store this event as the agent sent it";
-        let data = event.data_value();
-        let mut lossy = match lossy(&data) {
-            Value::Object(map) => map,
-            other => Map::from_iter([("value".to_owned(), other)]),
-        };
-        lossy.insert("unstorable".into(), json!(note));
-        let mut minimal = Map::new();
-        for key in ["turn_id", "stop_reason", "status"] {
-            if let Some(Value::String(s)) = data.get(key) {
-                if s.len() <= 64 && !s.contains('\0') {
-                    minimal.insert(key.into(), json!(s));
-                }
-            }
-        }
-        minimal.insert("unstorable".into(), json!(note));
-        [lossy, minimal]
-            .into_iter()
-            .map(|data| Event {
-                body: EventBody::Verbatim {
-                    kind: event.body.kind().to_owned(),
-                    data: Value::Object(data),
-                },
-                ..event.clone()
-            })
-            .collect()
-    }
-}
+mod outage;
+mod storable;
 
 /// Shared services a journal writes to.
 #[derive(Clone)]
@@ -130,16 +54,16 @@ pub struct Journal {
     /// What has not been committed yet.
     batch: Batch,
     dirty: bool,
-    /// Something clients wait for is held (a status change, a permission
+    /// Something clients wait for is buffered (a status change, a permission
     /// request): commit it now, not with the next batch.
     urgent: bool,
-    /// Since when the oldest thing held waits to be committed.
-    held_since: Option<tokio::time::Instant>,
-    /// Text held in joined message chunks, in bytes.
-    held_text: usize,
-    /// Most events held while riding out a database outage (see
+    /// Since when the oldest thing buffered waits to be committed.
+    buffered_since: Option<tokio::time::Instant>,
+    /// Text buffered in joined message chunks, in bytes.
+    buffered_text: usize,
+    /// Most events buffered while riding out a database outage (see
     /// [`Journal::ride_out_outages`]); 0: outages fail the writer.
-    holds: usize,
+    max_buffered: usize,
     /// While the database is unreachable: when to try again, and how long
     /// to wait after that.
     outage: Option<Outage>,
@@ -152,15 +76,15 @@ pub struct Journal {
     lane: Lane,
 }
 
+/// Longest wait between two tries to reach the database.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
 /// A database outage the journal is riding out.
 #[derive(Debug, Clone, Copy)]
 struct Outage {
     retry_at: tokio::time::Instant,
     backoff: Duration,
 }
-
-/// Longest wait between two tries to reach the database.
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 impl Journal {
     pub fn new(sink: Sink, conversation: &Conversation, turn_id: Option<Uuid>) -> Self {
@@ -176,9 +100,9 @@ impl Journal {
             batch: Batch::default(),
             dirty: false,
             urgent: false,
-            held_since: None,
-            held_text: 0,
-            holds: 0,
+            buffered_since: None,
+            buffered_text: 0,
+            max_buffered: 0,
             outage: None,
             published: conversation.last_seq,
             gauged: 0,
@@ -186,40 +110,11 @@ impl Journal {
         }
     }
 
-    /// From now on a database outage does not fail [`Journal::flush`]: what
-    /// is appended waits in memory, in order (the writer takes no more once
-    /// it holds `max_events`: see [`Journal::is_full`]), its events are
-    /// published live meanwhile, and commits are tried again with back-off
-    /// until the database answers; `seq` stays gap-free. For a session's
-    /// writer, which lives on to keep trying; others fail.
-    pub fn ride_out_outages(&mut self, max_events: usize) {
-        self.holds = max_events.max(1);
-    }
-
     /// Who waits for what is committed from now on: a person (the default:
     /// a journal works for a call) or, in a running session between
     /// commands, its agent.
     pub fn serve(&mut self, lane: Lane) {
         self.lane = lane;
-    }
-
-    /// Whether the database is unreachable and writes are waiting.
-    pub fn in_outage(&self) -> bool {
-        self.outage.is_some()
-    }
-
-    /// Whether the buffer is full: take nothing more until it drains.
-    pub fn is_full(&self) -> bool {
-        self.outage.is_some() && self.batch.events.len() >= self.holds
-    }
-
-    /// Resolves when it is time to try the database again (never while it
-    /// answers).
-    pub async fn retry_due(&self) {
-        match self.outage {
-            Some(outage) => tokio::time::sleep_until(outage.retry_at).await,
-            None => std::future::pending().await,
-        }
     }
 
     /// The seq of the newest event, committed or not.
@@ -240,32 +135,32 @@ impl Journal {
         self.status
     }
 
-    /// Whether what is held should be committed now rather than joined by
-    /// more: it is urgent, it has waited `window`, or it holds `max_text`
+    /// Whether what is buffered should be committed now rather than joined by
+    /// more: it is urgent, it has waited `window`, or it max_buffered `max_text`
     /// bytes of text or `max_events` events. Streaming agents write many
     /// small chunks; committing them together costs a few rows per batch
     /// instead of a few per chunk.
     pub fn commit_due(&self, window: Duration, max_events: usize, max_text: usize) -> bool {
         self.urgent
             || self.batch.events.len() >= max_events
-            || self.held_text >= max_text
+            || self.buffered_text >= max_text
             || self
-                .held_since
+                .buffered_since
                 .is_some_and(|since| since.elapsed() >= window)
     }
 
-    /// Resolves when what is held has waited `window` (never while nothing
-    /// is held, or while an outage governs when to write).
+    /// Resolves when what is buffered has waited `window` (never while nothing
+    /// is buffered, or while an outage governs when to write).
     pub async fn window_closes(&self, window: Duration) {
-        match self.held_since {
+        match self.buffered_since {
             Some(since) if self.outage.is_none() => tokio::time::sleep_until(since + window).await,
             _ => std::future::pending().await,
         }
     }
 
-    fn hold(&mut self) {
-        if self.held_since.is_none() {
-            self.held_since = Some(tokio::time::Instant::now());
+    fn start_window(&mut self) {
+        if self.buffered_since.is_none() {
+            self.buffered_since = Some(tokio::time::Instant::now());
         }
     }
 
@@ -277,7 +172,7 @@ impl Journal {
 
     /// Appends a `session_update` event carrying the agent's `update`
     /// verbatim (moved, not copied: it may be megabytes long).
-    pub fn session_update(&mut self, turn_id: Option<Uuid>, update: Value) {
+    pub fn session_update(&mut self, update: Value, turn_id: Option<Uuid>) {
         self.event(EventBody::SessionUpdate(SessionUpdate { turn_id, update }));
     }
 
@@ -285,28 +180,28 @@ impl Journal {
     /// text chunk joins the previous uncommitted event when that is a chunk
     /// of the same kind and turn that differs only in its text (see
     /// [`transcript::join_chunk`]): streaming costs one event per batch.
-    pub fn chunk(&mut self, turn_id: Option<Uuid>, update: Value) {
+    pub fn chunk(&mut self, update: Value, turn_id: Option<Uuid>) {
         if let Some(last) = self.joinable(turn_id) {
             if transcript::join_chunk(&mut last.update, &update) {
-                self.held_text += update["content"]["text"].as_str().map_or(0, str::len);
+                self.buffered_text += update["content"]["text"].as_str().map_or(0, str::len);
                 return;
             }
         }
-        self.session_update(turn_id, update);
+        self.session_update(update, turn_id);
     }
 
     /// [`Journal::chunk`] for a chunk read on the fast path: the same
     /// events, without building its JSON unless it starts one.
-    pub fn text_chunk(&mut self, turn_id: Option<Uuid>, chunk: &TextChunk) {
+    pub fn text_chunk(&mut self, chunk: &TextChunk, turn_id: Option<Uuid>) {
         let prev = self
             .joinable(turn_id)
             .and_then(|last| transcript::chunk_text_mut(&mut last.update, chunk.kind));
         match prev {
             Some(prev) => {
                 prev.push_str(&chunk.text);
-                self.held_text += chunk.text.len();
+                self.buffered_text += chunk.text.len();
             }
-            None => self.session_update(turn_id, chunk.update()),
+            None => self.session_update(chunk.update(), turn_id),
         }
     }
 
@@ -360,7 +255,7 @@ impl Journal {
     }
 
     fn event(&mut self, body: EventBody) {
-        self.hold();
+        self.start_window();
         let event = self.next_event(body);
         self.last_seq = event.seq;
         self.batch.events.push(event);
@@ -401,15 +296,15 @@ impl Journal {
     fn changed(&mut self, urgent: bool) {
         self.dirty = true;
         self.urgent |= urgent;
-        self.hold();
+        self.start_window();
     }
 
     /// The conversation's state is committed: nothing of it waits.
     fn committed(&mut self) {
         self.dirty = false;
         self.urgent = false;
-        self.held_since = None;
-        self.held_text = 0;
+        self.buffered_since = None;
+        self.buffered_text = 0;
         self.state = None;
     }
 
@@ -426,13 +321,13 @@ impl Journal {
 
     /// Commits the batch and publishes its events. Transient database errors
     /// are retried a few times; the batch is kept if they persist. A batch
-    /// the database refuses for what it holds is written piece by piece
+    /// the database refuses for what it max_buffered is written piece by piece
     /// instead (see `Journal::commit_piecewise`), so one bad value never
     /// blocks the conversation.
     pub async fn flush(&mut self) -> Result<()> {
         if self.batch.is_empty() && !self.dirty {
             self.outage = None;
-            self.held_since = None;
+            self.buffered_since = None;
             return Ok(());
         }
         self.batch.conversation = Some(self.patch(self.last_seq));
@@ -458,7 +353,7 @@ impl Journal {
         let committed = self.commit_with_retries().await;
         self.gauge();
         match committed {
-            Err(e) if e.is_transient() && self.holds > 0 => {
+            Err(e) if e.is_transient() && self.max_buffered > 0 => {
                 let backoff = self.outage.map_or(Duration::from_millis(250), |o| {
                     (o.backoff * 2).min(MAX_BACKOFF)
                 });
@@ -477,48 +372,16 @@ impl Journal {
             Ok(()) => {
                 if self.outage.take().is_some() {
                     tracing::info!(conversation_id = %self.conversation_id,
-                        "the database answers again: held writes committed");
+                        "the database answers again: buffered writes committed");
                 }
                 Ok(())
             }
         }
     }
 
-    /// Keeps the write-buffer gauge at what this journal holds.
-    fn gauge(&mut self) {
-        let held = self.batch.events.len();
-        telemetry::buffered(held as f64 - self.gauged as f64);
-        self.gauged = held;
-    }
-
-    /// Whether the database answers a ping within a moment.
-    async fn database_answers(&self) -> bool {
-        let ping = self.sink.store.ping();
-        matches!(
-            tokio::time::timeout(Duration::from_millis(250), ping).await,
-            Ok(Ok(()))
-        )
-    }
-
-    /// During an outage: publishes the events no client has seen yet, so
-    /// they still flow live; they are committed later, unchanged.
-    fn publish_early(&mut self) {
-        let fresh: Vec<Event> = self
-            .batch
-            .events
-            .iter()
-            .filter(|e| e.seq > self.published)
-            .cloned()
-            .collect();
-        if let Some(last) = fresh.last() {
-            self.published = last.seq;
-            self.sink.bus.publish(self.owner.as_deref(), fresh);
-        }
-    }
-
     /// Publishes what the commit made durable, except what went out early;
     /// of that, the last is sent again to the conversation's sockets, now
-    /// that the store holds it (a socket that reconnected during the outage
+    /// that the store max_buffered it (a socket that reconnected during the outage
     /// waits for the store, not for the next event).
     fn publish_committed(&mut self, mut events: Vec<Event>) {
         let published = self.published;
@@ -532,175 +395,7 @@ impl Journal {
         }
     }
 
-    /// Tries to commit what is held until it is (or `deadline` passes);
-    /// whether everything is committed.
-    pub async fn settle(&mut self, deadline: tokio::time::Instant) -> bool {
-        loop {
-            if let Err(e) = self.flush().await {
-                tracing::error!(conversation_id = %self.conversation_id, error = %e,
-                    "could not write the conversation's last events");
-                return false;
-            }
-            if !self.in_outage() {
-                return true;
-            }
-            let retry_at = self.outage.map_or(deadline, |o| o.retry_at);
-            if retry_at > deadline {
-                tracing::error!(conversation_id = %self.conversation_id,
-                    events = self.batch.events.len(),
-                    "the database stayed unreachable: events held in memory are lost");
-                return false;
-            }
-            tokio::time::sleep_until(retry_at).await;
-        }
-    }
-
-    async fn commit_with_retries(&mut self) -> Result<()> {
-        let mut attempt = 0;
-        loop {
-            let started = std::time::Instant::now();
-            let committed = self
-                .sink
-                .store
-                .commit(self.conversation_id, &self.batch)
-                .await;
-            telemetry::commit_took(started.elapsed());
-            match committed {
-                Ok(()) => break,
-                // A writer that rides out outages tries again later instead.
-                Err(e) if e.is_transient() && attempt < 3 && self.holds == 0 => {
-                    attempt += 1;
-                    tracing::warn!(conversation_id = %self.conversation_id, error = %e, attempt, "commit failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
-                }
-                Err(e) if e.is_transient() => return Err(e),
-                Err(e) => {
-                    tracing::warn!(conversation_id = %self.conversation_id, error = %e,
-                        "the database refused a batch; writing it piece by piece");
-                    return self.commit_piecewise().await;
-                }
-            }
-        }
-        let batch = std::mem::take(&mut self.batch);
-        self.committed();
-        telemetry::events_written(batch.events.len());
-        self.publish_committed(batch.events);
-        Ok(())
-    }
-
-    /// Writes the batch one piece per transaction, in order (requests before
-    /// the events announcing them, events in `seq` order, then messages, tool
-    /// calls and the conversation's state), publishing each event once it is
-    /// stored. A piece refused again is replaced by a form the database can
-    /// hold: an event keeps its `seq` and `type` and says in `data.unstorable`
-    /// why its content is missing; a message, tool call or request keeps its
-    /// identity with long or unusual strings cut. Only a transient error stops
-    /// this early, and then what is not written yet stays in the batch.
-    async fn commit_piecewise(&mut self) -> Result<()> {
-        while let Some(request) = self.batch.new_permissions.first() {
-            let piece = Batch {
-                new_permissions: vec![request.clone()],
-                ..Batch::default()
-            };
-            let mut lossy = request.clone();
-            lossy.tool_call = storable::lossy(&lossy.tool_call);
-            lossy.options = lossy.options.iter().map(storable::lossy).collect();
-            let stand_in = Batch {
-                new_permissions: vec![lossy],
-                ..Batch::default()
-            };
-            self.commit_piece(piece, [stand_in]).await?;
-            self.batch.new_permissions.remove(0);
-        }
-        while let Some(event) = self.batch.events.first() {
-            let piece = Batch {
-                events: vec![event.clone()],
-                ..Batch::default()
-            };
-            let stand_ins = storable::event_stand_ins(event).into_iter().map(|e| Batch {
-                events: vec![e],
-                ..Batch::default()
-            });
-            if let Some(written) = self.commit_piece(piece, stand_ins).await? {
-                telemetry::events_written(written.events.len());
-                self.publish_committed(written.events);
-            }
-            self.batch.events.remove(0);
-        }
-        while let Some(message) = self.batch.messages.first() {
-            // Its own copy of a prompt: the event holding it may have been
-            // stored as a stand-in without it.
-            let message = MessagePart {
-                content_in_event: None,
-                ..message.clone()
-            };
-            let piece = Batch {
-                messages: vec![message.clone()],
-                ..Batch::default()
-            };
-            let mut lossy = message.clone();
-            lossy.message.content = lossy.message.content.iter().map(storable::lossy).collect();
-            let stand_in = Batch {
-                messages: vec![lossy],
-                ..Batch::default()
-            };
-            self.commit_piece(piece, [stand_in]).await?;
-            self.batch.messages.remove(0);
-        }
-        while let Some(call) = self.batch.tool_calls.first() {
-            let piece = Batch {
-                tool_calls: vec![call.clone()],
-                ..Batch::default()
-            };
-            let stand_in = Batch {
-                tool_calls: vec![storable::lossy_tool_call(call)],
-                ..Batch::default()
-            };
-            self.commit_piece(piece, [stand_in]).await?;
-            self.batch.tool_calls.remove(0);
-        }
-        let patch = Batch {
-            conversation: self.batch.conversation.take(),
-            ..Batch::default()
-        };
-        self.sink.store.commit(self.conversation_id, &patch).await?;
-        self.batch = Batch::default();
-        self.committed();
-        Ok(())
-    }
-
-    /// Commits `piece`, else the first of `stand_ins` the database accepts;
-    /// `None` when it refused them all (the piece is dropped, loudly).
-    async fn commit_piece(
-        &self,
-        piece: Batch,
-        stand_ins: impl IntoIterator<Item = Batch>,
-    ) -> Result<Option<Batch>> {
-        let mut refused = match self.sink.store.commit(self.conversation_id, &piece).await {
-            Ok(()) => return Ok(Some(piece)),
-            Err(e) if e.is_transient() => return Err(e),
-            Err(e) => e,
-        };
-        for stand_in in stand_ins {
-            tracing::warn!(conversation_id = %self.conversation_id, error = %refused,
-                "the database refused part of a batch; storing a stand-in");
-            match self
-                .sink
-                .store
-                .commit(self.conversation_id, &stand_in)
-                .await
-            {
-                Ok(()) => return Ok(Some(stand_in)),
-                Err(e) if e.is_transient() => return Err(e),
-                Err(e) => refused = e,
-            }
-        }
-        tracing::error!(conversation_id = %self.conversation_id, error = %refused,
-            "the database refused part of a batch and every stand-in; it is not stored");
-        Ok(None)
-    }
-
-    /// Commits what is held, then applies `resolution` if the request is
+    /// Commits what is buffered, then applies `resolution` if the request is
     /// still pending, together with its `permission_resolved` event and the
     /// conversation's columns. `None`: someone else resolved it first.
     pub async fn resolve(&mut self, resolution: &Resolution) -> Result<Option<PermissionRequest>> {
@@ -711,7 +406,7 @@ impl Journal {
             self.flush().await?;
         }
         if self.in_outage() {
-            // Its event would come before the held ones: wait for them.
+            // Its event would come before the buffered ones: wait for them.
             return Err(crate::error::Error::Unavailable(
                 "the database is unreachable; try again".into(),
             ));
@@ -758,7 +453,7 @@ impl Journal {
 
 impl Drop for Journal {
     fn drop(&mut self) {
-        // What it still holds is no longer waiting anywhere.
+        // What it still max_buffered is no longer waiting anywhere.
         telemetry::buffered(-(self.gauged as f64));
     }
 }

@@ -91,7 +91,7 @@ pub struct StartParams {
     pub shutdown: CancellationToken,
     /// How long a running turn's agent gets to answer its cancel then.
     pub shutdown_timeout: Duration,
-    /// Most events held while the database is unreachable.
+    /// Most events buffered while the database is unreachable.
     pub write_buffer_events: usize,
     /// The operator policies that may answer permission requests.
     pub policies: PolicyHandle,
@@ -302,7 +302,7 @@ enum Step {
     Changed(Change, Result<Value>),
     Terminal(TerminalOutput),
     IdleTooLong,
-    /// Time to commit what is held: the batch window closed, or the
+    /// Time to commit what is buffered: the batch window closed, or the
     /// unreachable database is to be tried again.
     Retry,
 }

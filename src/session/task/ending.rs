@@ -181,7 +181,7 @@ impl Task {
             OUTAGE_PATIENCE
         };
         let deadline = tokio::time::Instant::now() + patience;
-        self.journal.settle(deadline).await;
+        self.journal.flush_until(deadline).await;
         // Reaped, and its group killed with it.
         forget_process(self.journal.store(), self.record.take().as_ref()).await;
         // Requests the agent can no longer receive an answer for.
@@ -198,7 +198,7 @@ impl Task {
             .agent_gone(turn_ended, agent, final_status)
             .await?;
         // Nothing held in memory may go with the task.
-        self.journal.settle(deadline).await;
+        self.journal.flush_until(deadline).await;
         if let Some(reply) = reply {
             let _ = reply.send(());
         }

@@ -65,7 +65,7 @@ impl Task {
             Incoming::TextChunk(chunk) => {
                 let turn_id = self.turn_id();
                 self.transcript.text_chunk(&chunk, turn_id);
-                self.journal.text_chunk(turn_id, &chunk);
+                self.journal.text_chunk(&chunk, turn_id);
             }
             Incoming::Request(request) => match request.method.as_str() {
                 "session/request_permission" => self.on_permission_request(request).await?,
@@ -107,9 +107,9 @@ impl Task {
             self.journal.set_state(&self.state);
         }
         if self.transcript.apply(&update, turn_id) {
-            self.journal.chunk(turn_id, update);
+            self.journal.chunk(update, turn_id);
         } else {
-            self.journal.session_update(turn_id, update);
+            self.journal.session_update(update, turn_id);
         }
     }
 }
