@@ -10,36 +10,56 @@
 //! - [`api`]: the HTTP + WebSocket API of `docs/api.md`: one
 //!   router per resource; handlers call the session supervisor and the store
 //!   only. [`web`]: the built-in web client (`web/`), served at `/`.
-//! - [`session`]: conversations at work. [`session::Sessions`] is the
-//!   supervisor (live sessions, start, prompt, cancel, answer, close,
-//!   recovery after a restart); [`session::task`] is one conversation's loop
-//!   that owns its agent; [`session::transcript`] (pure) turns chunks into
-//!   messages and tool-call states; [`session::pending`] holds permission
-//!   requests until answered; [`session::journal`] is the single writer that
-//!   assigns `seq`, commits, then publishes to the [`bus`].
+//! - [`session`]: conversations at work. [`session::Sessions`] (`mod.rs`)
+//!   is the registry of live conversations and their admission (limits);
+//!   `route.rs` runs a command here or forwards it to the node that owns the
+//!   conversation (and carries out what other nodes forward);
+//!   [`session::recover`] recovers what a previous run or a dead node left;
+//!   [`session::command`] is the one serialisable `Command` (local and
+//!   forwarded) and the handle that sends it; `spawn.rs` starts an agent and
+//!   records its process; [`session::task`] is one conversation's loop that
+//!   owns its agent, its parts in `task/` (what the agent sends, permission
+//!   requests, settings, turns, ending); [`session::transcript`] (pure) turns
+//!   chunks into messages and tool-call states; [`session::pending`] holds
+//!   the permission requests waiting for an answer; [`session::journal`] is
+//!   the single writer that assigns `seq`, commits, then publishes to the
+//!   [`bus`] (`journal/outage.rs` rides out a database outage, publishing
+//!   before the commit; `journal/storable.rs` writes what the database
+//!   refuses as stand-ins).
 //! - [`acp`]: the protocol side. [`acp::rpc`] frames and multiplexes JSON-RPC
-//!   over any `AsyncRead`/`AsyncWrite`; [`acp::agent`] spawns and kills agent
+//!   over any `AsyncRead`/`AsyncWrite` and knows no ACP method (`rpc/`:
+//!   framing, routing, the inbound hook; its own `RpcError`);
+//!   [`acp::incoming`] is what an agent sends, with [`acp::chunk`]'s fast
+//!   path for `session/update` chunks; [`acp::agent`] spawns and kills agent
 //!   processes; [`acp::client`] is the typed ACP session (handshake, prompt,
-//!   cancel).
+//!   cancel), failing with [`acp::Error`].
 //! - [`permissions`]: answers to permission requests, timeouts, and the
 //!   policies in force; [`permissions::policy`] is the operator auto-approve
-//!   engine (pure: rules in, verdict out) on [`permissions::shell`], which
-//!   reads what a shell line runs (pure, on `brush-parser`).
-//! - [`cluster`]: several gateway nodes on one Postgres (who runs which
-//!   conversation, commands and events between nodes); on SQLite, one node
-//!   holding the file's lock.
+//!   engine (pure: rules in, verdict out; its tests in `policy/`) on
+//!   [`permissions::shell`], which reads what a shell line runs (pure, on
+//!   `brush-parser`; `shell/`: words, the walk of the parsed line, programs
+//!   and the wrappers that run other programs).
+//! - [`cluster`]: several gateway nodes on one Postgres (`mod.rs` the node
+//!   and its lease, `claims.rs` who runs which conversation, `commands.rs`
+//!   and `relay.rs` commands and events between nodes, `run.rs` its tracked
+//!   tasks); on SQLite, one node holding the file's lock (`lock.rs`). Its SQL
+//!   is the store's ([`store::cluster`]).
 //! - [`process`]: the processes started for conversations. [`process::spawn`]
 //!   starts agents and terminal commands with a clean environment, each the
 //!   root of a process tree that is killed whole, and adopts and kills what
 //!   they leave behind; [`process::procs`] reads `/proc` and finds what a
 //!   crashed run's agents left running.
 //! - [`store`]: persistence behind one trait ([`store::Store`]): Postgres and
-//!   SQLite from one SQL text, and export between them.
+//!   SQLite from one SQL text, the cluster's Postgres-only part
+//!   (`cluster_pg.rs`), the database URL read in one place (`url.rs`), and
+//!   export between them.
 //! - [`auth`]: bearer tokens, roles, who a token names, per-token rate limits.
 //! - [`config`]: the TOML config and its validation.
 //! - [`notify`]: notifications that reach a person (what they carry, and the
 //!   hand-over from the rules that find them due to the durable outbox).
-//! - [`model`] (the API's objects and typed event payloads), [`error`] (its
+//! - [`model`] (the API's objects: conversations, permissions, what the
+//!   agent reported, and one typed event, [`model::EventBody`], that
+//!   serialises and documents itself), [`error`] (its
 //!   one error type), [`limits`] (on what users send), [`ratelimit`] (one
 //!   sliding window), [`sys`] (what we ask of the operating system),
 //!   [`telemetry`] (what `GET /metrics` shows).

@@ -90,25 +90,9 @@ impl AgentSession {
     /// news (the gateway has it): those updates are dropped. What else it
     /// sends meanwhile is returned, for the session to apply first.
     ///
-    /// Fails with the crate's error (502 `agent_failed`, 504
-    /// `agent_timeout`), converted from [`Error`] here because the session
-    /// returns it as it is, without `?`.
+    /// Fails with the protocol layer's [`Error`] (the crate's 502
+    /// `agent_failed`, 504 `agent_timeout`).
     pub async fn open(
-        peer: RpcPeer,
-        process: &mut AgentProcess,
-        profile: &AgentProfile,
-        cwd: &str,
-        earlier: Option<&str>,
-        state: &mut SessionState,
-        incoming: &mut mpsc::Receiver<Incoming>,
-    ) -> crate::error::Result<Opening> {
-        let opening =
-            Self::handshake(peer, process, profile, cwd, earlier, state, incoming).await?;
-        Ok(opening)
-    }
-
-    /// [`AgentSession::open`], failing with the protocol layer's [`Error`].
-    async fn handshake(
         peer: RpcPeer,
         process: &mut AgentProcess,
         profile: &AgentProfile,

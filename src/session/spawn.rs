@@ -88,7 +88,7 @@ pub(super) async fn connect(
         Err(err) => {
             process.terminate(TERMINATE_GRACE).await;
             forget_process(store, record.as_ref()).await;
-            Err(err)
+            Err(err.into())
         }
     }
 }
