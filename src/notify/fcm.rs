@@ -162,12 +162,7 @@ impl Fcm {
                 .await;
             let response = match response {
                 Ok(response) => response,
-                Err(error) => {
-                    return DeliveryOutcome::Failed {
-                        status: None,
-                        error: error.without_url().to_string(),
-                    }
-                }
+                Err(error) => return super::http::unanswered(error),
             };
             let status = response.status().as_u16();
             match status {

@@ -27,6 +27,16 @@ pub async fn send(request: reqwest::RequestBuilder) -> DeliveryOutcome {
     }
 }
 
+/// A request that got no answer (no connection, a timeout), said without
+/// its URL: a push endpoint is a capability, and this text is logged and
+/// listed.
+pub fn unanswered(error: reqwest::Error) -> DeliveryOutcome {
+    DeliveryOutcome::Failed {
+        status: None,
+        error: error.without_url().to_string(),
+    }
+}
+
 /// What an HTTP status comes to.
 pub fn outcome_of(status: u16) -> DeliveryOutcome {
     match status {

@@ -273,13 +273,7 @@ fn urgency(payload: &[u8]) -> &'static str {
 async fn outcome(response: reqwest::Result<reqwest::Response>) -> DeliveryOutcome {
     let response = match response {
         Ok(response) => response,
-        Err(error) => {
-            return DeliveryOutcome::Failed {
-                status: None,
-                // The endpoint URL is a capability: keep it out of the record.
-                error: error.without_url().to_string(),
-            };
-        }
+        Err(error) => return super::http::unanswered(error),
     };
     let status = response.status().as_u16();
     match status {
