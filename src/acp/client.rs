@@ -18,7 +18,7 @@ use super::agent::{describe_exit, AgentProcess};
 use super::error::{Error, Result};
 use super::rpc::{Incoming, RpcError, RpcPeer};
 use crate::config::AgentProfile;
-use crate::model::SessionState;
+use crate::model::AgentReport;
 
 /// How long we wait for the process after its stdout closed.
 pub const EXIT_AFTER_EOF: Duration = Duration::from_secs(3);
@@ -98,7 +98,7 @@ impl AgentSession {
         profile: &AgentProfile,
         cwd: &str,
         earlier: Option<&str>,
-        state: &mut SessionState,
+        state: &mut AgentReport,
         incoming: &mut mpsc::Receiver<Incoming>,
     ) -> Result<Opening> {
         let mut shake = Handshake {
@@ -226,7 +226,7 @@ impl AgentSession {
     }
 
     /// Sends `session/set_config_option` with `params` (as
-    /// [`SessionState::config_request`] makes them).
+    /// [`AgentReport::config_request`] makes them).
     pub fn set_config_option(&self, params: Value) -> CallFuture {
         self.request("session/set_config_option", params)
     }
@@ -435,7 +435,7 @@ impl Handshake<'_> {
         &mut self,
         profile: &AgentProfile,
         session_id: &str,
-        state: &mut SessionState,
+        state: &mut AgentReport,
     ) -> Result<()> {
         let pinned = |key: &str, why: String| {
             Error::Failed(format!("the profile's {key} cannot be applied: {why}"))

@@ -7,8 +7,8 @@ use serde_json::Value;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::session_state::{
-    AvailableCommand, SessionConfigOption, SessionModeState, SessionState, Usage,
+use super::agent_report::{
+    AgentReport, AvailableCommand, SessionConfigOption, SessionModeState, Usage,
 };
 
 /// Lifecycle of a conversation.
@@ -74,7 +74,7 @@ pub struct Conversation {
     /// The user who started it (not part of the API object).
     pub owner: Option<String>,
     /// What the agent last reported about its session.
-    pub state: SessionState,
+    pub state: AgentReport,
     /// The gateway node whose agent runs it (see [`crate::cluster`]); not
     /// part of the API object.
     pub node_id: Option<Uuid>,
@@ -117,7 +117,7 @@ pub struct ConversationView {
 
 impl From<Conversation> for ConversationView {
     fn from(c: Conversation) -> Self {
-        let SessionState {
+        let AgentReport {
             modes,
             config_options,
             available_commands,
@@ -322,7 +322,7 @@ impl ToolCall {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::session_state::tests::offered;
+    use crate::model::agent_report::tests::offered;
     use crate::model::stamp::{new_id, now};
     use serde_json::json;
 

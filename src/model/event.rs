@@ -19,8 +19,8 @@ use utoipa::openapi::{Ref, RefOr, Schema};
 use utoipa::{PartialSchema, ToSchema};
 use uuid::Uuid;
 
+use super::agent_report::SettingValue;
 use super::permission::PermissionRequest;
-use super::session_state::SettingValue;
 
 /// One entry of a conversation's event log, by its `type`. A WebSocket
 /// sends each as one text frame.

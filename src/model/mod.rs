@@ -1,7 +1,7 @@
 //! The gateway's own objects as the API reference (`docs/api.md`) names
 //! them, one file per job: [`conversation`] (a conversation, its messages
 //! and tool calls), [`permission`] (requests, answers, rules, roles,
-//! policies), [`session_state`] (what the agent reported about its
+//! policies), [`agent_report`] (what the agent reported about its
 //! session), [`event`] (the event log) and [`stamp`] (new ids, the time
 //! now). ACP objects inside them (updates, tool calls, content blocks,
 //! permission options) are kept as raw JSON, verbatim. Everything is
@@ -10,16 +10,16 @@
 
 use serde::Serialize;
 
+pub mod agent_report;
 pub mod conversation;
 pub mod event;
 pub mod permission;
-pub mod session_state;
 pub mod stamp;
 
+pub use agent_report::*;
 pub use conversation::*;
 pub use event::*;
 pub use permission::*;
-pub use session_state::*;
 pub use stamp::*;
 
 /// A list in the contract's shape: one page of items, and the cursor of

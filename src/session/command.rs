@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::error::Result;
-use crate::model::{PermissionRequest, SessionState};
+use crate::model::{AgentReport, PermissionRequest};
 use crate::permissions::Answer;
 
 /// A command for a conversation, as the task gets it and as one node sends
@@ -89,7 +89,7 @@ pub enum Setting {
 
 impl Setting {
     /// Whether an agent that reports `state` offers this; else why not.
-    pub fn check(&self, state: &SessionState) -> std::result::Result<(), String> {
+    pub fn check(&self, state: &AgentReport) -> std::result::Result<(), String> {
         match self {
             Setting::Mode(mode_id) => state.check_mode(mode_id),
             Setting::ConfigOption { config_id, value } => {

@@ -22,8 +22,8 @@ use crate::acp::chunk::TextChunk;
 use crate::bus::EventBus;
 use crate::error::Result;
 use crate::model::{
-    self, AgentStatus, Conversation, ConversationStatus, Decision, Event, EventBody, MessagePart,
-    PermissionRequest, PermissionStatus, SessionState, SessionUpdate, ToolCall, TurnEnded,
+    self, AgentReport, AgentStatus, Conversation, ConversationStatus, Decision, Event, EventBody,
+    MessagePart, PermissionRequest, PermissionStatus, SessionUpdate, ToolCall, TurnEnded,
 };
 use crate::store::{Batch, ConversationPatch, Lane, Resolution, Store};
 use crate::telemetry;
@@ -48,7 +48,7 @@ pub struct Journal {
     turn_id: Option<Uuid>,
     /// What the agent reports about its session, when that changed since
     /// the last commit.
-    state: Option<SessionState>,
+    state: Option<AgentReport>,
     /// The conversation's owner, carried along with published events.
     owner: Option<String>,
     /// What has not been committed yet.
@@ -288,7 +288,7 @@ impl Journal {
     }
 
     /// Records what the agent now reports about its session.
-    pub fn set_state(&mut self, state: &SessionState) {
+    pub fn set_state(&mut self, state: &AgentReport) {
         self.state = Some(state.clone());
         self.changed(false);
     }

@@ -13,7 +13,7 @@ use crate::acp::client::{AgentSession, Opened, Opening};
 use crate::acp::rpc::{Incoming, RpcConfig, RpcPeer};
 use crate::config::AgentProfile;
 use crate::error::{Error, Result};
-use crate::model::{self, Conversation, SessionState};
+use crate::model::{self, AgentReport, Conversation};
 use crate::process::procs::Host;
 use crate::store::{AgentProcessRecord, Store};
 
@@ -39,7 +39,7 @@ pub(super) async fn connect(
     profile: &AgentProfile,
     conversation: &Conversation,
     earlier: Option<&str>,
-    state: &mut SessionState,
+    state: &mut AgentReport,
     max_line_bytes: usize,
     store: &dyn Store,
 ) -> Result<Connected> {

@@ -48,7 +48,7 @@ use crate::acp::client::{AgentSession, CallFuture, EXIT_AFTER_EOF};
 use crate::acp::rpc::{Incoming, RpcError};
 use crate::config::AgentProfile;
 use crate::error::Result;
-use crate::model::{self, AgentState, AgentStatus, Conversation, ConversationStatus, SessionState};
+use crate::model::{self, AgentReport, AgentState, AgentStatus, Conversation, ConversationStatus};
 use crate::permissions::policy::Mode;
 use crate::permissions::PolicyHandle;
 use crate::store::{AgentProcessRecord, Lane};
@@ -274,7 +274,7 @@ struct Task {
     pending: Pending,
     transcript: Transcript,
     /// What the agent reports about its session.
-    state: SessionState,
+    state: AgentReport,
     /// Setting changes the agent has not answered yet.
     changes: FuturesUnordered<Changing>,
     /// How long the agent may take to answer a change.

@@ -8,8 +8,8 @@ use uuid::Uuid;
 use crate::error::Result;
 use crate::model::Rule;
 use crate::model::{
-    Conversation, ConversationStatus, Decision, Event, Message, MessagePart, PermissionRequest,
-    PermissionStatus, SessionState, ToolCall,
+    AgentReport, Conversation, ConversationStatus, Decision, Event, Message, MessagePart,
+    PermissionRequest, PermissionStatus, ToolCall,
 };
 
 /// One page of items read in order, bounded in count (`limit`) and in bytes
@@ -188,7 +188,7 @@ pub struct ConversationPatch {
     pub current_turn_id: Option<Uuid>,
     pub updated_at: DateTime<Utc>,
     /// What the agent reports about its session, when that changed.
-    pub state: Option<SessionState>,
+    pub state: Option<AgentReport>,
 }
 
 /// A decision on a pending permission request, applied only if it is still

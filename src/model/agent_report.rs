@@ -88,7 +88,7 @@ pub enum SettingValue {
 /// `None` where it reported nothing.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
-pub struct SessionState {
+pub struct AgentReport {
     /// `SessionModeState`: `currentModeId` and `availableModes`.
     pub modes: Option<Value>,
     /// `[SessionConfigOption]`.
@@ -104,7 +104,7 @@ pub struct SessionState {
 /// Longest title kept from an agent (in characters).
 const AGENT_TITLE_MAX_CHARS: usize = 500;
 
-impl SessionState {
+impl AgentReport {
     /// Applies an update from `session/update`; whether anything changed.
     /// Other kinds of update, and malformed ones, change nothing.
     pub fn apply_update(&mut self, update: &Value) -> bool {
@@ -303,8 +303,8 @@ pub(crate) mod tests {
     use serde_json::json;
 
     /// What a typical agent offers: two modes, three options.
-    pub(crate) fn offered() -> SessionState {
-        let mut state = SessionState::default();
+    pub(crate) fn offered() -> AgentReport {
+        let mut state = AgentReport::default();
         state.apply_opened(
             &json!({
                 "sessionId": "s",
@@ -409,7 +409,7 @@ pub(crate) mod tests {
         assert_eq!(state.check_mode("plan"), Ok(()));
         let err = state.check_mode("yolo").unwrap_err();
         assert!(err.contains("ask, plan"), "{err}");
-        assert!(SessionState::default().check_mode("plan").is_err());
+        assert!(AgentReport::default().check_mode("plan").is_err());
 
         assert_eq!(
             state.config_request("model", &json!("deep")),
@@ -429,7 +429,7 @@ pub(crate) mod tests {
         assert!(state.config_request("brave", &json!("yes")).is_err());
         let err = state.config_request("colour", &json!("red")).unwrap_err();
         assert!(err.contains("model, effort, brave"), "{err}");
-        assert!(SessionState::default()
+        assert!(AgentReport::default()
             .config_request("model", &json!("fast"))
             .is_err());
     }
