@@ -241,6 +241,19 @@ impl Notifier {
         // A stand-in for an event the database refused counts for what it
         // still says (see `EventBody::lenient`).
         let body = match event.body.lenient() {
+            // A stand-in answer keeps the request's id: that is all the rules
+            // need to forget it (else it would be notified as waiting).
+            EventBody::Verbatim { kind, data } if kind == event_type::PERMISSION_RESOLVED => {
+                let Some(request) = data
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .and_then(|t| Uuid::parse_str(t).ok())
+                else {
+                    return Vec::new();
+                };
+                state.requests.remove(&request);
+                return state.rules.observe(Fact::Answered { request }, now);
+            }
             EventBody::Verbatim { kind, data } => match stand_in_turn(&kind, &data) {
                 Some(body) => body,
                 None => return Vec::new(),
