@@ -58,12 +58,7 @@ pub fn executable_by(program: &Path, user: &SystemUser) -> Result<(), String> {
     if permits(&meta, user, 0o1) {
         Ok(())
     } else {
-        Err(format!(
-            "{} is not executable by user {} (uid {})",
-            program.display(),
-            user.name,
-            user.uid
-        ))
+        Err(format!("{} is not executable by {user}", program.display()))
     }
 }
 
@@ -117,10 +112,8 @@ fn walk_as(path: &Path, user: &SystemUser) -> Result<PathBuf, String> {
         }
         if !permits(&meta, user, 0o1) {
             return Err(format!(
-                "{} cannot be searched by user {} (uid {})",
-                current.display(),
-                user.name,
-                user.uid
+                "{} cannot be searched by {user}",
+                current.display()
             ));
         }
         if name == ".." {
@@ -267,10 +260,8 @@ fn readable_by(file: &Path, user: &SystemUser) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "{} is a script that user {} (uid {}) cannot read",
-            file.display(),
-            user.name,
-            user.uid
+            "{} is a script that {user} cannot read",
+            file.display()
         ))
     }
 }
@@ -282,6 +273,13 @@ pub struct SystemUser {
     pub uid: u32,
     pub gid: u32,
     pub home: String,
+}
+
+impl std::fmt::Display for SystemUser {
+    /// `user NAME (uid N)`, as errors name it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "user {} (uid {})", self.name, self.uid)
+    }
 }
 
 /// Looks a user up in the system's user database.

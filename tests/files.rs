@@ -91,16 +91,22 @@ async fn a_fifo_is_refused_at_once_and_no_thread_is_left_waiting_on_it() {
     mkfifo(&pipe);
     let before = threads();
     for _ in 0..50 {
-        let read = tokio::time::timeout(WAIT, files::read(&workspace, params(&pipe, None)))
-            .await
-            .expect("a read of a FIFO nobody writes is answered at once")
-            .unwrap_err();
+        let read = tokio::time::timeout(
+            WAIT,
+            files::read(&workspace, params(&pipe, None), files::open_gate()),
+        )
+        .await
+        .expect("a read of a FIFO nobody writes is answered at once")
+        .unwrap_err();
         assert!(read.message.contains("named pipe (FIFO)"), "{read:?}");
         assert!(read.message.contains("only regular files"), "{read:?}");
-        let write = tokio::time::timeout(WAIT, files::write(&workspace, params(&pipe, Some("x"))))
-            .await
-            .expect("a write onto a FIFO is answered at once")
-            .unwrap_err();
+        let write = tokio::time::timeout(
+            WAIT,
+            files::write(&workspace, params(&pipe, Some("x")), files::open_gate()),
+        )
+        .await
+        .expect("a write onto a FIFO is answered at once")
+        .unwrap_err();
         assert!(write.message.contains("named pipe (FIFO)"), "{write:?}");
     }
     // Each request's thread ends with it (one may still be on its way out).
@@ -147,10 +153,13 @@ async fn a_fifo_fed_more_than_the_limit_is_refused_without_holding_what_it_is_fe
         .recv_timeout(WAIT)
         .expect("the feeder opens the pipe");
     let rss = status_kib("VmRSS:");
-    let read = tokio::time::timeout(WAIT, files::read(&workspace, params(&pipe, None)))
-        .await
-        .expect("a read of a fed FIFO is answered at once")
-        .unwrap_err();
+    let read = tokio::time::timeout(
+        WAIT,
+        files::read(&workspace, params(&pipe, None), files::open_gate()),
+    )
+    .await
+    .expect("a read of a fed FIFO is answered at once")
+    .unwrap_err();
     assert!(read.message.contains("named pipe (FIFO)"), "{read:?}");
     let grown = status_kib("VmRSS:").saturating_sub(rss);
     assert!(grown < 16 * 1024, "memory grew by {grown} KiB");
@@ -180,9 +189,13 @@ async fn a_large_file_is_overwritten_without_being_read_and_its_diff_says_so() {
         .unwrap();
     let (peak, read) = (status_kib("VmHWM:"), bytes_read());
 
-    let written = files::write(&workspace, params(&big, Some("small\n")))
-        .await
-        .unwrap();
+    let written = files::write(
+        &workspace,
+        params(&big, Some("small\n")),
+        files::open_gate(),
+    )
+    .await
+    .unwrap();
 
     let grown = status_kib("VmHWM:").saturating_sub(peak);
     assert!(grown < 32 * 1024, "peak memory grew by {grown} KiB");
@@ -206,7 +219,7 @@ async fn a_large_file_is_overwritten_without_being_read_and_its_diff_says_so() {
     // At the bound exactly, the diff is made.
     let edge = cwd.join("edge.txt");
     std::fs::write(&edge, "x\n".repeat(MAX_DIFF_SOURCE_BYTES / 2)).unwrap();
-    let written = files::write(&workspace, params(&edge, Some("y\n")))
+    let written = files::write(&workspace, params(&edge, Some("y\n")), files::open_gate())
         .await
         .unwrap();
     assert!(!written.diff_too_large);
@@ -235,10 +248,11 @@ async fn reads_stop_at_the_limit_whatever_the_file_holds() {
         files::read(
             &workspace,
             json!({"sessionId": "s", "path": big, "line": line, "limit": limit}),
+            files::open_gate(),
         )
     };
     let (peak, before) = (status_kib("VmHWM:"), bytes_read());
-    let whole = files::read(&workspace, params(&big, None))
+    let whole = files::read(&workspace, params(&big, None), files::open_gate())
         .await
         .unwrap_err();
     assert!(whole.message.contains("read it in parts"), "{whole:?}");
@@ -272,7 +286,7 @@ async fn a_symlink_swapped_while_files_are_reached_never_leads_outside() {
     let (mut inside, mut refused) = (0, 0);
     for round in 0..1000 {
         for path in flipping.reads() {
-            match files::read(&workspace, params(&path, None)).await {
+            match files::read(&workspace, params(&path, None), files::open_gate()).await {
                 Ok(read) => {
                     assert_eq!(read["content"], "inside\n", "{path:?} read outside");
                     inside += 1;
@@ -284,7 +298,7 @@ async fn a_symlink_swapped_while_files_are_reached_never_leads_outside() {
             }
         }
         for (path, content) in flipping.writes(round) {
-            match files::write(&workspace, params(&path, Some(content))).await {
+            match files::write(&workspace, params(&path, Some(content)), files::open_gate()).await {
                 Ok(written) => {
                     let at = Path::new(&written.path);
                     assert!(

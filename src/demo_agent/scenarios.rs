@@ -429,26 +429,25 @@ impl Turn {
         Ok(TurnEnd::Stop(END_TURN))
     }
 
+    /// A tool call that writes `content` to `name` in the working directory.
+    fn write_call(&self, name: &str, content: &str) -> ToolCall {
+        let path = self.cwd.join(name).display().to_string();
+        ToolCall {
+            id: self.next_tool_call_id(),
+            title: format!("Write {name}"),
+            kind: "edit",
+            locations: Some(json!([{ "path": path }])),
+            raw_input: json!({"path": path, "content": content}),
+            done_text: format!("wrote {name}"),
+            announced: true,
+            asked: None,
+        }
+    }
+
     /// Scenario `parallel`: `n` tool calls whose permission requests are all pending at once.
     async fn parallel(&self, n: u64) -> Result<TurnEnd, Cancelled> {
         let calls: Vec<ToolCall> = (0..n)
-            .map(|i| {
-                let path = self
-                    .cwd
-                    .join(format!("hello-{i}.txt"))
-                    .display()
-                    .to_string();
-                ToolCall {
-                    id: self.next_tool_call_id(),
-                    title: format!("Write hello-{i}.txt"),
-                    kind: "edit",
-                    locations: Some(json!([{ "path": path }])),
-                    raw_input: json!({"path": path, "content": format!("hello {i}")}),
-                    done_text: format!("wrote hello-{i}.txt"),
-                    announced: true,
-                    asked: None,
-                }
-            })
+            .map(|i| self.write_call(&format!("hello-{i}.txt"), &format!("hello {i}")))
             .collect();
         let answers = self.run_tool_calls(&calls, false).await?;
         if answers.contains(&Answer::Cancelled) {
@@ -464,17 +463,7 @@ impl Turn {
     async fn ask(&self, n: u64) -> Result<TurnEnd, Cancelled> {
         let mut ran = 0;
         for i in 0..n {
-            let path = self.cwd.join(format!("ask-{i}.txt")).display().to_string();
-            let call = ToolCall {
-                id: self.next_tool_call_id(),
-                title: format!("Write ask-{i}.txt"),
-                kind: "edit",
-                locations: Some(json!([{ "path": path }])),
-                raw_input: json!({"path": path, "content": format!("ask {i}")}),
-                done_text: format!("wrote ask-{i}.txt"),
-                announced: true,
-                asked: None,
-            };
+            let call = self.write_call(&format!("ask-{i}.txt"), &format!("ask {i}"));
             let answers = self
                 .run_tool_calls(std::slice::from_ref(&call), false)
                 .await?;

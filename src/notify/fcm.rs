@@ -381,39 +381,25 @@ pub fn check_service_account(path: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::notify::{Action, ConversationRef, RequestRef};
-    use uuid::Uuid;
+    use crate::notify::Action;
 
     #[test]
     fn the_message_carries_the_headline_strings_and_collapse_keys() {
         let n = Notification {
-            event: NotificationEvent::PermissionWaiting,
-            delivery_id: Uuid::nil(),
-            at: chrono::Utc::now(),
-            user: "ana".into(),
-            conversation: Some(ConversationRef {
-                id: Uuid::nil(),
-                title: Some("Fix".into()),
-                agent: "Claude Code".into(),
-            }),
-            request: Some(RequestRef {
-                id: Uuid::nil(),
-                title: Some("Run ls".into()),
-                kind: None,
-                command: None,
-            }),
-            turn: None,
-            count: 1,
             actions: vec![Action {
                 label: "Allow once".into(),
                 option_id: "allow".into(),
                 url: "https://g/a/1".into(),
             }],
+            ..crate::notify::sample(NotificationEvent::PermissionWaiting, 1)
         };
         let m = message("dev", &n, Some(&"k".repeat(80)));
         let m = &m["message"];
         assert_eq!(m["token"], "dev");
-        assert_eq!(m["notification"]["title"], "Claude Code asks: Run ls");
+        assert_eq!(
+            m["notification"]["title"],
+            "Claude Code asks: Run rm -rf build"
+        );
         assert!(m["data"]
             .as_object()
             .unwrap()

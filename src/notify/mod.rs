@@ -169,3 +169,28 @@ pub trait Enqueue: Send + Sync {
     /// nothing enqueued) when every one of its keys was seen before.
     async fn enqueue(&self, outgoing: Outgoing) -> crate::error::Result<bool>;
 }
+
+/// A notification of `event` about one request, for tests.
+#[cfg(test)]
+pub(crate) fn sample(event: NotificationEvent, count: u32) -> Notification {
+    Notification {
+        event,
+        delivery_id: Uuid::nil(),
+        at: chrono::Utc::now(),
+        user: "ana".into(),
+        conversation: Some(ConversationRef {
+            id: Uuid::nil(),
+            title: Some("Fix the build".into()),
+            agent: "Claude Code".into(),
+        }),
+        request: Some(RequestRef {
+            id: Uuid::nil(),
+            title: Some("Run rm -rf build".into()),
+            kind: Some("execute".into()),
+            command: None,
+        }),
+        turn: None,
+        count,
+        actions: vec![],
+    }
+}

@@ -109,51 +109,28 @@ fn cut(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::notify::{ConversationRef, RequestRef, TurnRef};
+    use crate::notify::{sample, TurnRef};
     use uuid::Uuid;
-
-    fn notification(event: NotificationEvent, count: u32) -> Notification {
-        Notification {
-            event,
-            delivery_id: Uuid::nil(),
-            at: chrono::Utc::now(),
-            user: "ana".into(),
-            conversation: Some(ConversationRef {
-                id: Uuid::nil(),
-                title: Some("Fix the build".into()),
-                agent: "Claude Code".into(),
-            }),
-            request: Some(RequestRef {
-                id: Uuid::nil(),
-                title: Some("Run rm -rf build".into()),
-                kind: Some("execute".into()),
-                command: None,
-            }),
-            turn: None,
-            count,
-            actions: vec![],
-        }
-    }
 
     #[test]
     fn a_request_names_the_agent_and_what_it_asks() {
-        let (title, body) = headline(&notification(NotificationEvent::PermissionWaiting, 1));
+        let (title, body) = headline(&sample(NotificationEvent::PermissionWaiting, 1));
         assert_eq!(title, "Claude Code asks: Run rm -rf build");
         assert_eq!(body, "in Fix the build");
     }
 
     #[test]
     fn a_burst_counts_its_requests() {
-        let (title, body) = headline(&notification(NotificationEvent::PermissionWaiting, 2));
+        let (title, body) = headline(&sample(NotificationEvent::PermissionWaiting, 2));
         assert_eq!(title, "2 requests waiting in Fix the build");
         assert_eq!(body, "Claude Code asks: Run rm -rf build, and 1 more");
-        let (title, _) = headline(&notification(NotificationEvent::PermissionReminder, 1));
+        let (title, _) = headline(&sample(NotificationEvent::PermissionReminder, 1));
         assert_eq!(title, "Still waiting: Claude Code asks: Run rm -rf build");
     }
 
     #[test]
     fn a_minimal_request_falls_back_to_its_kind() {
-        let mut n = notification(NotificationEvent::PermissionWaiting, 1);
+        let mut n = sample(NotificationEvent::PermissionWaiting, 1);
         n.request.as_mut().unwrap().title = None;
         n.conversation.as_mut().unwrap().title = None;
         assert_eq!(
@@ -167,7 +144,7 @@ mod tests {
 
     #[test]
     fn turns_and_failures_say_what_happened_and_long_text_is_cut() {
-        let mut n = notification(NotificationEvent::TurnEnded, 0);
+        let mut n = sample(NotificationEvent::TurnEnded, 0);
         n.request = None;
         n.turn = Some(TurnRef {
             id: Uuid::nil(),

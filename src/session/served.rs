@@ -113,13 +113,13 @@ impl Served {
                 let workspace = self.workspace.clone();
                 let gate = self.gate(&method, &params, store).await?;
                 tokio::spawn(async move {
-                    answer(responder, files::read_gated(&workspace, params, gate).await);
+                    answer(responder, files::read(&workspace, params, gate).await);
                 });
                 return Ok(None);
             }
             "fs/write_text_file" => {
                 let gate = self.gate(&method, &params, store).await?;
-                match files::write_gated(&self.workspace, params, gate).await {
+                match files::write(&self.workspace, params, gate).await {
                     Ok(written) => return Ok(Some(Write { written, responder })),
                     Err(refusal) => Err(refusal),
                 }

@@ -232,22 +232,18 @@ macro_rules! impl_notify_store {
                 // Attempts and deliveries explicitly, not by the cascade:
                 // the same on both backends whatever their foreign-key
                 // settings.
-                sqlx::query(
+                for sql in [
                     "delete from notification_attempts where target_id = $1
                        and exists (select 1 from notification_targets where id = $1 and owner = $2)",
-                )
-                .bind(id)
-                .bind(owner)
-                .execute(&mut *tx)
-                .await?;
-                sqlx::query(
                     "delete from notification_deliveries where target_id = $1
                        and exists (select 1 from notification_targets where id = $1 and owner = $2)",
-                )
-                .bind(id)
-                .bind(owner)
-                .execute(&mut *tx)
-                .await?;
+                ] {
+                    sqlx::query(sql)
+                        .bind(id)
+                        .bind(owner)
+                        .execute(&mut *tx)
+                        .await?;
+                }
                 let done = sqlx::query("delete from notification_targets where id = $1 and owner = $2")
                     .bind(id)
                     .bind(owner)

@@ -39,6 +39,15 @@ pub enum Resolver {
 }
 
 impl Resolver {
+    /// Every resolver this kernel has: the kernel's (where it has openat2)
+    /// and the walk, forced (tests run each).
+    #[cfg(test)]
+    pub(crate) fn all() -> Vec<Resolver> {
+        let mut all = vec![Resolver::detect(), Resolver::Walk];
+        all.dedup();
+        all
+    }
+
     /// The kernel's where it has `openat2` and `/proc` names what it opens,
     /// else the walk (probed once).
     pub fn detect() -> Resolver {
@@ -642,12 +651,6 @@ fn fd_path(fd: BorrowedFd<'_>) -> io::Result<PathBuf> {
 mod tests {
     use super::*;
 
-    fn resolvers() -> Vec<Resolver> {
-        let mut all = vec![Resolver::detect(), Resolver::Walk];
-        all.dedup();
-        all
-    }
-
     #[test]
     fn this_kernel_resolves_beneath_itself() {
         // Linux 5.6 and later: the walk is only for older kernels (and is
@@ -686,7 +689,7 @@ mod tests {
         link(Path::new("loop"), "loop").unwrap();
         std::fs::write(work.join("src/a.rs"), "a").unwrap();
 
-        for resolver in resolvers() {
+        for resolver in Resolver::all() {
             let root = Root::open(&work, resolver).unwrap();
             let at = |rel: &str| root.locate(Path::new(rel)).map(|p| p.path());
             let inside = |rel: &str, expected: &str| {
@@ -733,7 +736,7 @@ mod tests {
         let (_dir, work, outside) = dirs();
         let swapped = outside.parent().unwrap().join("swapped");
         std::os::unix::fs::symlink(&outside, &swapped).unwrap();
-        for resolver in resolvers() {
+        for resolver in Resolver::all() {
             let e = Root::open(&swapped, resolver).unwrap_err();
             assert!(e.to_string().contains("symlink"), "{resolver:?}: {e}");
             assert!(Root::open(&work, resolver).is_ok());
@@ -750,7 +753,7 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         let _socket = std::os::unix::net::UnixListener::bind(work.join("sock")).unwrap();
         std::fs::write(work.join("file"), "text").unwrap();
-        for resolver in resolvers() {
+        for resolver in Resolver::all() {
             let root = Root::open(&work, resolver).unwrap();
             let open = |rel: &str| root.locate(Path::new(rel)).unwrap().open_regular();
             assert!(matches!(open("pipe"), Err(Error::NotRegular(kind)) if kind.contains("FIFO")));
@@ -772,7 +775,7 @@ mod tests {
     #[test]
     fn missing_directories_are_made_beneath_and_a_file_replaced_in_its_own() {
         let (_dir, work, _) = dirs();
-        for resolver in resolvers() {
+        for resolver in Resolver::all() {
             let root = Root::open(&work, resolver).unwrap();
             let mut place = root
                 .locate(Path::new(&format!("{resolver:?}/deep/er/f.txt")))

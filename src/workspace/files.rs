@@ -48,17 +48,8 @@ pub fn open_gate() -> Gate {
 }
 
 /// `fs/read_text_file`: the file's text, from `line` (1-based) for `limit`
-/// lines when given.
-pub async fn read(workspace: &Workspace, params: Value) -> Result<Value, Refusal> {
-    read_gated(workspace, params, open_gate()).await
-}
-
-/// [`read`], with `gate` asked about the real path first.
-pub async fn read_gated(
-    workspace: &Workspace,
-    params: Value,
-    gate: Gate,
-) -> Result<Value, Refusal> {
+/// lines when given; `gate` is asked about the real path first.
+pub async fn read(workspace: &Workspace, params: Value, gate: Gate) -> Result<Value, Refusal> {
     let request: acp::ReadTextFileRequest = parse(params)?;
     let (line, limit) = (request.line, request.limit);
     let ws = workspace.clone();
@@ -74,13 +65,9 @@ pub async fn read_gated(
 }
 
 /// `fs/write_text_file`: the file replaced at once (a new file beside it,
-/// renamed over it, its mode kept), and what changed.
-pub async fn write(workspace: &Workspace, params: Value) -> Result<FileWritten, Refusal> {
-    write_gated(workspace, params, open_gate()).await
-}
-
-/// [`write`], with `gate` asked about the real path first.
-pub async fn write_gated(
+/// renamed over it, its mode kept), and what changed; `gate` is asked about
+/// the real path first.
+pub async fn write(
     workspace: &Workspace,
     params: Value,
     gate: Gate,
@@ -385,14 +372,6 @@ mod tests {
     use super::*;
     use std::path::PathBuf;
 
-    /// The resolvers this kernel has: the kernel's (where it has openat2)
-    /// and the walk, forced.
-    fn resolvers() -> Vec<Resolver> {
-        let mut all = vec![Resolver::detect(), Resolver::Walk];
-        all.dedup();
-        all
-    }
-
     /// A resolved temporary directory.
     fn cwd() -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
@@ -408,7 +387,7 @@ mod tests {
     fn reads_whole_files_and_line_ranges() {
         let (_dir, cwd) = cwd();
         let path = cwd.join("a.txt");
-        for resolver in resolvers() {
+        for resolver in Resolver::all() {
             let root = Root::open(&cwd, resolver).unwrap();
             let read = |line, limit| read_in(&root, &path, line, limit, &pass);
             std::fs::write(&path, "one\ntwo\nthree\nfour").unwrap();
@@ -428,7 +407,7 @@ mod tests {
 
     #[test]
     fn replacing_keeps_the_mode_and_leaves_no_temporary_file() {
-        for resolver in resolvers() {
+        for resolver in Resolver::all() {
             let (_dir, cwd) = cwd();
             let root = Root::open(&cwd, resolver).unwrap();
             let path = cwd.join("run.sh");
@@ -481,23 +460,29 @@ mod tests {
             p
         };
 
-        let whole = read(&workspace, params(json!({}))).await.unwrap_err();
+        let whole = read(&workspace, params(json!({})), open_gate())
+            .await
+            .unwrap_err();
         assert_eq!(whole.code, super::super::INVALID_PARAMS);
         assert!(whole.message.contains("read it in parts"), "{whole:?}");
         // From the first line on, without a limit, it is still too much ...
-        let unbounded = read(&workspace, params(json!({"line": 1})))
+        let unbounded = read(&workspace, params(json!({"line": 1})), open_gate())
             .await
             .unwrap_err();
         assert!(unbounded.message.contains("read it in parts"));
         // ... but in parts it all comes.
-        let first = read(&workspace, params(json!({"line": 1, "limit": lines})))
-            .await
-            .unwrap();
+        let first = read(
+            &workspace,
+            params(json!({"line": 1, "limit": lines})),
+            open_gate(),
+        )
+        .await
+        .unwrap();
         assert_eq!(
             first["content"].as_str().unwrap().len(),
             MAX_READ_BYTES - MAX_READ_BYTES % line.len()
         );
-        let rest = read(&workspace, params(json!({"line": lines + 1})))
+        let rest = read(&workspace, params(json!({"line": lines + 1})), open_gate())
             .await
             .unwrap();
         assert_eq!(rest["content"], line);
@@ -508,6 +493,7 @@ mod tests {
         let refused = write(
             &workspace,
             json!({"sessionId": "s", "path": target, "content": content}),
+            open_gate(),
         )
         .await
         .unwrap_err();
@@ -519,6 +505,7 @@ mod tests {
         write(
             &workspace,
             json!({"sessionId": "s", "path": target, "content": content}),
+            open_gate(),
         )
         .await
         .unwrap();
@@ -580,7 +567,7 @@ mod tests {
     #[test]
     fn a_symlink_swapped_in_a_loop_never_leads_outside() {
         const ROUNDS: usize = 1000;
-        for resolver in resolvers() {
+        for resolver in Resolver::all() {
             let (_dir, base) = cwd();
             let (work, outside) = (base.join("work"), base.join("outside"));
             std::fs::create_dir_all(work.join("sub")).unwrap();

@@ -185,21 +185,29 @@ mod tests {
             p
         };
 
-        let refused = files::read(&workspace, params(&private, None))
+        let refused = files::read(&workspace, params(&private, None), files::open_gate())
             .await
             .unwrap_err();
         assert!(refused.message.contains("ermission denied"), "{refused:?}");
-        let refused = files::write(&workspace, params(&cwd.join("new.txt"), Some("x")))
-            .await
-            .unwrap_err();
+        let refused = files::write(
+            &workspace,
+            params(&cwd.join("new.txt"), Some("x")),
+            files::open_gate(),
+        )
+        .await
+        .unwrap_err();
         assert!(refused.message.contains("ermission denied"), "{refused:?}");
         assert!(!cwd.join("new.txt").exists());
 
         // Where the user may write, what it writes is its own.
         std::fs::set_permissions(&cwd, std::fs::Permissions::from_mode(0o777)).unwrap();
-        files::write(&workspace, params(&cwd.join("new.txt"), Some("x")))
-            .await
-            .unwrap();
+        files::write(
+            &workspace,
+            params(&cwd.join("new.txt"), Some("x")),
+            files::open_gate(),
+        )
+        .await
+        .unwrap();
         assert_eq!(
             std::fs::metadata(cwd.join("new.txt")).unwrap().uid(),
             nobody.uid

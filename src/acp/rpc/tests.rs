@@ -45,6 +45,12 @@ impl Agent {
         serde_json::from_str(&line).unwrap()
     }
 
+    /// Asks the gateway `method`, with `id` and no parameters.
+    async fn ask(&mut self, id: Value, method: &str) {
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": {}}))
+            .await;
+    }
+
     /// Answers a request with `result`.
     async fn answer(&mut self, request: &Value, result: Value) {
         self.send(json!({"jsonrpc": "2.0", "id": request["id"], "result": result}))
@@ -167,12 +173,8 @@ async fn a_response_id_sent_back_as_a_numeric_string_is_accepted() {
 #[tokio::test]
 async fn incoming_request_ids_are_echoed_verbatim_as_strings_or_numbers() {
     let (_peer, mut incoming, mut agent) = connect(RpcConfig::default());
-    agent
-        .send(json!({"jsonrpc": "2.0", "id": "5f0c-uuid", "method": "fs/read_text_file", "params": {}}))
-        .await;
-    agent
-        .send(json!({"jsonrpc": "2.0", "id": 0, "method": "fs/read_text_file", "params": {}}))
-        .await;
+    agent.ask(json!("5f0c-uuid"), "fs/read_text_file").await;
+    agent.ask(json!(0), "fs/read_text_file").await;
     let by_string = next_request(&mut incoming).await;
     assert_eq!(by_string.id, json!("5f0c-uuid"));
     assert_eq!(by_string.responder.id(), &json!("5f0c-uuid"));
@@ -305,9 +307,7 @@ async fn an_incoming_request_can_be_answered_later_while_other_traffic_flows() {
 #[tokio::test]
 async fn reject_unknown_method_answers_method_not_found() {
     let (_peer, mut incoming, mut agent) = connect(RpcConfig::default());
-    agent
-        .send(json!({"jsonrpc": "2.0", "id": 3, "method": "terminal/create", "params": {}}))
-        .await;
+    agent.ask(json!(3), "terminal/create").await;
     next_request(&mut incoming).await.reject_unknown_method();
     assert_eq!(
         agent.recv().await,
@@ -490,9 +490,7 @@ async fn a_dropped_request_future_removes_its_pending_entry() {
 #[tokio::test]
 async fn a_dropped_responder_answers_internal_error() {
     let (_peer, mut incoming, mut agent) = connect(RpcConfig::default());
-    agent
-        .send(json!({"jsonrpc": "2.0", "id": 9, "method": "fs/write_text_file", "params": {}}))
-        .await;
+    agent.ask(json!(9), "fs/write_text_file").await;
     drop(next_request(&mut incoming).await);
     assert_eq!(
         agent.recv().await,
@@ -527,9 +525,7 @@ async fn requests_are_refused_once_the_incoming_receiver_is_dropped() {
     let (peer, incoming, mut agent) = connect(RpcConfig::default());
     drop(incoming);
     agent.send(notification("session/update", json!({}))).await;
-    agent
-        .send(json!({"jsonrpc": "2.0", "id": "r1", "method": "session/request_permission", "params": {}}))
-        .await;
+    agent.ask(json!("r1"), "session/request_permission").await;
     let answer = agent.recv().await;
     assert_eq!(answer["id"], "r1");
     assert_eq!(answer["error"]["code"], INTERNAL_ERROR);

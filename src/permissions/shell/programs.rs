@@ -105,6 +105,24 @@ pub(super) const fn wrapper(name: &'static str) -> Wrapper {
     }
 }
 
+/// `su` and the wrappers that take its options.
+const fn su(name: &'static str) -> Wrapper {
+    Wrapper {
+        short_values: "cgGsw",
+        short_flags: "lmpPf",
+        long_values: &[
+            "command",
+            "group",
+            "supp-group",
+            "shell",
+            "whitelist-environment",
+        ],
+        long_flags: &["login", "preserve-environment", "pty", "fast"],
+        privileged: true,
+        ..wrapper(name)
+    }
+}
+
 pub(super) const WRAPPERS: [Wrapper; 20] = [
     Wrapper {
         short_values: "uCSP",
@@ -164,23 +182,10 @@ pub(super) const WRAPPERS: [Wrapper; 20] = [
         privileged: true,
         ..wrapper("doas")
     },
-    Wrapper {
-        short_values: "cgGsw",
-        short_flags: "lmpPf",
-        long_values: &[
-            "command",
-            "group",
-            "supp-group",
-            "shell",
-            "whitelist-environment",
-        ],
-        long_flags: &["login", "preserve-environment", "pty", "fast"],
-        privileged: true,
-        ..wrapper("su")
-    },
+    su("su"),
+    // runuser: su's options and `-u`/`--user`.
     Wrapper {
         short_values: "cgGsuw",
-        short_flags: "lmpPf",
         long_values: &[
             "command",
             "group",
@@ -189,9 +194,7 @@ pub(super) const WRAPPERS: [Wrapper; 20] = [
             "user",
             "whitelist-environment",
         ],
-        long_flags: &["login", "preserve-environment", "pty", "fast"],
-        privileged: true,
-        ..wrapper("runuser")
+        ..su("runuser")
     },
     Wrapper {
         long_values: &["user"],

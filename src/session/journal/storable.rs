@@ -91,6 +91,16 @@ fn event_stand_ins(event: &Event) -> Vec<Event> {
         .collect()
 }
 
+/// A batch of one request, event, message or tool call: a piece.
+macro_rules! piece {
+    ($field:ident: $item:expr) => {
+        Batch {
+            $field: vec![$item],
+            ..Batch::default()
+        }
+    };
+}
+
 impl Journal {
     /// Writes the batch one piece per transaction, in order (requests before
     /// the events announcing them, events in `seq` order, then messages, tool
@@ -102,30 +112,22 @@ impl Journal {
     /// this early, and then what is not written yet stays in the batch.
     pub(super) async fn commit_piecewise(&mut self) -> Result<()> {
         while let Some(request) = self.batch.new_permissions.first() {
-            let piece = Batch {
-                new_permissions: vec![request.clone()],
-                ..Batch::default()
-            };
             let mut lossy = request.clone();
             lossy.tool_call = stand_in_value(&lossy.tool_call);
             lossy.options = lossy.options.iter().map(stand_in_value).collect();
-            let stand_in = Batch {
-                new_permissions: vec![lossy],
-                ..Batch::default()
-            };
-            self.commit_piece(piece, [stand_in]).await?;
+            let piece = piece!(new_permissions: request.clone());
+            self.commit_piece(piece, [piece!(new_permissions: lossy)])
+                .await?;
             self.batch.new_permissions.remove(0);
         }
         while let Some(event) = self.batch.events.first() {
-            let piece = Batch {
-                events: vec![event.clone()],
-                ..Batch::default()
-            };
-            let stand_ins = event_stand_ins(event).into_iter().map(|e| Batch {
-                events: vec![e],
-                ..Batch::default()
-            });
-            if let Some(written) = self.commit_piece(piece, stand_ins).await? {
+            let stand_ins = event_stand_ins(event)
+                .into_iter()
+                .map(|e| piece!(events: e));
+            if let Some(written) = self
+                .commit_piece(piece!(events: event.clone()), stand_ins)
+                .await?
+            {
                 telemetry::events_written(written.events.len());
                 self.publish_committed(written.events);
             }
@@ -138,29 +140,16 @@ impl Journal {
                 content_in_event: None,
                 ..message.clone()
             };
-            let piece = Batch {
-                messages: vec![message.clone()],
-                ..Batch::default()
-            };
             let mut lossy = message.clone();
             lossy.message.content = lossy.message.content.iter().map(stand_in_value).collect();
-            let stand_in = Batch {
-                messages: vec![lossy],
-                ..Batch::default()
-            };
-            self.commit_piece(piece, [stand_in]).await?;
+            self.commit_piece(piece!(messages: message), [piece!(messages: lossy)])
+                .await?;
             self.batch.messages.remove(0);
         }
         while let Some(call) = self.batch.tool_calls.first() {
-            let piece = Batch {
-                tool_calls: vec![call.clone()],
-                ..Batch::default()
-            };
-            let stand_in = Batch {
-                tool_calls: vec![stand_in_tool_call(call)],
-                ..Batch::default()
-            };
-            self.commit_piece(piece, [stand_in]).await?;
+            let stand_in = piece!(tool_calls: stand_in_tool_call(call));
+            self.commit_piece(piece!(tool_calls: call.clone()), [stand_in])
+                .await?;
             self.batch.tool_calls.remove(0);
         }
         let patch = Batch {

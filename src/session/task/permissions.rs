@@ -108,9 +108,7 @@ impl Task {
                 .resolve(
                     id,
                     PermissionStatus::TimedOut,
-                    option,
-                    "system",
-                    Some(&reason),
+                    Decision::new(option, "system".into(), Some(reason.clone())),
                 )
                 .await;
             match resolved {
@@ -129,14 +127,10 @@ impl Task {
             return Ok(());
         };
         if let Some(id) = self.pending.find_by_rpc_id(request_id) {
-            self.resolve(
-                id,
-                PermissionStatus::Cancelled,
-                None,
-                "system",
-                Some("withdrawn by the agent"),
-            )
-            .await?;
+            let decision =
+                Decision::new(None, "system".into(), Some("withdrawn by the agent".into()));
+            self.resolve(id, PermissionStatus::Cancelled, decision)
+                .await?;
         }
         Ok(())
     }
@@ -147,31 +141,11 @@ impl Task {
         &mut self,
         id: Uuid,
         status: PermissionStatus,
-        option_id: Option<String>,
-        decided_by: &str,
-        reason: Option<&str>,
-    ) -> Result<Option<PermissionRequest>> {
-        self.resolve_via(id, status, option_id, decided_by, reason, None)
-            .await
-    }
-
-    /// [`Self::resolve`], saying how a person's answer came.
-    pub(super) async fn resolve_via(
-        &mut self,
-        id: Uuid,
-        status: PermissionStatus,
-        option_id: Option<String>,
-        decided_by: &str,
-        reason: Option<&str>,
-        via: Option<String>,
+        decision: Decision,
     ) -> Result<Option<PermissionRequest>> {
         self.flush().await?;
         let Some(parked) = self.pending.claim(id) else {
             return Ok(None);
-        };
-        let decision = Decision {
-            via,
-            ..Decision::new(option_id, decided_by.to_owned(), reason.map(str::to_owned))
         };
         self.journal.set_status(self.status_now());
         let resolution = Resolution {
@@ -208,8 +182,8 @@ impl Task {
         reason: &str,
     ) -> Result<()> {
         for id in self.pending.ids() {
-            self.resolve(id, status, None, "system", Some(reason))
-                .await?;
+            let decision = Decision::new(None, "system".into(), Some(reason.to_owned()));
+            self.resolve(id, status, decision).await?;
         }
         Ok(())
     }
@@ -247,10 +221,11 @@ impl Task {
         };
         // What was stored is the truth: our own decision reads back as the
         // identical answer.
-        let request = match self
-            .resolve_via(id, status, option_id, decided_by, reason.as_deref(), via)
-            .await?
-        {
+        let decision = Decision {
+            via,
+            ..Decision::new(option_id, decided_by.to_owned(), reason)
+        };
+        let request = match self.resolve(id, status, decision).await? {
             Some(request) => answer_resolved(request, &answer)?,
             None => return Err(Error::NotFound(format!("no permission request {id}"))),
         };
