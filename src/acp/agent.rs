@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::process::{ChildStdin, ChildStdout, Command};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use crate::config::AgentProfile;
-use crate::process::spawn::Tree;
+use crate::process::child::Supervised;
 
 /// How many stderr lines are kept for error reports.
 const STDERR_TAIL_LINES: usize = 20;
@@ -25,12 +25,10 @@ const STDERR_LINE_MAX: usize = 1000;
 
 /// A running agent subprocess.
 pub struct AgentProcess {
-    child: Child,
     /// The agent and what it started.
-    tree: Tree,
+    process: Supervised,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
     stderr_task: Option<JoinHandle<()>>,
-    exit: Option<ExitStatus>,
 }
 
 /// The pipes of a freshly spawned agent.
@@ -72,17 +70,17 @@ impl AgentProcess {
             .current_dir(cwd)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+            .stderr(Stdio::piped());
         if let Some(user) = &user {
             command.uid(user.uid).gid(user.gid);
         }
-        let (mut child, tree) = crate::process::spawn::spawn(&mut command).with_context(|| {
+        let mut process = Supervised::spawn(&mut command).with_context(|| {
             format!(
                 "cannot start agent {:?} ({})",
                 profile.name, profile.command
             )
         })?;
+        let child = process.child_mut();
         let stdin = child.stdin.take().context("agent stdin missing")?;
         let stdout = child.stdout.take().context("agent stdout missing")?;
         let stderr = child.stderr.take().context("agent stderr missing")?;
@@ -107,11 +105,9 @@ impl AgentProcess {
         });
         Ok((
             AgentProcess {
-                child,
-                tree,
+                process,
                 stderr_tail,
                 stderr_task: Some(stderr_task),
-                exit: None,
             },
             AgentPipes { stdin, stdout },
         ))
@@ -120,7 +116,7 @@ impl AgentProcess {
     /// Its pid (also its process group id) and start time, which together
     /// tell it from a later process with the same pid; `None` without `/proc`.
     pub fn identity(&self) -> Option<(i32, u64)> {
-        Some((self.tree.pid(), self.tree.start_time()?))
+        self.process.identity()
     }
 
     /// The last lines the agent wrote to stderr, joined by newlines.
@@ -130,33 +126,9 @@ impl AgentProcess {
     }
 
     /// Resolves when the agent exits (cancel-safe; returns at once
-    /// afterwards). What it leaves behind in its group, and what was below
-    /// it when it was asked to stop, goes with it.
+    /// afterwards), see [`Supervised::wait`].
     pub async fn wait(&mut self) -> ExitStatus {
-        if let Some(status) = self.exit {
-            return status;
-        }
-        let watched = self.tree.watches_exit();
-        if watched {
-            self.tree.exited().await;
-            // Before it is reaped: its group is still its own.
-            self.tree.kill_left();
-        }
-        let status = match self.child.wait().await {
-            Ok(status) => status,
-            Err(e) => {
-                tracing::warn!(error = %e, "failed to wait for agent; treating it as gone");
-                std::os::unix::process::ExitStatusExt::from_raw(-1)
-            }
-        };
-        if !watched {
-            // Without pidfds (before Linux 5.3): right after, as closely as
-            // can be.
-            self.tree.kill_left();
-        }
-        self.tree.reaped();
-        self.exit = Some(status);
-        status
+        self.process.wait().await
     }
 
     /// Waits until the stderr reader has seen everything (bounded: a child
@@ -170,26 +142,9 @@ impl AgentProcess {
     /// Stops the agent: SIGTERM to it, its group and everything below it;
     /// after `grace`, the whole tree is killed.
     pub async fn terminate(&mut self, grace: Duration) -> ExitStatus {
-        if self.exit.is_none() {
-            // Found now, they are still found once the agent has gone.
-            self.tree.remember();
-            self.tree.signal(libc::SIGTERM);
-            if tokio::time::timeout(grace, self.wait()).await.is_err() {
-                self.tree.kill();
-            }
-        }
-        let status = self.wait().await;
+        let status = self.process.terminate(grace).await;
         self.drain_stderr().await;
         status
-    }
-}
-
-impl Drop for AgentProcess {
-    fn drop(&mut self) {
-        // Nothing outlives its conversation by accident.
-        if self.exit.is_none() {
-            self.tree.kill();
-        }
     }
 }
 

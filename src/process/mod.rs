@@ -4,5 +4,6 @@
 //! ([`procs`]). Below the agent link (`acp`), the configuration and the
 //! workspace, which all start or look at processes; above only `sys`.
 
+pub mod child;
 pub mod procs;
 pub mod spawn;

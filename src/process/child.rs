@@ -1,0 +1,121 @@
+//! A child the gateway (or a shim) started as the root of a tree, watched
+//! until it exits: waiting for it, stopping it, and never leaving anything
+//! of it behind by accident.
+
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+use super::spawn::Tree;
+
+/// A started child and everything below it.
+pub struct Supervised {
+    child: Child,
+    /// The child and what it started.
+    tree: Tree,
+    exit: Option<ExitStatus>,
+}
+
+impl Supervised {
+    /// Starts `command` as the root of a tree (see [`super::spawn::spawn`]);
+    /// its environment, user and pipes are the caller's to set first.
+    pub fn spawn(command: &mut Command) -> std::io::Result<Supervised> {
+        command.kill_on_drop(true);
+        let (child, tree) = super::spawn::spawn(command)?;
+        Ok(Supervised {
+            child,
+            tree,
+            exit: None,
+        })
+    }
+
+    /// The child itself (to take its pipes).
+    pub fn child_mut(&mut self) -> &mut Child {
+        &mut self.child
+    }
+
+    /// Its pid (also its process group id) and start time, which together
+    /// tell it from a later process with the same pid; `None` without `/proc`.
+    pub fn identity(&self) -> Option<(i32, u64)> {
+        Some((self.tree.pid(), self.tree.start_time()?))
+    }
+
+    /// Its pid (also its process group's).
+    pub fn pid(&self) -> i32 {
+        self.tree.pid()
+    }
+
+    /// How it ended, once it has.
+    pub fn exit(&self) -> Option<ExitStatus> {
+        self.exit
+    }
+
+    /// Resolves when the child exits (cancel-safe; returns at once
+    /// afterwards). What it leaves behind in its group, and what was below
+    /// it when it was asked to stop, goes with it.
+    pub async fn wait(&mut self) -> ExitStatus {
+        if let Some(status) = self.exit {
+            return status;
+        }
+        let watched = self.tree.watches_exit();
+        if watched {
+            self.tree.exited().await;
+            // Before it is reaped: its group is still its own.
+            self.tree.kill_left();
+        }
+        let status = match self.child.wait().await {
+            Ok(status) => status,
+            Err(e) => {
+                tracing::warn!(error = %e, "failed to wait for a child; treating it as gone");
+                std::os::unix::process::ExitStatusExt::from_raw(-1)
+            }
+        };
+        if !watched {
+            // Without pidfds (before Linux 5.3): right after, as closely as
+            // can be.
+            self.tree.kill_left();
+        }
+        self.tree.reaped();
+        self.exit = Some(status);
+        status
+    }
+
+    /// Asks it to stop: SIGTERM to it, its group and everything below it;
+    /// after `grace`, the whole tree is killed.
+    pub async fn terminate(&mut self, grace: Duration) -> ExitStatus {
+        if self.exit.is_none() {
+            self.ask_to_stop();
+            if tokio::time::timeout(grace, self.wait()).await.is_err() {
+                self.kill();
+            }
+        }
+        self.wait().await
+    }
+
+    /// SIGTERM to it, its group and everything below it (what is found now
+    /// is still found once it has gone); [`Supervised::wait`] tells when it
+    /// has.
+    pub fn ask_to_stop(&self) {
+        if self.exit.is_none() {
+            self.tree.remember();
+            self.tree.signal(libc::SIGTERM);
+        }
+    }
+
+    /// Kills it and everything below it.
+    pub fn kill(&self) {
+        if self.exit.is_none() {
+            self.tree.kill();
+        }
+    }
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        // Nothing outlives its owner by accident.
+        if self.exit.is_none() {
+            self.tree.kill();
+        }
+    }
+}
