@@ -65,6 +65,10 @@ pub enum Cmd {
     /// Print the API's OpenAPI document (YAML): what `openapi/openapi.yaml`
     /// holds and `GET /api/v1/openapi.json` serves.
     Openapi,
+    /// Run an agent under a shim that outlives the gateway (the gateway
+    /// starts it; see `shim`).
+    #[command(hide = true)]
+    Shim(crate::shim::ShimArgs),
     /// Run the scripted demo agent on stdin/stdout (what the built-in "demo"
     /// profile starts). Arguments are the demo agent's own.
     #[command(hide = true)]

@@ -86,6 +86,7 @@ pub mod permissions;
 pub mod process;
 pub mod ratelimit;
 pub mod session;
+pub mod shim;
 pub mod store;
 pub mod sys;
 pub mod telemetry;

@@ -8,6 +8,19 @@ use acp_gateway::cli::{self, Cli, Cmd};
 /// Runs the command; a failure is one clear line on stderr (the error and
 /// its causes, no backtrace) and exit code 1.
 fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    if let Cmd::Shim(args) = cli.command {
+        // One thread: a machine runs one shim an agent. Its stdout says only
+        // that it is ready: no logging set up here.
+        let code = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => runtime.block_on(acp_gateway::shim::run(args)),
+            Err(_) => 1,
+        };
+        return std::process::ExitCode::from(code);
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -15,7 +28,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run()) {
+    match runtime.block_on(run(cli)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -24,8 +37,7 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Cmd::Openapi = cli.command {
         return cli::openapi();
     }
@@ -61,7 +73,7 @@ async fn run() -> anyhow::Result<()> {
         Cmd::Migrate { config } => cli::migrate(config.as_deref()).await,
         Cmd::Export { config, to } => cli::export(config.as_deref(), &to).await,
         Cmd::Token { command, config } => cli::token(config.as_deref(), command).await,
-        Cmd::DemoAgent { .. } | Cmd::Openapi => unreachable!("handled above"),
+        Cmd::DemoAgent { .. } | Cmd::Shim(_) | Cmd::Openapi => unreachable!("handled above"),
     }
 }
 

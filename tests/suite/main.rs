@@ -33,6 +33,7 @@ mod policies;
 mod resume;
 mod sdk_agents;
 mod session_settings;
+mod shim;
 mod shutdown;
 mod spending;
 mod turns;

@@ -1,0 +1,117 @@
+//! `acp-gateway shim`: the small supervisor each agent runs under, so that
+//! the agent and its turn outlive the gateway (as containerd-shim and conmon
+//! let containers outlive their daemons).
+//!
+//! The gateway starts the shim (as the agent's user, in the agent's
+//! directory, with the agent's environment); the shim starts the agent, owns
+//! its stdin, stdout, stderr and process tree, and serves the gateway on a
+//! Unix socket (mode 0600, each peer's uid checked with `SO_PEERCRED`) with
+//! the [`protocol`]. It keeps what the agent writes until a gateway
+//! acknowledges it ([`held`]), at most `--buffer` bytes: when that is full
+//! it stops reading, so the agent waits and nothing is dropped. A gateway
+//! that goes away (crash, deploy) leaves the shim and its agent running; the
+//! next one connects, says from where it wants the output, and carries on.
+//!
+//! The shim ends when its agent has ended and a gateway has acknowledged all
+//! of its output, or when a gateway tells it to stop the agent. It has no
+//! database, no HTTP and no configuration file: what it needs is on its
+//! command line. Its first line on stdout says it is ready (with the agent's
+//! pid) or why it could not start; it writes nothing else there.
+
+pub mod held;
+pub mod protocol;
+mod serve;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use serde::{Deserialize, Serialize};
+
+use crate::process::child::Supervised;
+
+/// What a shim needs, from its command line.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ShimArgs {
+    /// Where to serve the gateway (a Unix socket, made with mode 0600).
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// Most bytes of the agent's output held for the gateway.
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    pub buffer: usize,
+    /// The uid the gateway runs as: only it and the shim's own uid may
+    /// connect.
+    #[arg(long)]
+    pub peer_uid: u32,
+    /// The agent's program and its arguments.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+    pub command: Vec<OsString>,
+}
+
+/// The shim's one line on stdout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ready {
+    /// Serving, with the agent started.
+    Serving { pid: i32, start_time: Option<u64> },
+    /// It could not start; it has exited.
+    Failed { error: String },
+}
+
+/// Runs the shim until its agent has ended and been accounted for; the exit
+/// code of the process.
+pub async fn run(args: ShimArgs) -> u8 {
+    let say = |ready: &Ready| {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        // The gateway may already be gone: nothing to do about it then.
+        let _ = writeln!(out, "{}", serde_json::to_string(ready).unwrap_or_default());
+        let _ = out.flush();
+    };
+    match start(&args) {
+        Ok((listener, agent)) => {
+            let (pid, start_time) = (agent.pid(), agent.identity().map(|(_, t)| t));
+            say(&Ready::Serving { pid, start_time });
+            let result = serve::serve(listener, agent, args.buffer, args.peer_uid).await;
+            let _ = std::fs::remove_file(&args.socket);
+            match result {
+                Ok(()) => 0,
+                Err(_) => 1,
+            }
+        }
+        Err(error) => {
+            say(&Ready::Failed {
+                error: format!("{error:#}"),
+            });
+            1
+        }
+    }
+}
+
+/// Binds the socket (no one but the owner may connect to it) and starts the
+/// agent.
+fn start(args: &ShimArgs) -> anyhow::Result<(tokio::net::UnixListener, Supervised)> {
+    use anyhow::Context;
+    // What the agent leaves behind goes to the shim, which kills it.
+    crate::process::spawn::adopt_orphans().context("cannot adopt the agent's orphans")?;
+    let listener = {
+        // SAFETY: umask only sets the process's file mode mask; restored at
+        // once, before the agent starts (it must not inherit it).
+        let previous = unsafe { libc::umask(0o177) };
+        let bound = tokio::net::UnixListener::bind(&args.socket);
+        unsafe { libc::umask(previous) };
+        bound.with_context(|| format!("cannot listen on {}", args.socket.display()))?
+    };
+    let (program, rest) = args.command.split_first().context("no agent command")?;
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(rest)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let agent = Supervised::spawn(&mut command).with_context(|| {
+        let _ = std::fs::remove_file(&args.socket);
+        format!("cannot start {}", program.to_string_lossy())
+    })?;
+    Ok((listener, agent))
+}

@@ -1,0 +1,354 @@
+//! The shim's one loop: the agent's output into [`Held`], out to the
+//! gateway that is attached (if any); the gateway's input into the agent,
+//! each byte once; acknowledgements, stopping, and the end.
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::process::{ChildStderr, ChildStdin};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::held::Held;
+use super::protocol::{self, Exit, Hello, ToGateway, ToShim, MAX_OUTPUT_CHUNK, VERSION};
+use crate::process::child::Supervised;
+
+/// How many stderr lines the shim keeps for [`Exit::stderr_tail`].
+const STDERR_TAIL_LINES: usize = 20;
+/// How many messages wait for the gateway's socket at most.
+const OUTBOX: usize = 16;
+/// How long a stopped shim gives its last frames to reach the gateway.
+const LAST_WORDS: Duration = Duration::from_secs(2);
+
+/// The gateway that is connected now.
+struct Gateway {
+    /// Which connection this is (frames of an older one are ignored).
+    number: u64,
+    outbox: mpsc::Sender<ToGateway>,
+    /// Where the next output frame starts: `None` until it attaches.
+    sent_to: Option<u64>,
+    exit_sent: bool,
+    reader: JoinHandle<()>,
+    /// Ends once what was queued is written (or the socket failed).
+    writer: Option<JoinHandle<()>>,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// Serves gateways (those of `peer_uid` or of the shim's own uid) until the
+/// agent has ended and its output is accounted for, holding at most
+/// `buffer` bytes of it.
+pub(super) async fn serve(
+    listener: UnixListener,
+    mut agent: Supervised,
+    buffer: usize,
+    peer_uid: u32,
+) -> io::Result<()> {
+    let child = agent.child_mut();
+    let (Some(stdin), Some(mut stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        return Err(io::Error::other("the agent's pipes are missing"));
+    };
+    let own_uid = unsafe { libc::geteuid() };
+    let (input, _writer) = stdin_writer(stdin);
+    let tail = Arc::new(Mutex::new(VecDeque::new()));
+    let (mut stderr_chunks, stderr_task) = stderr_reader(stderr, tail.clone());
+    let mut stderr_task = Some(stderr_task);
+    let (frames_tx, mut frames) = mpsc::channel::<(u64, Option<ToShim>)>(OUTBOX);
+
+    let mut held = Held::new(buffer);
+    let mut input_taken: u64 = 0;
+    let mut stdout_open = true;
+    let mut status = None;
+    let mut exit: Option<Exit> = None;
+    let mut gateway: Option<Gateway> = None;
+    let mut connections: u64 = 0;
+    let mut kill_at: Option<Instant> = None;
+    let mut stopping = false;
+    let mut read_buf = vec![0u8; MAX_OUTPUT_CHUNK];
+
+    loop {
+        if let (Some(status), false, None) = (status, stdout_open, &exit) {
+            // Its last stderr lines, as far as they come soon.
+            if let Some(reader) = stderr_task.take() {
+                let _ = tokio::time::timeout(LAST_WORDS, reader).await;
+            }
+            exit = Some(describe(status, &tail));
+        }
+        // The end: the agent has ended and its output is accounted for (or
+        // the gateway, having asked it to stop, wants no more of it).
+        if exit.is_some() {
+            let all_acknowledged = held.start() == held.end();
+            let told = gateway.as_ref().is_some_and(|g| g.exit_sent);
+            if (told && (all_acknowledged || stopping)) || (stopping && gateway.is_none()) {
+                if let Some(g) = gateway.take() {
+                    let _ = tokio::time::timeout(LAST_WORDS, finish(g)).await;
+                }
+                return Ok(());
+            }
+        }
+        // What the attached gateway is owed next.
+        let owed = gateway.as_ref().and_then(|g| {
+            let from = g.sent_to?;
+            if from < held.end() {
+                let bytes = held.from(from, MAX_OUTPUT_CHUNK)?;
+                Some(ToGateway::Output {
+                    offset: from,
+                    bytes,
+                })
+            } else if !g.exit_sent {
+                exit.clone().map(ToGateway::Exit)
+            } else {
+                None
+            }
+        });
+        let outbox = gateway.as_ref().map(|g| g.outbox.clone());
+        let room = held.room().min(read_buf.len());
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let Some(peer) = stream.peer_cred().ok().map(|c| c.uid()) else { continue };
+                if peer != peer_uid && peer != own_uid {
+                    refuse(stream, format!("uid {peer} may not use this shim"));
+                    continue;
+                }
+                connections += 1;
+                let hello = Hello {
+                    version: VERSION,
+                    pid: agent.pid(),
+                    start_time: agent.identity().map(|(_, t)| t),
+                    held_from: held.start(),
+                    read_to: held.end(),
+                    input_taken,
+                    exit: exit.clone(),
+                };
+                // A new gateway replaces the one before (which is gone, or
+                // about to be).
+                gateway = Some(connect(stream, connections, hello, frames_tx.clone()));
+            }
+            Some((number, frame)) = frames.recv() => {
+                // What a gateway acknowledged, sent or asked holds even once
+                // a newer connection has replaced its own (numbered input is
+                // taken once whoever sends it); attaching is the current
+                // one's alone.
+                let current = gateway.as_ref().is_some_and(|g| g.number == number);
+                let frame = match frame {
+                    None if current => {
+                        gateway = None;
+                        continue;
+                    }
+                    Some(ToShim::Attach { .. }) if !current => continue,
+                    None => continue,
+                    Some(frame) => frame,
+                };
+                match frame {
+                    ToShim::Attach { from } => {
+                        let g = gateway.as_mut().expect("the current gateway");
+                        if from >= held.start() && held.acknowledge(from) {
+                            g.sent_to = Some(from);
+                        } else {
+                            let why = format!(
+                                "cannot attach at {from}: held are {}..{}",
+                                held.start(),
+                                held.end()
+                            );
+                            let _ = g.outbox.try_send(ToGateway::Refused(why));
+                            gateway = None;
+                        }
+                    }
+                    ToShim::Input { offset, bytes } => {
+                        if offset > input_taken {
+                            let why = format!("input at {offset}, but {input_taken} is next");
+                            if let Some(g) = gateway.as_ref().filter(|_| current) {
+                                let _ = g.outbox.try_send(ToGateway::Refused(why));
+                                gateway = None;
+                            }
+                            continue;
+                        }
+                        // What was taken before (sent again after a
+                        // reconnect) goes to the agent once.
+                        let skip = (input_taken - offset) as usize;
+                        if skip < bytes.len() {
+                            input_taken = offset + bytes.len() as u64;
+                            let _ = input.send(bytes[skip..].to_vec());
+                        }
+                    }
+                    ToShim::Ack { to } => {
+                        // Only what was read can be acknowledged.
+                        held.acknowledge(to.min(held.end()));
+                    }
+                    ToShim::Stop { grace_ms } => {
+                        stopping = true;
+                        agent.ask_to_stop();
+                        kill_at = Some(Instant::now() + Duration::from_millis(grace_ms.into()));
+                    }
+                }
+            }
+            read = stdout.read(&mut read_buf[..room]), if stdout_open && room > 0 => {
+                match read {
+                    Ok(0) | Err(_) => stdout_open = false,
+                    Ok(n) => held.push(&read_buf[..n]),
+                }
+            }
+            ended = agent.wait(), if status.is_none() => status = Some(ended),
+            _ = tokio::time::sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() => {
+                kill_at = None;
+                agent.kill();
+            }
+            Some(chunk) = stderr_chunks.recv() => {
+                // Live only, and never waited for: a gateway that is slow
+                // to read loses stderr lines, not output.
+                if let Some(g) = gateway.as_ref().filter(|g| g.sent_to.is_some()) {
+                    let _ = g.outbox.try_send(ToGateway::Stderr(chunk));
+                }
+            }
+            permit = async { outbox.as_ref()?.reserve().await.ok() }, if owed.is_some() => {
+                let (Some(permit), Some(message)) = (permit, owed) else {
+                    // Its writer has gone: so has the gateway.
+                    gateway = None;
+                    continue;
+                };
+                let g = gateway.as_mut().expect("owed only to a gateway");
+                match &message {
+                    ToGateway::Output { offset, bytes } => {
+                        g.sent_to = Some(offset + bytes.len() as u64)
+                    }
+                    _ => g.exit_sent = true,
+                }
+                permit.send(message);
+            }
+        }
+    }
+}
+
+/// Starts serving a connection: its hello sent first, its frames read into
+/// `frames`, tagged with `number`.
+fn connect(
+    stream: UnixStream,
+    number: u64,
+    hello: Hello,
+    frames: mpsc::Sender<(u64, Option<ToShim>)>,
+) -> Gateway {
+    let (mut read, mut write) = stream.into_split();
+    let (outbox, mut queued) = mpsc::channel::<ToGateway>(OUTBOX);
+    let writer = tokio::spawn(async move {
+        if protocol::send_to_gateway(&mut write, &ToGateway::Hello(hello))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        while let Some(message) = queued.recv().await {
+            if protocol::send_to_gateway(&mut write, &message)
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        let _ = write.shutdown().await;
+    });
+    let reader = tokio::spawn(async move {
+        loop {
+            let frame = protocol::read_from_gateway(&mut read).await.ok().flatten();
+            let closed = frame.is_none();
+            if frames.send((number, frame)).await.is_err() || closed {
+                return;
+            }
+        }
+    });
+    Gateway {
+        number,
+        outbox,
+        sent_to: None,
+        exit_sent: false,
+        reader,
+        writer: Some(writer),
+    }
+}
+
+/// Lets a gateway's last frames go out; resolves when they have (or its
+/// socket failed).
+async fn finish(mut gateway: Gateway) {
+    let writer = gateway.writer.take();
+    // The outbox closes: the writer ends after what it holds.
+    drop(gateway);
+    if let Some(writer) = writer {
+        let _ = writer.await;
+    }
+}
+
+/// Tells a peer that may not connect why, and closes.
+fn refuse(mut stream: UnixStream, why: String) {
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(
+            LAST_WORDS,
+            protocol::send_to_gateway(&mut stream, &ToGateway::Refused(why)),
+        )
+        .await;
+    });
+}
+
+/// Writes what the gateways send to the agent's stdin, in order; a closed
+/// stdin (the agent stopped reading) drops the rest.
+fn stdin_writer(mut stdin: ChildStdin) -> (mpsc::UnboundedSender<Vec<u8>>, JoinHandle<()>) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let task = tokio::spawn(async move {
+        while let Some(bytes) = rx.recv().await {
+            if stdin.write_all(&bytes).await.is_err() || stdin.flush().await.is_err() {
+                return;
+            }
+        }
+    });
+    (tx, task)
+}
+
+/// Reads the agent's stderr to its end (a full pipe would stall it): each
+/// chunk to the loop, its last lines kept.
+fn stderr_reader(
+    mut stderr: ChildStderr,
+    tail: Arc<Mutex<VecDeque<String>>>,
+) -> (mpsc::Receiver<Vec<u8>>, JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel(OUTBOX);
+    let task = tokio::spawn(async move {
+        let mut buf = vec![0u8; 8 * 1024];
+        let mut partial = Vec::new();
+        loop {
+            let n = match stderr.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            partial.extend_from_slice(&buf[..n]);
+            while let Some(end) = partial.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = partial.drain(..=end).collect();
+                let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
+                if tail.len() == STDERR_TAIL_LINES {
+                    tail.pop_front();
+                }
+                tail.push_back(String::from_utf8_lossy(&line).trim_end().to_owned());
+            }
+            let _ = tx.try_send(buf[..n].to_vec());
+        }
+    });
+    (rx, task)
+}
+
+fn describe(status: std::process::ExitStatus, tail: &Mutex<VecDeque<String>>) -> Exit {
+    use std::os::unix::process::ExitStatusExt;
+    let tail = tail.lock().unwrap_or_else(|e| e.into_inner());
+    Exit {
+        code: status.code(),
+        signal: status.signal(),
+        stderr_tail: tail.iter().cloned().collect::<Vec<_>>().join("\n"),
+    }
+}
