@@ -1,5 +1,6 @@
 //! The protocol side: JSON-RPC framing and multiplexing ([`rpc`]), agent
-//! processes ([`agent`]), the ACP reading of what an agent sends
+//! processes ([`agent`]) and the gateway's end of a shim's socket
+//! ([`link`]), the ACP reading of what an agent sends
 //! ([`incoming`], with the text-chunk fast path in [`chunk`]), and the
 //! typed ACP client session on top ([`client`]), which fails with the
 //! protocol layer's own [`Error`].
@@ -9,6 +10,7 @@ pub mod chunk;
 pub mod client;
 pub mod error;
 pub mod incoming;
+pub mod link;
 pub mod rpc;
 
 pub use error::{Error, Result};

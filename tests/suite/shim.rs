@@ -485,3 +485,61 @@ async fn wait_for_exit_of(pid: i32) {
         .unwrap()
         .retain_ready();
 }
+
+#[tokio::test]
+async fn the_gateways_link_carries_the_agent_both_ways_and_picks_up_where_it_was_acknowledged() {
+    use acp_gateway::acp::link::{self, Ending};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let mut shim = Shim::start(1 << 20, &["cat"]).await;
+    let (stderr, _stderr) = tokio::sync::mpsc::channel(8);
+    let mut first = link::attach(&shim.socket, |hello| hello.held_from, stderr.clone())
+        .await
+        .unwrap();
+    first.input.write_all(b"one\ntwo\n").await.unwrap();
+    let mut got = [0u8; 8];
+    within("the echo", first.output.read_exact(&mut got))
+        .await
+        .unwrap();
+    assert_eq!(&got, b"one\ntwo\n");
+    assert_eq!(first.control.delivered(), 8);
+    // "one" is committed, "two" is not: the gateway goes away.
+    first.control.acknowledge(4);
+    drop(first);
+
+    let mut second = link::attach(&shim.socket, |hello| hello.held_from, stderr)
+        .await
+        .unwrap();
+    assert!(second.hello.held_from <= 4 && second.hello.input_taken == 8);
+    let replayed_from = second.hello.held_from as usize;
+    let mut again = vec![0u8; 8 - replayed_from];
+    within("the replay", second.output.read_exact(&mut again))
+        .await
+        .unwrap();
+    assert_eq!(again, &b"one\ntwo\n"[replayed_from..]);
+    // Input goes on from where the shim's count stood.
+    second.input.write_all(b"three\n").await.unwrap();
+    let mut three = [0u8; 6];
+    within("the echo", second.output.read_exact(&mut three))
+        .await
+        .unwrap();
+    assert_eq!(&three, b"three\n");
+    second.control.stop(Duration::from_secs(2));
+    match within("the end", second.control.ended()).await {
+        Ending::Exited(exit) => assert_eq!(exit.signal, Some(libc::SIGTERM)),
+        other => panic!("{other:?}"),
+    }
+    let mut rest = Vec::new();
+    second.output.read_to_end(&mut rest).await.unwrap();
+    assert!(rest.is_empty());
+    assert_eq!(shim.exited().await, 0);
+
+    // A shim that is not there is an error, not a hang.
+    let gone = link::attach(
+        &shim.socket,
+        |h| h.held_from,
+        tokio::sync::mpsc::channel(1).0,
+    )
+    .await;
+    assert!(gone.is_err());
+}
