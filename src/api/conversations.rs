@@ -16,6 +16,9 @@ use super::openapi::{
     ContentBlock, ConversationList, EventList, FileChangeList, MessageList, RuleList, ToolCallList,
 };
 use super::page::{paged, whole};
+use super::responses::{
+    AgentTimeout, AtCapacity, InvalidPage, NoConversation, NoRule, SettingChange,
+};
 use super::state::AppState;
 use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
@@ -67,7 +70,7 @@ struct CreateBody {
         (status = 429, description = "Too many new conversations for the user (`conversations_per_minute`), or all the agents the user may run are busy (`max_agents_per_user`); `Retry-After`"),
         (status = 502, description = "The agent could not be started (the detail says why, with its last stderr lines)"),
         (status = 503, description = "All `max_agents` agents are busy (`Retry-After`)"),
-        (status = 504, description = "The agent did not answer in time"),
+        AgentTimeout,
     )
 )]
 async fn create(
@@ -187,7 +190,7 @@ async fn show(
     params(("id" = Uuid, Path, description = "The conversation")),
     responses(
         (status = 204, description = "Closed"),
-        (status = 404, description = "No such conversation"),
+        NoConversation,
     )
 )]
 async fn close(
@@ -252,13 +255,13 @@ struct TurnId {
     request_body = PromptBody,
     responses(
         (status = 202, description = "The turn started", body = TurnId),
-        (status = 404, description = "No such conversation"),
+        NoConversation,
         (status = 409, description = "`turn_in_progress`, `conversation_closed` or `agent_unavailable`"),
         (status = 422, description = "Invalid prompt"),
         (status = 429, description = "Too many prompts for the token, or the agent has to be started again and all the agents the owner may run are busy (`max_agents_per_user`); `Retry-After`"),
         (status = 502, description = "The agent could not be started again"),
-        (status = 503, description = "At capacity (`max_agents`)"),
-        (status = 504, description = "The agent did not answer in time"),
+        AtCapacity,
+        AgentTimeout,
     )
 )]
 async fn prompt(
@@ -281,7 +284,7 @@ async fn prompt(
     params(("id" = Uuid, Path, description = "The conversation")),
     responses(
         (status = 202, description = "Cancelled (or nothing to cancel)", body = Object),
-        (status = 404, description = "No such conversation"),
+        NoConversation,
         (status = 409, description = "`conversation_closed`"),
     )
 )]
@@ -312,13 +315,11 @@ struct ModeBody {
     request_body = ModeBody,
     responses(
         (status = 200, description = "The agent accepted", body = ConversationView),
-        (status = 404, description = "No such conversation"),
-        (status = 409, description = "`conversation_closed` or `agent_unavailable`"),
+        NoConversation,
+        SettingChange,
         (status = 422, description = "A mode the agent does not offer"),
-        (status = 429, description = "The agent has to be started again and all the agents the owner may run are busy (`max_agents_per_user`; `Retry-After`)"),
-        (status = 502, description = "The agent refused (its message in the detail) or went away"),
-        (status = 503, description = "At capacity (`max_agents`)"),
-        (status = 504, description = "The agent did not answer in time"),
+        AtCapacity,
+        AgentTimeout,
     )
 )]
 async fn set_mode(
@@ -352,13 +353,11 @@ struct ConfigOptionBody {
     request_body = ConfigOptionBody,
     responses(
         (status = 200, description = "The agent accepted; the conversation carries the options it answered with", body = ConversationView),
-        (status = 404, description = "No such conversation"),
-        (status = 409, description = "`conversation_closed` or `agent_unavailable`"),
+        NoConversation,
+        SettingChange,
         (status = 422, description = "An option or value the agent does not offer"),
-        (status = 429, description = "The agent has to be started again and all the agents the owner may run are busy (`max_agents_per_user`; `Retry-After`)"),
-        (status = 502, description = "The agent refused (its message in the detail) or went away"),
-        (status = 503, description = "At capacity (`max_agents`)"),
-        (status = 504, description = "The agent did not answer in time"),
+        AtCapacity,
+        AgentTimeout,
     )
 )]
 async fn set_config_option(
@@ -418,8 +417,8 @@ struct MessagesQuery {
     params(("id" = Uuid, Path, description = "The conversation"), MessagesQuery),
     responses(
         (status = 200, description = "A page; `next_cursor` (a message id, for `after`) when the page stopped at `limit` or at `max_page_bytes`", body = MessageList),
-        (status = 404, description = "No such conversation"),
-        (status = 422, description = "Invalid after or limit"),
+        NoConversation,
+        InvalidPage,
     )
 )]
 async fn messages(
@@ -443,7 +442,7 @@ async fn messages(
     params(("id" = Uuid, Path, description = "The conversation")),
     responses(
         (status = 200, description = "Every tool call", body = ToolCallList),
-        (status = 404, description = "No such conversation"),
+        NoConversation,
     )
 )]
 async fn tool_calls(
@@ -463,8 +462,8 @@ async fn tool_calls(
     params(("id" = Uuid, Path, description = "The conversation"), EventsQuery),
     responses(
         (status = 200, description = "A page of writes, oldest first; `next_cursor` (a seq, for `after`) when the page stopped at `limit` or at `max_page_bytes`", body = FileChangeList),
-        (status = 404, description = "No such conversation"),
-        (status = 422, description = "Invalid after or limit"),
+        NoConversation,
+        InvalidPage,
     )
 )]
 async fn files(
@@ -548,8 +547,8 @@ fn checked_limit(limit: Option<i64>) -> Result<i64> {
     params(("id" = Uuid, Path, description = "The conversation"), EventsQuery),
     responses(
         (status = 200, description = "A page; `next_cursor` is its last seq when the page stopped at `limit` or at `max_page_bytes`", body = EventList),
-        (status = 404, description = "No such conversation"),
-        (status = 422, description = "Invalid after or limit"),
+        NoConversation,
+        InvalidPage,
     )
 )]
 async fn events(
@@ -573,7 +572,7 @@ async fn events(
     params(("id" = Uuid, Path, description = "The conversation")),
     responses(
         (status = 200, description = "Every remembered answer", body = RuleList),
-        (status = 404, description = "No such conversation"),
+        NoConversation,
     )
 )]
 async fn list_rules(
@@ -595,7 +594,7 @@ async fn list_rules(
     ),
     responses(
         (status = 200, description = "The rule", body = Rule),
-        (status = 404, description = "No such conversation or rule"),
+        NoRule,
     )
 )]
 async fn show_rule(
@@ -620,7 +619,7 @@ async fn show_rule(
     params(("id" = Uuid, Path, description = "The conversation")),
     responses(
         (status = 204, description = "Forgotten"),
-        (status = 404, description = "No such conversation"),
+        NoConversation,
     )
 )]
 async fn forget_rules(
@@ -644,7 +643,7 @@ async fn forget_rules(
     ),
     responses(
         (status = 204, description = "Forgotten"),
-        (status = 404, description = "No such conversation or rule"),
+        NoRule,
     )
 )]
 async fn forget_rule(

@@ -18,6 +18,7 @@ use uuid::Uuid;
 
 use super::extract::{AppJson, AppPath};
 use super::page::whole;
+use super::responses::NoTarget;
 use super::state::AppState;
 use crate::auth::Caller;
 use crate::error::{Error, Result};
@@ -482,7 +483,7 @@ async fn own_target(state: &AppState, caller: &Caller, id: Uuid) -> Result<Targe
     params(("id" = Uuid, Path, description = "The target")),
     responses(
         (status = 204, description = "Removed"),
-        (status = 404, description = "No such target of the caller's"),
+        NoTarget,
     )
 )]
 async fn remove(
@@ -505,7 +506,7 @@ async fn remove(
     params(("id" = Uuid, Path, description = "The target")),
     responses(
         (status = 200, description = "The attempt (its outcome may be failed or gone)", body = Delivery),
-        (status = 404, description = "No such target of the caller's"),
+        NoTarget,
         (status = 429, description = "More than 10 test notifications this minute (the caller's)"),
     )
 )]
@@ -527,7 +528,7 @@ async fn test(
     params(("id" = Uuid, Path, description = "The target")),
     responses(
         (status = 200, description = "Its attempts", body = NotificationDeliveryList),
-        (status = 404, description = "No such target of the caller's"),
+        NoTarget,
     )
 )]
 async fn deliveries(

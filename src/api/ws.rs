@@ -25,6 +25,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
 use super::extract::{bearer_subprotocol, AppPath, AppQuery};
+use super::responses::{NoConversation, WebSocketRefused};
 use super::state::AppState;
 use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
@@ -114,10 +115,9 @@ impl BearerProtocol {
     params(("id" = Uuid, Path, description = "The conversation"), WsQuery),
     responses(
         (status = 101, description = "Switching to WebSocket; then one `Event` per text frame"),
-        (status = 400, description = "Not a WebSocket upgrade request", content_type = "text/plain", body = String),
-        (status = 404, description = "No such conversation"),
+        WebSocketRefused,
+        NoConversation,
         (status = 422, description = "Invalid query (e.g. `after` not a number)"),
-        (status = 429, description = "Too many connections (`Retry-After`)"),
     )
 )]
 async fn conversation_ws(
@@ -327,9 +327,8 @@ async fn close_for(socket: &mut WebSocket, result: &Result<(), WsEnd>) {
     params(TokenQuery),
     responses(
         (status = 101, description = "Switching to WebSocket; an `InboxSnapshot`, then one `Event` per text frame"),
-        (status = 400, description = "Not a WebSocket upgrade request", content_type = "text/plain", body = String),
+        WebSocketRefused,
         (status = 422, description = "Invalid query"),
-        (status = 429, description = "Too many connections (`Retry-After`)"),
     )
 )]
 async fn inbox_ws(
