@@ -15,7 +15,7 @@ use super::extract::{AppJson, AppPath, AppQuery};
 use super::openapi::{
     ContentBlock, ConversationList, EventList, FileChangeList, MessageList, RuleList, ToolCallList,
 };
-use super::page::{paged, whole};
+use super::page::{paged, paged_as, whole};
 use super::responses::{
     AgentTimeout, AtCapacity, InvalidPage, NoConversation, NoRule, SettingChange,
 };
@@ -484,14 +484,10 @@ async fn files(
             state.config().max_page_bytes,
         )
         .await?;
-    let next_cursor = page
-        .more
-        .then(|| page.items.last().map(|e| e.seq.to_string()))
-        .flatten();
-    let items = page
-        .items
-        .into_iter()
-        .filter_map(|event| {
+    Ok(paged_as(
+        page,
+        |e| e.seq.to_string(),
+        |event| {
             // A stand-in too, where it still has the members of one.
             let EventBody::FileWritten(written) = event.body.lenient() else {
                 return None;
@@ -501,9 +497,8 @@ async fn files(
                 at: event.at,
                 written,
             })
-        })
-        .collect();
-    Ok(Json(Page { items, next_cursor }))
+        },
+    ))
 }
 
 #[derive(Deserialize, IntoParams)]
