@@ -17,7 +17,7 @@ use super::openapi::{
 };
 use super::page::{paged, paged_as, whole};
 use super::responses::{
-    AgentTimeout, AtCapacity, InvalidPage, NoConversation, NoRule, SettingChange,
+    no_content_if, AgentTimeout, AtCapacity, InvalidPage, NoConversation, NoRule, SettingChange,
 };
 use super::state::AppState;
 use crate::auth::{Caller, Limited};
@@ -605,7 +605,11 @@ async fn show_rule(
         .into_iter()
         .find(|r| r.id == rule_id)
         .map(Json)
-        .ok_or_else(|| Error::NotFound(format!("no rule {rule_id} in conversation {id}")))
+        .ok_or_else(|| no_rule(id, rule_id))
+}
+
+fn no_rule(id: Uuid, rule_id: Uuid) -> Error {
+    Error::NotFound(format!("no rule {rule_id} in conversation {id}"))
 }
 
 /// Forgets every remembered rule of the conversation.
@@ -647,11 +651,6 @@ async fn forget_rule(
     AppPath((id, rule_id)): AppPath<(Uuid, Uuid)>,
 ) -> Result<StatusCode> {
     load(&state, &caller, id).await?;
-    if state.store().delete_rule(id, rule_id).await? {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(Error::NotFound(format!(
-            "no rule {rule_id} in conversation {id}"
-        )))
-    }
+    let deleted = state.store().delete_rule(id, rule_id).await?;
+    no_content_if(deleted, || no_rule(id, rule_id))
 }

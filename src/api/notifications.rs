@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use super::extract::{AppJson, AppPath};
 use super::page::whole;
-use super::responses::NoTarget;
+use super::responses::{no_content_if, NoTarget};
 use super::state::AppState;
 use crate::auth::Caller;
 use crate::error::{Error, Result};
@@ -473,7 +473,11 @@ async fn own_target(state: &AppState, caller: &Caller, id: Uuid) -> Result<Targe
         .get_target(id)
         .await?
         .filter(|t| t.owner == caller.user)
-        .ok_or_else(|| Error::NotFound(format!("no notification target {id}")))
+        .ok_or_else(|| no_target(id))
+}
+
+fn no_target(id: Uuid) -> Error {
+    Error::NotFound(format!("no notification target {id}"))
 }
 
 /// Removes a target, with its deliveries.
@@ -491,11 +495,8 @@ async fn remove(
     caller: Caller,
     AppPath(id): AppPath<Uuid>,
 ) -> Result<StatusCode> {
-    if state.store().delete_target(id, &caller.user).await? {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(Error::NotFound(format!("no notification target {id}")))
-    }
+    let deleted = state.store().delete_target(id, &caller.user).await?;
+    no_content_if(deleted, || no_target(id))
 }
 
 /// Sends a test notification (event `test`) to a target now, and answers

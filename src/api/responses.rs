@@ -1,12 +1,26 @@
-//! Responses that several operations document alike, each written once:
-//! `responses(...)` of `#[utoipa::path]` takes these types next to an
-//! operation's own tuples. They only describe: no handler returns them (the
-//! errors themselves are [`crate::error::Error`]s, as problem details).
+//! What several operations answer alike: [`no_content_if`], and the
+//! responses they document alike, each written once (`responses(...)` of
+//! `#[utoipa::path]` takes these types next to an operation's own tuples).
+//! Those types only describe: no handler returns them (the errors themselves
+//! are [`Error`]s, as problem details).
 
-// Nothing builds these types: they only carry their documentation.
+// Nothing builds the response types: they only carry their documentation.
 #![allow(dead_code)]
 
+use axum::http::StatusCode;
 use utoipa::IntoResponses;
+
+use crate::error::{Error, Result};
+
+/// 204 where the thing was there (and is now removed), else `missing` (a
+/// 404).
+pub fn no_content_if(found: bool, missing: impl FnOnce() -> Error) -> Result<StatusCode> {
+    if found {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(missing())
+    }
+}
 
 /// A conversation in the path that does not exist, or is not the caller's.
 #[derive(IntoResponses)]
