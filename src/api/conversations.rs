@@ -162,6 +162,28 @@ async fn list(
     Ok(Json(Page { items, next_cursor }))
 }
 
+/// The conversation a path names (`AppPath<Uuid>` reads it; this type only
+/// documents it: a field's doc comment is its parameter's description).
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+pub(super) struct ConversationPath {
+    /// The conversation
+    id: Uuid,
+}
+
+/// A remembered rule of a conversation, as a path names it (documentation
+/// only, as [`ConversationPath`]).
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+struct RulePath {
+    /// The conversation
+    id: Uuid,
+    /// The rule
+    rule_id: Uuid,
+}
+
 async fn load(state: &AppState, caller: &Caller, id: Uuid) -> Result<Conversation> {
     state.visible_conversation(caller, id).await
 }
@@ -169,7 +191,7 @@ async fn load(state: &AppState, caller: &Caller, id: Uuid) -> Result<Conversatio
 /// One conversation.
 #[utoipa::path(
     get, operation_id = "getConversation", path = "/api/v1/conversations/{id}", tag = "conversations",
-    params(("id" = Uuid, Path, description = "The conversation")),
+    params(ConversationPath),
     responses(
         (status = 200, description = "The conversation", body = ConversationView),
         (status = 404, description = "No such conversation (or not the caller's)"),
@@ -187,7 +209,7 @@ async fn show(
 /// where the agent offers it); its history stays, its status is `closed`.
 #[utoipa::path(
     delete, operation_id = "closeConversation", path = "/api/v1/conversations/{id}", tag = "conversations",
-    params(("id" = Uuid, Path, description = "The conversation")),
+    params(ConversationPath),
     responses(
         (status = 204, description = "Closed"),
         NoConversation,
@@ -251,7 +273,7 @@ struct TurnId {
 /// again first.
 #[utoipa::path(
     post, operation_id = "prompt", path = "/api/v1/conversations/{id}/prompts", tag = "conversations",
-    params(("id" = Uuid, Path, description = "The conversation")),
+    params(ConversationPath),
     request_body = PromptBody,
     responses(
         (status = 202, description = "The turn started", body = TurnId),
@@ -281,7 +303,7 @@ async fn prompt(
 /// requests are answered `cancelled`). A no-op when idle.
 #[utoipa::path(
     post, operation_id = "cancelTurn", path = "/api/v1/conversations/{id}/cancel", tag = "conversations",
-    params(("id" = Uuid, Path, description = "The conversation")),
+    params(ConversationPath),
     responses(
         (status = 202, description = "Cancelled (or nothing to cancel)", body = Object),
         NoConversation,
@@ -311,7 +333,7 @@ struct ModeBody {
 /// one; recorded as a `mode_changed` event.
 #[utoipa::path(
     post, operation_id = "setMode", path = "/api/v1/conversations/{id}/mode", tag = "settings",
-    params(("id" = Uuid, Path, description = "The conversation")),
+    params(ConversationPath),
     request_body = ModeBody,
     responses(
         (status = 200, description = "The agent accepted", body = ConversationView),
@@ -349,7 +371,7 @@ struct ConfigOptionBody {
 /// the model; recorded as a `config_option_changed` event.
 #[utoipa::path(
     post, operation_id = "setConfigOption", path = "/api/v1/conversations/{id}/config-options", tag = "settings",
-    params(("id" = Uuid, Path, description = "The conversation")),
+    params(ConversationPath),
     request_body = ConfigOptionBody,
     responses(
         (status = 200, description = "The agent accepted; the conversation carries the options it answered with", body = ConversationView),
@@ -414,7 +436,7 @@ struct MessagesQuery {
 /// message); `next_cursor`, when set, is the `after` of the next page.
 #[utoipa::path(
     get, operation_id = "listMessages", path = "/api/v1/conversations/{id}/messages", tag = "conversations",
-    params(("id" = Uuid, Path, description = "The conversation"), MessagesQuery),
+    params(ConversationPath, MessagesQuery),
     responses(
         (status = 200, description = "A page; `next_cursor` (a message id, for `after`) when the page stopped at `limit` or at `max_page_bytes`", body = MessageList),
         NoConversation,
@@ -439,7 +461,7 @@ async fn messages(
 /// The conversation's tool calls, each as every update left it.
 #[utoipa::path(
     get, operation_id = "listToolCalls", path = "/api/v1/conversations/{id}/tool-calls", tag = "conversations",
-    params(("id" = Uuid, Path, description = "The conversation")),
+    params(ConversationPath),
     responses(
         (status = 200, description = "Every tool call", body = ToolCallList),
         NoConversation,
@@ -459,7 +481,7 @@ async fn tool_calls(
 /// one item per write with its diff: a change list without replaying events.
 #[utoipa::path(
     get, operation_id = "listFileChanges", path = "/api/v1/conversations/{id}/files", tag = "conversations",
-    params(("id" = Uuid, Path, description = "The conversation"), EventsQuery),
+    params(ConversationPath, EventsQuery),
     responses(
         (status = 200, description = "A page of writes, oldest first; `next_cursor` (a seq, for `after`) when the page stopped at `limit` or at `max_page_bytes`", body = FileChangeList),
         NoConversation,
@@ -539,7 +561,7 @@ fn checked_limit(limit: Option<i64>) -> Result<i64> {
 /// event).
 #[utoipa::path(
     get, operation_id = "listEvents", path = "/api/v1/conversations/{id}/events", tag = "events",
-    params(("id" = Uuid, Path, description = "The conversation"), EventsQuery),
+    params(ConversationPath, EventsQuery),
     responses(
         (status = 200, description = "A page; `next_cursor` is its last seq when the page stopped at `limit` or at `max_page_bytes`", body = EventList),
         NoConversation,
@@ -564,7 +586,7 @@ async fn events(
 /// The answers remembered for the conversation ("always" answers).
 #[utoipa::path(
     get, operation_id = "listRules", path = "/api/v1/conversations/{id}/rules", tag = "permissions",
-    params(("id" = Uuid, Path, description = "The conversation")),
+    params(ConversationPath),
     responses(
         (status = 200, description = "Every remembered answer", body = RuleList),
         NoConversation,
@@ -583,10 +605,7 @@ async fn list_rules(
 /// One remembered answer.
 #[utoipa::path(
     get, operation_id = "getRule", path = "/api/v1/conversations/{id}/rules/{rule_id}", tag = "permissions",
-    params(
-        ("id" = Uuid, Path, description = "The conversation"),
-        ("rule_id" = Uuid, Path, description = "The rule"),
-    ),
+    params(RulePath),
     responses(
         (status = 200, description = "The rule", body = Rule),
         NoRule,
@@ -615,7 +634,7 @@ fn no_rule(id: Uuid, rule_id: Uuid) -> Error {
 /// Forgets every remembered rule of the conversation.
 #[utoipa::path(
     delete, operation_id = "forgetRules", path = "/api/v1/conversations/{id}/rules", tag = "permissions",
-    params(("id" = Uuid, Path, description = "The conversation")),
+    params(ConversationPath),
     responses(
         (status = 204, description = "Forgotten"),
         NoConversation,
@@ -636,10 +655,7 @@ async fn forget_rules(
 /// Forgets one remembered rule.
 #[utoipa::path(
     delete, operation_id = "forgetRule", path = "/api/v1/conversations/{id}/rules/{rule_id}", tag = "permissions",
-    params(
-        ("id" = Uuid, Path, description = "The conversation"),
-        ("rule_id" = Uuid, Path, description = "The rule"),
-    ),
+    params(RulePath),
     responses(
         (status = 204, description = "Forgotten"),
         NoRule,

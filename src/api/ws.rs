@@ -25,6 +25,7 @@ use utoipa::IntoParams;
 use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
+use super::conversations::ConversationPath;
 use super::extract::{bearer_subprotocol, AppPath, AppQuery};
 use super::responses::{NoConversation, WebSocketRefused};
 use super::state::AppState;
@@ -128,7 +129,7 @@ impl BearerProtocol {
 /// ping/pong/close are ignored.
 #[utoipa::path(
     get, operation_id = "conversationEvents", path = "/api/v1/conversations/{id}/ws", tag = "events",
-    params(("id" = Uuid, Path, description = "The conversation"), WsQuery),
+    params(ConversationPath, WsQuery),
     responses(
         (status = 101, description = "Switching to WebSocket; then one `Event` per text frame"),
         WebSocketRefused,
