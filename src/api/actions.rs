@@ -18,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::responses::TooManyFailedLookups;
 use super::state::AppState;
 use crate::error::{Error, Result};
 use crate::model::{PermissionRequest, PermissionStatus};
@@ -108,7 +109,7 @@ fn option_name(request: &PermissionRequest, option_id: &str) -> String {
     responses(
         (status = 200, description = "A page with one button that `POST`s this URL", content_type = "text/html", body = String),
         (status = 410, description = "Used, expired or unknown", content_type = "text/html", body = String),
-        (status = 429, description = "Too many failed lookups from this address (`Retry-After`)"),
+        TooManyFailedLookups,
     )
 )]
 async fn show(
@@ -193,7 +194,7 @@ fn escape(text: &str) -> String {
         (status = 200, description = "Answered", body = PermissionRequest),
         (status = 409, description = "`already_resolved` (member `request`): someone answered first; or `agent_gone`"),
         (status = 410, description = "Used, expired or unknown"),
-        (status = 429, description = "Too many failed lookups from this address (`Retry-After`)"),
+        TooManyFailedLookups,
     )
 )]
 async fn answer(

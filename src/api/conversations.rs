@@ -15,7 +15,10 @@ use super::extract::{AppJson, AppPath, AppQuery};
 use super::openapi::{
     ContentBlock, ConversationList, EventList, FileChangeList, MessageList, RuleList, ToolCallList,
 };
-use super::page::{paged, whole};
+use super::page::{paged, paged_as, whole};
+use super::responses::{
+    no_content_if, AgentTimeout, AtCapacity, InvalidPage, NoConversation, NoRule, SettingChange,
+};
 use super::state::AppState;
 use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
@@ -67,7 +70,7 @@ struct CreateBody {
         (status = 429, description = "Too many new conversations for the user (`conversations_per_minute`), or all the agents the user may run are busy (`max_agents_per_user`); `Retry-After`"),
         (status = 502, description = "The agent could not be started (the detail says why, with its last stderr lines)"),
         (status = 503, description = "All `max_agents` agents are busy (`Retry-After`)"),
-        (status = 504, description = "The agent did not answer in time"),
+        AgentTimeout,
     )
 )]
 async fn create(
@@ -159,6 +162,28 @@ async fn list(
     Ok(Json(Page { items, next_cursor }))
 }
 
+/// The conversation a path names (`AppPath<Uuid>` reads it; this type only
+/// documents it: a field's doc comment is its parameter's description).
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+pub(super) struct ConversationPath {
+    /// The conversation
+    id: Uuid,
+}
+
+/// A remembered rule of a conversation, as a path names it (documentation
+/// only, as [`ConversationPath`]).
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+struct RulePath {
+    /// The conversation
+    id: Uuid,
+    /// The rule
+    rule_id: Uuid,
+}
+
 async fn load(state: &AppState, caller: &Caller, id: Uuid) -> Result<Conversation> {
     state.visible_conversation(caller, id).await
 }
@@ -166,7 +191,7 @@ async fn load(state: &AppState, caller: &Caller, id: Uuid) -> Result<Conversatio
 /// One conversation.
 #[utoipa::path(
     get, operation_id = "getConversation", path = "/api/v1/conversations/{id}", tag = "conversations",
-    params(("id" = Uuid, Path, description = "The conversation")),
+    params(ConversationPath),
     responses(
         (status = 200, description = "The conversation", body = ConversationView),
         (status = 404, description = "No such conversation (or not the caller's)"),
@@ -184,10 +209,10 @@ async fn show(
 /// where the agent offers it); its history stays, its status is `closed`.
 #[utoipa::path(
     delete, operation_id = "closeConversation", path = "/api/v1/conversations/{id}", tag = "conversations",
-    params(("id" = Uuid, Path, description = "The conversation")),
+    params(ConversationPath),
     responses(
         (status = 204, description = "Closed"),
-        (status = 404, description = "No such conversation"),
+        NoConversation,
     )
 )]
 async fn close(
@@ -248,17 +273,17 @@ struct TurnId {
 /// again first.
 #[utoipa::path(
     post, operation_id = "prompt", path = "/api/v1/conversations/{id}/prompts", tag = "conversations",
-    params(("id" = Uuid, Path, description = "The conversation")),
+    params(ConversationPath),
     request_body = PromptBody,
     responses(
         (status = 202, description = "The turn started", body = TurnId),
-        (status = 404, description = "No such conversation"),
+        NoConversation,
         (status = 409, description = "`turn_in_progress`, `conversation_closed` or `agent_unavailable`"),
         (status = 422, description = "Invalid prompt"),
         (status = 429, description = "Too many prompts for the token, or the agent has to be started again and all the agents the owner may run are busy (`max_agents_per_user`); `Retry-After`"),
         (status = 502, description = "The agent could not be started again"),
-        (status = 503, description = "At capacity (`max_agents`)"),
-        (status = 504, description = "The agent did not answer in time"),
+        AtCapacity,
+        AgentTimeout,
     )
 )]
 async fn prompt(
@@ -278,10 +303,10 @@ async fn prompt(
 /// requests are answered `cancelled`). A no-op when idle.
 #[utoipa::path(
     post, operation_id = "cancelTurn", path = "/api/v1/conversations/{id}/cancel", tag = "conversations",
-    params(("id" = Uuid, Path, description = "The conversation")),
+    params(ConversationPath),
     responses(
         (status = 202, description = "Cancelled (or nothing to cancel)", body = Object),
-        (status = 404, description = "No such conversation"),
+        NoConversation,
         (status = 409, description = "`conversation_closed`"),
     )
 )]
@@ -308,17 +333,15 @@ struct ModeBody {
 /// one; recorded as a `mode_changed` event.
 #[utoipa::path(
     post, operation_id = "setMode", path = "/api/v1/conversations/{id}/mode", tag = "settings",
-    params(("id" = Uuid, Path, description = "The conversation")),
+    params(ConversationPath),
     request_body = ModeBody,
     responses(
         (status = 200, description = "The agent accepted", body = ConversationView),
-        (status = 404, description = "No such conversation"),
-        (status = 409, description = "`conversation_closed` or `agent_unavailable`"),
+        NoConversation,
+        SettingChange,
         (status = 422, description = "A mode the agent does not offer"),
-        (status = 429, description = "The agent has to be started again and all the agents the owner may run are busy (`max_agents_per_user`; `Retry-After`)"),
-        (status = 502, description = "The agent refused (its message in the detail) or went away"),
-        (status = 503, description = "At capacity (`max_agents`)"),
-        (status = 504, description = "The agent did not answer in time"),
+        AtCapacity,
+        AgentTimeout,
     )
 )]
 async fn set_mode(
@@ -348,17 +371,15 @@ struct ConfigOptionBody {
 /// the model; recorded as a `config_option_changed` event.
 #[utoipa::path(
     post, operation_id = "setConfigOption", path = "/api/v1/conversations/{id}/config-options", tag = "settings",
-    params(("id" = Uuid, Path, description = "The conversation")),
+    params(ConversationPath),
     request_body = ConfigOptionBody,
     responses(
         (status = 200, description = "The agent accepted; the conversation carries the options it answered with", body = ConversationView),
-        (status = 404, description = "No such conversation"),
-        (status = 409, description = "`conversation_closed` or `agent_unavailable`"),
+        NoConversation,
+        SettingChange,
         (status = 422, description = "An option or value the agent does not offer"),
-        (status = 429, description = "The agent has to be started again and all the agents the owner may run are busy (`max_agents_per_user`; `Retry-After`)"),
-        (status = 502, description = "The agent refused (its message in the detail) or went away"),
-        (status = 503, description = "At capacity (`max_agents`)"),
-        (status = 504, description = "The agent did not answer in time"),
+        AtCapacity,
+        AgentTimeout,
     )
 )]
 async fn set_config_option(
@@ -415,11 +436,11 @@ struct MessagesQuery {
 /// message); `next_cursor`, when set, is the `after` of the next page.
 #[utoipa::path(
     get, operation_id = "listMessages", path = "/api/v1/conversations/{id}/messages", tag = "conversations",
-    params(("id" = Uuid, Path, description = "The conversation"), MessagesQuery),
+    params(ConversationPath, MessagesQuery),
     responses(
         (status = 200, description = "A page; `next_cursor` (a message id, for `after`) when the page stopped at `limit` or at `max_page_bytes`", body = MessageList),
-        (status = 404, description = "No such conversation"),
-        (status = 422, description = "Invalid after or limit"),
+        NoConversation,
+        InvalidPage,
     )
 )]
 async fn messages(
@@ -440,10 +461,10 @@ async fn messages(
 /// The conversation's tool calls, each as every update left it.
 #[utoipa::path(
     get, operation_id = "listToolCalls", path = "/api/v1/conversations/{id}/tool-calls", tag = "conversations",
-    params(("id" = Uuid, Path, description = "The conversation")),
+    params(ConversationPath),
     responses(
         (status = 200, description = "Every tool call", body = ToolCallList),
-        (status = 404, description = "No such conversation"),
+        NoConversation,
     )
 )]
 async fn tool_calls(
@@ -460,11 +481,11 @@ async fn tool_calls(
 /// one item per write with its diff: a change list without replaying events.
 #[utoipa::path(
     get, operation_id = "listFileChanges", path = "/api/v1/conversations/{id}/files", tag = "conversations",
-    params(("id" = Uuid, Path, description = "The conversation"), EventsQuery),
+    params(ConversationPath, EventsQuery),
     responses(
         (status = 200, description = "A page of writes, oldest first; `next_cursor` (a seq, for `after`) when the page stopped at `limit` or at `max_page_bytes`", body = FileChangeList),
-        (status = 404, description = "No such conversation"),
-        (status = 422, description = "Invalid after or limit"),
+        NoConversation,
+        InvalidPage,
     )
 )]
 async fn files(
@@ -485,14 +506,10 @@ async fn files(
             state.config().max_page_bytes,
         )
         .await?;
-    let next_cursor = page
-        .more
-        .then(|| page.items.last().map(|e| e.seq.to_string()))
-        .flatten();
-    let items = page
-        .items
-        .into_iter()
-        .filter_map(|event| {
+    Ok(paged_as(
+        page,
+        |e| e.seq.to_string(),
+        |event| {
             // A stand-in too, where it still has the members of one.
             let EventBody::FileWritten(written) = event.body.lenient() else {
                 return None;
@@ -502,9 +519,8 @@ async fn files(
                 at: event.at,
                 written,
             })
-        })
-        .collect();
-    Ok(Json(Page { items, next_cursor }))
+        },
+    ))
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -545,11 +561,11 @@ fn checked_limit(limit: Option<i64>) -> Result<i64> {
 /// event).
 #[utoipa::path(
     get, operation_id = "listEvents", path = "/api/v1/conversations/{id}/events", tag = "events",
-    params(("id" = Uuid, Path, description = "The conversation"), EventsQuery),
+    params(ConversationPath, EventsQuery),
     responses(
         (status = 200, description = "A page; `next_cursor` is its last seq when the page stopped at `limit` or at `max_page_bytes`", body = EventList),
-        (status = 404, description = "No such conversation"),
-        (status = 422, description = "Invalid after or limit"),
+        NoConversation,
+        InvalidPage,
     )
 )]
 async fn events(
@@ -570,10 +586,10 @@ async fn events(
 /// The answers remembered for the conversation ("always" answers).
 #[utoipa::path(
     get, operation_id = "listRules", path = "/api/v1/conversations/{id}/rules", tag = "permissions",
-    params(("id" = Uuid, Path, description = "The conversation")),
+    params(ConversationPath),
     responses(
         (status = 200, description = "Every remembered answer", body = RuleList),
-        (status = 404, description = "No such conversation"),
+        NoConversation,
     )
 )]
 async fn list_rules(
@@ -589,13 +605,10 @@ async fn list_rules(
 /// One remembered answer.
 #[utoipa::path(
     get, operation_id = "getRule", path = "/api/v1/conversations/{id}/rules/{rule_id}", tag = "permissions",
-    params(
-        ("id" = Uuid, Path, description = "The conversation"),
-        ("rule_id" = Uuid, Path, description = "The rule"),
-    ),
+    params(RulePath),
     responses(
         (status = 200, description = "The rule", body = Rule),
-        (status = 404, description = "No such conversation or rule"),
+        NoRule,
     )
 )]
 async fn show_rule(
@@ -611,16 +624,20 @@ async fn show_rule(
         .into_iter()
         .find(|r| r.id == rule_id)
         .map(Json)
-        .ok_or_else(|| Error::NotFound(format!("no rule {rule_id} in conversation {id}")))
+        .ok_or_else(|| no_rule(id, rule_id))
+}
+
+fn no_rule(id: Uuid, rule_id: Uuid) -> Error {
+    Error::NotFound(format!("no rule {rule_id} in conversation {id}"))
 }
 
 /// Forgets every remembered rule of the conversation.
 #[utoipa::path(
     delete, operation_id = "forgetRules", path = "/api/v1/conversations/{id}/rules", tag = "permissions",
-    params(("id" = Uuid, Path, description = "The conversation")),
+    params(ConversationPath),
     responses(
         (status = 204, description = "Forgotten"),
-        (status = 404, description = "No such conversation"),
+        NoConversation,
     )
 )]
 async fn forget_rules(
@@ -638,13 +655,10 @@ async fn forget_rules(
 /// Forgets one remembered rule.
 #[utoipa::path(
     delete, operation_id = "forgetRule", path = "/api/v1/conversations/{id}/rules/{rule_id}", tag = "permissions",
-    params(
-        ("id" = Uuid, Path, description = "The conversation"),
-        ("rule_id" = Uuid, Path, description = "The rule"),
-    ),
+    params(RulePath),
     responses(
         (status = 204, description = "Forgotten"),
-        (status = 404, description = "No such conversation or rule"),
+        NoRule,
     )
 )]
 async fn forget_rule(
@@ -653,11 +667,6 @@ async fn forget_rule(
     AppPath((id, rule_id)): AppPath<(Uuid, Uuid)>,
 ) -> Result<StatusCode> {
     load(&state, &caller, id).await?;
-    if state.store().delete_rule(id, rule_id).await? {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(Error::NotFound(format!(
-            "no rule {rule_id} in conversation {id}"
-        )))
-    }
+    let deleted = state.store().delete_rule(id, rule_id).await?;
+    no_content_if(deleted, || no_rule(id, rule_id))
 }

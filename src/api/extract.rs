@@ -97,40 +97,40 @@ where
     }
 }
 
-/// `axum::extract::Path` where a malformed id means "no such resource".
-pub struct AppPath<T>(pub T);
+/// Defines `$name<T>`: axum's `$axum<T>` extractor with its rejection turned
+/// into our [`Error`] by `$error`.
+macro_rules! parts_extractor {
+    ($(#[$doc:meta])* $name:ident, $axum:ident, $error:expr) => {
+        $(#[$doc])*
+        pub struct $name<T>(pub T);
 
-impl<T, S> FromRequestParts<S> for AppPath<T>
-where
-    T: DeserializeOwned + Send,
-    S: Send + Sync,
-{
-    type Rejection = Error;
+        impl<T, S> FromRequestParts<S> for $name<T>
+        where
+            T: DeserializeOwned + Send,
+            S: Send + Sync,
+        {
+            type Rejection = Error;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Error> {
-        axum::extract::Path::<T>::from_request_parts(parts, state)
-            .await
-            .map(|p| AppPath(p.0))
-            .map_err(|e: PathRejection| {
-                Error::NotFound(format!("no such resource: {}", e.body_text()))
-            })
-    }
+            async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Error> {
+                axum::extract::$axum::<T>::from_request_parts(parts, state)
+                    .await
+                    .map(|extracted| $name(extracted.0))
+                    .map_err($error)
+            }
+        }
+    };
 }
 
-/// `axum::extract::Query` with wrong values reported as 422.
-pub struct AppQuery<T>(pub T);
+parts_extractor!(
+    /// `axum::extract::Path` where a malformed id means "no such resource".
+    AppPath,
+    Path,
+    |e: PathRejection| Error::NotFound(format!("no such resource: {}", e.body_text()))
+);
 
-impl<T, S> FromRequestParts<S> for AppQuery<T>
-where
-    T: DeserializeOwned + Send,
-    S: Send + Sync,
-{
-    type Rejection = Error;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Error> {
-        axum::extract::Query::<T>::from_request_parts(parts, state)
-            .await
-            .map(|q| AppQuery(q.0))
-            .map_err(|e: QueryRejection| Error::Unprocessable(e.body_text()))
-    }
-}
+parts_extractor!(
+    /// `axum::extract::Query` with wrong values reported as 422.
+    AppQuery,
+    Query,
+    |e: QueryRejection| Error::Unprocessable(e.body_text())
+);

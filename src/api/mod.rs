@@ -11,6 +11,7 @@ pub mod openapi;
 mod page;
 mod permissions;
 mod policies;
+mod responses;
 mod state;
 mod tokens;
 mod ws;

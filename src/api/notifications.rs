@@ -18,6 +18,7 @@ use uuid::Uuid;
 
 use super::extract::{AppJson, AppPath};
 use super::page::whole;
+use super::responses::{no_content_if, NoTarget};
 use super::state::AppState;
 use crate::auth::Caller;
 use crate::error::{Error, Result};
@@ -472,7 +473,11 @@ async fn own_target(state: &AppState, caller: &Caller, id: Uuid) -> Result<Targe
         .get_target(id)
         .await?
         .filter(|t| t.owner == caller.user)
-        .ok_or_else(|| Error::NotFound(format!("no notification target {id}")))
+        .ok_or_else(|| no_target(id))
+}
+
+fn no_target(id: Uuid) -> Error {
+    Error::NotFound(format!("no notification target {id}"))
 }
 
 /// Removes a target, with its deliveries.
@@ -482,7 +487,7 @@ async fn own_target(state: &AppState, caller: &Caller, id: Uuid) -> Result<Targe
     params(("id" = Uuid, Path, description = "The target")),
     responses(
         (status = 204, description = "Removed"),
-        (status = 404, description = "No such target of the caller's"),
+        NoTarget,
     )
 )]
 async fn remove(
@@ -490,11 +495,8 @@ async fn remove(
     caller: Caller,
     AppPath(id): AppPath<Uuid>,
 ) -> Result<StatusCode> {
-    if state.store().delete_target(id, &caller.user).await? {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(Error::NotFound(format!("no notification target {id}")))
-    }
+    let deleted = state.store().delete_target(id, &caller.user).await?;
+    no_content_if(deleted, || no_target(id))
 }
 
 /// Sends a test notification (event `test`) to a target now, and answers
@@ -505,7 +507,7 @@ async fn remove(
     params(("id" = Uuid, Path, description = "The target")),
     responses(
         (status = 200, description = "The attempt (its outcome may be failed or gone)", body = Delivery),
-        (status = 404, description = "No such target of the caller's"),
+        NoTarget,
         (status = 429, description = "More than 10 test notifications this minute (the caller's)"),
     )
 )]
@@ -527,7 +529,7 @@ async fn test(
     params(("id" = Uuid, Path, description = "The target")),
     responses(
         (status = 200, description = "Its attempts", body = NotificationDeliveryList),
-        (status = 404, description = "No such target of the caller's"),
+        NoTarget,
     )
 )]
 async fn deliveries(

@@ -17,9 +17,19 @@ pub(crate) fn whole<T>(items: Vec<T>) -> Json<Page<T>> {
 /// One page of what the store read within `limit` and `max_page_bytes`,
 /// with the cursor (`cursor` of its last item) when more follow.
 pub(crate) fn paged<T>(page: Bounded<T>, cursor: impl Fn(&T) -> String) -> Json<Page<T>> {
+    paged_as(page, cursor, Some)
+}
+
+/// [`paged`], each item then shown as `shown` makes it, or left out where
+/// it gives `None`: the cursor stays that of the last item read.
+pub(crate) fn paged_as<T, U>(
+    page: Bounded<T>,
+    cursor: impl Fn(&T) -> String,
+    shown: impl FnMut(T) -> Option<U>,
+) -> Json<Page<U>> {
     let next_cursor = page.more.then(|| page.items.last().map(&cursor)).flatten();
     Json(Page {
-        items: page.items,
+        items: page.items.into_iter().filter_map(shown).collect(),
         next_cursor,
     })
 }

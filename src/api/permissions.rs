@@ -84,15 +84,16 @@ async fn show(
 
 /// The request, if it exists and belongs to a conversation the caller sees.
 async fn visible_request(state: &AppState, caller: &Caller, id: Uuid) -> Result<PermissionRequest> {
+    let missing = || Error::NotFound(format!("no permission request {id}"));
     let request = state
         .store()
         .get_permission(id)
         .await?
-        .ok_or_else(|| Error::NotFound(format!("no permission request {id}")))?;
+        .ok_or_else(missing)?;
     state
         .visible_conversation(caller, request.conversation_id)
         .await
-        .map_err(|_| Error::NotFound(format!("no permission request {id}")))?;
+        .map_err(|_| missing())?;
     Ok(request)
 }
 

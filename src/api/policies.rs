@@ -11,6 +11,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
 use super::extract::AppJson;
+use super::responses::NotOperator;
 use super::state::AppState;
 use crate::auth::Caller;
 use crate::error::{Error, Result};
@@ -78,7 +79,7 @@ struct ReplaceBody {
     request_body = ReplaceBody,
     responses(
         (status = 200, description = "The rules now in force", body = PolicyList),
-        (status = 403, description = "Not an operator"),
+        NotOperator,
         (status = 422, description = "An invalid rule (the detail names it)"),
     )
 )]

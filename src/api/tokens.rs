@@ -14,6 +14,7 @@ use uuid::Uuid;
 use super::extract::{AppJson, AppPath};
 use super::openapi::TokenList;
 use super::page::whole;
+use super::responses::NotOperator;
 use super::state::AppState;
 use crate::auth::{issue_token, valid_user_name, Caller};
 use crate::error::{Error, Result};
@@ -32,7 +33,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     get, operation_id = "listTokens", path = "/api/v1/tokens", tag = "tokens",
     responses(
         (status = 200, description = "The tokens (never their values)", body = TokenList),
-        (status = 403, description = "Not an operator"),
+        NotOperator,
     )
 )]
 async fn list(State(state): State<AppState>, caller: Caller) -> Result<Json<Page<TokenInfo>>> {
@@ -76,7 +77,7 @@ fn default_role() -> Role {
     request_body = CreateBody,
     responses(
         (status = 201, description = "Created", body = Issued),
-        (status = 403, description = "Not an operator"),
+        NotOperator,
         (status = 422, description = "Invalid user name or label"),
     )
 )]
@@ -98,7 +99,7 @@ async fn create(
     params(("id" = Uuid, Path, description = "The token")),
     responses(
         (status = 204, description = "Revoked"),
-        (status = 403, description = "Not an operator"),
+        NotOperator,
         (status = 404, description = "No such active token"),
     )
 )]
@@ -124,7 +125,7 @@ async fn revoke(
     params(("name" = String, Path, description = "The user")),
     responses(
         (status = 204, description = "Removed"),
-        (status = 403, description = "Not an operator"),
+        NotOperator,
         (status = 404, description = "No such user"),
     )
 )]

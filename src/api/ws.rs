@@ -11,6 +11,7 @@
 //! published early, sends the last of it again ([`crate::bus::EventBus::remind`]):
 //! a client still sees every event once and in order, only later.
 
+use std::future::Future;
 use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
@@ -24,7 +25,9 @@ use utoipa::IntoParams;
 use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
+use super::conversations::ConversationPath;
 use super::extract::{bearer_subprotocol, AppPath, AppQuery};
+use super::responses::{NoConversation, WebSocketRefused};
 use super::state::AppState;
 use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
@@ -91,11 +94,26 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for BearerProtocol {
 }
 
 impl BearerProtocol {
-    fn apply(self, upgrade: WebSocketUpgrade) -> WebSocketUpgrade {
-        match self.0 {
+    /// Accepts the upgrade (selecting the client's `bearer.<token>`
+    /// subprotocol, if it offered one) and serves the socket, tracked for
+    /// shutdown.
+    fn serve<F>(
+        self,
+        upgrade: WebSocketUpgrade,
+        state: AppState,
+        run: impl FnOnce(AppState, WebSocket) -> F + Send + 'static,
+    ) -> Response
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let upgrade = match self.0 {
             Some(protocol) => upgrade.protocols([protocol]),
             None => upgrade,
-        }
+        };
+        upgrade.on_upgrade(move |socket| {
+            let tracked = state.clone();
+            tracked.track_socket(run(state, socket))
+        })
     }
 }
 
@@ -111,13 +129,12 @@ impl BearerProtocol {
 /// ping/pong/close are ignored.
 #[utoipa::path(
     get, operation_id = "conversationEvents", path = "/api/v1/conversations/{id}/ws", tag = "events",
-    params(("id" = Uuid, Path, description = "The conversation"), WsQuery),
+    params(ConversationPath, WsQuery),
     responses(
         (status = 101, description = "Switching to WebSocket; then one `Event` per text frame"),
-        (status = 400, description = "Not a WebSocket upgrade request", content_type = "text/plain", body = String),
-        (status = 404, description = "No such conversation"),
+        WebSocketRefused,
+        NoConversation,
         (status = 422, description = "Invalid query (e.g. `after` not a number)"),
-        (status = 429, description = "Too many connections (`Retry-After`)"),
     )
 )]
 async fn conversation_ws(
@@ -133,14 +150,12 @@ async fn conversation_ws(
     let after = q.after.unwrap_or(0).max(0);
     let revoked = state.auth().on_revocation(&caller);
     let presence = state.presence().client(&caller.user);
-    Ok(protocol.apply(upgrade).on_upgrade(move |socket| {
-        let tracked = state.clone();
-        tracked.track_socket(async move {
-            if let Err(e) = serve_conversation(state, id, after, revoked, presence, socket).await {
-                tracing::debug!(conversation_id = %id, error = %e, "websocket ended");
-            }
-        })
-    }))
+    let run = move |state, socket| async move {
+        if let Err(e) = serve_conversation(state, id, after, revoked, presence, socket).await {
+            tracing::debug!(conversation_id = %id, error = %e, "websocket ended");
+        }
+    };
+    Ok(protocol.serve(upgrade, state, run))
 }
 
 /// Why a socket loop stopped.
@@ -327,9 +342,8 @@ async fn close_for(socket: &mut WebSocket, result: &Result<(), WsEnd>) {
     params(TokenQuery),
     responses(
         (status = 101, description = "Switching to WebSocket; an `InboxSnapshot`, then one `Event` per text frame"),
-        (status = 400, description = "Not a WebSocket upgrade request", content_type = "text/plain", body = String),
+        WebSocketRefused,
         (status = 422, description = "Invalid query"),
-        (status = 429, description = "Too many connections (`Retry-After`)"),
     )
 )]
 async fn inbox_ws(
@@ -340,14 +354,12 @@ async fn inbox_ws(
 ) -> Result<Response> {
     state.auth().check_rate(&caller, Limited::Connection)?;
     let revoked = state.auth().on_revocation(&caller);
-    Ok(protocol.apply(upgrade).on_upgrade(move |socket| {
-        let tracked = state.clone();
-        tracked.track_socket(async move {
-            if let Err(e) = serve_inbox(state, caller, revoked, socket).await {
-                tracing::debug!(error = %e, "inbox websocket ended");
-            }
-        })
-    }))
+    let run = move |state, socket| async move {
+        if let Err(e) = serve_inbox(state, caller, revoked, socket).await {
+            tracing::debug!(error = %e, "inbox websocket ended");
+        }
+    };
+    Ok(protocol.serve(upgrade, state, run))
 }
 
 async fn serve_inbox(
