@@ -369,6 +369,13 @@ mod tests {
         })
     }
 
+    fn waiting(user: &str, requests: &[Uuid]) -> Due {
+        Due::Waiting {
+            user: user.into(),
+            requests: requests.to_vec(),
+        }
+    }
+
     fn asked(rules: &mut Rules, user: &str, at: i64, timeout_at: Option<i64>) -> Uuid {
         let request = Uuid::now_v7();
         let due = rules.observe(
@@ -402,13 +409,7 @@ mod tests {
         assert_eq!(rules.next_deadline(), Some(t(15_000)));
         assert!(rules.due(t(14_000)).is_empty());
         let due = rules.due(t(15_000));
-        assert_eq!(
-            due,
-            vec![Due::Waiting {
-                user: "alice".into(),
-                requests: vec![r]
-            }]
-        );
+        assert_eq!(due, vec![waiting("alice", &[r])]);
         assert_eq!(due[0].keys(), vec![format!("permission_waiting:{r}")]);
         assert!(rules.due(t(20_000)).is_empty());
         assert_eq!(rules.next_deadline(), None);
@@ -435,24 +436,9 @@ mod tests {
         let due = rules.due(t(15_000));
         assert_eq!(
             due,
-            vec![
-                Due::Waiting {
-                    user: "alice".into(),
-                    requests: vec![a, b, c]
-                },
-                Due::Waiting {
-                    user: "bob".into(),
-                    requests: vec![d]
-                },
-            ]
+            vec![waiting("alice", &[a, b, c]), waiting("bob", &[d])]
         );
-        assert_eq!(
-            rules.due(t(16_000)),
-            vec![Due::Waiting {
-                user: "alice".into(),
-                requests: vec![late]
-            }]
-        );
+        assert_eq!(rules.due(t(16_000)), vec![waiting("alice", &[late])]);
     }
 
     #[test]
@@ -465,22 +451,10 @@ mod tests {
         assert_eq!(rules.next_deadline(), None);
         assert!(rules.due(t(60_000)).is_empty());
         let due = presence(&mut rules, "alice", false, 60_000);
-        assert_eq!(
-            due,
-            vec![Due::Waiting {
-                user: "alice".into(),
-                requests: vec![a, b]
-            }]
-        );
+        assert_eq!(due, vec![waiting("alice", &[a, b])]);
         // The young one waits out its own grace.
         assert_eq!(rules.next_deadline(), Some(t(65_000)));
-        assert_eq!(
-            rules.due(t(65_000)),
-            vec![Due::Waiting {
-                user: "alice".into(),
-                requests: vec![young]
-            }]
-        );
+        assert_eq!(rules.due(t(65_000)), vec![waiting("alice", &[young])]);
         // Coming back and going again notifies nothing twice.
         presence(&mut rules, "alice", true, 70_000);
         assert!(presence(&mut rules, "alice", false, 71_000).is_empty());
@@ -491,13 +465,7 @@ mod tests {
         let mut rules = rules();
         presence(&mut rules, "bob", true, 0);
         let a = asked(&mut rules, "alice", 0, None);
-        assert_eq!(
-            rules.due(t(15_000)),
-            vec![Due::Waiting {
-                user: "alice".into(),
-                requests: vec![a]
-            }]
-        );
+        assert_eq!(rules.due(t(15_000)), vec![waiting("alice", &[a])]);
     }
 
     #[test]
@@ -528,10 +496,7 @@ mod tests {
         let _ = rules.due(t(15_000));
         assert_eq!(
             presence(&mut rules, "bob", false, 700_000),
-            vec![Due::Waiting {
-                user: "bob".into(),
-                requests: vec![late]
-            }]
+            vec![waiting("bob", &[late])]
         );
         assert_eq!(rules.next_deadline(), None);
         // A timeout sooner than the grace plus reminder_before: the waiting

@@ -256,27 +256,17 @@ mod tests {
         let answer =
             |verdict| automatic_answer(&r, &verdict).map(|(s, o)| (s, o.unwrap_or_default()));
         use PermissionStatus::*;
-        assert_eq!(
-            answer(v(Action::Allow, "read-only", false)),
-            Some((Approved, "a1".into()))
-        );
-        assert_eq!(
-            answer(v(Action::Allow, "edits", true)),
-            Some((Approved, "aa".into()))
-        );
-        assert_eq!(
-            answer(v(Action::Allow, "remembered", false)),
-            Some((Approved, "aa".into()))
-        );
-        assert_eq!(
-            answer(v(Action::Deny, "no rm", false)),
-            Some((Rejected, "r1".into()))
-        );
-        assert_eq!(
-            answer(v(Action::Deny, "remembered", false)),
-            Some((Rejected, "ra".into()))
-        );
-        assert_eq!(answer(v(Action::Ask, "ask", false)), None);
+        for (verdict, expected) in [
+            (v(Action::Allow, "read-only", false), Some((Approved, "a1"))),
+            (v(Action::Allow, "edits", true), Some((Approved, "aa"))),
+            (v(Action::Allow, "remembered", false), Some((Approved, "aa"))),
+            (v(Action::Deny, "no rm", false), Some((Rejected, "r1"))),
+            (v(Action::Deny, "remembered", false), Some((Rejected, "ra"))),
+            (v(Action::Ask, "ask", false), None),
+        ] {
+            let expected = expected.map(|(status, option)| (status, option.to_owned()));
+            assert_eq!(answer(verdict), expected);
+        }
         let only_allow = request(json!([{"optionId": "a1", "name": "A", "kind": "allow_once"}]));
         assert_eq!(
             automatic_answer(&only_allow, &v(Action::Deny, "no rm", false)),

@@ -288,24 +288,24 @@ mod tests {
             ToShim::Ack { to: 12 },
             ToShim::Stop { grace_ms: 2000 },
         ];
+        for m in &to_gateway {
+            let (kind, body) = m.encode();
+            assert_eq!(&ToGateway::decode(kind, body).unwrap(), m);
+        }
+        for m in &to_shim {
+            let (kind, body) = m.encode();
+            assert_eq!(&ToShim::decode(kind, body).unwrap(), m);
+        }
+        // Framed, one after the other, and the end of the stream after.
         let mut wire = Vec::new();
-        for m in &to_gateway {
-            send_to_gateway(&mut wire, m).await.unwrap();
-        }
+        send_to_gateway(&mut wire, &to_gateway[1]).await.unwrap();
+        send_to_shim(&mut wire, &to_shim[1]).await.unwrap();
         let mut r = &wire[..];
-        for m in &to_gateway {
-            assert_eq!(read_from_shim(&mut r).await.unwrap().as_ref(), Some(m));
-        }
+        let first = read_from_shim(&mut r).await.unwrap();
+        assert_eq!(first.as_ref(), Some(&to_gateway[1]));
+        let second = read_from_gateway(&mut r).await.unwrap();
+        assert_eq!(second.as_ref(), Some(&to_shim[1]));
         assert_eq!(read_from_shim(&mut r).await.unwrap(), None);
-        let mut wire = Vec::new();
-        for m in &to_shim {
-            send_to_shim(&mut wire, m).await.unwrap();
-        }
-        let mut r = &wire[..];
-        for m in &to_shim {
-            assert_eq!(read_from_gateway(&mut r).await.unwrap().as_ref(), Some(m));
-        }
-        assert_eq!(read_from_gateway(&mut r).await.unwrap(), None);
     }
 
     #[tokio::test]
