@@ -12,11 +12,9 @@ use serde_json::{json, Value};
 use agent_client_protocol_schema as acp_schema;
 use agent_client_protocol_schema::v1 as acp;
 
-use tokio::sync::mpsc;
-
 use super::agent::{describe_exit, AgentProcess};
 use super::error::{Error, Result};
-use super::rpc::{Incoming, RpcError, RpcPeer};
+use super::rpc::{Inbox, Incoming, RpcError, RpcPeer};
 use crate::config::AgentProfile;
 use crate::model::AgentReport;
 
@@ -99,7 +97,7 @@ impl AgentSession {
         cwd: &str,
         earlier: Option<&str>,
         state: &mut AgentReport,
-        incoming: &mut mpsc::Receiver<Incoming>,
+        incoming: &mut Inbox<Incoming>,
     ) -> Result<Opening> {
         let mut shake = Handshake {
             peer: &peer,
@@ -279,7 +277,7 @@ struct Handshake<'a> {
     peer: &'a RpcPeer,
     process: &'a mut AgentProcess,
     timeout: Duration,
-    incoming: &'a mut mpsc::Receiver<Incoming>,
+    incoming: &'a mut Inbox<Incoming>,
     kept: Vec<Incoming>,
     /// What `initialize` offered.
     auth_methods: Vec<AuthMethod>,

@@ -48,6 +48,7 @@
 
 mod framing;
 pub(super) mod inbound;
+mod inbox;
 mod routing;
 mod shared;
 #[cfg(test)]
@@ -64,6 +65,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tracing::trace;
 
 pub use self::inbound::{Inbound, IncomingRequest, Responder};
+pub use self::inbox::Inbox;
 pub use self::shared::{RpcError, INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND};
 /// The ACP reading of incoming messages, the one [`RpcPeer::spawn`] gives (re-exported: the
 /// channel's item type is looked for here).
@@ -71,7 +73,7 @@ pub use super::incoming::Incoming;
 
 use self::framing::{encode, write_loop, LineReader, OutMessage};
 use self::routing::read_loop;
-use self::shared::{Shared, State};
+use self::shared::{Ledger, Shared, State};
 
 /// Size of the reader's own buffer; lines longer than this are assembled across refills.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
@@ -86,6 +88,9 @@ pub struct RpcConfig {
     /// Put into the `label` field of every log event of this connection (e.g. a
     /// conversation id), so one agent's traffic can be followed in the logs.
     pub label: String,
+    /// Where in the peer's stream the reader starts (a stream joined part
+    /// way through, as a shim replays it): positions count from here.
+    pub start_position: u64,
 }
 
 impl Default for RpcConfig {
@@ -94,6 +99,7 @@ impl Default for RpcConfig {
             max_line_bytes: 16 * 1024 * 1024,
             incoming_capacity: 256,
             label: String::new(),
+            start_position: 0,
         }
     }
 }
@@ -123,11 +129,7 @@ impl RpcPeer {
     ///
     /// The tasks end when the connection closes (see the module docs). Must be called from
     /// within a Tokio runtime.
-    pub fn spawn<R, W>(
-        reader: R,
-        writer: W,
-        config: RpcConfig,
-    ) -> (RpcPeer, mpsc::Receiver<Incoming>)
+    pub fn spawn<R, W>(reader: R, writer: W, config: RpcConfig) -> (RpcPeer, Inbox<Incoming>)
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
@@ -136,11 +138,7 @@ impl RpcPeer {
     }
 
     /// [`RpcPeer::spawn`] with incoming messages read as `I` says.
-    pub fn spawn_with<I, R, W>(
-        reader: R,
-        writer: W,
-        config: RpcConfig,
-    ) -> (RpcPeer, mpsc::Receiver<I>)
+    pub fn spawn_with<I, R, W>(reader: R, writer: W, config: RpcConfig) -> (RpcPeer, Inbox<I>)
     where
         I: Inbound,
         R: AsyncRead + Unpin + Send + 'static,
@@ -154,6 +152,7 @@ impl RpcPeer {
             state: Mutex::new(State {
                 closed: None,
                 waiters: HashMap::new(),
+                ledger: Ledger::starting_at(config.start_position),
             }),
             closed_tx,
             out_tx,
@@ -163,10 +162,12 @@ impl RpcPeer {
         let lines = LineReader::new(
             BufReader::with_capacity(READ_BUFFER_BYTES, reader),
             config.max_line_bytes,
-        );
+        )
+        .starting_at(config.start_position);
         tokio::spawn(write_loop(Arc::clone(&shared), writer, out_rx));
         tokio::spawn(read_loop(Arc::clone(&shared), lines, incoming_tx));
-        (RpcPeer { shared }, incoming_rx)
+        let inbox = Inbox::new(incoming_rx, Arc::clone(&shared));
+        (RpcPeer { shared }, inbox)
     }
 
     /// Sends a request and waits for its response.
@@ -244,6 +245,14 @@ impl RpcPeer {
         self.shared.close(reason.into());
     }
 
+    /// Where the peer's stream is done with: every line before it was read
+    /// and, if it was handed on, taken and done with ([`Inbox::done`], or
+    /// its caller has its answer). A replayable stream needs nothing
+    /// before it again.
+    pub fn processed_to(&self) -> u64 {
+        self.shared.state().ledger.processed_to()
+    }
+
     /// How many requests are waiting for a response.
     #[cfg(test)]
     fn pending_len(&self) -> usize {
@@ -260,6 +269,8 @@ struct PendingGuard<'a> {
 
 impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
-        self.shared.state().waiters.remove(&self.id);
+        let mut state = self.shared.state();
+        state.waiters.remove(&self.id);
+        state.ledger.answer_taken(self.id);
     }
 }

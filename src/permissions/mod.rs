@@ -259,7 +259,10 @@ mod tests {
         for (verdict, expected) in [
             (v(Action::Allow, "read-only", false), Some((Approved, "a1"))),
             (v(Action::Allow, "edits", true), Some((Approved, "aa"))),
-            (v(Action::Allow, "remembered", false), Some((Approved, "aa"))),
+            (
+                v(Action::Allow, "remembered", false),
+                Some((Approved, "aa")),
+            ),
             (v(Action::Deny, "no rm", false), Some((Rejected, "r1"))),
             (v(Action::Deny, "remembered", false), Some((Rejected, "ra"))),
             (v(Action::Ask, "ask", false), None),

@@ -5,12 +5,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use crate::acp::agent::AgentProcess;
 use crate::acp::client::{AgentSession, Opened, Opening};
-use crate::acp::rpc::{Incoming, RpcConfig, RpcPeer};
+use crate::acp::rpc::{Inbox, Incoming, RpcConfig, RpcPeer};
 use crate::config::AgentProfile;
 use crate::error::{Error, Result};
 use crate::model::{self, AgentReport, Conversation};
@@ -28,7 +27,7 @@ pub(super) struct Connected {
     pub(super) record: Option<AgentProcessRecord>,
     pub(super) agent: AgentSession,
     pub(super) opened: Opened,
-    pub(super) incoming: mpsc::Receiver<Incoming>,
+    pub(super) incoming: Inbox<Incoming>,
     /// What the agent sent while opening that is still to be applied.
     pub(super) early: Vec<Incoming>,
 }

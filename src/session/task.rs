@@ -45,7 +45,7 @@ use super::spawn::{agent_user, connect, Connected, TERMINATE_GRACE};
 use super::transcript::Transcript;
 use crate::acp::agent::AgentProcess;
 use crate::acp::client::{AgentSession, CallFuture, EXIT_AFTER_EOF};
-use crate::acp::rpc::{Incoming, RpcError};
+use crate::acp::rpc::{Inbox, Incoming, RpcError};
 use crate::config::AgentProfile;
 use crate::error::Result;
 use crate::model::{self, AgentReport, AgentState, AgentStatus, Conversation, ConversationStatus};
@@ -259,7 +259,7 @@ struct Task {
     /// The agent's ACP session.
     agent: AgentSession,
     /// `None` once the agent's stdout has closed.
-    incoming: Option<mpsc::Receiver<Incoming>>,
+    incoming: Option<Inbox<Incoming>>,
     /// What the agent sent while its session opened, applied first.
     early: Vec<Incoming>,
     commands: mpsc::Receiver<Order>,
@@ -321,7 +321,7 @@ enum End {
     ShuttingDown,
 }
 
-async fn next_incoming(rx: &mut Option<mpsc::Receiver<Incoming>>) -> Option<Incoming> {
+async fn next_incoming(rx: &mut Option<Inbox<Incoming>>) -> Option<Incoming> {
     match rx {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,

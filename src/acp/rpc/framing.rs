@@ -140,6 +140,11 @@ pub(super) struct LineReader<R> {
     buf: Vec<u8>,
     /// `Some(bytes seen so far)` while skipping the rest of an over-long line.
     discarding: Option<usize>,
+    /// Where the next byte lies in the peer's stream (counted from where the
+    /// stream was joined, see [`LineReader::starting_at`]).
+    position: u64,
+    /// Where the line read last (or being read) began.
+    line_start: u64,
     /// The most bytes `buf` ever held, to prove the bound in tests.
     #[cfg(test)]
     pub(super) peak: usize,
@@ -152,9 +157,29 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
             max,
             buf: Vec::new(),
             discarding: None,
+            position: 0,
+            line_start: 0,
             #[cfg(test)]
             peak: 0,
         }
+    }
+
+    /// Counts positions from `position` (a stream joined part way through).
+    pub(super) fn starting_at(mut self, position: u64) -> Self {
+        self.position = position;
+        self.line_start = position;
+        self
+    }
+
+    /// Where the line [`LineReader::next_line`] returned last began and
+    /// ended (after its `\n`) in the peer's stream.
+    pub(super) fn span(&self) -> (u64, u64) {
+        (self.line_start, self.position)
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.inner.consume(n);
+        self.position += n as u64;
     }
 
     /// The next line as `parse` reads it, or `None` at end of stream. An unterminated last
@@ -164,6 +189,9 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
         mut parse: impl FnMut(&[u8]) -> T,
     ) -> io::Result<Option<Line<T>>> {
         loop {
+            if self.buf.is_empty() && self.discarding.is_none() {
+                self.line_start = self.position;
+            }
             let available = self.inner.fill_buf().await?;
             if available.is_empty() {
                 if let Some(len) = self.discarding.take() {
@@ -178,7 +206,7 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
             if let Some(end) = newline {
                 if self.buf.is_empty() && self.discarding.is_none() && end <= self.max {
                     let parsed = parse(&available[..end]);
-                    self.inner.consume(end + 1);
+                    self.consume(end + 1);
                     return Ok(Some(Line::Complete(parsed)));
                 }
             }
@@ -199,7 +227,7 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
                 }
             }
             let consumed = chunk.len() + usize::from(newline.is_some());
-            self.inner.consume(consumed);
+            self.consume(consumed);
             if newline.is_some() {
                 return Ok(Some(match self.discarding.take() {
                     Some(len) => Line::TooLong { len },

@@ -20,7 +20,7 @@ const PREVIEW_BYTES: usize = 200;
 pub(super) async fn read_loop<I, R>(
     shared: Arc<Shared>,
     mut lines: LineReader<R>,
-    incoming_tx: mpsc::Sender<I>,
+    incoming_tx: mpsc::Sender<(I, u64)>,
 ) where
     I: Inbound,
     R: AsyncBufRead + Unpin,
@@ -37,19 +37,27 @@ pub(super) async fn read_loop<I, R>(
             _ = closed_rx.wait_for(Option::is_some) => return,
             line = lines.next_line(|line| router.parse(line)) => line,
         };
+        let (start, end) = lines.span();
         match line {
-            Ok(Some(Line::Complete(Some(incoming)))) => {
-                if !router.deliver(incoming, &mut closed_rx).await {
+            Ok(Some(Line::Complete(Some(Routed::Incoming(incoming))))) => {
+                shared.state().ledger.hand_on(start, end);
+                if !router.deliver(incoming, start, &mut closed_rx).await {
                     return;
                 }
             }
-            Ok(Some(Line::Complete(None))) => {}
-            Ok(Some(Line::TooLong { len })) => warn!(
+            Ok(Some(Line::Complete(Some(Routed::Answer { id, outcome })))) => {
+                shared.complete(id, outcome, start, end);
+            }
+            Ok(Some(Line::Complete(None))) => shared.state().ledger.read(end),
+            Ok(Some(Line::TooLong { len })) => {
+                shared.state().ledger.read(end);
+                warn!(
                 label = %shared.label,
                 len,
                 max = lines.max,
                 "discarded a line longer than the limit"
-            ),
+                );
+            }
             Ok(None) => break "peer closed the stream (EOF)".to_owned(),
             Err(err) => break format!("read failed: {err}"),
         }
@@ -58,11 +66,21 @@ pub(super) async fn read_loop<I, R>(
     // Dropping `router` drops the incoming sender: the receiver gets what is queued, then None.
 }
 
+/// What one line is, once read: for the incoming channel, or an answer to
+/// one of our requests.
+enum Routed<I> {
+    Incoming(I),
+    Answer {
+        id: Value,
+        outcome: Result<Value, RpcError>,
+    },
+}
+
 /// Routes parsed lines from the reader to waiting callers or the incoming channel.
 struct Router<'a, I> {
     shared: &'a Arc<Shared>,
     /// `None` once the receiver is gone; from then on requests are refused.
-    incoming_tx: Option<mpsc::Sender<I>>,
+    incoming_tx: Option<mpsc::Sender<(I, u64)>>,
 }
 
 impl<I: Inbound> Router<'_, I> {
@@ -70,10 +88,10 @@ impl<I: Inbound> Router<'_, I> {
     /// lies, not copied first): a response goes to its caller; what is
     /// returned goes to the incoming channel. What [`Inbound::read_fast`] knows takes the
     /// fast path.
-    fn parse(&self, line: &[u8]) -> Option<I> {
+    fn parse(&self, line: &[u8]) -> Option<Routed<I>> {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         if let Some(fast) = I::read_fast(line) {
-            return Some(fast);
+            return Some(Routed::Incoming(fast));
         }
         if line.iter().all(u8::is_ascii_whitespace) {
             return None;
@@ -95,10 +113,7 @@ impl<I: Inbound> Router<'_, I> {
             }
         };
         let incoming = match classify(object) {
-            Ok(Message::Response { id, outcome }) => {
-                self.shared.complete(id, outcome);
-                return None;
-            }
+            Ok(Message::Response { id, outcome }) => return Some(Routed::Answer { id, outcome }),
             Ok(Message::Notification { method, params }) => I::notification(method, params),
             Ok(Message::Request { id, method, params }) => I::request(IncomingRequest {
                 responder: Responder::new(id.clone(), method.clone(), Arc::clone(self.shared)),
@@ -111,37 +126,40 @@ impl<I: Inbound> Router<'_, I> {
                 return None;
             }
         };
-        Some(incoming)
+        Some(Routed::Incoming(incoming))
     }
 
+    /// Hands on the message of the line that begins at `start`.
     async fn deliver(
         &mut self,
         incoming: I,
+        start: u64,
         closed_rx: &mut watch::Receiver<Option<String>>,
     ) -> bool {
         let Some(incoming_tx) = &self.incoming_tx else {
-            self.refuse(incoming);
+            self.refuse(incoming, start);
             return true;
         };
         // Waiting here is the backpressure; `closed` keeps a stuck receiver from pinning us.
         let sent = tokio::select! {
             biased;
             _ = closed_rx.wait_for(Option::is_some) => return false,
-            sent = incoming_tx.send(incoming) => sent,
+            sent = incoming_tx.send((incoming, start)) => sent,
         };
-        if let Err(mpsc::error::SendError(incoming)) = sent {
+        if let Err(mpsc::error::SendError((incoming, _))) = sent {
             warn!(
                 label = %self.shared.label,
                 "incoming receiver dropped; refusing requests and dropping notifications from now on"
             );
             self.incoming_tx = None;
-            self.refuse(incoming);
+            self.refuse(incoming, start);
         }
         true
     }
 
-    /// Disposes of a message nobody will receive.
-    fn refuse(&self, incoming: I) {
+    /// Disposes of a message nobody will receive (it is done with).
+    fn refuse(&self, incoming: I, start: u64) {
+        self.shared.state().ledger.done(start);
         match incoming.into_request() {
             Err(notification) => {
                 debug!(
@@ -257,9 +275,19 @@ fn preview(line: &[u8]) -> String {
 }
 
 impl Shared {
-    /// Hands a response to the caller waiting for its id.
-    fn complete(&self, id: Value, outcome: Result<Value, RpcError>) {
-        let waiter = parse_our_id(&id).and_then(|id| self.state().waiters.remove(&id));
+    /// Hands a response, the line from `start` to `end`, to the caller
+    /// waiting for its id.
+    fn complete(&self, id: Value, outcome: Result<Value, RpcError>, start: u64, end: u64) {
+        let ours = parse_our_id(&id);
+        let waiter = {
+            let mut state = self.state();
+            let waiter = ours.and_then(|ours| state.waiters.remove(&ours));
+            match (ours, &waiter) {
+                (Some(ours), Some(_)) => state.ledger.answer_handed_on(ours, start, end),
+                _ => state.ledger.read(end),
+            }
+            waiter
+        };
         match waiter {
             Some(waiter) => {
                 if waiter.send(outcome).is_err() {

@@ -2,7 +2,7 @@
 //! for an answer, the close reason, and the writer's queue; and the errors a request ends
 //! with.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::mem;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -54,6 +54,64 @@ pub(super) struct Shared {
 pub(super) struct State {
     pub(super) closed: Option<String>,
     pub(super) waiters: HashMap<u64, oneshot::Sender<Result<Value, RpcError>>>,
+    pub(super) ledger: Ledger,
+}
+
+/// How far the peer's byte stream has been dealt with: which of its lines
+/// were read, and which of those were handed on (to the incoming channel, or
+/// as an answer to a caller) and are not done with yet. Everything before
+/// [`Ledger::processed_to`] is done with, so a stream that can be replayed
+/// (a shim's) needs nothing before it again.
+#[derive(Debug, Default)]
+pub(super) struct Ledger {
+    read_to: u64,
+    /// Where each line handed on and not yet done with begins.
+    open: BTreeSet<u64>,
+    /// Answers handed to their callers, by request id: where each begins.
+    answers: HashMap<u64, u64>,
+}
+
+impl Ledger {
+    pub(super) fn starting_at(position: u64) -> Ledger {
+        Ledger {
+            read_to: position,
+            ..Ledger::default()
+        }
+    }
+
+    /// A line that needs nothing more was read up to `end`.
+    pub(super) fn read(&mut self, end: u64) {
+        self.read_to = end;
+    }
+
+    /// The line from `start` to `end` was handed on.
+    pub(super) fn hand_on(&mut self, start: u64, end: u64) {
+        self.open.insert(start);
+        self.read_to = end;
+    }
+
+    /// The line handed on from `start` is done with.
+    pub(super) fn done(&mut self, start: u64) {
+        self.open.remove(&start);
+    }
+
+    /// The answer to request `id`, from `start` to `end`, went to its caller.
+    pub(super) fn answer_handed_on(&mut self, id: u64, start: u64, end: u64) {
+        self.hand_on(start, end);
+        self.answers.insert(id, start);
+    }
+
+    /// The caller of request `id` has its answer (or gave up).
+    pub(super) fn answer_taken(&mut self, id: u64) {
+        if let Some(start) = self.answers.remove(&id) {
+            self.open.remove(&start);
+        }
+    }
+
+    /// Everything before this position is done with.
+    pub(super) fn processed_to(&self) -> u64 {
+        self.open.first().copied().unwrap_or(self.read_to)
+    }
 }
 
 impl Shared {

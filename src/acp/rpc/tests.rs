@@ -58,14 +58,14 @@ impl Agent {
     }
 }
 
-fn connect(config: RpcConfig) -> (RpcPeer, mpsc::Receiver<Incoming>, Agent) {
+fn connect(config: RpcConfig) -> (RpcPeer, Inbox<Incoming>, Agent) {
     connect_with_pipe_capacity(config, 64 * 1024)
 }
 
 fn connect_with_pipe_capacity(
     config: RpcConfig,
     capacity: usize,
-) -> (RpcPeer, mpsc::Receiver<Incoming>, Agent) {
+) -> (RpcPeer, Inbox<Incoming>, Agent) {
     let (ours, theirs) = tokio::io::duplex(capacity);
     let (reader, writer) = tokio::io::split(ours);
     let (peer, incoming) = RpcPeer::spawn(reader, writer, config);
@@ -84,7 +84,7 @@ fn spawn_request(peer: &RpcPeer, method: &str) -> JoinHandle<Result<Value, RpcEr
 }
 
 /// The next message, a fast-path text chunk as the notification it is.
-async fn next_incoming(incoming: &mut mpsc::Receiver<Incoming>) -> Incoming {
+async fn next_incoming(incoming: &mut Inbox<Incoming>) -> Incoming {
     match within(incoming.recv())
         .await
         .expect("incoming channel ended")
@@ -97,14 +97,14 @@ async fn next_incoming(incoming: &mut mpsc::Receiver<Incoming>) -> Incoming {
     }
 }
 
-async fn next_notification(incoming: &mut mpsc::Receiver<Incoming>) -> (String, Value) {
+async fn next_notification(incoming: &mut Inbox<Incoming>) -> (String, Value) {
     match next_incoming(incoming).await {
         Incoming::Notification { method, params } => (method, params),
         other => panic!("expected a notification, got {other:?}"),
     }
 }
 
-async fn next_request(incoming: &mut mpsc::Receiver<Incoming>) -> IncomingRequest {
+async fn next_request(incoming: &mut Inbox<Incoming>) -> IncomingRequest {
     match next_incoming(incoming).await {
         Incoming::Request(request) => request,
         other => panic!("expected a request, got {other:?}"),
@@ -725,4 +725,69 @@ mod properties {
             });
         }
     }
+}
+
+/// The bytes of `message` as the agent sends it (a line).
+fn line_len(message: &Value) -> u64 {
+    format!("{message}\n").len() as u64
+}
+
+#[tokio::test]
+async fn the_stream_is_processed_only_as_far_as_what_was_handed_on_is_done_with() {
+    let start = 1_000;
+    let config = RpcConfig {
+        start_position: start,
+        ..RpcConfig::default()
+    };
+    let (peer, mut incoming, mut agent) = connect(config);
+    assert_eq!(
+        peer.processed_to(),
+        start,
+        "a stream joined part way through"
+    );
+    let first = notification("session/update", json!({"n": 1}));
+    let second = notification("session/update", json!({"n": 2}));
+    agent.send(first.clone()).await;
+    agent.send(second.clone()).await;
+    let _ = next_notification(&mut incoming).await;
+    assert_eq!(peer.processed_to(), start, "taken, not yet done with");
+    incoming.done();
+    assert_eq!(peer.processed_to(), start + line_len(&first));
+    // Asking for the next says the one before is done with.
+    let _ = next_notification(&mut incoming).await;
+    let _ = next_notification_or_none(&mut incoming).await;
+    let after_two = start + line_len(&first) + line_len(&second);
+    assert_eq!(peer.processed_to(), after_two);
+
+    // Garbage needs nothing: it counts as processed once read past.
+    agent.send_raw(b"not json\n").await;
+    // An answer counts once its caller has it, even when a later line is
+    // done with first.
+    let mut call = Box::pin(peer.request("session/prompt", json!({})));
+    assert!(futures::poll!(&mut call).is_pending(), "sent, not answered");
+    let request = agent.recv().await;
+    let answer =
+        json!({"jsonrpc": "2.0", "id": request["id"], "result": {"stopReason": "end_turn"}});
+    let third = notification("session/update", json!({"n": 3}));
+    agent.send(answer.clone()).await;
+    agent.send(third.clone()).await;
+    let _ = next_notification(&mut incoming).await;
+    incoming.done();
+    let answer_at = after_two + b"not json\n".len() as u64;
+    assert_eq!(
+        peer.processed_to(),
+        answer_at,
+        "the answer is not yet taken"
+    );
+    assert_eq!(within(call).await.unwrap()["stopReason"], "end_turn");
+    assert_eq!(
+        peer.processed_to(),
+        answer_at + line_len(&answer) + line_len(&third)
+    );
+}
+
+/// Asks for the next message without expecting one: the one in hand is
+/// done with.
+async fn next_notification_or_none(incoming: &mut Inbox<Incoming>) -> Option<Incoming> {
+    incoming.try_recv().ok()
 }
