@@ -126,6 +126,26 @@ impl Error {
 
     /// Whether the database is out of reach (for now): what waits for it
     /// may succeed later.
+    /// This node no longer owns the conversation it wrote to: another
+    /// claimed it (see [`crate::cluster`]'s fencing), and nothing was written.
+    pub fn fenced(conversation: uuid::Uuid) -> Error {
+        Error::conflict(
+            "conversation_moved",
+            format!("conversation {conversation} is run by another gateway node now"),
+        )
+    }
+
+    /// Whether this is [`Error::fenced`].
+    pub fn is_fenced(&self) -> bool {
+        matches!(
+            self,
+            Error::Conflict {
+                code: "conversation_moved",
+                ..
+            }
+        )
+    }
+
     pub fn is_outage(&self) -> bool {
         self.is_transient() || matches!(self, Error::Unavailable(_))
     }

@@ -13,7 +13,10 @@ impl Node {
     /// Makes this node the owner of `conversation` unless a live node is.
     pub async fn claim(&self, conversation: Uuid) -> Result<Claim> {
         let Some(shared) = &self.inner.shared else {
-            return Ok(Claim::Mine { took_from: None });
+            return Ok(Claim::Mine {
+                took_from: None,
+                epoch: None,
+            });
         };
         loop {
             let Some(owner) = shared.conversation_node(conversation).await? else {
@@ -28,15 +31,18 @@ impl Node {
                 }
                 _ => None,
             };
-            if shared
+            let moved = shared
                 .move_conversation(conversation, owner, self.id())
-                .await?
-            {
+                .await?;
+            if let Some(epoch) = moved {
                 if let Some(dead) = took_from {
-                    tracing::info!(conversation_id = %conversation, dead_node = %dead,
+                    tracing::info!(conversation_id = %conversation, dead_node = %dead, epoch,
                         "took over a conversation of a dead node");
                 }
-                return Ok(Claim::Mine { took_from });
+                return Ok(Claim::Mine {
+                    took_from,
+                    epoch: Some(epoch),
+                });
             }
             // Claimed by someone else meanwhile: look again.
         }

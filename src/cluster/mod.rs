@@ -77,7 +77,13 @@ struct Inner {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Claim {
     /// This node, from now on; `took_from` the dead node that had it.
-    Mine { took_from: Option<Uuid> },
+    /// `epoch` is the ownership epoch this claim raised the conversation to
+    /// (`None` for a node alone, which no other can take it from): the
+    /// owner's writes are conditional on it.
+    Mine {
+        took_from: Option<Uuid>,
+        epoch: Option<i64>,
+    },
     /// Another node, alive.
     Elsewhere(Uuid),
 }

@@ -74,6 +74,9 @@ pub struct Journal {
     gauged: usize,
     /// Who waits for the next commit.
     lane: Lane,
+    /// The owner epoch every write is conditional on (see
+    /// [`crate::store::Batch::fence`]).
+    fence: Option<i64>,
 }
 
 /// Longest wait between two tries to reach the database.
@@ -107,7 +110,15 @@ impl Journal {
             published: conversation.last_seq,
             gauged: 0,
             lane: Lane::Person,
+            fence: None,
         }
+    }
+
+    /// Writes only while the conversation's owner epoch is `fence` (see
+    /// [`crate::store::Batch::fence`]).
+    pub fn fenced_at(mut self, fence: Option<i64>) -> Self {
+        self.fence = fence;
+        self
     }
 
     /// Who waits for what is committed from now on: a person (the default:
@@ -417,7 +428,7 @@ impl Journal {
         match self
             .sink
             .store
-            .resolve_permission(resolution, event, &patch)
+            .resolve_permission(resolution, event, &patch, self.fence)
             .await?
         {
             Some((request, event)) => {

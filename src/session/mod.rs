@@ -153,7 +153,9 @@ impl Sessions {
         let id = conversation.id;
         // Owned from the start: no other node takes it for left behind.
         conversation.node_id = Some(self.inner.node.id());
-        match self.launch(profile, conversation, false).await {
+        // Its first owner, at the epoch a new conversation has.
+        let fence = self.inner.node.is_shared().then_some(0);
+        match self.launch(profile, conversation, false, fence).await {
             Ok((_, conversation)) => Ok(conversation),
             Err(e) => {
                 self.inner.node.release(id).await;
@@ -167,6 +169,7 @@ impl Sessions {
         profile: AgentProfile,
         conversation: Conversation,
         resume: bool,
+        fence: Option<i64>,
     ) -> Result<(Handle, Conversation)> {
         let id = conversation.id;
         let _slot = self.admit(conversation.owner.as_deref()).await?;
@@ -182,6 +185,7 @@ impl Sessions {
             policies: self.inner.policies.clone(),
             exits: self.inner.exits.clone(),
             waiting: self.inner.waiting.clone(),
+            fence,
         })
         .await?;
         // Registered now, forgotten when its task ends.

@@ -45,17 +45,21 @@ impl Sessions {
                     ),
                 )
             })?;
-            let conversation = match self.inner.node.claim(id).await? {
+            let (conversation, fence) = match self.inner.node.claim(id).await? {
                 Claim::Elsewhere(node) => return Ok(Attached::There(node)),
-                Claim::Mine { took_from: None } => conversation,
+                Claim::Mine {
+                    took_from: None,
+                    epoch,
+                } => (conversation, epoch),
                 Claim::Mine {
                     took_from: Some(dead),
+                    epoch,
                 } => {
                     self.recover_taken(id, dead).await?;
-                    self.stored(id).await?
+                    (self.stored(id).await?, epoch)
                 }
             };
-            match self.launch(profile, conversation, true).await {
+            match self.launch(profile, conversation, true, fence).await {
                 Ok((session, _)) => Ok(Attached::Here(session)),
                 Err(e) => {
                     self.inner.node.release(id).await;
@@ -288,7 +292,7 @@ impl Sessions {
                         return answer;
                     }
                 }
-                Claim::Mine { took_from } => {
+                Claim::Mine { took_from, epoch } => {
                     let id = conversation.id;
                     return self
                         .gated(id, async {
@@ -303,7 +307,8 @@ impl Sessions {
                                 }
                                 let conversation = self.stored(id).await?;
                                 let mut journal =
-                                    Journal::new(self.inner.sink.clone(), &conversation, None);
+                                    Journal::new(self.inner.sink.clone(), &conversation, None)
+                                        .fenced_at(epoch);
                                 journal.set_status(ConversationStatus::Closed);
                                 journal.flush().await
                             }

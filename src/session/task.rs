@@ -98,6 +98,9 @@ pub struct StartParams {
     pub exits: ExitCauses,
     /// This node's index of requests waiting for a person.
     pub waiting: WaitingRequests,
+    /// The owner epoch this node claimed the conversation at (see
+    /// [`crate::store::Batch::fence`]).
+    pub fence: Option<i64>,
 }
 
 /// Starts the agent, opens its ACP session, and spawns the session task.
@@ -120,13 +123,14 @@ pub async fn start(
         policies,
         exits,
         waiting,
+        fence,
     } = params;
     let id = conversation.id;
     let span = tracing::info_span!(parent: None, "conversation", conversation_id = %id, agent = %profile.name);
     if !resume {
         sink.store.insert_conversation(&conversation).await?;
     }
-    let mut journal = Journal::new(sink, &conversation, None);
+    let mut journal = Journal::new(sink, &conversation, None).fenced_at(fence);
     journal.append(AgentStatus::new(AgentState::Starting, None));
     journal.flush().await?;
 
@@ -350,6 +354,10 @@ impl Task {
         };
         let end = match end {
             Ok(end) => end,
+            Err(e) if e.is_fenced() => {
+                self.step_aside().await;
+                return;
+            }
             Err(e) => {
                 tracing::error!(error = %e, "session failed; stopping its agent");
                 End::Stopped {

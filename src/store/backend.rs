@@ -114,6 +114,11 @@ pub struct Batch {
     pub conversation: Option<ConversationPatch>,
     /// Who waits for this commit (see [`Lane`]).
     pub lane: Lane,
+    /// The owner epoch the writer claimed the conversation with: where the
+    /// conversation's epoch is another now, nothing is written and the
+    /// commit fails with [`crate::error::Error::fenced`]. `None`: unfenced
+    /// (a gateway alone).
+    pub fence: Option<i64>,
 }
 
 /// Who waits for a write, and so which goes first when writes queue for the
@@ -304,6 +309,7 @@ pub trait Store:
         resolution: &Resolution,
         event: Event,
         patch: &ConversationPatch,
+        fence: Option<i64>,
     ) -> Result<Option<(PermissionRequest, Event)>>;
 
     /// The conversation's events with `seq > after`, ascending, at most

@@ -98,13 +98,14 @@ pub trait ClusterStore: Send + Sync + 'static {
     /// The node that owns `conversation`: `None` when there is no such
     /// conversation, `Some(None)` when no node owns it.
     async fn conversation_node(&self, conversation: Uuid) -> Result<Option<Option<Uuid>>>;
-    /// Gives `conversation` to `to` if `from` still owns it; whether it did.
+    /// Gives `conversation` to `to` if `from` still owns it, raising its
+    /// owner epoch: the new epoch, `None` when it did not.
     async fn move_conversation(
         &self,
         conversation: Uuid,
         from: Option<Uuid>,
         to: Uuid,
-    ) -> Result<bool>;
+    ) -> Result<Option<i64>>;
     /// Leaves `conversation` to no node, if `node` owns it.
     async fn release_conversation(&self, conversation: Uuid, node: Uuid) -> Result<()>;
     /// Leaves every conversation `node` owns to no node.
@@ -113,7 +114,8 @@ pub trait ClusterStore: Send + Sync + 'static {
     async fn owned_by_others(&self, node: Uuid) -> Result<Vec<(Uuid, Uuid)>>;
     /// Every node but `node` that owns a conversation.
     async fn other_owners(&self, node: Uuid) -> Result<Vec<Uuid>>;
-    /// Gives every conversation of `from` to `to`; their ids.
+    /// Gives every conversation of `from` to `to` (raising their owner
+    /// epochs); their ids.
     async fn move_all(&self, from: Uuid, to: Uuid) -> Result<Vec<Uuid>>;
 
     /// Writes `command` and, once written, notifies its node with `notice`.

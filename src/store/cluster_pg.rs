@@ -118,18 +118,17 @@ impl ClusterStore for PgStore {
         conversation: Uuid,
         from: Option<Uuid>,
         to: Uuid,
-    ) -> Result<bool> {
-        let moved = sqlx::query(
-            "update conversations set node_id = $2
-             where id = $1 and node_id is not distinct from $3",
+    ) -> Result<Option<i64>> {
+        Ok(sqlx::query_scalar(
+            "update conversations set node_id = $2, owner_epoch = owner_epoch + 1
+             where id = $1 and node_id is not distinct from $3
+             returning owner_epoch",
         )
         .bind(conversation)
         .bind(to)
         .bind(from)
-        .execute(self.pool())
-        .await?
-        .rows_affected();
-        Ok(moved == 1)
+        .fetch_optional(self.pool())
+        .await?)
     }
 
     async fn release_conversation(&self, conversation: Uuid, node: Uuid) -> Result<()> {
@@ -169,7 +168,8 @@ impl ClusterStore for PgStore {
 
     async fn move_all(&self, from: Uuid, to: Uuid) -> Result<Vec<Uuid>> {
         Ok(sqlx::query_scalar(
-            "update conversations set node_id = $2 where node_id = $1 returning id",
+            "update conversations set node_id = $2, owner_epoch = owner_epoch + 1
+             where node_id = $1 returning id",
         )
         .bind(from)
         .bind(to)

@@ -128,6 +128,7 @@ async fn copy_conversation(
     let events = from.list_events(id, 0, i64::MAX).await?;
     let messages = prompts_stored_once(&events, from.list_messages(id).await?);
     let batch = Batch {
+        fence: None,
         events,
         messages,
         tool_calls: from.list_tool_calls(id).await?,

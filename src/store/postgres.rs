@@ -121,6 +121,7 @@ async fn resolve_at_once(
     resolution: &Resolution,
     event: &Event,
     patch: &ConversationPatch,
+    fence: Option<i64>,
 ) -> Result<Option<Event>> {
     let request = &resolution.request;
     let event = Event {
@@ -128,11 +129,16 @@ async fn resolve_at_once(
         ..event.clone()
     };
     let query = sqlx::query(
-        "with resolved as (
+        "with fenced as (
+            select id from conversations
+            where id = $4 and owner_epoch = coalesce($19, owner_epoch)
+            for update
+         ), resolved as (
             update permission_requests set status = $2, decision = $3
             where id = $1 and status = 'pending' and conversation_id = $4
               and turn_id is not distinct from $5 and created_at = $6
               and tool_call::text = $7 and options::text = $8
+              and exists (select 1 from fenced)
             returning id
          ), announced as (
             insert into events (conversation_id, seq, type, at, data)
@@ -157,6 +163,7 @@ async fn resolve_at_once(
     .bind(event.at)
     .bind(JsonText::of(&event.body.data()));
     let resolved: bool = bind_patch(query, patch)
+        .bind(fence)
         .try_map(|row: sqlx::postgres::PgRow| sqlx::Row::try_get(&row, 0))
         .fetch_one(pool)
         .await?;

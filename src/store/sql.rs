@@ -10,7 +10,7 @@
 /// ([`Lanes`](super::backend::Lanes): who goes first to the writer). The invoking module
 /// must define
 /// `async fn insert_events(&mut Connection, Uuid, &[Event]) -> Result<()>` and
-/// `async fn resolve_at_once(&Pool, &Resolution, &Event, &ConversationPatch) -> Result<Option<Event>>`
+/// `async fn resolve_at_once(&Pool, &Resolution, &Event, &ConversationPatch, Option<i64>) -> Result<Option<Event>>`
 /// (a resolution in one statement where the backend can: `None` where it
 /// cannot, or the stored request is not as the resolution expects, and the
 /// general transaction decides).
@@ -34,6 +34,26 @@ macro_rules! impl_store {
         }
 
         type Db = <$conn as sqlx::Connection>::Database;
+
+        /// Holds the conversation for this transaction if its owner epoch is
+        /// still `fence` (a write lock on its row, so no claim slips in
+        /// before the commit); otherwise the transaction writes nothing.
+        async fn fence(tx: &mut $conn, conversation_id: Uuid, fence: Option<i64>) -> Result<()> {
+            let Some(epoch) = fence else { return Ok(()) };
+            let held = sqlx::query(
+                "update conversations set owner_epoch = owner_epoch
+                 where id = $1 and owner_epoch = $2",
+            )
+            .bind(conversation_id)
+            .bind(epoch)
+            .execute(tx)
+            .await?
+            .rows_affected();
+            if held == 0 {
+                return Err($crate::error::Error::fenced(conversation_id));
+            }
+            Ok(())
+        }
 
         /// Binds a patch's six columns (status, acp_session_id, last_seq,
         /// current_turn_id, updated_at, agent_state), in that order.
@@ -129,6 +149,7 @@ macro_rules! impl_store {
                 }
                 let _place = self.lanes.enter(batch.lane).await;
                 let mut tx = self.writer().begin().await?;
+                fence(&mut tx, conversation_id, batch.fence).await?;
                 // Permission requests first: an event announcing one must
                 // never be visible without the request itself.
                 for p in &batch.new_permissions {
@@ -223,12 +244,15 @@ macro_rules! impl_store {
                 resolution: &Resolution,
                 mut event: Event,
                 patch: &ConversationPatch,
+                fence_at: Option<i64>,
             ) -> Result<Option<(PermissionRequest, Event)>> {
-                if let Some(event) = resolve_at_once(self.writer(), resolution, &event, patch).await? {
+                let at_once = resolve_at_once(self.writer(), resolution, &event, patch, fence_at);
+                if let Some(event) = at_once.await? {
                     crate::telemetry::transaction(3);
                     return Ok(Some((resolution.resolved(), event)));
                 }
                 let mut tx = self.writer().begin().await?;
+                fence(&mut tx, event.conversation_id, fence_at).await?;
                 // A write first: the transaction takes the write lock at once.
                 let row = sqlx::query_as::<_, PermissionRow>(
                     "update permission_requests set status = $2, decision = $3

@@ -123,6 +123,7 @@ async fn resolve_at_once(
     _: &Resolution,
     _: &Event,
     _: &ConversationPatch,
+    _: Option<i64>,
 ) -> Result<Option<Event>> {
     Ok(None)
 }

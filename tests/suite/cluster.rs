@@ -498,3 +498,92 @@ async fn a_stopped_gateway_leaves_none_of_its_nodes_tasks_running() {
         assert!(node.is_stopped(), "a task of the node still runs");
     }
 }
+
+/// The value of `acp_gateway_agent_exits_total{cause}` on a node.
+async fn agent_exits(node: &GatewayProcess, cause: &str) -> i64 {
+    let text = reqwest::get(format!("{}/metrics", node.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let prefix = format!("acp_gateway_agent_exits_total{{cause=\"{cause}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test]
+async fn a_node_frozen_past_its_lease_is_fenced_off_and_stops_its_agent() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let (a, b) = two_nodes(&db, &[demo_profile("demo", &[])]);
+    let a_id = node_id(&a).await;
+    let id = a.create("demo").await;
+    let mut on_a = a.conversation_ws(&id, 0).await;
+    a.prompt(&id, "slow 100000").await;
+    on_a.until_type("session_update").await;
+    let agent_pid = agent_process_records(&db)
+        .await
+        .into_iter()
+        .find(|r| r.conversation_id.to_string() == id)
+        .unwrap()
+        .pid;
+    let agent = ProcessWatch::killing(agent_pid);
+
+    // A stops dead (as a node cut off from the database would), its agent
+    // streaming; its lease runs out, and it cannot be told apart from a
+    // node on another machine.
+    let a_pid = a.child.id() as i32;
+    assert_eq!(unsafe { libc::kill(a_pid, libc::SIGSTOP) }, 0);
+    db.execute(
+        &format!(
+            "update nodes set boot_id = 'another machine', lease_until = now() - interval '1 second'
+             where id = '{a_id}';
+             update agent_processes set boot_id = 'another machine'
+             where conversation_id = '{id}'"
+        ),
+        "",
+    )
+    .await;
+    // B takes the conversation over with a prompt of its own.
+    let last = events(&b, &id).await.last().unwrap()["seq"]
+        .as_i64()
+        .unwrap();
+    let mut on_b = b.conversation_ws(&id, last).await;
+    let (status, body) = b.try_prompt(&id, "hello from b").await;
+    assert_eq!(status, 202, "{body}");
+    on_b.until(|e| e["type"] == "turn_ended" && e["data"]["stop_reason"] == "end_turn")
+        .await;
+    let b_id = node_id(&b).await;
+    assert_eq!(owner(&db, &id).await.as_deref(), Some(b_id.as_str()));
+
+    // A wakes up: whatever it writes for the conversation is refused as a
+    // whole, and it stops its copy of the agent.
+    assert_eq!(unsafe { libc::kill(a_pid, libc::SIGCONT) }, 0);
+    assert!(agent.ended().await, "A's agent stops");
+    assert_eq!(agent_exits(&a, "fenced").await, 1);
+    assert_eq!(owner(&db, &id).await.as_deref(), Some(b_id.as_str()));
+
+    // One history: every seq once, the same read on either node, and
+    // nothing of A's after B took over.
+    let all = events(&b, &id).await;
+    assert_consecutive(&all, 0);
+    assert_eq!(events(&a, &id).await, all);
+    let turn_ends: Vec<&str> = all
+        .iter()
+        .filter(|e| e["type"] == "turn_ended")
+        .map(|e| e["data"]["stop_reason"].as_str().unwrap())
+        .collect();
+    assert_eq!(turn_ends, ["error", "end_turn"], "{all:#?}");
+    let after_takeover = all
+        .iter()
+        .skip_while(|e| e["type"] != "turn_ended")
+        .filter_map(|e| e["data"]["update"]["content"]["text"].as_str())
+        .any(|text| text.starts_with('s'));
+    assert!(
+        !after_takeover,
+        "no chunk of A's agent after the takeover: {all:#?}"
+    );
+}

@@ -451,7 +451,7 @@ async fn a_resolution_announces_the_request_as_stored_and_happens_once(db: TestD
         decision: Decision::new(Some("allow-once".into()), "user:ann".into(), None),
     };
     let (resolved, announced) = store
-        .resolve_permission(&resolution, event(1), &patch(1))
+        .resolve_permission(&resolution, event(1), &patch(1), None)
         .await
         .unwrap()
         .expect("pending, so resolved");
@@ -479,7 +479,7 @@ async fn a_resolution_announces_the_request_as_stored_and_happens_once(db: TestD
         decision: Decision::new(Some("reject-once".into()), "user:bob".into(), None),
     };
     let second = store
-        .resolve_permission(&again, event(2), &patch(2))
+        .resolve_permission(&again, event(2), &patch(2), None)
         .await
         .unwrap();
     assert!(second.is_none());
@@ -520,7 +520,7 @@ async fn a_resolution_announces_the_request_as_stored_and_happens_once(db: TestD
         decision: Decision::new(Some("reject-once".into()), "user:ann".into(), None),
     };
     let (resolved, announced) = store
-        .resolve_permission(&exact, event(2), &patch(2))
+        .resolve_permission(&exact, event(2), &patch(2), None)
         .await
         .unwrap()
         .expect("pending, so resolved");
@@ -544,7 +544,101 @@ async fn a_resolution_announces_the_request_as_stored_and_happens_once(db: TestD
     assert_eq!(row.last_seq, 2);
 }
 
+/// Fencing: a writer holding an older owner epoch than the conversation's
+/// writes nothing at all (no request, no event, no state), commits and
+/// resolutions alike; the current owner's writes go through.
+async fn a_stale_owners_writes_are_refused_as_a_whole(db: TestDb) {
+    use acp_gateway::model::{
+        self, Conversation, ConversationStatus, Decision, Event, PermissionRequest,
+        PermissionStatus,
+    };
+    use acp_gateway::store::{Batch, ConversationPatch, Resolution};
+
+    let store = acp_gateway::store::open(&db.url).await.unwrap();
+    let conversation = Conversation {
+        id: model::new_id(),
+        agent: "demo".into(),
+        title: None,
+        cwd: "/tmp".into(),
+        status: ConversationStatus::Idle,
+        acp_session_id: None,
+        last_seq: 0,
+        created_at: model::now(),
+        updated_at: model::now(),
+        owner: None,
+        state: Default::default(),
+        node_id: None,
+    };
+    store.insert_conversation(&conversation).await.unwrap();
+    // Claimed twice since: epoch 2 (the database's only conversation).
+    let id = conversation.id;
+    let claimed = "update conversations set owner_epoch = 2";
+    db.execute(claimed, claimed).await;
+    let request = PermissionRequest {
+        id: model::new_id(),
+        conversation_id: id,
+        turn_id: None,
+        tool_call: json!({"toolCallId": "t1"}),
+        options: vec![json!({"optionId": "allow-once", "name": "Allow", "kind": "allow_once"})],
+        status: PermissionStatus::Pending,
+        decision: None,
+        created_at: model::now(),
+    };
+    let patch = |seq| ConversationPatch {
+        status: ConversationStatus::Running,
+        acp_session_id: None,
+        last_seq: seq,
+        current_turn_id: None,
+        updated_at: model::now(),
+        state: None,
+    };
+    let event = |seq| Event {
+        seq,
+        conversation_id: id,
+        at: model::now(),
+        body: model::EventBody::Verbatim {
+            kind: "permission_requested".into(),
+            data: json!({}),
+        },
+    };
+    let batch = |fence| Batch {
+        new_permissions: vec![request.clone()],
+        events: vec![event(1)],
+        conversation: Some(patch(1)),
+        fence,
+        ..Batch::default()
+    };
+    let refused = store.commit(id, &batch(Some(1))).await.unwrap_err();
+    assert!(refused.is_fenced(), "{refused}");
+    assert!(store.list_events(id, 0, 10).await.unwrap().is_empty());
+    assert!(store.get_permission(request.id).await.unwrap().is_none());
+    let row = store.get_conversation(id).await.unwrap().unwrap();
+    assert_eq!((row.last_seq, row.status), (0, ConversationStatus::Idle));
+
+    store.commit(id, &batch(Some(2))).await.unwrap();
+    let resolution = Resolution {
+        request: request.clone(),
+        status: PermissionStatus::Approved,
+        decision: Decision::new(Some("allow-once".into()), "user:ann".into(), None),
+    };
+    let refused = store
+        .resolve_permission(&resolution, event(2), &patch(2), Some(1))
+        .await
+        .unwrap_err();
+    assert!(refused.is_fenced(), "{refused}");
+    let still = store.get_permission(request.id).await.unwrap().unwrap();
+    assert_eq!(still.status, PermissionStatus::Pending);
+    assert_eq!(store.list_events(id, 0, 10).await.unwrap().len(), 1);
+    let (resolved, _) = store
+        .resolve_permission(&resolution, event(2), &patch(2), Some(2))
+        .await
+        .unwrap()
+        .expect("the owner's answer is written");
+    assert_eq!(resolved.status, PermissionStatus::Approved);
+}
+
 backend_tests!(
+    a_stale_owners_writes_are_refused_as_a_whole,
     a_resolution_announces_the_request_as_stored_and_happens_once,
     two_concurrent_requests_answered_in_reverse_order_each_reach_their_tool_call,
     cancel_with_two_requests_pending_answers_both_cancelled_and_the_turn_ends_cancelled,

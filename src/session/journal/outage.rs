@@ -100,6 +100,7 @@ impl Journal {
         let mut attempt = 0;
         loop {
             let started = std::time::Instant::now();
+            self.batch.fence = self.fence;
             let committed = self
                 .sink
                 .store
@@ -114,7 +115,9 @@ impl Journal {
                     tracing::warn!(conversation_id = %self.conversation_id, error = %e, attempt, "commit failed; retrying");
                     tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
                 }
-                Err(e) if e.is_transient() => return Err(e),
+                // Another node owns the conversation now: nothing of this
+                // node's is written any more.
+                Err(e) if e.is_transient() || e.is_fenced() => return Err(e),
                 Err(e) => {
                     tracing::warn!(conversation_id = %self.conversation_id, error = %e,
                         "the database refused a batch; writing it piece by piece");

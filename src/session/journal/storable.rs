@@ -154,6 +154,7 @@ impl Journal {
         }
         let patch = Batch {
             conversation: self.batch.conversation.take(),
+            fence: self.fence,
             ..Batch::default()
         };
         self.sink.store.commit(self.conversation_id, &patch).await?;
@@ -166,15 +167,17 @@ impl Journal {
     /// `None` when it refused them all (the piece is dropped, loudly).
     async fn commit_piece(
         &self,
-        piece: Batch,
+        mut piece: Batch,
         stand_ins: impl IntoIterator<Item = Batch>,
     ) -> Result<Option<Batch>> {
+        piece.fence = self.fence;
         let mut refused = match self.sink.store.commit(self.conversation_id, &piece).await {
             Ok(()) => return Ok(Some(piece)),
-            Err(e) if e.is_transient() => return Err(e),
+            Err(e) if e.is_transient() || e.is_fenced() => return Err(e),
             Err(e) => e,
         };
-        for stand_in in stand_ins {
+        for mut stand_in in stand_ins {
+            stand_in.fence = self.fence;
             tracing::warn!(conversation_id = %self.conversation_id, error = %refused,
                 "the database refused part of a batch; storing a stand-in");
             match self
@@ -184,7 +187,7 @@ impl Journal {
                 .await
             {
                 Ok(()) => return Ok(Some(stand_in)),
-                Err(e) if e.is_transient() => return Err(e),
+                Err(e) if e.is_transient() || e.is_fenced() => return Err(e),
                 Err(e) => refused = e,
             }
         }

@@ -93,6 +93,19 @@ impl Task {
             .insert(self.journal.conversation_id(), cause);
     }
 
+    /// Another node claimed the conversation while this one was cut off (its
+    /// lease ran out): nothing more of this node's is written to it, its
+    /// agent and terminals stop here, and the task ends, dropping what it
+    /// held. The other node's copy of the agent carries the conversation on.
+    pub(super) async fn step_aside(&mut self) {
+        tracing::warn!("another gateway node owns this conversation now; stopping its agent here");
+        self.exited("fenced");
+        let _ = tokio::time::timeout(TERMINALS_END, self.served.stop()).await;
+        self.process.terminate(TERMINATE_GRACE).await;
+        // The process record is this node's own: not the conversation's.
+        forget_process(self.journal.store(), self.record.take().as_ref()).await;
+    }
+
     /// Records how the session ended and makes sure the agent is gone.
     pub(super) async fn finish(&mut self, end: End) -> Result<()> {
         // The agent's terminals go with it; what they printed, and how they
