@@ -40,6 +40,9 @@ pub struct PgStore {
     lanes: Lanes,
 }
 
+/// How long Postgres lets a transaction of ours sit idle before it ends it.
+pub const IDLE_IN_TRANSACTION: &str = "10s";
+
 impl PgStore {
     /// Connects, creating the database if it does not exist yet (so a fresh
     /// Postgres needs no setup), and applies pending migrations.
@@ -52,12 +55,21 @@ impl PgStore {
                 .await
                 .context("Failed to create the database")?;
         }
+        // A transaction of ours never waits on anything but the database:
+        // one left open (its node frozen, or cut off while Postgres still
+        // holds the connection) is ended by the server, so the row locks it
+        // holds (a conversation's, see fencing) do not stall the node that
+        // takes its conversations over.
+        let options = url
+            .parse::<sqlx::postgres::PgConnectOptions>()
+            .context("Failed to read the Postgres URL")?
+            .options([("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION)]);
         let pool = PgPoolOptions::new()
             .max_connections(16)
             // Short: while Postgres is unreachable a session's writer holds
             // its writes and tries again later, and meanwhile keeps serving.
             .acquire_timeout(std::time::Duration::from_secs(2))
-            .connect(url)
+            .connect_with(options)
             .await
             .context("Failed to connect to Postgres")?;
         MIGRATOR

@@ -587,3 +587,20 @@ async fn a_node_frozen_past_its_lease_is_fenced_off_and_stops_its_agent() {
         "no chunk of A's agent after the takeover: {all:#?}"
     );
 }
+
+#[tokio::test]
+async fn postgres_ends_a_transaction_a_frozen_node_left_open() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    // What the gateway's connections are set to: a node frozen inside a
+    // transaction holds a conversation's row lock only this long.
+    let store = acp_gateway::store::postgres::PgStore::open(&db.url)
+        .await
+        .unwrap();
+    let timeout: String = sqlx::query_scalar("show idle_in_transaction_session_timeout")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(timeout, acp_gateway::store::postgres::IDLE_IN_TRANSACTION);
+}
