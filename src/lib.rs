@@ -28,7 +28,10 @@
 //!   refuses as stand-ins).
 //! - [`acp`]: the protocol side. [`acp::rpc`] frames and multiplexes JSON-RPC
 //!   over any `AsyncRead`/`AsyncWrite` and knows no ACP method (`rpc/`:
-//!   framing, routing, the inbound hook; its own `RpcError`);
+//!   framing, routing, the inbound hook, the inbox; its own `RpcError`),
+//!   and says how far the agent's stream is processed
+//!   ([`acp::rpc::RpcPeer::processed_to`]); [`acp::link`] is the gateway's
+//!   end of a shim's socket;
 //!   [`acp::incoming`] is what an agent sends, with [`acp::chunk`]'s fast
 //!   path for `session/update` chunks; [`acp::agent`] spawns and kills agent
 //!   processes; [`acp::client`] is the typed ACP session (handshake, prompt,
@@ -40,15 +43,21 @@
 //!   `brush-parser`; `shell/`: words, the walk of the parsed line, programs
 //!   and the wrappers that run other programs).
 //! - [`cluster`]: several gateway nodes on one Postgres (`mod.rs` the node
-//!   and its lease, `claims.rs` who runs which conversation, `commands.rs`
+//!   and its lease, `claims.rs` who runs which conversation at which owner
+//!   epoch (the fence every write of the owner is conditional on), `commands.rs`
 //!   and `relay.rs` commands and events between nodes, `run.rs` its tracked
 //!   tasks); on SQLite, one node holding the file's lock (`lock.rs`). Its SQL
 //!   is the store's ([`store::cluster`]).
 //! - [`process`]: the processes started for conversations. [`process::spawn`]
 //!   starts agents and terminal commands with a clean environment, each the
 //!   root of a process tree that is killed whole, and adopts and kills what
-//!   they leave behind; [`process::procs`] reads `/proc` and finds what a
-//!   crashed run's agents left running.
+//!   they leave behind; [`process::child`] waits for and stops one such
+//!   tree; [`process::procs`] reads `/proc` and finds what a crashed run's
+//!   agents left running.
+//! - [`shim`]: `acp-gateway shim`, the small supervisor an agent can run
+//!   under to outlive the gateway (its own `main`, no database, no HTTP):
+//!   the agent's output held until acknowledged, served on a Unix socket
+//!   with the framed protocol of [`shim::protocol`].
 //! - [`store`]: persistence behind one trait ([`store::Store`]): Postgres and
 //!   SQLite from one SQL text, the cluster's Postgres-only part
 //!   (`cluster_pg.rs`), the database URL read in one place (`url.rs`), and
