@@ -47,14 +47,19 @@ async fn owner(db: &TestDb, id: &str) -> Option<String> {
     owner.map(|o| o.to_string())
 }
 
-/// `acp_gateway_agents_running` on a node.
-async fn agents_running(node: &GatewayProcess) -> i64 {
-    let text = reqwest::get(format!("{}/metrics", node.base))
+/// What a node's `/metrics` says.
+async fn metrics(node: &GatewayProcess) -> String {
+    reqwest::get(format!("{}/metrics", node.base))
         .await
         .unwrap()
         .text()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// `acp_gateway_agents_running` on a node.
+async fn agents_running(node: &GatewayProcess) -> i64 {
+    let text = metrics(node).await;
     let line = text
         .lines()
         .find(|l| l.starts_with("acp_gateway_agents_running "))
@@ -88,6 +93,29 @@ fn option_of(request: &Value, kind: &str) -> String {
         .as_str()
         .unwrap()
         .to_owned()
+}
+
+/// Prompts `text` on `node` for a conversation another node ran, watching
+/// from the last event on: the events up to the prompt's `end_turn`.
+async fn take_over_with_a_prompt(node: &GatewayProcess, id: &str, text: &str) -> Vec<Value> {
+    let last = events(node, id).await.last().unwrap()["seq"]
+        .as_i64()
+        .unwrap();
+    let mut ws = node.conversation_ws(id, last).await;
+    let (status, body) = node.try_prompt(id, text).await;
+    assert_eq!(status, 202, "{body}");
+    ws.until(|e| e["type"] == "turn_ended" && e["data"]["stop_reason"] == "end_turn")
+        .await
+}
+
+/// The pid of the conversation's agent, from its process record.
+async fn agent_pid(db: &TestDb, id: &str) -> i32 {
+    agent_process_records(db)
+        .await
+        .into_iter()
+        .find(|r| r.conversation_id.to_string() == id)
+        .unwrap()
+        .pid
 }
 
 #[tokio::test]
@@ -319,13 +347,7 @@ async fn a_dead_nodes_conversation_is_taken_over_and_resumed() {
     a.prompt(&id, "tool").await;
     let request = requested(&mut on_a).await;
     let request_id = request["id"].as_str().unwrap().to_owned();
-    let agent_pid = agent_process_records(&db)
-        .await
-        .into_iter()
-        .find(|r| r.conversation_id.to_string() == id)
-        .unwrap()
-        .pid;
-    let agent = ProcessWatch::new(agent_pid);
+    let agent = ProcessWatch::new(agent_pid(&db, &id).await);
 
     a.kill();
     // As if A had run on another machine: only its lease can tell B that
@@ -335,16 +357,8 @@ async fn a_dead_nodes_conversation_is_taken_over_and_resumed() {
         "",
     )
     .await;
-    let last = events(&b, &id).await.last().unwrap()["seq"]
-        .as_i64()
-        .unwrap();
-    let mut on_b = b.conversation_ws(&id, last).await;
-    let (status, body) = b.try_prompt(&id, "second").await;
-    assert_eq!(status, 202, "{body}");
     // First the turn A was running ends (error), then B's (end_turn).
-    let frames = on_b
-        .until(|e| e["type"] == "turn_ended" && e["data"]["stop_reason"] == "end_turn")
-        .await;
+    let frames = take_over_with_a_prompt(&b, &id, "second").await;
     assert_eq!(
         streamed_text(&frames, "agent_message_chunk"),
         "You said: second"
@@ -501,12 +515,7 @@ async fn a_stopped_gateway_leaves_none_of_its_nodes_tasks_running() {
 
 /// The value of `acp_gateway_agent_exits_total{cause}` on a node.
 async fn agent_exits(node: &GatewayProcess, cause: &str) -> i64 {
-    let text = reqwest::get(format!("{}/metrics", node.base))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics(node).await;
     let prefix = format!("acp_gateway_agent_exits_total{{cause=\"{cause}\"}} ");
     text.lines()
         .find_map(|l| l.strip_prefix(prefix.as_str()))
@@ -524,13 +533,7 @@ async fn a_node_frozen_past_its_lease_is_fenced_off_and_stops_its_agent() {
     let mut on_a = a.conversation_ws(&id, 0).await;
     a.prompt(&id, "slow 100000").await;
     on_a.until_type("session_update").await;
-    let agent_pid = agent_process_records(&db)
-        .await
-        .into_iter()
-        .find(|r| r.conversation_id.to_string() == id)
-        .unwrap()
-        .pid;
-    let agent = ProcessWatch::killing(agent_pid);
+    let agent = ProcessWatch::killing(agent_pid(&db, &id).await);
 
     // A stops dead (as a node cut off from the database would), its agent
     // streaming; its lease runs out, and it cannot be told apart from a
@@ -548,14 +551,7 @@ async fn a_node_frozen_past_its_lease_is_fenced_off_and_stops_its_agent() {
     )
     .await;
     // B takes the conversation over with a prompt of its own.
-    let last = events(&b, &id).await.last().unwrap()["seq"]
-        .as_i64()
-        .unwrap();
-    let mut on_b = b.conversation_ws(&id, last).await;
-    let (status, body) = b.try_prompt(&id, "hello from b").await;
-    assert_eq!(status, 202, "{body}");
-    on_b.until(|e| e["type"] == "turn_ended" && e["data"]["stop_reason"] == "end_turn")
-        .await;
+    take_over_with_a_prompt(&b, &id, "hello from b").await;
     let b_id = node_id(&b).await;
     assert_eq!(owner(&db, &id).await.as_deref(), Some(b_id.as_str()));
 

@@ -374,18 +374,14 @@ async fn the_inbox_snapshot_after_a_reconnect_equals_the_pending_list(db: TestDb
     assert_eq!(ids, [reqs[0]["id"].clone(), reqs[2]["id"].clone()]);
 }
 
-/// The store resolves a request once, and announces it as the table holds
-/// it, whatever copy the caller passes: a copy that differs from what was
-/// stored (as when the database kept only a cut-down stand-in) still
-/// resolves the stored request, and the event carries the stored one; a
-/// second resolution writes nothing.
-async fn a_resolution_announces_the_request_as_stored_and_happens_once(db: TestDb) {
-    use acp_gateway::model::{
-        self, Conversation, ConversationStatus, Decision, Event, PermissionRequest,
-        PermissionStatus,
-    };
-    use acp_gateway::store::{Batch, ConversationPatch, Resolution};
-
+/// A store on `db` holding one idle conversation.
+async fn stored_conversation(
+    db: &TestDb,
+) -> (
+    std::sync::Arc<dyn acp_gateway::store::Store>,
+    acp_gateway::model::Conversation,
+) {
+    use acp_gateway::model::{self, Conversation, ConversationStatus};
     let store = acp_gateway::store::open(&db.url).await.unwrap();
     let conversation = Conversation {
         id: model::new_id(),
@@ -402,23 +398,51 @@ async fn a_resolution_announces_the_request_as_stored_and_happens_once(db: TestD
         node_id: None,
     };
     store.insert_conversation(&conversation).await.unwrap();
-    let stored = PermissionRequest {
+    (store, conversation)
+}
+
+/// A pending request of the conversation, with one option, `allow-once`.
+fn pending_request(conversation_id: uuid::Uuid) -> acp_gateway::model::PermissionRequest {
+    use acp_gateway::model::{self, PermissionRequest, PermissionStatus};
+    PermissionRequest {
         id: model::new_id(),
-        conversation_id: conversation.id,
+        conversation_id,
         turn_id: None,
-        tool_call: json!({"toolCallId": "t1", "title": "as stored"}),
+        tool_call: json!({"toolCallId": "t1"}),
         options: vec![json!({"optionId": "allow-once", "name": "Allow", "kind": "allow_once"})],
         status: PermissionStatus::Pending,
         decision: None,
         created_at: model::now(),
-    };
-    let patch = |seq| ConversationPatch {
-        status: ConversationStatus::Running,
+    }
+}
+
+/// The conversation's state at `seq`, running.
+fn running_patch(seq: i64) -> acp_gateway::store::ConversationPatch {
+    acp_gateway::store::ConversationPatch {
+        status: acp_gateway::model::ConversationStatus::Running,
         acp_session_id: None,
         last_seq: seq,
         current_turn_id: None,
-        updated_at: model::now(),
+        updated_at: acp_gateway::model::now(),
         state: None,
+    }
+}
+
+/// The store resolves a request once, and announces it as the table holds
+/// it, whatever copy the caller passes: a copy that differs from what was
+/// stored (as when the database kept only a cut-down stand-in) still
+/// resolves the stored request, and the event carries the stored one; a
+/// second resolution writes nothing.
+async fn a_resolution_announces_the_request_as_stored_and_happens_once(db: TestDb) {
+    use acp_gateway::model::{
+        self, ConversationStatus, Decision, Event, PermissionRequest, PermissionStatus,
+    };
+    use acp_gateway::store::{Batch, Resolution};
+
+    let (store, conversation) = stored_conversation(&db).await;
+    let stored = PermissionRequest {
+        tool_call: json!({"toolCallId": "t1", "title": "as stored"}),
+        ..pending_request(conversation.id)
     };
     let event = |seq| Event {
         seq,
@@ -434,7 +458,7 @@ async fn a_resolution_announces_the_request_as_stored_and_happens_once(db: TestD
             conversation.id,
             &Batch {
                 new_permissions: vec![stored.clone()],
-                conversation: Some(patch(0)),
+                conversation: Some(running_patch(0)),
                 ..Batch::default()
             },
         )
@@ -451,7 +475,7 @@ async fn a_resolution_announces_the_request_as_stored_and_happens_once(db: TestD
         decision: Decision::new(Some("allow-once".into()), "user:ann".into(), None),
     };
     let (resolved, announced) = store
-        .resolve_permission(&resolution, event(1), &patch(1), None)
+        .resolve_permission(&resolution, event(1), &running_patch(1), None)
         .await
         .unwrap()
         .expect("pending, so resolved");
@@ -479,7 +503,7 @@ async fn a_resolution_announces_the_request_as_stored_and_happens_once(db: TestD
         decision: Decision::new(Some("reject-once".into()), "user:bob".into(), None),
     };
     let second = store
-        .resolve_permission(&again, event(2), &patch(2), None)
+        .resolve_permission(&again, event(2), &running_patch(2), None)
         .await
         .unwrap();
     assert!(second.is_none());
@@ -508,7 +532,7 @@ async fn a_resolution_announces_the_request_as_stored_and_happens_once(db: TestD
             conversation.id,
             &Batch {
                 new_permissions: vec![next.clone()],
-                conversation: Some(patch(1)),
+                conversation: Some(running_patch(1)),
                 ..Batch::default()
             },
         )
@@ -520,7 +544,7 @@ async fn a_resolution_announces_the_request_as_stored_and_happens_once(db: TestD
         decision: Decision::new(Some("reject-once".into()), "user:ann".into(), None),
     };
     let (resolved, announced) = store
-        .resolve_permission(&exact, event(2), &patch(2), None)
+        .resolve_permission(&exact, event(2), &running_patch(2), None)
         .await
         .unwrap()
         .expect("pending, so resolved");
@@ -548,50 +572,15 @@ async fn a_resolution_announces_the_request_as_stored_and_happens_once(db: TestD
 /// writes nothing at all (no request, no event, no state), commits and
 /// resolutions alike; the current owner's writes go through.
 async fn a_stale_owners_writes_are_refused_as_a_whole(db: TestDb) {
-    use acp_gateway::model::{
-        self, Conversation, ConversationStatus, Decision, Event, PermissionRequest,
-        PermissionStatus,
-    };
-    use acp_gateway::store::{Batch, ConversationPatch, Resolution};
+    use acp_gateway::model::{self, ConversationStatus, Decision, Event, PermissionStatus};
+    use acp_gateway::store::{Batch, Resolution};
 
-    let store = acp_gateway::store::open(&db.url).await.unwrap();
-    let conversation = Conversation {
-        id: model::new_id(),
-        agent: "demo".into(),
-        title: None,
-        cwd: "/tmp".into(),
-        status: ConversationStatus::Idle,
-        acp_session_id: None,
-        last_seq: 0,
-        created_at: model::now(),
-        updated_at: model::now(),
-        owner: None,
-        state: Default::default(),
-        node_id: None,
-    };
-    store.insert_conversation(&conversation).await.unwrap();
+    let (store, conversation) = stored_conversation(&db).await;
     // Claimed twice since: epoch 2 (the database's only conversation).
     let id = conversation.id;
     let claimed = "update conversations set owner_epoch = 2";
     db.execute(claimed, claimed).await;
-    let request = PermissionRequest {
-        id: model::new_id(),
-        conversation_id: id,
-        turn_id: None,
-        tool_call: json!({"toolCallId": "t1"}),
-        options: vec![json!({"optionId": "allow-once", "name": "Allow", "kind": "allow_once"})],
-        status: PermissionStatus::Pending,
-        decision: None,
-        created_at: model::now(),
-    };
-    let patch = |seq| ConversationPatch {
-        status: ConversationStatus::Running,
-        acp_session_id: None,
-        last_seq: seq,
-        current_turn_id: None,
-        updated_at: model::now(),
-        state: None,
-    };
+    let request = pending_request(id);
     let event = |seq| Event {
         seq,
         conversation_id: id,
@@ -604,7 +593,7 @@ async fn a_stale_owners_writes_are_refused_as_a_whole(db: TestDb) {
     let batch = |fence| Batch {
         new_permissions: vec![request.clone()],
         events: vec![event(1)],
-        conversation: Some(patch(1)),
+        conversation: Some(running_patch(1)),
         fence,
         ..Batch::default()
     };
@@ -622,7 +611,7 @@ async fn a_stale_owners_writes_are_refused_as_a_whole(db: TestDb) {
         decision: Decision::new(Some("allow-once".into()), "user:ann".into(), None),
     };
     let refused = store
-        .resolve_permission(&resolution, event(2), &patch(2), Some(1))
+        .resolve_permission(&resolution, event(2), &running_patch(2), Some(1))
         .await
         .unwrap_err();
     assert!(refused.is_fenced(), "{refused}");
@@ -630,7 +619,7 @@ async fn a_stale_owners_writes_are_refused_as_a_whole(db: TestDb) {
     assert_eq!(still.status, PermissionStatus::Pending);
     assert_eq!(store.list_events(id, 0, 10).await.unwrap().len(), 1);
     let (resolved, _) = store
-        .resolve_permission(&resolution, event(2), &patch(2), Some(2))
+        .resolve_permission(&resolution, event(2), &running_patch(2), Some(2))
         .await
         .unwrap()
         .expect("the owner's answer is written");
