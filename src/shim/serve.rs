@@ -97,20 +97,11 @@ pub(super) async fn serve(
                 return Ok(());
             }
         }
-        // What the attached gateway is owed next.
-        let owed = gateway.as_ref().and_then(|g| {
-            let from = g.sent_to?;
-            if from < held.end() {
-                let bytes = held.from(from, MAX_OUTPUT_CHUNK)?;
-                Some(ToGateway::Output {
-                    offset: from,
-                    bytes,
-                })
-            } else if !g.exit_sent {
-                exit.clone().map(ToGateway::Exit)
-            } else {
-                None
-            }
+        // Whether the attached gateway is owed something (made once there
+        // is room for it).
+        let owed = gateway.as_ref().is_some_and(|g| match g.sent_to {
+            Some(from) => from < held.end() || (!g.exit_sent && exit.is_some()),
+            None => false,
         });
         let outbox = gateway.as_ref().map(|g| g.outbox.clone());
         let room = held.room().min(read_buf.len());
@@ -184,8 +175,10 @@ pub(super) async fn serve(
                         }
                     }
                     ToShim::Ack { to } => {
-                        // Only what was read can be acknowledged.
-                        held.acknowledge(to.min(held.end()));
+                        // Only what was read can be acknowledged, and never
+                        // what the attached gateway has yet to be sent.
+                        let sent = gateway.as_ref().and_then(|g| g.sent_to);
+                        held.acknowledge(to.min(sent.unwrap_or_else(|| held.end())));
                     }
                     ToShim::Stop { grace_ms } => {
                         stopping = true;
@@ -212,19 +205,26 @@ pub(super) async fn serve(
                     let _ = g.outbox.try_send(ToGateway::Stderr(chunk));
                 }
             }
-            permit = async { outbox.as_ref()?.reserve().await.ok() }, if owed.is_some() => {
-                let (Some(permit), Some(message)) = (permit, owed) else {
+            permit = async { outbox.as_ref()?.reserve().await.ok() }, if owed => {
+                let (Some(permit), Some(g)) = (permit, gateway.as_mut()) else {
                     // Its writer has gone: so has the gateway.
                     gateway = None;
                     continue;
                 };
-                let g = gateway.as_mut().expect("owed only to a gateway");
-                match &message {
-                    ToGateway::Output { offset, bytes } => {
-                        g.sent_to = Some(offset + bytes.len() as u64)
+                let from = g.sent_to.unwrap_or_else(|| held.end());
+                let message = match held.from(from, MAX_OUTPUT_CHUNK) {
+                    Some(bytes) if !bytes.is_empty() => {
+                        g.sent_to = Some(from + bytes.len() as u64);
+                        ToGateway::Output { offset: from, bytes }
                     }
-                    _ => g.exit_sent = true,
-                }
+                    _ => match &exit {
+                        Some(exit) => {
+                            g.exit_sent = true;
+                            ToGateway::Exit(exit.clone())
+                        }
+                        None => continue,
+                    },
+                };
                 permit.send(message);
             }
         }
