@@ -283,41 +283,42 @@ impl Sessions {
         if conversation.status == ConversationStatus::Closed {
             return Ok(());
         }
+        let id = conversation.id;
         for _ in 0..3 {
-            match self.inner.node.claim(conversation.id).await? {
-                Claim::Elsewhere(node) => {
-                    if let Some(answer) =
-                        self.forward(conversation.id, node, &Command::Close).await?
-                    {
-                        return answer;
+            // Claimed under the gate a start takes too: a session started
+            // here meanwhile holds the epoch it claimed, not an older one.
+            let closed_here = self
+                .gated(id, async {
+                    if let Some(session) = self.live(id) {
+                        // Started here meanwhile.
+                        session.close().await;
+                        return Ok(None);
                     }
-                }
-                Claim::Mine { took_from, epoch } => {
-                    let id = conversation.id;
-                    return self
-                        .gated(id, async {
-                            if let Some(session) = self.live(id) {
-                                // Started here meanwhile.
-                                session.close().await;
-                                return Ok(());
-                            }
-                            let closed = async {
-                                if let Some(dead) = took_from {
-                                    self.recover_taken(id, dead).await?;
-                                }
-                                let conversation = self.stored(id).await?;
-                                let mut journal =
-                                    Journal::new(self.inner.sink.clone(), &conversation, None)
-                                        .fenced_at(epoch);
-                                journal.set_status(ConversationStatus::Closed);
-                                journal.flush().await
-                            }
-                            .await;
-                            self.inner.node.release(id).await;
-                            closed
-                        })
-                        .await;
-                }
+                    let (took_from, epoch) = match self.inner.node.claim(id).await? {
+                        Claim::Elsewhere(node) => return Ok(Some(node)),
+                        Claim::Mine { took_from, epoch } => (took_from, epoch),
+                    };
+                    let closed = async {
+                        if let Some(dead) = took_from {
+                            self.recover_taken(id, dead).await?;
+                        }
+                        let conversation = self.stored(id).await?;
+                        let mut journal =
+                            Journal::new(self.inner.sink.clone(), &conversation, None)
+                                .fenced_at(epoch);
+                        journal.set_status(ConversationStatus::Closed);
+                        journal.flush().await
+                    }
+                    .await;
+                    self.inner.node.release(id).await;
+                    closed.map(|()| None)
+                })
+                .await?;
+            let Some(node) = closed_here else {
+                return Ok(());
+            };
+            if let Some(answer) = self.forward(id, node, &Command::Close).await? {
+                return answer;
             }
         }
         Err(not_live(&self.stored(conversation.id).await?))
