@@ -27,8 +27,8 @@
 //! (`sqlite,postgres`), and those named in `gateway/load.rs`;
 //! BENCH_REFERENCE=off skips the references (to profile the gateway alone).
 //! BENCH_ONLY picks scenarios (comma-separated: `reference`, `streaming`,
-//! `approvals`, `fanout`, `idle`, `cluster`, `notifications`; all when
-//! unset), e.g. `BENCH_ONLY=notifications cargo bench --bench gateway`.
+//! `approvals`, `fanout`, `idle`, `cluster`, `notifications`, `shim`; all
+//! when unset), e.g. `BENCH_ONLY=notifications cargo bench --bench gateway`.
 
 #[path = "gateway/cluster.rs"]
 mod cluster;
@@ -40,6 +40,8 @@ mod load;
 mod notify;
 #[path = "gateway/reference.rs"]
 mod reference;
+#[path = "gateway/shim.rs"]
+mod shim;
 
 use std::time::Instant;
 
@@ -194,6 +196,10 @@ async fn main() {
         );
         reference_size as f64 / sdk
     };
+    let shim_lines = env_or("BENCH_SHIM_LINES", 1_000_000);
+    if shim_lines > 0 && selected("shim") {
+        shim::cost(shim_lines).await;
+    }
     let backends = std::env::var("BENCH_BACKENDS").unwrap_or_else(|_| "sqlite,postgres".into());
     for backend in backends.split(',') {
         let db = match backend {
