@@ -72,7 +72,12 @@ pub async fn run(args: ShimArgs) -> u8 {
         Ok((listener, agent)) => {
             let (pid, start_time) = (agent.pid(), agent.identity().map(|(_, t)| t));
             say(&Ready::Serving { pid, start_time });
+            // What the agent's processes leave behind, re-parented to the
+            // shim, is killed and reaped as it comes.
+            let reaping = tokio_util::sync::CancellationToken::new();
+            tokio::spawn(crate::process::spawn::reap_orphans(reaping.clone()));
             let result = serve::serve(listener, agent, args.buffer, args.peer_uid).await;
+            reaping.cancel();
             let _ = std::fs::remove_file(&args.socket);
             match result {
                 Ok(()) => 0,

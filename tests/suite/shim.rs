@@ -543,3 +543,21 @@ async fn the_gateways_link_carries_the_agent_both_ways_and_picks_up_where_it_was
     .await;
     assert!(gone.is_err());
 }
+
+#[tokio::test]
+async fn what_the_agent_leaves_behind_is_killed_by_its_shim() {
+    // A daemon of the agent's own session outlives the agent: re-parented
+    // to the shim, it is killed there.
+    let script = "setsid sleep 1000 & echo $!; exit 0";
+    let mut shim = Shim::start(1 << 20, &["sh", "-c", script]).await;
+    let mut gateway = shim.connect().await;
+    gateway.send(ToShim::Attach { from: 0 }).await;
+    let (output, exit) = gateway.until_exit(0).await;
+    assert_eq!(exit.code, Some(0));
+    let end = output.len() as u64;
+    let daemon: i32 = String::from_utf8(output).unwrap().trim().parse().unwrap();
+    wait_for_exit_of(daemon).await;
+    assert!(!alive(daemon));
+    gateway.send(ToShim::Ack { to: end }).await;
+    assert_eq!(shim.exited().await, 0);
+}
