@@ -51,6 +51,14 @@ impl Shim {
         }
     }
 
+    /// A shim over `sh -c script`, and a gateway attached from the start.
+    async fn attached_to(script: &str) -> (Shim, Conn) {
+        let shim = Shim::start(1 << 20, &["sh", "-c", script]).await;
+        let mut gateway = shim.connect().await;
+        gateway.send(ToShim::Attach { from: 0 }).await;
+        (shim, gateway)
+    }
+
     async fn connect(&self) -> Conn {
         Conn::open(&self.socket).await
     }
@@ -129,6 +137,15 @@ impl Conn {
         protocol::send_to_shim(&mut self.write, &message)
             .await
             .unwrap();
+    }
+
+    /// Sends `bytes` for the agent, the first at input `offset`.
+    async fn input(&mut self, offset: u64, bytes: &[u8]) {
+        self.send(ToShim::Input {
+            offset,
+            bytes: bytes.to_vec(),
+        })
+        .await;
     }
 
     /// The next frame (stderr frames passed over).
@@ -237,12 +254,7 @@ async fn input_sent_again_after_a_reconnect_reaches_the_agent_once() {
     let mut shim = Shim::start(1 << 20, &["cat"]).await;
     let mut first = shim.connect().await;
     first.send(ToShim::Attach { from: 0 }).await;
-    first
-        .send(ToShim::Input {
-            offset: 0,
-            bytes: b"one\n".to_vec(),
-        })
-        .await;
+    first.input(0, b"one\n").await;
     assert_eq!(first.output(0, 4).await, b"one\n");
     drop(first);
 
@@ -250,26 +262,11 @@ async fn input_sent_again_after_a_reconnect_reaches_the_agent_once() {
     assert_eq!(second.hello.input_taken, 4);
     second.send(ToShim::Attach { from: 4 }).await;
     // A gateway that cannot tell what arrived sends from where it knows.
-    second
-        .send(ToShim::Input {
-            offset: 0,
-            bytes: b"one\ntwo\n".to_vec(),
-        })
-        .await;
-    second
-        .send(ToShim::Input {
-            offset: 8,
-            bytes: b"three\n".to_vec(),
-        })
-        .await;
+    second.input(0, b"one\ntwo\n").await;
+    second.input(8, b"three\n").await;
     assert_eq!(second.output(4, 14).await, b"two\nthree\n");
     // A gap is refused.
-    second
-        .send(ToShim::Input {
-            offset: 99,
-            bytes: b"lost?\n".to_vec(),
-        })
-        .await;
+    second.input(99, b"lost?\n").await;
     match second.next().await {
         Some(ToGateway::Refused(why)) => assert!(why.contains("99"), "{why}"),
         other => panic!("expected a refusal, got {other:?}"),
@@ -366,9 +363,7 @@ async fn an_agent_that_ends_while_no_gateway_is_attached_is_accounted_for_later(
 #[tokio::test]
 async fn stop_kills_an_agent_that_ignores_sigterm_after_the_grace() {
     let script = "trap '' TERM; echo ready; while :; do sleep 1; done";
-    let mut shim = Shim::start(1 << 20, &["sh", "-c", script]).await;
-    let mut gateway = shim.connect().await;
-    gateway.send(ToShim::Attach { from: 0 }).await;
+    let (mut shim, mut gateway) = Shim::attached_to(script).await;
     // Past `trap`: it says so.
     assert_eq!(gateway.output(0, 6).await, b"ready\n");
     gateway.send(ToShim::Stop { grace_ms: 100 }).await;
@@ -497,11 +492,7 @@ async fn the_gateways_link_carries_the_agent_both_ways_and_picks_up_where_it_was
         .await
         .unwrap();
     first.input.write_all(b"one\ntwo\n").await.unwrap();
-    let mut got = [0u8; 8];
-    within("the echo", first.output.read_exact(&mut got))
-        .await
-        .unwrap();
-    assert_eq!(&got, b"one\ntwo\n");
+    assert_eq!(read_n(&mut first.output, 8).await, b"one\ntwo\n");
     assert_eq!(first.control.delivered(), 8);
     // "one" is committed, "two" is not: the gateway goes away.
     first.control.acknowledge(4);
@@ -512,18 +503,11 @@ async fn the_gateways_link_carries_the_agent_both_ways_and_picks_up_where_it_was
         .unwrap();
     assert!(second.hello.held_from <= 4 && second.hello.input_taken == 8);
     let replayed_from = second.hello.held_from as usize;
-    let mut again = vec![0u8; 8 - replayed_from];
-    within("the replay", second.output.read_exact(&mut again))
-        .await
-        .unwrap();
+    let again = read_n(&mut second.output, 8 - replayed_from).await;
     assert_eq!(again, &b"one\ntwo\n"[replayed_from..]);
     // Input goes on from where the shim's count stood.
     second.input.write_all(b"three\n").await.unwrap();
-    let mut three = [0u8; 6];
-    within("the echo", second.output.read_exact(&mut three))
-        .await
-        .unwrap();
-    assert_eq!(&three, b"three\n");
+    assert_eq!(read_n(&mut second.output, 6).await, b"three\n");
     second.control.stop(Duration::from_secs(2));
     match within("the end", second.control.ended()).await {
         Ending::Exited(exit) => assert_eq!(exit.signal, Some(libc::SIGTERM)),
@@ -549,9 +533,7 @@ async fn what_the_agent_leaves_behind_is_killed_by_its_shim() {
     // A daemon of the agent's own session outlives the agent: re-parented
     // to the shim, it is killed there.
     let script = "setsid sleep 1000 & echo $!; exit 0";
-    let mut shim = Shim::start(1 << 20, &["sh", "-c", script]).await;
-    let mut gateway = shim.connect().await;
-    gateway.send(ToShim::Attach { from: 0 }).await;
+    let (mut shim, mut gateway) = Shim::attached_to(script).await;
     let (output, exit) = gateway.until_exit(0).await;
     assert_eq!(exit.code, Some(0));
     let end = output.len() as u64;
@@ -560,4 +542,14 @@ async fn what_the_agent_leaves_behind_is_killed_by_its_shim() {
     assert!(!alive(daemon));
     gateway.send(ToShim::Ack { to: end }).await;
     assert_eq!(shim.exited().await, 0);
+}
+
+/// The next `n` bytes of a link's output.
+async fn read_n(output: &mut tokio::io::DuplexStream, n: usize) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut bytes = vec![0u8; n];
+    within("the agent's output", output.read_exact(&mut bytes))
+        .await
+        .unwrap();
+    bytes
 }
