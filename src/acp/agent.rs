@@ -3,10 +3,8 @@
 //! started can be killed together; stderr is logged with the conversation
 //! id and its last lines kept for error reports.
 
-use std::collections::VecDeque;
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -16,7 +14,7 @@ use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use crate::config::AgentProfile;
-use crate::process::child::Supervised;
+use crate::process::child::{StderrTail, Supervised};
 
 /// How many stderr lines are kept for error reports.
 const STDERR_TAIL_LINES: usize = 20;
@@ -27,7 +25,7 @@ const STDERR_LINE_MAX: usize = 1000;
 pub struct AgentProcess {
     /// The agent and what it started.
     process: Supervised,
-    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    stderr_tail: StderrTail,
     stderr_task: Option<JoinHandle<()>>,
 }
 
@@ -84,7 +82,7 @@ impl AgentProcess {
         let stdin = child.stdin.take().context("agent stdin missing")?;
         let stdout = child.stdout.take().context("agent stdout missing")?;
         let stderr = child.stderr.take().context("agent stderr missing")?;
-        let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
+        let stderr_tail = StderrTail::new(STDERR_TAIL_LINES);
         let tail = stderr_tail.clone();
         let agent = profile.name.clone();
         let stderr_task = tokio::spawn(async move {
@@ -96,11 +94,7 @@ impl AgentProcess {
                 let line = plain_text(&raw);
                 raw.clear();
                 tracing::info!(target: "agent_stderr", %conversation_id, agent = %agent, "{line}");
-                let mut tail = tail.lock().unwrap();
-                if tail.len() == STDERR_TAIL_LINES {
-                    tail.pop_front();
-                }
-                tail.push_back(truncate(&line, STDERR_LINE_MAX));
+                tail.push(truncate(&line, STDERR_LINE_MAX));
             }
         });
         Ok((
@@ -121,8 +115,7 @@ impl AgentProcess {
 
     /// The last lines the agent wrote to stderr, joined by newlines.
     pub fn stderr_tail(&self) -> String {
-        let tail = self.stderr_tail.lock().unwrap();
-        tail.iter().cloned().collect::<Vec<_>>().join("\n")
+        self.stderr_tail.text()
     }
 
     /// Resolves when the agent exits (cancel-safe; returns at once

@@ -144,8 +144,6 @@ pub async fn attach(
         // The JSON-RPC layer sees the end of the agent's output.
         let _ = output_tx.shutdown().await;
         let _ = ending_tx.send(Some(end));
-        // Kept open until the writer is done with it.
-        drop(read);
     });
 
     // Our input and commands to the shim, input numbered from where the

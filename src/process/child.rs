@@ -119,3 +119,36 @@ impl Drop for Supervised {
         }
     }
 }
+
+/// The last lines a child wrote to stderr, kept for reports of how it ended
+/// (shared between the task reading them and whoever reports).
+#[derive(Debug, Clone)]
+pub struct StderrTail {
+    lines: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
+    max: usize,
+}
+
+impl StderrTail {
+    /// Keeps the last `max` lines.
+    pub fn new(max: usize) -> StderrTail {
+        StderrTail {
+            lines: Default::default(),
+            max,
+        }
+    }
+
+    /// One more line; the oldest goes once `max` are kept.
+    pub fn push(&self, line: String) {
+        let mut lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+        if lines.len() == self.max {
+            lines.pop_front();
+        }
+        lines.push_back(line);
+    }
+
+    /// The lines kept, joined by newlines.
+    pub fn text(&self) -> String {
+        let lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+        lines.iter().cloned().collect::<Vec<_>>().join("\n")
+    }
+}

@@ -2,9 +2,7 @@
 //! gateway that is attached (if any); the gateway's input into the agent,
 //! each byte once; acknowledgements, stopping, and the end.
 
-use std::collections::VecDeque;
 use std::io;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -16,7 +14,7 @@ use tokio::time::Instant;
 
 use super::held::Held;
 use super::protocol::{self, Exit, Hello, ToGateway, ToShim, MAX_OUTPUT_CHUNK, VERSION};
-use crate::process::child::Supervised;
+use crate::process::child::{StderrTail, Supervised};
 
 /// How many stderr lines the shim keeps for [`Exit::stderr_tail`].
 const STDERR_TAIL_LINES: usize = 20;
@@ -61,7 +59,7 @@ pub(super) async fn serve(
     };
     let own_uid = unsafe { libc::geteuid() };
     let (input, _writer) = stdin_writer(stdin);
-    let tail = Arc::new(Mutex::new(VecDeque::new()));
+    let tail = StderrTail::new(STDERR_TAIL_LINES);
     let (mut stderr_chunks, stderr_task) = stderr_reader(stderr, tail.clone());
     let mut stderr_task = Some(stderr_task);
     let (frames_tx, mut frames) = mpsc::channel::<(u64, Option<ToShim>)>(OUTBOX);
@@ -317,7 +315,7 @@ fn stdin_writer(mut stdin: ChildStdin) -> (mpsc::UnboundedSender<Vec<u8>>, JoinH
 /// chunk to the loop, its last lines kept.
 fn stderr_reader(
     mut stderr: ChildStderr,
-    tail: Arc<Mutex<VecDeque<String>>>,
+    tail: StderrTail,
 ) -> (mpsc::Receiver<Vec<u8>>, JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(OUTBOX);
     let task = tokio::spawn(async move {
@@ -331,11 +329,7 @@ fn stderr_reader(
             partial.extend_from_slice(&buf[..n]);
             while let Some(end) = partial.iter().position(|&b| b == b'\n') {
                 let line: Vec<u8> = partial.drain(..=end).collect();
-                let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
-                if tail.len() == STDERR_TAIL_LINES {
-                    tail.pop_front();
-                }
-                tail.push_back(String::from_utf8_lossy(&line).trim_end().to_owned());
+                tail.push(String::from_utf8_lossy(&line).trim_end().to_owned());
             }
             let _ = tx.try_send(buf[..n].to_vec());
         }
@@ -343,12 +337,11 @@ fn stderr_reader(
     (rx, task)
 }
 
-fn describe(status: std::process::ExitStatus, tail: &Mutex<VecDeque<String>>) -> Exit {
+fn describe(status: std::process::ExitStatus, tail: &StderrTail) -> Exit {
     use std::os::unix::process::ExitStatusExt;
-    let tail = tail.lock().unwrap_or_else(|e| e.into_inner());
     Exit {
         code: status.code(),
         signal: status.signal(),
-        stderr_tail: tail.iter().cloned().collect::<Vec<_>>().join("\n"),
+        stderr_tail: tail.text(),
     }
 }

@@ -126,12 +126,7 @@ async fn a_websocket_on_another_node_gets_every_event_in_order() {
     let (a, b) = two_nodes(&db, &[demo_profile("demo", &[])]);
     let (id_a, id_b) = (node_id(&a).await, node_id(&b).await);
     assert_ne!(id_a, id_b, "each process is a node of its own");
-    let metrics = reqwest::get(format!("{}/metrics", b.base))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics(&b).await;
     assert!(
         metrics.contains(&format!("acp_gateway_node_info{{node_id=\"{id_b}\"}} 1")),
         "{metrics}"

@@ -52,10 +52,10 @@ pub(super) async fn read_loop<I, R>(
             Ok(Some(Line::TooLong { len })) => {
                 shared.state().ledger.read(end);
                 warn!(
-                label = %shared.label,
-                len,
-                max = lines.max,
-                "discarded a line longer than the limit"
+                    label = %shared.label,
+                    len,
+                    max = lines.max,
+                    "discarded a line longer than the limit"
                 );
             }
             Ok(None) => break "peer closed the stream (EOF)".to_owned(),
