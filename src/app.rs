@@ -72,7 +72,7 @@ impl Gateway {
         if let Some(announcer) = node.announcer() {
             sink.bus.announce_to(announcer);
         }
-        session::recover::recover(&sink, &node)
+        let shims = session::recover::recover(&sink, &node)
             .await
             .context("Failed to recover conversations left by a previous run")?;
         let listener = TcpListener::bind(&config.listen)
@@ -115,6 +115,11 @@ impl Gateway {
             shutdown.clone(),
             tasks.clone(),
         );
+        // Agents left running under their shims go on where they were.
+        sessions
+            .reattach(shims)
+            .await
+            .context("Failed to reattach to the agents a previous run left running")?;
         let state = AppState::new(config, auth, sessions, outbox.clone());
         // What the rules find due goes to the outbox (a test may record it
         // instead).

@@ -94,6 +94,38 @@ pub struct Config {
     /// Notifications that reach a person (see `crate::notify`).
     #[serde(default)]
     pub notifications: Notifications,
+    /// Where the gateway keeps its shims' sockets (default: the directory
+    /// of the SQLite file, else the data directory).
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
+    /// Run each agent under a shim (`acp-gateway shim`) that outlives the
+    /// gateway, so a restart or a crash of the gateway ends no turn.
+    #[serde(default = "default_true")]
+    pub agent_shims: bool,
+    /// Most bytes of an agent's output its shim holds until the gateway has
+    /// committed them; when full, the agent waits.
+    #[serde(default = "default_shim_buffer")]
+    pub shim_buffer: usize,
+    /// The executable that runs `shim` (default: this one; tests, whose
+    /// gateway runs inside the test binary, name the real one).
+    #[serde(default)]
+    pub shim_program: Option<PathBuf>,
+    /// What SIGTERM/SIGINT does to running agents: `detach` leaves them
+    /// running under their shims for the next start; `cancel` cancels their
+    /// turns and stops them.
+    #[serde(default)]
+    pub on_shutdown: OnShutdown,
+}
+
+/// What stopping the gateway does to its agents.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnShutdown {
+    /// Commit everything and leave agents (under shims) running.
+    #[default]
+    Detach,
+    /// Cancel running turns, stop the agents.
+    Cancel,
 }
 
 /// `[notifications]`: when a person is notified, how much a notification
@@ -363,6 +395,14 @@ fn default_write_buffer_events() -> usize {
 fn default_shutdown_timeout() -> Duration {
     Duration::from_secs(10)
 }
+fn default_true() -> bool {
+    true
+}
+
+fn default_shim_buffer() -> usize {
+    64 * 1024 * 1024
+}
+
 fn default_node_lease() -> Duration {
     Duration::from_secs(15)
 }
@@ -622,6 +662,27 @@ impl Config {
             None => PathBuf::from("data"),
         };
         format!("sqlite://{}", dir.join("acp-gateway.db").display())
+    }
+
+    /// Where shims' sockets go (`<state_dir>/shims/`): the configured
+    /// `state_dir`, else the SQLite file's directory, else the data
+    /// directory.
+    pub fn state_dir(&self) -> PathBuf {
+        if let Some(dir) = &self.state_dir {
+            return dir.clone();
+        }
+        let url = self.database_url();
+        if url.starts_with("sqlite:") {
+            if let Ok(Some(file)) = crate::store::sqlite_file(&url) {
+                if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    return dir.to_path_buf();
+                }
+            }
+        }
+        match std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
+            Some(data_home) => PathBuf::from(data_home).join("acp-gateway"),
+            None => PathBuf::from("data"),
+        }
     }
 
     /// `max_agents` and `max_agents_per_user`, defaults applied: the

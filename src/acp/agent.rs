@@ -2,46 +2,108 @@
 //! process tree (see [`crate::process::spawn`]) so that the agent and everything it
 //! started can be killed together; stderr is logged with the conversation
 //! id and its last lines kept for error reports.
+//!
+//! An agent runs either as the gateway's own child (its pipes read here) or
+//! under a shim ([`crate::shim`], reached through [`super::link`]), which
+//! owns it and lets it outlive the gateway: then its output comes from the
+//! shim's socket, positions and all, and a later gateway may reattach
+//! ([`AgentProcess::reattach`]). Above this, both look alike: two byte
+//! streams ([`AgentPipes`]) and a process to wait for or stop.
 
-use std::path::Path;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use anyhow::Context;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{ChildStdin, ChildStdout, Command};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, BufReader};
+use tokio::process::Command;
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
+use super::link::{self, Ending, ShimControl};
+use super::rpc::RpcPeer;
 use crate::config::AgentProfile;
 use crate::process::child::{StderrTail, Supervised};
+use crate::shim::Ready;
 
 /// How many stderr lines are kept for error reports.
 const STDERR_TAIL_LINES: usize = 20;
 /// Longest stderr line kept (the log gets it whole).
 const STDERR_LINE_MAX: usize = 1000;
+/// How long a shim may take to say it is ready.
+const SHIM_READY_WITHIN: Duration = Duration::from_secs(10);
+/// How long a shim told to stop may take beyond the agent's grace.
+const SHIM_STOP_MARGIN: Duration = Duration::from_secs(2);
+
+/// Where and how agents run under shims (see [`crate::shim`]).
+#[derive(Debug, Clone)]
+pub struct ShimSetup {
+    /// The executable that runs `shim` (the gateway's own).
+    pub program: PathBuf,
+    /// Where the shims' sockets are made.
+    pub dir: PathBuf,
+    /// Most bytes of output a shim holds for the gateway.
+    pub buffer: usize,
+}
+
+impl ShimSetup {
+    /// The socket of a conversation's shim.
+    pub fn socket(&self, conversation_id: Uuid) -> PathBuf {
+        self.dir.join(format!("{}.sock", conversation_id.simple()))
+    }
+}
 
 /// A running agent subprocess.
 pub struct AgentProcess {
-    /// The agent and what it started.
-    process: Supervised,
+    kind: Kind,
     stderr_tail: StderrTail,
     stderr_task: Option<JoinHandle<()>>,
 }
 
-/// The pipes of a freshly spawned agent.
+enum Kind {
+    /// The gateway's own child.
+    Child(Supervised),
+    Shim(ShimAgent),
+}
+
+/// An agent under a shim.
+struct ShimAgent {
+    /// The shim, where this gateway started it (a reattached one is an
+    /// earlier gateway's child).
+    process: Option<Supervised>,
+    /// The shim's pid and start time.
+    identity: Option<(i32, u64)>,
+    /// The agent's.
+    agent: (i32, Option<u64>),
+    control: ShimControl,
+    exit: Option<ExitStatus>,
+}
+
+/// The two streams of a freshly started or reattached agent, and where
+/// its output stream stands.
 pub struct AgentPipes {
-    pub stdin: ChildStdin,
-    pub stdout: ChildStdout,
+    pub stdin: Box<dyn AsyncWrite + Unpin + Send>,
+    pub stdout: Box<dyn AsyncRead + Unpin + Send>,
+    /// The position of the first byte of `stdout` in the agent's output.
+    pub output_from: u64,
+    /// Our first JSON-RPC request id: above every one an earlier gateway
+    /// sent this agent.
+    pub first_request_id: u64,
+    /// The agent's control through its shim, if it has one.
+    pub shim: Option<ShimControl>,
 }
 
 impl AgentProcess {
     /// Starts the profile's command in `cwd`, as the profile's user, with
-    /// the profile's environment (see [`AgentProfile::environment`]).
-    pub fn spawn(
+    /// the profile's environment (see [`AgentProfile::environment`]); under
+    /// a shim where `shim` says how.
+    pub async fn spawn(
         profile: &AgentProfile,
         cwd: &Path,
         conversation_id: Uuid,
+        shim: Option<&ShimSetup>,
     ) -> anyhow::Result<(AgentProcess, AgentPipes)> {
         let user = match &profile.user {
             // Unprivileged: std drops the supplementary groups too when the
@@ -60,57 +122,246 @@ impl AgentProcess {
         // What `GET /api/v1/agents` predicts, said before the kernel says
         // only "Permission denied".
         crate::sys::runnable_by(&program, user.as_ref(), path).map_err(cannot_start)?;
-        let mut command = Command::new(program);
+        let mut command = match shim {
+            None => {
+                let mut command = Command::new(&program);
+                command.args(&profile.args);
+                command
+            }
+            Some(shim) => {
+                let socket = shim.socket(conversation_id);
+                // A socket left by a shim that is gone.
+                let _ = std::fs::remove_file(&socket);
+                // SAFETY: getuid cannot fail.
+                let gateway_uid = unsafe { libc::getuid() };
+                let mut command = Command::new(&shim.program);
+                command
+                    .arg("shim")
+                    .arg("--socket")
+                    .arg(&socket)
+                    .arg("--buffer")
+                    .arg(shim.buffer.to_string())
+                    .arg("--peer-uid")
+                    .arg(gateway_uid.to_string())
+                    .arg("--")
+                    .arg(&program)
+                    .args(&profile.args);
+                command
+            }
+        };
         command
-            .args(&profile.args)
             .env_clear()
             .envs(&environment)
             .current_dir(cwd)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if shim.is_some() {
+            // The shim reads nothing from us and says nothing but its ready
+            // line: no pipe of ours may keep it (or a reader of ours) waiting
+            // once we are gone.
+            command.stdin(Stdio::null()).stderr(Stdio::null());
+        }
         if let Some(user) = &user {
             command.uid(user.uid).gid(user.gid);
         }
-        let mut process = Supervised::spawn(&mut command).with_context(|| {
+        let spawned = match shim {
+            None => Supervised::spawn(&mut command),
+            Some(_) => Supervised::spawn_detachable(&mut command),
+        };
+        let mut process = spawned.with_context(|| {
             format!(
                 "cannot start agent {:?} ({})",
                 profile.name, profile.command
             )
         })?;
-        let child = process.child_mut();
-        let stdin = child.stdin.take().context("agent stdin missing")?;
-        let stdout = child.stdout.take().context("agent stdout missing")?;
-        let stderr = child.stderr.take().context("agent stderr missing")?;
         let stderr_tail = StderrTail::new(STDERR_TAIL_LINES);
+        match shim {
+            None => {
+                let child = process.child_mut();
+                let stdin = child.stdin.take().context("agent stdin missing")?;
+                let stdout = child.stdout.take().context("agent stdout missing")?;
+                let stderr = child.stderr.take().context("agent stderr missing")?;
+                let stderr_task =
+                    read_stderr(stderr, stderr_tail.clone(), conversation_id, &profile.name);
+                Ok((
+                    AgentProcess {
+                        kind: Kind::Child(process),
+                        stderr_tail,
+                        stderr_task: Some(stderr_task),
+                    },
+                    AgentPipes {
+                        stdin: Box::new(stdin),
+                        stdout: Box::new(stdout),
+                        output_from: 0,
+                        first_request_id: 0,
+                        shim: None,
+                    },
+                ))
+            }
+            Some(shim) => {
+                let stdout = process
+                    .child_mut()
+                    .stdout
+                    .take()
+                    .context("shim stdout missing")?;
+                let ready = tokio::time::timeout(SHIM_READY_WITHIN, async {
+                    let mut line = String::new();
+                    BufReader::new(stdout).read_line(&mut line).await?;
+                    anyhow::Ok(line)
+                });
+                let line = match ready.await {
+                    Ok(Ok(line)) => line,
+                    Ok(Err(e)) => anyhow::bail!("cannot read the shim's ready line: {e}"),
+                    Err(_) => anyhow::bail!("the agent's shim did not start in time"),
+                };
+                let agent = match serde_json::from_str::<Ready>(line.trim()) {
+                    Ok(Ready::Serving { pid, start_time }) => (pid, start_time),
+                    Ok(Ready::Failed { error }) => {
+                        anyhow::bail!("cannot start agent {:?}: {error}", profile.name)
+                    }
+                    Err(_) if line.is_empty() => {
+                        let status = process.wait().await;
+                        anyhow::bail!("the agent's shim ended at once ({status})")
+                    }
+                    Err(e) => anyhow::bail!("the agent's shim said {line:?}: {e}"),
+                };
+                let identity = process.identity();
+                let socket = shim.socket(conversation_id);
+                Self::over_shim(
+                    &socket,
+                    |_| 0,
+                    Some(process),
+                    identity,
+                    agent,
+                    stderr_tail,
+                    conversation_id,
+                    &profile.name,
+                )
+                .await
+            }
+        }
+    }
+
+    /// Reattaches to the shim at `socket` (started by an earlier gateway,
+    /// whose pid and start time are `shim`), its output from `from`.
+    pub async fn reattach(
+        socket: &Path,
+        from: u64,
+        shim: Option<(i32, u64)>,
+        conversation_id: Uuid,
+        agent_name: &str,
+    ) -> anyhow::Result<(AgentProcess, AgentPipes)> {
+        let stderr_tail = StderrTail::new(STDERR_TAIL_LINES);
+        Self::over_shim(
+            socket,
+            |hello| from.max(hello.held_from),
+            None,
+            shim,
+            (0, None),
+            stderr_tail,
+            conversation_id,
+            agent_name,
+        )
+        .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn over_shim(
+        socket: &Path,
+        from: impl FnOnce(&crate::shim::protocol::Hello) -> u64,
+        process: Option<Supervised>,
+        identity: Option<(i32, u64)>,
+        agent: (i32, Option<u64>),
+        stderr_tail: StderrTail,
+        conversation_id: Uuid,
+        agent_name: &str,
+    ) -> anyhow::Result<(AgentProcess, AgentPipes)> {
+        let (stderr_tx, mut stderr_rx) = mpsc::channel::<Vec<u8>>(64);
+        let mut output_from = 0;
+        let attached = link::attach(
+            socket,
+            |hello| {
+                output_from = from(hello);
+                output_from
+            },
+            stderr_tx,
+        )
+        .await;
+        let link = match attached {
+            Ok(link) => link,
+            Err(e) => {
+                if let Some(mut process) = process {
+                    process.kill();
+                    process.wait().await;
+                }
+                anyhow::bail!("cannot reach the agent's shim: {e}");
+            }
+        };
+        let agent = if agent.0 == 0 {
+            (link.hello.pid, link.hello.start_time)
+        } else {
+            agent
+        };
         let tail = stderr_tail.clone();
-        let agent = profile.name.clone();
+        let name = agent_name.to_owned();
         let stderr_task = tokio::spawn(async move {
-            // Read to the end whatever it writes (invalid UTF-8 included): a
-            // full stderr pipe would stall the agent.
-            let mut stderr = BufReader::new(stderr);
-            let mut raw = Vec::new();
-            while matches!(stderr.read_until(b'\n', &mut raw).await, Ok(n) if n > 0) {
-                let line = plain_text(&raw);
-                raw.clear();
-                tracing::info!(target: "agent_stderr", %conversation_id, agent = %agent, "{line}");
-                tail.push(truncate(&line, STDERR_LINE_MAX));
+            let mut partial = Vec::new();
+            while let Some(bytes) = stderr_rx.recv().await {
+                partial.extend_from_slice(&bytes);
+                while let Some(end) = partial.iter().position(|&b| b == b'\n') {
+                    let raw: Vec<u8> = partial.drain(..=end).collect();
+                    let line = plain_text(&raw);
+                    tracing::info!(target: "agent_stderr", %conversation_id, agent = %name, "{line}");
+                    tail.push(truncate(&line, STDERR_LINE_MAX));
+                }
             }
         });
+        let first_request_id = link.hello.input_taken;
+        let control = link.control.clone();
         Ok((
             AgentProcess {
-                process,
+                kind: Kind::Shim(ShimAgent {
+                    process,
+                    identity,
+                    agent,
+                    control: control.clone(),
+                    exit: None,
+                }),
                 stderr_tail,
                 stderr_task: Some(stderr_task),
             },
-            AgentPipes { stdin, stdout },
+            AgentPipes {
+                stdin: Box::new(link.input),
+                stdout: Box::new(link.output),
+                output_from,
+                first_request_id,
+                shim: Some(control),
+            },
         ))
     }
 
     /// Its pid (also its process group id) and start time, which together
     /// tell it from a later process with the same pid; `None` without `/proc`.
+    /// Under a shim, the shim's.
     pub fn identity(&self) -> Option<(i32, u64)> {
-        self.process.identity()
+        match &self.kind {
+            Kind::Child(process) => process.identity(),
+            Kind::Shim(shim) => shim.identity,
+        }
+    }
+
+    /// The agent's own pid and start time (under a shim, not the shim's).
+    pub fn agent_identity(&self) -> (i32, Option<u64>) {
+        match &self.kind {
+            Kind::Child(process) => (process.pid(), process.identity().map(|(_, t)| t)),
+            Kind::Shim(shim) => shim.agent,
+        }
+    }
+
+    /// Whether it runs under a shim.
+    pub fn is_shimmed(&self) -> bool {
+        matches!(self.kind, Kind::Shim(_))
     }
 
     /// The last lines the agent wrote to stderr, joined by newlines.
@@ -119,9 +370,42 @@ impl AgentProcess {
     }
 
     /// Resolves when the agent exits (cancel-safe; returns at once
-    /// afterwards), see [`Supervised::wait`].
+    /// afterwards), see [`Supervised::wait`]. Under a shim: when the shim
+    /// says so (the agent's stderr as the shim kept it), or when the shim
+    /// is lost (what is left of both is killed then).
     pub async fn wait(&mut self) -> ExitStatus {
-        self.process.wait().await
+        match &mut self.kind {
+            Kind::Child(process) => process.wait().await,
+            Kind::Shim(shim) => {
+                if let Some(status) = shim.exit {
+                    return status;
+                }
+                let status = match shim.control.ended().await {
+                    Ending::Exited(exit) => {
+                        if !exit.stderr_tail.is_empty() {
+                            self.stderr_tail
+                                .replace(exit.stderr_tail.lines().map(|line| {
+                                    truncate(&plain_text(line.as_bytes()), STDERR_LINE_MAX)
+                                }));
+                        }
+                        match (exit.code, exit.signal) {
+                            (Some(code), _) => ExitStatus::from_raw((code & 0xff) << 8),
+                            (None, Some(signal)) => ExitStatus::from_raw(signal & 0x7f),
+                            _ => ExitStatus::from_raw(0),
+                        }
+                    }
+                    Ending::Lost(why) => {
+                        tracing::warn!(reason = %why, "the agent's shim went away; killing what is left");
+                        shim.kill_all();
+                        ExitStatus::from_raw(libc::SIGKILL)
+                    }
+                };
+                // The shim itself ends once everything is committed (see
+                // `release`).
+                shim.exit = Some(status);
+                status
+            }
+        }
     }
 
     /// Waits until the stderr reader has seen everything (bounded: a child
@@ -133,17 +417,138 @@ impl AgentProcess {
     }
 
     /// Stops the agent: SIGTERM to it, its group and everything below it;
-    /// after `grace`, the whole tree is killed.
+    /// after `grace`, the whole tree is killed. Under a shim, the shim does
+    /// that and ends.
     pub async fn terminate(&mut self, grace: Duration) -> ExitStatus {
-        let status = self.process.terminate(grace).await;
+        let status = match &mut self.kind {
+            Kind::Child(process) => process.terminate(grace).await,
+            Kind::Shim(shim) => {
+                if shim.exit.is_none() {
+                    shim.control.stop(grace);
+                    let ended =
+                        tokio::time::timeout(grace + SHIM_STOP_MARGIN, shim.control.ended());
+                    if ended.await.is_err() {
+                        tracing::warn!("the agent's shim did not stop it in time; killing both");
+                        shim.kill_all();
+                    }
+                }
+                self.wait().await
+            }
+        };
         self.drain_stderr().await;
         status
     }
+
+    /// The agent has ended and what it said is committed: its shim (if it
+    /// has one) may end too.
+    pub async fn release(&mut self) {
+        if let Kind::Shim(shim) = &mut self.kind {
+            shim.control.stop(Duration::ZERO);
+            if let Some(process) = &mut shim.process {
+                if tokio::time::timeout(SHIM_STOP_MARGIN, process.wait())
+                    .await
+                    .is_err()
+                {
+                    process.kill();
+                    process.wait().await;
+                }
+            }
+        }
+    }
+
+    /// Leaves an agent under a shim running for the next gateway (ours is
+    /// going away); an agent of our own is stopped as by
+    /// [`AgentProcess::terminate`].
+    pub async fn detach(mut self, grace: Duration) {
+        match self.kind {
+            Kind::Shim(ShimAgent {
+                process: Some(process),
+                ..
+            }) => process.detach(),
+            Kind::Shim(_) => {}
+            Kind::Child(_) => {
+                self.terminate(grace).await;
+            }
+        }
+    }
+}
+
+impl ShimAgent {
+    /// Kills the shim and the agent with everything below them.
+    fn kill_all(&self) {
+        if let Some(process) = &self.process {
+            process.kill();
+        } else if let Some((pid, start_time)) = self.identity {
+            let _ = crate::process::procs::kill_leftovers(pid, start_time);
+        }
+        if let (pid, Some(start_time)) = self.agent {
+            if pid > 0 {
+                let _ = crate::process::procs::kill_leftovers(pid, start_time);
+            }
+        }
+    }
+}
+
+/// Tells the shim at `socket` to stop its agent (SIGTERM, SIGKILL after
+/// `grace`) and waits for the agent's end (bounded); an error when the
+/// shim cannot be reached.
+pub async fn stop_shim(socket: &Path, grace: Duration) -> anyhow::Result<()> {
+    let (stderr, _) = mpsc::channel(1);
+    let link = link::attach(socket, |hello| hello.read_to, stderr).await?;
+    link.control.stop(grace);
+    // What it still says is of no one's interest now.
+    drop(link.output);
+    let _ = tokio::time::timeout(grace + SHIM_STOP_MARGIN, link.control.ended()).await;
+    Ok(())
+}
+
+/// How far a conversation has dealt with its agent's output under a shim,
+/// and telling the shim once that is committed: what the journal needs
+/// (see [`crate::session::journal::Journal::link_to`]).
+pub struct Cursor {
+    peer: RpcPeer,
+    control: ShimControl,
+}
+
+impl Cursor {
+    pub fn new(peer: RpcPeer, control: ShimControl) -> Cursor {
+        Cursor { peer, control }
+    }
+
+    /// Everything before this is dealt with.
+    pub fn position(&self) -> u64 {
+        self.peer.processed_to()
+    }
+
+    /// Everything before `to` is committed: the shim may forget it.
+    pub fn committed(&self, to: u64) {
+        self.control.acknowledge(to);
+    }
+}
+
+fn read_stderr(
+    stderr: tokio::process::ChildStderr,
+    tail: StderrTail,
+    conversation_id: Uuid,
+    agent: &str,
+) -> JoinHandle<()> {
+    let agent = agent.to_owned();
+    tokio::spawn(async move {
+        // Read to the end whatever it writes (invalid UTF-8 included): a
+        // full stderr pipe would stall the agent.
+        let mut stderr = BufReader::new(stderr);
+        let mut raw = Vec::new();
+        while matches!(stderr.read_until(b'\n', &mut raw).await, Ok(n) if n > 0) {
+            let line = plain_text(&raw);
+            raw.clear();
+            tracing::info!(target: "agent_stderr", %conversation_id, agent = %agent, "{line}");
+            tail.push(truncate(&line, STDERR_LINE_MAX));
+        }
+    })
 }
 
 /// Describes how an agent ended, with its last stderr lines.
 pub fn describe_exit(status: ExitStatus, stderr_tail: &str) -> String {
-    use std::os::unix::process::ExitStatusExt;
     let how = match (status.code(), status.signal()) {
         (Some(code), _) => format!("agent exited with code {code}"),
         (None, Some(signal)) => format!("agent was killed by signal {signal}"),

@@ -213,9 +213,42 @@ impl AgentSession {
         &self.session_id
     }
 
-    /// Sends `session/prompt`; the future resolves with the agent's answer.
-    pub fn prompt(&self, content: &[Value]) -> CallFuture {
-        self.request("session/prompt", json!({"prompt": content}))
+    /// The session as an earlier gateway opened it, for a connection to the
+    /// same agent (a shim's, reattached).
+    pub fn reattached(peer: RpcPeer, session_id: String, can_close: bool) -> AgentSession {
+        AgentSession {
+            peer,
+            session_id,
+            can_close,
+        }
+    }
+
+    /// The connection it is open on.
+    pub fn peer(&self) -> &RpcPeer {
+        &self.peer
+    }
+
+    /// Whether the agent takes `session/close`.
+    pub fn can_close(&self) -> bool {
+        self.can_close
+    }
+
+    /// Sends `session/prompt` once polled; the future resolves with the
+    /// agent's answer. Its JSON-RPC id is known at once (to be recorded
+    /// before the request goes out).
+    pub fn prompt(&self, content: &[Value]) -> (u64, CallFuture) {
+        let id = self.peer.reserve_id();
+        let mut params = json!({"prompt": content});
+        params["sessionId"] = Value::String(self.session_id.clone());
+        let peer = self.peer.clone();
+        let call = Box::pin(async move { peer.request_as(id, "session/prompt", params).await });
+        (id, call)
+    }
+
+    /// The answer to the `session/prompt` an earlier gateway sent as
+    /// request `id` (see [`RpcPeer::answer_to`]).
+    pub fn prompt_answer(&self, id: u64) -> CallFuture {
+        Box::pin(self.peer.answer_to(id))
     }
 
     /// Sends `session/set_mode`.

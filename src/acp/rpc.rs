@@ -91,6 +91,13 @@ pub struct RpcConfig {
     /// Where in the peer's stream the reader starts (a stream joined part
     /// way through, as a shim replays it): positions count from here.
     pub start_position: u64,
+    /// Our first request id: a connection that takes over from an earlier
+    /// one to the same peer starts above every id that one used.
+    pub first_request_id: u64,
+    /// Ids of requests an earlier connection to the same peer sent whose
+    /// answers may come first thing: their callers are registered before
+    /// anything is read (see [`RpcPeer::answer_to`]).
+    pub answers_awaited: Vec<u64>,
 }
 
 impl Default for RpcConfig {
@@ -100,6 +107,8 @@ impl Default for RpcConfig {
             incoming_capacity: 256,
             label: String::new(),
             start_position: 0,
+            first_request_id: 0,
+            answers_awaited: Vec::new(),
         }
     }
 }
@@ -148,15 +157,24 @@ impl RpcPeer {
         let (closed_tx, _) = watch::channel(None);
         let shared = Arc::new(Shared {
             label: config.label,
-            next_id: AtomicU64::new(0),
+            next_id: AtomicU64::new(config.first_request_id),
             state: Mutex::new(State {
                 closed: None,
                 waiters: HashMap::new(),
                 ledger: Ledger::starting_at(config.start_position),
+                awaited: HashMap::new(),
             }),
             closed_tx,
             out_tx,
         });
+        let peer = RpcPeer {
+            shared: Arc::clone(&shared),
+        };
+        for id in config.answers_awaited {
+            if let Ok(rx) = peer.register(id) {
+                shared.state().awaited.insert(id, rx);
+            }
+        }
         // mpsc::channel panics on 0; a capacity of 1 is the closest meaningful value.
         let (incoming_tx, incoming_rx) = mpsc::channel(config.incoming_capacity.max(1));
         let lines = LineReader::new(
@@ -167,7 +185,7 @@ impl RpcPeer {
         tokio::spawn(write_loop(Arc::clone(&shared), writer, out_rx));
         tokio::spawn(read_loop(Arc::clone(&shared), lines, incoming_tx));
         let inbox = Inbox::new(incoming_rx, Arc::clone(&shared));
-        (RpcPeer { shared }, inbox)
+        (peer, inbox)
     }
 
     /// Sends a request and waits for its response.
@@ -177,17 +195,74 @@ impl RpcPeer {
     /// timeout here: wrap the call in `tokio::time::timeout`; dropping the future forgets
     /// the request, and a late answer to it is logged and skipped.
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, RpcError> {
-        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        {
-            // Checking `closed` under the same lock that `close` drains the table with means a
-            // waiter is either refused here or failed by `close`, never forgotten.
-            let mut state = self.shared.state();
-            if let Some(reason) = &state.closed {
-                return Err(RpcError::Closed(reason.clone()));
+        self.request_as(self.reserve_id(), method, params).await
+    }
+
+    /// An id for a request sent later with [`RpcPeer::request_as`] (to
+    /// record it before the request goes out).
+    pub fn reserve_id(&self) -> u64 {
+        self.shared.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// [`RpcPeer::request`] with an id from [`RpcPeer::reserve_id`].
+    pub async fn request_as(
+        &self,
+        id: u64,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, RpcError> {
+        self.call(id, method, params).await
+    }
+
+    /// Waits for the answer to request `id` that an earlier connection to
+    /// the same peer sent (a shim's agent, reattached): as
+    /// [`RpcPeer::request`] would, without sending anything. The caller is
+    /// registered at once, before the future is first polled (the answer
+    /// may be the next line read).
+    pub fn answer_to(
+        &self,
+        id: u64,
+    ) -> impl std::future::Future<Output = Result<Value, RpcError>> + Send + 'static {
+        let awaited = self.shared.state().awaited.remove(&id);
+        let registered = match awaited {
+            Some(rx) => Ok(rx),
+            None => self.register(id),
+        };
+        let shared = Arc::clone(&self.shared);
+        async move {
+            let rx = registered?;
+            let _guard = PendingGuard {
+                shared: &shared,
+                id,
+            };
+            match rx.await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(shared.closed_error()),
             }
-            state.waiters.insert(id, tx);
         }
+    }
+
+    /// The way to answer a request the peer made of an earlier connection
+    /// (a shim's agent, reattached) and that waits for its answer still.
+    pub fn responder_for(&self, id: Value, method: &str) -> Responder {
+        Responder::new(id, method.to_owned(), Arc::clone(&self.shared))
+    }
+
+    /// A waiter for the answer to request `id`.
+    fn register(&self, id: u64) -> Result<oneshot::Receiver<Result<Value, RpcError>>, RpcError> {
+        let (tx, rx) = oneshot::channel();
+        // Checking `closed` under the same lock that `close` drains the table with means a
+        // waiter is either refused here or failed by `close`, never forgotten.
+        let mut state = self.shared.state();
+        if let Some(reason) = &state.closed {
+            return Err(RpcError::Closed(reason.clone()));
+        }
+        state.waiters.insert(id, tx);
+        Ok(rx)
+    }
+
+    async fn call(&self, id: u64, method: &str, params: Value) -> Result<Value, RpcError> {
+        let rx = self.register(id)?;
         let _guard = PendingGuard {
             shared: &self.shared,
             id,

@@ -15,6 +15,8 @@ pub struct Supervised {
     /// The child and what it started.
     tree: Tree,
     exit: Option<ExitStatus>,
+    /// Let go to outlive us: not killed on drop.
+    detached: bool,
 }
 
 impl Supervised {
@@ -22,12 +24,26 @@ impl Supervised {
     /// its environment, user and pipes are the caller's to set first.
     pub fn spawn(command: &mut Command) -> std::io::Result<Supervised> {
         command.kill_on_drop(true);
+        Self::spawn_detachable(command)
+    }
+
+    /// [`Supervised::spawn`] for a child that may be let go to outlive us
+    /// ([`Supervised::detach`]: a shim); until then it is killed on drop
+    /// like any other.
+    pub fn spawn_detachable(command: &mut Command) -> std::io::Result<Supervised> {
         let (child, tree) = super::spawn::spawn(command)?;
         Ok(Supervised {
             child,
             tree,
             exit: None,
+            detached: false,
         })
+    }
+
+    /// Lets it go on without us (spawned with
+    /// [`Supervised::spawn_detachable`]): nothing of it is killed.
+    pub fn detach(mut self) {
+        self.detached = true;
     }
 
     /// The child itself (to take its pipes).
@@ -114,7 +130,7 @@ impl Supervised {
 impl Drop for Supervised {
     fn drop(&mut self) {
         // Nothing outlives its owner by accident.
-        if self.exit.is_none() {
+        if self.exit.is_none() && !self.detached {
             self.tree.kill();
         }
     }
@@ -144,6 +160,19 @@ impl StderrTail {
             lines.pop_front();
         }
         lines.push_back(line);
+    }
+
+    /// Replaces the lines kept with `lines` (a fuller account from
+    /// elsewhere: a shim's), the last `max` of them.
+    pub fn replace(&self, new: impl IntoIterator<Item = String>) {
+        let mut lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+        lines.clear();
+        for line in new {
+            if lines.len() == self.max {
+                lines.pop_front();
+            }
+            lines.push_back(line);
+        }
     }
 
     /// The lines kept, joined by newlines.

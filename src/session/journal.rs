@@ -18,6 +18,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::transcript;
+use crate::acp::agent::Cursor;
 use crate::acp::chunk::TextChunk;
 use crate::bus::EventBus;
 use crate::error::Result;
@@ -25,7 +26,7 @@ use crate::model::{
     self, AgentReport, AgentStatus, Conversation, ConversationStatus, Decision, Event, EventBody,
     MessagePart, PermissionRequest, PermissionStatus, SessionUpdate, ToolCall, TurnEnded,
 };
-use crate::store::{Batch, ConversationPatch, Lane, Resolution, Store};
+use crate::store::{AgentLink, Batch, ConversationPatch, Lane, Resolution, Store};
 use crate::telemetry;
 
 mod outage;
@@ -77,6 +78,9 @@ pub struct Journal {
     /// The owner epoch every write is conditional on (see
     /// [`crate::store::Batch::fence`]).
     fence: Option<i64>,
+    /// An agent under a shim: its link state goes with every commit, and
+    /// the shim hears what is committed (see [`Journal::link_to`]).
+    link: Option<(AgentLink, Cursor)>,
 }
 
 /// Longest wait between two tries to reach the database.
@@ -111,7 +115,20 @@ impl Journal {
             gauged: 0,
             lane: Lane::Person,
             fence: None,
+            link: None,
         }
+    }
+
+    /// Commits `link` (kept up to date through [`Journal::link_mut`]) with
+    /// every batch, `output_to` read from `cursor` then; once a batch is
+    /// committed, the shim may forget the output before it.
+    pub fn link_to(&mut self, link: AgentLink, cursor: Cursor) {
+        self.link = Some((link, cursor));
+    }
+
+    /// The link state committed with the next batch (an agent under a shim).
+    pub fn link_mut(&mut self) -> Option<&mut AgentLink> {
+        self.link.as_mut().map(|(link, _)| link)
     }
 
     /// Writes only while the conversation's owner epoch is `fence` (see

@@ -18,6 +18,7 @@
 pub mod command;
 pub mod journal;
 pub mod pending;
+mod reattach;
 pub mod recover;
 mod route;
 pub mod served;
@@ -34,8 +35,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
+use crate::acp::agent::ShimSetup;
 use crate::cluster::Node;
-use crate::config::{AgentLimits, AgentProfile, Config};
+use crate::config::{AgentLimits, AgentProfile, Config, OnShutdown};
 use crate::error::{Error, Result};
 use crate::model::Conversation;
 use crate::permissions::PolicyHandle;
@@ -75,6 +77,10 @@ struct Shared {
     /// Cancelled when the gateway stops: every session closes its agent.
     shutdown: CancellationToken,
     tasks: TaskTracker,
+    /// Where agents' shims go (`None`: agents are the gateway's own
+    /// children).
+    shim: Option<ShimSetup>,
+    on_shutdown: OnShutdown,
 }
 
 impl Sessions {
@@ -108,6 +114,8 @@ impl Sessions {
                 exits: Default::default(),
                 shutdown,
                 tasks,
+                shim: shim_setup(config),
+                on_shutdown: config.on_shutdown,
             }),
         }
     }
@@ -186,10 +194,17 @@ impl Sessions {
             exits: self.inner.exits.clone(),
             waiting: self.inner.waiting.clone(),
             fence,
+            shim: self.inner.shim.clone(),
+            on_shutdown: self.inner.on_shutdown,
         })
         .await?;
-        // Registered now, forgotten when its task ends.
-        self.inner.live.lock().unwrap().insert(id, handle.clone());
+        self.register(id, handle.clone(), task);
+        Ok((handle, conversation))
+    }
+
+    /// A session task runs: registered now, forgotten when it ends.
+    fn register(&self, id: Uuid, handle: Handle, task: tokio::task::JoinHandle<()>) {
+        self.inner.live.lock().unwrap().insert(id, handle);
         let sessions = self.clone();
         self.inner.tasks.spawn(async move {
             let _ = task.await;
@@ -204,7 +219,6 @@ impl Sessions {
                 })
                 .await;
         });
-        Ok((handle, conversation))
     }
 
     /// A slot for one more agent of `owner`'s conversation. Under
@@ -297,6 +311,43 @@ impl Sessions {
             .await?
             .ok_or_else(|| Error::NotFound(format!("no conversation {id}")))
     }
+}
+
+/// Where agents' shims go, as configured (`agent_shims`): their sockets in
+/// `<state_dir>/shims/`, made here (only the gateway may list it; where
+/// agents run as other users, they may make their shims' sockets in it but
+/// not touch another's). `None` (agents are the gateway's own children)
+/// when shims are off or the directory cannot be made.
+fn shim_setup(config: &Config) -> Option<ShimSetup> {
+    use std::os::unix::fs::PermissionsExt;
+    if !config.agent_shims {
+        return None;
+    }
+    let program = match &config.shim_program {
+        Some(program) => program.clone(),
+        None => match std::env::current_exe() {
+            Ok(exe) => exe,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot find the gateway's executable: agents run without shims");
+                return None;
+            }
+        },
+    };
+    let dir = config.state_dir().join("shims");
+    let other_users = config.agent_user.is_some() || config.agents.iter().any(|a| a.user.is_some());
+    let mode = if other_users { 0o1733 } else { 0o700 };
+    let made = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)));
+    if let Err(e) = made {
+        tracing::warn!(dir = %dir.display(), error = %e, "cannot make the shims' directory: agents run without shims");
+        return None;
+    }
+    let dir = dir.canonicalize().unwrap_or(dir);
+    Some(ShimSetup {
+        program,
+        dir,
+        buffer: config.shim_buffer,
+    })
 }
 
 /// An agent running on this node, as admission sees it.

@@ -77,6 +77,20 @@ impl Pending {
         }
     }
 
+    /// Holds a request an earlier run of the gateway parked (its agent
+    /// reattached): it times out when it would have then.
+    pub fn park_restored(&mut self, request: PermissionRequest, responder: Responder) {
+        let waited = (crate::model::now() - request.created_at)
+            .to_std()
+            .unwrap_or_default();
+        let timeout = self.timeout;
+        let id = request.id;
+        self.park(request, responder);
+        if let Some(timeout) = timeout {
+            self.deadlines.set(id, timeout.saturating_sub(waited));
+        }
+    }
+
     /// Claims a request to answer it: it no longer waits, nor times out.
     pub fn claim(&mut self, id: Uuid) -> Option<Parked> {
         self.deadlines.remove(id);

@@ -15,7 +15,7 @@ use crate::model::{
     TurnEnded,
 };
 use crate::process::procs::{self, Host, Sweep};
-use crate::store::{PermissionFilter, Resolution, Store};
+use crate::store::{AgentProcessRecord, PermissionFilter, Resolution, Store};
 
 impl Sessions {
     /// Settles a conversation just taken from a dead node: what its agent
@@ -64,7 +64,11 @@ impl Sessions {
 /// and expire their pending requests, with events so clients learn what
 /// happened. They stay open: the next prompt starts the agent again. What
 /// another live node runs is left alone.
-pub async fn recover(sink: &Sink, node: &Node) -> anyhow::Result<()> {
+///
+/// Agents a previous run left under their shims on this machine are left
+/// alone here: their records are returned, for
+/// [`Sessions::reattach`](super::Sessions::reattach) to take them up again.
+pub async fn recover(sink: &Sink, node: &Node) -> anyhow::Result<Vec<AgentProcessRecord>> {
     // The agents on record first: one recorded later belongs to a node that
     // claimed its conversation after `elsewhere` was read.
     let records = sink.store.list_agent_processes().await?;
@@ -72,13 +76,22 @@ pub async fn recover(sink: &Sink, node: &Node) -> anyhow::Result<()> {
     // takes them first); then what live nodes run is known.
     let taken = node.claim_orphans().await?;
     let elsewhere = node.owned_elsewhere().await?;
-    let had_agents = kill_recorded(&*sink.store, records, |c| !elsewhere.contains(&c))
-        .await
-        .context("Failed to go through the agent processes a previous run recorded")?;
+    let (shims, records): (Vec<_>, Vec<_>) = records.into_iter().partition(|r| {
+        r.shim_socket.is_some()
+            && !elsewhere.contains(&r.conversation_id)
+            && Host::here().is_some_and(|h| h.sees(&r.boot_id, &r.pid_namespace))
+    });
+    let reattaching: Vec<Uuid> = shims.iter().map(|r| r.conversation_id).collect();
+    let had_agents = kill_recorded(&*sink.store, records, |c| {
+        !elsewhere.contains(&c) && !reattaching.contains(&c)
+    })
+    .await
+    .context("Failed to go through the agent processes a previous run recorded")?;
     // Ours to recover: on SQLite every one; on Postgres those nobody owns
     // and those just taken from dead nodes.
     let ours = |c: &Conversation| {
         !elsewhere.contains(&c.id)
+            && !reattaching.contains(&c.id)
             && (!node.is_shared() || c.node_id.is_none() || c.node_id == Some(node.id()))
     };
     let detail = "the gateway restarted; the agent process is gone";
@@ -110,12 +123,12 @@ pub async fn recover(sink: &Sink, node: &Node) -> anyhow::Result<()> {
     }
     // Nothing runs here yet: whatever this node took is anyone's again.
     node.release_all().await?;
-    Ok(())
+    Ok(shims)
 }
 
 /// Ends what a conversation whose agent is gone had going: its pending
 /// requests expire and its turn ends with `detail`; it stays open.
-async fn recover_conversation(
+pub(super) async fn recover_conversation(
     sink: &Sink,
     conversation: &Conversation,
     turn_id: Option<Uuid>,
@@ -164,7 +177,7 @@ async fn kill_leftover_agents(
     kill_recorded(store, records, mine).await
 }
 
-async fn kill_recorded(
+pub(super) async fn kill_recorded(
     store: &dyn Store,
     records: Vec<crate::store::AgentProcessRecord>,
     mine: impl Fn(Uuid) -> bool,

@@ -7,14 +7,15 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use crate::acp::agent::AgentProcess;
+use crate::acp::agent::{AgentProcess, ShimSetup};
 use crate::acp::client::{AgentSession, Opened, Opening};
+use crate::acp::link::ShimControl;
 use crate::acp::rpc::{Inbox, Incoming, RpcConfig, RpcPeer};
 use crate::config::AgentProfile;
 use crate::error::{Error, Result};
 use crate::model::{self, AgentReport, Conversation};
 use crate::process::procs::Host;
-use crate::store::{AgentProcessRecord, Store};
+use crate::store::{AgentLink, AgentProcessRecord, Store};
 
 /// How long an agent gets to exit after SIGTERM.
 pub(super) const TERMINATE_GRACE: Duration = Duration::from_secs(2);
@@ -30,6 +31,8 @@ pub(super) struct Connected {
     pub(super) incoming: Inbox<Incoming>,
     /// What the agent sent while opening that is still to be applied.
     pub(super) early: Vec<Incoming>,
+    /// The agent's shim, if it runs under one.
+    pub(super) shim: Option<ShimControl>,
 }
 
 /// Spawns the process, records it, and opens the ACP session (loading
@@ -41,12 +44,15 @@ pub(super) async fn connect(
     state: &mut AgentReport,
     max_line_bytes: usize,
     store: &dyn Store,
+    shim: Option<&ShimSetup>,
 ) -> Result<Connected> {
     let cwd = PathBuf::from(&conversation.cwd);
-    let (mut process, pipes) = AgentProcess::spawn(profile, &cwd, conversation.id)
+    let (mut process, pipes) = AgentProcess::spawn(profile, &cwd, conversation.id, shim)
+        .await
         .map_err(|e| Error::AgentFailed(format!("{e:#}")))?;
     // Before the handshake: a crash during it leaves an agent as well.
-    let record = match record_process(store, &process, conversation.id).await {
+    let socket = shim.map(|s| s.socket(conversation.id));
+    let record = match record_process(store, &process, conversation.id, socket).await {
         Ok(record) => record,
         Err(err) => {
             process.terminate(TERMINATE_GRACE).await;
@@ -59,6 +65,8 @@ pub(super) async fn connect(
         RpcConfig {
             max_line_bytes,
             label: conversation.id.to_string(),
+            start_position: pipes.output_from,
+            first_request_id: pipes.first_request_id,
             ..RpcConfig::default()
         },
     );
@@ -83,6 +91,7 @@ pub(super) async fn connect(
             opened,
             incoming,
             early,
+            shim: pipes.shim,
         }),
         Err(err) => {
             process.terminate(TERMINATE_GRACE).await;
@@ -97,6 +106,7 @@ async fn record_process(
     store: &dyn Store,
     process: &AgentProcess,
     conversation_id: Uuid,
+    shim_socket: Option<PathBuf>,
 ) -> Result<Option<AgentProcessRecord>> {
     let (Some(host), Some((pid, start_time))) = (Host::here(), process.identity()) else {
         tracing::debug!("the agent process cannot be identified (no /proc): not recorded");
@@ -110,6 +120,16 @@ async fn record_process(
         pid_namespace: host.pid_namespace.clone(),
         hostname: host.hostname.clone(),
         started_at: model::now(),
+        link: shim_socket.is_some().then(|| {
+            let (agent_pid, agent_start_time) = process.agent_identity();
+            serde_json::to_string(&AgentLink {
+                agent_pid,
+                agent_start_time,
+                ..AgentLink::default()
+            })
+            .expect("a link serializes")
+        }),
+        shim_socket: shim_socket.map(|s| s.to_string_lossy().into_owned()),
     };
     store.record_agent_process(&record).await?;
     Ok(Some(record))

@@ -19,6 +19,7 @@
 mod ending;
 mod incoming;
 mod permissions;
+pub(super) mod reattached;
 mod settings;
 mod turns;
 
@@ -43,15 +44,15 @@ use super::pending::{Pending, WaitingRequests};
 use super::served::Served;
 use super::spawn::{agent_user, connect, Connected, TERMINATE_GRACE};
 use super::transcript::Transcript;
-use crate::acp::agent::AgentProcess;
+use crate::acp::agent::{AgentProcess, Cursor, ShimSetup};
 use crate::acp::client::{AgentSession, CallFuture, EXIT_AFTER_EOF};
 use crate::acp::rpc::{Inbox, Incoming, RpcError};
-use crate::config::AgentProfile;
+use crate::config::{AgentProfile, OnShutdown};
 use crate::error::Result;
 use crate::model::{self, AgentReport, AgentState, AgentStatus, Conversation, ConversationStatus};
 use crate::permissions::policy::Mode;
 use crate::permissions::PolicyHandle;
-use crate::store::{AgentProcessRecord, Lane};
+use crate::store::{AgentLink, AgentProcessRecord, Lane};
 use crate::telemetry;
 use crate::workspace::terminals::TerminalOutput;
 use crate::workspace::Workspace;
@@ -101,6 +102,10 @@ pub struct StartParams {
     /// The owner epoch this node claimed the conversation at (see
     /// [`crate::store::Batch::fence`]).
     pub fence: Option<i64>,
+    /// Where the agent's shim goes (`None`: the agent is our own child).
+    pub shim: Option<ShimSetup>,
+    /// What the gateway's shutdown does to the agent.
+    pub on_shutdown: OnShutdown,
 }
 
 /// Starts the agent, opens its ACP session, and spawns the session task.
@@ -124,6 +129,8 @@ pub async fn start(
         exits,
         waiting,
         fence,
+        shim,
+        on_shutdown,
     } = params;
     let id = conversation.id;
     let span = tracing::info_span!(parent: None, "conversation", conversation_id = %id, agent = %profile.name);
@@ -143,6 +150,7 @@ pub async fn start(
         &mut state,
         max_line_bytes,
         journal.store(),
+        shim.as_ref(),
     )
     .instrument(span.clone())
     .await;
@@ -153,6 +161,7 @@ pub async fn start(
         opened,
         incoming,
         early,
+        shim,
     } = match started {
         Ok(connected) => connected,
         Err(err) => {
@@ -171,6 +180,18 @@ pub async fn start(
             let cause = exits.lock().unwrap().remove(&id).unwrap_or("restart");
             telemetry::agent_restarted(context, cause);
         }
+    }
+    if let Some(control) = shim {
+        // From the first commit on, the agent's output is acknowledged to
+        // its shim as it is committed.
+        let (agent_pid, agent_start_time) = process.agent_identity();
+        let link = AgentLink {
+            can_close: agent.can_close(),
+            agent_pid,
+            agent_start_time,
+            ..AgentLink::default()
+        };
+        journal.link_to(link, Cursor::new(agent.peer().clone(), control));
     }
     journal.set_acp_session_id(agent.session_id().to_owned());
     if state != conversation.state {
@@ -192,6 +213,63 @@ pub async fn start(
     conversation.updated_at = model::now();
     conversation.state = state.clone();
 
+    let (handle, task) = assemble(Assembly {
+        journal,
+        process,
+        record,
+        agent,
+        incoming,
+        early,
+        profile,
+        conversation: &conversation,
+        state,
+        policies,
+        exits,
+        waiting,
+        shutdown_timeout,
+        on_shutdown,
+    });
+    let task = tokio::spawn(task.run(shutdown).instrument(span));
+    Ok((handle, conversation, task))
+}
+
+/// What a session task is made of, however its agent came to be connected
+/// (started here, or reattached under its shim).
+pub(super) struct Assembly<'a> {
+    pub(super) journal: Journal,
+    pub(super) process: AgentProcess,
+    pub(super) record: Option<AgentProcessRecord>,
+    pub(super) agent: AgentSession,
+    pub(super) incoming: Inbox<Incoming>,
+    pub(super) early: Vec<Incoming>,
+    pub(super) profile: AgentProfile,
+    pub(super) conversation: &'a Conversation,
+    pub(super) state: AgentReport,
+    pub(super) policies: PolicyHandle,
+    pub(super) exits: ExitCauses,
+    pub(super) waiting: WaitingRequests,
+    pub(super) shutdown_timeout: Duration,
+    pub(super) on_shutdown: OnShutdown,
+}
+
+/// The task, and the handle that sends it commands.
+fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
+    let Assembly {
+        journal,
+        process,
+        record,
+        agent,
+        incoming,
+        early,
+        profile,
+        conversation,
+        state,
+        policies,
+        exits,
+        waiting,
+        shutdown_timeout,
+        on_shutdown,
+    } = parts;
     let (tx, rx) = mpsc::channel(32);
     let idle = Arc::new(Mutex::new(Some(Instant::now())));
     let (output_tx, terminal_output) = mpsc::channel(64);
@@ -220,6 +298,7 @@ pub async fn start(
         idle: idle.clone(),
         idle_timeout: Some(profile.idle_timeout).filter(|t| !t.is_zero()),
         shutdown_timeout,
+        detach_on_shutdown: on_shutdown == OnShutdown::Detach,
         exits,
         journal,
         process,
@@ -242,9 +321,8 @@ pub async fn start(
         served,
         terminal_output,
     };
-    let task = tokio::spawn(task.run(shutdown).instrument(span));
     let owner = conversation.owner.as_deref().map(Arc::from);
-    Ok((Handle { tx, owner, idle }, conversation, task))
+    (Handle { tx, owner, idle }, task)
 }
 
 /// A turn in progress.
@@ -289,6 +367,8 @@ struct Task {
     idle_timeout: Option<Duration>,
     /// How long a cancelled turn may take to end when the gateway stops.
     shutdown_timeout: Duration,
+    /// When the gateway stops: leave an agent under a shim running.
+    detach_on_shutdown: bool,
     exits: ExitCauses,
     /// Files and terminals, where the profile offers them.
     served: Served,
@@ -353,6 +433,10 @@ impl Task {
             Err(e) => Err(e),
         };
         let end = match end {
+            Ok(End::ShuttingDown) if self.detach_on_shutdown && self.process.is_shimmed() => {
+                self.detach().await;
+                return;
+            }
             Ok(end) => end,
             Err(e) if e.is_fenced() => {
                 self.step_aside().await;
@@ -418,12 +502,17 @@ impl Task {
             Step::Incoming(Some(msg)) => {
                 self.handle_incoming(msg).await?;
                 self.drain_incoming(MAX_BATCH_EVENTS).await?;
+                // Dealt with: the next commit may count it as committed.
+                if let Some(incoming) = self.incoming.as_mut() {
+                    incoming.done();
+                }
                 if self.commit_due() {
                     self.flush().await?;
                 }
             }
             Step::Incoming(None) => {
                 self.incoming = None;
+                self.take_prompt_answer().await?;
                 if tokio::time::timeout(EXIT_AFTER_EOF, self.process.wait())
                     .await
                     .is_err()
@@ -447,6 +536,7 @@ impl Task {
             Step::Exited => {
                 // What it wrote before dying may still be in the pipe.
                 self.drain_until_closed().await?;
+                self.take_prompt_answer().await?;
                 return Ok(Some(End::AgentGone));
             }
             Step::Due(due) => self.time_out(due).await?,
@@ -502,6 +592,21 @@ impl Task {
             }
         }
         Ok(None)
+    }
+
+    /// The agent answered its prompt before it went (the answer was read
+    /// with the rest of its output): the turn ends as it said.
+    async fn take_prompt_answer(&mut self) -> Result<()> {
+        use futures::FutureExt;
+        let answered = self.prompt.as_mut().and_then(|p| p.now_or_never());
+        if let Some(result) = answered {
+            self.prompt = None;
+            if !matches!(result, Err(RpcError::Closed(_))) {
+                self.end_turn(result);
+                self.flush().await?;
+            }
+        }
+        Ok(())
     }
 
     /// Whether the agent has no turn, no pending request and no setting

@@ -118,5 +118,13 @@ fn start(args: &ShimArgs) -> anyhow::Result<(tokio::net::UnixListener, Supervise
         let _ = std::fs::remove_file(&args.socket);
         format!("cannot start {}", program.to_string_lossy())
     })?;
+    // The agent has its directory; the shim holds none (nor keeps one
+    // from being unmounted or counted as in use).
+    let _ = std::env::set_current_dir("/");
+    // Processes of its user (other agents among them) can neither read its
+    // memory (what it holds of the agent's output) nor trace it.
+    if let Err(e) = crate::sys::forbid_inspection() {
+        eprintln!("shim: cannot forbid inspection: {e}");
+    }
     Ok((listener, agent))
 }

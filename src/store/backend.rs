@@ -119,6 +119,9 @@ pub struct Batch {
     /// commit fails with [`crate::error::Error::fenced`]. `None`: unfenced
     /// (a gateway alone).
     pub fence: Option<i64>,
+    /// The agent's link state as of this batch (an agent under a shim),
+    /// written with it: see [`AgentLink`].
+    pub link: Option<AgentLink>,
 }
 
 /// Who waits for a write, and so which goes first when writes queue for the
@@ -263,6 +266,37 @@ pub struct AgentProcessRecord {
     pub pid_namespace: String,
     pub hostname: String,
     pub started_at: DateTime<Utc>,
+    /// The socket of the shim the agent runs under (then `pid` and
+    /// `start_time` are the shim's); `None`: the gateway's own child.
+    pub shim_socket: Option<String>,
+    /// What a gateway reattaching to the shim needs ([`AgentLink`], as
+    /// JSON), kept up to date with each commit.
+    pub link: Option<String>,
+}
+
+impl AgentProcessRecord {
+    /// The link state last committed, if there is one and it reads.
+    pub fn agent_link(&self) -> Option<AgentLink> {
+        serde_json::from_str(self.link.as_deref()?).ok()
+    }
+}
+
+/// Where a conversation stands with an agent under a shim, committed with
+/// the events it accounts for: a gateway reattaching carries on from here.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AgentLink {
+    /// Every byte of the agent's output before this is committed.
+    pub output_to: u64,
+    /// The JSON-RPC id of the running turn's `session/prompt`.
+    pub prompt_request: Option<u64>,
+    /// The agent's JSON-RPC ids of its permission requests that wait for a
+    /// person, by request id.
+    pub waiting: std::collections::BTreeMap<Uuid, serde_json::Value>,
+    /// Whether the agent takes `session/close`.
+    pub can_close: bool,
+    /// The agent's own pid and start time (the record's are the shim's).
+    pub agent_pid: i32,
+    pub agent_start_time: Option<u64>,
 }
 
 /// Which permission requests to list.

@@ -129,6 +129,7 @@ async fn copy_conversation(
     let messages = prompts_stored_once(&events, from.list_messages(id).await?);
     let batch = Batch {
         fence: None,
+        link: None,
         events,
         messages,
         tool_calls: from.list_tool_calls(id).await?,

@@ -23,7 +23,7 @@ pub mod sqlite;
 mod url;
 
 pub use backend::{
-    json_size, ActionToken, AgentProcessRecord, Batch, Bounded, ConversationPatch, Lane,
+    json_size, ActionToken, AgentLink, AgentProcessRecord, Batch, Bounded, ConversationPatch, Lane,
     PermissionFilter, PolicySet, Resolution, Store, TokenInfo,
 };
 pub use cluster::{ClusterStore, Clustered};

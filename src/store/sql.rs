@@ -234,6 +234,13 @@ macro_rules! impl_store {
                 if let Some(patch) = &batch.conversation {
                     update_conversation(&mut tx, conversation_id, patch).await?;
                 }
+                if let Some(link) = &batch.link {
+                    sqlx::query("update agent_processes set link = $2 where conversation_id = $1")
+                        .bind(conversation_id)
+                        .bind(JsonText::of(link))
+                        .execute(&mut *tx)
+                        .await?;
+                }
                 tx.commit().await?;
                 crate::telemetry::transaction(batch.rows());
                 Ok(())
@@ -670,12 +677,13 @@ macro_rules! impl_store {
             ) -> Result<()> {
                 sqlx::query(
                     "insert into agent_processes (conversation_id, pid, start_time, boot_id,
-                       pid_namespace, hostname, started_at)
-                     values ($1, $2, $3, $4, $5, $6, $7)
+                       pid_namespace, hostname, started_at, shim_socket, link)
+                     values ($1, $2, $3, $4, $5, $6, $7, $8, $9)
                      on conflict (conversation_id) do update set
                        pid = excluded.pid, start_time = excluded.start_time,
                        boot_id = excluded.boot_id, pid_namespace = excluded.pid_namespace,
-                       hostname = excluded.hostname, started_at = excluded.started_at",
+                       hostname = excluded.hostname, started_at = excluded.started_at,
+                       shim_socket = excluded.shim_socket, link = excluded.link",
                 )
                 .bind(record.conversation_id)
                 .bind(record.pid)
@@ -684,6 +692,8 @@ macro_rules! impl_store {
                 .bind(&record.pid_namespace)
                 .bind(&record.hostname)
                 .bind(record.started_at)
+                .bind(&record.shim_socket)
+                .bind(&record.link)
                 .execute(self.writer())
                 .await?;
                 Ok(())

@@ -18,6 +18,10 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use tokio_util::sync::CancellationToken;
 
+/// A gateway's config line for agents that are its own children, without
+/// shims: what a crash then leaves is what these tests look at.
+pub const NO_SHIMS: &str = "agent_shims = false";
+
 /// How long any single wait in a test may take before it fails.
 pub const WAIT: Duration = Duration::from_secs(20);
 
@@ -37,6 +41,8 @@ pub struct TestDb {
     pub url: String,
     pg_name: Option<String>,
     _dir: Option<tempfile::TempDir>,
+    /// The gateway's state directory (its shims' sockets), the test's own.
+    state: tempfile::TempDir,
 }
 
 impl TestDb {
@@ -46,6 +52,7 @@ impl TestDb {
             url: format!("sqlite://{}", dir.path().join("gateway.db").display()),
             pg_name: None,
             _dir: Some(dir),
+            state: tempfile::tempdir().unwrap(),
         }
     }
 
@@ -72,6 +79,7 @@ impl TestDb {
             url: format!("{base}/{name}"),
             pg_name: Some(name),
             _dir: None,
+            state: tempfile::tempdir().unwrap(),
         })
     }
 }
@@ -94,8 +102,18 @@ impl TestDb {
     }
 }
 
+impl TestDb {
+    /// The state directory gateways on this database use (`state_dir`).
+    pub fn state_dir(&self) -> &Path {
+        self.state.path()
+    }
+}
+
 impl Drop for TestDb {
     fn drop(&mut self) {
+        // Shims (and their agents) a gateway of this test left running are
+        // the test's to end.
+        kill_shims_under(self.state.path());
         let Some(name) = self.pg_name.clone() else {
             return;
         };
@@ -302,6 +320,9 @@ impl GatewayProcess {
             "listen = \"127.0.0.1:0\"\ndatabase_url = {:?}\n{extra}\n",
             db.url
         );
+        if !extra.contains("state_dir") {
+            text = format!("state_dir = {:?}\n{text}", db.state_dir());
+        }
         for a in agents {
             text += &format!(
                 "[[agents]]\nname = {:?}\ncommand = {:?}\nargs = {:?}\ncwd = {:?}\n",
@@ -351,6 +372,9 @@ impl GatewayProcess {
                 let dir = Path::new(file).parent().unwrap();
                 std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
             }
+            // Where it makes its shims' sockets.
+            let state = std::fs::Permissions::from_mode(0o777);
+            std::fs::set_permissions(db.state_dir(), state).unwrap();
             command.uid(user.uid).gid(user.gid);
         }
         let mut child = command.spawn().expect("start acp-gateway");
@@ -579,6 +603,15 @@ impl TestGateway {
             write_buffer_events: 10_000,
             node_lease: Duration::from_secs(15),
             notifications: Default::default(),
+            state_dir: Some(db.state_dir().to_path_buf()),
+            agent_shims: true,
+            shim_buffer: 64 * 1024 * 1024,
+            shim_program: Some(env!("CARGO_BIN_EXE_acp-gateway").into()),
+            // In-process gateways stop as `cancel` has them: their tests
+            // restart a gateway to see what a stop leaves. What `detach`
+            // (the default) leaves is seen with real processes
+            // (`tests/suite/restart.rs`).
+            on_shutdown: acp_gateway::config::OnShutdown::Cancel,
         }
     }
 
@@ -1216,4 +1249,56 @@ impl Drop for Flipping {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
     }
+}
+
+/// Kills every shim serving a socket under `dir`, with everything below it
+/// (its agent and what that started), and says how many shims it found.
+pub fn kill_shims_under(dir: &Path) -> usize {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let needle = format!("--socket\0{}/", dir.display());
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut parents: Vec<(i32, i32)> = Vec::new();
+    let mut shims = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            let after = stat.rsplit_once(')').map(|(_, a)| a).unwrap_or("");
+            let ppid = after.split_whitespace().nth(1).and_then(|p| p.parse().ok());
+            if let Some(ppid) = ppid {
+                parents.push((pid, ppid));
+            }
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        if cmdline.contains("\0shim\0") && cmdline.contains(&needle) {
+            shims.push(pid);
+        }
+    }
+    // The shims and everything below them.
+    let mut doomed = shims.clone();
+    let mut i = 0;
+    while i < doomed.len() {
+        let parent = doomed[i];
+        for (pid, ppid) in &parents {
+            if *ppid == parent && !doomed.contains(pid) {
+                doomed.push(*pid);
+            }
+        }
+        i += 1;
+    }
+    for pid in &doomed {
+        // SAFETY: kill takes no pointers.
+        unsafe {
+            libc::kill(*pid, libc::SIGKILL);
+        }
+    }
+    shims.len()
 }

@@ -258,8 +258,11 @@ async fn closing_a_conversation_stops_the_agent_together_with_its_children(db: T
 }
 
 async fn an_agents_children_left_by_a_crashed_gateway_are_killed_when_it_starts_again(db: TestDb) {
-    // The gateway runs as its own process so that it can really crash.
-    let gateway = GatewayProcess::start(&db, &[demo_profile("demo", &[])]);
+    // The gateway runs as its own process so that it can really crash;
+    // its agents are its own children (no shim keeps them for the next
+    // start: see `restart.rs` for that).
+    let gateway =
+        GatewayProcess::start_configured(&db, &[demo_profile("demo", &[])], "info", NO_SHIMS);
     let created = gateway
         .post("/api/v1/conversations", json!({"agent": "demo"}))
         .await
@@ -289,7 +292,8 @@ async fn an_agents_children_left_by_a_crashed_gateway_are_killed_when_it_starts_
     // Nothing of a crash stops the child (its agent exits when stdin closes).
     assert!(!child.has_ended(), "the child outlives the crashed gateway");
 
-    let gateway = GatewayProcess::start(&db, &[demo_profile("demo", &[])]);
+    let gateway =
+        GatewayProcess::start_configured(&db, &[demo_profile("demo", &[])], "info", NO_SHIMS);
     assert!(
         child.ended().await,
         "the gateway kills on start what the crashed one's agent left"

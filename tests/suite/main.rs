@@ -30,6 +30,7 @@ mod operability;
 mod permission_lifecycle;
 mod permissions;
 mod policies;
+mod restart;
 mod resume;
 mod sdk_agents;
 mod session_settings;

@@ -138,8 +138,11 @@ async fn cancel_with_two_requests_pending_answers_both_cancelled_and_the_turn_en
 }
 
 async fn a_request_pending_when_the_gateway_restarts_is_expired_on_start(db: TestDb) {
-    // The gateway runs as its own process so that it can really crash.
-    let process = GatewayProcess::start(&db, &[demo_profile("demo", &[])]);
+    // The gateway runs as its own process so that it can really crash;
+    // its agents are its own children (no shim keeps them for the next
+    // start: see `restart.rs` for that).
+    let process =
+        GatewayProcess::start_configured(&db, &[demo_profile("demo", &[])], "info", NO_SHIMS);
     let created = process
         .post("/api/v1/conversations", json!({"agent": "demo"}))
         .await

@@ -1,7 +1,8 @@
-//! Graceful shutdown of a real gateway process (SIGTERM): running turns are
-//! cancelled as a user would cancel them and end `cancelled`, clients see
-//! that and get close code 1001, the process exits 0, and the conversations
-//! resume after the next start.
+//! Graceful shutdown of a real gateway process (SIGTERM) with
+//! `on_shutdown = "cancel"`: running turns are cancelled as a user would
+//! cancel them and end `cancelled`, clients see that and get close code
+//! 1001, the process exits 0, and the conversations resume after the next
+//! start. (What the default, `detach`, leaves: `restart.rs`.)
 
 use crate::common::*;
 use serde_json::{json, Value};
@@ -13,7 +14,8 @@ async fn conversation_on(
     agent: acp_gateway::config::AgentProfile,
     extra: &str,
 ) -> (GatewayProcess, String, Ws) {
-    let gw = GatewayProcess::start_configured(db, &[agent], "info", extra);
+    let extra = format!("on_shutdown = \"cancel\"\n{extra}");
+    let gw = GatewayProcess::start_configured(db, &[agent], "info", &extra);
     let conversation = gw
         .post("/api/v1/conversations", json!({"agent": "demo"}))
         .await
@@ -59,7 +61,12 @@ async fn sigterm_ends_a_running_turn_cancelled_and_the_conversation_resumes(db: 
     assert!(agent_process_records(&db).await.is_empty());
 
     // After the next start the conversation goes on.
-    let gw = GatewayProcess::start(&db, &[demo_profile("demo", &[])]);
+    let gw = GatewayProcess::start_configured(
+        &db,
+        &[demo_profile("demo", &[])],
+        "info",
+        "on_shutdown = \"cancel\"",
+    );
     let (_, conversation) = {
         let url = format!("{}/api/v1/conversations/{id}", gw.base);
         let response = reqwest::get(url).await.unwrap();

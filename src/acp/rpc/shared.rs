@@ -55,6 +55,9 @@ pub(super) struct State {
     pub(super) closed: Option<String>,
     pub(super) waiters: HashMap<u64, oneshot::Sender<Result<Value, RpcError>>>,
     pub(super) ledger: Ledger,
+    /// Callers registered at the start for answers to an earlier
+    /// connection's requests, until someone waits for them.
+    pub(super) awaited: HashMap<u64, oneshot::Receiver<Result<Value, RpcError>>>,
 }
 
 /// How far the peer's byte stream has been dealt with: which of its lines

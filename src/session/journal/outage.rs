@@ -101,6 +101,10 @@ impl Journal {
         loop {
             let started = std::time::Instant::now();
             self.batch.fence = self.fence;
+            if let Some((link, cursor)) = &mut self.link {
+                link.output_to = cursor.position();
+                self.batch.link = Some(link.clone());
+            }
             let committed = self
                 .sink
                 .store
@@ -121,14 +125,26 @@ impl Journal {
                 Err(e) => {
                     tracing::warn!(conversation_id = %self.conversation_id, error = %e,
                         "the database refused a batch; writing it piece by piece");
-                    return self.commit_piecewise().await;
+                    let output_to = self.batch.link.as_ref().map(|l| l.output_to);
+                    self.commit_piecewise().await?;
+                    self.acknowledge(output_to);
+                    return Ok(());
                 }
             }
         }
         let batch = std::mem::take(&mut self.batch);
+        self.acknowledge(batch.link.as_ref().map(|l| l.output_to));
         self.committed();
         telemetry::events_written(batch.events.len());
         self.publish_committed(batch.events);
         Ok(())
+    }
+
+    /// The agent's output before `output_to` is committed: its shim may
+    /// forget it.
+    fn acknowledge(&self, output_to: Option<u64>) {
+        if let (Some(to), Some((_, cursor))) = (output_to, &self.link) {
+            cursor.committed(to);
+        }
     }
 }

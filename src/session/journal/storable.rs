@@ -155,6 +155,7 @@ impl Journal {
         let patch = Batch {
             conversation: self.batch.conversation.take(),
             fence: self.fence,
+            link: self.batch.link.take(),
             ..Batch::default()
         };
         self.sink.store.commit(self.conversation_id, &patch).await?;

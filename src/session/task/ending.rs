@@ -106,6 +106,28 @@ impl Task {
         forget_process(self.journal.store(), self.record.take().as_ref()).await;
     }
 
+    /// The gateway stops and leaves the agent running under its shim for
+    /// the next start (`on_shutdown = "detach"`): everything is committed
+    /// (so the shim may forget it), the connection is closed so that
+    /// nothing is answered on the way out (the requests that wait stay
+    /// pending, the turn running), and the shim is let go. The process
+    /// record stays: it is how the next start finds the shim.
+    pub(super) async fn detach(mut self) {
+        tracing::info!("leaving the agent running under its shim");
+        if let Some(incoming) = self.incoming.as_mut() {
+            incoming.done();
+        }
+        let deadline = tokio::time::Instant::now() + self.shutdown_timeout;
+        self.save_transcript();
+        self.journal.flush_until(deadline).await;
+        // No answer goes out from here on (a dropped request would be
+        // answered "dropped" otherwise).
+        self.agent.peer().close("the gateway detached");
+        let _ = tokio::time::timeout(TERMINALS_END, self.served.stop()).await;
+        let Task { process, .. } = self;
+        process.detach(TERMINATE_GRACE).await;
+    }
+
     /// Records how the session ended and makes sure the agent is gone.
     pub(super) async fn finish(&mut self, end: End) -> Result<()> {
         // The agent's terminals go with it; what they printed, and how they
@@ -212,6 +234,8 @@ impl Task {
             .await?;
         // Nothing held in memory may go with the task.
         self.journal.flush_until(deadline).await;
+        // Its shim has nothing more to hold for anyone.
+        self.process.release().await;
         if let Some(reply) = reply {
             let _ = reply.send(());
         }

@@ -90,6 +90,11 @@ impl Task {
             }
             None => {
                 self.journal.add_permission_request(&permission, None);
+                if let Some(link) = self.journal.link_mut() {
+                    // Answered on this id after a restart too.
+                    let rpc_id = request.responder.id().clone();
+                    link.waiting.insert(permission.id, rpc_id);
+                }
                 self.pending.park(permission, request.responder);
                 self.journal.set_status(self.status_now());
             }
@@ -147,6 +152,9 @@ impl Task {
         let Some(parked) = self.pending.claim(id) else {
             return Ok(None);
         };
+        if let Some(link) = self.journal.link_mut() {
+            link.waiting.remove(&id);
+        }
         self.journal.set_status(self.status_now());
         let resolution = Resolution {
             request: parked.request.clone(),

@@ -29,12 +29,20 @@ impl Task {
             content: content.clone(),
         });
         let turn_started = self.journal.last_seq();
-        let prompt = self.agent.prompt(&content);
+        // Its id is committed with the turn, before it goes out: a gateway
+        // reattaching to the agent's shim knows the answer when it comes.
+        let (prompt_id, prompt) = self.agent.prompt(&content);
+        if let Some(link) = self.journal.link_mut() {
+            link.prompt_request = Some(prompt_id);
+        }
         self.transcript.user_prompt(turn_id, content, turn_started);
         self.journal.set_status(self.status_now());
         if let Err(e) = self.flush().await {
             self.turn = None;
             self.journal.set_turn(None);
+            if let Some(link) = self.journal.link_mut() {
+                link.prompt_request = None;
+            }
             return Err(e);
         }
         if let Some(turn) = &self.turn {
@@ -82,6 +90,9 @@ impl Task {
             error,
         });
         self.journal.set_turn(None);
+        if let Some(link) = self.journal.link_mut() {
+            link.prompt_request = None;
+        }
         self.journal.set_status(self.status_now());
     }
 }

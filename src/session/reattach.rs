@@ -1,0 +1,234 @@
+//! Reattaching: the agents an earlier run of this gateway left under their
+//! shims on this machine (it crashed, or it was stopped with
+//! `on_shutdown = "detach"`) are taken up again where that run's last
+//! commit left them, so their turns go on and their requests can still be
+//! answered. A shim that cannot be reached (the machine rebooted, the shim
+//! died) is settled as `recover` settles any agent that is gone; the next
+//! prompt starts the agent again and resumes its session. Shims of closed
+//! or deleted conversations are stopped.
+
+use std::path::{Path, PathBuf};
+
+use uuid::Uuid;
+
+use super::journal::Journal;
+use super::recover::{kill_recorded, recover_conversation};
+use super::task::reattached::{self as task, Reattached};
+use super::Sessions;
+use crate::acp::agent::{stop_shim, AgentProcess};
+use crate::cluster::Claim;
+use crate::model::ConversationStatus;
+use crate::process::procs;
+use crate::store::{AgentProcessRecord, PermissionFilter};
+
+/// How long a stopped shim's agent gets before it is killed.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Why a shim was not reattached.
+enum NotReattached {
+    /// Its conversation is closed or gone: the shim was told to stop.
+    Stopped,
+    /// Another live node runs the conversation: left alone.
+    Elsewhere,
+    /// It could not be: the conversation is settled as one whose agent
+    /// is gone.
+    Failed(String),
+}
+
+impl Sessions {
+    /// Reattaches to the shims `records` name (those
+    /// [`recover`](super::recover::recover) left alone), then stops the
+    /// shims left in the shims' directory whose conversations are closed
+    /// or deleted.
+    pub async fn reattach(&self, records: Vec<AgentProcessRecord>) -> anyhow::Result<()> {
+        for record in records {
+            let id = record.conversation_id;
+            let outcome = self.gated(id, self.reattach_one(&record)).await;
+            match outcome {
+                Ok(()) => tracing::info!(conversation_id = %id, "reattached to the agent's shim"),
+                Err(NotReattached::Stopped) => {
+                    let _ = self.store().forget_agent_process(&record).await;
+                }
+                Err(NotReattached::Elsewhere) => {}
+                Err(NotReattached::Failed(why)) => {
+                    tracing::warn!(conversation_id = %id, reason = %why,
+                        "cannot reattach to the agent's shim; settling the conversation");
+                    self.settle_unreachable(record).await?;
+                }
+            }
+        }
+        if let Some(shim) = &self.inner.shim {
+            self.stop_strays(&shim.dir).await;
+        }
+        Ok(())
+    }
+
+    async fn reattach_one(&self, record: &AgentProcessRecord) -> Result<(), NotReattached> {
+        let failed = |e: &dyn std::fmt::Display| NotReattached::Failed(e.to_string());
+        let id = record.conversation_id;
+        let socket = PathBuf::from(record.shim_socket.as_deref().unwrap_or_default());
+        let conversation = self
+            .store()
+            .get_conversation(id)
+            .await
+            .map_err(|e| failed(&e))?;
+        let Some(conversation) = conversation.filter(|c| c.status != ConversationStatus::Closed)
+        else {
+            tracing::info!(conversation_id = %id, "stopping the shim of a closed conversation");
+            if let Err(e) = stop_shim(&socket, STOP_GRACE).await {
+                tracing::warn!(conversation_id = %id, error = %e, "cannot reach the shim to stop it");
+            }
+            return Err(NotReattached::Stopped);
+        };
+        let Some(profile) = self.inner.profiles.get(&conversation.agent).cloned() else {
+            return Err(failed(&format!(
+                "its agent profile {:?} is no longer configured",
+                conversation.agent
+            )));
+        };
+        let Some(session_id) = conversation.acp_session_id.clone() else {
+            return Err(failed(&"its agent never opened a session"));
+        };
+        let fence = match self.inner.node.claim(id).await.map_err(|e| failed(&e))? {
+            Claim::Elsewhere(_) => return Err(NotReattached::Elsewhere),
+            Claim::Mine { epoch, .. } => epoch,
+        };
+        let link = record.agent_link().unwrap_or_default();
+        let shim = u64::try_from(record.start_time)
+            .ok()
+            .map(|start_time| (record.pid, start_time));
+        let reattached =
+            AgentProcess::reattach(&socket, link.output_to, shim, id, &profile.name).await;
+        let (process, pipes) = match reattached {
+            Ok(attached) => attached,
+            Err(e) => {
+                self.inner.node.release(id).await;
+                return Err(failed(&format!("{e:#}")));
+            }
+        };
+        let turn_id = self.running_turn(id).await.map_err(|e| failed(&e))?;
+        let pending = self
+            .store()
+            .list_permissions(&PermissionFilter {
+                pending_only: true,
+                conversation_id: Some(id),
+                owner: None,
+            })
+            .await
+            .map_err(|e| failed(&e))?;
+        let journal =
+            Journal::new(self.inner.sink.clone(), &conversation, turn_id).fenced_at(fence);
+        let started = task::reattach(Reattached {
+            journal,
+            process,
+            pipes,
+            record: record.clone(),
+            link,
+            session_id,
+            profile,
+            conversation: &conversation,
+            turn_id,
+            pending,
+            max_line_bytes: self.inner.max_line_bytes,
+            write_buffer_events: self.inner.write_buffer_events,
+            policies: self.inner.policies.clone(),
+            exits: self.inner.exits.clone(),
+            waiting: self.inner.waiting.clone(),
+            shutdown: self.inner.shutdown.child_token(),
+            shutdown_timeout: self.inner.shutdown_timeout,
+            on_shutdown: self.inner.on_shutdown,
+        })
+        .await;
+        match started {
+            Ok((handle, task)) => {
+                self.register(id, handle, task);
+                Ok(())
+            }
+            Err(e) => {
+                self.inner.node.release(id).await;
+                Err(failed(&e))
+            }
+        }
+    }
+
+    /// A shim that could not be reached: what is left of it and its agent
+    /// is killed, the record forgotten, and the conversation settled as
+    /// one whose agent is gone (the next prompt starts it again).
+    async fn settle_unreachable(&self, record: AgentProcessRecord) -> anyhow::Result<()> {
+        let id = record.conversation_id;
+        if let Some(socket) = record.shim_socket.as_deref() {
+            // Reachable after all (it refused us): told to stop.
+            let _ = stop_shim(Path::new(socket), STOP_GRACE).await;
+        }
+        if let Some(link) = record.agent_link() {
+            if let (pid, Some(start_time)) = (link.agent_pid, link.agent_start_time) {
+                if pid > 0 {
+                    let _ =
+                        tokio::task::spawn_blocking(move || procs::kill_leftovers(pid, start_time))
+                            .await;
+                }
+            }
+        }
+        kill_recorded(self.store(), vec![record], |_| true).await?;
+        let Some(conversation) = self.store().get_conversation(id).await? else {
+            return Ok(());
+        };
+        if conversation.status == ConversationStatus::Closed {
+            return Ok(());
+        }
+        let turn_id = self.running_turn(id).await?;
+        recover_conversation(
+            self.sink(),
+            &conversation,
+            turn_id,
+            "the gateway restarted; the agent's shim could not be reached",
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The conversation's running turn, as stored.
+    async fn running_turn(&self, id: Uuid) -> crate::error::Result<Option<Uuid>> {
+        Ok(self
+            .store()
+            .live_conversations()
+            .await?
+            .into_iter()
+            .find(|(c, _)| c.id == id)
+            .and_then(|(_, turn)| turn))
+    }
+
+    /// Stops the shims in `dir` whose conversations are closed or deleted
+    /// (a record deleted with its conversation no longer names them).
+    async fn stop_strays(&self, dir: &Path) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Some(id) = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .and_then(|s| Uuid::parse_str(s).ok())
+            else {
+                continue;
+            };
+            if self.live(id).is_some() {
+                continue;
+            }
+            let stored = self.store().get_conversation(id).await;
+            let stray = match stored {
+                Ok(None) => true,
+                Ok(Some(c)) => c.status == ConversationStatus::Closed,
+                Err(_) => false,
+            };
+            if stray {
+                tracing::info!(conversation_id = %id, "stopping the shim of a closed or deleted conversation");
+                if stop_shim(&path, STOP_GRACE).await.is_err() {
+                    // Nobody serves it: a leftover file.
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! A session task for an agent an earlier run of the gateway left under its
+//! shim: the connection starts where that run's last commit left the
+//! agent's output (what came after is read again, exactly once), the
+//! running turn waits for the answer to the `session/prompt` that run sent,
+//! and the requests that wait for a person are answered on the agent's own
+//! JSON-RPC ids.
+
+use tracing::Instrument;
+use uuid::Uuid;
+
+use super::{assemble, Assembly, ExitCauses, Task, Turn};
+use crate::acp::agent::{AgentPipes, AgentProcess, Cursor};
+use crate::acp::client::AgentSession;
+use crate::acp::rpc::{RpcConfig, RpcPeer};
+use crate::config::{AgentProfile, OnShutdown};
+use crate::error::{Error, Result};
+use crate::model::{Conversation, Decision, PermissionRequest, PermissionStatus};
+use crate::permissions::PolicyHandle;
+use crate::session::command::Handle;
+use crate::session::journal::Journal;
+use crate::session::pending::WaitingRequests;
+use crate::store::{AgentLink, AgentProcessRecord, Lane, Resolution};
+
+/// What reattaching a conversation's session takes.
+pub struct Reattached<'a> {
+    pub journal: Journal,
+    pub process: AgentProcess,
+    pub pipes: AgentPipes,
+    pub record: AgentProcessRecord,
+    /// Where the last commit left the agent.
+    pub link: AgentLink,
+    pub session_id: String,
+    pub profile: AgentProfile,
+    pub conversation: &'a Conversation,
+    pub turn_id: Option<Uuid>,
+    /// The conversation's requests that wait, as stored.
+    pub pending: Vec<PermissionRequest>,
+    pub max_line_bytes: usize,
+    pub write_buffer_events: usize,
+    pub policies: PolicyHandle,
+    pub exits: ExitCauses,
+    pub waiting: WaitingRequests,
+    pub shutdown: tokio_util::sync::CancellationToken,
+    pub shutdown_timeout: std::time::Duration,
+    pub on_shutdown: OnShutdown,
+}
+
+/// Spawns the session task of a reattached agent.
+pub async fn reattach(r: Reattached<'_>) -> Result<(Handle, tokio::task::JoinHandle<()>)> {
+    let id = r.conversation.id;
+    let span = tracing::info_span!(parent: None, "conversation", conversation_id = %id, agent = %r.profile.name);
+    let control = r
+        .pipes
+        .shim
+        .clone()
+        .ok_or_else(|| Error::AgentFailed("a reattached agent has no shim".into()))?;
+    let (peer, incoming) = RpcPeer::spawn(
+        r.pipes.stdout,
+        r.pipes.stdin,
+        RpcConfig {
+            max_line_bytes: r.max_line_bytes,
+            label: id.to_string(),
+            start_position: r.pipes.output_from,
+            first_request_id: r.pipes.first_request_id,
+            // The running turn's end may be the first line read.
+            answers_awaited: r.link.prompt_request.into_iter().collect(),
+            ..RpcConfig::default()
+        },
+    );
+    let agent = AgentSession::reattached(peer.clone(), r.session_id, r.link.can_close);
+    let mut journal = r.journal;
+    journal.ride_out_outages(r.write_buffer_events);
+    journal.serve(Lane::Agent);
+    journal.link_to(r.link.clone(), Cursor::new(peer.clone(), control));
+    let (handle, mut task) = assemble(Assembly {
+        journal,
+        process: r.process,
+        record: Some(r.record),
+        agent,
+        incoming,
+        early: Vec::new(),
+        profile: r.profile,
+        conversation: r.conversation,
+        state: r.conversation.state.clone(),
+        policies: r.policies,
+        exits: r.exits,
+        waiting: r.waiting,
+        shutdown_timeout: r.shutdown_timeout,
+        on_shutdown: r.on_shutdown,
+    });
+    task.take_up(r.turn_id, &r.link, r.pending, &peer)
+        .instrument(span.clone())
+        .await?;
+    let task = tokio::spawn(task.run(r.shutdown).instrument(span));
+    Ok((handle, task))
+}
+
+impl Task {
+    /// Takes up the running turn and the waiting requests where the earlier
+    /// run left them.
+    async fn take_up(
+        &mut self,
+        turn_id: Option<Uuid>,
+        link: &AgentLink,
+        pending: Vec<PermissionRequest>,
+        peer: &RpcPeer,
+    ) -> Result<()> {
+        if let Some(turn_id) = turn_id {
+            self.turn = Some(Turn {
+                id: turn_id,
+                cancel_requested: false,
+                span: tracing::info_span!("turn", %turn_id),
+            });
+            match link.prompt_request {
+                Some(request) => self.prompt = Some(self.agent.prompt_answer(request)),
+                // Never sent: nothing will end it.
+                None => self.end_turn(Err(crate::acp::rpc::RpcError::Closed(
+                    "the gateway restarted before the prompt reached the agent".into(),
+                ))),
+            }
+        }
+        for request in pending {
+            match link.waiting.get(&request.id) {
+                Some(rpc_id) => {
+                    let responder =
+                        peer.responder_for(rpc_id.clone(), "session/request_permission");
+                    self.pending.park_restored(request, responder);
+                }
+                None => {
+                    // Nothing says how to answer the agent: it cannot be.
+                    let resolution = Resolution {
+                        request,
+                        status: PermissionStatus::Expired,
+                        decision: Decision::new(
+                            None,
+                            "system".into(),
+                            Some("the gateway restarted; the agent cannot be answered".into()),
+                        ),
+                    };
+                    self.journal.resolve(&resolution).await?;
+                }
+            }
+        }
+        self.journal.set_status(self.status_now());
+        self.flush().await
+    }
+}

@@ -1,0 +1,379 @@
+//! Work that outlives the gateway: each test runs a real `acp-gateway
+//! serve`, kills or stops it while an agent works under its shim, starts
+//! another on the same database and state directory, and checks that the
+//! conversation simply continued: every event once, in order, the turn
+//! ended as the agent ended it, the request answered on its own id, the
+//! agent the same process.
+
+use serde_json::{json, Value};
+
+use crate::common::{
+    agent_process_records, assert_consecutive, demo_profile, kill_shims_under, streamed_text,
+    GatewayProcess, ProcessWatch, TestDb, Ws,
+};
+
+backend_tests!(
+    a_crash_mid_turn_loses_no_chunk_and_the_turn_ends_as_the_agent_ends_it,
+    a_request_pending_through_a_crash_is_answered_on_its_own_id_after_it,
+    sigterm_with_detach_leaves_the_turn_running_for_the_next_start,
+    sigterm_with_cancel_ends_the_turn_as_before,
+    an_agent_that_ends_while_no_gateway_runs_is_accounted_for_after_the_restart,
+    a_full_shim_buffer_pauses_the_agent_and_loses_nothing,
+    a_closed_conversations_shim_is_stopped_when_the_gateway_starts,
+);
+
+fn agents() -> Vec<acp_gateway::config::AgentProfile> {
+    vec![demo_profile("demo", &["--chunk-delay-ms", "0"])]
+}
+
+/// The agent's own pid (not its shim's), as the conversation's process
+/// record says.
+async fn agent_pid(db: &TestDb, id: &str) -> i32 {
+    let records = agent_process_records(db).await;
+    let record = records
+        .iter()
+        .find(|r| r.conversation_id.to_string() == id)
+        .expect("the agent's process is on record");
+    assert!(record.shim_socket.is_some(), "the agent runs under a shim");
+    record
+        .agent_link()
+        .expect("its link is on record")
+        .agent_pid
+}
+
+/// Reads until `n` message chunks have come (their events).
+async fn chunks(ws: &mut Ws, n: usize) -> Vec<Value> {
+    let mut seen = Vec::new();
+    while streamed_text(&seen, "agent_message_chunk")
+        .split_whitespace()
+        .count()
+        < n
+    {
+        seen.push(ws.next().await);
+    }
+    seen
+}
+
+/// What `slow n` streams, whole.
+fn slow_text(n: usize) -> String {
+    (0..n).map(|i| format!("s{i} ")).collect()
+}
+
+/// Reattaches a WebSocket after `seen`, reads to the end of the turn and
+/// checks that the two parts make one gap-free log: every event once, in
+/// order. All the events, and the turn's end.
+async fn read_on(gw: &GatewayProcess, id: &str, seen: Vec<Value>) -> (Vec<Value>, Value) {
+    let last = seen.last().map_or(0, |e| e["seq"].as_i64().unwrap());
+    let mut ws = gw.conversation_ws(id, last).await;
+    let rest = ws.until_type("turn_ended").await;
+    let all: Vec<Value> = seen.into_iter().chain(rest).collect();
+    let first = all[0]["seq"].as_i64().unwrap();
+    assert_consecutive(&all, first - 1);
+    // The log as stored says the same.
+    let stored = gw.events(id).await;
+    let from = stored
+        .iter()
+        .position(|e| e["seq"] == all[0]["seq"])
+        .unwrap();
+    assert_eq!(&stored[from..from + all.len()], &all[..]);
+    let ended = all.last().unwrap().clone();
+    (all, ended)
+}
+
+async fn a_crash_mid_turn_loses_no_chunk_and_the_turn_ends_as_the_agent_ends_it(db: TestDb) {
+    let gw = GatewayProcess::start(&db, &agents());
+    let id = gw.create("demo").await;
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    let turn = gw.prompt(&id, "slow 60").await;
+    let pid = agent_pid(&db, &id).await;
+    let agent = ProcessWatch::new(pid);
+    let seen = chunks(&mut ws, 5).await;
+    gw.kill();
+    assert!(!agent.has_ended(), "the agent outlives the gateway");
+
+    let gw = GatewayProcess::start(&db, &agents());
+    let (all, ended) = read_on(&gw, &id, seen).await;
+    assert_eq!(streamed_text(&all, "agent_message_chunk"), slow_text(60));
+    assert_eq!(ended["data"]["turn_id"], turn.as_str());
+    assert_eq!(ended["data"]["stop_reason"], "end_turn");
+    // The same agent, still there for the next turn.
+    assert_eq!(agent_pid(&db, &id).await, pid);
+    assert!(!agent.has_ended());
+    let next = gw.prompt(&id, "hello again").await;
+    let mut ws = gw
+        .conversation_ws(&id, ended["seq"].as_i64().unwrap())
+        .await;
+    let rest = ws.until_type("turn_ended").await;
+    assert_eq!(rest.last().unwrap()["data"]["turn_id"], next.as_str());
+    assert!(
+        rest.iter().all(|e| e["type"] != "agent_status"),
+        "the agent was not started again: {rest:?}"
+    );
+    drop(gw);
+    kill_shims_under(db.state_dir());
+}
+
+async fn a_request_pending_through_a_crash_is_answered_on_its_own_id_after_it(db: TestDb) {
+    let gw = GatewayProcess::start(&db, &agents());
+    let id = gw.create("demo").await;
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    gw.prompt(&id, "ask 1").await;
+    let seen = ws.until_type("permission_requested").await;
+    let request = seen.last().unwrap()["data"].clone();
+    let pid = agent_pid(&db, &id).await;
+    gw.kill();
+
+    let gw = GatewayProcess::start(&db, &agents());
+    let request_id = request["id"].as_str().unwrap();
+    let (_, current) = gw.get(&format!("/api/v1/permissions/{request_id}")).await;
+    assert_eq!(current["status"], "pending", "{current}");
+    let (status, body) = gw
+        .post(
+            &format!("/api/v1/permissions/{request_id}/respond"),
+            json!({"option_id": "allow-once"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (all, ended) = read_on(&gw, &id, seen).await;
+    // The agent heard the answer: its tool call ran.
+    assert_eq!(
+        streamed_text(&all, "agent_message_chunk"),
+        "1 of 1 tool calls ran."
+    );
+    assert_eq!(ended["data"]["stop_reason"], "end_turn");
+    assert_eq!(agent_pid(&db, &id).await, pid);
+    drop(gw);
+    kill_shims_under(db.state_dir());
+}
+
+async fn sigterm_with_detach_leaves_the_turn_running_for_the_next_start(db: TestDb) {
+    let gw = GatewayProcess::start(&db, &agents());
+    let id = gw.create("demo").await;
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    gw.prompt(&id, "slow 60").await;
+    let pid = agent_pid(&db, &id).await;
+    let agent = ProcessWatch::new(pid);
+    let mut seen = chunks(&mut ws, 3).await;
+    let (status, log) = gw.terminate();
+    assert!(status.success(), "exit 0 on SIGTERM: {status:?}\n{log}");
+    // Everything it had is committed and sent; the socket closes with 1001.
+    let (frames, code) = ws.until_closed().await;
+    assert_eq!(code, 1001);
+    seen.extend(frames);
+    assert!(!agent.has_ended(), "the agent is left running");
+
+    let gw = GatewayProcess::start(&db, &agents());
+    let (all, ended) = read_on(&gw, &id, seen).await;
+    assert_eq!(streamed_text(&all, "agent_message_chunk"), slow_text(60));
+    assert_eq!(ended["data"]["stop_reason"], "end_turn");
+    assert_eq!(agent_pid(&db, &id).await, pid);
+    drop(gw);
+    kill_shims_under(db.state_dir());
+}
+
+async fn sigterm_with_cancel_ends_the_turn_as_before(db: TestDb) {
+    let gw = GatewayProcess::start_configured(&db, &agents(), "info", "on_shutdown = \"cancel\"");
+    let id = gw.create("demo").await;
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    gw.prompt(&id, "slow 200").await;
+    let agent = ProcessWatch::new(agent_pid(&db, &id).await);
+    chunks(&mut ws, 3).await;
+    let (status, log) = gw.terminate();
+    assert!(status.success(), "{log}");
+    let ended = ws.until_type("turn_ended").await.pop().unwrap();
+    assert_eq!(ended["data"]["stop_reason"], "cancelled");
+    assert!(agent.ended().await, "the agent is stopped");
+    assert_eq!(kill_shims_under(db.state_dir()), 0, "and its shim with it");
+}
+
+async fn an_agent_that_ends_while_no_gateway_runs_is_accounted_for_after_the_restart(db: TestDb) {
+    let gw = GatewayProcess::start(&db, &agents());
+    let id = gw.create("demo").await;
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    gw.prompt(&id, "slow 20").await;
+    let pid = agent_pid(&db, &id).await;
+    let agent = ProcessWatch::new(pid);
+    let seen = chunks(&mut ws, 2).await;
+    gw.kill();
+    // With nobody reading, the agent finishes its turn into its shim, and
+    // is then killed (by its user, the OOM killer, …).
+    let socket = shim_socket(&db, &id).await;
+    wait_until_read(&socket, slow_text(20).len()).await;
+    // SAFETY: kill(2) on the test's own agent.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+    }
+    assert!(agent.ended().await);
+
+    let gw = GatewayProcess::start(&db, &agents());
+    let (all, ended) = read_on(&gw, &id, seen).await;
+    // Its last words are stored, its turn ended as it ended it…
+    assert_eq!(streamed_text(&all, "agent_message_chunk"), slow_text(20));
+    assert_eq!(ended["data"]["stop_reason"], "end_turn");
+    // …and its end is recorded.
+    let mut ws = gw
+        .conversation_ws(&id, ended["seq"].as_i64().unwrap())
+        .await;
+    let status = ws.until_type("agent_status").await.pop().unwrap();
+    assert!(
+        status["data"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("signal 15"),
+        "{status}"
+    );
+    assert_eq!(gw.conversation(&id).await["status"], "idle");
+    // The shim has gone with its agent.
+    assert_eq!(kill_shims_under(db.state_dir()), 0);
+}
+
+async fn a_full_shim_buffer_pauses_the_agent_and_loses_nothing(db: TestDb) {
+    const BUFFER: usize = 4096;
+    const CHUNKS: usize = 2000;
+    // Paced (a chunk a millisecond): the gateway is frozen long before the
+    // agent is done.
+    let agents = vec![demo_profile("demo", &["--chunk-delay-ms", "1"])];
+    let extra = format!("shim_buffer = {BUFFER}");
+    let gw = GatewayProcess::start_configured(&db, &agents, "info", &extra);
+    let id = gw.create("demo").await;
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    gw.prompt(&id, &format!("long {CHUNKS}")).await;
+    let seen = vec![ws.next().await];
+    // Frozen: nothing more is committed, so the shim holds what comes.
+    // SAFETY: kill(2) on the test's own gateway.
+    unsafe {
+        libc::kill(gw.child.id() as i32, libc::SIGSTOP);
+    }
+    let socket = shim_socket(&db, &id).await;
+    // The shim fills up to its bound and reads no more: the agent waits.
+    let hello = wait_until_full(&socket, BUFFER).await;
+    assert!(hello.exit.is_none(), "the agent is paused, not done");
+    assert!(
+        hello.read_to - hello.held_from <= BUFFER as u64,
+        "{hello:?}"
+    );
+    gw.kill();
+
+    let gw = GatewayProcess::start_configured(&db, &agents, "info", &extra);
+    let (all, ended) = read_on(&gw, &id, seen).await;
+    let expected: String = (0..CHUNKS).map(|i| format!("w{i} ")).collect();
+    assert_eq!(streamed_text(&all, "agent_message_chunk"), expected);
+    assert_eq!(ended["data"]["stop_reason"], "end_turn");
+    drop(gw);
+    kill_shims_under(db.state_dir());
+}
+
+async fn a_closed_conversations_shim_is_stopped_when_the_gateway_starts(db: TestDb) {
+    let gw = GatewayProcess::start(&db, &agents());
+    let id = gw.create("demo").await;
+    let records = agent_process_records(&db).await;
+    let shim = ProcessWatch::new(records[0].pid);
+    let agent = ProcessWatch::new(agent_pid(&db, &id).await);
+    gw.kill();
+    // Closed while no gateway ran (as a restore of the database would).
+    db.execute(
+        &format!("update conversations set status = 'closed' where id = '{id}'"),
+        &format!(
+            "update conversations set status = 'closed' where lower(hex(id)) = '{}'",
+            id.replace('-', "")
+        ),
+    )
+    .await;
+    let gw = GatewayProcess::start(&db, &agents());
+    assert!(shim.ended().await, "the shim is stopped");
+    assert!(agent.ended().await, "and its agent");
+    assert!(agent_process_records(&db).await.is_empty());
+    drop(gw);
+}
+
+/// The socket of the conversation's shim.
+async fn shim_socket(db: &TestDb, id: &str) -> std::path::PathBuf {
+    let records = agent_process_records(db).await;
+    let record = records
+        .iter()
+        .find(|r| r.conversation_id.to_string() == id)
+        .unwrap();
+    record.shim_socket.clone().unwrap().into()
+}
+
+/// The shim's hello, as a gateway connecting now would get it (the
+/// connection is closed at once: the shim goes on as if a gateway left).
+async fn hello(socket: &std::path::Path) -> acp_gateway::shim::protocol::Hello {
+    use acp_gateway::shim::protocol::{self, ToGateway};
+    let stream = tokio::net::UnixStream::connect(socket).await.unwrap();
+    let (mut read, _write) = stream.into_split();
+    match protocol::read_from_shim(&mut read).await.unwrap() {
+        Some(ToGateway::Hello(hello)) => hello,
+        other => panic!("no hello: {other:?}"),
+    }
+}
+
+/// Waits (bounded) until the shim has read `bytes` of output at least
+/// beyond what the log shows as committed; polls its hello.
+async fn wait_until_read(socket: &std::path::Path, text_bytes: usize) {
+    let deadline = tokio::time::Instant::now() + crate::common::WAIT;
+    loop {
+        let hello = hello(socket).await;
+        // Each chunk line is far longer than its text.
+        if hello.exit.is_some() || hello.read_to - hello.held_from > (text_bytes as u64) * 4 {
+            // Not enough on its own: the turn's answer is the last line.
+            if hello.read_to > 0 && tail_has_prompt_answer(socket, &hello).await {
+                return;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the agent finished its turn into its shim in time: {hello:?}"
+        );
+        tokio::task::yield_now().await;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Whether the last output the shim holds is the answer to a prompt.
+async fn tail_has_prompt_answer(
+    socket: &std::path::Path,
+    hello: &acp_gateway::shim::protocol::Hello,
+) -> bool {
+    use acp_gateway::shim::protocol::{self, ToGateway, ToShim};
+    let stream = tokio::net::UnixStream::connect(socket).await.unwrap();
+    let (mut read, mut write) = stream.into_split();
+    let Ok(Some(ToGateway::Hello(now))) = protocol::read_from_shim(&mut read).await else {
+        return false;
+    };
+    let from = now.held_from.max(hello.held_from);
+    protocol::send_to_shim(&mut write, &ToShim::Attach { from })
+        .await
+        .unwrap();
+    let mut bytes = Vec::new();
+    while from + (bytes.len() as u64) < now.read_to {
+        match protocol::read_from_shim(&mut read).await {
+            Ok(Some(ToGateway::Output { bytes: b, .. })) => bytes.extend(b),
+            Ok(Some(_)) => continue,
+            _ => return false,
+        }
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    text.lines()
+        .last()
+        .is_some_and(|line| line.contains("\"stopReason\""))
+}
+
+/// Waits (bounded) until the shim holds `buffer` bytes and reads no more.
+async fn wait_until_full(
+    socket: &std::path::Path,
+    buffer: usize,
+) -> acp_gateway::shim::protocol::Hello {
+    let deadline = tokio::time::Instant::now() + crate::common::WAIT;
+    loop {
+        let hello = hello(socket).await;
+        if hello.read_to - hello.held_from >= buffer as u64 {
+            return hello;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the shim's buffer filled in time: {hello:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
