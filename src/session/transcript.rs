@@ -87,6 +87,17 @@ impl Transcript {
         });
     }
 
+    /// Takes up where an earlier run left a turn (its agent reattached):
+    /// chunks go on into `current` (the turn's newest message, and its
+    /// next part's number) while it is of their role, and updates of
+    /// `tool_calls` (the turn's) build on what is stored of them.
+    pub fn take_up(&mut self, current: Option<(Message, i32)>, tool_calls: Vec<ToolCall>) {
+        self.current = current.map(|(message, part)| Current { message, part });
+        for call in tool_calls {
+            self.tool_calls.insert(call.tool_call_id.clone(), call);
+        }
+    }
+
     /// Applies an agent's update; `true` when it is a message chunk (whose
     /// event may be joined to the previous one, see [`join_chunk`]).
     pub fn apply(&mut self, update: &Value, turn_id: Option<Uuid>) -> bool {

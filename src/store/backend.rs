@@ -388,6 +388,9 @@ pub trait Store:
         max_bytes: usize,
     ) -> Result<Bounded<Message>>;
     async fn list_tool_calls(&self, conversation_id: Uuid) -> Result<Vec<ToolCall>>;
+    /// The conversation's newest message (its content left empty) and the
+    /// number of its next part, if it has any.
+    async fn last_message(&self, conversation_id: Uuid) -> Result<Option<(Message, i32)>>;
     async fn get_permission(&self, id: Uuid) -> Result<Option<PermissionRequest>>;
     /// Oldest first.
     async fn list_permissions(&self, filter: &PermissionFilter) -> Result<Vec<PermissionRequest>>;

@@ -352,6 +352,35 @@ macro_rules! impl_store {
                 Ok(page)
             }
 
+            async fn last_message(&self, conversation_id: Uuid) -> Result<Option<(Message, i32)>> {
+                let row: Option<(Uuid, Option<Uuid>, String, chrono::DateTime<chrono::Utc>, i64)> =
+                    sqlx::query_as(
+                    "select m.id, m.turn_id, m.role, m.created_at,
+                       (select count(*) from message_parts p
+                        where p.conversation_id = m.conversation_id and p.message_id = m.id)
+                     from messages m where m.conversation_id = $1
+                     order by m.id desc limit 1",
+                )
+                .bind(conversation_id)
+                .fetch_optional(&self.pool)
+                .await?;
+                let Some((id, turn_id, role, created_at, parts)) = row else {
+                    return Ok(None);
+                };
+                let role = crate::model::MessageRole::parse(&role)
+                    .ok_or_else(|| {
+                        crate::error::Error::Internal(anyhow::anyhow!("message role {role:?}"))
+                    })?;
+                let message = Message {
+                    id,
+                    turn_id,
+                    role,
+                    content: Vec::new(),
+                    created_at,
+                };
+                Ok(Some((message, 1 + parts as i32)))
+            }
+
             async fn list_messages(&self, conversation_id: Uuid) -> Result<Vec<Message>> {
                 let page = self
                     .list_messages_page(conversation_id, None, i64::MAX, usize::MAX)

@@ -96,6 +96,24 @@ async fn a_crash_mid_turn_loses_no_chunk_and_the_turn_ends_as_the_agent_ends_it(
     assert_eq!(streamed_text(&all, "agent_message_chunk"), slow_text(60));
     assert_eq!(ended["data"]["turn_id"], turn.as_str());
     assert_eq!(ended["data"]["stop_reason"], "end_turn");
+    // The reply is one message, as if nothing had happened.
+    let (_, messages) = gw
+        .get(&format!("/api/v1/conversations/{id}/messages"))
+        .await;
+    let replies: Vec<&Value> = messages["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "agent" && m["turn_id"] == turn.as_str())
+        .collect();
+    assert_eq!(replies.len(), 1, "{messages}");
+    let text: String = replies[0]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["text"].as_str())
+        .collect();
+    assert_eq!(text, slow_text(60));
     // The same agent, still there for the next turn.
     assert_eq!(agent_pid(&db, &id).await, pid);
     assert!(!agent.has_ended());
@@ -142,6 +160,13 @@ async fn a_request_pending_through_a_crash_is_answered_on_its_own_id_after_it(db
     );
     assert_eq!(ended["data"]["stop_reason"], "end_turn");
     assert_eq!(agent_pid(&db, &id).await, pid);
+    // The tool call's record built on what was stored before the crash.
+    let (_, calls) = gw
+        .get(&format!("/api/v1/conversations/{id}/tool-calls"))
+        .await;
+    let call = &calls["items"][0];
+    assert_eq!(call["title"], "Write ask-0.txt", "{calls}");
+    assert_eq!(call["status"], "completed", "{calls}");
     drop(gw);
     kill_shims_under(db.state_dir());
 }
@@ -238,7 +263,8 @@ async fn a_full_shim_buffer_pauses_the_agent_and_loses_nothing(db: TestDb) {
     let id = gw.create("demo").await;
     let mut ws = gw.conversation_ws(&id, 0).await;
     gw.prompt(&id, &format!("long {CHUNKS}")).await;
-    let seen = vec![ws.next().await];
+    // The agent streams.
+    let seen = chunks(&mut ws, 1).await;
     // Frozen: nothing more is committed, so the shim holds what comes.
     // SAFETY: kill(2) on the test's own gateway.
     unsafe {

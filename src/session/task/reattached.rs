@@ -14,7 +14,7 @@ use crate::acp::client::AgentSession;
 use crate::acp::rpc::{RpcConfig, RpcPeer};
 use crate::config::{AgentProfile, OnShutdown};
 use crate::error::{Error, Result};
-use crate::model::{Conversation, Decision, PermissionRequest, PermissionStatus};
+use crate::model::{Conversation, Decision, MessageRole, PermissionRequest, PermissionStatus};
 use crate::permissions::PolicyHandle;
 use crate::session::command::Handle;
 use crate::session::journal::Journal;
@@ -106,6 +106,19 @@ impl Task {
         peer: &RpcPeer,
     ) -> Result<()> {
         if let Some(turn_id) = turn_id {
+            // What the turn has said so far goes on where it stands.
+            let store = self.journal.store();
+            let id = self.journal.conversation_id();
+            let current = store
+                .last_message(id)
+                .await?
+                .filter(|(m, _)| m.turn_id == Some(turn_id) && m.role != MessageRole::User);
+            let calls = store.list_tool_calls(id).await?;
+            let calls = calls
+                .into_iter()
+                .filter(|c| c.turn_id == Some(turn_id))
+                .collect();
+            self.transcript.take_up(current, calls);
             self.turn = Some(Turn {
                 id: turn_id,
                 cancel_requested: false,
