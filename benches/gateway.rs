@@ -20,15 +20,18 @@
 //!   does not run the agent (see `gateway/cluster.rs`);
 //! - notifications: 200 conversations asking at once, nobody present, from a
 //!   request becoming due to a webhook receiver having it (see
-//!   `gateway/notify.rs`).
+//!   `gateway/notify.rs`);
+//! - a restart (SIGTERM and start) with 50 turns streaming and 50 requests
+//!   pending: the pause each conversation sees, events lost, the shims'
+//!   cost (see `gateway/restart.rs`).
 //!
 //! Sizes: BENCH_SIZES (comma-separated chunk counts; each run BENCH_RUNS times, 3 by
 //! default, and the median shown), BENCH_BACKENDS
 //! (`sqlite,postgres`), and those named in `gateway/load.rs`;
 //! BENCH_REFERENCE=off skips the references (to profile the gateway alone).
 //! BENCH_ONLY picks scenarios (comma-separated: `reference`, `streaming`,
-//! `approvals`, `fanout`, `idle`, `cluster`, `notifications`, `shim`; all
-//! when unset), e.g. `BENCH_ONLY=notifications cargo bench --bench gateway`.
+//! `approvals`, `fanout`, `idle`, `cluster`, `notifications`, `shim`,
+//! `restart`; all when unset), e.g. `BENCH_ONLY=notifications cargo bench --bench gateway`.
 
 #[path = "gateway/cluster.rs"]
 mod cluster;
@@ -40,6 +43,8 @@ mod load;
 mod notify;
 #[path = "gateway/reference.rs"]
 mod reference;
+#[path = "gateway/restart.rs"]
+mod restart;
 #[path = "gateway/shim.rs"]
 mod shim;
 
@@ -219,6 +224,9 @@ async fn main() {
         load::run(backend, &db).await;
         if backend == "postgres" && selected("cluster") {
             cluster::run(&db).await;
+        }
+        if selected("restart") {
+            restart::run(backend, &db).await;
         }
         let notified = env_or("BENCH_NOTIFY_CONVERSATIONS", 200);
         if notified > 0 && selected("notifications") {

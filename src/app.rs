@@ -163,6 +163,12 @@ impl Gateway {
         self.state.outbox().clone()
     }
 
+    /// What its stop will do to running agents; [`ShutdownPlan::cancel`]
+    /// before the stop comes makes it cancel whatever `on_shutdown` says.
+    pub fn shutdown_plan(&self) -> crate::config::ShutdownPlan {
+        self.state.sessions().shutdown_plan().clone()
+    }
+
     /// This gateway as a node of its database (see [`crate::cluster`]).
     pub fn node(&self) -> Node {
         self.state.sessions().node().clone()
@@ -175,9 +181,10 @@ impl Gateway {
     }
 
     /// Serves until `stop` resolves, then shuts down gracefully: no new
-    /// requests; every running turn is cancelled and its agent given
-    /// `shutdown_timeout` to end it; every write is flushed; agents stop;
-    /// WebSockets get what was left and close with 1001.
+    /// requests; every write is flushed; agents under shims are left
+    /// running (`on_shutdown = "detach"`), or every running turn is
+    /// cancelled and its agent given `shutdown_timeout` to end it and
+    /// stopped; WebSockets get what was left and close with 1001.
     pub async fn run(
         mut self,
         stop: impl Future<Output = ()> + Send + 'static,

@@ -117,6 +117,31 @@ pub struct Config {
     pub on_shutdown: OnShutdown,
 }
 
+/// What the coming stop of the gateway does to its agents: `on_shutdown`,
+/// unless the way it is stopped says otherwise (Ctrl-C at a terminal
+/// cancels). Shared by every session; read when the stop comes.
+#[derive(Debug, Clone)]
+pub struct ShutdownPlan(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl ShutdownPlan {
+    pub fn new(on_shutdown: OnShutdown) -> ShutdownPlan {
+        let detach = on_shutdown == OnShutdown::Detach;
+        ShutdownPlan(std::sync::Arc::new(std::sync::atomic::AtomicBool::new(
+            detach,
+        )))
+    }
+
+    /// This stop cancels turns and stops agents, whatever `on_shutdown` says.
+    pub fn cancel(&self) {
+        self.0.store(false, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether agents under shims are left running.
+    pub fn detaches(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
 /// What stopping the gateway does to its agents.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -68,7 +68,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             acp_gateway::sys::return_large_allocations_to_the_system();
             let config = acp_gateway::Config::load(config.as_deref())?;
             let gateway = acp_gateway::Gateway::build(config).await?;
-            gateway.run(shutdown_signal()).await
+            let plan = gateway.shutdown_plan();
+            gateway.run(shutdown_signal(plan)).await
         }
         Cmd::Migrate { config } => cli::migrate(config.as_deref()).await,
         Cmd::Export { config, to } => cli::export(config.as_deref(), &to).await,
@@ -77,12 +78,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-async fn shutdown_signal() {
+/// Resolves on SIGTERM (a service manager's stop: `on_shutdown` decides)
+/// or SIGINT (Ctrl-C at a terminal: the person wants everything stopped,
+/// agents included).
+async fn shutdown_signal(plan: acp_gateway::config::ShutdownPlan) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {
+            plan.cancel();
+            tracing::info!("stopping (SIGINT: turns are cancelled and agents stopped)");
+        }
+        _ = term.recv() => tracing::info!(detach = plan.detaches(), "stopping (SIGTERM)"),
     }
-    tracing::info!("stopping");
 }

@@ -37,7 +37,7 @@ use uuid::Uuid;
 
 use crate::acp::agent::ShimSetup;
 use crate::cluster::Node;
-use crate::config::{AgentLimits, AgentProfile, Config, OnShutdown};
+use crate::config::{AgentLimits, AgentProfile, Config, ShutdownPlan};
 use crate::error::{Error, Result};
 use crate::model::Conversation;
 use crate::permissions::PolicyHandle;
@@ -80,7 +80,7 @@ struct Shared {
     /// Where agents' shims go (`None`: agents are the gateway's own
     /// children).
     shim: Option<ShimSetup>,
-    on_shutdown: OnShutdown,
+    on_shutdown: ShutdownPlan,
 }
 
 impl Sessions {
@@ -115,7 +115,7 @@ impl Sessions {
                 shutdown,
                 tasks,
                 shim: shim_setup(config),
-                on_shutdown: config.on_shutdown,
+                on_shutdown: ShutdownPlan::new(config.on_shutdown),
             }),
         }
     }
@@ -126,6 +126,11 @@ impl Sessions {
 
     pub fn store(&self) -> &dyn Store {
         &*self.inner.sink.store
+    }
+
+    /// What the coming stop does to the agents (see [`ShutdownPlan`]).
+    pub fn shutdown_plan(&self) -> &ShutdownPlan {
+        &self.inner.on_shutdown
     }
 
     /// This gateway node.
@@ -195,7 +200,7 @@ impl Sessions {
             waiting: self.inner.waiting.clone(),
             fence,
             shim: self.inner.shim.clone(),
-            on_shutdown: self.inner.on_shutdown,
+            on_shutdown: self.inner.on_shutdown.clone(),
         })
         .await?;
         self.register(id, handle.clone(), task);

@@ -136,7 +136,7 @@ impl Sessions {
             waiting: self.inner.waiting.clone(),
             shutdown: self.inner.shutdown.child_token(),
             shutdown_timeout: self.inner.shutdown_timeout,
-            on_shutdown: self.inner.on_shutdown,
+            on_shutdown: self.inner.on_shutdown.clone(),
         })
         .await;
         match started {

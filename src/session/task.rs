@@ -47,7 +47,7 @@ use super::transcript::Transcript;
 use crate::acp::agent::{AgentProcess, Cursor, ShimSetup};
 use crate::acp::client::{AgentSession, CallFuture, EXIT_AFTER_EOF};
 use crate::acp::rpc::{Inbox, Incoming, RpcError};
-use crate::config::{AgentProfile, OnShutdown};
+use crate::config::{AgentProfile, ShutdownPlan};
 use crate::error::Result;
 use crate::model::{self, AgentReport, AgentState, AgentStatus, Conversation, ConversationStatus};
 use crate::permissions::policy::Mode;
@@ -105,7 +105,7 @@ pub struct StartParams {
     /// Where the agent's shim goes (`None`: the agent is our own child).
     pub shim: Option<ShimSetup>,
     /// What the gateway's shutdown does to the agent.
-    pub on_shutdown: OnShutdown,
+    pub on_shutdown: ShutdownPlan,
 }
 
 /// Starts the agent, opens its ACP session, and spawns the session task.
@@ -249,7 +249,7 @@ pub(super) struct Assembly<'a> {
     pub(super) exits: ExitCauses,
     pub(super) waiting: WaitingRequests,
     pub(super) shutdown_timeout: Duration,
-    pub(super) on_shutdown: OnShutdown,
+    pub(super) on_shutdown: ShutdownPlan,
 }
 
 /// The task, and the handle that sends it commands.
@@ -298,7 +298,7 @@ fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
         idle: idle.clone(),
         idle_timeout: Some(profile.idle_timeout).filter(|t| !t.is_zero()),
         shutdown_timeout,
-        detach_on_shutdown: on_shutdown == OnShutdown::Detach,
+        on_shutdown,
         exits,
         journal,
         process,
@@ -367,8 +367,8 @@ struct Task {
     idle_timeout: Option<Duration>,
     /// How long a cancelled turn may take to end when the gateway stops.
     shutdown_timeout: Duration,
-    /// When the gateway stops: leave an agent under a shim running.
-    detach_on_shutdown: bool,
+    /// When the gateway stops: whether an agent under a shim is left running.
+    on_shutdown: ShutdownPlan,
     exits: ExitCauses,
     /// Files and terminals, where the profile offers them.
     served: Served,
@@ -433,7 +433,7 @@ impl Task {
             Err(e) => Err(e),
         };
         let end = match end {
-            Ok(End::ShuttingDown) if self.detach_on_shutdown && self.process.is_shimmed() => {
+            Ok(End::ShuttingDown) if self.on_shutdown.detaches() && self.process.is_shimmed() => {
                 self.detach().await;
                 return;
             }

@@ -450,10 +450,19 @@ impl GatewayProcess {
     }
 
     /// SIGTERM; how it exited, and its whole log.
-    pub fn terminate(mut self) -> (std::process::ExitStatus, String) {
+    pub fn terminate(self) -> (std::process::ExitStatus, String) {
+        self.signal_and_wait(libc::SIGTERM)
+    }
+
+    /// SIGINT (Ctrl-C); how it exited, and its whole log.
+    pub fn interrupt(self) -> (std::process::ExitStatus, String) {
+        self.signal_and_wait(libc::SIGINT)
+    }
+
+    fn signal_and_wait(mut self, signal: i32) -> (std::process::ExitStatus, String) {
         // SAFETY: kill(2) on our own child's pid.
         unsafe {
-            libc_kill(self.child.id() as i32, 15);
+            libc_kill(self.child.id() as i32, signal);
         }
         let status = self.child.wait().unwrap();
         // The readers finish when the pipes close: the log is complete.

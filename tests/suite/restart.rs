@@ -17,6 +17,7 @@ backend_tests!(
     a_request_pending_through_a_crash_is_answered_on_its_own_id_after_it,
     sigterm_with_detach_leaves_the_turn_running_for_the_next_start,
     sigterm_with_cancel_ends_the_turn_as_before,
+    ctrl_c_stops_the_agents_whatever_on_shutdown_says,
     an_agent_that_ends_while_no_gateway_runs_is_accounted_for_after_the_restart,
     a_full_shim_buffer_pauses_the_agent_and_loses_nothing,
     a_closed_conversations_shim_is_stopped_when_the_gateway_starts,
@@ -204,6 +205,21 @@ async fn sigterm_with_cancel_ends_the_turn_as_before(db: TestDb) {
     let agent = ProcessWatch::new(agent_pid(&db, &id).await);
     chunks(&mut ws, 3).await;
     let (status, log) = gw.terminate();
+    assert!(status.success(), "{log}");
+    let ended = ws.until_type("turn_ended").await.pop().unwrap();
+    assert_eq!(ended["data"]["stop_reason"], "cancelled");
+    assert!(agent.ended().await, "the agent is stopped");
+    assert_eq!(kill_shims_under(db.state_dir()), 0, "and its shim with it");
+}
+
+async fn ctrl_c_stops_the_agents_whatever_on_shutdown_says(db: TestDb) {
+    let gw = GatewayProcess::start(&db, &agents());
+    let id = gw.create("demo").await;
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    gw.prompt(&id, "slow 200").await;
+    let agent = ProcessWatch::new(agent_pid(&db, &id).await);
+    chunks(&mut ws, 3).await;
+    let (status, log) = gw.interrupt();
     assert!(status.success(), "{log}");
     let ended = ws.until_type("turn_ended").await.pop().unwrap();
     assert_eq!(ended["data"]["stop_reason"], "cancelled");

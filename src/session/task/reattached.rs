@@ -12,7 +12,7 @@ use super::{assemble, Assembly, ExitCauses, Task, Turn};
 use crate::acp::agent::{AgentPipes, AgentProcess, Cursor};
 use crate::acp::client::AgentSession;
 use crate::acp::rpc::{RpcConfig, RpcPeer};
-use crate::config::{AgentProfile, OnShutdown};
+use crate::config::{AgentProfile, ShutdownPlan};
 use crate::error::{Error, Result};
 use crate::model::{Conversation, Decision, MessageRole, PermissionRequest, PermissionStatus};
 use crate::permissions::PolicyHandle;
@@ -42,7 +42,7 @@ pub struct Reattached<'a> {
     pub waiting: WaitingRequests,
     pub shutdown: tokio_util::sync::CancellationToken,
     pub shutdown_timeout: std::time::Duration,
-    pub on_shutdown: OnShutdown,
+    pub on_shutdown: ShutdownPlan,
 }
 
 /// Spawns the session task of a reattached agent.
