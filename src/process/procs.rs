@@ -148,6 +148,30 @@ fn scan_dir(proc: &Path) -> io::Result<Vec<ProcStat>> {
     Ok(processes)
 }
 
+/// This process's children (as `/proc/self/task/*/children` lists them:
+/// cheap however many processes the machine runs), else those of a whole
+/// [`scan`] whose parent is this process.
+pub fn children_of_self() -> io::Result<Vec<ProcStat>> {
+    let me = std::process::id() as i32;
+    let listed = (|| -> io::Result<Vec<i32>> {
+        let mut pids = Vec::new();
+        for task in std::fs::read_dir("/proc/self/task")? {
+            let children = std::fs::read_to_string(task?.path().join("children"))?;
+            pids.extend(children.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+        }
+        Ok(pids)
+    })();
+    match listed {
+        Ok(pids) => Ok(pids
+            .into_iter()
+            .filter_map(stat)
+            .filter(|p| p.ppid == me)
+            .collect()),
+        // A kernel without the lists (CONFIG_PROC_CHILDREN).
+        Err(_) => Ok(scan()?.into_iter().filter(|p| p.ppid == me).collect()),
+    }
+}
+
 /// What is left of a recorded agent process group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Leftovers {
