@@ -1,0 +1,112 @@
+"""A scripted stand-in for the Anthropic Messages API, on loopback, for
+running Claude Code (claude-agent-acp) offline: the first conversation
+turn asks to run a shell command (a tool_use of Bash), the turn after the
+tool's result answers in text. Every request is logged (JSON lines) to the
+file named by FAKE_ANTHROPIC_LOG; the port is printed on stdout."""
+
+import json
+import os
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+LOG = os.environ.get("FAKE_ANTHROPIC_LOG", "/dev/null")
+
+
+def sse(event, data):
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_HEAD(self):
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def do_GET(self):
+        self.send_response(200)
+        body = b"{}"
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        length = int(self.headers.get("content-length", "0"))
+        body = json.loads(self.rfile.read(length) or b"{}")
+        with open(LOG, "a") as log:
+            log.write(json.dumps({"path": self.path, "body": body}) + "\n")
+        if "count_tokens" in self.path:
+            return self.json({"input_tokens": 10})
+        messages = body.get("messages", [])
+        last = messages[-1] if messages else {}
+        content = last.get("content")
+        has_result = isinstance(content, list) and any(
+            isinstance(b, dict) and b.get("type") == "tool_result" for b in content
+        )
+        text_of = json.dumps(messages)
+        wants_tool = "run the greeting" in text_of and not has_result
+        if body.get("stream"):
+            self.stream(body.get("model", "claude"), wants_tool)
+        else:
+            self.json(
+                {
+                    "id": "msg_fake",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": body.get("model", "claude"),
+                    "content": [{"type": "text", "text": "Greeting"}],
+                    "stop_reason": "end_turn",
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": 10, "output_tokens": 2},
+                }
+            )
+
+    def json(self, value):
+        data = json.dumps(value).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def stream(self, model, wants_tool):
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("connection", "close")
+        self.end_headers()
+        out = self.wfile
+        out.write(sse("message_start", {"type": "message_start", "message": {
+            "id": "msg_fake", "type": "message", "role": "assistant", "model": model,
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": 10, "output_tokens": 1}}}))
+        if wants_tool:
+            out.write(sse("content_block_start", {"type": "content_block_start", "index": 0,
+                "content_block": {"type": "tool_use", "id": "toolu_fake_1", "name": "Bash", "input": {}}}))
+            args = json.dumps({"command": "echo hello > greeting.txt", "description": "Write a greeting"})
+            out.write(sse("content_block_delta", {"type": "content_block_delta", "index": 0,
+                "delta": {"type": "input_json_delta", "partial_json": args}}))
+            out.write(sse("content_block_stop", {"type": "content_block_stop", "index": 0}))
+            stop = "tool_use"
+        else:
+            out.write(sse("content_block_start", {"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}}))
+            out.write(sse("content_block_delta", {"type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": "The greeting is written."}}))
+            out.write(sse("content_block_stop", {"type": "content_block_stop", "index": 0}))
+            stop = "end_turn"
+        out.write(sse("message_delta", {"type": "message_delta",
+            "delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": 5}}))
+        out.write(sse("message_stop", {"type": "message_stop"}))
+        out.flush()
+        self.close_connection = True
+
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+print(server.server_address[1], flush=True)
+server.serve_forever()
