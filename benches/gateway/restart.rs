@@ -229,24 +229,10 @@ impl Watched {
 /// The shims under `dir`: how many, their RSS in all (KiB), their CPU in
 /// all (ms).
 fn shims_cost(dir: &std::path::Path) -> (usize, u64, f64) {
-    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-    let needle = format!("--socket\0{}/", dir.display());
     // SAFETY: sysconf takes an integer.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let (mut shims, mut rss, mut cpu) = (0, 0, 0.0);
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let cmdline = String::from_utf8_lossy(&cmdline);
-        if !(cmdline.contains("\0shim\0") && cmdline.contains(&needle)) {
-            continue;
-        }
+    for pid in shims_under(dir) {
         shims += 1;
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         rss += status

@@ -157,7 +157,11 @@ pub fn children_of_self() -> io::Result<Vec<ProcStat>> {
         let mut pids = Vec::new();
         for task in std::fs::read_dir("/proc/self/task")? {
             let children = std::fs::read_to_string(task?.path().join("children"))?;
-            pids.extend(children.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+            pids.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            );
         }
         Ok(pids)
     })();

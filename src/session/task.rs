@@ -254,28 +254,13 @@ pub(super) struct Assembly<'a> {
 
 /// The task, and the handle that sends it commands.
 fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
-    let Assembly {
-        journal,
-        process,
-        record,
-        agent,
-        incoming,
-        early,
-        profile,
-        conversation,
-        state,
-        policies,
-        exits,
-        waiting,
-        shutdown_timeout,
-        on_shutdown,
-    } = parts;
+    let (profile, conversation) = (&parts.profile, parts.conversation);
     let (tx, rx) = mpsc::channel(32);
     let idle = Arc::new(Mutex::new(Some(Instant::now())));
     let (output_tx, terminal_output) = mpsc::channel(64);
     // Files are never reached with the gateway's rights instead of the
     // agent's user's: without that user, neither files nor terminals.
-    let user = agent_user(&profile);
+    let user = agent_user(profile);
     let reachable = user.is_some() || profile.user.is_none();
     // Terminal commands get what the agent got (as its user).
     let environment = profile.environment(user.as_ref());
@@ -287,41 +272,45 @@ fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
             files: profile.client_fs && reachable,
             terminals: profile.client_terminal && reachable,
         },
-        agent.session_id().to_owned(),
+        parts.agent.session_id().to_owned(),
         profile.name.clone(),
         profile.mode,
-        policies.clone(),
+        parts.policies.clone(),
         output_tx,
         environment,
     );
+    let owner = conversation.owner.as_deref().map(Arc::from);
     let task = Task {
         idle: idle.clone(),
         idle_timeout: Some(profile.idle_timeout).filter(|t| !t.is_zero()),
-        shutdown_timeout,
-        on_shutdown,
-        exits,
-        journal,
-        process,
-        record,
-        agent,
-        incoming: Some(incoming),
-        early,
+        shutdown_timeout: parts.shutdown_timeout,
+        on_shutdown: parts.on_shutdown,
+        exits: parts.exits,
+        journal: parts.journal,
+        process: parts.process,
+        record: parts.record,
+        agent: parts.agent,
+        incoming: Some(parts.incoming),
+        early: parts.early,
         commands: rx,
         profile_name: profile.name.clone(),
         mode: profile.mode,
         cwd: PathBuf::from(&conversation.cwd),
-        policies,
+        policies: parts.policies,
         turn: None,
         prompt: None,
-        pending: Pending::new(profile.permission_timeout, profile.on_timeout, waiting),
+        pending: Pending::new(
+            profile.permission_timeout,
+            profile.on_timeout,
+            parts.waiting,
+        ),
         transcript: Transcript::default(),
-        state,
+        state: parts.state,
         changes: FuturesUnordered::new(),
         call_timeout: profile.startup_timeout,
         served,
         terminal_output,
     };
-    let owner = conversation.owner.as_deref().map(Arc::from);
     (Handle { tx, owner, idle }, task)
 }
 

@@ -1260,16 +1260,35 @@ impl Drop for Flipping {
     }
 }
 
+/// The pids of the shims serving sockets under `dir`.
+pub fn shims_under(dir: &Path) -> Vec<i32> {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let needle = format!("--socket\0{}/", dir.display());
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            cmdline.contains("\0shim\0") && cmdline.contains(&needle)
+        })
+        .collect()
+}
+
 /// Kills every shim serving a socket under `dir`, with everything below it
 /// (its agent and what that started), and says how many shims it found.
 pub fn kill_shims_under(dir: &Path) -> usize {
-    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-    let needle = format!("--socket\0{}/", dir.display());
+    let shims = shims_under(dir);
+    if shims.is_empty() {
+        return 0;
+    }
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return 0;
     };
     let mut parents: Vec<(i32, i32)> = Vec::new();
-    let mut shims = Vec::new();
     for entry in entries.flatten() {
         let Some(pid) = entry
             .file_name()
@@ -1284,11 +1303,6 @@ pub fn kill_shims_under(dir: &Path) -> usize {
             if let Some(ppid) = ppid {
                 parents.push((pid, ppid));
             }
-        }
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let cmdline = String::from_utf8_lossy(&cmdline);
-        if cmdline.contains("\0shim\0") && cmdline.contains(&needle) {
-            shims.push(pid);
         }
     }
     // The shims and everything below them.

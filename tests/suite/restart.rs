@@ -199,27 +199,27 @@ async fn sigterm_with_detach_leaves_the_turn_running_for_the_next_start(db: Test
 
 async fn sigterm_with_cancel_ends_the_turn_as_before(db: TestDb) {
     let gw = GatewayProcess::start_configured(&db, &agents(), "info", "on_shutdown = \"cancel\"");
-    let id = gw.create("demo").await;
-    let mut ws = gw.conversation_ws(&id, 0).await;
-    gw.prompt(&id, "slow 200").await;
-    let agent = ProcessWatch::new(agent_pid(&db, &id).await);
-    chunks(&mut ws, 3).await;
-    let (status, log) = gw.terminate();
-    assert!(status.success(), "{log}");
-    let ended = ws.until_type("turn_ended").await.pop().unwrap();
-    assert_eq!(ended["data"]["stop_reason"], "cancelled");
-    assert!(agent.ended().await, "the agent is stopped");
-    assert_eq!(kill_shims_under(db.state_dir()), 0, "and its shim with it");
+    a_stop_ends_everything(&db, gw, GatewayProcess::terminate).await;
 }
 
 async fn ctrl_c_stops_the_agents_whatever_on_shutdown_says(db: TestDb) {
     let gw = GatewayProcess::start(&db, &agents());
+    a_stop_ends_everything(&db, gw, GatewayProcess::interrupt).await;
+}
+
+/// Stopping `gw` with `stop` during a turn cancels the turn and stops the
+/// agent and its shim.
+async fn a_stop_ends_everything(
+    db: &TestDb,
+    gw: GatewayProcess,
+    stop: fn(GatewayProcess) -> (std::process::ExitStatus, String),
+) {
     let id = gw.create("demo").await;
     let mut ws = gw.conversation_ws(&id, 0).await;
     gw.prompt(&id, "slow 200").await;
-    let agent = ProcessWatch::new(agent_pid(&db, &id).await);
+    let agent = ProcessWatch::new(agent_pid(db, &id).await);
     chunks(&mut ws, 3).await;
-    let (status, log) = gw.interrupt();
+    let (status, log) = stop(gw);
     assert!(status.success(), "{log}");
     let ended = ws.until_type("turn_ended").await.pop().unwrap();
     assert_eq!(ended["data"]["stop_reason"], "cancelled");
