@@ -57,7 +57,6 @@ pub(super) async fn serve(
     else {
         return Err(io::Error::other("the agent's pipes are missing"));
     };
-    let own_uid = unsafe { libc::geteuid() };
     let (input, _writer) = stdin_writer(stdin);
     let tail = StderrTail::new(STDERR_TAIL_LINES);
     let (mut stderr_chunks, stderr_task) = stderr_reader(stderr, tail.clone());
@@ -107,7 +106,9 @@ pub(super) async fn serve(
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
                 let Some(peer) = stream.peer_cred().ok().map(|c| c.uid()) else { continue };
-                if peer != peer_uid && peer != own_uid {
+                // The gateway's uid alone: not the shim's own, which is its
+                // agent's user (so another agent of that user's, say).
+                if peer != peer_uid {
                     refuse(stream, format!("uid {peer} may not use this shim"));
                     continue;
                 }

@@ -15,6 +15,7 @@ use crate::common::{
 backend_tests!(
     a_crash_mid_turn_loses_no_chunk_and_the_turn_ends_as_the_agent_ends_it,
     a_request_pending_through_a_crash_is_answered_on_its_own_id_after_it,
+    an_answer_committed_just_before_a_crash_still_reaches_the_agent,
     sigterm_with_detach_leaves_the_turn_running_for_the_next_start,
     sigterm_with_cancel_ends_the_turn_as_before,
     ctrl_c_stops_the_agents_whatever_on_shutdown_says,
@@ -168,6 +169,47 @@ async fn a_request_pending_through_a_crash_is_answered_on_its_own_id_after_it(db
     let call = &calls["items"][0];
     assert_eq!(call["title"], "Write ask-0.txt", "{calls}");
     assert_eq!(call["status"], "completed", "{calls}");
+    drop(gw);
+    kill_shims_under(db.state_dir());
+}
+
+async fn an_answer_committed_just_before_a_crash_still_reaches_the_agent(db: TestDb) {
+    let gw = GatewayProcess::start(&db, &agents());
+    let id = gw.create("demo").await;
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    gw.prompt(&id, "ask 1").await;
+    let seen = ws.until_type("permission_requested").await;
+    let request = seen.last().unwrap()["data"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    gw.kill();
+    // As if the gateway had committed the answer and died before the agent
+    // had it.
+    let decision = r#"{"option_id":"allow-once","outcome":"selected","decided_by":"user:anonymous","reason":null,"decided_at":"2026-11-27T00:00:00Z"}"#;
+    db.execute(
+        &format!(
+            "update permission_requests set status = 'approved', decision = '{decision}' \
+             where id = '{request}'"
+        ),
+        &format!(
+            "update permission_requests set status = 'approved', decision = '{decision}' \
+             where lower(hex(id)) = '{}'",
+            request.replace('-', "")
+        ),
+    )
+    .await;
+
+    let gw = GatewayProcess::start(&db, &agents());
+    let mut ws = gw
+        .conversation_ws(&id, seen.last().unwrap()["seq"].as_i64().unwrap())
+        .await;
+    let rest = ws.until_type("turn_ended").await;
+    assert_eq!(
+        streamed_text(&rest, "agent_message_chunk"),
+        "1 of 1 tool calls ran."
+    );
+    assert_eq!(rest.last().unwrap()["data"]["stop_reason"], "end_turn");
     drop(gw);
     kill_shims_under(db.state_dir());
 }

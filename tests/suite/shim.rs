@@ -404,7 +404,74 @@ async fn only_the_gateways_uid_may_connect() {
             std::fs::Permissions::from_mode(0o755),
         )
         .unwrap();
-        let script = r#"
+        let said = connect_as(&shim.socket, 65534).await;
+        assert!(said.starts_with("5 uid 65534 may not"), "{said:?}");
+    }
+    // The shim's own gateway still gets in.
+    let mut gateway = shim.connect().await;
+    gateway.send(ToShim::Attach { from: 0 }).await;
+    gateway.send(ToShim::Stop { grace_ms: 2000 }).await;
+    gateway.until_exit(0).await;
+    assert_eq!(shim.exited().await, 0);
+}
+
+#[tokio::test]
+async fn the_agents_own_user_may_not_connect_to_its_shim() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to run the shim as another user");
+        return;
+    }
+    // As the gateway starts it for a profile with a user: the shim runs as
+    // that user; another process of that user (another agent) is refused.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let socket = dir.path().join("shim.sock");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_acp-gateway"))
+        .args(["shim", "--socket"])
+        .arg(&socket)
+        .args(["--peer-uid", "0", "--", "cat"])
+        .uid(65534)
+        .gid(65534)
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let ready = within("the shim says it is ready", lines.next_line())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(ready.contains("serving"), "{ready}");
+    let said = connect_as(&socket, 65534).await;
+    assert!(said.starts_with("5 uid 65534 may not"), "{said:?}");
+    // The gateway (root here) gets in.
+    let stream = UnixStream::connect(&socket).await.unwrap();
+    let (mut read, mut write) = stream.into_split();
+    match within("hello", protocol::read_from_shim(&mut read)).await {
+        Ok(Some(ToGateway::Hello(_))) => {}
+        other => panic!("expected a hello, got {other:?}"),
+    }
+    for message in [ToShim::Attach { from: 0 }, ToShim::Stop { grace_ms: 2000 }] {
+        protocol::send_to_shim(&mut write, &message).await.unwrap();
+    }
+    // Told how its agent ended, the gateway goes; so does the shim.
+    while let Ok(Some(frame)) = within("the agent's end", protocol::read_from_shim(&mut read)).await
+    {
+        if matches!(frame, ToGateway::Exit(_)) {
+            break;
+        }
+    }
+    drop((read, write));
+    let status = within("the shim exits", child.wait()).await.unwrap();
+    assert!(status.success() || status.code() == Some(0), "{status:?}");
+}
+
+/// What a process of `uid` hears when it connects to `socket`: the first
+/// frame's kind and text.
+async fn connect_as(socket: &Path, uid: u32) -> String {
+    let script = r#"
 import socket, struct, sys
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.connect(sys.argv[1])
@@ -417,30 +484,19 @@ while True:
 length, kind = struct.unpack(">IB", data[:5])
 print(kind, data[5:4 + length].decode())
 "#;
-        let output = within(
-            "a stranger connects",
-            tokio::process::Command::new("python3")
-                .arg("-c")
-                .arg(script)
-                .arg(&shim.socket)
-                .uid(65534)
-                .gid(65534)
-                .output(),
-        )
-        .await
-        .unwrap();
-        let said = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            said.starts_with("5 uid 65534 may not"),
-            "{said:?} {output:?}"
-        );
-    }
-    // The shim's own gateway still gets in.
-    let mut gateway = shim.connect().await;
-    gateway.send(ToShim::Attach { from: 0 }).await;
-    gateway.send(ToShim::Stop { grace_ms: 2000 }).await;
-    gateway.until_exit(0).await;
-    assert_eq!(shim.exited().await, 0);
+    let output = within(
+        "a stranger connects",
+        tokio::process::Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .arg(socket)
+            .uid(uid)
+            .gid(uid)
+            .output(),
+    )
+    .await
+    .unwrap();
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 fn nix_mkfifo(path: &Path) {

@@ -132,6 +132,24 @@ impl Task {
                 ))),
             }
         }
+        // Answers committed just before the earlier run went may not have
+        // reached the agent: sent again, on their ids (an agent that had
+        // its answer already ignores an answer to a request it no longer
+        // waits for; one that had not would wait for ever).
+        for (id, rpc_id) in &link.waiting {
+            if pending.iter().any(|p| p.id == *id) {
+                continue;
+            }
+            let resolved = self.journal.store().get_permission(*id).await?;
+            if let Some(decision) = resolved.and_then(|r| r.decision) {
+                tracing::info!(permission_id = %id, "answering the agent again after the restart");
+                peer.responder_for(rpc_id.clone(), "session/request_permission")
+                    .respond(decision.acp_result());
+            }
+            if let Some(link) = self.journal.link_mut() {
+                link.waiting.remove(id);
+            }
+        }
         for request in pending {
             match link.waiting.get(&request.id) {
                 Some(rpc_id) => {
