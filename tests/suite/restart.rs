@@ -8,8 +8,8 @@
 use serde_json::{json, Value};
 
 use crate::common::{
-    agent_process_records, assert_consecutive, demo_profile, kill_shims_under, streamed_text,
-    GatewayProcess, ProcessWatch, TestDb, Ws,
+    agent_process_records, assert_consecutive, demo_profile, kill_shims_under, shims_under,
+    streamed_text, GatewayProcess, ProcessWatch, TestDb, Ws,
 };
 
 backend_tests!(
@@ -22,6 +22,7 @@ backend_tests!(
     an_agent_that_ends_while_no_gateway_runs_is_accounted_for_after_the_restart,
     a_full_shim_buffer_pauses_the_agent_and_loses_nothing,
     a_closed_conversations_shim_is_stopped_when_the_gateway_starts,
+    a_deleted_conversations_shim_is_stopped_when_the_gateway_starts,
 );
 
 fn agents() -> Vec<acp_gateway::config::AgentProfile> {
@@ -348,25 +349,34 @@ async fn a_full_shim_buffer_pauses_the_agent_and_loses_nothing(db: TestDb) {
 }
 
 async fn a_closed_conversations_shim_is_stopped_when_the_gateway_starts(db: TestDb) {
+    // Closed while no gateway ran (as a restore of the database would).
+    shims_of_gone_conversations_are_stopped(db, "update conversations set status = 'closed'").await;
+}
+
+async fn a_deleted_conversations_shim_is_stopped_when_the_gateway_starts(db: TestDb) {
+    // Its process record goes with it: the shim is found by its socket.
+    shims_of_gone_conversations_are_stopped(db, "delete from conversations").await;
+}
+
+/// A gateway starting after `change` (SQL, completed with the
+/// conversation's id) stops the conversation's shim and its agent.
+async fn shims_of_gone_conversations_are_stopped(db: TestDb, change: &str) {
     let gw = GatewayProcess::start(&db, &agents());
     let id = gw.create("demo").await;
     let records = agent_process_records(&db).await;
     let shim = ProcessWatch::new(records[0].pid);
     let agent = ProcessWatch::new(agent_pid(&db, &id).await);
     gw.kill();
-    // Closed while no gateway ran (as a restore of the database would).
     db.execute(
-        &format!("update conversations set status = 'closed' where id = '{id}'"),
-        &format!(
-            "update conversations set status = 'closed' where lower(hex(id)) = '{}'",
-            id.replace('-', "")
-        ),
+        &format!("{change} where id = '{id}'"),
+        &format!("{change} where lower(hex(id)) = '{}'", id.replace('-', "")),
     )
     .await;
     let gw = GatewayProcess::start(&db, &agents());
     assert!(shim.ended().await, "the shim is stopped");
     assert!(agent.ended().await, "and its agent");
     assert!(agent_process_records(&db).await.is_empty());
+    assert!(shims_under(db.state_dir()).is_empty());
     drop(gw);
 }
 
@@ -384,7 +394,19 @@ async fn shim_socket(db: &TestDb, id: &str) -> std::path::PathBuf {
 /// connection is closed at once: the shim goes on as if a gateway left).
 async fn hello(socket: &std::path::Path) -> acp_gateway::shim::protocol::Hello {
     use acp_gateway::shim::protocol::{self, ToGateway};
-    let stream = tokio::net::UnixStream::connect(socket).await.unwrap();
+    // Connections come fast here: one refused now and then (its backlog
+    // full) is tried again, within the wait's bound.
+    let deadline = tokio::time::Instant::now() + crate::common::WAIT;
+    let stream = loop {
+        match tokio::net::UnixStream::connect(socket).await {
+            Ok(stream) => break stream,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                eprintln!("connecting to the shim: {e}; again");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("the shim is unreachable: {e}"),
+        }
+    };
     let (mut read, _write) = stream.into_split();
     match protocol::read_from_shim(&mut read).await.unwrap() {
         Some(ToGateway::Hello(hello)) => hello,
