@@ -21,6 +21,7 @@ backend_tests!(
     ctrl_c_stops_the_agents_whatever_on_shutdown_says,
     an_agent_that_ends_while_no_gateway_runs_is_accounted_for_after_the_restart,
     a_full_shim_buffer_pauses_the_agent_and_loses_nothing,
+    a_shim_that_cannot_be_reached_falls_back_to_resuming_the_session,
     a_closed_conversations_shim_is_stopped_when_the_gateway_starts,
     a_deleted_conversations_shim_is_stopped_when_the_gateway_starts,
 );
@@ -344,6 +345,49 @@ async fn a_full_shim_buffer_pauses_the_agent_and_loses_nothing(db: TestDb) {
     let expected: String = (0..CHUNKS).map(|i| format!("w{i} ")).collect();
     assert_eq!(streamed_text(&all, "agent_message_chunk"), expected);
     assert_eq!(ended["data"]["stop_reason"], "end_turn");
+    drop(gw);
+    kill_shims_under(db.state_dir());
+}
+
+async fn a_shim_that_cannot_be_reached_falls_back_to_resuming_the_session(db: TestDb) {
+    let gw = GatewayProcess::start(&db, &agents());
+    let id = gw.create("demo").await;
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    gw.prompt(&id, "ask 1").await;
+    let seen = ws.until_type("permission_requested").await;
+    let request = seen.last().unwrap()["data"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    gw.kill();
+    // As after a reboot: neither the shim nor its agent is there any more.
+    assert_eq!(kill_shims_under(db.state_dir()), 1);
+
+    let gw = GatewayProcess::start(&db, &agents());
+    let (_, current) = gw.get(&format!("/api/v1/permissions/{request}")).await;
+    assert_eq!(current["status"], "expired", "{current}");
+    let mut ws = gw
+        .conversation_ws(&id, seen.last().unwrap()["seq"].as_i64().unwrap())
+        .await;
+    let ended = ws.until_type("turn_ended").await.pop().unwrap();
+    assert_eq!(ended["data"]["stop_reason"], "error");
+    assert!(
+        ended["data"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("shim could not be reached"),
+        "{ended}"
+    );
+    // The next prompt starts the agent again and resumes its session as
+    // far as the agent can (this demo agent cannot load one: `reset`).
+    gw.prompt(&id, "hello again").await;
+    let rest = ws.until_type("turn_ended").await;
+    let restarted = rest
+        .iter()
+        .find(|e| e["type"] == "agent_status" && e["data"]["status"] == "ready")
+        .expect("the agent started again");
+    assert_eq!(restarted["data"]["context"], "reset", "{restarted}");
+    assert_eq!(rest.last().unwrap()["data"]["stop_reason"], "end_turn");
     drop(gw);
     kill_shims_under(db.state_dir());
 }

@@ -505,7 +505,8 @@ fn nix_mkfifo(path: &Path) {
 }
 
 fn alive(pid: i32) -> bool {
-    // A zombie is gone for our purposes: it runs nothing.
+    // A zombie is gone for our purposes: it runs nothing; so is one being
+    // reaped.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|stat| {
             !stat
@@ -513,7 +514,8 @@ fn alive(pid: i32) -> bool {
                 .next()
                 .unwrap_or("")
                 .trim_start()
-                .starts_with('Z')
+                // Exited (Z), or being reaped just now (X).
+                .starts_with(['Z', 'X', 'x'])
         })
         .unwrap_or(false)
 }
