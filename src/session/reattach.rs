@@ -198,10 +198,16 @@ impl Sessions {
             .and_then(|(_, turn)| turn))
     }
 
-    /// Stops the shims in `dir` whose conversations are closed or deleted
-    /// (a record deleted with its conversation no longer names them).
+    /// Stops the shims in `dir` that nobody will use again: those whose
+    /// conversation is gone (deleted: its record went with it), and those
+    /// no record names any more (the conversation was closed, or another
+    /// node took it over and runs its agent now). A shim on record here that
+    /// another gateway on this machine serves is left alone.
     async fn stop_strays(&self, dir: &Path) {
         let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        let Ok(records) = self.store().list_agent_processes().await else {
             return;
         };
         for entry in entries.flatten() {
@@ -216,18 +222,17 @@ impl Sessions {
             if self.live(id).is_some() {
                 continue;
             }
-            let stored = self.store().get_conversation(id).await;
-            let stray = match stored {
-                Ok(None) => true,
-                Ok(Some(c)) => c.status == ConversationStatus::Closed,
-                Err(_) => false,
-            };
-            if stray {
-                tracing::info!(conversation_id = %id, "stopping the shim of a closed or deleted conversation");
-                if stop_shim(&path, STOP_GRACE).await.is_err() {
-                    // Nobody serves it: a leftover file.
-                    let _ = std::fs::remove_file(&path);
-                }
+            let named = records.iter().any(|r| {
+                r.conversation_id == id
+                    && r.shim_socket.as_deref().map(Path::new) == Some(path.as_path())
+            });
+            if named {
+                continue;
+            }
+            tracing::info!(conversation_id = %id, "stopping a shim no conversation uses any more");
+            if stop_shim(&path, STOP_GRACE).await.is_err() {
+                // Nobody serves it: a leftover file.
+                let _ = std::fs::remove_file(&path);
             }
         }
     }

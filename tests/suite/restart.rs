@@ -24,6 +24,7 @@ backend_tests!(
     a_shim_that_cannot_be_reached_falls_back_to_resuming_the_session,
     a_closed_conversations_shim_is_stopped_when_the_gateway_starts,
     a_deleted_conversations_shim_is_stopped_when_the_gateway_starts,
+    a_shim_no_record_names_is_stopped_when_the_gateway_starts,
 );
 
 fn agents() -> Vec<acp_gateway::config::AgentProfile> {
@@ -394,17 +395,26 @@ async fn a_shim_that_cannot_be_reached_falls_back_to_resuming_the_session(db: Te
 
 async fn a_closed_conversations_shim_is_stopped_when_the_gateway_starts(db: TestDb) {
     // Closed while no gateway ran (as a restore of the database would).
-    shims_of_gone_conversations_are_stopped(db, "update conversations set status = 'closed'").await;
+    shims_of_gone_conversations_are_stopped(db, "update conversations set status = 'closed'", "id")
+        .await;
 }
 
 async fn a_deleted_conversations_shim_is_stopped_when_the_gateway_starts(db: TestDb) {
     // Its process record goes with it: the shim is found by its socket.
-    shims_of_gone_conversations_are_stopped(db, "delete from conversations").await;
+    shims_of_gone_conversations_are_stopped(db, "delete from conversations", "id").await;
 }
 
-/// A gateway starting after `change` (SQL, completed with the
-/// conversation's id) stops the conversation's shim and its agent.
-async fn shims_of_gone_conversations_are_stopped(db: TestDb, change: &str) {
+async fn a_shim_no_record_names_is_stopped_when_the_gateway_starts(db: TestDb) {
+    // As when another node took the conversation over while this one was
+    // down: the record is that node's now, the shim here nobody's.
+    shims_of_gone_conversations_are_stopped(db, "delete from agent_processes", "conversation_id")
+        .await;
+}
+
+/// A gateway starting after `change` (SQL, completed with `where
+/// <column> = ` the conversation's id) stops the conversation's shim and
+/// its agent.
+async fn shims_of_gone_conversations_are_stopped(db: TestDb, change: &str, column: &str) {
     let gw = GatewayProcess::start(&db, &agents());
     let id = gw.create("demo").await;
     let records = agent_process_records(&db).await;
@@ -412,8 +422,11 @@ async fn shims_of_gone_conversations_are_stopped(db: TestDb, change: &str) {
     let agent = ProcessWatch::new(agent_pid(&db, &id).await);
     gw.kill();
     db.execute(
-        &format!("{change} where id = '{id}'"),
-        &format!("{change} where lower(hex(id)) = '{}'", id.replace('-', "")),
+        &format!("{change} where {column} = '{id}'"),
+        &format!(
+            "{change} where lower(hex({column})) = '{}'",
+            id.replace('-', "")
+        ),
     )
     .await;
     let gw = GatewayProcess::start(&db, &agents());
