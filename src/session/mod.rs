@@ -9,6 +9,7 @@
 //! Inside: `route` runs the API's commands here or forwards them to the
 //! node that owns the conversation (and serves those forwarded here);
 //! [`recover`] recovers what a previous run or a dead node left behind;
+//! `reattach` takes up the agents a previous run left under their shims;
 //! [`task`] is one conversation's `select!` loop, taking [`command`]s;
 //! `spawn` starts its agent; [`transcript`] (pure) turns chunks into
 //! messages and tool-call states; [`pending`] holds permission requests

@@ -154,6 +154,48 @@ async fn the_first_request_uses_id_zero_and_its_answer_is_accepted() {
 }
 
 #[tokio::test]
+async fn a_connection_taking_over_numbers_above_the_earlier_one_and_gets_its_answers() {
+    // An earlier connection sent request 7; its answer is the first line
+    // the new one reads, before anyone asks for it.
+    let (ours, theirs) = tokio::io::duplex(64 * 1024);
+    let (their_reader, mut their_writer) = tokio::io::split(theirs);
+    their_writer
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"stopReason\":\"end_turn\"}}\n")
+        .await
+        .unwrap();
+    let after = notification("session/update", json!({"n": 1}));
+    their_writer
+        .write_all(format!("{after}\n").as_bytes())
+        .await
+        .unwrap();
+    let (reader, writer) = tokio::io::split(ours);
+    let (peer, mut incoming) = RpcPeer::spawn(
+        reader,
+        writer,
+        RpcConfig {
+            first_request_id: 9,
+            answers_awaited: vec![7],
+            ..RpcConfig::default()
+        },
+    );
+    let mut agent = Agent {
+        lines: BufReader::new(their_reader).lines(),
+        writer: their_writer,
+    };
+    // The line after the answer has come: the answer was read before
+    // anyone asked for it.
+    assert_eq!(next_notification(&mut incoming).await.1, json!({"n": 1}));
+    let answer = within(peer.answer_to(7)).await.unwrap();
+    assert_eq!(answer, json!({"stopReason": "end_turn"}));
+    // Its own requests start above the earlier connection's.
+    let call = spawn_request(&peer, "session/prompt");
+    let request = agent.recv().await;
+    assert_eq!(request["id"], 9);
+    agent.answer(&request, json!({})).await;
+    within(call).await.unwrap().unwrap();
+}
+
+#[tokio::test]
 async fn a_response_id_sent_back_as_a_numeric_string_is_accepted() {
     let (peer, _incoming, mut agent) = connect(RpcConfig::default());
     let first = spawn_request(&peer, "first");
