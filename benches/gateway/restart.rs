@@ -121,7 +121,7 @@ pub async fn run(backend: &str, db: &TestDb) {
         assert_eq!(ended["data"]["stop_reason"], "end_turn", "{ended}");
     }
 
-    let (shims, rss_kib, cpu_ms) = shims_cost(db.state_dir());
+    let (shims, rss_kib, pss_kib, cpu_ms) = shims_cost(db.state_dir());
     pauses.sort_by(f64::total_cmp);
     let q = |q: f64| pauses[((q * pauses.len() as f64).ceil() as usize).clamp(1, pauses.len()) - 1];
     println!(
@@ -137,9 +137,11 @@ pub async fn run(backend: &str, db: &TestDb) {
     );
     if shims > 0 {
         println!(
-            "[{backend}] restart: {shims} shims, {:.1} MiB RSS each on average; {:.1} ms CPU each over the whole run \
-             (starting, serving two gateways, {lines} chunks in all; per line: BENCH_ONLY=shim)",
+            "[{backend}] restart: {shims} shims, each {:.1} MiB RSS, {:.2} MiB PSS (its own share, the executable's \
+             pages shared); {:.1} ms CPU each over the whole run (starting, serving two gateways, {lines} \
+             chunks in all; per line: BENCH_ONLY=shim)",
             rss_kib as f64 / shims as f64 / 1024.0,
+            pss_kib as f64 / shims as f64 / 1024.0,
             cpu_ms / shims as f64,
         );
     }
@@ -226,20 +228,24 @@ impl Watched {
     }
 }
 
-/// The shims under `dir`: how many, their RSS in all (KiB), their CPU in
-/// all (ms).
-fn shims_cost(dir: &std::path::Path) -> (usize, u64, f64) {
+/// The shims under `dir`: how many, their RSS and their PSS in all (KiB:
+/// the executable's pages count once in PSS, shared among them), their
+/// CPU in all (ms).
+fn shims_cost(dir: &std::path::Path) -> (usize, u64, u64, f64) {
     // SAFETY: sysconf takes an integer.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let (mut shims, mut rss, mut cpu) = (0, 0, 0.0);
+    let (mut shims, mut rss, mut pss, mut cpu) = (0, 0, 0, 0.0);
     for pid in shims_under(dir) {
         shims += 1;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        rss += status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
-            .unwrap_or(0);
+        let kib = |file: &str, key: &str| {
+            let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).unwrap_or_default();
+            text.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        rss += kib("status", "VmRSS:");
+        pss += kib("smaps_rollup", "Pss:");
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         let fields: Vec<&str> = stat
             .rsplit_once(')')
@@ -252,5 +258,5 @@ fn shims_cost(dir: &std::path::Path) -> (usize, u64, f64) {
             .sum();
         cpu += used / ticks * 1000.0;
     }
-    (shims, rss, cpu)
+    (shims, rss, pss, cpu)
 }
