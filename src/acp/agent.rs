@@ -175,9 +175,9 @@ impl AgentProcess {
                 profile.name, profile.command
             )
         })?;
-        let stderr_tail = StderrTail::new(STDERR_TAIL_LINES);
         match shim {
             None => {
+                let stderr_tail = StderrTail::new(STDERR_TAIL_LINES);
                 let child = process.child_mut();
                 let stdin = child.stdin.take().context("agent stdin missing")?;
                 let stdout = child.stdout.take().context("agent stdout missing")?;
@@ -215,8 +215,9 @@ impl AgentProcess {
                     Ok(Err(e)) => anyhow::bail!("cannot read the shim's ready line: {e}"),
                     Err(_) => anyhow::bail!("the agent's shim did not start in time"),
                 };
-                let agent = match serde_json::from_str::<Ready>(line.trim()) {
-                    Ok(Ready::Serving { pid, start_time }) => (pid, start_time),
+                // The agent's pid comes again in the shim's hello.
+                match serde_json::from_str::<Ready>(line.trim()) {
+                    Ok(Ready::Serving { .. }) => {}
                     Ok(Ready::Failed { error }) => {
                         anyhow::bail!("cannot start agent {:?}: {error}", profile.name)
                     }
@@ -225,7 +226,7 @@ impl AgentProcess {
                         anyhow::bail!("the agent's shim ended at once ({status})")
                     }
                     Err(e) => anyhow::bail!("the agent's shim said {line:?}: {e}"),
-                };
+                }
                 let identity = process.identity();
                 let socket = shim.socket(conversation_id);
                 Self::over_shim(
@@ -233,8 +234,6 @@ impl AgentProcess {
                     |_| 0,
                     Some(process),
                     identity,
-                    agent,
-                    stderr_tail,
                     conversation_id,
                     &profile.name,
                 )
@@ -252,28 +251,25 @@ impl AgentProcess {
         conversation_id: Uuid,
         agent_name: &str,
     ) -> anyhow::Result<(AgentProcess, AgentPipes)> {
-        let stderr_tail = StderrTail::new(STDERR_TAIL_LINES);
         Self::over_shim(
             socket,
             |hello| from.max(hello.held_from),
             None,
             shim,
-            (0, None),
-            stderr_tail,
             conversation_id,
             agent_name,
         )
         .await
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The agent under the shim at `socket` (`process`, where this gateway
+    /// started it, whose pid and start time are `identity`), attached at
+    /// the offset `from` picks.
     async fn over_shim(
         socket: &Path,
         from: impl FnOnce(&crate::shim::protocol::Hello) -> u64,
         process: Option<Supervised>,
         identity: Option<(i32, u64)>,
-        agent: (i32, Option<u64>),
-        stderr_tail: StderrTail,
         conversation_id: Uuid,
         agent_name: &str,
     ) -> anyhow::Result<(AgentProcess, AgentPipes)> {
@@ -298,25 +294,21 @@ impl AgentProcess {
                 anyhow::bail!("cannot reach the agent's shim: {e}");
             }
         };
-        let agent = if agent.0 == 0 {
-            (link.hello.pid, link.hello.start_time)
-        } else {
-            agent
-        };
-        let tail = stderr_tail.clone();
-        let name = agent_name.to_owned();
-        let stderr_task = tokio::spawn(async move {
-            let mut partial = Vec::new();
-            while let Some(bytes) = stderr_rx.recv().await {
-                partial.extend_from_slice(&bytes);
-                while let Some(end) = partial.iter().position(|&b| b == b'\n') {
-                    let raw: Vec<u8> = partial.drain(..=end).collect();
-                    let line = plain_text(&raw);
-                    tracing::info!(target: "agent_stderr", %conversation_id, agent = %name, "{line}");
-                    tail.push(truncate(&line, STDERR_LINE_MAX));
-                }
-            }
+        let agent = (link.hello.pid, link.hello.start_time);
+        // The stderr chunks the shim passes on, read as the pipe of an
+        // agent of our own would be.
+        let chunks = futures::stream::poll_fn(move |cx| {
+            stderr_rx
+                .poll_recv(cx)
+                .map(|chunk| chunk.map(|c| Ok::<_, std::io::Error>(std::io::Cursor::new(c))))
         });
+        let stderr_tail = StderrTail::new(STDERR_TAIL_LINES);
+        let stderr_task = read_stderr(
+            tokio_util::io::StreamReader::new(chunks),
+            stderr_tail.clone(),
+            conversation_id,
+            agent_name,
+        );
         let first_request_id = link.hello.input_taken;
         let control = link.control.clone();
         Ok((
@@ -527,7 +519,7 @@ impl Cursor {
 }
 
 fn read_stderr(
-    stderr: tokio::process::ChildStderr,
+    stderr: impl AsyncRead + Unpin + Send + 'static,
     tail: StderrTail,
     conversation_id: Uuid,
     agent: &str,

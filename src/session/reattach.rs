@@ -7,6 +7,7 @@
 //! prompt starts the agent again and resumes its session. Shims of closed
 //! or deleted conversations are stopped.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use uuid::Uuid;
@@ -41,9 +42,18 @@ impl Sessions {
     /// shims left in the shims' directory whose conversations are closed
     /// or deleted.
     pub async fn reattach(&self, records: Vec<AgentProcessRecord>) -> anyhow::Result<()> {
+        // Each conversation's running turn, as stored (read once).
+        let turns: HashMap<Uuid, Option<Uuid>> = self
+            .store()
+            .live_conversations()
+            .await?
+            .into_iter()
+            .map(|(c, turn)| (c.id, turn))
+            .collect();
         for record in records {
             let id = record.conversation_id;
-            let outcome = self.gated(id, self.reattach_one(&record)).await;
+            let turn_id = turns.get(&id).copied().flatten();
+            let outcome = self.gated(id, self.reattach_one(&record, turn_id)).await;
             match outcome {
                 Ok(()) => tracing::info!(conversation_id = %id, "reattached to the agent's shim"),
                 Err(NotReattached::Stopped) => {
@@ -53,7 +63,7 @@ impl Sessions {
                 Err(NotReattached::Failed(why)) => {
                     tracing::warn!(conversation_id = %id, reason = %why,
                         "cannot reattach to the agent's shim; settling the conversation");
-                    self.settle_unreachable(record).await?;
+                    self.settle_unreachable(record, turn_id).await?;
                 }
             }
         }
@@ -63,7 +73,11 @@ impl Sessions {
         Ok(())
     }
 
-    async fn reattach_one(&self, record: &AgentProcessRecord) -> Result<(), NotReattached> {
+    async fn reattach_one(
+        &self,
+        record: &AgentProcessRecord,
+        turn_id: Option<Uuid>,
+    ) -> Result<(), NotReattached> {
         let failed = |e: &dyn std::fmt::Display| NotReattached::Failed(e.to_string());
         let id = record.conversation_id;
         let socket = PathBuf::from(record.shim_socket.as_deref().unwrap_or_default());
@@ -106,7 +120,6 @@ impl Sessions {
                 return Err(failed(&format!("{e:#}")));
             }
         };
-        let turn_id = self.running_turn(id).await.map_err(|e| failed(&e))?;
         let pending = self
             .store()
             .list_permissions(&PermissionFilter {
@@ -154,7 +167,11 @@ impl Sessions {
     /// A shim that could not be reached: what is left of it and its agent
     /// is killed, the record forgotten, and the conversation settled as
     /// one whose agent is gone (the next prompt starts it again).
-    async fn settle_unreachable(&self, record: AgentProcessRecord) -> anyhow::Result<()> {
+    async fn settle_unreachable(
+        &self,
+        record: AgentProcessRecord,
+        turn_id: Option<Uuid>,
+    ) -> anyhow::Result<()> {
         let id = record.conversation_id;
         if let Some(socket) = record.shim_socket.as_deref() {
             // Reachable after all (it refused us): told to stop.
@@ -176,7 +193,6 @@ impl Sessions {
         if conversation.status == ConversationStatus::Closed {
             return Ok(());
         }
-        let turn_id = self.running_turn(id).await?;
         recover_conversation(
             self.sink(),
             &conversation,
@@ -185,17 +201,6 @@ impl Sessions {
         )
         .await?;
         Ok(())
-    }
-
-    /// The conversation's running turn, as stored.
-    async fn running_turn(&self, id: Uuid) -> crate::error::Result<Option<Uuid>> {
-        Ok(self
-            .store()
-            .live_conversations()
-            .await?
-            .into_iter()
-            .find(|(c, _)| c.id == id)
-            .and_then(|(_, turn)| turn))
     }
 
     /// Stops the shims in `dir` that nobody will use again: those whose

@@ -120,19 +120,24 @@ async fn record_process(
         pid_namespace: host.pid_namespace.clone(),
         hostname: host.hostname.clone(),
         started_at: model::now(),
-        link: shim_socket.is_some().then(|| {
-            let (agent_pid, agent_start_time) = process.agent_identity();
-            serde_json::to_string(&AgentLink {
-                agent_pid,
-                agent_start_time,
-                ..AgentLink::default()
-            })
-            .expect("a link serializes")
-        }),
+        link: shim_socket
+            .is_some()
+            .then(|| serde_json::to_string(&first_link(process)).expect("a link serializes")),
         shim_socket: shim_socket.map(|s| s.to_string_lossy().into_owned()),
     };
     store.record_agent_process(&record).await?;
     Ok(Some(record))
+}
+
+/// An agent's link state before anything of it is committed (its own
+/// pid: under a shim, the record's is the shim's).
+pub(super) fn first_link(process: &AgentProcess) -> AgentLink {
+    let (agent_pid, agent_start_time) = process.agent_identity();
+    AgentLink {
+        agent_pid,
+        agent_start_time,
+        ..AgentLink::default()
+    }
 }
 
 /// Forgets an agent's record once it has been reaped and its group killed.

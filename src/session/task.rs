@@ -42,7 +42,7 @@ use super::command::{Command, Handle, Order, Reply, Setting};
 use super::journal::{Journal, Sink};
 use super::pending::{Pending, WaitingRequests};
 use super::served::Served;
-use super::spawn::{agent_user, connect, Connected, TERMINATE_GRACE};
+use super::spawn::{agent_user, connect, first_link, Connected, TERMINATE_GRACE};
 use super::transcript::Transcript;
 use crate::acp::agent::{AgentProcess, Cursor, ShimSetup};
 use crate::acp::client::{AgentSession, CallFuture, EXIT_AFTER_EOF};
@@ -184,12 +184,9 @@ pub async fn start(
     if let Some(control) = shim {
         // From the first commit on, the agent's output is acknowledged to
         // its shim as it is committed.
-        let (agent_pid, agent_start_time) = process.agent_identity();
         let link = AgentLink {
             can_close: agent.can_close(),
-            agent_pid,
-            agent_start_time,
-            ..AgentLink::default()
+            ..first_link(&process)
         };
         journal.link_to(link, Cursor::new(agent.peer().clone(), control));
     }

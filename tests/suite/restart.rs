@@ -132,22 +132,30 @@ async fn a_crash_mid_turn_loses_no_chunk_and_the_turn_ends_as_the_agent_ends_it(
         rest.iter().all(|e| e["type"] != "agent_status"),
         "the agent was not started again: {rest:?}"
     );
-    drop(gw);
-    kill_shims_under(db.state_dir());
 }
 
-async fn a_request_pending_through_a_crash_is_answered_on_its_own_id_after_it(db: TestDb) {
-    let gw = GatewayProcess::start(&db, &agents());
+/// A conversation whose agent asks permission, and its gateway killed
+/// (SIGKILL) while the request waits: the conversation's id, the events
+/// seen up to the request, and the request's id.
+async fn a_crash_with_a_request_pending(db: &TestDb) -> (String, Vec<Value>, String) {
+    let gw = GatewayProcess::start(db, &agents());
     let id = gw.create("demo").await;
     let mut ws = gw.conversation_ws(&id, 0).await;
     gw.prompt(&id, "ask 1").await;
     let seen = ws.until_type("permission_requested").await;
-    let request = seen.last().unwrap()["data"].clone();
-    let pid = agent_pid(&db, &id).await;
+    let request = seen.last().unwrap()["data"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     gw.kill();
+    (id, seen, request)
+}
+
+async fn a_request_pending_through_a_crash_is_answered_on_its_own_id_after_it(db: TestDb) {
+    let (id, seen, request_id) = a_crash_with_a_request_pending(&db).await;
+    let pid = agent_pid(&db, &id).await;
 
     let gw = GatewayProcess::start(&db, &agents());
-    let request_id = request["id"].as_str().unwrap();
     let (_, current) = gw.get(&format!("/api/v1/permissions/{request_id}")).await;
     assert_eq!(current["status"], "pending", "{current}");
     let (status, body) = gw
@@ -172,21 +180,10 @@ async fn a_request_pending_through_a_crash_is_answered_on_its_own_id_after_it(db
     let call = &calls["items"][0];
     assert_eq!(call["title"], "Write ask-0.txt", "{calls}");
     assert_eq!(call["status"], "completed", "{calls}");
-    drop(gw);
-    kill_shims_under(db.state_dir());
 }
 
 async fn an_answer_committed_just_before_a_crash_still_reaches_the_agent(db: TestDb) {
-    let gw = GatewayProcess::start(&db, &agents());
-    let id = gw.create("demo").await;
-    let mut ws = gw.conversation_ws(&id, 0).await;
-    gw.prompt(&id, "ask 1").await;
-    let seen = ws.until_type("permission_requested").await;
-    let request = seen.last().unwrap()["data"]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    gw.kill();
+    let (id, seen, request) = a_crash_with_a_request_pending(&db).await;
     // As if the gateway had committed the answer and died before the agent
     // had it.
     let decision = r#"{"option_id":"allow-once","outcome":"selected","decided_by":"user:anonymous","reason":null,"decided_at":"2026-11-27T00:00:00Z"}"#;
@@ -213,8 +210,6 @@ async fn an_answer_committed_just_before_a_crash_still_reaches_the_agent(db: Tes
         "1 of 1 tool calls ran."
     );
     assert_eq!(rest.last().unwrap()["data"]["stop_reason"], "end_turn");
-    drop(gw);
-    kill_shims_under(db.state_dir());
 }
 
 async fn sigterm_with_detach_leaves_the_turn_running_for_the_next_start(db: TestDb) {
@@ -238,8 +233,6 @@ async fn sigterm_with_detach_leaves_the_turn_running_for_the_next_start(db: Test
     assert_eq!(streamed_text(&all, "agent_message_chunk"), slow_text(60));
     assert_eq!(ended["data"]["stop_reason"], "end_turn");
     assert_eq!(agent_pid(&db, &id).await, pid);
-    drop(gw);
-    kill_shims_under(db.state_dir());
 }
 
 async fn sigterm_with_cancel_ends_the_turn_as_before(db: TestDb) {
@@ -284,7 +277,10 @@ async fn an_agent_that_ends_while_no_gateway_runs_is_accounted_for_after_the_res
     // With nobody reading, the agent finishes its turn into its shim, and
     // is then killed (by its user, the OOM killer, …).
     let socket = shim_socket(&db, &id).await;
-    wait_until_read(&socket, slow_text(20).len()).await;
+    poll_shim("the agent finished its turn into its shim", || async {
+        tail_has_prompt_answer(&socket).await.then_some(())
+    })
+    .await;
     // SAFETY: kill(2) on the test's own agent.
     unsafe {
         libc::kill(pid, libc::SIGTERM);
@@ -333,7 +329,12 @@ async fn a_full_shim_buffer_pauses_the_agent_and_loses_nothing(db: TestDb) {
     }
     let socket = shim_socket(&db, &id).await;
     // The shim fills up to its bound and reads no more: the agent waits.
-    let hello = wait_until_full(&socket, BUFFER).await;
+    let hello = poll_shim("the shim's buffer filled", || async {
+        hello(&socket)
+            .await
+            .filter(|h| h.read_to - h.held_from >= BUFFER as u64)
+    })
+    .await;
     assert!(hello.exit.is_none(), "the agent is paused, not done");
     assert!(
         hello.read_to - hello.held_from <= BUFFER as u64,
@@ -346,21 +347,10 @@ async fn a_full_shim_buffer_pauses_the_agent_and_loses_nothing(db: TestDb) {
     let expected: String = (0..CHUNKS).map(|i| format!("w{i} ")).collect();
     assert_eq!(streamed_text(&all, "agent_message_chunk"), expected);
     assert_eq!(ended["data"]["stop_reason"], "end_turn");
-    drop(gw);
-    kill_shims_under(db.state_dir());
 }
 
 async fn a_shim_that_cannot_be_reached_falls_back_to_resuming_the_session(db: TestDb) {
-    let gw = GatewayProcess::start(&db, &agents());
-    let id = gw.create("demo").await;
-    let mut ws = gw.conversation_ws(&id, 0).await;
-    gw.prompt(&id, "ask 1").await;
-    let seen = ws.until_type("permission_requested").await;
-    let request = seen.last().unwrap()["data"]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    gw.kill();
+    let (id, seen, request) = a_crash_with_a_request_pending(&db).await;
     // As after a reboot: neither the shim nor its agent is there any more.
     assert_eq!(kill_shims_under(db.state_dir()), 1);
 
@@ -389,8 +379,6 @@ async fn a_shim_that_cannot_be_reached_falls_back_to_resuming_the_session(db: Te
         .expect("the agent started again");
     assert_eq!(restarted["data"]["context"], "reset", "{restarted}");
     assert_eq!(rest.last().unwrap()["data"]["stop_reason"], "end_turn");
-    drop(gw);
-    kill_shims_under(db.state_dir());
 }
 
 async fn a_closed_conversations_shim_is_stopped_when_the_gateway_starts(db: TestDb) {
@@ -429,12 +417,12 @@ async fn shims_of_gone_conversations_are_stopped(db: TestDb, change: &str, colum
         ),
     )
     .await;
-    let gw = GatewayProcess::start(&db, &agents());
+    // Started (and kept running while it is checked): it stops the shim.
+    let _gw = GatewayProcess::start(&db, &agents());
     assert!(shim.ended().await, "the shim is stopped");
     assert!(agent.ended().await, "and its agent");
     assert!(agent_process_records(&db).await.is_empty());
     assert!(shims_under(db.state_dir()).is_empty());
-    drop(gw);
 }
 
 /// The socket of the conversation's shim.
@@ -448,63 +436,53 @@ async fn shim_socket(db: &TestDb, id: &str) -> std::path::PathBuf {
 }
 
 /// The shim's hello, as a gateway connecting now would get it (the
-/// connection is closed at once: the shim goes on as if a gateway left).
-async fn hello(socket: &std::path::Path) -> acp_gateway::shim::protocol::Hello {
+/// connection is closed at once: the shim goes on as if a gateway left);
+/// `None` when it refused the connection just now (connections come fast
+/// here: its backlog may be full), to be tried again.
+async fn hello(socket: &std::path::Path) -> Option<acp_gateway::shim::protocol::Hello> {
     use acp_gateway::shim::protocol::{self, ToGateway};
-    // Connections come fast here: one refused now and then (its backlog
-    // full) is tried again, within the wait's bound.
-    let deadline = tokio::time::Instant::now() + crate::common::WAIT;
-    let stream = loop {
-        match tokio::net::UnixStream::connect(socket).await {
-            Ok(stream) => break stream,
-            Err(e) if tokio::time::Instant::now() < deadline => {
-                eprintln!("connecting to the shim: {e}; again");
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("the shim is unreachable: {e}"),
+    let stream = match tokio::net::UnixStream::connect(socket).await {
+        Ok(stream) => stream,
+        Err(e) => {
+            eprintln!("connecting to the shim: {e}; again");
+            return None;
         }
     };
     let (mut read, _write) = stream.into_split();
     match protocol::read_from_shim(&mut read).await.unwrap() {
-        Some(ToGateway::Hello(hello)) => hello,
+        Some(ToGateway::Hello(hello)) => Some(hello),
         other => panic!("no hello: {other:?}"),
     }
 }
 
-/// Waits (bounded) until the shim has read `bytes` of output at least
-/// beyond what the log shows as committed; polls its hello.
-async fn wait_until_read(socket: &std::path::Path, text_bytes: usize) {
+/// Polls the shim until `check` has what it waits for (bounded: while no
+/// gateway reads the shim, nothing announces a change).
+async fn poll_shim<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
     let deadline = tokio::time::Instant::now() + crate::common::WAIT;
     loop {
-        let hello = hello(socket).await;
-        // Each chunk line is far longer than its text.
-        if hello.exit.is_some() || hello.read_to - hello.held_from > (text_bytes as u64) * 4 {
-            // Not enough on its own: the turn's answer is the last line.
-            if hello.read_to > 0 && tail_has_prompt_answer(socket, &hello).await {
-                return;
-            }
+        if let Some(found) = check().await {
+            return found;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the agent finished its turn into its shim in time: {hello:?}"
-        );
-        tokio::task::yield_now().await;
+        assert!(tokio::time::Instant::now() < deadline, "{what} in time");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
 
 /// Whether the last output the shim holds is the answer to a prompt.
-async fn tail_has_prompt_answer(
-    socket: &std::path::Path,
-    hello: &acp_gateway::shim::protocol::Hello,
-) -> bool {
+async fn tail_has_prompt_answer(socket: &std::path::Path) -> bool {
     use acp_gateway::shim::protocol::{self, ToGateway, ToShim};
-    let stream = tokio::net::UnixStream::connect(socket).await.unwrap();
+    let Ok(stream) = tokio::net::UnixStream::connect(socket).await else {
+        return false; // refused just now: asked again
+    };
     let (mut read, mut write) = stream.into_split();
     let Ok(Some(ToGateway::Hello(now))) = protocol::read_from_shim(&mut read).await else {
         return false;
     };
-    let from = now.held_from.max(hello.held_from);
+    let from = now.held_from;
     protocol::send_to_shim(&mut write, &ToShim::Attach { from })
         .await
         .unwrap();
@@ -520,23 +498,4 @@ async fn tail_has_prompt_answer(
     text.lines()
         .last()
         .is_some_and(|line| line.contains("\"stopReason\""))
-}
-
-/// Waits (bounded) until the shim holds `buffer` bytes and reads no more.
-async fn wait_until_full(
-    socket: &std::path::Path,
-    buffer: usize,
-) -> acp_gateway::shim::protocol::Hello {
-    let deadline = tokio::time::Instant::now() + crate::common::WAIT;
-    loop {
-        let hello = hello(socket).await;
-        if hello.read_to - hello.held_from >= buffer as u64 {
-            return hello;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the shim's buffer filled in time: {hello:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
 }
