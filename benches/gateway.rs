@@ -23,7 +23,9 @@
 //!   `gateway/notify.rs`);
 //! - a restart (SIGTERM and start) with 50 turns streaming and 50 requests
 //!   pending: the pause each conversation sees, events lost, the shims'
-//!   cost (see `gateway/restart.rs`).
+//!   cost (see `gateway/restart.rs`);
+//! - what a conversation's box costs at agent start: creation p50 boxed and
+//!   not (see `gateway/sandbox.rs`).
 //!
 //! Sizes: BENCH_SIZES (comma-separated chunk counts; each run BENCH_RUNS times, 3 by
 //! default, and the median shown), BENCH_BACKENDS
@@ -31,7 +33,7 @@
 //! BENCH_REFERENCE=off skips the references (to profile the gateway alone).
 //! BENCH_ONLY picks scenarios (comma-separated: `reference`, `streaming`,
 //! `approvals`, `fanout`, `idle`, `cluster`, `notifications`, `shim`,
-//! `restart`; all when unset), e.g. `BENCH_ONLY=notifications cargo bench --bench gateway`.
+//! `restart`, `sandbox`; all when unset), e.g. `BENCH_ONLY=notifications cargo bench --bench gateway`.
 
 #[path = "gateway/cluster.rs"]
 mod cluster;
@@ -45,6 +47,8 @@ mod notify;
 mod reference;
 #[path = "gateway/restart.rs"]
 mod restart;
+#[path = "gateway/sandbox.rs"]
+mod sandbox;
 #[path = "gateway/shim.rs"]
 mod shim;
 
@@ -227,6 +231,9 @@ async fn main() {
         }
         if selected("restart") {
             restart::run(backend, &db).await;
+        }
+        if selected("sandbox") {
+            sandbox::run(backend, &db).await;
         }
         let notified = env_or("BENCH_NOTIFY_CONVERSATIONS", 200);
         if notified > 0 && selected("notifications") {

@@ -288,7 +288,8 @@ async fn close_revoked_websockets(state: AppState, shutdown: CancellationToken) 
 
 /// Secure defaults: without any token the API is open, so it may only be
 /// reachable from this machine. Also warns about agents that would run as
-/// root, or as the gateway's own user.
+/// root, or as the gateway's own user, and about boxes that are not what
+/// their profile asks (see [`check_sandboxes`]).
 fn check_exposure(config: &Config, addr: SocketAddr, auth_required: bool) -> anyhow::Result<()> {
     if !auth_required {
         if !addr.ip().is_loopback() {
@@ -318,8 +319,39 @@ fn check_exposure(config: &Config, addr: SocketAddr, auth_required: bool) -> any
         if me == 0 {
             tracing::warn!(agent = %agent.name, "the gateway runs as root and so will this agent profile's agents: name an unprivileged user (user or agent_user)");
         } else {
-            tracing::warn!(agent = %agent.name, "this agent profile's agents run as the gateway's own user: they can read what the gateway can (its config, its data, database_url_file) and signal it; name another user (user or agent_user) to keep them out");
+            tracing::warn!(agent = %agent.name, "this agent profile's agents run as the gateway's own user: outside a box they can read what the gateway can (its config, its data, database_url_file) and signal it, and in one they can still reach its shims' sockets; name another user (user or agent_user) to keep them out");
         }
     }
+    check_sandboxes(config);
     Ok(())
+}
+
+/// Warns, at start, where a profile's boxes are not what it asks: no
+/// Landlock on this kernel (`auto` runs agents unconfined; `required`
+/// refuses to start them), TCP ports that cannot be limited, and a box that
+/// would hold the gateway's own state (its database, shims and homes).
+fn check_sandboxes(config: &Config) {
+    let abi = crate::sandbox::landlock::kernel_abi();
+    let state = std::path::absolute(config.state_dir()).unwrap_or_else(|_| config.state_dir());
+    for agent in &config.agents {
+        let mode = agent.sandbox;
+        let (effective, refused) =
+            crate::sandbox::Effective::of(mode, agent.allowed_tcp_ports.is_some(), abi);
+        if let Some(why) = refused {
+            tracing::warn!(agent = %agent.name, "its conversations will not start: {why}");
+        } else if let Some(detail) = effective
+            .detail
+            .filter(|_| mode != crate::sandbox::SandboxMode::Off)
+        {
+            tracing::warn!(agent = %agent.name, enforced = effective.enforced, "its agents' boxes are not all it asks: {detail}");
+        }
+        let cwd = match &agent.cwd {
+            Some(cwd) if cwd.to_string_lossy().contains("{user}") => continue,
+            Some(cwd) => cwd.clone(),
+            None => std::env::current_dir().unwrap_or_default(),
+        };
+        if mode != crate::sandbox::SandboxMode::Off && state.starts_with(&cwd) {
+            tracing::warn!(agent = %agent.name, state_dir = %state.display(), cwd = %cwd.display(), "the gateway's state (database, shims, every user's home) is inside this profile's default cwd, so inside its agents' boxes: set state_dir (or the database) elsewhere, or give the profile a cwd of its own");
+        }
+    }
 }

@@ -326,6 +326,26 @@ pub struct AgentProfile {
     /// policies, their output published as `terminal_output`.
     #[serde(default)]
     pub client_terminal: bool,
+    /// Each conversation's box (see [`crate::sandbox`]): `auto` (Landlock
+    /// where the kernel offers it), `required` (an agent never starts
+    /// unconfined) or `off`.
+    #[serde(default)]
+    pub sandbox: crate::sandbox::SandboxMode,
+    /// More paths its boxes may read and execute (absolute; `{user}` is the
+    /// conversation's owner).
+    #[serde(default)]
+    pub read_only_paths: Vec<PathBuf>,
+    /// More paths its boxes may read and write (absolute; `{user}` too).
+    #[serde(default)]
+    pub read_write_paths: Vec<PathBuf>,
+    /// The only TCP ports its agents may connect to (e.g. `[443]`), where
+    /// the kernel's Landlock can limit them (ABI 4); absent: any.
+    #[serde(default)]
+    pub allowed_tcp_ports: Option<Vec<u16>>,
+    /// A directory each user's home for this profile is first made from
+    /// (credentials, settings), unless `sandbox = "off"`.
+    #[serde(default)]
+    pub home_template: Option<PathBuf>,
 }
 
 /// Requests per minute allowed: prompts and WebSocket connections per
@@ -644,9 +664,25 @@ impl Config {
                     bail!("{key}.env.{name}: must not contain a NUL character");
                 }
             }
-            for (j, root) in agent.allowed_roots.iter().enumerate() {
-                if !root.is_absolute() {
-                    bail!("{key}.allowed_roots[{j}]: {root:?} must be an absolute path");
+            for (field, paths) in [
+                ("allowed_roots", &agent.allowed_roots),
+                ("read_only_paths", &agent.read_only_paths),
+                ("read_write_paths", &agent.read_write_paths),
+            ] {
+                for (j, path) in paths.iter().enumerate() {
+                    if !path.is_absolute() {
+                        bail!("{key}.{field}[{j}]: {path:?} must be an absolute path");
+                    }
+                }
+            }
+            if let Some(template) = &agent.home_template {
+                if !template.is_absolute() {
+                    bail!("{key}.home_template: {template:?} must be an absolute path");
+                }
+            }
+            if let Some(ports) = &agent.allowed_tcp_ports {
+                if ports.contains(&0) {
+                    bail!("{key}.allowed_tcp_ports: 0 is not a port");
                 }
             }
             if let Some(user) = &agent.user {
@@ -708,6 +744,13 @@ impl Config {
             Some(data_home) => PathBuf::from(data_home).join("acp-gateway"),
             None => PathBuf::from("data"),
         }
+    }
+
+    /// Where each user's homes are made (`<state_dir>/homes`, absolute: it
+    /// is where agents' `HOME`s point).
+    pub fn homes_dir(&self) -> PathBuf {
+        let dir = self.state_dir().join("homes");
+        std::path::absolute(&dir).unwrap_or(dir)
     }
 
     /// `max_agents` and `max_agents_per_user`, defaults applied: the
@@ -789,16 +832,43 @@ impl AgentProfile {
             auth_method: None,
             client_fs: false,
             client_terminal: false,
+            sandbox: Default::default(),
+            read_only_paths: Vec::new(),
+            read_write_paths: Vec::new(),
+            allowed_tcp_ports: None,
+            home_template: None,
         })
     }
 
-    /// The directory a conversation of this profile runs in: the one asked for,
-    /// else the profile's, else the gateway's own; absolute, inside the
-    /// `allowed_roots`, an existing directory, and resolved (no `..`,
-    /// no symlinks), so the agent gets it as it really is. The policy dry run
-    /// resolves its `cwd` the same way.
-    pub fn conversation_cwd(&self, requested: Option<&str>) -> crate::error::Result<PathBuf> {
-        let cwd = match requested.map(PathBuf::from).or_else(|| self.cwd.clone()) {
+    /// This profile as `user`'s conversations get it: each `{user}` in its
+    /// `cwd`, `allowed_roots`, `read_only_paths` and `read_write_paths` is
+    /// the user's name (see [`crate::sandbox::homes::with_user`]).
+    pub fn for_user(&self, user: Option<&str>) -> AgentProfile {
+        use crate::sandbox::homes::with_user;
+        let each = |paths: &[PathBuf]| paths.iter().map(|p| with_user(p, user)).collect();
+        AgentProfile {
+            cwd: self.cwd.as_deref().map(|cwd| with_user(cwd, user)),
+            allowed_roots: each(&self.allowed_roots),
+            read_only_paths: each(&self.read_only_paths),
+            read_write_paths: each(&self.read_write_paths),
+            ..self.clone()
+        }
+    }
+
+    /// The directory a conversation of `user`'s with this profile runs in:
+    /// the one asked for, else the profile's, else the gateway's own;
+    /// absolute, inside the `allowed_roots`, an existing directory, and
+    /// resolved (no `..`, no symlinks), so the agent gets it as it really
+    /// is. A profile's `cwd` with `{user}` in it is the user's own, made
+    /// (for the agent's user alone) when it is first needed. The policy dry
+    /// run resolves its `cwd` the same way.
+    pub fn conversation_cwd(
+        &self,
+        requested: Option<&str>,
+        user: Option<&str>,
+    ) -> crate::error::Result<PathBuf> {
+        let own = self.for_user(user);
+        let cwd = match requested.map(PathBuf::from).or_else(|| own.cwd.clone()) {
             Some(cwd) => cwd,
             None => std::env::current_dir().map_err(anyhow::Error::from)?,
         };
@@ -807,15 +877,46 @@ impl AgentProfile {
                 "cwd {cwd:?} must be an absolute path"
             )));
         }
+        let users_own = requested.is_none()
+            && self
+                .cwd
+                .as_deref()
+                .is_some_and(|c| c.to_string_lossy().contains("{user}"));
+        if users_own && !cwd.exists() {
+            own.make_users_workspace(&cwd)?;
+        }
         // Outside the allowed roots, whether a directory exists is none of the
         // caller's business: checked first, and one answer for both.
-        self.check_allowed_root(&cwd)?;
+        own.check_allowed_root(&cwd)?;
         if !cwd.is_dir() {
             return Err(crate::error::Error::Unprocessable(format!(
                 "cwd {cwd:?} is not a directory"
             )));
         }
         Ok(std::fs::canonicalize(&cwd).map_err(anyhow::Error::from)?)
+    }
+
+    /// A user's own workspace (the profile's `cwd` with `{user}`): made in
+    /// its parent, which the operator made, for the agent's user alone.
+    fn make_users_workspace(&self, dir: &Path) -> crate::error::Result<()> {
+        use std::os::unix::fs::DirBuilderExt;
+        let failed = |e: std::io::Error| {
+            crate::error::Error::Unprocessable(format!("cannot make the workspace {dir:?}: {e}"))
+        };
+        match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+            Err(e) => return Err(failed(e)),
+        }
+        let owner = self
+            .user
+            .as_deref()
+            .and_then(|name| crate::sys::lookup_user(name).ok())
+            .filter(|_| crate::sys::running_as_root());
+        if let Some(owner) = owner {
+            std::os::unix::fs::chown(dir, Some(owner.uid), Some(owner.gid)).map_err(failed)?;
+        }
+        Ok(())
     }
 
     /// `allowed_roots`: the cwd, with `..` and symlinks resolved,

@@ -54,6 +54,10 @@
 //!   they leave behind; [`process::child`] waits for and stops one such
 //!   tree; [`process::procs`] reads `/proc` and finds what a crashed run's
 //!   agents left running.
+//! - [`sandbox`]: each conversation's box: Landlock rules built from the
+//!   profile and the conversation (pure) and enforced between fork and exec
+//!   ([`sandbox::landlock`]), and a home per user and profile
+//!   ([`sandbox::homes`]).
 //! - [`shim`]: `acp-gateway shim`, the small supervisor an agent can run
 //!   under to outlive the gateway (its own `main`, no database, no HTTP):
 //!   the agent's output held until acknowledged, served on a Unix socket
@@ -94,6 +98,7 @@ pub mod notify;
 pub mod permissions;
 pub mod process;
 pub mod ratelimit;
+pub mod sandbox;
 pub mod session;
 pub mod shim;
 pub mod store;

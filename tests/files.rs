@@ -37,6 +37,7 @@ fn workspace() -> (tempfile::TempDir, PathBuf, Workspace) {
         user: None,
         files: true,
         terminals: false,
+        sandbox: None,
     };
     (dir, cwd, workspace)
 }

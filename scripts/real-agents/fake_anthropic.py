@@ -1,7 +1,9 @@
 """A scripted stand-in for the Anthropic Messages API, on loopback, for
 running Claude Code (claude-agent-acp) offline: the first conversation
-turn asks to run a shell command (a tool_use of Bash), the turn after the
-tool's result answers in text. Every request is logged (JSON lines) to the
+turn asks to run a shell command (a tool_use of Bash: `echo hello >
+greeting.txt` when the prompt says "run the greeting", the command between
+`RUN<<` and `>>` when it holds one), the turn after the tool's result
+answers in text. Every request is logged (JSON lines) to the
 file named by FAKE_ANTHROPIC_LOG; the port is printed on stdout."""
 
 import json
@@ -49,9 +51,14 @@ class Handler(BaseHTTPRequestHandler):
             isinstance(b, dict) and b.get("type") == "tool_result" for b in content
         )
         text_of = json.dumps(messages)
-        wants_tool = "run the greeting" in text_of and not has_result
+        command = None
+        if not has_result:
+            if "RUN<<" in text_of:
+                command = json.loads('"' + text_of.split("RUN<<", 1)[1].split(">>", 1)[0] + '"')
+            elif "run the greeting" in text_of:
+                command = "echo hello > greeting.txt"
         if body.get("stream"):
-            self.stream(body.get("model", "claude"), wants_tool)
+            self.stream(body.get("model", "claude"), command)
         else:
             self.json(
                 {
@@ -74,7 +81,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def stream(self, model, wants_tool):
+    def stream(self, model, command):
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("cache-control", "no-cache")
@@ -85,10 +92,10 @@ class Handler(BaseHTTPRequestHandler):
             "id": "msg_fake", "type": "message", "role": "assistant", "model": model,
             "content": [], "stop_reason": None, "stop_sequence": None,
             "usage": {"input_tokens": 10, "output_tokens": 1}}}))
-        if wants_tool:
+        if command:
             out.write(sse("content_block_start", {"type": "content_block_start", "index": 0,
                 "content_block": {"type": "tool_use", "id": "toolu_fake_1", "name": "Bash", "input": {}}}))
-            args = json.dumps({"command": "echo hello > greeting.txt", "description": "Write a greeting"})
+            args = json.dumps({"command": command, "description": "Run what was asked"})
             out.write(sse("content_block_delta", {"type": "content_block_delta", "index": 0,
                 "delta": {"type": "input_json_delta", "partial_json": args}}))
             out.write(sse("content_block_stop", {"type": "content_block_stop", "index": 0}))

@@ -26,6 +26,7 @@ use super::link::{self, Ending, ShimControl};
 use super::rpc::RpcPeer;
 use crate::config::AgentProfile;
 use crate::process::child::{StderrTail, Supervised};
+use crate::sandbox::Place;
 use crate::shim::Ready;
 
 /// How many stderr lines are kept for error reports.
@@ -52,6 +53,28 @@ impl ShimSetup {
     /// The socket of a conversation's shim.
     pub fn socket(&self, conversation_id: Uuid) -> PathBuf {
         self.dir.join(format!("{}.sock", conversation_id.simple()))
+    }
+
+    /// Makes a new key for the shim at `socket` (mode 0600, the shim's
+    /// user's: `owner` where it is not ours).
+    fn make_key(socket: &Path, owner: Option<&crate::sys::SystemUser>) -> anyhow::Result<PathBuf> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = crate::shim::key_of(socket);
+        let _ = std::fs::remove_file(&file);
+        let mut key = [0u8; 32];
+        getrandom::fill(&mut key).map_err(|e| anyhow::anyhow!("no randomness for a key: {e}"))?;
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&file)
+            .with_context(|| format!("cannot make {}", file.display()))?;
+        out.write_all(hex::encode(key).as_bytes())?;
+        if let Some(owner) = owner.filter(|_| crate::sys::running_as_root()) {
+            std::os::unix::fs::chown(&file, Some(owner.uid), Some(owner.gid))?;
+        }
+        Ok(file)
     }
 }
 
@@ -97,13 +120,16 @@ pub struct AgentPipes {
 
 impl AgentProcess {
     /// Starts the profile's command in `cwd`, as the profile's user, with
-    /// the profile's environment (see [`AgentProfile::environment`]); under
-    /// a shim where `shim` says how.
+    /// the profile's environment (see [`AgentProfile::environment`]) and in
+    /// its conversation's box (`place`: its home, and the rules the agent is
+    /// confined by between fork and exec, by the shim where it has one);
+    /// under a shim where `shim` says how.
     pub async fn spawn(
         profile: &AgentProfile,
         cwd: &Path,
         conversation_id: Uuid,
         shim: Option<&ShimSetup>,
+        place: &Place,
     ) -> anyhow::Result<(AgentProcess, AgentPipes)> {
         let user = match &profile.user {
             // Unprivileged: std drops the supplementary groups too when the
@@ -114,7 +140,8 @@ impl AgentProcess {
             ),
             None => None,
         };
-        let environment = profile.environment(user.as_ref());
+        let mut environment = profile.environment(user.as_ref());
+        environment.extend(place.variables());
         let path = crate::process::spawn::path_of(&environment);
         let cannot_start =
             |reason: String| anyhow::anyhow!("cannot start agent {:?}: {reason}", profile.name);
@@ -143,9 +170,14 @@ impl AgentProcess {
                     .arg(shim.buffer.to_string())
                     .arg("--peer-uid")
                     .arg(gateway_uid.to_string())
-                    .arg("--")
-                    .arg(&program)
-                    .args(&profile.args);
+                    .arg("--key-file")
+                    .arg(ShimSetup::make_key(&socket, user.as_ref())?);
+                if let Some(rules) = &place.rules {
+                    command
+                        .arg("--sandbox")
+                        .arg(serde_json::to_string(rules).context("a box's rules serialize")?);
+                }
+                command.arg("--").arg(&program).args(&profile.args);
                 command
             }
         };
@@ -164,6 +196,11 @@ impl AgentProcess {
         }
         if let Some(user) = &user {
             command.uid(user.uid).gid(user.gid);
+        }
+        if let (Some(rules), None) = (&place.rules, shim) {
+            crate::sandbox::landlock::Prepared::new(rules)
+                .map_err(|e| cannot_start(format!("cannot make its box: {e}")))?
+                .confine_child(&mut command);
         }
         let spawned = match shim {
             None => Supervised::spawn(&mut command),

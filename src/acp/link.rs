@@ -14,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch};
 
-use crate::shim::protocol::{self, Exit, Hello, ToGateway, ToShim, VERSION};
+use crate::shim::protocol::{self, Exit, Hello, ToGateway, ToShim, OLDEST_VERSION, VERSION};
 
 /// Bytes in flight between the link and the JSON-RPC layer, each way.
 const PIPE_BYTES: usize = 256 * 1024;
@@ -91,7 +91,11 @@ pub async fn attach(
         let stream = UnixStream::connect(socket).await?;
         let (mut read, write) = stream.into_split();
         match protocol::read_from_shim(&mut read).await? {
-            Some(ToGateway::Hello(hello)) if hello.version == VERSION => Ok((read, write, hello)),
+            Some(ToGateway::Hello(hello))
+                if (OLDEST_VERSION..=VERSION).contains(&hello.version) =>
+            {
+                Ok((read, write, hello))
+            }
             Some(ToGateway::Hello(hello)) => Err(io::Error::other(format!(
                 "the shim speaks version {}, we speak {VERSION}",
                 hello.version
@@ -103,6 +107,20 @@ pub async fn attach(
     let (mut read, mut write, hello) = tokio::time::timeout(HELLO_WITHIN, connecting)
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the shim did not answer"))??;
+    // Since version 2, a shim with a key serves only who shows it.
+    let key_file = crate::shim::key_of(socket);
+    if hello.version >= 2 {
+        match std::fs::read(&key_file) {
+            Ok(key) => protocol::send_to_shim(&mut write, &ToShim::Auth { key }).await?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(io::Error::other(format!(
+                    "cannot read the shim's key {}: {e}",
+                    key_file.display()
+                )))
+            }
+        }
+    }
     let from = from(&hello);
     protocol::send_to_shim(&mut write, &ToShim::Attach { from }).await?;
 

@@ -89,7 +89,7 @@ async fn create(
         .config()
         .agent(&body.agent)
         .ok_or_else(|| Error::NotFound(format!("no agent named {:?}", body.agent)))?;
-    let cwd = profile.conversation_cwd(body.cwd.as_deref())?;
+    let cwd = profile.conversation_cwd(body.cwd.as_deref(), Some(&caller.user))?;
     // Counted once the request would start an agent.
     state.auth().check_rate(&caller, Limited::Conversation)?;
     let now = model::now();

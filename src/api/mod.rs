@@ -191,9 +191,11 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
 struct Agent {
     name: String,
     title: String,
-    /// Whether its command can be found and run (by its user).
+    /// Whether its command can be found and run (by its user), in its box.
     available: bool,
     unavailable_reason: Option<String>,
+    /// How its conversations are boxed on this machine.
+    sandbox: crate::sandbox::Effective,
 }
 
 /// Agent profiles.
@@ -218,12 +220,18 @@ async fn list_agents(State(state): State<AppState>, _caller: Caller) -> Json<Pag
         // As conversations start them: with the gateway-wide agent_user.
         .filter_map(|a| config.agent(&a.name))
         .map(|a| {
-            let reason = a.unavailable_reason();
+            let (sandbox, refused) = crate::sandbox::Effective::of(
+                a.sandbox,
+                a.allowed_tcp_ports.is_some(),
+                crate::sandbox::landlock::kernel_abi(),
+            );
+            let reason = a.unavailable_reason().or(refused);
             Agent {
                 title: a.title.clone().unwrap_or_else(|| a.name.clone()),
                 name: a.name,
                 available: reason.is_none(),
                 unavailable_reason: reason,
+                sandbox,
             }
         })
         .collect();

@@ -157,7 +157,7 @@ async fn evaluate(
         ));
     }
     // Resolved as for a new conversation, so the two agree on paths.
-    let cwd = profile.conversation_cwd(body.cwd.as_deref())?;
+    let cwd = profile.conversation_cwd(body.cwd.as_deref(), Some(&caller.user))?;
     let remembered = match body.conversation_id {
         Some(id) => {
             state.visible_conversation(&caller, id).await?;

@@ -82,6 +82,8 @@ struct Shared {
     /// children).
     shim: Option<ShimSetup>,
     on_shutdown: ShutdownPlan,
+    /// Where users' homes are made (`<state_dir>/homes`).
+    homes: std::path::PathBuf,
 }
 
 impl Sessions {
@@ -117,6 +119,7 @@ impl Sessions {
                 tasks,
                 shim: shim_setup(config),
                 on_shutdown: ShutdownPlan::new(config.on_shutdown),
+                homes: config.homes_dir(),
             }),
         }
     }
@@ -202,6 +205,7 @@ impl Sessions {
             fence,
             shim: self.inner.shim.clone(),
             on_shutdown: self.inner.on_shutdown.clone(),
+            homes: self.inner.homes.clone(),
         })
         .await?;
         self.register(id, handle.clone(), task);

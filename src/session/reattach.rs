@@ -14,6 +14,7 @@ use uuid::Uuid;
 
 use super::journal::Journal;
 use super::recover::{kill_recorded, recover_conversation};
+use super::spawn::place_of;
 use super::task::reattached::{self as task, Reattached};
 use super::Sessions;
 use crate::acp::agent::{stop_shim, AgentProcess};
@@ -94,12 +95,15 @@ impl Sessions {
             }
             return Err(NotReattached::Stopped);
         };
-        let Some(profile) = self.inner.profiles.get(&conversation.agent).cloned() else {
+        let Some(profile) = self.inner.profiles.get(&conversation.agent) else {
             return Err(failed(&format!(
                 "its agent profile {:?} is no longer configured",
                 conversation.agent
             )));
         };
+        let profile = profile.for_user(conversation.owner.as_deref());
+        // Its terminals and files go in the box its agent is in.
+        let place = place_of(&profile, &conversation, &self.inner.homes).map_err(|e| failed(&e))?;
         let Some(session_id) = conversation.acp_session_id.clone() else {
             return Err(failed(&"its agent never opened a session"));
         };
@@ -150,6 +154,7 @@ impl Sessions {
             shutdown: self.inner.shutdown.child_token(),
             shutdown_timeout: self.inner.shutdown_timeout,
             on_shutdown: self.inner.on_shutdown.clone(),
+            place,
         })
         .await;
         match started {
@@ -217,6 +222,10 @@ impl Sessions {
         };
         for entry in entries.flatten() {
             let path = entry.path();
+            // Sockets only: a key beside one goes with it.
+            if path.extension().is_none_or(|e| e != "sock") {
+                continue;
+            }
             let Some(id) = path
                 .file_stem()
                 .and_then(|s| s.to_str())
@@ -236,8 +245,9 @@ impl Sessions {
             }
             tracing::info!(conversation_id = %id, "stopping a shim no conversation uses any more");
             if stop_shim(&path, STOP_GRACE).await.is_err() {
-                // Nobody serves it: a leftover file.
+                // Nobody serves it: leftover files.
                 let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_file(crate::shim::key_of(&path));
             }
         }
     }

@@ -15,6 +15,7 @@ use crate::config::AgentProfile;
 use crate::error::{Error, Result};
 use crate::model::{self, AgentReport, Conversation};
 use crate::process::procs::Host;
+use crate::sandbox::Place;
 use crate::store::{AgentLink, AgentProcessRecord, Store};
 
 /// How long an agent gets to exit after SIGTERM.
@@ -35,6 +36,13 @@ pub(super) struct Connected {
     pub(super) shim: Option<ShimControl>,
 }
 
+/// How an agent is housed: under a shim (where `shim` says how) or as our
+/// own child, and in which box.
+pub(super) struct Housing<'a> {
+    pub(super) shim: Option<&'a ShimSetup>,
+    pub(super) place: &'a Place,
+}
+
 /// Spawns the process, records it, and opens the ACP session (loading
 /// `earlier` where the agent can).
 pub(super) async fn connect(
@@ -44,10 +52,10 @@ pub(super) async fn connect(
     state: &mut AgentReport,
     max_line_bytes: usize,
     store: &dyn Store,
-    shim: Option<&ShimSetup>,
+    Housing { shim, place }: Housing<'_>,
 ) -> Result<Connected> {
     let cwd = PathBuf::from(&conversation.cwd);
-    let (mut process, pipes) = AgentProcess::spawn(profile, &cwd, conversation.id, shim)
+    let (mut process, pipes) = AgentProcess::spawn(profile, &cwd, conversation.id, shim, place)
         .await
         .map_err(|e| Error::AgentFailed(format!("{e:#}")))?;
     // Before the handshake: a crash during it leaves an agent as well.
@@ -148,6 +156,54 @@ pub(super) async fn forget_process(store: &dyn Store, record: Option<&AgentProce
         // nothing of it runs any more) and forgets it then.
         tracing::warn!(error = %e, pid = record.pid, "could not forget the agent process record");
     }
+}
+
+/// The box of a conversation's agent (see [`crate::sandbox`]), its home
+/// (beneath `homes`) made where it is not yet; the profile is the one its
+/// owner gets ([`AgentProfile::for_user`]). `sandbox = "off"`: no box, no
+/// home of the user's. Where the box cannot be made (`required` on a kernel
+/// without Landlock), the agent must not start: [`Error::AgentFailed`].
+pub(super) fn place_of(
+    profile: &AgentProfile,
+    conversation: &Conversation,
+    homes: &std::path::Path,
+) -> Result<Place> {
+    use crate::sandbox::{self, Home, Inputs, Rules, SandboxMode};
+    if profile.sandbox == SandboxMode::Off {
+        return Ok(Place::default());
+    }
+    let cannot =
+        |why: String| Error::AgentFailed(format!("cannot box agent {:?}: {why}", profile.name));
+    let effective = sandbox::effective(
+        profile.sandbox,
+        profile.allowed_tcp_ports.is_some(),
+        sandbox::landlock::kernel_abi(),
+    )
+    .map_err(cannot)?;
+    let user = agent_user(profile);
+    let home = Home::of(homes, conversation.owner.as_deref(), &profile.name);
+    home.make(profile.home_template.as_deref(), user.as_ref())
+        .map_err(|e| cannot(format!("its home {}: {e}", home.dir.display())))?;
+    let rules = effective.enforced.then(|| {
+        let environment = profile.environment(user.as_ref());
+        let path = crate::process::spawn::path_of(&environment);
+        let program = crate::sys::resolve_command(&profile.command, path).ok();
+        Rules::for_conversation(&Inputs {
+            cwd: std::path::Path::new(&conversation.cwd),
+            home: &home,
+            program: program.as_deref(),
+            read_only_paths: &profile.read_only_paths,
+            read_write_paths: &profile.read_write_paths,
+            allowed_tcp_ports: profile
+                .allowed_tcp_ports
+                .as_deref()
+                .filter(|_| effective.tcp_ports_enforced == Some(true)),
+        })
+    });
+    Ok(Place {
+        home: Some(home),
+        rules,
+    })
 }
 
 /// The system user the profile's agent runs as (files it reaches through

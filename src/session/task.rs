@@ -42,7 +42,9 @@ use super::command::{Command, Handle, Order, Reply, Setting};
 use super::journal::{Journal, Sink};
 use super::pending::{Pending, WaitingRequests};
 use super::served::Served;
-use super::spawn::{agent_user, connect, first_link, Connected, TERMINATE_GRACE};
+use super::spawn::{
+    agent_user, connect, first_link, place_of, Connected, Housing, TERMINATE_GRACE,
+};
 use super::transcript::Transcript;
 use crate::acp::agent::{AgentProcess, Cursor, ShimSetup};
 use crate::acp::client::{AgentSession, CallFuture, EXIT_AFTER_EOF};
@@ -52,6 +54,7 @@ use crate::error::Result;
 use crate::model::{self, AgentReport, AgentState, AgentStatus, Conversation, ConversationStatus};
 use crate::permissions::policy::Mode;
 use crate::permissions::PolicyHandle;
+use crate::sandbox::Place;
 use crate::store::{AgentLink, AgentProcessRecord, Lane};
 use crate::telemetry;
 use crate::workspace::terminals::TerminalOutput;
@@ -106,6 +109,8 @@ pub struct StartParams {
     pub shim: Option<ShimSetup>,
     /// What the gateway's shutdown does to the agent.
     pub on_shutdown: ShutdownPlan,
+    /// Where users' homes are made (`<state_dir>/homes`).
+    pub homes: PathBuf,
 }
 
 /// Starts the agent, opens its ACP session, and spawns the session task.
@@ -131,7 +136,9 @@ pub async fn start(
         fence,
         shim,
         on_shutdown,
+        homes,
     } = params;
+    let profile = profile.for_user(conversation.owner.as_deref());
     let id = conversation.id;
     let span = tracing::info_span!(parent: None, "conversation", conversation_id = %id, agent = %profile.name);
     if !resume {
@@ -143,26 +150,36 @@ pub async fn start(
 
     let earlier = conversation.acp_session_id.clone().filter(|_| resume);
     let mut state = conversation.state.clone();
-    let started = connect(
-        &profile,
-        &conversation,
-        earlier.as_deref(),
-        &mut state,
-        max_line_bytes,
-        journal.store(),
-        shim.as_ref(),
-    )
-    .instrument(span.clone())
-    .await;
-    let Connected {
-        process,
-        record,
-        agent,
-        opened,
-        incoming,
-        early,
-        shim,
-    } = match started {
+    let started = match place_of(&profile, &conversation, &homes) {
+        Ok(place) => connect(
+            &profile,
+            &conversation,
+            earlier.as_deref(),
+            &mut state,
+            max_line_bytes,
+            journal.store(),
+            Housing {
+                shim: shim.as_ref(),
+                place: &place,
+            },
+        )
+        .instrument(span.clone())
+        .await
+        .map(|connected| (connected, place)),
+        Err(e) => Err(e),
+    };
+    let (
+        Connected {
+            process,
+            record,
+            agent,
+            opened,
+            incoming,
+            early,
+            shim,
+        },
+        place,
+    ) = match started {
         Ok(connected) => connected,
         Err(err) => {
             tracing::warn!(parent: &span, error = %err, "agent failed to start");
@@ -225,6 +242,7 @@ pub async fn start(
         waiting,
         shutdown_timeout,
         on_shutdown,
+        place,
     });
     let task = tokio::spawn(task.run(shutdown).instrument(span));
     Ok((handle, conversation, task))
@@ -247,6 +265,8 @@ pub(super) struct Assembly<'a> {
     pub(super) waiting: WaitingRequests,
     pub(super) shutdown_timeout: Duration,
     pub(super) on_shutdown: ShutdownPlan,
+    /// The conversation's box.
+    pub(super) place: Place,
 }
 
 /// The task, and the handle that sends it commands.
@@ -259,8 +279,9 @@ fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
     // agent's user's: without that user, neither files nor terminals.
     let user = agent_user(profile);
     let reachable = user.is_some() || profile.user.is_none();
-    // Terminal commands get what the agent got (as its user).
-    let environment = profile.environment(user.as_ref());
+    // Terminal commands get what the agent got (as its user, in its box).
+    let mut environment = profile.environment(user.as_ref());
+    environment.extend(parts.place.variables());
     let served = Served::new(
         Workspace {
             cwd: PathBuf::from(&conversation.cwd),
@@ -268,6 +289,7 @@ fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
             user,
             files: profile.client_fs && reachable,
             terminals: profile.client_terminal && reachable,
+            sandbox: parts.place.rules.clone().map(Arc::new),
         },
         parts.agent.session_id().to_owned(),
         profile.name.clone(),

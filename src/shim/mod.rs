@@ -43,9 +43,25 @@ pub struct ShimArgs {
     /// connect.
     #[arg(long)]
     pub peer_uid: u32,
+    /// A file holding the key a gateway must show ([`protocol::ToShim::Auth`])
+    /// before the shim serves it: read at start; removed with the socket.
+    #[arg(long)]
+    pub key_file: Option<PathBuf>,
+    /// The agent's box (JSON, see [`crate::sandbox::Rules`]): the agent is
+    /// confined by it between fork and exec; the shim itself is not (it
+    /// keeps its socket and its reaping).
+    #[arg(long)]
+    pub sandbox: Option<String>,
     /// The agent's program and its arguments.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
     pub command: Vec<OsString>,
+}
+
+/// The key file beside a shim's socket: what a gateway shows the shim
+/// ([`protocol::ToShim::Auth`]). Only the gateway and the shim can read it;
+/// no agent's box reaches it.
+pub fn key_of(socket: &std::path::Path) -> PathBuf {
+    socket.with_extension("key")
 }
 
 /// The shim's one line on stdout.
@@ -69,16 +85,19 @@ pub async fn run(args: ShimArgs) -> u8 {
         let _ = out.flush();
     };
     match start(&args) {
-        Ok((listener, agent)) => {
+        Ok((listener, agent, key)) => {
             let (pid, start_time) = (agent.pid(), agent.identity().map(|(_, t)| t));
             say(&Ready::Serving { pid, start_time });
             // What the agent's processes leave behind, re-parented to the
             // shim, is killed and reaped as it comes.
             let reaping = tokio_util::sync::CancellationToken::new();
             tokio::spawn(crate::process::spawn::reap_orphans(reaping.clone()));
-            let result = serve::serve(listener, agent, args.buffer, args.peer_uid).await;
+            let result = serve::serve(listener, agent, args.buffer, args.peer_uid, key).await;
             reaping.cancel();
             let _ = std::fs::remove_file(&args.socket);
+            if let Some(file) = &args.key_file {
+                let _ = std::fs::remove_file(file);
+            }
             match result {
                 Ok(()) => 0,
                 Err(_) => 1,
@@ -93,10 +112,25 @@ pub async fn run(args: ShimArgs) -> u8 {
     }
 }
 
-/// Binds the socket (no one but the owner may connect to it) and starts the
-/// agent.
-fn start(args: &ShimArgs) -> anyhow::Result<(tokio::net::UnixListener, Supervised)> {
+/// Binds the socket (no one but the owner may connect to it), reads the
+/// key, and starts the agent.
+fn start(
+    args: &ShimArgs,
+) -> anyhow::Result<(tokio::net::UnixListener, Supervised, Option<Vec<u8>>)> {
     use anyhow::Context;
+    let key = match &args.key_file {
+        Some(file) => {
+            let key = std::fs::read(file)
+                .with_context(|| format!("cannot read the key file {}", file.display()))?;
+            anyhow::ensure!(
+                key.len() >= 16,
+                "the key file {} is too short",
+                file.display()
+            );
+            Some(key)
+        }
+        None => None,
+    };
     // What the agent leaves behind goes to the shim, which kills it.
     crate::process::spawn::adopt_orphans().context("cannot adopt the agent's orphans")?;
     let listener = {
@@ -114,6 +148,20 @@ fn start(args: &ShimArgs) -> anyhow::Result<(tokio::net::UnixListener, Supervise
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    if let Some(rules) = &args.sandbox {
+        let boxed = serde_json::from_str::<crate::sandbox::Rules>(rules)
+            .context("invalid --sandbox")
+            .and_then(|rules| {
+                crate::sandbox::landlock::Prepared::new(&rules).context("cannot make its box")
+            });
+        match boxed {
+            Ok(prepared) => prepared.confine_child(&mut command),
+            Err(e) => {
+                let _ = std::fs::remove_file(&args.socket);
+                return Err(e);
+            }
+        }
+    }
     let agent = Supervised::spawn(&mut command).with_context(|| {
         let _ = std::fs::remove_file(&args.socket);
         format!("cannot start {}", program.to_string_lossy())
@@ -126,5 +174,5 @@ fn start(args: &ShimArgs) -> anyhow::Result<(tokio::net::UnixListener, Supervise
     if let Err(e) = crate::sys::forbid_inspection() {
         eprintln!("shim: cannot forbid inspection: {e}");
     }
-    Ok((listener, agent))
+    Ok((listener, agent, key))
 }

@@ -16,8 +16,13 @@ use std::io;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-/// The protocol's version, said in [`Hello`].
-pub const VERSION: u32 = 1;
+/// The protocol's version, said in [`Hello`]. Version 2 added
+/// [`ToShim::Auth`]: a gateway proves it may use the shim before anything
+/// else it sends counts.
+pub const VERSION: u32 = 2;
+/// The oldest version a gateway still speaks (a shim started by an earlier
+/// gateway, reattached after an upgrade).
+pub const OLDEST_VERSION: u32 = 1;
 /// Most bytes of output one frame carries.
 pub const MAX_OUTPUT_CHUNK: usize = 64 * 1024;
 /// Largest frame either side accepts (a prompt with images is one line of
@@ -33,6 +38,7 @@ const ATTACH: u8 = 10;
 const INPUT: u8 = 11;
 const ACK: u8 = 12;
 const STOP: u8 = 13;
+const AUTH: u8 = 14;
 
 /// What a shim says first to each gateway that connects.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,6 +99,10 @@ pub enum ToShim {
     Ack { to: u64 },
     /// Stop the agent: SIGTERM, and after `grace_ms` SIGKILL.
     Stop { grace_ms: u32 },
+    /// The shim's key (from the file beside its socket, which no agent's box
+    /// reaches): a connection's first frame, without which a shim that has
+    /// a key serves nothing.
+    Auth { key: Vec<u8> },
 }
 
 fn invalid(what: impl Into<String>) -> io::Error {
@@ -153,6 +163,7 @@ impl ToShim {
             ToShim::Input { offset, bytes } => (INPUT, with_offset(*offset, bytes)),
             ToShim::Ack { to } => (ACK, to.to_be_bytes().to_vec()),
             ToShim::Stop { grace_ms } => (STOP, u64::from(*grace_ms).to_be_bytes().to_vec()),
+            ToShim::Auth { key } => (AUTH, key.clone()),
         }
     }
 
@@ -171,6 +182,7 @@ impl ToShim {
             STOP => ToShim::Stop {
                 grace_ms: u32::try_from(only_number(&body)?).unwrap_or(u32::MAX),
             },
+            AUTH => ToShim::Auth { key: body },
             other => {
                 return Err(invalid(format!(
                     "unknown frame kind {other} from a gateway"
@@ -287,6 +299,9 @@ mod tests {
             },
             ToShim::Ack { to: 12 },
             ToShim::Stop { grace_ms: 2000 },
+            ToShim::Auth {
+                key: b"0123abcd".to_vec(),
+            },
         ];
         for m in &to_gateway {
             let (kind, body) = m.encode();

@@ -12,6 +12,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use sha2::{Digest, Sha256};
+
 use super::held::Held;
 use super::protocol::{self, Exit, Hello, ToGateway, ToShim, MAX_OUTPUT_CHUNK, VERSION};
 use crate::process::child::{StderrTail, Supervised};
@@ -22,6 +24,8 @@ const STDERR_TAIL_LINES: usize = 20;
 const OUTBOX: usize = 16;
 /// How long a stopped shim gives its last frames to reach the gateway.
 const LAST_WORDS: Duration = Duration::from_secs(2);
+/// How long a connection may take to prove it is the gateway's.
+const AUTH_WITHIN: Duration = Duration::from_secs(10);
 
 /// The gateway that is connected now.
 struct Gateway {
@@ -42,14 +46,15 @@ impl Drop for Gateway {
     }
 }
 
-/// Serves gateways (those of `peer_uid` or of the shim's own uid) until the
-/// agent has ended and its output is accounted for, holding at most
-/// `buffer` bytes of it.
+/// Serves gateways (those of `peer_uid` that know `key`, where the shim has
+/// one) until the agent has ended and its output is accounted for, holding
+/// at most `buffer` bytes of it.
 pub(super) async fn serve(
     listener: UnixListener,
     mut agent: Supervised,
     buffer: usize,
     peer_uid: u32,
+    key: Option<Vec<u8>>,
 ) -> io::Result<()> {
     let child = agent.child_mut();
     let (Some(stdin), Some(mut stdout), Some(stderr)) =
@@ -62,6 +67,9 @@ pub(super) async fn serve(
     let (mut stderr_chunks, stderr_task) = stderr_reader(stderr, tail.clone());
     let mut stderr_task = Some(stderr_task);
     let (frames_tx, mut frames) = mpsc::channel::<(u64, Option<ToShim>)>(OUTBOX);
+    // Connections that proved they are the gateway's, their hello sent.
+    let (proven_tx, mut proven) = mpsc::channel::<UnixStream>(OUTBOX);
+    let key = key.map(|key| std::sync::Arc::new(Sha256::digest(&key)));
 
     let mut held = Held::new(buffer);
     let mut input_taken: u64 = 0;
@@ -112,7 +120,6 @@ pub(super) async fn serve(
                     refuse(stream, format!("uid {peer} may not use this shim"));
                     continue;
                 }
-                connections += 1;
                 let hello = Hello {
                     version: VERSION,
                     pid: agent.pid(),
@@ -122,9 +129,21 @@ pub(super) async fn serve(
                     input_taken,
                     exit: exit.clone(),
                 };
-                // A new gateway replaces the one before (which is gone, or
-                // about to be).
-                gateway = Some(connect(stream, connections, hello, frames_tx.clone()));
+                match &key {
+                    // Only once it has proved it knows the key does it count
+                    // (and so replace the gateway connected now).
+                    Some(key) => prove(stream, hello, key.clone(), proven_tx.clone()),
+                    None => {
+                        // A new gateway replaces the one before (which is
+                        // gone, or about to be).
+                        connections += 1;
+                        gateway = Some(connect(stream, connections, Some(hello), frames_tx.clone()));
+                    }
+                }
+            }
+            Some(stream) = proven.recv() => {
+                connections += 1;
+                gateway = Some(connect(stream, connections, None, frames_tx.clone()));
             }
             Some((number, frame)) = frames.recv() => {
                 // What a gateway acknowledged, sent or asked holds even once
@@ -179,6 +198,8 @@ pub(super) async fn serve(
                         let sent = gateway.as_ref().and_then(|g| g.sent_to);
                         held.acknowledge(to.min(sent.unwrap_or_else(|| held.end())));
                     }
+                    // Proven already (or no key needed): nothing more to prove.
+                    ToShim::Auth { .. } => {}
                     ToShim::Stop { grace_ms } => {
                         stopping = true;
                         agent.ask_to_stop();
@@ -230,22 +251,61 @@ pub(super) async fn serve(
     }
 }
 
-/// Starts serving a connection: its hello sent first, its frames read into
-/// `frames`, tagged with `number`.
+/// Says hello to a connection, then waits for it to prove it knows the
+/// key ([`ToShim::Auth`], its first frame): proven, it goes to `proven`;
+/// else it is told no and closed. A process in an agent's box can reach the
+/// socket (Landlock does not cover connecting to one before ABI 9) but not
+/// the key beside it.
+fn prove(
+    mut stream: UnixStream,
+    hello: Hello,
+    key: std::sync::Arc<sha2::digest::Output<Sha256>>,
+    proven: mpsc::Sender<UnixStream>,
+) {
+    tokio::spawn(async move {
+        if protocol::send_to_gateway(&mut stream, &ToGateway::Hello(hello))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let first = tokio::time::timeout(AUTH_WITHIN, protocol::read_from_gateway(&mut stream));
+        match first.await {
+            // Digests compared: how long the comparison takes says nothing
+            // of the key.
+            Ok(Ok(Some(ToShim::Auth { key: given }))) if Sha256::digest(&given) == *key => {
+                let _ = proven.send(stream).await;
+            }
+            _ => {
+                let refused = ToGateway::Refused("not the gateway: no valid key".into());
+                let _ = tokio::time::timeout(
+                    LAST_WORDS,
+                    protocol::send_to_gateway(&mut stream, &refused),
+                )
+                .await;
+            }
+        }
+    });
+}
+
+/// Starts serving a connection: its hello sent first (unless it was
+/// already), its frames read into `frames`, tagged with `number`.
 fn connect(
     stream: UnixStream,
     number: u64,
-    hello: Hello,
+    hello: Option<Hello>,
     frames: mpsc::Sender<(u64, Option<ToShim>)>,
 ) -> Gateway {
     let (mut read, mut write) = stream.into_split();
     let (outbox, mut queued) = mpsc::channel::<ToGateway>(OUTBOX);
     let writer = tokio::spawn(async move {
-        if protocol::send_to_gateway(&mut write, &ToGateway::Hello(hello))
-            .await
-            .is_err()
-        {
-            return;
+        if let Some(hello) = hello {
+            if protocol::send_to_gateway(&mut write, &ToGateway::Hello(hello))
+                .await
+                .is_err()
+            {
+                return;
+            }
         }
         while let Some(message) = queued.recv().await {
             if protocol::send_to_gateway(&mut write, &message)

@@ -55,10 +55,14 @@ pub async fn read(workspace: &Workspace, params: Value, gate: Gate) -> Result<Va
     let ws = workspace.clone();
     let path = request.path;
     let shown = path.clone();
-    let content = as_user(workspace.user.clone(), move || {
-        let root = ws.root(Resolver::detect())?;
-        read_in(&root, &path, line, limit, &gate)
-    })
+    let content = as_user(
+        workspace.user.clone(),
+        workspace.sandbox.clone(),
+        move || {
+            let root = ws.root(Resolver::detect())?;
+            read_in(&root, &path, line, limit, &gate)
+        },
+    )
     .await
     .map_err(|e| Refusal::io(&shown, e))??;
     Ok(json!({ "content": content }))
@@ -85,10 +89,14 @@ pub async fn write(
     let content = request.content;
     // The diff is made on the file thread too: it is work in proportion to
     // the file, which the session's loop should not wait on.
-    as_user(workspace.user.clone(), move || {
-        let root = ws.root(Resolver::detect())?;
-        write_in(&root, &path, &content, &gate)
-    })
+    as_user(
+        workspace.user.clone(),
+        workspace.sandbox.clone(),
+        move || {
+            let root = ws.root(Resolver::detect())?;
+            write_in(&root, &path, &content, &gate)
+        },
+    )
     .await
     .map_err(|e| Refusal::io(&shown, e))?
 }
@@ -446,6 +454,7 @@ mod tests {
             user: None,
             files: true,
             terminals: false,
+            sandbox: None,
         };
         // One line short of the limit, and one line more: 1 KiB lines.
         let line = format!("{}\n", "x".repeat(1023));

@@ -88,6 +88,9 @@ pub struct Workspace {
     pub files: bool,
     /// Terminals served (`client_terminal`).
     pub terminals: bool,
+    /// The conversation's box, which its terminal commands and the files
+    /// reached for it are in too (`None`: unconfined).
+    pub sandbox: Option<std::sync::Arc<crate::sandbox::Rules>>,
 }
 
 impl Workspace {
@@ -125,27 +128,34 @@ pub async fn real_paths(user: Option<SystemUser>, given: Vec<PathBuf>) -> Vec<Pa
         return given;
     }
     let asked = given.clone();
-    as_user(user, move || paths::real_paths(&asked))
+    as_user(user, None, move || paths::real_paths(&asked))
         .await
         .unwrap_or(given)
 }
 
 /// Runs `work` on a thread of its own whose file system rights are `user`'s
-/// (when the gateway is root and there is a user to be), so a file the agent
-/// could not touch itself cannot be touched through the gateway either. The
-/// thread ends with the work: the rights it took go with it.
+/// (when the gateway is root and there is a user to be) inside `sandbox`
+/// (the agent's box, where it has one), so a file the agent could not touch
+/// itself cannot be touched through the gateway either. The thread ends
+/// with the work: the rights it took go with it.
 pub async fn as_user<T: Send + 'static>(
     user: Option<SystemUser>,
+    sandbox: Option<std::sync::Arc<crate::sandbox::Rules>>,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> std::io::Result<T> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name("workspace-io".into())
         .spawn(move || {
-            let outcome = match user.filter(|_| crate::sys::running_as_root()) {
-                Some(user) => crate::sys::become_for_files(&user).map(|()| work()),
-                None => Ok(work()),
+            let confined = || match &sandbox {
+                Some(rules) => crate::sandbox::landlock::confine_this_thread(rules),
+                None => Ok(()),
             };
+            let outcome = match user.filter(|_| crate::sys::running_as_root()) {
+                Some(user) => crate::sys::become_for_files(&user).and_then(|()| confined()),
+                None => confined(),
+            }
+            .map(|()| work());
             let _ = tx.send(outcome);
         })?;
     rx.await
@@ -176,6 +186,7 @@ mod tests {
             user: Some(nobody.clone()),
             files: true,
             terminals: false,
+            sandbox: None,
         };
         let params = |path: &Path, content: Option<&str>| {
             let mut p = serde_json::json!({"sessionId": "s", "path": path});

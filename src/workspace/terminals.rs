@@ -211,6 +211,11 @@ impl Terminals {
         {
             command.uid(user.uid).gid(user.gid);
         }
+        if let Some(rules) = &workspace.sandbox {
+            crate::sandbox::landlock::Prepared::new(rules)
+                .map_err(|e| Refusal::invalid(format!("cannot box {:?}: {e}", request.command)))?
+                .confine_child(&mut command);
+        }
         let (mut child, tree) = crate::process::spawn::spawn(&mut command)
             .map_err(|e| Refusal::invalid(format!("cannot run {:?}: {e}", request.command)))?;
         let id = format!("term_{}", uuid::Uuid::now_v7().simple());
@@ -470,6 +475,7 @@ mod running {
             user,
             files: false,
             terminals: true,
+            sandbox: None,
         }
     }
 

@@ -194,6 +194,18 @@ pub fn profile(name: &str, command: &str, args: &[&str]) -> AgentProfile {
         auth_method: None,
         client_fs: false,
         client_terminal: false,
+        sandbox: Default::default(),
+        // The SDK agents' scripts and packages, and the demo agent (which
+        // wrappers run): the boxes of the tests' agents are their cwd
+        // (mostly the shared temporary directory), their home, the system
+        // and these.
+        read_only_paths: vec![
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk-agents"),
+            Path::new(demo_agent_path()).parent().unwrap().to_path_buf(),
+        ],
+        read_write_paths: Vec::new(),
+        allowed_tcp_ports: None,
+        home_template: None,
     }
 }
 
@@ -225,6 +237,28 @@ pub fn python_sdk_profile(name: &str) -> AgentProfile {
     profile(name, python.to_str().unwrap(), &[script.to_str().unwrap()])
 }
 
+/// A seccomp filter under which the kernel answers every Landlock system
+/// call `ENOSYS`: a kernel without Landlock, as its processes see it.
+fn without_landlock() -> seccompiler::BpfProgram {
+    use seccompiler::{SeccompAction, SeccompFilter};
+    let rules = [
+        libc::SYS_landlock_create_ruleset,
+        libc::SYS_landlock_add_rule,
+        libc::SYS_landlock_restrict_self,
+    ]
+    .into_iter()
+    .map(|call| (call, Vec::new()))
+    .collect();
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        std::env::consts::ARCH.try_into().unwrap(),
+    )
+    .unwrap();
+    filter.try_into().unwrap()
+}
+
 /// How a gateway process is started, beyond its agents.
 pub struct Launch<'a> {
     /// `RUST_LOG`.
@@ -237,6 +271,10 @@ pub struct Launch<'a> {
     pub env: &'a [(&'a str, &'a str)],
     /// The system user it runs as (the test must be root).
     pub user: Option<&'a acp_gateway::sys::SystemUser>,
+    /// Runs it as on a kernel without Landlock: the kernel answers its
+    /// Landlock system calls (and its shims' and agents') `ENOSYS`, as one
+    /// built without Landlock does.
+    pub no_landlock: bool,
 }
 
 impl Default for Launch<'_> {
@@ -247,6 +285,7 @@ impl Default for Launch<'_> {
             args: &[],
             env: &[],
             user: None,
+            no_landlock: false,
         }
     }
 }
@@ -314,6 +353,7 @@ impl GatewayProcess {
             args,
             env,
             user,
+            no_landlock,
         } = launch;
         let mut config = tempfile::NamedTempFile::new().unwrap();
         let mut text = format!(
@@ -345,10 +385,25 @@ impl GatewayProcess {
             if let Some(user) = &a.user {
                 text += &format!("user = {user:?}\n");
             }
+            if !a.allowed_roots.is_empty() {
+                text += &format!("allowed_roots = {:?}\n", a.allowed_roots);
+            }
             text += &format!(
                 "client_fs = {}\nclient_terminal = {}\n",
                 a.client_fs, a.client_terminal
             );
+            text += &format!(
+                "sandbox = {:?}\nread_only_paths = {:?}\nread_write_paths = {:?}\n",
+                serde_json::to_value(a.sandbox).unwrap().as_str().unwrap(),
+                a.read_only_paths,
+                a.read_write_paths,
+            );
+            if let Some(ports) = &a.allowed_tcp_ports {
+                text += &format!("allowed_tcp_ports = {ports:?}\n");
+            }
+            if let Some(template) = &a.home_template {
+                text += &format!("home_template = {template:?}\n");
+            }
         }
         config.write_all(text.as_bytes()).unwrap();
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_acp-gateway"));
@@ -376,6 +431,16 @@ impl GatewayProcess {
             let state = std::fs::Permissions::from_mode(0o777);
             std::fs::set_permissions(db.state_dir(), state).unwrap();
             command.uid(user.uid).gid(user.gid);
+        }
+        if no_landlock {
+            use std::os::unix::process::CommandExt;
+            let filter = without_landlock();
+            // SAFETY: installing a seccomp filter is two system calls.
+            unsafe {
+                command.pre_exec(move || {
+                    seccompiler::apply_filter(&filter).map_err(std::io::Error::other)
+                });
+            }
         }
         let mut child = command.spawn().expect("start acp-gateway");
         // It logs its address once it listens; the whole log is kept.
@@ -682,6 +747,8 @@ pub struct Client {
     /// `http://127.0.0.1:<port>`.
     pub base: String,
     pub http: reqwest::Client,
+    /// The bearer token every request (WebSockets too) carries, if any.
+    pub token: Option<String>,
 }
 
 impl Client {
@@ -689,6 +756,24 @@ impl Client {
         Client {
             base,
             http: reqwest::Client::new(),
+            token: None,
+        }
+    }
+
+    /// The same gateway as the holder of `token`: every call carries it.
+    pub fn with_token(&self, token: &str) -> Client {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {token}").parse().unwrap(),
+        );
+        Client {
+            base: self.base.clone(),
+            http: reqwest::Client::builder()
+                .default_headers(headers)
+                .build()
+                .unwrap(),
+            token: Some(token.to_owned()),
         }
     }
 
@@ -804,8 +889,15 @@ impl Client {
     }
 
     pub async fn ws(&self, path: &str) -> Ws {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
         let url = self.url(path).replacen("http://", "ws://", 1);
-        let (stream, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url))
+        let mut request = url.into_client_request().unwrap();
+        if let Some(token) = &self.token {
+            request
+                .headers_mut()
+                .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        }
+        let (stream, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(request))
             .await
             .expect("websocket connects in time")
             .expect("websocket connects");

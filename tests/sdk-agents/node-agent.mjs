@@ -33,6 +33,17 @@
 //            standing for the terminalId the last terminal/create answered;
 //            one agent_message_chunk per call: a JSON line {"method", "result"}
 //            or {"method", "error": {"code", "message"}}
+//   probe <json> -> <json> is an array of steps the agent does itself (not
+//            through the gateway): ["read", path], ["write", path, text],
+//            ["list", dir], ["run", program, ...args] (its stdout),
+//            ["connect", host, port], ["env", name], ["shim", socket] (connects
+//            to a shim's socket as an intruder would: asks for its output from
+//            0 and sends a line for its agent; the value is the kinds of the
+//            frames the shim sent, until it closed or sent output, and how
+//            the connection failed if it did, "error ECONNRESET"); one
+//            agent_message_chunk
+//            per step: a JSON line {"step", "ok": true, "value"} or
+//            {"step", "ok": false, "code"} (EACCES, ENOENT, ...)
 // session/cancel cancels any running turn of that session.
 //
 // Every session offers the modes "ask" (current), "plan" and "broken" (which
@@ -221,6 +232,90 @@ async function callsTurn(client, sessionId, json) {
       line = { method, result: result ?? null };
     } catch (e) {
       line = { method, error: { code: e.code ?? null, message: e.message ?? String(e) } };
+    }
+    await client.notify(
+      acp.methods.client.session.update,
+      chunk(sessionId, JSON.stringify(line) + "\n"),
+    );
+  }
+  return "end_turn";
+}
+
+/** One `probe` step, done by the agent's own process. */
+async function probeStep([what, ...args]) {
+  switch (what) {
+    case "read":
+      return fs.readFileSync(args[0], "utf8");
+    case "write":
+      fs.writeFileSync(args[0], args[1]);
+      return null;
+    case "list":
+      return fs.readdirSync(args[0]);
+    case "run": {
+      const { execFileSync } = await import("node:child_process");
+      return execFileSync(args[0], args.slice(1), { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
+    }
+    case "connect": {
+      const net = await import("node:net");
+      return await new Promise((resolve, reject) => {
+        const socket = net.connect({ host: args[0], port: args[1] }, () => {
+          socket.end();
+          resolve("connected");
+        });
+        socket.on("error", reject);
+      });
+    }
+    case "env":
+      return process.env[args[0]] ?? null;
+    case "shim": {
+      const net = await import("node:net");
+      const frame = (kind, body) => {
+        const head = Buffer.alloc(5);
+        head.writeUInt32BE(body.length + 1, 0);
+        head[4] = kind;
+        return Buffer.concat([head, body]);
+      };
+      const attach = Buffer.alloc(8); // ATTACH from 0
+      const input = Buffer.alloc(8); // INPUT at 0
+      const line = Buffer.from('{"jsonrpc":"2.0","method":"session/cancel","params":{}}\n');
+      return await new Promise((resolve, reject) => {
+        const kinds = [];
+        let pending = Buffer.alloc(0);
+        const socket = net.connect({ path: args[0] });
+        socket.on("data", (data) => {
+          pending = Buffer.concat([pending, data]);
+          while (pending.length >= 5 && pending.length >= 4 + pending.readUInt32BE(0)) {
+            const kind = { 1: "hello", 2: "output", 3: "stderr", 4: "exit", 5: "refused" }[pending[4]] ?? pending[4];
+            kinds.push(kind);
+            pending = pending.subarray(4 + pending.readUInt32BE(0));
+            // As a gateway would, once greeted.
+            if (kind === "hello") {
+              socket.write(frame(10, attach));
+              socket.write(frame(11, Buffer.concat([input, line])));
+            }
+          }
+          if (kinds.includes("output")) socket.destroy();
+        });
+        socket.on("close", () => resolve(kinds));
+        // Closed on it with what it sent still unread: what came is told.
+        socket.on("error", (e) => kinds.push(`error ${e.code}`));
+      });
+    }
+    default:
+      throw Object.assign(new Error(`unknown probe step ${what}`), { code: "EINVAL" });
+  }
+}
+
+/** The `probe` scenario: what the agent itself can reach. */
+async function probeTurn(client, sessionId, json) {
+  for (const step of JSON.parse(json)) {
+    let line;
+    try {
+      line = { step, ok: true, value: await probeStep(step) };
+    } catch (e) {
+      // A program that failed: its exit status and what it said.
+      const code = e.code ?? (e.status != null ? `exit ${e.status}` : String(e));
+      line = { step, ok: false, code, stderr: e.stderr ? String(e.stderr) : undefined };
     }
     await client.notify(
       acp.methods.client.session.update,
@@ -505,6 +600,8 @@ const app = acp
         stopReason = await gatedTurn(client, sessionId, n, turn);
       } else if (firstWord === "calls") {
         stopReason = await callsTurn(client, sessionId, text.trim().slice("calls".length));
+      } else if (firstWord === "probe") {
+        stopReason = await probeTurn(client, sessionId, text.trim().slice("probe".length));
       } else if (firstWord === "capabilities") {
         await client.notify(
           acp.methods.client.session.update,

@@ -89,7 +89,18 @@ fn parse_env(text: &str) -> BTreeMap<String, String> {
 fn allowlisted(name: &str) -> bool {
     acp_gateway::process::spawn::ALLOWED.contains(&name)
         || name.starts_with(acp_gateway::process::spawn::ALLOWED_PREFIX)
+        || BOX_SETS.contains(&name)
 }
+
+/// Variables the conversation's box sets (its home's), beyond `HOME` and
+/// `TMPDIR`.
+const BOX_SETS: &[&str] = &[
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
+    "XDG_STATE_HOME",
+    "XDG_CACHE_HOME",
+    "CLAUDE_CODE_TMPDIR",
+];
 
 /// The pids the wrapper left running.
 fn escaped_pids(dir: &Path) -> Vec<ProcessWatch> {
@@ -198,6 +209,10 @@ async fn agents_and_their_terminal_commands_get_only_what_their_profile_gives(db
     assert_eq!(agent_env["FROM_PROFILE"], "from the profile");
     assert_eq!(agent_env[&passed], passed_value);
     assert_eq!(agent_env.get("PATH"), std::env::var("PATH").ok().as_ref());
+    // Its home is its user's, for this profile, in the gateway's state.
+    let home = db.state_dir().join("homes/anonymous/clean");
+    assert_eq!(Path::new(&agent_env["HOME"]), home);
+    assert_eq!(Path::new(&agent_env["TMPDIR"]), home.join(".tmp"));
 
     let answers = calls_in_process(&gw, &id, &mut ws, env_command()).await;
     assert_eq!(answers[1]["result"]["exitCode"], 0, "{answers:?}");
@@ -211,6 +226,7 @@ async fn agents_and_their_terminal_commands_get_only_what_their_profile_gives(db
     assert_eq!(terminal_env["FROM_REQUEST"], "from the request");
     assert_eq!(terminal_env["FROM_PROFILE"], "from the profile");
     assert_eq!(terminal_env[&passed], passed_value);
+    assert_eq!(terminal_env["HOME"], agent_env["HOME"]);
 }
 
 async fn the_gateways_secrets_never_reach_its_agents_nor_can_they_read_its_memory(db: TestDb) {

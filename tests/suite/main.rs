@@ -32,6 +32,7 @@ mod permissions;
 mod policies;
 mod restart;
 mod resume;
+mod sandbox;
 mod sdk_agents;
 mod session_settings;
 mod shim;

@@ -483,6 +483,11 @@ async fn tail_has_prompt_answer(socket: &std::path::Path) -> bool {
         return false;
     };
     let from = now.held_from;
+    // As the gateway: with the key beside the socket.
+    let key = std::fs::read(acp_gateway::shim::key_of(socket)).unwrap();
+    protocol::send_to_shim(&mut write, &ToShim::Auth { key })
+        .await
+        .unwrap();
     protocol::send_to_shim(&mut write, &ToShim::Attach { from })
         .await
         .unwrap();

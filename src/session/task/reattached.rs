@@ -43,6 +43,8 @@ pub struct Reattached<'a> {
     pub shutdown: tokio_util::sync::CancellationToken,
     pub shutdown_timeout: std::time::Duration,
     pub on_shutdown: ShutdownPlan,
+    /// The conversation's box (its terminals and files are in it too).
+    pub place: crate::sandbox::Place,
 }
 
 /// Spawns the session task of a reattached agent.
@@ -87,6 +89,7 @@ pub async fn reattach(r: Reattached<'_>) -> Result<(Handle, tokio::task::JoinHan
         waiting: r.waiting,
         shutdown_timeout: r.shutdown_timeout,
         on_shutdown: r.on_shutdown,
+        place: r.place,
     });
     task.take_up(r.turn_id, &r.link, r.pending, &peer)
         .instrument(span.clone())
