@@ -333,6 +333,16 @@ fn check_exposure(config: &Config, addr: SocketAddr, auth_required: bool) -> any
 fn check_sandboxes(config: &Config) {
     let abi = crate::sandbox::landlock::kernel_abi();
     let state = std::path::absolute(config.state_dir()).unwrap_or_else(|_| config.state_dir());
+    // Agents of other users reach their homes (and shims their sockets)
+    // through it.
+    let others = config.agent_user.is_some() || config.agents.iter().any(|a| a.user.is_some());
+    let passable = {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(&state).map_or(true, |m| m.permissions().mode() & 0o001 != 0)
+    };
+    if others && !passable {
+        tracing::warn!(state_dir = %state.display(), "agents run as other users but cannot pass through state_dir to their homes and shims' sockets: make it mode 0711");
+    }
     for agent in &config.agents {
         let mode = agent.sandbox;
         let (effective, refused) =

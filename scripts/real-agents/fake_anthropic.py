@@ -7,22 +7,16 @@ answers in text. Every request is logged (JSON lines) to the
 file named by FAKE_ANTHROPIC_LOG; the port is printed on stdout."""
 
 import json
-import os
-import sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-LOG = os.environ.get("FAKE_ANTHROPIC_LOG", "/dev/null")
+from fakes import Fake, command_in, serve
 
 
 def sse(event, data):
     return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):
-        pass
+class Handler(Fake):
+    log_variable = "FAKE_ANTHROPIC_LOG"
 
     def do_HEAD(self):
         self.send_response(200)
@@ -30,18 +24,10 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_GET(self):
-        self.send_response(200)
-        body = b"{}"
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.reply(b"{}")
 
     def do_POST(self):
-        length = int(self.headers.get("content-length", "0"))
-        body = json.loads(self.rfile.read(length) or b"{}")
-        with open(LOG, "a") as log:
-            log.write(json.dumps({"path": self.path, "body": body}) + "\n")
+        body = self.logged_body()
         if "count_tokens" in self.path:
             return self.json({"input_tokens": 10})
         messages = body.get("messages", [])
@@ -53,9 +39,8 @@ class Handler(BaseHTTPRequestHandler):
         text_of = json.dumps(messages)
         command = None
         if not has_result:
-            if "RUN<<" in text_of:
-                command = json.loads('"' + text_of.split("RUN<<", 1)[1].split(">>", 1)[0] + '"')
-            elif "run the greeting" in text_of:
+            command = command_in(text_of)
+            if command is None and "run the greeting" in text_of:
                 command = "echo hello > greeting.txt"
         if body.get("stream"):
             self.stream(body.get("model", "claude"), command)
@@ -74,12 +59,7 @@ class Handler(BaseHTTPRequestHandler):
             )
 
     def json(self, value):
-        data = json.dumps(value).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.reply(json.dumps(value).encode())
 
     def stream(self, model, command):
         self.send_response(200)
@@ -114,6 +94,4 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
 
-server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-print(server.server_address[1], flush=True)
-server.serve_forever()
+serve(Handler)

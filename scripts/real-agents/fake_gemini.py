@@ -7,34 +7,27 @@ request is logged (JSON lines) to the file named by FAKE_GEMINI_LOG; the
 port is printed on stdout."""
 
 import json
-import os
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-LOG = os.environ.get("FAKE_GEMINI_LOG", "/dev/null")
+from fakes import Fake, command_in, serve
+
 USAGE = {"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15}
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):
-        pass
+class Handler(Fake):
+    log_variable = "FAKE_GEMINI_LOG"
 
     def do_GET(self):
-        self.reply(b'{"models": []}', "application/json")
+        self.reply(b'{"models": []}')
 
     def do_POST(self):
-        length = int(self.headers.get("content-length", "0"))
-        body = json.loads(self.rfile.read(length) or b"{}")
-        with open(LOG, "a") as log:
-            log.write(json.dumps({"path": self.path, "body": body}) + "\n")
+        body = self.logged_body()
         if ":countTokens" in self.path:
-            return self.reply(json.dumps({"totalTokens": 10}).encode(), "application/json")
+            return self.reply(json.dumps({"totalTokens": 10}).encode())
         contents = body.get("contents", [])
         last = json.dumps(contents[-1:])
         tools = json.dumps(body.get("tools", []))
-        if "RUN<<" in last and "functionResponse" not in last and "run_shell_command" in tools:
-            command = json.loads('"' + last.split("RUN<<", 1)[1].split(">>", 1)[0] + '"')
+        command = command_in(last)
+        if command and "functionResponse" not in last and "run_shell_command" in tools:
             parts = [{"functionCall": {"name": "run_shell_command",
                                        "args": {"command": command, "description": "Run what was asked"}}}]
         elif "functionResponse" in last:
@@ -50,16 +43,7 @@ class Handler(BaseHTTPRequestHandler):
         if ":streamGenerateContent" in self.path:
             self.reply(f"data: {json.dumps(response)}\r\n\r\n".encode(), "text/event-stream")
         else:
-            self.reply(json.dumps(response).encode(), "application/json")
-
-    def reply(self, data, content_type):
-        self.send_response(200)
-        self.send_header("content-type", content_type)
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+            self.reply(json.dumps(response).encode())
 
 
-server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-print(server.server_address[1], flush=True)
-server.serve_forever()
+serve(Handler)

@@ -9,10 +9,8 @@ request is logged (JSON lines) to the file named by FAKE_OPENAI_LOG; the
 port is printed on stdout."""
 
 import json
-import os
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-LOG = os.environ.get("FAKE_OPENAI_LOG", "/dev/null")
+from fakes import Fake, command_in, serve
 
 
 def sse(data):
@@ -31,28 +29,22 @@ def shell_call(tools, command):
     return "shell", {"command": ["bash", "-lc", command]}
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):
-        pass
+class Handler(Fake):
+    log_variable = "FAKE_OPENAI_LOG"
 
     def do_GET(self):
-        self.reply(b'{"data": [], "models": []}', "application/json")
+        self.reply(b'{"data": [], "models": []}')
 
     def do_POST(self):
-        length = int(self.headers.get("content-length", "0"))
-        body = json.loads(self.rfile.read(length) or b"{}")
-        with open(LOG, "a") as log:
-            log.write(json.dumps({"path": self.path, "body": body}) + "\n")
+        body = self.logged_body()
         if self.path.endswith("/chat/completions"):
             return self.chat(body)
         items = body.get("input", [])
         answered = any(isinstance(i, dict) and i.get("type") == "function_call_output" for i in items)
         text = json.dumps(items)
         events = [{"type": "response.created", "response": {"id": "resp_fake"}}]
-        if "RUN<<" in text and not answered:
-            command = json.loads('"' + text.split("RUN<<", 1)[1].split(">>", 1)[0] + '"')
+        command = command_in(text)
+        if command and not answered:
             name, args = shell_call(body.get("tools", []), command)
             events.append({"type": "response.output_item.done", "output_index": 0, "item": {
                 "type": "function_call", "id": "fc_fake", "call_id": "call_fake_1",
@@ -77,8 +69,8 @@ class Handler(BaseHTTPRequestHandler):
         text = json.dumps([m for m in messages if m.get("role") == "user"][-1:])
         chunk = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": "fake-model"}
         tools = body.get("tools", [])
-        if "RUN<<" in text and not answered and tools:
-            command = json.loads('"' + text.split("RUN<<", 1)[1].split(">>", 1)[0] + '"')
+        command = command_in(text)
+        if command and not answered and tools:
             name, args = shell_call(tools, command)
             deltas = [({"role": "assistant", "tool_calls": [{"index": 0, "id": "call_fake_1", "type": "function",
                         "function": {"name": name, "arguments": json.dumps(args)}}]}, None),
@@ -95,14 +87,5 @@ class Handler(BaseHTTPRequestHandler):
         out += b"data: [DONE]\n\n"
         self.reply(out, "text/event-stream")
 
-    def reply(self, data, content_type):
-        self.send_response(200)
-        self.send_header("content-type", content_type)
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
-
-server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-print(server.server_address[1], flush=True)
-server.serve_forever()
+serve(Handler)

@@ -167,6 +167,59 @@ mod tests {
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
+    /// Files are reached from inside the agent's box: beneath the cwd, but
+    /// outside what the box holds, the kernel refuses (where it offers
+    /// Landlock).
+    #[tokio::test]
+    async fn files_are_reached_from_inside_the_agents_box() {
+        if crate::sandbox::landlock::kernel_abi().is_none() {
+            eprintln!("no Landlock on this kernel: skipped");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let cwd = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::write(cwd.join("a.txt"), "mine\n").unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let boxed = |read_write: &Path| Workspace {
+            cwd: cwd.clone(),
+            allowed_roots: Vec::new(),
+            user: None,
+            files: true,
+            terminals: false,
+            sandbox: Some(std::sync::Arc::new(crate::sandbox::Rules {
+                read_write: vec![read_write.to_path_buf()],
+                read_only: vec![PathBuf::from("/proc")],
+                tcp_ports: None,
+            })),
+        };
+        let params = |name: &str, content: Option<&str>| {
+            let mut p = serde_json::json!({"sessionId": "s", "path": cwd.join(name)});
+            if let Some(content) = content {
+                p["content"] = content.into();
+            }
+            p
+        };
+        let inside = boxed(&cwd);
+        let read = files::read(&inside, params("a.txt", None), files::open_gate())
+            .await
+            .unwrap();
+        assert_eq!(read["content"], "mine\n");
+        files::write(&inside, params("b.txt", Some("b")), files::open_gate())
+            .await
+            .unwrap();
+
+        let outside = boxed(elsewhere.path());
+        let refused = files::read(&outside, params("a.txt", None), files::open_gate())
+            .await
+            .unwrap_err();
+        assert!(refused.message.contains("ermission denied"), "{refused:?}");
+        let refused = files::write(&outside, params("c.txt", Some("c")), files::open_gate())
+            .await
+            .unwrap_err();
+        assert!(refused.message.contains("ermission denied"), "{refused:?}");
+        assert!(!cwd.join("c.txt").exists());
+    }
+
     /// Files are reached with the agent's user's rights, not the gateway's
     /// (only where the gateway is root and the system has `nobody`).
     #[tokio::test]

@@ -557,6 +557,45 @@ async fn an_agent_cannot_take_over_another_conversations_shim(db: TestDb) {
     gw.stop().await;
 }
 
+/// An agent that is the gateway's own child (`agent_shims = false`) is
+/// boxed by the gateway itself, the same way.
+async fn an_agent_without_a_shim_is_boxed_the_same(db: TestDb) {
+    if acp_gateway::sandbox::landlock::kernel_abi().is_none() {
+        eprintln!("skipping: this kernel has no Landlock");
+        return;
+    }
+    let ground = Ground::new();
+    std::fs::set_permissions(db.state_dir(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut config =
+        TestGateway::config(&db, vec![boxed("direct", &ground, SandboxMode::Required)]);
+    config.agent_shims = false;
+    let gw = TestGateway::start_with(config).await;
+    let (id, _) = conversation_of(&gw, "direct").await;
+    assert!(agent_process_records(&db).await[0].shim_socket.is_none());
+    let work = ground.work("anonymous");
+    let found = probe(
+        &gw,
+        &id,
+        json!([
+            ["write", work.join("mine"), "x"],
+            ["write", ground.base.join("outside/x"), "x"],
+            ["write", "/tmp/acp-gateway-sandbox-test-direct", "x"],
+            [
+                "run",
+                "/bin/sh",
+                "-c",
+                format!("cat {}/mine", work.display())
+            ],
+        ]),
+    )
+    .await;
+    allowed(&found[0]);
+    denied(&found[1]);
+    denied(&found[2]);
+    assert_eq!(found[3]["value"], "x");
+    gw.stop().await;
+}
+
 crate::backend_tests!(one_users_agent_cannot_reach_another_users_work);
 
 mod on_sqlite {
@@ -575,6 +614,11 @@ mod on_sqlite {
     #[tokio::test]
     async fn an_agent_cannot_take_over_a_shim() {
         an_agent_cannot_take_over_another_conversations_shim(TestDb::sqlite().await).await
+    }
+
+    #[tokio::test]
+    async fn without_a_shim_the_agent_is_boxed_the_same() {
+        an_agent_without_a_shim_is_boxed_the_same(TestDb::sqlite().await).await
     }
 
     #[tokio::test]
