@@ -37,7 +37,7 @@ pub async fn run(backend: &str, db: &TestDb) {
     let extra = "max_agents = 1000\nmax_agents_per_user = 1000\n\
         rate_limits = { prompts_per_minute = 1000000, connections_per_minute = 1000000, \
         conversations_per_minute = 1000000 }";
-    let gw = GatewayProcess::start_configured(db, &agents, "warn", extra);
+    let gw = GatewayProcess::start_configured(db, &agents, "info,sqlx=warn", extra);
     let create = |agent: &'static str| {
         let gw = &gw;
         async move {

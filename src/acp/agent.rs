@@ -206,6 +206,11 @@ impl AgentProcess {
             None => Supervised::spawn(&mut command),
             Some(_) => Supervised::spawn_detachable(&mut command),
         };
+        if spawned.is_err() {
+            if let Some(shim) = shim {
+                let _ = std::fs::remove_file(crate::shim::key_of(&shim.socket(conversation_id)));
+            }
+        }
         let mut process = spawned.with_context(|| {
             format!(
                 "cannot start agent {:?} ({})",

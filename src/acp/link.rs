@@ -104,21 +104,38 @@ pub async fn attach(
             _ => Err(io::Error::other("the shim did not say hello")),
         }
     };
-    let (mut read, mut write, hello) = tokio::time::timeout(HELLO_WITHIN, connecting)
-        .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the shim did not answer"))??;
-    // Since version 2, a shim with a key serves only who shows it.
+    let (mut read, mut write, mut hello) =
+        tokio::time::timeout(HELLO_WITHIN, connecting)
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the shim did not answer"))??;
+    // Since version 2, a shim with a key serves only who shows it, then
+    // says hello again.
     let key_file = crate::shim::key_of(socket);
     if hello.version >= 2 {
-        match std::fs::read(&key_file) {
-            Ok(key) => protocol::send_to_shim(&mut write, &ToShim::Auth { key }).await?,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        let key = match std::fs::read(&key_file) {
+            Ok(key) => Some(key),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => {
                 return Err(io::Error::other(format!(
                     "cannot read the shim's key {}: {e}",
                     key_file.display()
                 )))
             }
+        };
+        if let Some(key) = key {
+            protocol::send_to_shim(&mut write, &ToShim::Auth { key }).await?;
+            let again = tokio::time::timeout(HELLO_WITHIN, protocol::read_from_shim(&mut read))
+                .await
+                .map_err(|_| {
+                    io::Error::new(io::ErrorKind::TimedOut, "the shim did not answer")
+                })??;
+            hello = match again {
+                Some(ToGateway::Hello(hello)) => hello,
+                Some(ToGateway::Refused(why)) => {
+                    return Err(io::Error::other(format!("refused: {why}")))
+                }
+                _ => return Err(io::Error::other("the shim did not say hello again")),
+            };
         }
     }
     let from = from(&hello);

@@ -25,6 +25,9 @@ use crate::store::{AgentProcessRecord, PermissionFilter};
 
 /// How long a stopped shim's agent gets before it is killed.
 const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+/// How old a key with no socket beside it must be before it is taken for
+/// a leftover (a shim reads its key within moments of its start).
+const KEY_LEFT_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Why a shim was not reattached.
 enum NotReattached {
@@ -222,7 +225,19 @@ impl Sessions {
         };
         for entry in entries.flatten() {
             let path = entry.path();
-            // Sockets only: a key beside one goes with it.
+            // Sockets only: a key beside one goes with it, and a key whose
+            // shim never came to be (it could not start) goes once it is
+            // surely not one whose shim is starting now.
+            if path.extension().is_some_and(|e| e == "key") {
+                let stale = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > KEY_LEFT_AFTER));
+                if stale && !path.with_extension("sock").exists() {
+                    let _ = std::fs::remove_file(&path);
+                }
+                continue;
+            }
             if path.extension().is_none_or(|e| e != "sock") {
                 continue;
             }

@@ -5,8 +5,12 @@
 //! The gateway starts the shim (as the agent's user, in the agent's
 //! directory, with the agent's environment); the shim starts the agent, owns
 //! its stdin, stdout, stderr and process tree, and serves the gateway on a
-//! Unix socket (mode 0600, each peer's uid checked with `SO_PEERCRED`) with
-//! the [`protocol`]. It keeps what the agent writes until a gateway
+//! Unix socket (mode 0600, each peer's uid checked with `SO_PEERCRED`, and
+//! a connection counts only once it has shown the key in the file beside
+//! the socket, which no agent's box reaches: see [`key_of`]) with the
+//! [`protocol`]. Where the conversation has a box (`--sandbox`), the shim
+//! confines the agent to it between fork and exec; the shim itself stays
+//! outside it (it keeps its socket, and reaps what the agent leaves). It keeps what the agent writes until a gateway
 //! acknowledges it ([`held`]), at most `--buffer` bytes: when that is full
 //! it stops reading, so the agent waits and nothing is dropped. A gateway
 //! that goes away (crash, deploy) leaves the shim and its agent running; the
@@ -104,6 +108,9 @@ pub async fn run(args: ShimArgs) -> u8 {
             }
         }
         Err(error) => {
+            if let Some(file) = &args.key_file {
+                let _ = std::fs::remove_file(file);
+            }
             say(&Ready::Failed {
                 error: format!("{error:#}"),
             });

@@ -101,7 +101,8 @@ pub enum ToShim {
     Stop { grace_ms: u32 },
     /// The shim's key (from the file beside its socket, which no agent's box
     /// reaches): a connection's first frame, without which a shim that has
-    /// a key serves nothing.
+    /// a key serves nothing. A shim that takes it says hello again, as
+    /// things then stand: that hello is the one to attach by.
     Auth { key: Vec<u8> },
 }
 

@@ -120,15 +120,7 @@ pub(super) async fn serve(
                     refuse(stream, format!("uid {peer} may not use this shim"));
                     continue;
                 }
-                let hello = Hello {
-                    version: VERSION,
-                    pid: agent.pid(),
-                    start_time: agent.identity().map(|(_, t)| t),
-                    held_from: held.start(),
-                    read_to: held.end(),
-                    input_taken,
-                    exit: exit.clone(),
-                };
+                let hello = hello_now(&agent, &held, input_taken, &exit);
                 match &key {
                     // Only once it has proved it knows the key does it count
                     // (and so replace the gateway connected now).
@@ -137,13 +129,17 @@ pub(super) async fn serve(
                         // A new gateway replaces the one before (which is
                         // gone, or about to be).
                         connections += 1;
-                        gateway = Some(connect(stream, connections, Some(hello), frames_tx.clone()));
+                        gateway = Some(connect(stream, connections, hello, frames_tx.clone()));
                     }
                 }
             }
             Some(stream) = proven.recv() => {
+                // Proven: a second hello, of how things stand now, is what
+                // it attaches by (the first may be older than an
+                // acknowledgement the gateway before it made meanwhile).
                 connections += 1;
-                gateway = Some(connect(stream, connections, None, frames_tx.clone()));
+                let hello = hello_now(&agent, &held, input_taken, &exit);
+                gateway = Some(connect(stream, connections, hello, frames_tx.clone()));
             }
             Some((number, frame)) = frames.recv() => {
                 // What a gateway acknowledged, sent or asked holds even once
@@ -251,9 +247,23 @@ pub(super) async fn serve(
     }
 }
 
+/// What a gateway connecting now is told.
+fn hello_now(agent: &Supervised, held: &Held, input_taken: u64, exit: &Option<Exit>) -> Hello {
+    Hello {
+        version: VERSION,
+        pid: agent.pid(),
+        start_time: agent.identity().map(|(_, t)| t),
+        held_from: held.start(),
+        read_to: held.end(),
+        input_taken,
+        exit: exit.clone(),
+    }
+}
+
 /// Says hello to a connection, then waits for it to prove it knows the
-/// key ([`ToShim::Auth`], its first frame): proven, it goes to `proven`;
-/// else it is told no and closed. A process in an agent's box can reach the
+/// key ([`ToShim::Auth`], its first frame): proven, it goes to `proven`
+/// (and is said hello again, as things then stand); else it is told no and
+/// closed. A process in an agent's box can reach the
 /// socket (Landlock does not cover connecting to one before ABI 9) but not
 /// the key beside it.
 fn prove(
@@ -288,24 +298,22 @@ fn prove(
     });
 }
 
-/// Starts serving a connection: its hello sent first (unless it was
-/// already), its frames read into `frames`, tagged with `number`.
+/// Starts serving a connection: its hello sent first, its frames read into
+/// `frames`, tagged with `number`.
 fn connect(
     stream: UnixStream,
     number: u64,
-    hello: Option<Hello>,
+    hello: Hello,
     frames: mpsc::Sender<(u64, Option<ToShim>)>,
 ) -> Gateway {
     let (mut read, mut write) = stream.into_split();
     let (outbox, mut queued) = mpsc::channel::<ToGateway>(OUTBOX);
     let writer = tokio::spawn(async move {
-        if let Some(hello) = hello {
-            if protocol::send_to_gateway(&mut write, &ToGateway::Hello(hello))
-                .await
-                .is_err()
-            {
-                return;
-            }
+        if protocol::send_to_gateway(&mut write, &ToGateway::Hello(hello))
+            .await
+            .is_err()
+        {
+            return;
         }
         while let Some(message) = queued.recv().await {
             if protocol::send_to_gateway(&mut write, &message)

@@ -479,15 +479,19 @@ async fn tail_has_prompt_answer(socket: &std::path::Path) -> bool {
         return false; // refused just now: asked again
     };
     let (mut read, mut write) = stream.into_split();
-    let Ok(Some(ToGateway::Hello(now))) = protocol::read_from_shim(&mut read).await else {
+    let Ok(Some(ToGateway::Hello(_))) = protocol::read_from_shim(&mut read).await else {
         return false;
     };
-    let from = now.held_from;
-    // As the gateway: with the key beside the socket.
+    // As the gateway: with the key beside the socket, then by the hello
+    // that follows.
     let key = std::fs::read(acp_gateway::shim::key_of(socket)).unwrap();
     protocol::send_to_shim(&mut write, &ToShim::Auth { key })
         .await
         .unwrap();
+    let Ok(Some(ToGateway::Hello(now))) = protocol::read_from_shim(&mut read).await else {
+        return false;
+    };
+    let from = now.held_from;
     protocol::send_to_shim(&mut write, &ToShim::Attach { from })
         .await
         .unwrap();

@@ -88,6 +88,9 @@ async fn start_shim(
     buffer: usize,
     agent: &[&str],
 ) -> (tokio::process::Child, Ready) {
+    // As the gateway does: a key beside the socket.
+    let key = acp_gateway::shim::key_of(socket);
+    std::fs::write(&key, "0123456789abcdef0123456789abcdef").unwrap();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_acp-gateway"))
         .arg("shim")
         .arg("--socket")
@@ -96,6 +99,8 @@ async fn start_shim(
         .arg(buffer.to_string())
         .arg("--peer-uid")
         .arg(unsafe { libc::geteuid() }.to_string())
+        .arg("--key-file")
+        .arg(&key)
         .arg("--")
         .args(agent)
         .stdin(Stdio::null())
@@ -130,7 +135,15 @@ impl Conn {
             other => panic!("expected a hello, got {other:?}"),
         };
         assert_eq!(hello.version, VERSION);
-        Conn { read, write, hello }
+        let mut conn = Conn { read, write, hello };
+        // As the gateway: the key, then the hello that counts.
+        let key = std::fs::read(acp_gateway::shim::key_of(socket)).unwrap();
+        conn.send(ToShim::Auth { key }).await;
+        conn.hello = match within("hello again", protocol::read_from_shim(&mut conn.read)).await {
+            Ok(Some(ToGateway::Hello(hello))) => hello,
+            other => panic!("expected a second hello, got {other:?}"),
+        };
+        conn
     }
 
     async fn send(&mut self, message: ToShim) {
@@ -385,6 +398,32 @@ async fn a_shim_that_cannot_start_its_agent_says_why_and_leaves_nothing() {
     let status = within("the shim exits", child.wait()).await.unwrap();
     assert_eq!(status.code(), Some(1));
     assert!(!socket.exists());
+    assert!(!acp_gateway::shim::key_of(&socket).exists());
+}
+
+/// A connection that cannot show the key is told no, and the gateway
+/// attached meanwhile goes on being served: it was never replaced.
+#[tokio::test]
+async fn a_connection_without_the_key_is_refused_and_replaces_nobody() {
+    let (shim, mut gateway) = Shim::attached_to("cat").await;
+    for key in [None, Some(b"not the key at all".to_vec())] {
+        let stream = UnixStream::connect(&shim.socket).await.unwrap();
+        let (mut read, mut write) = stream.into_split();
+        let hello = within("hello", protocol::read_from_shim(&mut read)).await;
+        assert!(matches!(hello, Ok(Some(ToGateway::Hello(_)))), "{hello:?}");
+        let frame = match key {
+            Some(key) => ToShim::Auth { key },
+            None => ToShim::Stop { grace_ms: 0 },
+        };
+        protocol::send_to_shim(&mut write, &frame).await.unwrap();
+        match within("the refusal", protocol::read_from_shim(&mut read)).await {
+            Ok(Some(ToGateway::Refused(why))) => assert!(why.contains("key"), "{why}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+    gateway.input(0, b"still here\n").await;
+    assert_eq!(gateway.output(0, 11).await, b"still here\n");
+    assert!(alive(shim.agent_pid));
 }
 
 #[tokio::test]
