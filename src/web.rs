@@ -38,8 +38,12 @@ const ASSETS: &[Asset] = &[
     asset!("dom.js", "text/javascript"),
     asset!("live.js", "text/javascript"),
     asset!("render.js", "text/javascript"),
+    asset!("markdown.js", "text/javascript"),
     asset!("notify.js", "text/javascript"),
     asset!("sw.js", "text/javascript"),
+    // Markdown, safely (see web/vendor/README.md).
+    asset!("vendor/marked.esm.js", "text/javascript"),
+    asset!("vendor/purify.es.mjs", "text/javascript"),
 ];
 
 /// The names of the embedded files (for the test that every file in `web/`
@@ -62,6 +66,12 @@ pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
             "/ui/{file}",
             get(|Path(file): Path<String>, headers: HeaderMap| async move {
                 serve(&file, &headers)
+            }),
+        )
+        .route(
+            "/ui/vendor/{file}",
+            get(|Path(file): Path<String>, headers: HeaderMap| async move {
+                serve(&format!("vendor/{file}"), &headers)
             }),
         )
 }
@@ -124,14 +134,28 @@ fn serve(name: &str, headers: &HeaderMap) -> Response {
 
 #[cfg(test)]
 mod tests {
-    /// What `web/` holds is what is served: no file left out, none stale.
+    /// What `web/` holds is what is served: no file left out, none stale
+    /// (the vendored files' README and licences are for people, not
+    /// browsers).
     #[test]
     fn every_file_in_web_is_embedded() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("web");
-        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
+        let mut on_disk = Vec::new();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let files: Vec<_> = match std::fs::read_dir(&path) {
+                Ok(inner) => inner.map(|e| e.unwrap().path()).collect(),
+                Err(_) => vec![path],
+            };
+            for file in files {
+                let name = file.file_name().unwrap().to_string_lossy().into_owned();
+                if name == "README.md" || name.ends_with(".LICENSE") {
+                    continue;
+                }
+                let rel = file.strip_prefix(&dir).unwrap();
+                on_disk.push(rel.to_string_lossy().into_owned());
+            }
+        }
         on_disk.sort();
         let mut served: Vec<String> = super::asset_names().map(str::to_owned).collect();
         served.sort();

@@ -5,6 +5,7 @@
 import { api, ApiError, token, whenUnauthorized } from "./api.js";
 import { h, fill, when } from "./dom.js";
 import { Live, connection } from "./live.js";
+import { markdown } from "./markdown.js";
 import { SettingsView, serviceWorker } from "./notify.js";
 import {
   contentText,
@@ -404,6 +405,7 @@ class ConversationView {
     this.terminals = new Map();
     this.plan = null;
     this.open = null; // the message being streamed: {kind, turn, el}
+    this.rendered = new WeakMap(); // a Markdown message's text so far: {raw, queued}
     this.turn = null; // the running turn's id
     this.heading = h("h1", {}, "Conversation");
     this.status = h("span.status", { id: "status" });
@@ -521,11 +523,28 @@ class ConversationView {
     if (this.following) window.scrollTo(0, document.body.scrollHeight);
   }
 
+  /**
+   * Appends `text` to an agent's message or thought, shown as Markdown: the
+   * whole of it rendered again once a frame while it streams.
+   */
+  markdown(el, text) {
+    const shown = this.rendered.get(el) ?? { raw: "", queued: false };
+    shown.raw += text;
+    this.rendered.set(el, shown);
+    if (shown.queued) return;
+    shown.queued = true;
+    requestAnimationFrame(() => {
+      shown.queued = false;
+      fill(el, markdown(shown.raw));
+      this.follow();
+    });
+  }
+
   /** The message being streamed of this kind, or a new one. */
   message(kind, turn) {
     if (this.open && this.open.kind === kind && this.open.turn === turn) return this.open.el;
     const label = { agent: "Agent", thought: "Thought", user: "You" }[kind];
-    const el = h("div.text");
+    const el = h(kind === "user" ? "div.text" : "div.text.md");
     this.add(h(`section.message.${kind}`, { "aria-label": label }, h("p.who", {}, label), el));
     this.open = { kind, turn, el };
     return el;
@@ -586,8 +605,14 @@ class ConversationView {
     const kind = update.sessionUpdate;
     if (kind === "agent_message_chunk" || kind === "agent_thought_chunk" || kind === "user_message_chunk") {
       const who = kind === "agent_message_chunk" ? "agent" : kind === "user_message_chunk" ? "user" : "thought";
-      this.message(who, turn).append(contentText([update.content]));
-      this.follow();
+      const el = this.message(who, turn);
+      const text = contentText([update.content]);
+      if (who === "user") {
+        el.append(text);
+        this.follow();
+      } else {
+        this.markdown(el, text);
+      }
       return;
     }
     this.open = null;

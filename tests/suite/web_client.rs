@@ -322,6 +322,131 @@ async fn a_turn_with_an_approval_answered_from_the_inbox() {
     browser.close().await;
 }
 
+/// The page's Content-Security-Policy, as `src/web.rs` sends it.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+                   connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
+
+/// Sends a prompt over the API and waits until the page shows its turn
+/// ended (the `n`th turn end on the page).
+async fn turn_shown(
+    gw: &TestGateway,
+    browser: &mut Browser,
+    conversation: &str,
+    text: &str,
+    n: usize,
+) {
+    let mut ws = gw.conversation_ws(conversation, 0).await;
+    let turn = gw.prompt(conversation, text).await;
+    ws.until(|e| e["type"] == "turn_ended" && e["data"]["turn_id"] == turn.as_str())
+        .await;
+    browser
+        .run(json!({"do": "wait", "selector": format!("p.turn-end >> nth={}", n - 1)}))
+        .await;
+}
+
+#[tokio::test]
+async fn an_agents_markdown_is_shown_as_such_and_nothing_in_it_runs() {
+    let Some(mut scene) = scene().await else {
+        return;
+    };
+    let Scene { gw, browser, .. } = &mut scene;
+    let conversation = gw.create("sdk").await;
+    browser.goto(&format!("/#/c/{conversation}")).await;
+    browser.wait("#prompt").await;
+
+    // The SDK agent says back what it is told: "You said: " and the text.
+    let reply = "\n# Plan\n\nFirst **bold**, then `code`, then a [link](https://example.com/docs).\n\n\
+                 - one\n- two\n\n| name | size |\n|---|---|\n| a.rs | 12 |\n| b.rs | 7 |\n\n\
+                 ```rust\nfn main() {\n    println!(\"a line long enough to scroll rather than wrap on a phone\");\n}\n```\n";
+    turn_shown(gw, browser, &conversation, reply, 1).await;
+    let md = "section.message.agent .text.md";
+    assert_eq!(browser.texts(&format!("{md} h1")).await, ["Plan"]);
+    assert_eq!(browser.texts(&format!("{md} strong")).await, ["bold"]);
+    assert_eq!(browser.texts(&format!("{md} li")).await, ["one", "two"]);
+    assert_eq!(browser.texts(&format!("{md} th")).await, ["name", "size"]);
+    assert_eq!(
+        browser.texts(&format!("{md} td")).await,
+        ["a.rs", "12", "b.rs", "7"]
+    );
+    let code = browser.texts(&format!("{md} pre code")).await;
+    assert_eq!(code.len(), 1);
+    assert!(code[0].starts_with("fn main() {\n"), "{code:?}");
+    let copy = browser
+        .run(json!({"do": "names", "selector": format!("{md} .code"), "role": "button"}))
+        .await;
+    assert_eq!(copy, json!(["Copy"]));
+    assert_eq!(
+        browser
+            .run(json!({"do": "attrs", "selector": format!("{md} a"), "name": "rel"}))
+            .await,
+        json!(["noopener noreferrer"])
+    );
+    assert_eq!(
+        browser
+            .run(json!({"do": "attrs", "selector": format!("{md} a"), "name": "target"}))
+            .await,
+        json!(["_blank"])
+    );
+    // What the person typed stays as typed.
+    assert_eq!(browser.texts("section.message.user .text").await, [reply]);
+    let shot = browser.screenshot("markdown.png", false).await;
+    eprintln!("markdown screenshot: {}", shot.display());
+
+    // Hostile Markdown: nothing in it runs, no link in it leads to script.
+    let hostile = "\n<img src=x onerror=\"window.__pwned = 'img'\">\n\n\
+                   <script>window.__pwned = 'script'</script>\n\n\
+                   [click me](javascript:window.__pwned='link')\n\n\
+                   [data](data:text/html;base64,PHNjcmlwdD53aW5kb3cuX19wd25lZD0nZGF0YSc8L3NjcmlwdD4=)\n\n\
+                   <svg><script>window.__pwned = 'svg'</script><circle onload=\"window.__pwned='svg2'\"/></svg>\n\n\
+                   `<img src=x onerror=\"window.__pwned='code'\">` and inline <b onmouseover=\"window.__pwned='b'\">html</b>\n\n\
+                   ![pixel](https://example.com/track.png)\n";
+    turn_shown(gw, browser, &conversation, hostile, 2).await;
+    let last = "section.message.agent >> nth=1";
+    let tags = browser
+        .run(json!({"do": "tags", "selector": format!("{last} >> .text.md *")}))
+        .await;
+    for tag in tags.as_array().unwrap() {
+        assert!(
+            ["p", "a", "code", "img", "strong", "em"].contains(&tag.as_str().unwrap()),
+            "an element that should not be there: {tag} in {tags}"
+        );
+    }
+    for attr in ["onerror", "onload", "onmouseover"] {
+        let found = browser
+            .run(json!({"do": "attrs", "selector": format!("{last} >> .text.md *"), "name": attr}))
+            .await;
+        assert!(
+            found.as_array().unwrap().iter().all(Value::is_null),
+            "{attr}: {found}"
+        );
+    }
+    let hrefs = browser
+        .run(json!({"do": "attrs", "selector": format!("{last} >> .text.md a"), "name": "href"}))
+        .await;
+    assert_eq!(hrefs, json!([null, null]), "no script or data link stays");
+    let srcs = browser
+        .run(json!({"do": "attrs", "selector": format!("{last} >> .text.md img"), "name": "src"}))
+        .await;
+    assert_eq!(srcs, json!([null]), "no image from elsewhere is fetched");
+    // The raw HTML is there as text, for the person to read.
+    let text = browser.texts(last).await.concat();
+    assert!(
+        text.contains("<script>window.__pwned = 'script'</script>"),
+        "{text}"
+    );
+    assert!(text.contains("<img src=x onerror="), "{text}");
+    assert_eq!(
+        browser
+            .run(json!({"do": "global", "name": "__pwned"}))
+            .await,
+        Value::Null
+    );
+    // The page's policy is what it was.
+    let page = gw.http.get(gw.url("/")).send().await.unwrap();
+    assert_eq!(page.headers()["content-security-policy"], CSP);
+    browser.close().await;
+}
+
 #[tokio::test]
 async fn a_request_answered_elsewhere_leaves_the_page() {
     let Some(mut scene) = scene().await else {

@@ -23,6 +23,9 @@
 //   texts {selector}            the text of every match
 //   names {selector, role}      the accessible names of the elements of `role` inside `selector`
 //   tags {selector}             the tag names of every match
+//   attrs {selector, name}      the value of attribute `name` of every match (null where absent)
+//   global {name}               the page's window[name] (null where unset): a flag hostile
+//                               content would set if it ran
 //   cut / restore               the network
 //   screenshot {path, full?}    the whole page (or, with full: false, the screen), as PNG
 //   errors                      what the page logged as errors, and its uncaught exceptions
@@ -144,6 +147,9 @@ const commands = {
     return names;
   },
   tags: ({ selector }) => page.locator(selector).evaluateAll((els) => els.map((e) => e.tagName.toLowerCase())),
+  attrs: ({ selector, name }) =>
+    page.locator(selector).evaluateAll((els, name) => els.map((e) => e.getAttribute(name)), name),
+  global: ({ name }) => page.evaluate((name) => window[name] ?? null, name),
   cut: () => {
     cut = true;
     for (const s of sockets) s.destroy();
