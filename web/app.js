@@ -391,6 +391,25 @@ class ConversationsView {
 
 // ----------------------------------------------------------- conversation
 
+/** Updates that change a conversation's settings, commands or usage. */
+const SETTING_UPDATES = new Set([
+  "current_mode_update",
+  "config_option_update",
+  "available_commands_update",
+  "usage_update",
+]);
+
+/** "1,234 of 200,000 tokens · 0.12 USD", as far as the agent said. */
+function usageText(usage) {
+  if (!usage || typeof usage.used !== "number") return "";
+  const n = (x) => x.toLocaleString("en-US");
+  let text = typeof usage.size === "number" ? `${n(usage.used)} of ${n(usage.size)} tokens` : `${n(usage.used)} tokens`;
+  if (usage.cost && typeof usage.cost.amount === "number") {
+    text += ` · ${usage.cost.amount.toFixed(2)} ${usage.cost.currency ?? ""}`.trimEnd();
+  }
+  return text;
+}
+
 /**
  * One conversation, built from its events: every event since the first on
  * opening, then live ones; after a dropped connection it resumes after the
@@ -423,20 +442,31 @@ class ConversationView {
       placeholder: "Message the agent (Ctrl+Enter sends)",
     });
     this.send = h("button.primary", { type: "submit" }, "Send");
+    // The agent's slash commands, offered while the prompt is a "/" word.
+    this.commands = [];
+    this.suggestions = h("ul.commands", { id: "commands", "aria-label": "Commands", hidden: true });
+    this.prompt.setAttribute("aria-controls", "commands");
+    this.prompt.addEventListener("input", () => this.suggest());
     const form = h(
       "form.prompt",
       { onsubmit: (event) => this.submit(event) },
       h("label.sr", { for: "prompt" }, "Message"),
+      this.suggestions,
       this.prompt,
       h("div.actions", {}, this.cancel, this.send),
       this.error,
     );
     this.prompt.addEventListener("keydown", (event) => {
       if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) form.requestSubmit();
+      if (event.key === "Escape") this.suggestions.hidden = true;
     });
+    // The session's settings (mode, the agent's options) and what it used.
+    this.settings = h("div.settings", { role: "group", "aria-label": "Session settings" });
+    this.usage = h("span.usage", { id: "usage" });
     fill(
       main,
-      h("div.head", {}, this.heading, h("p.meta", {}, this.status)),
+      h("div.head", {}, this.heading, h("p.meta", {}, this.status, this.usage)),
+      this.settings,
       this.timeline,
       form,
     );
@@ -466,6 +496,9 @@ class ConversationView {
       this.heading.textContent = c.title || "Untitled";
       document.title = `${c.title || "Conversation"} · acp-gateway`;
       this.showStatus(c.status);
+      this.showSettings(c);
+      this.usage.textContent = usageText(c.usage);
+      this.commands = Array.isArray(c.available_commands) ? c.available_commands : [];
     } catch (e) {
       this.error.textContent = problemText(e);
       this.error.hidden = false;
@@ -475,6 +508,105 @@ class ConversationView {
         this.prompt.disabled = this.send.disabled = true;
       }
     }
+  }
+
+  /** A control per setting the agent offers: "Mode", then each option by its name. */
+  showSettings(c) {
+    const controls = [];
+    const modes = c.modes?.availableModes ?? [];
+    if (modes.length) {
+      controls.push(
+        this.choice(
+          "Mode",
+          "setting-mode",
+          modes.map((m) => ({ value: m.id, name: m.name ?? m.id })),
+          c.modes.currentModeId,
+          (value) => api("POST", `/api/v1/conversations/${this.id}/mode`, { mode_id: value }),
+        ),
+      );
+    }
+    for (const [i, option] of (c.config_options ?? []).entries()) {
+      const set = (value) =>
+        api("POST", `/api/v1/conversations/${this.id}/config-options`, { config_id: option.id, value });
+      const id = `setting-${i}`;
+      if (option.type === "boolean") {
+        const box = h("input", { type: "checkbox", id, checked: option.currentValue === true });
+        box.addEventListener("change", () => this.apply(box, () => set(box.checked), () => (box.checked = !box.checked)));
+        controls.push(h("div.setting.toggle", {}, box, h("label", { for: id }, option.name ?? option.id)));
+      } else if (option.type === "select") {
+        const choices = (option.options ?? []).flatMap((o) => (Array.isArray(o.options) ? o.options : [o]));
+        controls.push(
+          this.choice(option.name ?? option.id, id, choices.map((o) => ({ value: o.value, name: o.name ?? o.value })), option.currentValue, set),
+        );
+      }
+    }
+    // Not while a control is in use: a refresh must not take it from under a finger.
+    if (this.settings.contains(document.activeElement)) return;
+    fill(this.settings, controls);
+    this.settings.hidden = controls.length === 0;
+  }
+
+  /** A labelled select of `choices`, `current` chosen; a change goes to `set`. */
+  choice(label, id, choices, current, set) {
+    const select = h(
+      "select",
+      { id },
+      choices.map((o) => h("option", { value: o.value, selected: o.value === current }, o.name)),
+    );
+    let shown = current;
+    select.addEventListener("change", () =>
+      this.apply(select, () => set(select.value), () => (select.value = shown)).then((ok) => {
+        if (ok) shown = select.value;
+      }),
+    );
+    return h("div.setting", {}, h("label", { for: id }, label), select);
+  }
+
+  /** Sends a setting's change; where the agent refuses, says why and puts it back. */
+  async apply(control, send, undo) {
+    control.disabled = true;
+    this.error.hidden = true;
+    try {
+      await send();
+      return true;
+    } catch (e) {
+      undo();
+      this.error.textContent = problemText(e);
+      this.error.hidden = false;
+      return false;
+    } finally {
+      control.disabled = false;
+    }
+  }
+
+  /** While the prompt is a "/" and a word, the agent's commands that begin so. */
+  suggest() {
+    const typed = /^\/(\S*)$/.exec(this.prompt.value);
+    const matching = typed ? this.commands.filter((c) => c.name.startsWith(typed[1])) : [];
+    fill(
+      this.suggestions,
+      matching.map((c) =>
+        h(
+          "li",
+          {},
+          h(
+            "button.command.quiet",
+            {
+              type: "button",
+              onclick: () => {
+                this.prompt.value = `/${c.name} `;
+                this.suggestions.hidden = true;
+                this.prompt.focus();
+              },
+            },
+            h("span.name", {}, `/${c.name}`),
+            c.description ? h("span.description", {}, c.description) : null,
+          ),
+        ),
+      ),
+    );
+    this.suggestions.hidden = matching.length === 0;
+    this.prompt.setAttribute("aria-expanded", String(matching.length > 0));
   }
 
   showStatus(status) {
@@ -590,6 +722,10 @@ class ConversationView {
         );
         if (data.status !== "starting") this.refresh();
         break;
+      case "mode_changed":
+      case "config_option_changed":
+        this.refresh();
+        break;
       case "file_written":
         this.add(h("section.card.file", { "aria-label": `Wrote ${data.path}` }, h("h3", {}, `Wrote ${data.path}`), unifiedDiff(data.diff ?? "")));
         break;
@@ -616,6 +752,11 @@ class ConversationView {
       return;
     }
     this.open = null;
+    if (SETTING_UPDATES.has(kind)) {
+      // The conversation holds them as the agent last said: shown from there.
+      this.refresh();
+      return;
+    }
     if (kind === "tool_call" || kind === "tool_call_update") {
       const known = this.toolCalls.get(update.toolCallId);
       const merged = { ...(known?.data ?? {}), ...stripNulls(update) };

@@ -447,6 +447,106 @@ async fn an_agents_markdown_is_shown_as_such_and_nothing_in_it_runs() {
     browser.close().await;
 }
 
+/// The session's settings on the page: the mode and each option the agent
+/// offers, changed there, reach the agent; a refused choice says why and
+/// goes back; `/` offers the agent's commands; usage is shown.
+#[tokio::test]
+async fn settings_changed_on_the_page_reach_the_agent() {
+    let Some(mut scene) = scene().await else {
+        return;
+    };
+    let Scene { gw, browser, .. } = &mut scene;
+    let conversation = gw.create("sdk").await;
+    let mut ws = gw.conversation_ws(&conversation, 0).await;
+    browser.goto(&format!("/#/c/{conversation}")).await;
+    browser.wait("#setting-mode").await;
+    let labels = browser.texts("div.settings label").await;
+    assert_eq!(labels, ["Mode", "Model", "Brave"]);
+
+    browser
+        .run(json!({"do": "select", "label": "Mode", "value": "plan"}))
+        .await;
+    ws.until_type("mode_changed").await;
+    assert_eq!(
+        gw.conversation(&conversation).await["modes"]["currentModeId"],
+        "plan"
+    );
+    browser
+        .run(json!({"do": "select", "label": "Model", "value": "deep"}))
+        .await;
+    ws.until_type("config_option_changed").await;
+    browser.click("checkbox", "Brave").await;
+    ws.until(|e| e["type"] == "config_option_changed" && e["data"]["config_id"] == "brave")
+        .await;
+    let options = gw.conversation(&conversation).await["config_options"].clone();
+    let value = |id: &str| {
+        options
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["id"] == id)
+            .unwrap()["currentValue"]
+            .clone()
+    };
+    assert_eq!(value("model"), "deep");
+    assert_eq!(value("brave"), true);
+    // The agent holds them so.
+    turn_shown(gw, browser, &conversation, "settings", 1).await;
+    assert_eq!(
+        browser.texts("section.message.agent .text").await,
+        ["mode=plan model=deep brave=true"]
+    );
+
+    // A choice the agent refuses: said, and put back.
+    browser
+        .run(json!({"do": "select", "label": "Model", "value": "refused"}))
+        .await;
+    browser.wait("form.prompt p.error").await;
+    let select = browser
+        .run(json!({"do": "values", "selector": "#setting-0"}))
+        .await;
+    assert_eq!(select, json!(["deep"]));
+    assert_eq!(value("model"), "deep");
+
+    // "/" offers the agent's commands; a tap puts one in the prompt.
+    browser.fill("Message", "/").await;
+    browser.wait("ul.commands button").await;
+    assert_eq!(
+        browser.texts("ul.commands .name").await,
+        ["/init", "/review"]
+    );
+    assert_eq!(
+        browser.texts("ul.commands .description").await,
+        ["Write an AGENTS.md", "Review a change"]
+    );
+    browser.fill("Message", "/re").await;
+    browser
+        .run(json!({"do": "wait", "selector": "ul.commands li >> nth=1", "state": "detached"}))
+        .await;
+    browser.click("button", "/review Review a change").await;
+    browser
+        .run(json!({"do": "wait", "selector": "ul.commands", "state": "hidden"}))
+        .await;
+    assert_eq!(
+        browser
+            .run(json!({"do": "values", "selector": "#prompt"}))
+            .await,
+        json!(["/review "])
+    );
+
+    // What the session used, as the agent reported it.
+    browser.fill("Message", "").await;
+    turn_shown(gw, browser, &conversation, "usage", 2).await;
+    browser
+        .wait_for_text("#usage", "1,234 of 200,000 tokens · 0.12 USD")
+        .await;
+    // The top of the page: title, status, usage, the controls.
+    browser.run(json!({"do": "focus", "label": "Mode"})).await;
+    let shot = browser.screenshot("settings.png", false).await;
+    eprintln!("settings screenshot: {}", shot.display());
+    browser.close().await;
+}
+
 #[tokio::test]
 async fn a_request_answered_elsewhere_leaves_the_page() {
     let Some(mut scene) = scene().await else {

@@ -24,6 +24,7 @@
 //   names {selector, role}      the accessible names of the elements of `role` inside `selector`
 //   tags {selector}             the tag names of every match
 //   attrs {selector, name}      the value of attribute `name` of every match (null where absent)
+//   values {selector}           the current value of every matching field
 //   global {name}               the page's window[name] (null where unset): a flag hostile
 //                               content would set if it ran
 //   cut / restore               the network
@@ -150,6 +151,7 @@ const commands = {
   attrs: ({ selector, name }) =>
     page.locator(selector).evaluateAll((els, name) => els.map((e) => e.getAttribute(name)), name),
   global: ({ name }) => page.evaluate((name) => window[name] ?? null, name),
+  values: ({ selector }) => page.locator(selector).evaluateAll((els) => els.map((e) => e.value)),
   cut: () => {
     cut = true;
     for (const s of sockets) s.destroy();
