@@ -16,16 +16,24 @@ use sha2::{Digest, Sha256};
 struct Asset {
     name: &'static str,
     content_type: &'static str,
-    body: &'static str,
+    body: &'static [u8],
 }
 
-/// `asset!("app.js", "text/javascript")`: web/app.js, served as that type.
+/// `asset!("app.js", "text/javascript")`: web/app.js, served as that type
+/// (text in UTF-8); `asset!(binary "icon.png", "image/png")` as it is.
 macro_rules! asset {
     ($name:literal, $type:literal) => {
         Asset {
             name: $name,
             content_type: concat!($type, "; charset=utf-8"),
-            body: include_str!(concat!("../web/", $name)),
+            body: include_str!(concat!("../web/", $name)).as_bytes(),
+        }
+    };
+    (binary $name:literal, $type:literal) => {
+        Asset {
+            name: $name,
+            content_type: $type,
+            body: include_bytes!(concat!("../web/", $name)),
         }
     };
 }
@@ -41,6 +49,11 @@ const ASSETS: &[Asset] = &[
     asset!("markdown.js", "text/javascript"),
     asset!("notify.js", "text/javascript"),
     asset!("sw.js", "text/javascript"),
+    // Installing it to a home screen.
+    asset!("manifest.webmanifest", "application/manifest+json"),
+    asset!(binary "icon-192.png", "image/png"),
+    asset!(binary "icon-512.png", "image/png"),
+    asset!(binary "icon-maskable-512.png", "image/png"),
     // Markdown, safely (see web/vendor/README.md).
     asset!("vendor/marked.esm.js", "text/javascript"),
     asset!("vendor/purify.es.mjs", "text/javascript"),
@@ -52,9 +65,11 @@ pub fn asset_names() -> impl Iterator<Item = &'static str> {
     ASSETS.iter().map(|asset| asset.name)
 }
 
-/// Only this origin's scripts, styles and connections; no framing.
+/// Only this origin's scripts (the service worker among them), styles,
+/// connections and manifest; no framing.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
-                   connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
+                   connect-src 'self'; manifest-src 'self'; base-uri 'none'; form-action 'self'; \
+                   frame-ancestors 'none'";
 
 /// `GET /` (the page) and `GET /ui/{file}` (what it loads).
 pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
@@ -82,7 +97,7 @@ fn etags() -> &'static [String] {
         ASSETS
             .iter()
             .map(|asset| {
-                let digest = Sha256::digest(asset.body.as_bytes());
+                let digest = Sha256::digest(asset.body);
                 let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
                 format!("\"{hex}\"")
             })
@@ -134,6 +149,30 @@ fn serve(name: &str, headers: &HeaderMap) -> Response {
 
 #[cfg(test)]
 mod tests {
+    /// The service worker keeps the whole app shell: every file the page
+    /// loads is in its list (so the app opens with the gateway unreachable).
+    #[test]
+    fn the_service_worker_caches_every_file_of_the_shell() {
+        let worker = std::str::from_utf8(
+            super::ASSETS
+                .iter()
+                .find(|a| a.name == "sw.js")
+                .unwrap()
+                .body,
+        )
+        .unwrap();
+        let shell = &worker[worker.find("const SHELL = [").unwrap()..];
+        let shell = &shell[..shell.find("];").unwrap()];
+        assert!(shell.contains("\"/\""));
+        for asset in super::ASSETS {
+            if asset.name == "sw.js" || asset.name == "index.html" {
+                continue;
+            }
+            let url = format!("\"/ui/{}\"", asset.name);
+            assert!(shell.contains(&url), "sw.js does not cache {url}");
+        }
+    }
+
     /// What `web/` holds is what is served: no file left out, none stale
     /// (the vendored files' README and licences are for people, not
     /// browsers).

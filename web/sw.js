@@ -1,11 +1,85 @@
-// The service worker of acp-gateway's web client: shows a notification
-// for each push the gateway sends (Web Push, end-to-end encrypted), with
-// the request's options as buttons; a tap on one answers the request
-// through its single-use action URL, a tap elsewhere opens the
-// conversation. The API is never cached here.
+// The service worker of acp-gateway's web client.
+//
+// - The app shell (the page and what it loads from /ui/) is kept in a cache,
+//   so the app opens at once, and opens at all when the gateway cannot be
+//   reached: each is answered from the cache and fetched again behind it
+//   (the next opening has what the gateway serves now). The API is never
+//   cached here, nor anything else.
+// - It shows a notification for each push the gateway sends (Web Push,
+//   end-to-end encrypted), with the request's options as buttons; a tap on
+//   one answers the request through its single-use action URL, a tap
+//   elsewhere opens the conversation.
 
-self.addEventListener("install", () => self.skipWaiting());
-self.addEventListener("activate", (event) => event.waitUntil(self.clients.claim()));
+const SHELL_CACHE = "acp-gateway-shell-v1";
+/** Everything the page loads (src/web.rs embeds the same list). */
+const SHELL = [
+  "/",
+  "/ui/app.css",
+  "/ui/app.js",
+  "/ui/api.js",
+  "/ui/dom.js",
+  "/ui/live.js",
+  "/ui/render.js",
+  "/ui/markdown.js",
+  "/ui/notify.js",
+  "/ui/manifest.webmanifest",
+  "/ui/icon-192.png",
+  "/ui/icon-512.png",
+  "/ui/icon-maskable-512.png",
+  "/ui/vendor/marked.esm.js",
+  "/ui/vendor/purify.es.mjs",
+];
+
+self.addEventListener("install", (event) => {
+  event.waitUntil(
+    caches
+      .open(SHELL_CACHE)
+      .then((cache) => cache.addAll(SHELL))
+      // Offline at install: the shell is cached as it is next fetched.
+      .catch(() => null)
+      .then(() => self.skipWaiting()),
+  );
+});
+
+self.addEventListener("activate", (event) => {
+  event.waitUntil(
+    caches
+      .keys()
+      .then((keys) => Promise.all(keys.filter((k) => k !== SHELL_CACHE).map((k) => caches.delete(k))))
+      .then(() => self.clients.claim()),
+  );
+});
+
+/** Whether a request is for the app shell (never the API). */
+function isShell(request) {
+  if (request.method !== "GET") return false;
+  const url = new URL(request.url);
+  if (url.origin !== self.location.origin) return false;
+  return url.pathname === "/" || url.pathname.startsWith("/ui/");
+}
+
+self.addEventListener("fetch", (event) => {
+  if (!isShell(event.request)) return;
+  const url = new URL(event.request.url);
+  // The page is one document whatever its #route.
+  const key = url.pathname === "/" ? "/" : url.pathname;
+  event.respondWith(
+    caches.open(SHELL_CACHE).then(async (cache) => {
+      const cached = await cache.match(key);
+      const fresh = fetch(event.request)
+        .then((response) => {
+          if (response.ok) cache.put(key, response.clone());
+          return response;
+        })
+        .catch(() => null);
+      if (cached) {
+        event.waitUntil(fresh);
+        return cached;
+      }
+      return (await fresh) ?? Response.error();
+    }),
+  );
+});
 
 /** Title and body for a notification (the gateway's JSON body). */
 function headline(n) {

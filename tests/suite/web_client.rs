@@ -324,7 +324,8 @@ async fn a_turn_with_an_approval_answered_from_the_inbox() {
 
 /// The page's Content-Security-Policy, as `src/web.rs` sends it.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
-                   connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
+                   connect-src 'self'; manifest-src 'self'; base-uri 'none'; form-action 'self'; \
+                   frame-ancestors 'none'";
 
 /// Sends a prompt over the API and waits until the page shows its turn
 /// ended (the `n`th turn end on the page).
@@ -544,6 +545,72 @@ async fn settings_changed_on_the_page_reach_the_agent() {
     browser.run(json!({"do": "focus", "label": "Mode"})).await;
     let shot = browser.screenshot("settings.png", false).await;
     eprintln!("settings screenshot: {}", shot.display());
+    browser.close().await;
+}
+
+/// Installable: a manifest with icons, and a service worker that keeps the
+/// app shell, so the app opens with the gateway unreachable (and its API is
+/// never answered from a cache).
+#[tokio::test]
+async fn the_app_installs_and_opens_from_its_cache_with_the_gateway_unreachable() {
+    let Some(mut scene) = scene().await else {
+        return;
+    };
+    let Scene { gw, browser, .. } = &mut scene;
+    let page = gw.http.get(gw.url("/")).send().await.unwrap();
+    assert_eq!(page.headers()["content-security-policy"], CSP);
+    assert!(page
+        .text()
+        .await
+        .unwrap()
+        .contains(r#"<link rel="manifest" href="/ui/manifest.webmanifest">"#));
+    let response = gw
+        .http
+        .get(gw.url("/ui/manifest.webmanifest"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/manifest+json; charset=utf-8"
+    );
+    let manifest: Value = response.json().await.unwrap();
+    assert_eq!(manifest["display"], "standalone");
+    assert_eq!(manifest["start_url"], "/#/");
+    let mut sizes = Vec::new();
+    for icon in manifest["icons"].as_array().unwrap() {
+        let served = gw
+            .http
+            .get(gw.url(icon["src"].as_str().unwrap()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(served.status(), 200);
+        assert_eq!(served.headers()["content-type"], "image/png");
+        let png = served.bytes().await.unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+        sizes.push(icon["sizes"].as_str().unwrap().to_owned());
+    }
+    assert!(sizes.contains(&"192x192".into()) && sizes.contains(&"512x512".into()));
+
+    // Once the worker runs, the shell is kept.
+    browser.goto("/#/conversations").await;
+    browser.run(json!({"do": "sw_ready"})).await;
+    browser.goto("/#/conversations").await;
+    browser.wait("#new-agent").await;
+
+    // The gateway out of reach: the app still opens, and says it is
+    // reconnecting; nothing of the API comes from a cache.
+    browser.run(json!({"do": "cut"})).await;
+    browser.goto("/#/").await;
+    browser.wait("nav a[data-nav=inbox]").await;
+    browser.wait("#live.down").await;
+    let shot = browser.screenshot("offline.png", false).await;
+    eprintln!("offline screenshot: {}", shot.display());
+    browser.run(json!({"do": "restore"})).await;
+    browser
+        .run(json!({"do": "wait", "selector": "#live.down", "state": "detached"}))
+        .await;
     browser.close().await;
 }
 
