@@ -39,6 +39,8 @@ pub struct Gateway {
     /// Follows the bus and hands what is due to the outbox; only when
     /// something to hand it to was given ([`Gateway::build_with`]).
     notifier: Option<crate::notify::notifier::Notifier>,
+    /// The certificate HTTPS is served with (`tls`), else plain HTTP.
+    tls: Option<Arc<crate::tls::Certificate>>,
 }
 
 impl Gateway {
@@ -75,6 +77,15 @@ impl Gateway {
         let shims = session::recover::recover(&sink, &node)
             .await
             .context("Failed to recover conversations left by a previous run")?;
+        // Read before binding: a certificate that cannot be used stops the
+        // start, with the file named.
+        let tls = match &config.tls {
+            Some(files) => Some(Arc::new(
+                crate::tls::Certificate::open(&files.cert_file, &files.key_file)
+                    .context("tls: the certificate cannot be used")?,
+            )),
+            None => None,
+        };
         let listener = TcpListener::bind(&config.listen)
             .await
             .with_context(|| format!("Failed to bind {}", config.listen))?;
@@ -150,6 +161,7 @@ impl Gateway {
             tasks,
             shutdown,
             notifier,
+            tls,
         })
     }
 
@@ -214,17 +226,31 @@ impl Gateway {
             std::sync::Arc::new(sessions),
             self.shutdown.clone(),
         );
-        tracing::info!(addr = %self.local_addr(), node_id = %node.id(), "acp-gateway listening");
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        tracing::info!(addr = %self.local_addr(), scheme, node_id = %node.id(), "acp-gateway listening");
         let stopped = CancellationToken::new();
-        let server = tokio::spawn(
-            // The peer's address: action URLs limit failed lookups per client.
-            axum::serve(
-                self.listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .with_graceful_shutdown(stopped.clone().cancelled_owned())
-            .into_future(),
-        );
+        // The peer's address: action URLs limit failed lookups per client.
+        let service = app.into_make_service_with_connect_info::<SocketAddr>();
+        let server = match self.tls.take() {
+            None => tokio::spawn(
+                axum::serve(self.listener, service)
+                    .with_graceful_shutdown(stopped.clone().cancelled_owned())
+                    .into_future(),
+            ),
+            Some(certificate) => {
+                use axum::serve::ListenerExt;
+                // Tapped (and left alone) so that its peers' addresses are
+                // connection info like a TcpListener's.
+                let listener =
+                    crate::tls::TlsListener::new(self.listener, crate::tls::acceptor(certificate))?
+                        .tap_io(|_| {});
+                tokio::spawn(
+                    axum::serve(listener, service)
+                        .with_graceful_shutdown(stopped.clone().cancelled_owned())
+                        .into_future(),
+                )
+            }
+        };
         tokio::pin!(server);
         let served = tokio::select! {
             _ = stop => None,

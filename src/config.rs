@@ -115,6 +115,19 @@ pub struct Config {
     /// turns and stops them.
     #[serde(default)]
     pub on_shutdown: OnShutdown,
+    /// Serve HTTPS (and `wss://`) with this certificate instead of plain
+    /// HTTP; its files are read again when they change.
+    #[serde(default)]
+    pub tls: Option<TlsFiles>,
+}
+
+/// `tls = { cert_file, key_file }`: PEM files, the certificate chain (leaf
+/// first) and its private key.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
 }
 
 /// What the coming stop of the gateway does to its agents: `on_shutdown`,

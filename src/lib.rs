@@ -75,7 +75,8 @@
 //!   serialises and documents itself), [`error`] (its
 //!   one error type), [`limits`] (on what users send), [`ratelimit`] (one
 //!   sliding window), [`sys`] (what we ask of the operating system),
-//!   [`telemetry`] (what `GET /metrics` shows).
+//!   [`telemetry`] (what `GET /metrics` shows), [`tls`] (HTTPS served by
+//!   the gateway itself, its certificate re-read when renewed).
 //! - [`demo_agent`]: the scripted ACP agent for tests and demos.
 //!
 //! Data flows agent stdout → rpc → session task → journal (store, then bus)
@@ -104,6 +105,7 @@ pub mod shim;
 pub mod store;
 pub mod sys;
 pub mod telemetry;
+pub mod tls;
 pub mod web;
 pub mod workspace;
 

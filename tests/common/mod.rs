@@ -686,6 +686,7 @@ impl TestGateway {
             // (the default) leaves is seen with real processes
             // (`tests/suite/restart.rs`).
             on_shutdown: acp_gateway::config::OnShutdown::Cancel,
+            tls: None,
         }
     }
 

@@ -38,6 +38,7 @@ mod session_settings;
 mod shim;
 mod shutdown;
 mod spending;
+mod tls;
 mod turns;
 mod web_client;
 mod websocket;

@@ -37,9 +37,19 @@ impl Browser {
             .map(|(browser, _)| browser)
     }
 
+    /// A browser on a gateway that serves HTTPS (its page https://, its
+    /// sockets wss://).
+    async fn open_https(gw: &TestGateway) -> Option<(Browser, String)> {
+        Browser::start(Some(&gw.base), true).await
+    }
+
     /// A browser whose proxy has no gateway behind it yet (`upstream`
     /// gives it one), and the origin the page is served from.
     async fn launch(gateway: Option<&str>) -> Option<(Browser, String)> {
+        Browser::start(gateway, false).await
+    }
+
+    async fn start(gateway: Option<&str>, https: bool) -> Option<(Browser, String)> {
         let driver = web_tests_dir().join("driver.mjs");
         let installed = web_tests_dir().join("node_modules/playwright-core/package.json");
         if !Path::new(CHROMIUM).exists() || !installed.exists() {
@@ -54,6 +64,9 @@ impl Browser {
         let mut command = tokio::process::Command::new("node");
         if let Some(gateway) = gateway {
             command.env("GATEWAY", gateway);
+        }
+        if https {
+            command.env("HTTPS", "1");
         }
         let mut child = command
             .arg(driver)
@@ -611,6 +624,55 @@ async fn the_app_installs_and_opens_from_its_cache_with_the_gateway_unreachable(
     browser
         .run(json!({"do": "wait", "selector": "#live.down", "state": "detached"}))
         .await;
+    browser.close().await;
+}
+
+/// Over HTTPS (the gateway's own `tls`): the app loads, and its
+/// WebSockets connect over wss:// (a reply streams in live).
+#[tokio::test]
+async fn the_app_works_over_https() {
+    let db = db().await;
+    let (_dir, work) = work_dir();
+    let made =
+        rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+    std::fs::write(work.join("cert.pem"), made.cert.pem()).unwrap();
+    std::fs::write(work.join("key.pem"), made.signing_key.serialize_pem()).unwrap();
+    let mut config = TestGateway::config(&db, vec![sdk_agent(&work)]);
+    config.tls = Some(acp_gateway::config::TlsFiles {
+        cert_file: work.join("cert.pem"),
+        key_file: work.join("key.pem"),
+    });
+    let gw = TestGateway::start_with(config).await;
+    let Some((mut browser, origin)) = Browser::open_https(&gw).await else {
+        return;
+    };
+    assert!(origin.starts_with("https://"), "{origin}");
+    let conversation = {
+        let created: Value = reqwest::Client::builder()
+            .add_root_certificate(
+                reqwest::Certificate::from_pem(made.cert.pem().as_bytes()).unwrap(),
+            )
+            .build()
+            .unwrap()
+            .post(format!(
+                "{}/api/v1/conversations",
+                gw.base.replacen("http://", "https://", 1)
+            ))
+            .json(&json!({"agent": "sdk"}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        created["id"].as_str().unwrap().to_owned()
+    };
+    browser.send_prompt(&conversation, "over tls").await;
+    browser
+        .wait_for_text("section.message.agent .text", "You said: over tls")
+        .await;
+    browser.wait("p.turn-end").await;
+    assert_eq!(browser.texts("#live").await, [""]);
     browser.close().await;
 }
 

@@ -9,7 +9,7 @@
 // refused) and bring it back ("restore").
 //
 // Environment: GATEWAY (e.g. http://127.0.0.1:8080), CHROMIUM (default
-// /usr/bin/chromium). Every wait is bounded (WAIT_MS, default 20000).
+// /usr/bin/chromium), HTTPS=1 where the gateway serves TLS. Every wait is bounded (WAIT_MS, default 20000).
 //
 // Commands ({"do": ..., ...}):
 //   goto {path}                 opens the proxy's origin + path
@@ -64,7 +64,10 @@ const proxy = net.createServer((client) => {
   upstream.on("close", () => client.destroy());
 });
 await new Promise((resolve) => proxy.listen(0, "127.0.0.1", resolve));
-const origin = `http://127.0.0.1:${proxy.address().port}`;
+// With HTTPS=1 the gateway speaks TLS (through the proxy, untouched): the
+// page is https:// and its sockets wss://, its test certificate accepted.
+const https = process.env.HTTPS === "1";
+const origin = `${https ? "https" : "http"}://127.0.0.1:${proxy.address().port}`;
 
 // -------------------------------------------------------------- the browser
 const browser = await chromium.launch({
@@ -77,9 +80,12 @@ const browser = await chromium.launch({
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    // The test certificate, for the service worker's script too.
+    ...(https ? ["--ignore-certificate-errors"] : []),
   ],
 });
 const context = await browser.newContext({
+  ignoreHTTPSErrors: https,
   permissions: ["notifications"],
   viewport: { width: 375, height: 812 },
   deviceScaleFactor: 2,
