@@ -9,6 +9,7 @@ import { markdown } from "./markdown.js";
 import { SettingsView, serviceWorker } from "./notify.js";
 import {
   contentText,
+  promptContent,
   decisionText,
   permissionCard,
   planList,
@@ -391,6 +392,33 @@ class ConversationsView {
 
 // ----------------------------------------------------------- conversation
 
+/** A file's bytes as base64. */
+function base64Of(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(String(reader.result).replace(/^data:[^,]*,/, ""));
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+/** The ACP content block a picked file is sent as (see `attach`). */
+async function blockOf(file, capabilities) {
+  if (file.type.startsWith("image/")) {
+    if (!capabilities.image) throw new Error("this agent does not take images.");
+    return { type: "image", mimeType: file.type, data: await base64Of(file) };
+  }
+  const text = await file.text();
+  if (text.includes("\u0000") || text.includes("\ufffd")) {
+    throw new Error("only images and text files can be attached.");
+  }
+  const mimeType = file.type || "text/plain";
+  if (capabilities.embeddedContext) {
+    return { type: "resource", resource: { uri: `file:///${encodeURIComponent(file.name)}`, mimeType, text } };
+  }
+  return { type: "text", text: `${file.name}:\n\n${text}` };
+}
+
 /** Updates that change a conversation's settings, commands or usage. */
 const SETTING_UPDATES = new Set([
   "current_mode_update",
@@ -442,6 +470,13 @@ class ConversationView {
       placeholder: "Message the agent (Ctrl+Enter sends)",
     });
     this.send = h("button.primary", { type: "submit" }, "Send");
+    // Photos and files to send with the next prompt.
+    this.attachments = [];
+    this.capabilities = {};
+    this.attached = h("ul.attached", { "aria-label": "Attachments", hidden: true });
+    this.picker = h("input.sr", { type: "file", id: "attach", multiple: true });
+    this.picker.addEventListener("change", () => this.attach([...this.picker.files]));
+    const attach = h("label.button.attach", { for: "attach" }, "Attach");
     // The agent's slash commands, offered while the prompt is a "/" word.
     this.commands = [];
     this.suggestions = h("ul.commands", { id: "commands", "aria-label": "Commands", hidden: true });
@@ -452,8 +487,9 @@ class ConversationView {
       { onsubmit: (event) => this.submit(event) },
       h("label.sr", { for: "prompt" }, "Message"),
       this.suggestions,
+      this.attached,
       this.prompt,
-      h("div.actions", {}, this.cancel, this.send),
+      h("div.actions", {}, this.picker, attach, this.cancel, this.send),
       this.error,
     );
     this.prompt.addEventListener("keydown", (event) => {
@@ -499,6 +535,7 @@ class ConversationView {
       this.showSettings(c);
       this.usage.textContent = usageText(c.usage);
       this.commands = Array.isArray(c.available_commands) ? c.available_commands : [];
+      this.capabilities = c.prompt_capabilities ?? {};
     } catch (e) {
       this.error.textContent = problemText(e);
       this.error.hidden = false;
@@ -619,18 +656,74 @@ class ConversationView {
   async submit(event) {
     event.preventDefault();
     const text = this.prompt.value;
-    if (!text.trim()) return;
+    if (!text.trim() && this.attachments.length === 0) return;
     this.send.disabled = true;
     this.error.hidden = true;
+    const body = this.attachments.length
+      ? { content: [...(text.trim() ? [{ type: "text", text }] : []), ...this.attachments.map((a) => a.block)] }
+      : { text };
     try {
-      await api("POST", `/api/v1/conversations/${this.id}/prompts`, { text });
+      await api("POST", `/api/v1/conversations/${this.id}/prompts`, body);
       this.prompt.value = "";
+      this.attachments = [];
+      this.showAttachments();
     } catch (e) {
-      this.error.textContent = problemText(e);
+      this.error.textContent =
+        e instanceof ApiError && e.status === 413
+          ? "That is too large to send: the gateway takes prompts up to its max_body_bytes. Remove an attachment, or send a smaller one."
+          : problemText(e);
       this.error.hidden = false;
     } finally {
       this.send.disabled = false;
     }
+  }
+
+  /**
+   * Files picked to send: an image becomes an ACP `image` block where the
+   * agent takes images; a text file an embedded `resource` block where it
+   * takes those, else a text block holding it. What cannot go is said.
+   */
+  async attach(files) {
+    this.picker.value = "";
+    const refused = [];
+    for (const file of files) {
+      try {
+        const block = await blockOf(file, this.capabilities);
+        this.attachments.push({ name: file.name, type: file.type, size: file.size, block });
+      } catch (why) {
+        refused.push(`${file.name}: ${why.message ?? why}`);
+      }
+    }
+    this.showAttachments();
+    this.error.textContent = refused.join(" ");
+    this.error.hidden = refused.length === 0;
+  }
+
+  showAttachments() {
+    fill(
+      this.attached,
+      this.attachments.map((a, i) =>
+        h(
+          "li",
+          {},
+          a.block.type === "image" ? h("img", { src: `data:${a.block.mimeType};base64,${a.block.data}`, alt: "" }) : null,
+          h("span.name", {}, a.name),
+          h(
+            "button.quiet",
+            {
+              type: "button",
+              "aria-label": `Remove ${a.name}`,
+              onclick: () => {
+                this.attachments.splice(i, 1);
+                this.showAttachments();
+              },
+            },
+            "×",
+          ),
+        ),
+      ),
+    );
+    this.attached.hidden = this.attachments.length === 0;
   }
 
   async cancelTurn() {
@@ -690,7 +783,7 @@ class ConversationView {
         this.turn = data.turn_id;
         this.cancel.disabled = false;
         this.showStatus("running");
-        this.message("user", data.turn_id).textContent = contentText(data.content);
+        fill(this.message("user", data.turn_id), promptContent(data.content));
         this.open = null;
         break;
       case "session_update":

@@ -16,6 +16,22 @@ export function contentText(blocks) {
     .join("");
 }
 
+/**
+ * A prompt as sent: its text, each image as a thumbnail, each file by its
+ * name.
+ */
+export function promptContent(blocks) {
+  return (blocks ?? []).map((block) => {
+    if (block?.type === "image" && typeof block.data === "string" && /^image\/(png|jpeg|gif|webp)$/.test(block.mimeType)) {
+      return h("img.sent", { src: `data:${block.mimeType};base64,${block.data}`, alt: "An image sent" });
+    }
+    if (block?.type === "resource") {
+      return h("span.file", {}, `File: ${decodeURIComponent(String(block.resource?.uri ?? "file").split("/").pop())}`);
+    }
+    return contentText([block]);
+  });
+}
+
 /** The command a tool call runs, where it says one. */
 export function commandOf(toolCall) {
   const command = toolCall?.rawInput?.command;

@@ -135,6 +135,7 @@ impl AgentSession {
             )));
         }
         let capabilities = &init.agent_capabilities;
+        state.prompt_capabilities = Some(to_json(&capabilities.prompt_capabilities));
         let can_close = capabilities.session_capabilities.close.is_some();
         let session = |session_id: String| AgentSession {
             peer: peer.clone(),

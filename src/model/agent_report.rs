@@ -73,6 +73,20 @@ pub struct Usage {
     cost: Option<Value>,
 }
 
+/// ACP `PromptCapabilities`: what a prompt may carry beyond text and
+/// resource links.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct PromptCapabilities {
+    /// `image` content blocks.
+    image: bool,
+    /// `audio` content blocks.
+    audio: bool,
+    /// `resource` content blocks (a file's contents embedded).
+    #[serde(rename = "embeddedContext")]
+    embedded_context: bool,
+}
+
 /// A configuration option's value: a select's value id, or a boolean.
 #[derive(Serialize, ToSchema)]
 #[serde(untagged)]
@@ -99,6 +113,8 @@ pub struct AgentReport {
     pub usage: Option<Value>,
     /// The session's title, as the agent named it.
     pub title: Option<String>,
+    /// `PromptCapabilities` from the agent's answer to `initialize`.
+    pub prompt_capabilities: Option<Value>,
 }
 
 /// Longest title kept from an agent (in characters).

@@ -8,7 +8,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::agent_report::{
-    AgentReport, AvailableCommand, SessionConfigOption, SessionModeState, Usage,
+    AgentReport, AvailableCommand, PromptCapabilities, SessionConfigOption, SessionModeState, Usage,
 };
 
 /// Lifecycle of a conversation.
@@ -113,6 +113,11 @@ pub struct ConversationView {
     /// The latest ACP `usage_update`, without its `sessionUpdate` tag.
     #[schema(value_type = Option<Usage>)]
     usage: Option<Value>,
+    /// What a prompt may carry (ACP `PromptCapabilities`, from the agent's
+    /// `initialize`): `image` blocks where `image` is true, embedded
+    /// `resource` blocks where `embeddedContext` is.
+    #[schema(value_type = Option<PromptCapabilities>)]
+    prompt_capabilities: Option<Value>,
 }
 
 impl From<Conversation> for ConversationView {
@@ -123,6 +128,7 @@ impl From<Conversation> for ConversationView {
             available_commands,
             usage,
             title,
+            prompt_capabilities,
         } = c.state;
         ConversationView {
             id: c.id,
@@ -138,6 +144,7 @@ impl From<Conversation> for ConversationView {
             config_options,
             available_commands,
             usage,
+            prompt_capabilities,
         }
     }
 }

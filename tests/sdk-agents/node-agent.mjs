@@ -63,6 +63,7 @@
 // More, from the environment:
 //   ACP_TEST_AGENT_RESUME=1  advertises sessionCapabilities.resume (needs STATE)
 //   ACP_TEST_AGENT_CLOSE=1   advertises sessionCapabilities.close
+//   ACP_TEST_AGENT_IMAGES=1  advertises promptCapabilities image and embeddedContext
 //   ACP_TEST_AGENT_AUTH=<id> offers the auth methods "api-key" and "browser";
 //                            session/new, load and resume answer auth_required
 //                            until authenticate with <id> succeeded
@@ -88,6 +89,7 @@ const STATE_DIR = process.env.ACP_TEST_AGENT_STATE || null;
 const RESUME = process.env.ACP_TEST_AGENT_RESUME === "1";
 const CLOSE = process.env.ACP_TEST_AGENT_CLOSE === "1";
 const AUTH = process.env.ACP_TEST_AGENT_AUTH || null;
+const IMAGES = process.env.ACP_TEST_AGENT_IMAGES === "1";
 let authenticated = false;
 /** What the gateway offered in initialize. */
 let clientCapabilities = null;
@@ -463,7 +465,7 @@ const app = acp
       protocolVersion: acp.PROTOCOL_VERSION,
       agentCapabilities: {
         loadSession: STATE_DIR !== null,
-        promptCapabilities: { image: false, audio: false, embeddedContext: false },
+        promptCapabilities: { image: IMAGES, audio: false, embeddedContext: IMAGES },
         sessionCapabilities,
       },
       authMethods: AUTH

@@ -676,6 +676,96 @@ async fn the_app_works_over_https() {
     browser.close().await;
 }
 
+/// Attachments from the page: a photo reaches an SDK agent that takes
+/// images as an `image` block with the very bytes picked, a text file as an
+/// embedded `resource`; the conversation shows what was sent; an agent that
+/// takes no images says so before anything is sent.
+#[tokio::test]
+async fn a_photo_and_a_file_attached_reach_the_agent() {
+    let db = db().await;
+    let (_dir, work) = work_dir();
+    let state = work.join("agent-state");
+    std::fs::create_dir(&state).unwrap();
+    let mut seeing = sdk_agent(&work);
+    seeing
+        .env
+        .insert("ACP_TEST_AGENT_STATE".into(), state.display().to_string());
+    seeing
+        .env
+        .insert("ACP_TEST_AGENT_IMAGES".into(), "1".into());
+    let blind = AgentProfile {
+        name: "blind".into(),
+        ..sdk_agent(&work)
+    };
+    let gw = TestGateway::start(&db, vec![seeing, blind]).await;
+    let Some(mut browser) = Browser::open(&gw).await else {
+        return;
+    };
+    // A real PNG (the app's own icon) and a text file.
+    let photo = Path::new(env!("CARGO_MANIFEST_DIR")).join("web/icon-192.png");
+    let notes = work.join("notes.md");
+    std::fs::write(&notes, "# Notes\nthe whiteboard says: ship it\n").unwrap();
+
+    let conversation = gw.create("sdk").await;
+    browser.goto(&format!("/#/c/{conversation}")).await;
+    browser.wait("#setting-mode").await;
+    browser
+        .run(json!({"do": "upload", "label": "Attach", "paths": [photo, notes]}))
+        .await;
+    assert_eq!(
+        browser.texts("ul.attached .name").await,
+        ["icon-192.png", "notes.md"]
+    );
+    browser.fill("Message", "what is on the whiteboard?").await;
+    browser.click("button", "Send").await;
+    browser.wait("p.turn-end").await;
+    browser.wait("section.message.user img.sent").await;
+    assert_eq!(
+        browser.texts("section.message.user .file").await,
+        ["File: notes.md"]
+    );
+    // The agent got them, byte for byte.
+    let calls = std::fs::read_to_string(state.join("calls.jsonl")).unwrap();
+    let prompt: Value = calls
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|c| c["method"] == "session/prompt")
+        .unwrap();
+    let blocks = prompt["params"]["prompt"].as_array().unwrap();
+    assert_eq!(blocks[0]["text"], "what is on the whiteboard?");
+    assert_eq!(blocks[1]["type"], "image");
+    assert_eq!(blocks[1]["mimeType"], "image/png");
+    use base64::Engine;
+    let sent = base64::engine::general_purpose::STANDARD
+        .decode(blocks[1]["data"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(sent, std::fs::read(&photo).unwrap());
+    assert_eq!(blocks[2]["type"], "resource");
+    assert_eq!(blocks[2]["resource"]["uri"], "file:///notes.md");
+    assert_eq!(
+        blocks[2]["resource"]["text"],
+        "# Notes\nthe whiteboard says: ship it\n"
+    );
+    let shot = browser.screenshot("attachments.png", false).await;
+    eprintln!("attachments screenshot: {}", shot.display());
+
+    // An agent that takes no images: said at once, nothing sent.
+    let other = gw.create("blind").await;
+    browser.goto(&format!("/#/c/{other}")).await;
+    browser.wait("#setting-mode").await;
+    browser
+        .run(json!({"do": "upload", "label": "Attach", "paths": [photo]}))
+        .await;
+    browser
+        .wait_for_text(
+            "form.prompt p.error",
+            "icon-192.png: this agent does not take images.",
+        )
+        .await;
+    assert!(browser.texts("ul.attached li").await.is_empty());
+    browser.close().await;
+}
+
 #[tokio::test]
 async fn a_request_answered_elsewhere_leaves_the_page() {
     let Some(mut scene) = scene().await else {

@@ -25,6 +25,7 @@
 //   tags {selector}             the tag names of every match
 //   attrs {selector, name}      the value of attribute `name` of every match (null where absent)
 //   values {selector}           the current value of every matching field
+//   upload {label, paths}       picks these files in the file field with that label
 //   global {name}               the page's window[name] (null where unset): a flag hostile
 //                               content would set if it ran
 //   cut / restore               the network
@@ -158,6 +159,7 @@ const commands = {
     page.locator(selector).evaluateAll((els, name) => els.map((e) => e.getAttribute(name)), name),
   global: ({ name }) => page.evaluate((name) => window[name] ?? null, name),
   values: ({ selector }) => page.locator(selector).evaluateAll((els) => els.map((e) => e.value)),
+  upload: ({ label, paths }) => page.getByLabel(label, { exact: true }).setInputFiles(paths).then(() => null),
   cut: () => {
     cut = true;
     for (const s of sockets) s.destroy();
