@@ -766,6 +766,58 @@ async fn a_photo_and_a_file_attached_reach_the_agent() {
     browser.close().await;
 }
 
+/// Every view passes axe-core with no serious or critical violation: the
+/// inbox (with a request waiting), the conversations, a conversation (its
+/// settings, Markdown, a tool call), the settings and the sign-in page.
+#[tokio::test]
+async fn every_view_passes_axe_core() {
+    let Some(mut scene) = scene().await else {
+        return;
+    };
+    let Scene { gw, browser, .. } = &mut scene;
+    let conversation = gw.create("sdk").await;
+    turn_shown_nowhere(
+        gw,
+        &conversation,
+        "\n# Heading\n\n- a list\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n```\ncode\n```\n",
+    )
+    .await;
+    let mut ws = gw.conversation_ws(&conversation, 0).await;
+    gw.prompt(&conversation, "tool").await;
+    ws.until_type("permission_requested").await;
+    let views = [
+        ("/#/", "article.permission"),
+        ("/#/conversations", "#new-agent"),
+        (
+            &format!("/#/c/{conversation}") as &str,
+            "section.message.agent .text.md h1",
+        ),
+        ("/#/settings", "main h1"),
+    ];
+    for (path, ready) in views {
+        browser.goto(path).await;
+        browser.wait(ready).await;
+        let violations = browser.run(json!({"do": "axe"})).await;
+        let serious: Vec<&Value> = violations
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|v| v["impact"] == "serious" || v["impact"] == "critical")
+            .collect();
+        eprintln!("axe on {path}: {violations}");
+        assert!(serious.is_empty(), "{path}: {serious:#?}");
+    }
+    browser.close().await;
+}
+
+/// A prompt answered to its end, before any page looks.
+async fn turn_shown_nowhere(gw: &TestGateway, conversation: &str, text: &str) {
+    let mut ws = gw.conversation_ws(conversation, 0).await;
+    let turn = gw.prompt(conversation, text).await;
+    ws.until(|e| e["type"] == "turn_ended" && e["data"]["turn_id"] == turn.as_str())
+        .await;
+}
+
 #[tokio::test]
 async fn a_request_answered_elsewhere_leaves_the_page() {
     let Some(mut scene) = scene().await else {

@@ -26,6 +26,8 @@
 //   attrs {selector, name}      the value of attribute `name` of every match (null where absent)
 //   values {selector}           the current value of every matching field
 //   upload {label, paths}       picks these files in the file field with that label
+//   axe                         runs axe-core (npm axe-core) on the page: its violations
+//                               [{id, impact, help, nodes: [target…]}]
 //   global {name}               the page's window[name] (null where unset): a flag hostile
 //                               content would set if it ran
 //   cut / restore               the network
@@ -41,7 +43,9 @@
 //   notification_click {action} taps an action of the first notification shown (in the worker)
 //   close
 
+import * as fs from "node:fs";
 import * as net from "node:net";
+import { createRequire } from "node:module";
 import * as readline from "node:readline";
 import { chromium } from "playwright-core";
 
@@ -159,6 +163,21 @@ const commands = {
     page.locator(selector).evaluateAll((els, name) => els.map((e) => e.getAttribute(name)), name),
   global: ({ name }) => page.evaluate((name) => window[name] ?? null, name),
   values: ({ selector }) => page.locator(selector).evaluateAll((els) => els.map((e) => e.value)),
+  axe: async () => {
+    // Evaluated through DevTools, which the page's CSP does not govern (a
+    // script tag would be refused, as it should be).
+    const source = fs.readFileSync(createRequire(import.meta.url).resolve("axe-core/axe.min.js"), "utf8");
+    return page.evaluate(async (source) => {
+      if (!window.axe) (0, eval)(source);
+      const result = await window.axe.run(document, { resultTypes: ["violations"] });
+      return result.violations.map((v) => ({
+        id: v.id,
+        impact: v.impact,
+        help: v.help,
+        nodes: v.nodes.map((n) => n.target.join(" ")),
+      }));
+    }, source);
+  },
   upload: ({ label, paths }) => page.getByLabel(label, { exact: true }).setInputFiles(paths).then(() => null),
   cut: () => {
     cut = true;
