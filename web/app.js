@@ -770,7 +770,8 @@ class ConversationView {
     if (this.open && this.open.kind === kind && this.open.turn === turn) return this.open.el;
     const label = { agent: "Agent", thought: "Thought", user: "You" }[kind];
     const el = h(kind === "user" ? "div.text" : "div.text.md");
-    this.add(h(`section.message.${kind}`, { "aria-label": label }, h("p.who", {}, label), el));
+    // Not a landmark each (many share one label): the visible "who" says it.
+    this.add(h(`section.message.${kind}`, {}, h("p.who", {}, label), el));
     this.open = { kind, turn, el };
     return el;
   }
@@ -820,7 +821,7 @@ class ConversationView {
         this.refresh();
         break;
       case "file_written":
-        this.add(h("section.card.file", { "aria-label": `Wrote ${data.path}` }, h("h3", {}, `Wrote ${data.path}`), unifiedDiff(data.diff ?? "")));
+        this.add(h("section.card.file", { "aria-label": `Wrote ${data.path}` }, h("h2", {}, `Wrote ${data.path}`), unifiedDiff(data.diff ?? "")));
         break;
       case "terminal_output":
         this.terminalOutput(data);
@@ -854,7 +855,7 @@ class ConversationView {
       const known = this.toolCalls.get(update.toolCallId);
       const merged = { ...(known?.data ?? {}), ...stripNulls(update) };
       const el = known?.el ?? this.add(h("section.card.tool"));
-      fill(el, h("h3", {}, merged.title ?? "Tool call"), toolCallBody(merged));
+      fill(el, h("h2", {}, merged.title ?? "Tool call"), toolCallBody(merged));
       el.setAttribute("aria-label", `Tool: ${merged.title ?? "tool call"}`);
       el.dataset.status = merged.status ?? "";
       this.toolCalls.set(update.toolCallId, { el, data: merged });
@@ -882,7 +883,7 @@ class ConversationView {
     if (!terminal) {
       const output = h("pre.output");
       const title = data.command ? `$ ${data.command.join(" ")}` : "Terminal";
-      this.add(h("section.card.terminal", { "aria-label": "Terminal" }, h("h3", {}, title), output));
+      this.add(h("section.card.terminal", { "aria-label": "Terminal" }, h("h2", {}, title), output));
       terminal = { output };
       this.terminals.set(data.terminal_id, terminal);
     }

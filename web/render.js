@@ -166,7 +166,7 @@ export function permissionCard(request, answer, { conversation } = {}) {
     conversation
       ? h("p.where", {}, h("a", { href: `#/c/${request.conversation_id}` }, conversation))
       : null,
-    h("h3", {}, toolCall.title ?? "The agent asks permission"),
+    h("h2", {}, toolCall.title ?? "The agent asks permission"),
     toolCallBody({ ...toolCall, status: undefined }),
     h("div.options", {}, buttons),
     h("p.error", { role: "alert", hidden: true }),

@@ -766,7 +766,7 @@ async fn a_photo_and_a_file_attached_reach_the_agent() {
     browser.close().await;
 }
 
-/// Every view passes axe-core with no serious or critical violation: the
+/// Every view passes axe-core with no violation at all: the
 /// inbox (with a request waiting), the conversations, a conversation (its
 /// settings, Markdown, a tool call), the settings and the sign-in page.
 #[tokio::test]
@@ -797,15 +797,10 @@ async fn every_view_passes_axe_core() {
     for (path, ready) in views {
         browser.goto(path).await;
         browser.wait(ready).await;
+        // The issue asks for no serious or critical violation; none at all
+        // is what the views have.
         let violations = browser.run(json!({"do": "axe"})).await;
-        let serious: Vec<&Value> = violations
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|v| v["impact"] == "serious" || v["impact"] == "critical")
-            .collect();
-        eprintln!("axe on {path}: {violations}");
-        assert!(serious.is_empty(), "{path}: {serious:#?}");
+        assert_eq!(violations, json!([]), "{path}: {violations:#}");
     }
     browser.close().await;
 }
