@@ -266,11 +266,64 @@ class ConversationsView {
     this.list = h("ul.conversations", { "aria-label": "Conversations" });
     this.more = h("button.quiet", { type: "button", hidden: true, onclick: () => this.load() }, "More");
     this.cursor = null;
-    fill(main, h("h1", {}, "Conversations"), this.createForm(), this.list, this.more);
+    this.results = h("ul.conversations.results", { "aria-label": "Search results", hidden: true });
+    this.found = h("p.meta", { role: "status", id: "search-status" });
+    fill(main, h("h1", {}, "Conversations"), this.searchForm(), this.found, this.results, this.createForm(), this.list, this.more);
     this.load();
   }
 
   stop() {}
+
+  /** Search across the caller's conversations: titles, and what was said. */
+  searchForm() {
+    const input = h("input", {
+      type: "search",
+      id: "search",
+      name: "q",
+      maxlength: 200,
+      placeholder: "Words from a title or a message",
+      autocapitalize: "off",
+    });
+    return h(
+      "form.search",
+      {
+        role: "search",
+        onsubmit: async (event) => {
+          event.preventDefault();
+          const q = input.value.trim();
+          this.results.replaceChildren();
+          this.results.hidden = !q;
+          this.found.textContent = "";
+          if (!q) return;
+          try {
+            const page = await api("GET", `/api/v1/search?limit=50&q=${encodeURIComponent(q)}`);
+            for (const hit of page.items) this.results.append(this.hit(hit, q));
+            this.found.textContent = page.items.length
+              ? `${page.items.length}${page.next_cursor ? "+" : ""} found`
+              : "Nothing found.";
+          } catch (e) {
+            this.found.textContent = problemText(e);
+          }
+        },
+      },
+      h("label", { for: "search" }, "Search conversations"),
+      h("div.row", {}, input, h("button", { type: "submit" }, "Search")),
+    );
+  }
+
+  hit({ conversation: c, matched, snippet }, q) {
+    return h(
+      "li.conversation",
+      { dataset: { id: c.id } },
+      h(
+        "a",
+        { href: `#/c/${c.id}` },
+        h("strong", {}, c.title || "Untitled"),
+        matched === "message" ? h("span.snippet", {}, marked(snippet, q)) : null,
+        h("span.meta", {}, `${c.agent} · ${when(c.updated_at)}`),
+      ),
+    );
+  }
 
   async load() {
     const query = this.cursor ? `&cursor=${encodeURIComponent(this.cursor)}` : "";
@@ -391,6 +444,22 @@ class ConversationsView {
 }
 
 // ----------------------------------------------------------- conversation
+
+/** `text` with each of the search's words in it marked (as text, never markup). */
+function marked(text, q) {
+  const words = q.split(/[^\p{L}\p{N}]+/u).filter(Boolean);
+  if (!words.length) return text;
+  const escaped = words.map((w) => w.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"));
+  const pattern = new RegExp(`(?<![\\p{L}\\p{N}])(${escaped.join("|")})(?![\\p{L}\\p{N}])`, "giu");
+  const parts = [];
+  let last = 0;
+  for (const m of text.matchAll(pattern)) {
+    parts.push(text.slice(last, m.index), h("mark", {}, m[0]));
+    last = m.index + m[0].length;
+  }
+  parts.push(text.slice(last));
+  return parts;
+}
 
 /** A file's bytes as base64. */
 function base64Of(file) {

@@ -12,6 +12,7 @@ mod page;
 mod permissions;
 mod policies;
 mod responses;
+mod search;
 mod state;
 mod tokens;
 mod ws;
@@ -45,6 +46,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(openapi_json))
         .merge(actions::router())
         .merge(conversations::router())
+        .merge(search::router())
         .merge(permissions::router())
         .merge(policies::router())
         .merge(tokens::router())

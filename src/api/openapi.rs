@@ -196,6 +196,7 @@ list!(
     /// Conversations, newest first.
     ConversationList, ConversationView
 );
+
 list!(
     /// Messages, oldest first.
     MessageList, Message

@@ -326,6 +326,17 @@ pub trait Store:
         before: Option<Uuid>,
         owner: Option<&str>,
     ) -> Result<Vec<Conversation>>;
+    /// Search (see [`search_words`]): conversations, newest first (paged
+    /// like [`Store::list_conversations`]), whose title holds `q` or whose
+    /// messages' text holds all its words; each with the text of its first
+    /// matching message (`None`: its title matched).
+    async fn search_conversations(
+        &self,
+        q: &str,
+        limit: i64,
+        before: Option<Uuid>,
+        owner: Option<&str>,
+    ) -> Result<Vec<(Conversation, Option<String>)>>;
     /// Conversations whose status says they were busy with their agent
     /// (starting, running a turn, awaiting a permission), each with the turn
     /// it was running.
@@ -455,4 +466,39 @@ pub trait Store:
         hash: &str,
         now: DateTime<Utc>,
     ) -> Result<Option<(ActionToken, bool)>>;
+}
+
+/// Most text of one message kept for search (what follows is not found).
+pub const SEARCH_TEXT_MAX: usize = 64 * 1024;
+
+/// The words of a search, as full-text matching takes them (letters and
+/// digits; everything else separates them), at most 16.
+pub fn search_words(q: &str) -> Vec<String> {
+    q.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .take(16)
+        .map(str::to_lowercase)
+        .collect()
+}
+
+/// The text a message part adds to its message's search text: its text
+/// blocks, at most [`SEARCH_TEXT_MAX`] bytes (cut at a character).
+pub fn search_text(content: &[serde_json::Value]) -> String {
+    let mut text = String::new();
+    for block in content {
+        if block.get("type").and_then(serde_json::Value::as_str) == Some("text") {
+            if let Some(t) = block.get("text").and_then(serde_json::Value::as_str) {
+                text.push_str(t);
+            }
+        }
+        if text.len() >= SEARCH_TEXT_MAX {
+            let mut end = SEARCH_TEXT_MAX;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+            break;
+        }
+    }
+    text
 }

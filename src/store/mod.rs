@@ -26,6 +26,7 @@ pub use backend::{
     json_size, ActionToken, AgentLink, AgentProcessRecord, Batch, Bounded, ConversationPatch, Lane,
     PermissionFilter, PolicySet, Resolution, Store, TokenInfo,
 };
+pub use backend::{search_words, SEARCH_TEXT_MAX};
 pub use cluster::{ClusterStore, Clustered};
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;

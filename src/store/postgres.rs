@@ -93,6 +93,14 @@ impl PgStore {
 }
 
 /// A whole batch of events in one statement.
+/// A `search_texts s` row whose words include all of `$1`'s.
+const SEARCH_MATCH: &str = "s.tsv @@ plainto_tsquery('simple', $1)";
+
+/// The words, for `plainto_tsquery` (which joins them with AND).
+fn search_query(words: &[String]) -> String {
+    words.join(" ")
+}
+
 async fn insert_events(
     tx: &mut PgConnection,
     conversation_id: Uuid,

@@ -9,6 +9,9 @@
 /// reads), a `writer()` method (the pool every write goes through) and a `lanes` field
 /// ([`Lanes`](super::backend::Lanes): who goes first to the writer). The invoking module
 /// must define
+/// `SEARCH_MATCH` (the SQL condition under which a `search_texts s` row
+/// matches the full-text query bound as `$1`), `fn search_query(&[String])
+/// -> String` (that query, from a search's words),
 /// `async fn insert_events(&mut Connection, Uuid, &[Event]) -> Result<()>` and
 /// `async fn resolve_at_once(&Pool, &Resolution, &Event, &ConversationPatch, Option<i64>) -> Result<Option<Event>>`
 /// (a resolution in one statement where the backend can: `None` where it
@@ -130,6 +133,64 @@ macro_rules! impl_store {
                 .collect()
             }
 
+            async fn search_conversations(
+                &self,
+                q: &str,
+                limit: i64,
+                before: Option<Uuid>,
+                owner: Option<&str>,
+            ) -> Result<Vec<(Conversation, Option<String>)>> {
+                let words = $crate::store::backend::search_words(q);
+                if words.is_empty() {
+                    return Ok(Vec::new());
+                }
+                // Title: the words as typed, anywhere in it.
+                let like = format!(
+                    "%{}%",
+                    q.trim()
+                        .to_lowercase()
+                        // Postgres text holds no NUL.
+                        .replace('\0', "")
+                        .replace('\\', "\\\\")
+                        .replace('%', "\\%")
+                        .replace('_', "\\_")
+                );
+                let matched = SEARCH_MATCH;
+                let found = format!(
+                    "select * from conversations c
+                     where ($3 is null or c.id < $3) and ($4 is null or c.owner = $4)
+                       and (lower(coalesce(c.title, '')) like $2 escape '\\'
+                            or exists (select 1 from search_texts s
+                                       where s.conversation_id = c.id and {matched}))
+                     order by c.id desc limit $5"
+                );
+                let query_text = search_query(&words);
+                let rows = sqlx::query_as::<_, ConversationRow>(&found)
+                    .bind(&query_text)
+                    .bind(&like)
+                    .bind(before)
+                    .bind(owner)
+                    .bind(limit)
+                    .fetch_all(&self.pool)
+                    .await?;
+                let first = format!(
+                    "select s.body from search_texts s
+                     where s.conversation_id = $2 and {matched}
+                     order by s.message_id limit 1"
+                );
+                let mut out = Vec::with_capacity(rows.len());
+                for row in rows {
+                    let conversation = row.into_conversation()?;
+                    let body: Option<String> = sqlx::query_scalar(&first)
+                        .bind(&query_text)
+                        .bind(conversation.id)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                    out.push((conversation, body));
+                }
+                Ok(out)
+            }
+
             async fn live_conversations(&self) -> Result<Vec<(Conversation, Option<Uuid>)>> {
                 sqlx::query_as::<_, ConversationRow>(
                     "select * from conversations
@@ -204,6 +265,26 @@ macro_rules! impl_store {
                         .bind(JsonText::of(&m.content))
                     };
                     query.execute(&mut *tx).await?;
+                    // Its text for search, joined to what came before it
+                    // (up to a cap, so a huge message costs no more). A
+                    // commit retried after its answer was lost may add its
+                    // part twice: found twice, nothing worse.
+                    let text = $crate::store::backend::search_text(&m.content);
+                    if !text.is_empty() {
+                        sqlx::query(
+                            "insert into search_texts (message_id, conversation_id, body)
+                             values ($1, $2, $3)
+                             on conflict (message_id) do update
+                               set body = search_texts.body || excluded.body
+                               where length(search_texts.body) < $4",
+                        )
+                        .bind(m.id)
+                        .bind(conversation_id)
+                        .bind(text_col(&text))
+                        .bind($crate::store::backend::SEARCH_TEXT_MAX as i64)
+                        .execute(&mut *tx)
+                        .await?;
+                    }
                 }
                 for t in &batch.tool_calls {
                     sqlx::query(

@@ -97,6 +97,19 @@ impl SqliteStore {
 
 /// Events one statement each: SQLite runs in-process, a statement is cheap,
 /// and the transaction around the batch makes it one write.
+/// A `search_texts s` row whose words include all of `$1`'s (FTS5).
+const SEARCH_MATCH: &str = "s.rowid in (select rowid from search_fts where search_fts match $1)";
+
+/// The words as an FTS5 query: each a quoted string (so nothing in it is
+/// query syntax), all required.
+fn search_query(words: &[String]) -> String {
+    words
+        .iter()
+        .map(|w| format!("\"{}\"", w.replace('"', "\"\"")))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 async fn insert_events(
     tx: &mut SqliteConnection,
     conversation_id: Uuid,

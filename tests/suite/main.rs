@@ -34,6 +34,7 @@ mod restart;
 mod resume;
 mod sandbox;
 mod sdk_agents;
+mod search;
 mod session_settings;
 mod shim;
 mod shutdown;

@@ -813,6 +813,47 @@ async fn turn_shown_nowhere(gw: &TestGateway, conversation: &str, text: &str) {
         .await;
 }
 
+/// The conversations page finds a conversation by a word only its agent
+/// said, and shows where.
+#[tokio::test]
+async fn a_search_on_the_page_finds_what_the_agent_said() {
+    let db = db().await;
+    let gw = TestGateway::start(&db, vec![demo_profile("demo", &["--chunk-delay-ms", "0"])]).await;
+    let Some(mut browser) = Browser::open(&gw).await else {
+        return;
+    };
+    for (title, prompt) in [("Release checklist", "long 60"), ("Unrelated", "hello")] {
+        let (_, created) = gw
+            .post(
+                "/api/v1/conversations",
+                json!({"agent": "demo", "title": title}),
+            )
+            .await;
+        turn_shown_nowhere(&gw, created["id"].as_str().unwrap(), prompt).await;
+    }
+    browser.goto("/#/conversations").await;
+    browser.fill("Search conversations", "w42").await;
+    browser.click("button", "Search").await;
+    browser.wait_for_text("#search-status", "1 found").await;
+    assert_eq!(
+        browser.texts("ul.results li strong").await,
+        ["Release checklist"]
+    );
+    let snippet = browser.texts("ul.results .snippet").await;
+    assert!(snippet[0].contains("w41 w42 w43"), "{snippet:?}");
+    assert_eq!(browser.texts("ul.results .snippet mark").await, ["w42"]);
+    let shot = browser.screenshot("search.png", false).await;
+    eprintln!("search screenshot: {}", shot.display());
+    browser.fill("Search conversations", "nowhere").await;
+    browser.click("button", "Search").await;
+    browser
+        .wait_for_text("#search-status", "Nothing found.")
+        .await;
+    let violations = browser.run(json!({"do": "axe"})).await;
+    assert_eq!(violations, json!([]), "{violations:#}");
+    browser.close().await;
+}
+
 #[tokio::test]
 async fn a_request_answered_elsewhere_leaves_the_page() {
     let Some(mut scene) = scene().await else {
