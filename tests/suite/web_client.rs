@@ -749,6 +749,23 @@ async fn a_photo_and_a_file_attached_reach_the_agent() {
     let shot = browser.screenshot("attachments.png", false).await;
     eprintln!("attachments screenshot: {}", shot.display());
 
+    // Larger than the gateway takes (max_body_bytes, 64 KiB here): said
+    // plainly, and the attachment kept to be removed.
+    let big = work.join("big.txt");
+    std::fs::write(&big, "x".repeat(100 * 1024)).unwrap();
+    browser
+        .run(json!({"do": "upload", "label": "Attach", "paths": [big]}))
+        .await;
+    browser.fill("Message", "too much").await;
+    browser.click("button", "Send").await;
+    browser.wait("form.prompt p.error").await;
+    let said = browser.texts("form.prompt p.error").await.concat();
+    assert!(said.contains("too large to send"), "{said}");
+    assert!(said.contains("max_body_bytes"), "{said}");
+    assert_eq!(browser.texts("ul.attached .name").await, ["big.txt"]);
+    browser.click("button", "Remove big.txt").await;
+    assert!(browser.texts("ul.attached li").await.is_empty());
+
     // An agent that takes no images: said at once, nothing sent.
     let other = gw.create("blind").await;
     browser.goto(&format!("/#/c/{other}")).await;
