@@ -114,7 +114,14 @@ async fn search(
         .map(|(conversation, body)| {
             let (matched, snippet) = match body {
                 Some(body) => ("message", snippet(&body, &words)),
-                None => ("title", conversation.title.clone().unwrap_or_default()),
+                None => (
+                    "title",
+                    conversation
+                        .title
+                        .clone()
+                        .or_else(|| conversation.state.title.clone())
+                        .unwrap_or_default(),
+                ),
             };
             SearchHit {
                 conversation: conversation.into(),

@@ -93,6 +93,9 @@ impl PgStore {
 }
 
 /// A whole batch of events in one statement.
+/// The title the agent gave conversation `c` (its `session_info_update`).
+const AGENT_TITLE: &str = "(c.agent_state ->> 'title')";
+
 /// A `search_texts s` row whose words include all of `$1`'s.
 const SEARCH_MATCH: &str = "s.tsv @@ plainto_tsquery('simple', $1)";
 

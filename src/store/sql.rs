@@ -9,7 +9,8 @@
 /// reads), a `writer()` method (the pool every write goes through) and a `lanes` field
 /// ([`Lanes`](super::backend::Lanes): who goes first to the writer). The invoking module
 /// must define
-/// `SEARCH_MATCH` (the SQL condition under which a `search_texts s` row
+/// `AGENT_TITLE` (the SQL of the title an agent gave conversation `c`,
+/// from its `agent_state`), `SEARCH_MATCH` (the SQL condition under which a `search_texts s` row
 /// matches the full-text query bound as `$1`), `fn search_query(&[String])
 /// -> String` (that query, from a search's words),
 /// `async fn insert_events(&mut Connection, Uuid, &[Event]) -> Result<()>` and
@@ -156,10 +157,12 @@ macro_rules! impl_store {
                         .replace('_', "\\_")
                 );
                 let matched = SEARCH_MATCH;
+                // The title shown: the user's, else the agent's.
+                let agent_title = AGENT_TITLE;
                 let found = format!(
                     "select * from conversations c
                      where ($3 is null or c.id < $3) and ($4 is null or c.owner = $4)
-                       and (lower(coalesce(c.title, '')) like $2 escape '\\'
+                       and (lower(coalesce(c.title, {agent_title}, '')) like $2 escape '\\'
                             or exists (select 1 from search_texts s
                                        where s.conversation_id = c.id and {matched}))
                      order by c.id desc limit $5"

@@ -97,6 +97,9 @@ impl SqliteStore {
 
 /// Events one statement each: SQLite runs in-process, a statement is cheap,
 /// and the transaction around the batch makes it one write.
+/// The title the agent gave conversation `c` (its `session_info_update`).
+const AGENT_TITLE: &str = "json_extract(c.agent_state, '$.title')";
+
 /// A `search_texts s` row whose words include all of `$1`'s (FTS5).
 const SEARCH_MATCH: &str = "s.rowid in (select rowid from search_fts where search_fts match $1)";
 

@@ -41,7 +41,14 @@ async fn streamed(client: &Client, title: &str, n: usize) -> String {
 async fn a_conversation_is_found_by_what_its_agent_said_or_its_title(db: TestDb) {
     let alice_token = cli_token(&db, "alice", "user");
     let bob_token = cli_token(&db, "bob", "user");
-    let gw = TestGateway::start(&db, vec![demo_profile("demo", &["--chunk-delay-ms", "0"])]).await;
+    let gw = TestGateway::start(
+        &db,
+        vec![
+            demo_profile("demo", &["--chunk-delay-ms", "0"]),
+            node_sdk_profile("sdk"),
+        ],
+    )
+    .await;
     let (alice, bob) = (gw.with_token(&alice_token), gw.with_token(&bob_token));
     let first = streamed(&alice, "Deploy notes", 3000).await;
     let second = streamed(&alice, "Other", 3000).await;
@@ -88,6 +95,21 @@ async fn a_conversation_is_found_by_what_its_agent_said_or_its_title(db: TestDb)
     assert_eq!(ids(&by_title), std::slice::from_ref(&first));
     assert_eq!(by_title["items"][0]["matched"], "title");
     assert_eq!(by_title["items"][0]["snippet"], "Deploy notes");
+
+    // The title the agent gave, where the user gave none (the SDK agent's
+    // "usage" names its session "Usage report").
+    let (_, untitled) = alice
+        .post("/api/v1/conversations", json!({"agent": "sdk"}))
+        .await;
+    let untitled = untitled["id"].as_str().unwrap().to_owned();
+    let mut ws = alice.conversation_ws(&untitled, 0).await;
+    alice.prompt(&untitled, "usage").await;
+    ws.until_type("turn_ended").await;
+    assert_eq!(alice.conversation(&untitled).await["title"], "Usage report");
+    let by_agents_title = search(&alice, "q=report").await;
+    assert_eq!(ids(&by_agents_title), std::slice::from_ref(&untitled));
+    assert_eq!(by_agents_title["items"][0]["matched"], "title");
+    assert_eq!(by_agents_title["items"][0]["snippet"], "Usage report");
 
     // Only the caller's own.
     assert_eq!(
