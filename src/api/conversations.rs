@@ -15,7 +15,7 @@ use super::extract::{AppJson, AppPath, AppQuery};
 use super::openapi::{
     ContentBlock, ConversationList, EventList, FileChangeList, MessageList, RuleList, ToolCallList,
 };
-use super::page::{paged, paged_as, whole};
+use super::page::{cut, newest_first, paged, paged_as, whole};
 use super::responses::{
     no_content_if, AgentTimeout, AtCapacity, InvalidPage, NoConversation, NoRule, SettingChange,
 };
@@ -135,31 +135,13 @@ async fn list(
     caller: Caller,
     AppQuery(q): AppQuery<ListQuery>,
 ) -> Result<Json<Page<Conversation>>> {
-    let limit = q.limit.unwrap_or(50);
-    if !(1..=200).contains(&limit) {
-        return Err(Error::Unprocessable(
-            "limit must be between 1 and 200".into(),
-        ));
-    }
-    let before = match q.cursor.as_deref() {
-        None | Some("") => None,
-        Some(c) => Some(
-            Uuid::parse_str(c)
-                .map_err(|_| Error::Unprocessable(format!("invalid cursor {c:?}")))?,
-        ),
-    };
+    let (limit, before) = newest_first(q.limit, 50, 200, q.cursor.as_deref())?;
     let owner = caller.owner_filter();
-    let mut items = state
+    let items = state
         .store()
         .list_conversations(limit + 1, before, owner.as_deref())
         .await?;
-    let next_cursor = if items.len() as i64 > limit {
-        items.truncate(limit as usize);
-        items.last().map(|c| c.id.to_string())
-    } else {
-        None
-    };
-    Ok(Json(Page { items, next_cursor }))
+    Ok(Json(cut(items, limit, |c| c.id.to_string())))
 }
 
 /// The conversation a path names (`AppPath<Uuid>` reads it; this type only

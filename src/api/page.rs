@@ -33,3 +33,41 @@ pub(crate) fn paged_as<T, U>(
         next_cursor,
     })
 }
+
+/// A newest-first list's query: its `limit` (1 to `max`, `default` where
+/// absent) and the conversation id its `cursor` names (the last of the
+/// previous page).
+pub(crate) fn newest_first(
+    limit: Option<i64>,
+    default: i64,
+    max: i64,
+    cursor: Option<&str>,
+) -> crate::error::Result<(i64, Option<uuid::Uuid>)> {
+    use crate::error::Error;
+    let limit = limit.unwrap_or(default);
+    if !(1..=max).contains(&limit) {
+        return Err(Error::Unprocessable(format!(
+            "limit must be between 1 and {max}"
+        )));
+    }
+    let before = match cursor {
+        None | Some("") => None,
+        Some(c) => Some(
+            uuid::Uuid::parse_str(c)
+                .map_err(|_| Error::Unprocessable(format!("invalid cursor {c:?}")))?,
+        ),
+    };
+    Ok((limit, before))
+}
+
+/// `items` read one beyond `limit`, as a page: cut to `limit`, the cursor
+/// (`id` of the last kept) where more follow.
+pub(crate) fn cut<T>(mut items: Vec<T>, limit: i64, id: impl Fn(&T) -> String) -> Page<T> {
+    let next_cursor = if items.len() as i64 > limit {
+        items.truncate(limit as usize);
+        items.last().map(id)
+    } else {
+        None
+    };
+    Page { items, next_cursor }
+}

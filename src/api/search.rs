@@ -7,9 +7,9 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
-use uuid::Uuid;
 
 use super::extract::AppQuery;
+use super::page::{cut, newest_first};
 use super::state::AppState;
 use crate::auth::Caller;
 use crate::error::{Error, Result};
@@ -85,30 +85,16 @@ async fn search(
             "q must hold a word to search for (letters or digits)".into(),
         ));
     }
-    let limit = q.limit.unwrap_or(20);
-    if !(1..=50).contains(&limit) {
-        return Err(Error::Unprocessable(
-            "limit must be between 1 and 50".into(),
-        ));
-    }
-    let before = match q.cursor.as_deref() {
-        None | Some("") => None,
-        Some(c) => Some(
-            Uuid::parse_str(c)
-                .map_err(|_| Error::Unprocessable(format!("invalid cursor {c:?}")))?,
-        ),
-    };
+    let (limit, before) = newest_first(q.limit, 20, 50, q.cursor.as_deref())?;
     let owner = caller.owner_filter();
-    let mut found = state
+    let found = state
         .store()
         .search_conversations(&q.q, limit + 1, before, owner.as_deref())
         .await?;
-    let next_cursor = if found.len() as i64 > limit {
-        found.truncate(limit as usize);
-        found.last().map(|(c, _)| c.id.to_string())
-    } else {
-        None
-    };
+    let Page {
+        items: found,
+        next_cursor,
+    } = cut(found, limit, |(c, _)| c.id.to_string());
     let items = found
         .into_iter()
         .map(|(conversation, body)| {
