@@ -54,6 +54,10 @@
 //!   they leave behind; [`process::child`] waits for and stops one such
 //!   tree; [`process::procs`] reads `/proc` and finds what a crashed run's
 //!   agents left running.
+//! - [`workspace`]: what an agent reaches through the gateway when its
+//!   profile offers it: files (`fs/*`, resolved beneath the conversation's
+//!   directory by the kernel, so no race leads out of it) and terminals
+//!   (`terminal/*`), with the agent's user's rights and in its box.
 //! - [`sandbox`]: each conversation's box: Landlock rules built from the
 //!   profile and the conversation (pure) and enforced between fork and exec
 //!   ([`sandbox::landlock`]), and a home per user and profile

@@ -363,3 +363,26 @@ fn the_import_reader_sees_the_arrows_that_make_the_layers() {
         .insert("src/session/task.rs".into());
     assert!(find_loop(&looped).is_some());
 }
+
+/// `lib.rs`'s `//!` map names every top-level module (as a link), so a
+/// newcomer finds each part from it.
+#[test]
+fn the_crate_map_names_every_module() {
+    let lib = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/lib.rs")).unwrap();
+    let map: String = lib
+        .lines()
+        .filter(|l| l.starts_with("//!"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for line in lib.lines() {
+        if let Some(name) = line
+            .strip_prefix("pub mod ")
+            .and_then(|r| r.strip_suffix(';'))
+        {
+            assert!(
+                map.contains(&format!("[`{name}`]")),
+                "src/lib.rs's map does not name `{name}`"
+            );
+        }
+    }
+}
