@@ -9,7 +9,7 @@
 //!   A pair that cannot be read or does not match keeps the last good one
 //!   (logged); at start, it is an error.
 //! - **Handshakes never hold up the listener.** Each accepted connection's
-//!   handshake runs on a task of its own (bounded by [`HANDSHAKE_WITHIN`]);
+//!   handshake runs on a task of its own (bounded by `HANDSHAKE_WITHIN`);
 //!   the server gets connections as their handshakes complete
 //!   ([`TlsListener`], an `axum::serve` listener).
 
