@@ -137,7 +137,7 @@ pub fn acceptor(certificate: Arc<Certificate>) -> TlsAcceptor {
 pub struct TlsListener {
     ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
     local: SocketAddr,
-    _accepting: tokio::task::JoinHandle<()>,
+    accepting: tokio::task::JoinHandle<()>,
 }
 
 impl TlsListener {
@@ -174,14 +174,14 @@ impl TlsListener {
         Ok(TlsListener {
             ready,
             local,
-            _accepting: accepting,
+            accepting,
         })
     }
 }
 
 impl Drop for TlsListener {
     fn drop(&mut self) {
-        self._accepting.abort();
+        self.accepting.abort();
     }
 }
 

@@ -89,6 +89,15 @@ fn bad(what: &str, value: &str) -> Error {
     Error::Internal(anyhow::anyhow!("bad {what} {value:?} in the database"))
 }
 
+/// A conversation found by a search, with the text of its first matching
+/// message (`None`: its title matched).
+#[derive(sqlx::FromRow)]
+pub struct SearchRow {
+    #[sqlx(flatten)]
+    pub conversation: ConversationRow,
+    pub found: Option<String>,
+}
+
 #[derive(sqlx::FromRow)]
 pub struct ConversationRow {
     id: Uuid,

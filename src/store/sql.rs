@@ -159,39 +159,32 @@ macro_rules! impl_store {
                 let matched = SEARCH_MATCH;
                 // The title shown: the user's, else the agent's.
                 let agent_title = AGENT_TITLE;
+                // Each conversation's first matching message, found once; a
+                // conversation counts where it has one or its title holds `q`.
                 let found = format!(
-                    "select * from conversations c
-                     where ($3 is null or c.id < $3) and ($4 is null or c.owner = $4)
-                       and (lower(coalesce(c.title, {agent_title}, '')) like $2 escape '\\'
-                            or exists (select 1 from search_texts s
-                                       where s.conversation_id = c.id and {matched}))
+                    "select * from (
+                       select c.*,
+                         (select s.body from search_texts s
+                          where s.conversation_id = c.id and {matched}
+                          order by s.message_id limit 1) as found
+                       from conversations c
+                       where ($3 is null or c.id < $3) and ($4 is null or c.owner = $4)
+                     ) c
+                     where c.found is not null
+                        or lower(coalesce(c.title, {agent_title}, '')) like $2 escape '\\'
                      order by c.id desc limit $5"
                 );
-                let query_text = search_query(&words);
-                let rows = sqlx::query_as::<_, ConversationRow>(&found)
-                    .bind(&query_text)
+                sqlx::query_as::<_, $crate::store::rows::SearchRow>(&found)
+                    .bind(search_query(&words))
                     .bind(&like)
                     .bind(before)
                     .bind(owner)
                     .bind(limit)
                     .fetch_all(&self.pool)
-                    .await?;
-                let first = format!(
-                    "select s.body from search_texts s
-                     where s.conversation_id = $2 and {matched}
-                     order by s.message_id limit 1"
-                );
-                let mut out = Vec::with_capacity(rows.len());
-                for row in rows {
-                    let conversation = row.into_conversation()?;
-                    let body: Option<String> = sqlx::query_scalar(&first)
-                        .bind(&query_text)
-                        .bind(conversation.id)
-                        .fetch_optional(&self.pool)
-                        .await?;
-                    out.push((conversation, body));
-                }
-                Ok(out)
+                    .await?
+                    .into_iter()
+                    .map(|row| Ok((row.conversation.into_conversation()?, row.found)))
+                    .collect()
             }
 
             async fn live_conversations(&self) -> Result<Vec<(Conversation, Option<Uuid>)>> {

@@ -64,40 +64,35 @@ fn boxed(name: &str, ground: &Ground, sandbox: SandboxMode) -> AgentProfile {
     }
 }
 
-/// What the agent found, step by step (`probe` answers one JSON line each).
-async fn probe(client: &Client, id: &str, steps: Value) -> Vec<Value> {
+/// The JSON lines the agent says in a turn of `prompt` (its `probe` and
+/// `calls` scenarios answer one per step), the turn ended `end_turn`.
+async fn lines_of_turn(client: &Client, id: &str, prompt: &str) -> Vec<Value> {
     let mut ws = client.conversation_ws(id, 0).await;
-    let turn = client.prompt(id, &format!("probe {steps}")).await;
-    let frames = ws
+    let turn = client.prompt(id, prompt).await;
+    let ours = |e: &Value| e["turn_id"] == turn.as_str() || e["data"]["turn_id"] == turn.as_str();
+    let frames: Vec<Value> = ws
         .until(|e| e["type"] == "turn_ended" && e["data"]["turn_id"] == turn.as_str())
-        .await;
-    let frames: Vec<Value> = frames
+        .await
         .into_iter()
-        .filter(|e| e["turn_id"] == turn.as_str() || e["data"]["turn_id"] == turn.as_str())
+        .filter(ours)
         .collect();
     assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
-    let lines: Vec<Value> = streamed_text(&frames, "agent_message_chunk")
+    streamed_text(&frames, "agent_message_chunk")
         .lines()
         .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
+        .collect()
+}
+
+/// What the agent found, step by step, doing them itself (`probe`).
+async fn probe(client: &Client, id: &str, steps: Value) -> Vec<Value> {
+    let lines = lines_of_turn(client, id, &format!("probe {steps}")).await;
     assert_eq!(lines.len(), steps.as_array().unwrap().len(), "{lines:?}");
     lines
 }
 
 /// The agent's requests of the gateway (`calls`), their answers.
 async fn calls(client: &Client, id: &str, calls: Value) -> Vec<Value> {
-    let mut ws = client.conversation_ws(id, 0).await;
-    let turn = client.prompt(id, &format!("calls {calls}")).await;
-    let frames: Vec<Value> = ws
-        .until(|e| e["type"] == "turn_ended" && e["data"]["turn_id"] == turn.as_str())
-        .await
-        .into_iter()
-        .filter(|e| e["turn_id"] == turn.as_str() || e["data"]["turn_id"] == turn.as_str())
-        .collect();
-    streamed_text(&frames, "agent_message_chunk")
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect()
+    lines_of_turn(client, id, &format!("calls {calls}")).await
 }
 
 fn allowed(line: &Value) {
@@ -271,17 +266,8 @@ async fn one_users_agent_cannot_reach_another_users_work(db: TestDb) {
     assert!(!homes.join("alice/open").exists());
 
     // How each profile is boxed, as clients see it.
-    let (status, agents) = alice.get("/api/v1/agents").await;
-    assert_eq!(status, 200);
-    let sandbox_of = |name: &str| {
-        agents["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|a| a["name"] == name)
-            .unwrap()["sandbox"]
-            .clone()
-    };
+    let shown = agents_by_name(&alice).await;
+    let sandbox_of = |name: &str| shown[name]["sandbox"].clone();
     let abi = acp_gateway::sandbox::landlock::kernel_abi().unwrap();
     assert_eq!(
         sandbox_of("boxed"),

@@ -72,16 +72,12 @@ async fn https_is_served_and_a_renewed_certificate_without_a_restart(db: TestDb)
     assert!(gw.http.get(gw.url("/")).send().await.is_err());
 
     // A conversation's WebSocket over wss://.
-    let created: Value = client_trusting(&first.0)
-        .post(format!("{base}/api/v1/conversations"))
-        .json(&serde_json::json!({"agent": "demo"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let id = created["id"].as_str().unwrap();
+    let https = Client {
+        base: base.clone(),
+        http: client_trusting(&first.0),
+        token: None,
+    };
+    let id = https.create("demo").await;
     let mut roots = rustls::RootCertStore::empty();
     roots
         .add(rustls::pki_types::CertificateDer::from_pem_slice(first.0.as_bytes()).unwrap())

@@ -349,10 +349,7 @@ async fn turn_shown(
     text: &str,
     n: usize,
 ) {
-    let mut ws = gw.conversation_ws(conversation, 0).await;
-    let turn = gw.prompt(conversation, text).await;
-    ws.until(|e| e["type"] == "turn_ended" && e["data"]["turn_id"] == turn.as_str())
-        .await;
+    turn_ended(gw, conversation, text).await;
     browser
         .run(json!({"do": "wait", "selector": format!("p.turn-end >> nth={}", n - 1)}))
         .await;
@@ -647,26 +644,17 @@ async fn the_app_works_over_https() {
         return;
     };
     assert!(origin.starts_with("https://"), "{origin}");
-    let conversation = {
-        let created: Value = reqwest::Client::builder()
+    let https = Client {
+        base: gw.base.replacen("http://", "https://", 1),
+        http: reqwest::Client::builder()
             .add_root_certificate(
                 reqwest::Certificate::from_pem(made.cert.pem().as_bytes()).unwrap(),
             )
             .build()
-            .unwrap()
-            .post(format!(
-                "{}/api/v1/conversations",
-                gw.base.replacen("http://", "https://", 1)
-            ))
-            .json(&json!({"agent": "sdk"}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        created["id"].as_str().unwrap().to_owned()
+            .unwrap(),
+        token: None,
     };
+    let conversation = https.create("sdk").await;
     browser.send_prompt(&conversation, "over tls").await;
     browser
         .wait_for_text("section.message.agent .text", "You said: over tls")
@@ -785,7 +773,7 @@ async fn a_photo_and_a_file_attached_reach_the_agent() {
 
 /// Every view passes axe-core with no violation at all: the
 /// inbox (with a request waiting), the conversations, a conversation (its
-/// settings, Markdown, a tool call), the settings and the sign-in page.
+/// settings, Markdown, a tool call) and the settings.
 #[tokio::test]
 async fn every_view_passes_axe_core() {
     let Some(mut scene) = scene().await else {
@@ -793,7 +781,7 @@ async fn every_view_passes_axe_core() {
     };
     let Scene { gw, browser, .. } = &mut scene;
     let conversation = gw.create("sdk").await;
-    turn_shown_nowhere(
+    turn_ended(
         gw,
         &conversation,
         "\n# Heading\n\n- a list\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n```\ncode\n```\n",
@@ -822,8 +810,8 @@ async fn every_view_passes_axe_core() {
     browser.close().await;
 }
 
-/// A prompt answered to its end, before any page looks.
-async fn turn_shown_nowhere(gw: &TestGateway, conversation: &str, text: &str) {
+/// A prompt answered to its end (whatever a page shows meanwhile).
+async fn turn_ended(gw: &TestGateway, conversation: &str, text: &str) {
     let mut ws = gw.conversation_ws(conversation, 0).await;
     let turn = gw.prompt(conversation, text).await;
     ws.until(|e| e["type"] == "turn_ended" && e["data"]["turn_id"] == turn.as_str())
@@ -846,7 +834,7 @@ async fn a_search_on_the_page_finds_what_the_agent_said() {
                 json!({"agent": "demo", "title": title}),
             )
             .await;
-        turn_shown_nowhere(&gw, created["id"].as_str().unwrap(), prompt).await;
+        turn_ended(&gw, created["id"].as_str().unwrap(), prompt).await;
     }
     browser.goto("/#/conversations").await;
     browser.fill("Search conversations", "w42").await;
