@@ -902,7 +902,7 @@ impl AgentProfile {
         // caller's business: checked first, and one answer for both.
         own.check_allowed_root(&cwd)?;
         if !cwd.is_dir() {
-            return Err(crate::error::Error::Unprocessable(format!(
+            return Err(crate::error::Error::NotFound(format!(
                 "cwd {cwd:?} is not a directory"
             )));
         }
@@ -946,7 +946,7 @@ impl AgentProfile {
         if inside {
             Ok(())
         } else {
-            Err(crate::error::Error::Unprocessable(format!(
+            Err(crate::error::Error::Forbidden(format!(
                 "cwd {cwd:?} is not a directory inside the agent's allowed_roots"
             )))
         }

@@ -28,6 +28,9 @@ pub enum Error {
     TooManyRequests { detail: String, retry_after: u64 },
     #[error("{0}")]
     BadRequest(String),
+    /// A request to a WebSocket endpoint that is not a WebSocket handshake.
+    #[error("{0}")]
+    NotAHandshake(String),
     #[error("{0}")]
     UnsupportedMediaType(String),
     #[error("{0}")]
@@ -157,6 +160,7 @@ impl Error {
             Error::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             Error::TooManyRequests { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             Error::BadRequest(_) => (StatusCode::BAD_REQUEST, "malformed_json"),
+            Error::NotAHandshake(_) => (StatusCode::BAD_REQUEST, "not_a_websocket_handshake"),
             Error::UnsupportedMediaType(_) => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }

@@ -8,8 +8,9 @@ use crate::error::{Error, Result};
 pub const TITLE_MAX_CHARS: usize = 200;
 /// A token's label, in characters.
 pub const LABEL_MAX_CHARS: usize = 200;
-/// A conversation's working directory, in bytes (Linux' `PATH_MAX`).
-pub const CWD_MAX_BYTES: usize = 4096;
+/// A conversation's working directory, in characters (at most 4 bytes
+/// each: within Linux' `PATH_MAX` of 4096 bytes).
+pub const CWD_MAX_CHARS: usize = 1024;
 /// An agent profile's name, in bytes.
 pub const AGENT_NAME_MAX_BYTES: usize = 64;
 /// Content blocks in one prompt.
@@ -20,6 +21,10 @@ pub const POLICY_NAME_MAX_CHARS: usize = 100;
 pub const POLICY_MAX_RULES: usize = 1000;
 /// A session mode id, configuration option id or value, in characters.
 pub const SETTING_ID_MAX_CHARS: usize = 200;
+
+/// [`line`]'s rule as a JSON Schema pattern (no C0 or C1 control
+/// character, as [`char::is_control`]).
+pub const LINE_PATTERN: &str = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$";
 
 /// One line of text a person typed: at most `max` characters, no control
 /// characters (a NUL in particular, which Postgres text cannot hold).
@@ -32,6 +37,35 @@ pub fn line(field: &str, value: &str, max: usize) -> Result<()> {
     if value.chars().any(char::is_control) {
         return Err(Error::Unprocessable(format!(
             "{field} must not contain control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// An id a person picked: a [`line`] of at least one character.
+pub fn id(field: &str, value: &str, max: usize) -> Result<()> {
+    if value.is_empty() {
+        return Err(Error::Unprocessable(format!("{field} must not be empty")));
+    }
+    line(field, value, max)
+}
+
+/// A path: absolute, at most `max` characters, no NUL; named without being
+/// echoed back.
+pub fn path(field: &str, value: &str, max: usize) -> Result<()> {
+    if !value.starts_with('/') {
+        return Err(Error::Unprocessable(format!(
+            "{field} must be an absolute path"
+        )));
+    }
+    if value.chars().count() > max {
+        return Err(Error::Unprocessable(format!(
+            "{field} must be at most {max} characters"
+        )));
+    }
+    if value.contains('\0') {
+        return Err(Error::Unprocessable(format!(
+            "{field} must not contain NUL characters"
         )));
     }
     Ok(())
@@ -73,9 +107,12 @@ mod tests {
         assert!(line("title", &"é".repeat(201), TITLE_MAX_CHARS).is_err());
         assert!(line("title", "nul\0here", TITLE_MAX_CHARS).is_err());
         assert!(line("title", "two\nlines", TITLE_MAX_CHARS).is_err());
-        assert!(bytes("cwd", "/tmp", CWD_MAX_BYTES).is_ok());
-        assert!(bytes("cwd", "/tmp/\0", CWD_MAX_BYTES).is_err());
-        assert!(bytes("cwd", &"a".repeat(4097), CWD_MAX_BYTES).is_err());
+        assert!(path("cwd", "/tmp", CWD_MAX_CHARS).is_ok());
+        assert!(path("cwd", "tmp", CWD_MAX_CHARS).is_err());
+        assert!(path("cwd", "", CWD_MAX_CHARS).is_err());
+        assert!(path("cwd", "/tmp/\0", CWD_MAX_CHARS).is_err());
+        assert!(path("cwd", &format!("/{}", "é".repeat(1023)), CWD_MAX_CHARS).is_ok());
+        assert!(path("cwd", &format!("/{}", "a".repeat(1024)), CWD_MAX_CHARS).is_err());
         assert!(count("content", 1001, PROMPT_MAX_BLOCKS).is_err());
     }
 }

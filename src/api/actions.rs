@@ -71,12 +71,25 @@ fn check_failures(client: &str) -> Result<()> {
     }
 }
 
-fn failed(client: String) -> Error {
+/// A failed lookup, counted against `client`.
+fn count_failure(client: String) {
     failures()
         .lock()
         .unwrap()
         .hit(client, FAILURE_WINDOW, tokio::time::Instant::now());
-    Error::Gone("this action is used, expired or unknown".into())
+}
+
+/// A token that was minted but is no more: used, expired, or its request
+/// answered or gone.
+fn failed(client: String) -> Error {
+    count_failure(client);
+    Error::Gone("this action is used or expired".into())
+}
+
+/// A token no action has (or no longer has: an expired one once swept).
+fn unknown(client: String) -> Error {
+    count_failure(client);
+    Error::NotFound("no such action".into())
 }
 
 /// The token's row and its request, if the token is well formed and known.
@@ -105,10 +118,11 @@ fn option_name(request: &PermissionRequest, option_id: &str) -> String {
 #[utoipa::path(
     get, operation_id = "showAction", path = "/api/v1/actions/{token}", tag = "notifications",
     security(()),
-    params(("token" = String, Path, description = "The action URL's token")),
+    params(("token" = String, Path, description = "The action URL's token", pattern = "^[A-Za-z0-9_-]{43}$")),
     responses(
         (status = 200, description = "A page with one button that `POST`s this URL", content_type = "text/html", body = String),
-        (status = 410, description = "Used, expired or unknown", content_type = "text/html", body = String),
+        (status = 404, description = "No such action (not one the gateway sent, or expired and swept)", content_type = "text/html", body = String),
+        (status = 410, description = "Used, expired, or its request answered", content_type = "text/html", body = String),
         TooManyFailedLookups,
     )
 )]
@@ -119,14 +133,21 @@ async fn show(
 ) -> Result<Response> {
     let client = client(&request);
     check_failures(&client)?;
-    let found = lookup(&state, &token).await?;
-    let usable = found.filter(|(row, request)| {
+    let Some(found) = lookup(&state, &token).await? else {
+        count_failure(client);
+        return Ok(page(
+            StatusCode::NOT_FOUND,
+            "No such action",
+            "<p>This link is not one the gateway sent, or it expired long ago.</p>",
+        ));
+    };
+    let usable = Some(found).filter(|(row, request)| {
         row.used_at.is_none()
             && row.expires_at > crate::model::now()
             && request.status == PermissionStatus::Pending
     });
     let Some((row, request)) = usable else {
-        let _ = failed(client);
+        count_failure(client);
         return Ok(page(
             StatusCode::GONE,
             "This action is no longer available",
@@ -189,11 +210,12 @@ fn escape(text: &str) -> String {
 #[utoipa::path(
     post, operation_id = "answerAction", path = "/api/v1/actions/{token}", tag = "notifications",
     security(()),
-    params(("token" = String, Path, description = "The action URL's token")),
+    params(("token" = String, Path, description = "The action URL's token", pattern = "^[A-Za-z0-9_-]{43}$")),
     responses(
         (status = 200, description = "Answered", body = PermissionRequest),
+        (status = 404, description = "No such action (not one the gateway sent, or expired and swept)"),
         (status = 409, description = "`already_resolved` (member `request`): someone answered first; or `agent_gone`"),
-        (status = 410, description = "Used, expired or unknown"),
+        (status = 410, description = "Used, expired, or its request gone"),
         TooManyFailedLookups,
     )
 )]
@@ -205,12 +227,12 @@ async fn answer(
     let client = client(&request);
     check_failures(&client)?;
     if !well_formed(&token) {
-        return Err(failed(client));
+        return Err(unknown(client));
     }
     let hash = crate::auth::hash_token(&token);
     let now = crate::model::now();
     let Some((row, first)) = state.store().use_action_token(&hash, now).await? else {
-        return Err(failed(client));
+        return Err(unknown(client));
     };
     if !first || row.expires_at <= now {
         return Err(failed(client));

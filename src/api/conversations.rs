@@ -11,7 +11,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
-use super::extract::{AppJson, AppPath, AppQuery};
+use super::extract::{exactly_one, AppJson, AppPath, AppQuery};
 use super::openapi::{
     ContentBlock, ConversationList, EventList, FileChangeList, MessageList, RuleList, ToolCallList,
 };
@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::limits;
 use crate::model::{
     self, event_type, Conversation, ConversationStatus, ConversationView, Event, EventBody,
-    FileChange, Message, Page, Rule, SettingValue, ToolCall,
+    FileChange, Message, Page, Rule, ToolCall,
 };
 use crate::session::Setting;
 
@@ -55,7 +55,10 @@ struct CreateBody {
     /// One line, at most 200 characters.
     #[schema(max_length = 200, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")]
     title: Option<String>,
-    /// An absolute directory (default: the profile's `cwd`).
+    /// An absolute directory (default: the profile's `cwd`), at most 1024
+    /// characters. One that is not there is 404; one outside the profile's
+    /// `allowed_roots`, there or not, 403.
+    #[schema(min_length = 1, max_length = 1024, pattern = "^/[^\\u0000]*$")]
     cwd: Option<String>,
 }
 
@@ -65,7 +68,8 @@ struct CreateBody {
     request_body = CreateBody,
     responses(
         (status = 201, description = "Started", body = ConversationView),
-        (status = 404, description = "No such agent profile"),
+        (status = 403, description = "`cwd` is outside the profile's `allowed_roots`"),
+        (status = 404, description = "No such agent profile, or no directory at `cwd`"),
         (status = 422, description = "Invalid input"),
         (status = 429, description = "Too many new conversations for the user (`conversations_per_minute`), or all the agents the user may run are busy (`max_agents_per_user`); `Retry-After`"),
         (status = 502, description = "The agent could not be started (the detail says why, with its last stderr lines)"),
@@ -83,7 +87,7 @@ async fn create(
         limits::line("title", title, limits::TITLE_MAX_CHARS)?;
     }
     if let Some(cwd) = &body.cwd {
-        limits::bytes("cwd", cwd, limits::CWD_MAX_BYTES)?;
+        limits::path("cwd", cwd, limits::CWD_MAX_CHARS)?;
     }
     let profile = state
         .config()
@@ -118,7 +122,7 @@ struct ListQuery {
     #[param(minimum = 1, maximum = 200)]
     limit: Option<i64>,
     /// The `next_cursor` of the previous page.
-    cursor: Option<String>,
+    cursor: Option<Uuid>,
 }
 
 /// The caller's conversations (an operator's: all), newest first.
@@ -135,7 +139,7 @@ async fn list(
     caller: Caller,
     AppQuery(q): AppQuery<ListQuery>,
 ) -> Result<Json<Page<Conversation>>> {
-    let (limit, before) = newest_first(q.limit, 50, 200, q.cursor.as_deref())?;
+    let (limit, before) = (newest_first(q.limit, 50, 200)?, q.cursor);
     let owner = caller.owner_filter();
     let items = state
         .store()
@@ -207,28 +211,46 @@ async fn close(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Exactly one of `text` and `content`.
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+/// A prompt: exactly one of `text` and `content`.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
 #[schema(as = Prompt)]
-struct PromptBody {
-    /// Plain text (one text block).
-    text: Option<String>,
-    /// ACP content blocks (at most 1000), each with a string `type`.
-    #[schema(value_type = Option<Vec<ContentBlock>>, min_items = 1, max_items = 1000)]
-    content: Option<Vec<Value>>,
+enum PromptBody {
+    Text(TextPrompt),
+    Content(ContentPrompt),
+}
+
+/// A prompt of plain text (one text block).
+#[derive(Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct TextPrompt {
+    text: String,
+}
+
+/// A prompt of ACP content blocks.
+#[derive(Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct ContentPrompt {
+    /// 1 to 1000 blocks, each with a string `type`.
+    #[schema(value_type = Vec<ContentBlock>, min_items = 1, max_items = 1000)]
+    content: Vec<Value>,
+}
+
+impl<'de> Deserialize<'de> for PromptBody {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        exactly_one(
+            d,
+            ("text", PromptBody::Text),
+            ("content", PromptBody::Content),
+        )
+    }
 }
 
 impl PromptBody {
     fn content(self) -> Result<Vec<Value>> {
-        let content = match (self.text, self.content) {
-            (Some(text), None) => vec![json!({"type": "text", "text": text})],
-            (None, Some(content)) => content,
-            _ => {
-                return Err(Error::Unprocessable(
-                    "give exactly one of text or content".into(),
-                ))
-            }
+        let content = match self {
+            PromptBody::Text(TextPrompt { text }) => vec![json!({"type": "text", "text": text})],
+            PromptBody::Content(ContentPrompt { content }) => content,
         };
         if content.is_empty() {
             return Err(Error::Unprocessable("content must not be empty".into()));
@@ -306,8 +328,13 @@ async fn cancel(
 #[serde(deny_unknown_fields)]
 #[schema(as = ModeChange)]
 struct ModeBody {
-    /// One of the conversation's `modes.availableModes[].id`.
-    #[schema(max_length = 200, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")]
+    /// One of the conversation's `modes.availableModes[].id` (another is
+    /// 409 `not_offered`).
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
+    )]
     mode_id: String,
 }
 
@@ -321,7 +348,7 @@ struct ModeBody {
         (status = 200, description = "The agent accepted", body = ConversationView),
         NoConversation,
         SettingChange,
-        (status = 422, description = "A mode the agent does not offer"),
+        (status = 422, description = "Invalid input"),
         AtCapacity,
         AgentTimeout,
     )
@@ -332,7 +359,7 @@ async fn set_mode(
     AppPath(id): AppPath<Uuid>,
     AppJson(body): AppJson<ModeBody>,
 ) -> Result<Json<Conversation>> {
-    limits::line("mode_id", &body.mode_id, limits::SETTING_ID_MAX_CHARS)?;
+    limits::id("mode_id", &body.mode_id, limits::SETTING_ID_MAX_CHARS)?;
     change(&state, &caller, id, Setting::Mode(body.mode_id)).await
 }
 
@@ -340,13 +367,46 @@ async fn set_mode(
 #[serde(deny_unknown_fields)]
 #[schema(as = ConfigOptionChange)]
 struct ConfigOptionBody {
-    /// One of the conversation's `config_options[].id`.
-    #[schema(max_length = 200, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")]
+    /// One of the conversation's `config_options[].id` (another is 409
+    /// `not_offered`).
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
+    )]
     config_id: String,
     /// A value the option offers: a string for a `select`, a boolean for a
-    /// `boolean` option.
-    #[schema(value_type = SettingValue)]
+    /// `boolean` option (another is 409 `not_offered`).
+    #[schema(value_type = SettingChoice)]
     value: Value,
+}
+
+/// A value to set an option to, as the document states it: a select's
+/// value id (one line, at most 200 characters) or a boolean.
+struct SettingChoice;
+
+impl utoipa::PartialSchema for SettingChoice {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+        OneOfBuilder::new()
+            .description(Some(
+                "A select's value id (one line, at most 200 characters), or a boolean.",
+            ))
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .max_length(Some(limits::SETTING_ID_MAX_CHARS))
+                    .pattern(Some(limits::LINE_PATTERN)),
+            )
+            .item(ObjectBuilder::new().schema_type(Type::Boolean))
+            .into()
+    }
+}
+
+impl ToSchema for SettingChoice {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "SettingChoice".into()
+    }
 }
 
 /// Sets a session configuration option (`session/set_config_option`), e.g.
@@ -359,7 +419,7 @@ struct ConfigOptionBody {
         (status = 200, description = "The agent accepted; the conversation carries the options it answered with", body = ConversationView),
         NoConversation,
         SettingChange,
-        (status = 422, description = "An option or value the agent does not offer"),
+        (status = 422, description = "Invalid input"),
         AtCapacity,
         AgentTimeout,
     )
@@ -370,7 +430,7 @@ async fn set_config_option(
     AppPath(id): AppPath<Uuid>,
     AppJson(body): AppJson<ConfigOptionBody>,
 ) -> Result<Json<Conversation>> {
-    limits::line("config_id", &body.config_id, limits::SETTING_ID_MAX_CHARS)?;
+    limits::id("config_id", &body.config_id, limits::SETTING_ID_MAX_CHARS)?;
     match &body.value {
         Value::String(v) => limits::line("value", v, limits::SETTING_ID_MAX_CHARS)?,
         Value::Bool(_) => {}

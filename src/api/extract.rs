@@ -134,3 +134,29 @@ parts_extractor!(
     Query,
     |e: QueryRejection| Error::Unprocessable(e.body_text())
 );
+
+/// A body that holds exactly one of the members `a` and `b` (the document's
+/// `oneOf` of two objects, each with its one member required and no other):
+/// the object is read as `A` or as `B` by which member it has, so a `null`
+/// member counts as given and is refused with the other's type error.
+pub fn exactly_one<'de, D, A, B, T>(
+    deserializer: D,
+    (a, as_a): (&str, fn(A) -> T),
+    (b, as_b): (&str, fn(B) -> T),
+) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    A: DeserializeOwned,
+    B: DeserializeOwned,
+{
+    use serde::de::Error as _;
+    use serde::Deserialize as _;
+    let object = serde_json::Map::<String, serde_json::Value>::deserialize(deserializer)?;
+    let read = |object| serde_json::Value::Object(object);
+    match (object.contains_key(a), object.contains_key(b)) {
+        (true, false) => serde_json::from_value(read(object)).map(as_a),
+        (false, true) => serde_json::from_value(read(object)).map(as_b),
+        _ => return Err(D::Error::custom(format!("give exactly one of {a} or {b}"))),
+    }
+    .map_err(D::Error::custom)
+}

@@ -35,29 +35,20 @@ pub(crate) fn paged_as<T, U>(
 }
 
 /// A newest-first list's query: its `limit` (1 to `max`, `default` where
-/// absent) and the conversation id its `cursor` names (the last of the
-/// previous page).
+/// absent); the cursor, the conversation id of the previous page's last,
+/// is already a [`uuid::Uuid`] (the document says `format: uuid`).
 pub(crate) fn newest_first(
     limit: Option<i64>,
     default: i64,
     max: i64,
-    cursor: Option<&str>,
-) -> crate::error::Result<(i64, Option<uuid::Uuid>)> {
-    use crate::error::Error;
+) -> crate::error::Result<i64> {
     let limit = limit.unwrap_or(default);
     if !(1..=max).contains(&limit) {
-        return Err(Error::Unprocessable(format!(
+        return Err(crate::error::Error::Unprocessable(format!(
             "limit must be between 1 and {max}"
         )));
     }
-    let before = match cursor {
-        None | Some("") => None,
-        Some(c) => Some(
-            uuid::Uuid::parse_str(c)
-                .map_err(|_| Error::Unprocessable(format!("invalid cursor {c:?}")))?,
-        ),
-    };
-    Ok((limit, before))
+    Ok(limit)
 }
 
 /// `items` read one beyond `limit`, as a page: cut to `limit`, the cursor

@@ -2,12 +2,12 @@
 
 use axum::extract::State;
 use axum::Json;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
-use super::extract::{AppJson, AppPath, AppQuery};
+use super::extract::{exactly_one, AppJson, AppPath, AppQuery};
 use super::openapi::PermissionRequestList;
 use super::page::whole;
 use super::state::AppState;
@@ -97,29 +97,57 @@ async fn visible_request(state: &AppState, caller: &Caller, id: Uuid) -> Result<
     Ok(request)
 }
 
-/// Exactly one of `option_id` and `outcome`.
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+/// An answer: exactly one of `option_id` and `outcome`.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
 #[schema(as = PermissionAnswer)]
-struct RespondBody {
-    /// One of the request's `options[].optionId`.
-    option_id: Option<String>,
-    /// `cancelled`: the ACP cancelled outcome.
-    #[schema(pattern = "^cancelled$")]
-    outcome: Option<String>,
+enum RespondBody {
+    Option(OptionAnswer),
+    Outcome(OutcomeAnswer),
+}
+
+/// The option the user picked.
+#[derive(Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = PermissionOptionAnswer)]
+struct OptionAnswer {
+    /// One of the request's `options[].optionId` (another is 409
+    /// `not_offered`).
+    option_id: String,
+}
+
+/// No option: the ACP `cancelled` outcome.
+#[derive(Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = PermissionOutcomeAnswer)]
+struct OutcomeAnswer {
+    outcome: Outcome,
+}
+
+/// The only outcome a user gives without an option.
+#[derive(Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+enum Outcome {
+    Cancelled,
+}
+
+impl<'de> Deserialize<'de> for RespondBody {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        exactly_one(
+            d,
+            ("option_id", RespondBody::Option),
+            ("outcome", RespondBody::Outcome),
+        )
+    }
 }
 
 impl RespondBody {
-    fn answer(self) -> Result<Answer> {
-        match (self.option_id, self.outcome.as_deref()) {
-            (Some(id), None) => Ok(Answer::Option(id)),
-            (None, Some("cancelled")) => Ok(Answer::Cancelled),
-            (None, Some(other)) => Err(Error::Unprocessable(format!(
-                "outcome must be \"cancelled\", got {other:?}"
-            ))),
-            _ => Err(Error::Unprocessable(
-                "give exactly one of option_id or outcome".into(),
-            )),
+    fn answer(self) -> Answer {
+        match self {
+            RespondBody::Option(OptionAnswer { option_id }) => Answer::Option(option_id),
+            RespondBody::Outcome(OutcomeAnswer {
+                outcome: Outcome::Cancelled,
+            }) => Answer::Cancelled,
         }
     }
 }
@@ -135,7 +163,7 @@ impl RespondBody {
         (status = 200, description = "Answered", body = PermissionRequest),
         (status = 404, description = "No such request"),
         (status = 409, description = "`already_resolved` otherwise (member `request`) or `agent_gone`"),
-        (status = 422, description = "An option the agent did not offer, or not exactly one of option_id and outcome"),
+        (status = 422, description = "Not exactly one of option_id and outcome, or not of their type"),
         (status = 503, description = "The database is unreachable; try again"),
     )
 )]
@@ -145,7 +173,7 @@ async fn respond(
     AppPath(id): AppPath<Uuid>,
     AppJson(body): AppJson<RespondBody>,
 ) -> Result<Json<PermissionRequest>> {
-    let answer = body.answer()?;
+    let answer = body.answer();
     let held = state.sessions().respond_waiting_here(
         id,
         |owner| caller.can_see(owner),

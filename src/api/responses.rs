@@ -66,7 +66,7 @@ pub struct AtCapacity;
 pub enum SettingChange {
     #[response(
         status = 409,
-        description = "`conversation_closed` or `agent_unavailable`"
+        description = "`not_offered` (a mode, option or value the agent does not offer; it depends on the agent, so the document cannot list them), `conversation_closed` or `agent_unavailable`"
     )]
     Unavailable,
     #[response(
@@ -87,10 +87,9 @@ pub enum SettingChange {
 pub enum WebSocketRefused {
     #[response(
         status = 400,
-        description = "Not a WebSocket upgrade request",
-        content_type = "text/plain"
+        description = "Not a WebSocket handshake (`not_a_websocket_handshake`): a header the parameters name is missing or wrong"
     )]
-    NotAnUpgrade(String),
+    NotAHandshake,
     #[response(status = 429, description = "Too many connections (`Retry-After`)")]
     TooManyConnections,
 }

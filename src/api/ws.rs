@@ -78,6 +78,77 @@ struct TokenQuery {
     access_token: Option<String>,
 }
 
+/// The WebSocket handshake's headers (RFC 6455 §4.1), as the document
+/// states them; [`Handshake`] checks exactly these.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)]
+struct HandshakeHeaders {
+    /// Holds the token `Upgrade` (any case), alone or among others.
+    #[param(
+        rename = "Connection",
+        pattern = "^([^,]*,)*[ \\t]*[Uu][Pp][Gg][Rr][Aa][Dd][Ee][ \\t]*(,[^,]*)*$"
+    )]
+    connection: String,
+    /// `websocket` (any case).
+    #[param(
+        rename = "Upgrade",
+        pattern = "^[ \\t]*[Ww][Ee][Bb][Ss][Oo][Cc][Kk][Ee][Tt][ \\t]*$"
+    )]
+    upgrade: String,
+    /// `13`.
+    #[param(rename = "Sec-WebSocket-Version", pattern = "^[ \\t]*13[ \\t]*$")]
+    version: String,
+    /// The client's nonce, answered in `Sec-WebSocket-Accept`.
+    #[param(rename = "Sec-WebSocket-Key")]
+    key: String,
+}
+
+/// A WebSocket handshake: what [`HandshakeHeaders`] states, or a problem
+/// document (400 `not_a_websocket_handshake`) saying which header is not.
+struct Handshake(WebSocketUpgrade);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Handshake {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self> {
+        use axum::http::header;
+        let header = |name| parts.headers.get(name).map(|v| v.as_bytes());
+        let trimmed = |v: &[u8]| v.trim_ascii().to_owned();
+        let refused = |what: &str| {
+            Err(Error::NotAHandshake(format!(
+                "not a WebSocket handshake: {what}"
+            )))
+        };
+        let upgrade_token = header(header::CONNECTION).is_some_and(|v| {
+            v.split(|b| *b == b',')
+                .any(|t| trimmed(t).eq_ignore_ascii_case(b"upgrade"))
+        });
+        if !upgrade_token {
+            return refused("Connection must hold the token Upgrade");
+        }
+        if !header(header::UPGRADE).is_some_and(|v| trimmed(v).eq_ignore_ascii_case(b"websocket")) {
+            return refused("Upgrade must be websocket");
+        }
+        if header(header::SEC_WEBSOCKET_VERSION)
+            .map(trimmed)
+            .as_deref()
+            != Some(b"13")
+        {
+            return refused("Sec-WebSocket-Version must be 13");
+        }
+        if header(header::SEC_WEBSOCKET_KEY).is_none() {
+            return refused("Sec-WebSocket-Key is missing");
+        }
+        WebSocketUpgrade::from_request_parts(parts, state)
+            .await
+            .map(Handshake)
+            .map_err(|e| {
+                Error::NotAHandshake(format!("not a WebSocket handshake: {}", e.body_text()))
+            })
+    }
+}
+
 /// A `bearer.<token>` subprotocol the client offered: a browser only accepts
 /// the connection if the server selects it.
 struct BearerProtocol(Option<String>);
@@ -99,7 +170,7 @@ impl BearerProtocol {
     /// shutdown.
     fn serve<F>(
         self,
-        upgrade: WebSocketUpgrade,
+        Handshake(upgrade): Handshake,
         state: AppState,
         run: impl FnOnce(AppState, WebSocket) -> F + Send + 'static,
     ) -> Response
@@ -129,7 +200,7 @@ impl BearerProtocol {
 /// ping/pong/close are ignored.
 #[utoipa::path(
     get, operation_id = "conversationEvents", path = "/api/v1/conversations/{id}/ws", tag = "events",
-    params(ConversationPath, WsQuery),
+    params(ConversationPath, WsQuery, HandshakeHeaders),
     responses(
         (status = 101, description = "Switching to WebSocket; then one `Event` per text frame"),
         WebSocketRefused,
@@ -143,7 +214,7 @@ async fn conversation_ws(
     AppPath(id): AppPath<Uuid>,
     AppQuery(q): AppQuery<WsQuery>,
     protocol: BearerProtocol,
-    upgrade: WebSocketUpgrade,
+    upgrade: Handshake,
 ) -> Result<Response> {
     state.visible_conversation(&caller, id).await?;
     state.auth().check_rate(&caller, Limited::Connection)?;
@@ -339,7 +410,7 @@ async fn close_for(socket: &mut WebSocket, result: &Result<(), WsEnd>) {
 /// WebSocket.
 #[utoipa::path(
     get, operation_id = "inbox", path = "/api/v1/ws", tag = "events",
-    params(TokenQuery),
+    params(TokenQuery, HandshakeHeaders),
     responses(
         (status = 101, description = "Switching to WebSocket; an `InboxSnapshot`, then one `Event` per text frame"),
         WebSocketRefused,
@@ -350,7 +421,7 @@ async fn inbox_ws(
     State(state): State<AppState>,
     caller: Caller,
     protocol: BearerProtocol,
-    upgrade: WebSocketUpgrade,
+    upgrade: Handshake,
 ) -> Result<Response> {
     state.auth().check_rate(&caller, Limited::Connection)?;
     let revoked = state.auth().on_revocation(&caller);

@@ -25,14 +25,16 @@ pub enum Answer {
     Cancelled,
 }
 
-/// Checks an answer against a request: the option must exist (422).
+/// Checks an answer against a request: the option must be one it offers
+/// (else 409 `not_offered`: the document cannot know the options).
 pub fn validate_answer(request: &PermissionRequest, answer: &Answer) -> Result<PermissionStatus> {
     match answer {
         Answer::Cancelled => Ok(PermissionStatus::Cancelled),
         Answer::Option(id) => request.status_for_option(id).ok_or_else(|| {
-            Error::Unprocessable(format!(
-                "option_id {id:?} is not one of the request's options"
-            ))
+            Error::conflict(
+                "not_offered",
+                format!("option_id {id:?} is not one of the request's options"),
+            )
         }),
     }
 }

@@ -172,7 +172,7 @@ impl Sessions {
         if self.live(conversation.id).is_none() {
             setting
                 .check(&conversation.state)
-                .map_err(Error::Unprocessable)?;
+                .map_err(|why| Error::conflict("not_offered", why))?;
         }
         let remote = Command::Change {
             setting: setting.clone(),

@@ -111,13 +111,22 @@ async fn conversation_input_is_validated(db: TestDb) {
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
     for body in [
         json!({"agent": "demo", "cwd": "relative/path"}),
-        json!({"agent": "demo", "cwd": "/definitely/not/a/dir"}),
+        json!({"agent": "demo", "cwd": ""}),
         json!({"agent": 3}),
         json!({"title": "no agent"}),
     ] {
         let (status, problem) = gw.post("/api/v1/conversations", body.clone()).await;
         assert_eq!(status, 422, "{body}: {problem}");
     }
+    // A directory that is not there is a resource not found (the document
+    // cannot know what is on the disk).
+    let (status, problem) = gw
+        .post(
+            "/api/v1/conversations",
+            json!({"agent": "demo", "cwd": "/definitely/not/a/dir"}),
+        )
+        .await;
+    assert_eq!(status, 404, "{problem}");
     let (status, _) = gw.get("/api/v1/conversations?limit=0").await;
     assert_eq!(status, 422);
     let (status, _) = gw.get("/api/v1/conversations?limit=abc").await;

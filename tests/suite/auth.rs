@@ -518,7 +518,7 @@ async fn a_cwd_outside_the_allowed_roots_is_rejected_however_it_is_spelled(db: T
                 json!({"agent": "demo", "cwd": cwd}),
             )
             .await;
-        assert_eq!(status, 422, "{cwd}: {problem}");
+        assert_eq!(status, 403, "{cwd}: {problem}");
     }
     for cwd in [
         format!("{r}/project"),

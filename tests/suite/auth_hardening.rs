@@ -150,7 +150,7 @@ async fn a_cwd_outside_the_allowed_roots_gets_the_same_answer_whether_or_not_it_
                 json!({"agent": "demo", "cwd": cwd}),
             )
             .await;
-        assert_eq!(status, 422, "{cwd}: {problem}");
+        assert_eq!(status, 403, "{cwd}: {problem}");
         details.push(problem["detail"].as_str().unwrap().replace(cwd, "CWD"));
     }
     assert!(details.iter().all(|d| d == &details[0]), "{details:?}");

@@ -82,17 +82,19 @@ async fn an_action_answers_once_and_the_turn_goes_on(db: TestDb) {
     let frames = ws.until_type("turn_ended").await;
     assert_eq!(streamed_text(&frames, "agent_message_chunk"), "Done.");
     assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
-    // Used: 410, as is a tampered or unknown token.
+    // Used: 410. A tampered or unknown token is no action at all: 404.
     let (status, problem) = gw.post(&allow, Value::Null).await;
     assert_eq!(status, 410, "{problem}");
     let mut tampered = allow.clone().into_bytes();
     let last = tampered.len() - 1;
     tampered[last] = if tampered[last] == b'A' { b'B' } else { b'A' };
     let tampered = String::from_utf8(tampered).unwrap();
-    assert_eq!(gw.post(&tampered, Value::Null).await.0, 410);
+    assert_eq!(gw.post(&tampered, Value::Null).await.0, 404);
+    let resp = gw.http.get(gw.url(&tampered)).send().await.unwrap();
+    assert_eq!(resp.status(), 404);
     assert_eq!(
         gw.post("/api/v1/actions/nonsense", Value::Null).await.0,
-        410
+        404
     );
     // Another option's token of the answered request: someone answered first.
     let (status, problem) = gw

@@ -135,13 +135,19 @@ async fn a_user_can_answer_with_the_cancelled_outcome(db: TestDb) {
     assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "cancelled");
 }
 
-async fn bad_answers_get_422_and_unknown_ids_404(db: TestDb) {
+async fn bad_answers_get_422_options_not_offered_409_and_unknown_ids_404(db: TestDb) {
     let (_db, gw, id, mut ws) = setup(db).await;
     let request = ask(&gw, &mut ws, &id, "tool").await;
     let path = respond_path(&request);
+    // Well-formed, but not an option of this request: the document cannot
+    // know the options, so the request conflicts with the request's state.
+    let (status, problem) = gw.post(&path, json!({"option_id": "no-such-option"})).await;
+    assert_eq!(status, 409, "{problem}");
+    assert_eq!(problem["code"], "not_offered", "{problem}");
     for body in [
-        json!({"option_id": "no-such-option"}),
         json!({"outcome": "selected"}),
+        json!({"option_id": null, "outcome": null}),
+        json!({"option_id": "allow-once", "outcome": null}),
         json!({}),
         json!({"option_id": "allow-once", "outcome": "cancelled"}),
         json!({"option_id": 5}),
@@ -317,7 +323,7 @@ backend_tests!(
     a_rejection_reaches_the_agent,
     cancelling_the_turn_answers_the_pending_request_cancelled,
     a_user_can_answer_with_the_cancelled_outcome,
-    bad_answers_get_422_and_unknown_ids_404,
+    bad_answers_get_422_options_not_offered_409_and_unknown_ids_404,
     two_people_answering_at_once_exactly_one_wins,
     an_agent_withdrawing_its_request_resolves_it_cancelled,
     the_inbox_starts_with_the_pending_snapshot_and_streams_decisions,

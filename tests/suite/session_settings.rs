@@ -180,7 +180,8 @@ async fn modes_and_options_show_and_change_through_rest(db: TestDb) {
         let (status, problem) = gw
             .post(&format!("/api/v1/conversations/{id}/{path}"), body.clone())
             .await;
-        assert_eq!(status, 422, "{body}: {problem}");
+        assert_eq!(status, 409, "{body}: {problem}");
+        assert_eq!(problem["code"], "not_offered", "{body}: {problem}");
         assert!(
             problem["detail"].as_str().unwrap().contains(names),
             "{body}: {problem}"
@@ -191,6 +192,8 @@ async fn modes_and_options_show_and_change_through_rest(db: TestDb) {
         ("mode", json!({})),
         ("mode", json!({"mode_id": 3})),
         ("mode", json!({"mode_id": "plan", "extra": 1})),
+        ("mode", json!({"mode_id": ""})),
+        ("config-options", json!({"config_id": "", "value": true})),
         ("config-options", json!({"config_id": "model"})),
         ("config-options", json!({"config_id": "model", "value": 3})),
         (
@@ -336,7 +339,7 @@ async fn a_change_starts_an_agent_that_is_gone_and_refuses_without_starting_one(
     assert_eq!(starts(), 1);
 
     let (status, _) = gw.set_mode(&id, "yolo").await;
-    assert_eq!(status, 422);
+    assert_eq!(status, 409);
     assert_eq!(starts(), 1, "a refused change starts no agent");
 
     let (status, changed) = gw.set_mode(&id, "plan").await;

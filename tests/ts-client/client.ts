@@ -121,7 +121,12 @@ const refused = await api.POST("/api/v1/conversations/{id}/mode", {
   params: { path: { id } },
   body: { mode_id: "no-such-mode" },
 });
-check(refused.response.status === 422 && refused.error?.code === "invalid_request", "422 problem");
+check(refused.response.status === 409 && refused.error?.code === "not_offered", "409 not_offered problem");
+const malformed = await api.POST("/api/v1/conversations/{id}/mode", {
+  params: { path: { id } },
+  body: { mode_id: "" },
+});
+check(malformed.response.status === 422 && malformed.error?.code === "invalid_request", "422 problem");
 
 const log = await api.GET("/api/v1/conversations/{id}/events", {
   params: { path: { id }, query: { after: 0, limit: 1000 } },

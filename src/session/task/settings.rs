@@ -34,7 +34,7 @@ impl Task {
         let (method, answer) = match request {
             Ok(request) => request,
             Err(why) => {
-                let _ = change.reply.send(Err(Error::Unprocessable(why)));
+                let _ = change.reply.send(Err(Error::conflict("not_offered", why)));
                 return;
             }
         };
