@@ -1,5 +1,5 @@
 //! The guides under `docs/` stay true: the configuration reference in
-//! `docs/operators.md` is one the gateway accepts and sets every key its
+//! `docs/configuration.md` is one the gateway accepts and sets every key its
 //! config types have, and the code `docs/clients.md` shows is the code
 //! `scripts/docs-examples` runs.
 
@@ -40,13 +40,13 @@ fn assert_all_set(what: &str, set: &[String], fields: &[&str]) {
         .collect();
     assert!(
         missing.is_empty(),
-        "docs/operators.md: {what} leaves out {missing:?}"
+        "docs/configuration.md: {what} leaves out {missing:?}"
     );
 }
 
 #[test]
 fn the_configuration_reference_is_accepted_and_complete() {
-    let text = block(&doc("operators.md"), "## Configuration reference", "toml");
+    let text = block(&doc("configuration.md"), "## Configuration reference", "toml");
     let config = Config::parse(&text).expect("the reference parses");
     config.validate().expect("the reference validates");
     let raw: toml::Value = toml::from_str(&text).unwrap();
