@@ -1,4 +1,4 @@
-//! Gateway configuration: a TOML file (see the README and `docs/api.md`)
+//! Gateway configuration: a TOML file (see `docs/configuration.md`)
 //! plus the `DATABASE_URL` (or `DATABASE_URL_FILE`) and `ACP_GATEWAY_LISTEN`
 //! environment overrides.
 //!
@@ -87,7 +87,7 @@ pub struct Config {
     #[serde(default = "default_write_buffer_events")]
     pub write_buffer_events: usize,
     /// How long a node's hold on its conversations lasts without renewal
-    /// (several nodes on one Postgres: see the README). A node renews it
+    /// (several nodes on one Postgres: see `docs/operating.md`). A node renews it
     /// three times a lease; once it runs out, other nodes take over.
     #[serde(default = "default_node_lease", with = "humantime_serde")]
     pub node_lease: Duration,

@@ -1,5 +1,5 @@
 //! Limits on what users send, each answered with a 422 that names the field.
-//! The README lists them; the request body as a whole is limited by
+//! `docs/security.md` lists them; the request body as a whole is limited by
 //! `max_body_bytes` (413).
 
 use crate::error::{Error, Result};

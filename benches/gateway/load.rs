@@ -78,7 +78,7 @@ const NO_RATE_LIMITS: &str = "max_agents = 100000\nmax_agents_per_user = 100000\
     [rate_limits]\nprompts_per_minute = 100000000\nconnections_per_minute = 100000000\n\
     conversations_per_minute = 100000000";
 
-/// The gateway's default log filter (README), so logging costs what it
+/// The gateway's default log filter (`docs/operating.md`), so logging costs what it
 /// costs in production.
 const LOG_FILTER: &str = "info,sqlx=warn,tower_http=info";
 
