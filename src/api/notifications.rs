@@ -23,15 +23,18 @@ use super::state::AppState;
 use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::model::Page;
+use crate::notify::guard::{self, Refusal};
 use crate::notify::outbox::TargetConfig;
-use crate::notify::{guard, ntfy, webhook, NotificationEvent};
+use crate::notify::{webhook, NotificationEvent};
 use crate::store::notify::{AttemptRecord, TargetRecord};
+use new_target::{CreateBody, Events};
+
+mod new_target;
 
 /// Targets one user may have.
 const MAX_TARGETS: usize = 50;
 /// Attempts `GET …/deliveries` answers (the newest).
 const MAX_ATTEMPTS_LISTED: i64 = 200;
-const MAX_URL: usize = 2048;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -51,57 +54,6 @@ enum TargetKind {
     Ntfy,
     Webhook,
     Fcm,
-}
-
-/// A browser's Push API subscription (`PushSubscription.toJSON()`).
-#[derive(Deserialize, ToSchema)]
-#[schema(as = PushSubscription)]
-struct Subscription {
-    endpoint: String,
-    keys: SubscriptionKeys,
-    /// Ignored (browsers send it).
-    #[serde(default, rename = "expirationTime")]
-    #[allow(dead_code)]
-    expiration_time: Option<serde_json::Value>,
-}
-
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(as = PushSubscriptionKeys)]
-struct SubscriptionKeys {
-    /// base64url: the subscription's P-256 public key (65 bytes).
-    p256dh: String,
-    /// base64url: its authentication secret (16 bytes).
-    auth: String,
-}
-
-/// A new target: `kind` says which of the other members it takes.
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(as = NewNotificationTarget)]
-struct CreateBody {
-    kind: TargetKind,
-    /// `web_push`: the browser's subscription.
-    subscription: Option<Subscription>,
-    /// `ntfy`: `https://server/TOPIC`; `webhook`: where to POST.
-    #[schema(max_length = 2048)]
-    url: Option<String>,
-    /// `ntfy`: an access token, sent as `Authorization: Bearer`.
-    #[schema(max_length = 512)]
-    token: Option<String>,
-    /// `webhook`: the signing secret (16 to 256 characters); generated (32
-    /// random bytes, hex) and answered once when left out.
-    #[schema(min_length = 16, max_length = 256)]
-    secret: Option<String>,
-    /// `fcm`: the app's registration token (needs `[notifications.fcm]`).
-    #[schema(max_length = 4096)]
-    device_token: Option<String>,
-    /// One line, at most 200 characters.
-    #[schema(max_length = 200)]
-    label: Option<String>,
-    /// Which of `permission_waiting`, `permission_reminder`, `turn_ended`,
-    /// `agent_failed` it gets (default: all).
-    events: Option<Vec<String>>,
 }
 
 /// The last attempt to deliver to a target.
@@ -240,74 +192,26 @@ async fn list(State(state): State<AppState>, caller: Caller) -> Result<Json<Page
     Ok(whole(items))
 }
 
-fn unprocessable(what: &str, why: impl std::fmt::Display) -> Error {
-    Error::Unprocessable(format!("{what} {why}"))
-}
-
-fn required<'a>(value: &'a Option<String>, what: &str, kind: &str) -> Result<&'a str> {
-    value
-        .as_deref()
-        .ok_or_else(|| unprocessable(what, format_args!("is required for kind {kind}")))
-}
-
-/// Printable, one line, at most `max` characters.
-fn check_text(value: &str, what: &str, min: usize, max: usize) -> Result<()> {
-    let n = value.chars().count();
-    if n < min || n > max {
-        return Err(unprocessable(
-            what,
-            format_args!("must be {min} to {max} characters"),
-        ));
-    }
-    if value.chars().any(char::is_control) {
-        return Err(unprocessable(what, "must not hold control characters"));
-    }
-    Ok(())
-}
-
-/// Printable ASCII without spaces (tokens, secrets).
-fn check_token(value: &str, what: &str, min: usize, max: usize) -> Result<()> {
-    check_text(value, what, min, max)?;
-    if !value.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(unprocessable(
-            what,
-            "must be printable ASCII without spaces",
-        ));
-    }
-    Ok(())
-}
-
-async fn check_url(state: &AppState, value: &str, what: &str) -> Result<String> {
-    if value.len() > MAX_URL {
-        return Err(unprocessable(
-            what,
-            format_args!("must be at most {MAX_URL} bytes"),
-        ));
-    }
+/// Checks a target URL (already of the document's pattern) against what
+/// the operator allows, resolving its host.
+async fn check_url(state: &AppState, url: &str, what: &str) -> Result<String> {
     let allow = state.config().notifications.allow_private_targets;
-    guard::check_url(value, allow)
-        .await
-        .map_err(|e| unprocessable(what, e))?;
-    Ok(value.to_owned())
+    match guard::check_url(url, allow).await {
+        Ok(_) => Ok(url.to_owned()),
+        Err(Refusal::Invalid(why)) => Err(Error::Unprocessable(format!("{what}: {why}"))),
+        Err(Refusal::NotAllowed(why)) => Err(Error::Forbidden(format!("{what}: {why}"))),
+        Err(Refusal::Unresolvable(why)) => Err(Error::conflict(
+            "unresolvable_host",
+            format!("{what}: {why}; try again once it does"),
+        )),
+    }
 }
 
-fn check_key(value: &str, what: &str, len: usize) -> Result<String> {
+/// A key the document's pattern admitted, as stored: unpadded base64url.
+fn key(value: &str) -> Result<String> {
     let bytes = URL_SAFE_NO_PAD
         .decode(value.trim_end_matches('='))
-        .map_err(|_| unprocessable(what, "must be base64url"))?;
-    if bytes.len() != len || (len == 65 && bytes[0] != 4) {
-        return Err(unprocessable(
-            what,
-            format_args!(
-                "must decode to {len} bytes{}",
-                if len == 65 {
-                    " (an uncompressed P-256 point)"
-                } else {
-                    ""
-                }
-            ),
-        ));
-    }
+        .map_err(|e| Error::Internal(anyhow::anyhow!("an admitted key does not decode: {e}")))?;
     Ok(URL_SAFE_NO_PAD.encode(bytes))
 }
 
@@ -317,7 +221,9 @@ fn check_key(value: &str, what: &str, len: usize) -> Result<String> {
     tag = "notifications", request_body = CreateBody,
     responses(
         (status = 201, description = "Created (a generated webhook secret is shown this once)", body = Created),
-        (status = 422, description = "Invalid input: a URL that is not https://, resolves to a private address, a key of the wrong size, an unknown event, kind fcm without [notifications.fcm], more than 50 targets"),
+        (status = 403, description = "The operator does not allow this target's address (`forbidden`): a plain `http://` URL, or a host that is or resolves to a loopback, private, link-local, CGNAT, unique-local, multicast, unspecified or metadata address (`notifications.allow_private_targets` allows them)"),
+        (status = 409, description = "`not_configured`: kind `fcm` while the operator has not configured `[notifications.fcm]`; `unresolvable_host`: a URL's host does not resolve now; `too_many_targets`: the caller has 50 targets already"),
+        (status = 422, description = "A body the schema refuses (`invalid_request`; `detail` names the member)"),
     )
 )]
 async fn create(
@@ -325,127 +231,68 @@ async fn create(
     caller: Caller,
     AppJson(body): AppJson<CreateBody>,
 ) -> Result<(StatusCode, Json<Created>)> {
-    let kind_name = serde_json::to_value(body.kind)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default();
-    // Members of other kinds: refused, so a mistake is not silently dropped.
-    let given = [
-        (
-            "subscription",
-            body.subscription.is_some(),
-            TargetKind::WebPush,
-        ),
-        ("url", body.url.is_some(), TargetKind::Ntfy),
-        ("token", body.token.is_some(), TargetKind::Ntfy),
-        ("secret", body.secret.is_some(), TargetKind::Webhook),
-        ("device_token", body.device_token.is_some(), TargetKind::Fcm),
-    ];
-    for (member, present, owner) in given {
-        let fits = owner == body.kind || (member == "url" && body.kind == TargetKind::Webhook);
-        if present && !fits {
-            return Err(unprocessable(
-                member,
-                format_args!("does not apply to kind {kind_name}"),
-            ));
-        }
-    }
-    if let Some(label) = &body.label {
-        check_text(label, "label", 0, 200)?;
-    }
-    let events = match &body.events {
-        None => NotificationEvent::ALL
-            .iter()
-            .map(|e| e.as_str().to_owned())
-            .collect(),
-        Some(events) => {
-            let mut chosen: Vec<String> = Vec::new();
-            for e in events {
-                if !NotificationEvent::ALL
-                    .iter()
-                    .any(|known| known.as_str() == e)
-                {
-                    return Err(unprocessable(
-                        "events",
-                        format_args!("names {e:?}: not one of permission_waiting, permission_reminder, turn_ended, agent_failed"),
-                    ));
+    let (label, events) = body.label_and_events();
+    let label = label.map(|l| l.0.clone());
+    let events = match events {
+        None => NotificationEvent::ALL.to_vec(),
+        Some(Events(names)) => {
+            let mut chosen: Vec<NotificationEvent> = Vec::new();
+            for event in names.iter().map(|name| name.event()) {
+                if !chosen.contains(&event) {
+                    chosen.push(event);
                 }
-                if !chosen.contains(e) {
-                    chosen.push(e.clone());
-                }
-            }
-            if chosen.is_empty() {
-                return Err(unprocessable("events", "names no event"));
             }
             chosen
         }
     };
+    let events: Vec<&str> = events.iter().map(|e| e.as_str()).collect();
     let mut generated = None;
-    let config = match body.kind {
-        TargetKind::WebPush => {
-            let Some(sub) = &body.subscription else {
-                return Err(unprocessable(
-                    "subscription",
-                    "is required for kind web_push",
-                ));
-            };
-            let p256dh = check_key(&sub.keys.p256dh, "subscription.keys.p256dh", 65)?;
-            let auth = check_key(&sub.keys.auth, "subscription.keys.auth", 16)?;
-            // 65 bytes, and a point of the curve: payloads can be encrypted to it.
-            crate::notify::web_push::check_subscription(&p256dh, &auth)
-                .map_err(|e| unprocessable("subscription.keys", e))?;
+    let config = match body {
+        CreateBody::WebPush(b) => {
+            let keys = &b.subscription.keys;
             TargetConfig::WebPush {
-                endpoint: check_url(&state, &sub.endpoint, "subscription.endpoint").await?,
-                p256dh,
-                auth,
+                endpoint: check_url(&state, &b.subscription.endpoint.0, "subscription.endpoint")
+                    .await?,
+                p256dh: key(&keys.p256dh.0)?,
+                auth: key(&keys.auth.0)?,
             }
         }
-        TargetKind::Ntfy => {
-            let url = check_url(&state, required(&body.url, "url", "ntfy")?, "url").await?;
-            ntfy::split_url(&url).map_err(|e| unprocessable("url", e))?;
-            if let Some(token) = &body.token {
-                check_token(token, "token", 1, 512)?;
-            }
-            TargetConfig::Ntfy {
-                url,
-                token: body.token.clone(),
-            }
-        }
-        TargetKind::Webhook => {
-            let url = check_url(&state, required(&body.url, "url", "webhook")?, "url").await?;
-            let secret = match &body.secret {
-                Some(secret) => {
-                    check_token(secret, "secret", 16, 256)?;
-                    secret.clone()
-                }
+        CreateBody::Ntfy(b) => TargetConfig::Ntfy {
+            url: check_url(&state, &b.url.0, "url").await?,
+            token: b.token.map(|t| t.0),
+        },
+        CreateBody::Webhook(b) => {
+            let url = check_url(&state, &b.url.0, "url").await?;
+            let secret = match b.secret {
+                Some(secret) => secret.0,
                 None => generated.insert(webhook::new_secret()).clone(),
             };
             TargetConfig::Webhook { url, secret }
         }
-        TargetKind::Fcm => {
+        CreateBody::Fcm(b) => {
             if !state.outbox().has_fcm() {
-                return Err(Error::Unprocessable(
-                    "kind fcm needs the operator to configure [notifications.fcm]".into(),
+                return Err(Error::conflict(
+                    "not_configured",
+                    "kind fcm needs the operator to configure [notifications.fcm]",
                 ));
             }
-            let token = required(&body.device_token, "device_token", "fcm")?;
-            check_token(token, "device_token", 1, 4096)?;
             TargetConfig::Fcm {
-                device_token: token.to_owned(),
+                device_token: b.device_token.0,
             }
         }
     };
     let existing = state.store().list_targets(&caller.user).await?;
     if existing.len() >= MAX_TARGETS {
-        return Err(Error::Unprocessable(format!(
-            "at most {MAX_TARGETS} notification targets per user"
-        )));
+        return Err(Error::conflict(
+            "too_many_targets",
+            format!("at most {MAX_TARGETS} notification targets per user: delete one first"),
+        ));
     }
     let record = TargetRecord {
         id: Uuid::now_v7(),
         owner: caller.user.clone(),
         kind: config.kind().to_owned(),
-        label: body.label.clone(),
+        label,
         events: serde_json::to_string(&events).expect("strings serialize"),
         config: serde_json::to_string(&config).expect("settings serialize"),
         created_at: DateTime::from_timestamp_millis(Utc::now().timestamp_millis())

@@ -170,7 +170,8 @@ pub struct Problem {
     /// `forbidden`, `rate_limited`, `turn_in_progress`, `conversation_closed`,
     /// `agent_unavailable`, `already_resolved`, `agent_gone`, `agent_failed`,
     /// `agent_timeout`, `at_capacity`, `database_unavailable`, `unavailable`,
-    /// `gone`, `internal_error`, `not_offered`, `not_a_websocket_handshake`.
+    /// `gone`, `internal_error`, `not_offered`, `not_a_websocket_handshake`,
+    /// `not_configured`, `unresolvable_host`, `too_many_targets`.
     #[schema(example = "not_found")]
     code: String,
     /// With `already_resolved`: the request as it stands.

@@ -65,40 +65,62 @@ fn forbidden_v4(ip: Ipv4Addr) -> bool {
         || o[0] >= 240 // reserved
 }
 
+/// Why a target's URL is refused at creation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not an `http(s)://` URL with a host, or one with credentials.
+    Invalid(String),
+    /// Plain `http://`, or a host that is or resolves to a forbidden
+    /// address: what the operator's `allow_private_targets` decides.
+    NotAllowed(String),
+    /// The host does not resolve (in time), now.
+    Unresolvable(String),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Invalid(why) | Refusal::NotAllowed(why) | Refusal::Unresolvable(why) => {
+                f.write_str(why)
+            }
+        }
+    }
+}
+
 /// Checks a target's URL at creation: `https://` (or `http://` when
 /// allowed), a host, and (unless allowed) no forbidden address among what
-/// the host resolves to now. The message says what is wrong.
-pub async fn check_url(url: &str, allow_private: bool) -> Result<Url, String> {
-    let parsed = Url::parse(url).map_err(|e| format!("not a URL ({e})"))?;
+/// the host resolves to now. The refusal says what is wrong.
+pub async fn check_url(url: &str, allow_private: bool) -> Result<Url, Refusal> {
+    let parsed = Url::parse(url).map_err(|e| Refusal::Invalid(format!("is not a URL ({e})")))?;
     match parsed.scheme() {
         "https" => {}
         "http" if allow_private => {}
-        "http" => return Err("must be https:// (plain http:// only where the operator sets notifications.allow_private_targets)".into()),
-        other => return Err(format!("scheme {other:?} is not https://")),
+        "http" => return Err(Refusal::NotAllowed("must be https:// (plain http:// only where the operator sets notifications.allow_private_targets)".into())),
+        other => return Err(Refusal::Invalid(format!("scheme {other:?} is not https://"))),
     }
     if !parsed.username().is_empty() || parsed.password().is_some() {
-        return Err("must not carry credentials".into());
+        return Err(Refusal::Invalid("must not carry credentials".into()));
     }
     let Some(host) = parsed.host_str() else {
-        return Err("has no host".into());
+        return Err(Refusal::Invalid("has no host".into()));
     };
     if allow_private {
         return Ok(parsed);
     }
-    check_literal(&parsed)?;
+    check_literal(&parsed).map_err(Refusal::NotAllowed)?;
     if let Some(url::Host::Domain(domain)) = parsed.host() {
         let port = parsed.port_or_known_default().unwrap_or(443);
         let lookup = tokio::net::lookup_host((domain, port));
         let addrs: Vec<SocketAddr> = tokio::time::timeout(RESOLVE_TIMEOUT, lookup)
             .await
-            .map_err(|_| format!("host {host:?} did not resolve in time"))?
-            .map_err(|e| format!("host {host:?} does not resolve ({e})"))?
+            .map_err(|_| Refusal::Unresolvable(format!("host {host:?} did not resolve in time")))?
+            .map_err(|e| Refusal::Unresolvable(format!("host {host:?} does not resolve ({e})")))?
             .collect();
         if let Some(bad) = addrs.iter().find(|a| is_forbidden(a.ip())) {
-            return Err(format!(
+            return Err(Refusal::NotAllowed(format!(
                 "host {host:?} resolves to {}, a private or local address",
                 bad.ip()
-            ));
+            )));
         }
     }
     Ok(parsed)
@@ -236,19 +258,39 @@ mod tests {
         }
     }
 
+    /// What the operator's setting decides is `NotAllowed`; what is no
+    /// target URL at all is `Invalid`; a name with no address now is
+    /// `Unresolvable`.
     #[tokio::test]
     async fn urls_are_refused_for_their_scheme_or_their_address() {
-        assert!(check_url("http://example.com/x", false).await.is_err());
-        assert!(check_url("ftp://example.com/x", false).await.is_err());
-        assert!(check_url("https://127.0.0.1/x", false).await.is_err());
-        assert!(check_url("https://[::1]/x", false).await.is_err());
-        assert!(check_url("https://169.254.169.254/", false).await.is_err());
-        assert!(check_url("https://localhost/x", false).await.is_err());
-        assert!(check_url("https://u:p@93.184.216.34/", false)
-            .await
-            .is_err());
-        assert!(check_url("https://93.184.216.34/x", false).await.is_ok());
-        assert!(check_url("http://127.0.0.1:9/x", true).await.is_ok());
+        let refusal = |url: &'static str, allow: bool| async move {
+            match check_url(url, allow).await {
+                Ok(_) => "ok",
+                Err(Refusal::Invalid(_)) => "invalid",
+                Err(Refusal::NotAllowed(_)) => "not allowed",
+                Err(Refusal::Unresolvable(_)) => "unresolvable",
+            }
+        };
+        for (url, allow, expected) in [
+            ("http://example.com/x", false, "not allowed"),
+            ("ftp://example.com/x", false, "invalid"),
+            ("https://u:p@93.184.216.34/", false, "invalid"),
+            ("https://u:p@93.184.216.34/", true, "invalid"),
+            ("https://127.0.0.1/x", false, "not allowed"),
+            ("https://[::1]/x", false, "not allowed"),
+            ("https://169.254.169.254/", false, "not allowed"),
+            ("https://localhost/x", false, "not allowed"),
+            ("https://nothing.invalid/x", false, "unresolvable"),
+            ("https://93.184.216.34/x", false, "ok"),
+            ("http://127.0.0.1:9/x", true, "ok"),
+            ("http://nothing.invalid/x", true, "ok"),
+        ] {
+            assert_eq!(
+                refusal(url, allow).await,
+                expected,
+                "{url} (allowed: {allow})"
+            );
+        }
     }
 
     /// A DNS answer that changes between the check and the connection: the

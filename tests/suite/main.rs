@@ -16,6 +16,7 @@ mod auth;
 mod auth_hardening;
 mod cluster;
 mod contract;
+mod contract_notifications;
 mod db_outage;
 mod docs;
 mod export;

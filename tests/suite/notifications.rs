@@ -739,10 +739,6 @@ async fn bad_targets_are_refused_with_422(db: TestDb) {
             json!({"kind": "web_push", "subscription": {"endpoint": "https://push.example/x", "keys": {"p256dh": key65, "auth": "!!!!"}}}),
             "base64url",
         ),
-        (
-            json!({"kind": "fcm", "device_token": "abc"}),
-            "notifications.fcm",
-        ),
         (json!({"kind": "carrier_pigeon"}), "kind"),
     ];
     for (body, says) in cases {
@@ -760,24 +756,35 @@ async fn bad_targets_are_refused_with_422(db: TestDb) {
             "{body}: {problem}"
         );
     }
-    // 65 bytes that are not a point of the curve: nothing could be
-    // encrypted to it.
+    // 65 bytes that are not a point of the curve: taken (the document
+    // cannot say what a point is), and nothing can be encrypted to it, which
+    // its first delivery says.
     let not_a_point = format!("BA{}", "A".repeat(85));
-    let (status, problem) = call(
+    let target = create(
         &gw,
-        "POST",
-        "/api/v1/notification-targets",
-        Some(&ann),
-        Some(json!({"kind": "web_push", "subscription": {"endpoint": "http://127.0.0.1:9/push", "keys": {"p256dh": not_a_point, "auth": "AAAAAAAAAAAAAAAAAAAAAA"}}})),
+        &ann,
+        json!({"kind": "web_push", "subscription": {"endpoint": "http://127.0.0.1:9/push", "keys": {"p256dh": not_a_point, "auth": "AAAAAAAAAAAAAAAAAAAAAA"}}}),
     )
     .await;
-    assert_eq!(status, 422, "{problem}");
+    let (status, answer) = call(
+        &gw,
+        "POST",
+        &format!(
+            "/api/v1/notification-targets/{}/test",
+            target["id"].as_str().unwrap()
+        ),
+        Some(&ann),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["outcome"], "failed", "{answer}");
     assert!(
-        problem["detail"]
+        answer["error"]
             .as_str()
             .unwrap()
             .contains("not a P-256 public key"),
-        "{problem}"
+        "{answer}"
     );
     // A valid subscription is taken (a real point, its 16 bytes padded or not).
     let key65 = acp_gateway::notify::vapid::generate().public_b64;
@@ -785,6 +792,7 @@ async fn bad_targets_are_refused_with_422(db: TestDb) {
     gw.stop().await;
 }
 
+/// Refused with 403: the operator's setting decides, not the document.
 async fn private_addresses_are_refused_unless_allowed(db: TestDb) {
     let (ann, _) = tokens(&db);
     let gw = TestGateway::start_with(config(&db, false)).await;
@@ -808,7 +816,11 @@ async fn private_addresses_are_refused_unless_allowed(db: TestDb) {
             Some(json!({"kind": "webhook", "url": url})),
         )
         .await;
-        assert_eq!(status, 422, "{url}: {problem}");
+        assert_eq!(
+            (status, problem["code"].as_str()),
+            (403, Some("forbidden")),
+            "{url}: {problem}"
+        );
     }
     gw.stop().await;
     // Allowed: a receiver on this machine.

@@ -24,15 +24,15 @@ use uuid::Uuid;
 
 /// A stand-in service: a Python subprocess, killed (by its pid) when this is
 /// dropped, a failed test included.
-struct Service {
+pub(crate) struct Service {
     child: Child,
     /// The JSON line it printed when it listened.
     hello: Value,
-    base: String,
+    pub(crate) base: String,
 }
 
 impl Service {
-    fn start(script: &str, args: &[&str]) -> Service {
+    pub(crate) fn start(script: &str, args: &[&str]) -> Service {
         let python = crate::common::sdk_agents_dir().join(".venv/bin/python");
         let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/notify-services")

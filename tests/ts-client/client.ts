@@ -6,8 +6,9 @@
 //   GATEWAY_URL=http://127.0.0.1:8080 GATEWAY_TOKEN=acpgw_… node dist/client.js
 //
 // It starts a conversation with the demo agent, prompts, answers the
-// permission request the agent makes, changes the session mode, and reads
-// the events back. Any unexpected answer fails it (exit code 1).
+// permission request the agent makes, changes the session mode, reads the
+// events back, and adds and removes a notification target. Any unexpected
+// answer fails it (exit code 1).
 
 import createClient from "openapi-fetch";
 import WebSocket from "ws";
@@ -139,4 +140,19 @@ events.close();
 
 const closed = await api.DELETE("/api/v1/conversations/{id}", { params: { path: { id } } });
 check(closed.response.status === 204, "closed");
+// A notification target (made once the conversation is closed, so nothing
+// is due to it): the body is the object of its kind, and a member of another
+// kind does not compile.
+const target = await api.POST("/api/v1/notification-targets", {
+  body: { kind: "webhook", url: "https://93.184.216.34/hook", label: "From TypeScript", events: ["turn_ended"] },
+});
+check(target.response.status === 201 && target.data?.secret, `target: ${JSON.stringify(target.error)}`);
+// @ts-expect-error: `url` is no member of an fcm target.
+const mixed: components["schemas"]["NewNotificationTarget"] = { kind: "fcm", device_token: "x", url: "" };
+void mixed;
+const removed = await api.DELETE("/api/v1/notification-targets/{id}", {
+  params: { path: { id: target.data.id } },
+});
+check(removed.response.status === 204, "target removed");
+
 console.log(`ts-client: ok (${log.data?.items.length} events, conversation ${id})`);
