@@ -455,7 +455,7 @@ async fn the_dry_run_resolves_its_cwd_as_a_new_conversation_does(db: TestDb) {
                    "cwd": link_dir.path().join("missing").to_str().unwrap()}),
         )
         .await;
-    assert_eq!(status, 422, "{dry}");
+    assert_eq!(status, 404, "{dry}");
 }
 
 /// The probe that evaded `{cwd}/secret/**` through `peek -> secret`: the
