@@ -16,7 +16,7 @@ use super::state::AppState;
 use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::limits;
-use crate::model::{self, Action, PolicyRule, RateLimit};
+use crate::model::{self, Action, PolicyRule};
 use crate::permissions::policy::input;
 use crate::permissions::policy::{tool_paths, Facts, Policies, Refused};
 use crate::store::PolicySet;
@@ -115,13 +115,26 @@ macro_rules! rule_schema {
     };
 }
 
+/// At most `count` automatic approvals by one rule per `window`, per
+/// conversation; beyond it, a person is asked.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = RateLimit)]
+#[allow(dead_code)]
+struct RateLimitSchema {
+    #[schema(schema_with = input::count_schema)]
+    count: u32,
+    #[schema(schema_with = input::window_schema)]
+    window: String,
+}
+
 rule_schema!(
     /// A rule that allows what it covers.
     AllowPolicyRule {
         #[schema(schema_with = input::allow_schema)]
         decision: Action,
         #[serde(default)]
-        max_auto_per: Option<RateLimit>,
+        max_auto_per: Option<RateLimitSchema>,
         /// Answer with the agent's `allow_always` option.
         #[serde(default)]
         remember: bool,
@@ -135,7 +148,7 @@ rule_schema!(
         decision: Action,
         #[serde(default)]
         #[schema(schema_with = input::no_limit_schema)]
-        max_auto_per: Option<RateLimit>,
+        max_auto_per: Option<RateLimitSchema>,
         #[serde(default)]
         #[schema(schema_with = input::no_remember_schema)]
         remember: bool,

@@ -186,13 +186,13 @@ pub enum Action {
 
 /// At most `count` automatic approvals by one rule per `window`, per
 /// conversation; beyond it, a person is asked.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+/// (`RateLimit` in the OpenAPI document, with the rules of
+/// [`crate::permissions::policy::input`].)
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimit {
     #[serde(deserialize_with = "whole_number")]
-    #[schema(schema_with = crate::permissions::policy::input::count_schema)]
     pub count: u32,
-    #[schema(schema_with = crate::permissions::policy::input::window_schema)]
     pub window: Window,
 }
 

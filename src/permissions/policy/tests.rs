@@ -870,3 +870,45 @@ fn the_cwd_in_a_glob_matches_only_itself() {
         assert_eq!(decision == Allow, allowed, "{cwd} {path}");
     }
 }
+
+/// The glob grammar of the API ([`input::GLOB_PATTERN`]) admits only what
+/// globset builds, with `{cwd}` put in as the engine does (for a directory
+/// whose name has characters globs treat specially).
+#[test]
+fn every_glob_of_the_grammar_builds() {
+    // Every string of up to 4 of these symbols.
+    let symbols = [
+        "a", "[", "]", "{", "}", "\\", "!", "^", "-", ",", "*", "?", "/", "{cwd}",
+    ];
+    let mut layer = vec![String::new()];
+    let (mut admitted, mut wrong) = (0, Vec::new());
+    for _ in 0..4 {
+        layer = layer
+            .iter()
+            .flat_map(|s| symbols.iter().map(move |t| format!("{s}{t}")))
+            .collect();
+        for glob in &layer {
+            if input::is_glob(glob) {
+                admitted += 1;
+                if glob_matcher(glob, std::path::Path::new("/c,[w]d\\")).is_err() {
+                    wrong.push(glob.clone());
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{:?}", &wrong[..wrong.len().min(10)]);
+    assert!(admitted > 10_000, "{admitted}");
+    for glob in [
+        "{cwd}/**",
+        "/etc/**",
+        "**/*.{pem,key}",
+        "{cwd}/[!.]*",
+        "a\\*b",
+        "[]-]",
+    ] {
+        assert!(input::is_glob(glob), "{glob}");
+    }
+    for glob in ["{cwd}/[", "[a-z]", "{a,{b,c}}", "\\{", "[}]", "a}", "x\\"] {
+        assert!(!input::is_glob(glob), "{glob}");
+    }
+}
