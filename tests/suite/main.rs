@@ -15,6 +15,7 @@ mod architecture;
 mod auth;
 mod auth_hardening;
 mod cluster;
+mod contract_policies;
 mod db_outage;
 mod docs;
 mod export;
