@@ -13,6 +13,9 @@ pub const LABEL_MAX_CHARS: usize = 200;
 pub const CWD_MAX_CHARS: usize = 1024;
 /// An agent profile's name, in bytes.
 pub const AGENT_NAME_MAX_BYTES: usize = 64;
+/// What an agent profile's name is made of (the config file's rule), as
+/// the OpenAPI document states it.
+pub const AGENT_NAME_PATTERN: &str = "^[a-z0-9_-]+$";
 /// Content blocks in one prompt.
 pub const PROMPT_MAX_BLOCKS: usize = 1000;
 /// A policy rule's name, in characters.
@@ -86,6 +89,24 @@ pub fn bytes(field: &str, value: &str, max: usize) -> Result<()> {
     Ok(())
 }
 
+/// An agent profile's name as a request gives it: of the shape every
+/// profile's name has ([`AGENT_NAME_PATTERN`], at most
+/// [`AGENT_NAME_MAX_BYTES`]), so that the OpenAPI document can say which
+/// names are well-formed (422 otherwise) and a well-formed unknown one is a
+/// 404.
+pub fn agent_name(field: &str, value: &str) -> Result<()> {
+    let shaped = !value.is_empty()
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if !shaped || value.len() > AGENT_NAME_MAX_BYTES {
+        return Err(Error::Unprocessable(format!(
+            "{field} must be a profile name: 1 to {AGENT_NAME_MAX_BYTES} of a-z, 0-9, _ and -"
+        )));
+    }
+    Ok(())
+}
+
 /// At most `max` items.
 pub fn count(field: &str, len: usize, max: usize) -> Result<()> {
     if len > max {
@@ -114,5 +135,27 @@ mod tests {
         assert!(path("cwd", &format!("/{}", "é".repeat(1023)), CWD_MAX_CHARS).is_ok());
         assert!(path("cwd", &format!("/{}", "a".repeat(1024)), CWD_MAX_CHARS).is_err());
         assert!(count("content", 1001, PROMPT_MAX_BLOCKS).is_err());
+    }
+
+    #[test]
+    fn agent_names_are_what_the_pattern_says() {
+        let pattern = regex::Regex::new(AGENT_NAME_PATTERN).unwrap();
+        for name in [
+            "demo",
+            "claude-code",
+            "a_1",
+            "",
+            "Demo",
+            "a b",
+            "é",
+            "a\n",
+            "a\0",
+            "x.y",
+        ] {
+            let by_pattern = pattern.is_match(name) && name.len() <= AGENT_NAME_MAX_BYTES;
+            assert_eq!(agent_name("agent", name).is_ok(), by_pattern, "{name:?}");
+        }
+        assert!(agent_name("agent", &"a".repeat(64)).is_ok());
+        assert!(agent_name("agent", &"a".repeat(65)).is_err());
     }
 }

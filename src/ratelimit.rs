@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// Most hits kept per key: more than any limit could ask about.
-const MAX_HITS_PER_KEY: usize = 10_000;
+pub(crate) const MAX_HITS_PER_KEY: usize = 10_000;
 
 /// Hits per key, each at its instant; a limit of `count` per `window`
 /// allows one more hit while fewer than `count` fall within the window.

@@ -17,7 +17,8 @@ use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::model::{self, Action, PolicyRule};
-use crate::permissions::policy::{tool_paths, Facts, Policies};
+use crate::permissions::policy::input;
+use crate::permissions::policy::{tool_paths, Facts, Policies, Refused};
 use crate::store::PolicySet;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -30,6 +31,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[derive(Serialize, ToSchema)]
 #[schema(as = Policies)]
 struct PolicyList {
+    #[schema(value_type = Vec<RuleSchema>)]
     items: Vec<PolicyRule>,
     next_cursor: Option<String>,
     /// `"config"` while the config file's rules are in force.
@@ -68,9 +70,90 @@ async fn show(State(state): State<AppState>, _caller: Caller) -> Result<Json<Pol
 #[serde(deny_unknown_fields)]
 #[schema(as = NewPolicies)]
 struct ReplaceBody {
-    /// At most 1000 rules.
+    /// At most 1000 rules; their names unique (else 409 `duplicate_name`).
+    #[schema(value_type = Vec<RuleSchema>, max_items = 1000)]
     items: Vec<PolicyRule>,
 }
+
+/// One operator rule, as written in the config file or sent to the API:
+/// an `allow` rule, which alone may be rate limited and remember, or a
+/// `deny` or `ask` rule.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+#[schema(as = PolicyRule)]
+#[allow(dead_code)]
+enum RuleSchema {
+    Allow(AllowPolicyRule),
+    DenyOrAsk(DenyOrAskPolicyRule),
+}
+
+/// The schema of a [`PolicyRule`] of one kind of decision: the fields all
+/// rules have, and `$extra`.
+macro_rules! rule_schema {
+    ($(#[$doc:meta])* $name:ident { $($extra:tt)* }) => {
+        $(#[$doc])*
+        #[derive(Serialize, ToSchema)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct $name {
+            #[schema(schema_with = input::name_schema)]
+            name: String,
+            #[serde(default)]
+            #[schema(schema_with = input::agents_schema)]
+            agents: Vec<String>,
+            #[serde(default)]
+            #[schema(schema_with = input::kinds_schema)]
+            kinds: Vec<String>,
+            #[serde(default)]
+            #[schema(schema_with = input::commands_schema)]
+            commands: Vec<String>,
+            #[serde(default)]
+            #[schema(schema_with = input::paths_schema)]
+            paths: Vec<String>,
+            $($extra)*
+        }
+    };
+}
+
+/// At most `count` automatic approvals by one rule per `window`, per
+/// conversation; beyond it, a person is asked.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = RateLimit)]
+#[allow(dead_code)]
+struct RateLimitSchema {
+    #[schema(schema_with = input::count_schema)]
+    count: u32,
+    #[schema(schema_with = input::window_schema)]
+    window: String,
+}
+
+rule_schema!(
+    /// A rule that allows what it covers.
+    AllowPolicyRule {
+        #[schema(schema_with = input::allow_schema)]
+        decision: Action,
+        #[serde(default)]
+        max_auto_per: Option<RateLimitSchema>,
+        /// Answer with the agent's `allow_always` option.
+        #[serde(default)]
+        remember: bool,
+    }
+);
+
+rule_schema!(
+    /// A rule that denies what it covers, or asks a person.
+    DenyOrAskPolicyRule {
+        #[schema(schema_with = input::deny_or_ask_schema)]
+        decision: Action,
+        #[serde(default)]
+        #[schema(schema_with = input::no_limit_schema)]
+        max_auto_per: Option<RateLimitSchema>,
+        #[serde(default)]
+        #[schema(schema_with = input::no_remember_schema)]
+        remember: bool,
+    }
+);
 
 /// Replaces the whole list (operators only); an invalid rule changes
 /// nothing.
@@ -80,7 +163,8 @@ struct ReplaceBody {
     responses(
         (status = 200, description = "The rules now in force", body = PolicyList),
         NotOperator,
-        (status = 422, description = "An invalid rule (the detail names it)"),
+        (status = 409, description = "`duplicate_name`: two rules have one name (the detail names the second)"),
+        (status = 422, description = "A rule the schema does not admit (the detail names it and the field)"),
     )
 )]
 async fn replace(
@@ -89,12 +173,10 @@ async fn replace(
     AppJson(body): AppJson<ReplaceBody>,
 ) -> Result<Json<PolicyList>> {
     caller.require_operator()?;
-    limits::count("items", body.items.len(), limits::POLICY_MAX_RULES)?;
-    for (i, rule) in body.items.iter().enumerate() {
-        let field = format!("items[{i}].name");
-        limits::line(&field, &rule.name, limits::POLICY_NAME_MAX_CHARS)?;
-    }
-    let policies = Policies::compile(&body.items).map_err(Error::Unprocessable)?;
+    let policies = Policies::compile(&body.items).map_err(|e| match e {
+        Refused::Invalid(detail) => Error::Unprocessable(detail),
+        Refused::DuplicateName(detail) => Error::conflict("duplicate_name", detail),
+    })?;
     let set = PolicySet {
         id: model::new_id(),
         rules: body.items,
@@ -111,15 +193,39 @@ async fn replace(
 #[serde(deny_unknown_fields)]
 #[schema(as = PolicyQuestion)]
 struct EvaluateBody {
-    /// An agent profile's name.
+    #[schema(schema_with = agent_schema)]
     agent: String,
     /// An ACP `ToolCall` object.
     #[schema(value_type = Object)]
     tool_call: Value,
-    /// The conversation's directory (default: the profile's).
+    #[schema(schema_with = cwd_schema)]
     cwd: Option<String>,
     /// Take this conversation's remembered answers into account.
     conversation_id: Option<Uuid>,
+}
+
+fn agent_schema() -> utoipa::openapi::schema::Object {
+    utoipa::openapi::schema::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .description(Some(
+            "An agent profile's name (422 unless of this shape, 404 if there is no such profile).",
+        ))
+        .max_length(Some(limits::AGENT_NAME_MAX_BYTES))
+        .pattern(Some(limits::AGENT_NAME_PATTERN))
+        .build()
+}
+
+fn cwd_schema() -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{SchemaType, Type};
+    utoipa::openapi::schema::ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+        .description(Some(
+            "The conversation's directory, an absolute path (default: the profile's). Resolved \
+             as creating a conversation would: one that is not a directory, or is outside the \
+             profile's `allowed_roots`, is 422 as it is there.",
+        ))
+        .pattern(Some("^/"))
+        .build()
 }
 
 #[derive(Serialize, ToSchema)]
@@ -138,7 +244,7 @@ struct EvaluateResult {
     responses(
         (status = 200, description = "The verdict", body = EvaluateResult),
         (status = 404, description = "No such agent profile or conversation"),
-        (status = 422, description = "Invalid input"),
+        (status = 422, description = "Input the schema does not admit, or a `cwd` that is not a directory the profile may use"),
     )
 )]
 async fn evaluate(
@@ -146,7 +252,7 @@ async fn evaluate(
     caller: Caller,
     AppJson(body): AppJson<EvaluateBody>,
 ) -> Result<Json<EvaluateResult>> {
-    limits::bytes("agent", &body.agent, limits::AGENT_NAME_MAX_BYTES)?;
+    limits::agent_name("agent", &body.agent)?;
     let profile = state
         .config()
         .agent(&body.agent)

@@ -186,22 +186,94 @@ pub enum Action {
 
 /// At most `count` automatic approvals by one rule per `window`, per
 /// conversation; beyond it, a person is asked.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+/// (`RateLimit` in the OpenAPI document, with the rules of
+/// [`crate::permissions::policy::input`].)
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimit {
+    #[serde(deserialize_with = "whole_number")]
     pub count: u32,
-    /// A duration, e.g. `"1m"`, `"30s"`.
-    #[serde(with = "humantime_serde")]
-    #[schema(value_type = String, example = "1m")]
-    pub window: Duration,
+    pub window: Window,
+}
+
+/// A count as JSON Schema's `integer` reads it: any number without a
+/// fractional part, so `78.0` is 78 (a generated client may send it so).
+fn whole_number<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+    use serde::de::{Error, Unexpected, Visitor};
+    struct Whole;
+    impl Visitor<'_> for Whole {
+        type Value = u32;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a whole number from 0 to 4294967295")
+        }
+        fn visit_u64<E: Error>(self, v: u64) -> Result<u32, E> {
+            u32::try_from(v).map_err(|_| E::invalid_value(Unexpected::Unsigned(v), &self))
+        }
+        fn visit_i64<E: Error>(self, v: i64) -> Result<u32, E> {
+            u32::try_from(v).map_err(|_| E::invalid_value(Unexpected::Signed(v), &self))
+        }
+        fn visit_f64<E: Error>(self, v: f64) -> Result<u32, E> {
+            if v.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&v) {
+                Ok(v as u32)
+            } else {
+                Err(E::invalid_value(Unexpected::Float(v), &self))
+            }
+        }
+    }
+    deserializer.deserialize_any(Whole)
+}
+
+/// A rate limit's window: the text as written (`"15m"`, `"1h 30m"`), given
+/// back as it came, and the duration it names. Reading takes whatever
+/// `humantime` parses, so that rules stored by an older version still load;
+/// what the API and the config file accept is narrower
+/// ([`crate::permissions::policy::input`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Window {
+    text: String,
+    duration: Duration,
+}
+
+impl Window {
+    pub fn parse(text: &str) -> Result<Window, String> {
+        let duration = humantime_serde::re::humantime::parse_duration(text)
+            .map_err(|e| format!("{text:?} is not a duration: {e}"))?;
+        Ok(Window {
+            text: text.to_owned(),
+            duration,
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    pub fn duration(&self) -> Duration {
+        self.duration
+    }
+}
+
+impl Serialize for Window {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.text)
+    }
+}
+
+impl<'de> Deserialize<'de> for Window {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Window::parse(&text).map_err(serde::de::Error::custom)
+    }
 }
 
 /// One operator rule, as written in the config file or sent to the API.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+/// What the API takes is documented by `PolicyRule` in the OpenAPI
+/// document (an `allow` rule or a `deny`/`ask` one; see
+/// [`crate::permissions::policy::input`]), which describes this type.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyRule {
     /// Unique in the list; at most 100 characters, one line.
-    #[schema(min_length = 1, max_length = 100)]
     pub name: String,
     /// Profile names, or `"*"` for every agent (the default).
     #[serde(default = "every_agent")]

@@ -165,7 +165,7 @@ struct Current {
 impl PolicyHandle {
     /// Starts from the config file's (already validated) rules.
     pub fn new(config_rules: Vec<PolicyRule>) -> std::result::Result<PolicyHandle, String> {
-        let policies = Policies::compile(&config_rules)?;
+        let policies = Policies::compile(&config_rules).map_err(|e| e.to_string())?;
         Ok(PolicyHandle {
             inner: Arc::new(RwLock::new(Current {
                 set_id: None,
@@ -186,7 +186,7 @@ impl PolicyHandle {
         let mut current = self.inner.write().unwrap();
         if let Some(set) = newest {
             if current.set_id != Some(set.id) {
-                let policies = Policies::compile(&set.rules).map_err(|e| {
+                let policies = Policies::compile_stored(&set.rules).map_err(|e| {
                     Error::Internal(anyhow::anyhow!("stored policy set {}: {e}", set.id))
                 })?;
                 *current = Current {

@@ -38,6 +38,8 @@ use crate::ratelimit::SlidingWindow;
 
 pub use crate::model::Action;
 
+pub mod input;
+
 /// A profile's shortcut over the rules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -64,46 +66,59 @@ pub struct Policies {
     rules: Vec<Compiled>,
 }
 
+/// Why a list of rules is refused; the message names the rule and the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// A rule says what the API does not take (422).
+    #[error("{0}")]
+    Invalid(String),
+    /// A name used by an earlier rule (409 `duplicate_name`): each rule is
+    /// valid, the list is not, and no JSON Schema can say so.
+    #[error("{0}")]
+    DuplicateName(String),
+}
+
 impl Policies {
-    /// Checks and compiles rules; the error names the rule and the field.
-    pub fn compile(rules: &[PolicyRule]) -> Result<Policies, String> {
+    /// Checks rules as the API and the config file take them (what the
+    /// OpenAPI document states, see [`input`]) and compiles them. A repeated
+    /// name is reported only for a list that is otherwise valid.
+    pub fn compile(rules: &[PolicyRule]) -> Result<Policies, Refused> {
+        if rules.len() > crate::limits::POLICY_MAX_RULES {
+            return Err(Refused::Invalid(format!(
+                "policies: at most {} rules",
+                crate::limits::POLICY_MAX_RULES
+            )));
+        }
         let mut names = std::collections::HashSet::new();
-        let mut compiled = Vec::with_capacity(rules.len());
+        let mut repeated = None;
         for (i, rule) in rules.iter().enumerate() {
             let at = format!("policies[{i}] ({:?})", rule.name);
-            if rule.name.trim().is_empty() {
-                return Err(format!("policies[{i}].name: must not be empty"));
+            input::check(&at, rule).map_err(Refused::Invalid)?;
+            if !names.insert(rule.name.as_str()) && repeated.is_none() {
+                repeated = Some(format!("{at}.name: used by an earlier rule"));
             }
-            if !names.insert(rule.name.as_str()) {
-                return Err(format!("{at}.name: used by an earlier rule"));
-            }
-            if rule.agents.is_empty() {
-                return Err(format!("{at}.agents: name at least one agent, or \"*\""));
-            }
+        }
+        if let Some(repeated) = repeated {
+            return Err(Refused::DuplicateName(repeated));
+        }
+        Self::compile_stored(rules).map_err(Refused::Invalid)
+    }
+
+    /// Compiles rules that were checked when they were stored, perhaps by
+    /// an older version that took more: only what evaluating needs (their
+    /// regexes) is checked again, so a stored set always comes back.
+    pub fn compile_stored(rules: &[PolicyRule]) -> Result<Policies, String> {
+        let mut compiled = Vec::with_capacity(rules.len());
+        for (i, rule) in rules.iter().enumerate() {
             let mut commands = Vec::new();
             for (j, pattern) in rule.commands.iter().enumerate() {
-                let re = regex::Regex::new(pattern)
-                    .map_err(|e| format!("{at}.commands[{j}]: invalid regex: {e}"))?;
+                let re = regex::Regex::new(pattern).map_err(|e| {
+                    format!(
+                        "policies[{i}] ({:?}).commands[{j}]: invalid regex: {e}",
+                        rule.name
+                    )
+                })?;
                 commands.push(re);
-            }
-            for (j, glob) in rule.paths.iter().enumerate() {
-                glob_matcher(glob, Path::new("/cwd"))
-                    .map_err(|e| format!("{at}.paths[{j}]: invalid glob: {e}"))?;
-            }
-            if let Some(limit) = &rule.max_auto_per {
-                if limit.count == 0 || limit.window.is_zero() {
-                    return Err(format!(
-                        "{at}.max_auto_per: count and window must be positive"
-                    ));
-                }
-                if rule.decision != Action::Allow {
-                    return Err(format!(
-                        "{at}.max_auto_per: only allow rules are rate limited"
-                    ));
-                }
-            }
-            if rule.remember && rule.decision != Action::Allow {
-                return Err(format!("{at}.remember: only allow rules can remember"));
             }
             compiled.push(Compiled {
                 rule: rule.clone(),
@@ -119,12 +134,26 @@ impl Policies {
 }
 
 fn glob_matcher(glob: &str, cwd: &Path) -> Result<globset::GlobMatcher, globset::Error> {
-    let cwd = globset::escape(&cwd.to_string_lossy());
-    let glob = glob.replace("{cwd}", &cwd);
+    let glob = glob.replace("{cwd}", &escape(&cwd.to_string_lossy()));
     Ok(globset::GlobBuilder::new(&glob)
         .literal_separator(true)
         .build()?
         .compile_matcher())
+}
+
+/// A path as a glob that matches just that path: every character globs
+/// treat specially in a class (`globset::escape` leaves `\`, which would
+/// escape the next character, and `,`, which would split alternatives).
+fn escape(path: &str) -> String {
+    let mut escaped = String::with_capacity(path.len());
+    for c in path.chars() {
+        if matches!(c, '?' | '*' | '[' | ']' | '{' | '}' | '\\' | ',') {
+            escaped.extend(['[', c, ']']);
+        } else {
+            escaped.push(c);
+        }
+    }
+    escaped
 }
 
 /// What a tool call is, as far as the rules care.
@@ -168,7 +197,7 @@ pub struct RateLimiter {
 impl RateLimiter {
     fn exhausted(&self, rule: &str, limit: &RateLimit, now: Instant) -> bool {
         self.hits
-            .wait(rule, limit.count, limit.window, now)
+            .wait(rule, limit.count, limit.window.duration(), now)
             .is_some()
     }
 
@@ -384,7 +413,7 @@ impl Policies {
                         ),
                         _ => {
                             if let Some(limit) = &c.rule.max_auto_per {
-                                limited.push((c.rule.name.clone(), limit.window));
+                                limited.push((c.rule.name.clone(), limit.window.duration()));
                             }
                             remember |= c.rule.remember;
                             allowed_by.push(c.rule.name.clone());

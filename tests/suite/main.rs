@@ -17,6 +17,7 @@ mod auth_hardening;
 mod cluster;
 mod contract;
 mod contract_notifications;
+mod contract_policies;
 mod db_outage;
 mod docs;
 mod export;

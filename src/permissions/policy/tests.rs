@@ -778,7 +778,11 @@ fn invalid_rules_are_rejected_naming_the_rule() {
         max_auto_per: None,
         remember: false,
     };
-    let err = Policies::compile(std::slice::from_ref(&bad_regex)).unwrap_err();
+    let invalid = |rules: &[PolicyRule]| match Policies::compile(rules) {
+        Err(Refused::Invalid(detail)) => detail,
+        other => panic!("{other:?}"),
+    };
+    let err = invalid(std::slice::from_ref(&bad_regex));
     assert!(
         err.starts_with("policies[0] (\"broken\").commands[0]"),
         "{err}"
@@ -788,18 +792,123 @@ fn invalid_rules_are_rejected_naming_the_rule() {
         paths: vec!["{cwd}/[".into()],
         ..bad_regex.clone()
     };
-    let err = Policies::compile(&[bad_glob]).unwrap_err();
+    let err = invalid(&[bad_glob]);
     assert!(err.contains("paths[0]"), "{err}");
-    let dup = Policies::compile(&[
-        PolicyRule {
-            commands: vec![],
-            ..bad_regex.clone()
-        },
-        PolicyRule {
-            commands: vec![],
-            ..bad_regex
-        },
-    ])
-    .unwrap_err();
+    let fine = PolicyRule {
+        commands: vec![],
+        ..bad_regex.clone()
+    };
+    // A repeated name is another answer (409), for a list otherwise valid.
+    let dup = Policies::compile(&[fine.clone(), fine.clone()]).unwrap_err();
+    let Refused::DuplicateName(dup) = dup else {
+        panic!("{dup:?}")
+    };
     assert!(dup.starts_with("policies[1]"), "{dup}");
+    let err = invalid(&[fine.clone(), fine, bad_regex]);
+    assert!(err.starts_with("policies[2]"), "{err}");
+}
+
+/// A set stored by an older version, which took more than the API does
+/// now, still comes back: only its regexes must compile.
+#[test]
+fn a_stored_set_is_compiled_without_the_checks_of_the_api() {
+    let rules: Vec<PolicyRule> = serde_json::from_value(json!([
+        {"name": "old", "commands": ["(?i)^rm"], "decision": "deny"},
+        {"name": "old", "kinds": ["edit"], "paths": ["{cwd}/{a,{b,c}}/[a-z]*"], "decision": "allow",
+         "max_auto_per": {"count": 20000, "window": "1.5h"}}
+    ]))
+    .unwrap();
+    assert!(Policies::compile(&rules).is_err());
+    let p = Policies::compile_stored(&rules).unwrap();
+    for (tool_call, decision) in [
+        (exec("RM -rf x"), Deny),
+        (edit("/srv/work/b/x"), Allow),
+        (edit("/srv/work/b/X"), Ask),
+    ] {
+        let facts = Facts {
+            agent: "claude",
+            tool_call: &tool_call,
+            cwd: Path::new("/srv/work"),
+            mode: Mode::Ask,
+            real_paths: &[],
+        };
+        let verdict = p.evaluate(&facts, &[], None, Instant::now());
+        assert_eq!(verdict.decision, decision, "{tool_call}");
+    }
+    assert_eq!(
+        p.rules()[1].max_auto_per.as_ref().unwrap().window.as_str(),
+        "1.5h"
+    );
+}
+
+/// `{cwd}` stands for the directory itself, whatever its name holds: a
+/// comma does not split alternatives, a backslash escapes nothing.
+#[test]
+fn the_cwd_in_a_glob_matches_only_itself() {
+    let rules: Vec<PolicyRule> = serde_json::from_value(json!([
+        {"name": "inside", "kinds": ["edit"], "paths": ["{{cwd}/**,/never/**}"], "decision": "allow"},
+    ]))
+    .unwrap();
+    let p = Policies::compile(&rules).unwrap();
+    for (cwd, path, allowed) in [
+        ("/w/a,b", "/w/a,b/x.rs", true),
+        ("/w/a,b", "/w/a/x.rs", false),
+        ("/w/a,b", "/b/x.rs", false),
+        ("/w/x\\", "/w/x\\/y", true),
+        ("/w/[x]*", "/w/[x]*/y", true),
+        ("/w/[x]*", "/w/x/y", false),
+    ] {
+        let tool_call = edit(path);
+        let facts = Facts {
+            agent: "claude",
+            tool_call: &tool_call,
+            cwd: Path::new(cwd),
+            mode: Mode::Ask,
+            real_paths: &[],
+        };
+        let decision = p.evaluate(&facts, &[], None, Instant::now()).decision;
+        assert_eq!(decision == Allow, allowed, "{cwd} {path}");
+    }
+}
+
+/// The glob grammar of the API ([`input::GLOB_PATTERN`]) admits only what
+/// globset builds, with `{cwd}` put in as the engine does (for a directory
+/// whose name has characters globs treat specially).
+#[test]
+fn every_glob_of_the_grammar_builds() {
+    // Every string of up to 4 of these symbols.
+    let symbols = [
+        "a", "[", "]", "{", "}", "\\", "!", "^", "-", ",", "*", "?", "/", "{cwd}",
+    ];
+    let mut layer = vec![String::new()];
+    let (mut admitted, mut wrong) = (0, Vec::new());
+    for _ in 0..4 {
+        layer = layer
+            .iter()
+            .flat_map(|s| symbols.iter().map(move |t| format!("{s}{t}")))
+            .collect();
+        for glob in &layer {
+            if input::is_glob(glob) {
+                admitted += 1;
+                if glob_matcher(glob, std::path::Path::new("/c,[w]d\\")).is_err() {
+                    wrong.push(glob.clone());
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{:?}", &wrong[..wrong.len().min(10)]);
+    assert!(admitted > 10_000, "{admitted}");
+    for glob in [
+        "{cwd}/**",
+        "/etc/**",
+        "**/*.{pem,key}",
+        "{cwd}/[!.]*",
+        "a\\*b",
+        "[]-]",
+    ] {
+        assert!(input::is_glob(glob), "{glob}");
+    }
+    for glob in ["{cwd}/[", "[a-z]", "{a,{b,c}}", "\\{", "[}]", "a}", "x\\"] {
+        assert!(!input::is_glob(glob), "{glob}");
+    }
 }
