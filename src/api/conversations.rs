@@ -82,7 +82,7 @@ async fn create(
     caller: Caller,
     AppJson(body): AppJson<CreateBody>,
 ) -> Result<impl IntoResponse> {
-    limits::bytes("agent", &body.agent, limits::AGENT_NAME_MAX_BYTES)?;
+    limits::agent_name("agent", &body.agent)?;
     if let Some(title) = &body.title {
         limits::line("title", title, limits::TITLE_MAX_CHARS)?;
     }
