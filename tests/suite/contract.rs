@@ -9,13 +9,13 @@
 use crate::common::*;
 use serde_json::{json, Value};
 
-/// The document, and its verdict on requests.
-struct Document {
+/// The OpenAPI document, and its verdict on requests (every contract test's).
+pub(crate) struct Document {
     doc: Value,
 }
 
 impl Document {
-    fn new() -> Document {
+    pub(crate) fn new() -> Document {
         Document {
             doc: serde_json::to_value(acp_gateway::api::openapi()).unwrap(),
         }
@@ -27,27 +27,51 @@ impl Document {
         operation
     }
 
-    /// Why `instance` does not match `schema` (with formats checked, as
-    /// schemathesis checks them).
-    fn violations(&self, schema: &Value, instance: &Value) -> Vec<String> {
+    /// A validator of `schema`, resolved in the document, formats checked
+    /// as schemathesis checks them.
+    fn validator(&self, schema: &Value) -> jsonschema::Validator {
         let mut root = schema.clone();
         root["components"] = self.doc["components"].clone();
-        let validator = jsonschema::options()
+        jsonschema::options()
             .should_validate_formats(true)
             .build(&root)
-            .expect("a valid JSON Schema");
-        validator
-            .iter_errors(instance)
+            .expect("a valid JSON Schema")
+    }
+
+    /// A validator of the operation's JSON request body.
+    pub(crate) fn request_body(&self, method: &str, path: &str) -> jsonschema::Validator {
+        let schema =
+            &self.operation(method, path)["requestBody"]["content"]["application/json"]["schema"];
+        assert!(schema.is_object(), "{method} {path} takes no JSON body");
+        self.validator(schema)
+    }
+
+    /// Why the document calls this JSON body invalid (nothing: valid).
+    pub(crate) fn body_violations(&self, method: &str, path: &str, body: &Value) -> Vec<String> {
+        self.request_body(method, path)
+            .iter_errors(body)
             .map(|e| e.to_string())
             .collect()
     }
 
     /// Whether the document calls this JSON body valid.
-    fn body_valid(&self, method: &str, path: &str, body: &Value) -> bool {
-        let schema =
-            &self.operation(method, path)["requestBody"]["content"]["application/json"]["schema"];
-        assert!(schema.is_object(), "{method} {path} takes no JSON body");
-        self.violations(schema, body).is_empty()
+    pub(crate) fn body_valid(&self, method: &str, path: &str, body: &Value) -> bool {
+        self.body_violations(method, path, body).is_empty()
+    }
+
+    /// The statuses the operation documents.
+    pub(crate) fn statuses(&self, method: &str, path: &str) -> Vec<u16> {
+        self.operation(method, path)["responses"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|s| s.parse().unwrap())
+            .collect()
+    }
+
+    /// Whether the operation documents `status`.
+    pub(crate) fn documents(&self, method: &str, path: &str, status: u16) -> bool {
+        self.statuses(method, path).contains(&status)
     }
 
     fn parameter(&self, method: &str, path: &str, name: &str) -> &Value {
@@ -62,7 +86,7 @@ impl Document {
     /// Whether the document calls `value` valid for the parameter.
     fn parameter_valid(&self, method: &str, path: &str, name: &str, value: &str) -> bool {
         let schema = &self.parameter(method, path, name)["schema"];
-        self.violations(schema, &json!(value)).is_empty()
+        self.validator(schema).is_valid(&json!(value))
     }
 
     /// The header parameters an operation requires.

@@ -9,37 +9,11 @@
 //! user with 50 targets.
 
 use crate::common::*;
+use crate::contract::Document;
 use acp_gateway::config::FcmConfig;
 use serde_json::{json, Value};
 
 const TARGETS: &str = "/api/v1/notification-targets";
-
-/// The OpenAPI document, as the gateway serves it.
-struct Document {
-    doc: Value,
-}
-
-impl Document {
-    fn new() -> Document {
-        Document {
-            doc: serde_json::to_value(acp_gateway::api::openapi()).unwrap(),
-        }
-    }
-
-    /// Why `body` is no valid request body of `POST …/notification-targets`.
-    fn refusals(&self, body: &Value) -> Vec<String> {
-        let schema = &self.doc["paths"][TARGETS]["post"]["requestBody"]["content"]
-            ["application/json"]["schema"];
-        let mut root = schema.clone();
-        root["components"] = self.doc["components"].clone();
-        let validator = jsonschema::validator_for(&root).expect("a valid JSON Schema");
-        validator.iter_errors(body).map(|e| e.to_string()).collect()
-    }
-
-    fn documents(&self, method: &str, path: &str, status: u16) -> bool {
-        self.doc["paths"][path][method]["responses"][status.to_string()].is_object()
-    }
-}
 
 /// A subscription as a browser makes it: a real P-256 point, 16 random
 /// bytes.
@@ -375,7 +349,7 @@ async fn every_rule_is_in_the_document_and_enforced(db: TestDb) {
     let gw = TestGateway::start(&db, vec![]).await;
     for (what, body, names) in invalid_bodies() {
         assert!(
-            !document.refusals(&body).is_empty(),
+            !document.body_violations("post", TARGETS, &body).is_empty(),
             "{what}: the document admits {body}"
         );
         let (status, problem) = gw.call("POST", TARGETS, Some(body.clone())).await;
@@ -407,7 +381,7 @@ async fn valid_bodies_of_every_kind_are_taken(db: TestDb) {
     });
     let gw = TestGateway::start_with(config).await;
     for (what, body) in valid_bodies() {
-        let refusals = document.refusals(&body);
+        let refusals = document.body_violations("post", TARGETS, &body);
         assert!(refusals.is_empty(), "{what}: {refusals:?} in {body}");
         let (status, created) = gw.call("POST", TARGETS, Some(body.clone())).await;
         assert_eq!(status, 201, "{what}: {body}: {created}");
@@ -467,7 +441,7 @@ async fn what_the_document_cannot_know_has_its_documented_status(db: TestDb) {
     ];
     for (what, url, status, code) in refused {
         let body = json!({"kind": "webhook", "url": url});
-        let refusals = document.refusals(&body);
+        let refusals = document.body_violations("post", TARGETS, &body);
         assert!(refusals.is_empty(), "{what}: {refusals:?}");
         let (got, problem) = gw.call("POST", TARGETS, Some(body)).await;
         assert_eq!(
@@ -484,7 +458,7 @@ async fn what_the_document_cannot_know_has_its_documented_status(db: TestDb) {
 
     // FCM where the operator did not configure it.
     let body = json!({"kind": "fcm", "device_token": "device-1"});
-    assert!(document.refusals(&body).is_empty());
+    assert!(document.body_violations("post", TARGETS, &body).is_empty());
     let (status, problem) = gw.call("POST", TARGETS, Some(body)).await;
     assert_eq!(
         (status, problem["code"].as_str()),
@@ -519,7 +493,9 @@ async fn a_key_off_the_curve_is_taken_and_its_delivery_fails(db: TestDb) {
     let gw = TestGateway::start_with(config).await;
     let body = json!({"kind": "web_push", "subscription": {"endpoint": "http://127.0.0.1:9/push",
         "keys": {"p256dh": format!("BA{}", "A".repeat(85)), "auth": "AAAAAAAAAAAAAAAAAAAAAA"}}});
-    assert!(Document::new().refusals(&body).is_empty());
+    assert!(Document::new()
+        .body_violations("post", TARGETS, &body)
+        .is_empty());
     let (status, created) = gw.call("POST", TARGETS, Some(body)).await;
     assert_eq!(status, 201, "{created}");
     let id = created["id"].as_str().unwrap();

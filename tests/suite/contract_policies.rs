@@ -7,29 +7,17 @@
 //! unknown name, 409 for two rules with one name).
 
 use crate::common::*;
+use crate::contract::Document;
 use serde_json::{json, Value};
 
 /// The request body schema of an operation, ready to validate.
 fn request_schema(method: &str, path: &str) -> jsonschema::Validator {
-    let doc = serde_json::to_value(acp_gateway::api::openapi()).unwrap();
-    let mut schema =
-        doc["paths"][path][method]["requestBody"]["content"]["application/json"]["schema"].clone();
-    schema["components"] = doc["components"].clone();
-    jsonschema::options()
-        .should_validate_formats(true)
-        .build(&schema)
-        .expect("a valid JSON Schema")
+    Document::new().request_body(method, path)
 }
 
 /// The statuses an operation documents.
 fn documented(method: &str, path: &str) -> Vec<u16> {
-    let doc = serde_json::to_value(acp_gateway::api::openapi()).unwrap();
-    doc["paths"][path][method]["responses"]
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(|s| s.parse().unwrap())
-        .collect()
+    Document::new().statuses(method, path)
 }
 
 /// A rule every case starts from: an allow rule with every field.
