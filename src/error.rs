@@ -38,7 +38,7 @@ pub enum Error {
     /// Well-formed input of the wrong shape.
     #[error("{0}")]
     Unprocessable(String),
-    /// No more: a used, expired or unknown capability (an action URL).
+    /// No more: a used or expired capability (an action URL).
     #[error("{0}")]
     Gone(String),
     /// The resource is in a state that forbids the request.
