@@ -880,6 +880,9 @@ impl AgentProfile {
         requested: Option<&str>,
         user: Option<&str>,
     ) -> crate::error::Result<PathBuf> {
+        if let Some(requested) = requested {
+            crate::limits::path("cwd", requested, crate::limits::CWD_MAX_CHARS)?;
+        }
         let own = self.for_user(user);
         let cwd = match requested.map(PathBuf::from).or_else(|| own.cwd.clone()) {
             Some(cwd) => cwd,

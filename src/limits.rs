@@ -53,6 +53,9 @@ pub fn id(field: &str, value: &str, max: usize) -> Result<()> {
     line(field, value, max)
 }
 
+/// [`path`]'s rule as a JSON Schema pattern (its length aside).
+pub const PATH_PATTERN: &str = "^/[^\\u0000]*$";
+
 /// A path: absolute, at most `max` characters, no NUL; named without being
 /// echoed back.
 pub fn path(field: &str, value: &str, max: usize) -> Result<()> {
@@ -64,21 +67,6 @@ pub fn path(field: &str, value: &str, max: usize) -> Result<()> {
     if value.chars().count() > max {
         return Err(Error::Unprocessable(format!(
             "{field} must be at most {max} characters"
-        )));
-    }
-    if value.contains('\0') {
-        return Err(Error::Unprocessable(format!(
-            "{field} must not contain NUL characters"
-        )));
-    }
-    Ok(())
-}
-
-/// A value limited in bytes, named without being echoed back.
-pub fn bytes(field: &str, value: &str, max: usize) -> Result<()> {
-    if value.len() > max {
-        return Err(Error::Unprocessable(format!(
-            "{field} must be at most {max} bytes"
         )));
     }
     if value.contains('\0') {

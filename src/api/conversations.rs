@@ -49,17 +49,43 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 #[schema(as = NewConversation)]
 struct CreateBody {
-    /// An agent profile's name.
-    #[schema(pattern = "^[a-z0-9_-]{1,64}$", example = "demo")]
+    #[schema(schema_with = agent_schema)]
     agent: String,
     /// One line, at most 200 characters.
     #[schema(max_length = 200, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")]
     title: Option<String>,
-    /// An absolute directory (default: the profile's `cwd`), at most 1024
-    /// characters. One that is not there is 404; one outside the profile's
-    /// `allowed_roots`, there or not, 403.
-    #[schema(min_length = 1, max_length = 1024, pattern = "^/[^\\u0000]*$")]
+    #[schema(schema_with = cwd_schema)]
     cwd: Option<String>,
+}
+
+/// A request's agent profile name: of the shape every profile's name has
+/// ([`limits::agent_name`]; 422 otherwise), 404 where no profile has it.
+pub(super) fn agent_schema() -> utoipa::openapi::schema::Object {
+    utoipa::openapi::schema::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .description(Some(
+            "An agent profile's name (422 unless of this shape, 404 if there is no such profile).",
+        ))
+        .max_length(Some(limits::AGENT_NAME_MAX_BYTES))
+        .pattern(Some(limits::AGENT_NAME_PATTERN))
+        .examples([serde_json::json!("demo")])
+        .build()
+}
+
+/// A request's conversation directory, as [`crate::config::AgentProfile::conversation_cwd`]
+/// takes it ([`limits::path`]).
+pub(super) fn cwd_schema() -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{SchemaType, Type};
+    utoipa::openapi::schema::ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+        .description(Some(
+            "An absolute directory, 1 to 1024 characters (default: the profile's `cwd`). One that \
+             is not there is 404; one outside the profile's `allowed_roots`, there or not, 403.",
+        ))
+        .min_length(Some(1))
+        .max_length(Some(limits::CWD_MAX_CHARS))
+        .pattern(Some(limits::PATH_PATTERN))
+        .build()
 }
 
 /// Starts a conversation: once its agent runs and `session/new` answered.
@@ -85,9 +111,6 @@ async fn create(
     limits::agent_name("agent", &body.agent)?;
     if let Some(title) = &body.title {
         limits::line("title", title, limits::TITLE_MAX_CHARS)?;
-    }
-    if let Some(cwd) = &body.cwd {
-        limits::path("cwd", cwd, limits::CWD_MAX_CHARS)?;
     }
     let profile = state
         .config()
@@ -139,7 +162,8 @@ async fn list(
     caller: Caller,
     AppQuery(q): AppQuery<ListQuery>,
 ) -> Result<Json<Page<Conversation>>> {
-    let (limit, before) = (newest_first(q.limit, 50, 200)?, q.cursor);
+    let limit = newest_first(q.limit, 50, 200)?;
+    let before = q.cursor;
     let owner = caller.owner_filter();
     let items = state
         .store()

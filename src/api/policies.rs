@@ -10,6 +10,7 @@ use utoipa::ToSchema;
 use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
+use super::conversations::{agent_schema, cwd_schema};
 use super::extract::AppJson;
 use super::responses::NotOperator;
 use super::state::AppState;
@@ -202,30 +203,6 @@ struct EvaluateBody {
     cwd: Option<String>,
     /// Take this conversation's remembered answers into account.
     conversation_id: Option<Uuid>,
-}
-
-fn agent_schema() -> utoipa::openapi::schema::Object {
-    utoipa::openapi::schema::ObjectBuilder::new()
-        .schema_type(utoipa::openapi::schema::Type::String)
-        .description(Some(
-            "An agent profile's name (422 unless of this shape, 404 if there is no such profile).",
-        ))
-        .max_length(Some(limits::AGENT_NAME_MAX_BYTES))
-        .pattern(Some(limits::AGENT_NAME_PATTERN))
-        .build()
-}
-
-fn cwd_schema() -> utoipa::openapi::schema::Object {
-    use utoipa::openapi::schema::{SchemaType, Type};
-    utoipa::openapi::schema::ObjectBuilder::new()
-        .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
-        .description(Some(
-            "The conversation's directory, an absolute path (default: the profile's). Resolved \
-             as creating a conversation would: one that is not a directory, or is outside the \
-             profile's `allowed_roots`, is 422 as it is there.",
-        ))
-        .pattern(Some("^/"))
-        .build()
 }
 
 #[derive(Serialize, ToSchema)]

@@ -90,7 +90,8 @@ async fn search(
             next_cursor: None,
         }));
     }
-    let (limit, before) = (newest_first(q.limit, 20, 50)?, q.cursor);
+    let limit = newest_first(q.limit, 20, 50)?;
+    let before = q.cursor;
     let owner = caller.owner_filter();
     let found = state
         .store()

@@ -113,8 +113,8 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Handshake {
 
     async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self> {
         use axum::http::header;
-        let header = |name| parts.headers.get(name).map(|v| v.as_bytes());
-        let trimmed = |v: &[u8]| v.trim_ascii().to_owned();
+        // Trimmed of white space, as the patterns allow it.
+        let header = |name| parts.headers.get(name).map(|v| v.as_bytes().trim_ascii());
         let refused = |what: &str| {
             Err(Error::NotAHandshake(format!(
                 "not a WebSocket handshake: {what}"
@@ -122,19 +122,15 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Handshake {
         };
         let upgrade_token = header(header::CONNECTION).is_some_and(|v| {
             v.split(|b| *b == b',')
-                .any(|t| trimmed(t).eq_ignore_ascii_case(b"upgrade"))
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"upgrade"))
         });
         if !upgrade_token {
             return refused("Connection must hold the token Upgrade");
         }
-        if !header(header::UPGRADE).is_some_and(|v| trimmed(v).eq_ignore_ascii_case(b"websocket")) {
+        if !header(header::UPGRADE).is_some_and(|v| v.eq_ignore_ascii_case(b"websocket")) {
             return refused("Upgrade must be websocket");
         }
-        if header(header::SEC_WEBSOCKET_VERSION)
-            .map(trimmed)
-            .as_deref()
-            != Some(b"13")
-        {
+        if header(header::SEC_WEBSOCKET_VERSION) != Some(b"13") {
             return refused("Sec-WebSocket-Version must be 13");
         }
         if header(header::SEC_WEBSOCKET_KEY).is_none() {
