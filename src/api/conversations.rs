@@ -11,7 +11,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
-use super::extract::{exactly_one, AppJson, AppPath, AppQuery};
+use super::extract::{exactly_one, AppJson, AppPath, AppQuery, Find, Visible};
 use super::openapi::{
     ContentBlock, ConversationList, EventList, FileChangeList, MessageList, RuleList, ToolCallList,
 };
@@ -194,8 +194,10 @@ struct RulePath {
     rule_id: Uuid,
 }
 
-async fn load(state: &AppState, caller: &Caller, id: Uuid) -> Result<Conversation> {
-    state.visible_conversation(caller, id).await
+impl Find for Conversation {
+    async fn find(state: &AppState, caller: &Caller, id: Uuid) -> Result<Conversation> {
+        state.visible_conversation(caller, id).await
+    }
 }
 
 /// One conversation.
@@ -207,12 +209,8 @@ async fn load(state: &AppState, caller: &Caller, id: Uuid) -> Result<Conversatio
         (status = 404, description = "No such conversation (or not the caller's)"),
     )
 )]
-async fn show(
-    State(state): State<AppState>,
-    caller: Caller,
-    AppPath(id): AppPath<Uuid>,
-) -> Result<Json<Conversation>> {
-    load(&state, &caller, id).await.map(Json)
+async fn show(Visible { item, .. }: Visible<Conversation>) -> Json<Conversation> {
+    Json(item)
 }
 
 /// Closes a conversation: its agent session stops (`session/close` first,
@@ -225,13 +223,8 @@ async fn show(
         NoConversation,
     )
 )]
-async fn close(
-    State(state): State<AppState>,
-    caller: Caller,
-    AppPath(id): AppPath<Uuid>,
-) -> Result<StatusCode> {
-    let conversation = load(&state, &caller, id).await?;
-    state.sessions().close(&conversation).await?;
+async fn close(Visible { state, item, .. }: Visible<Conversation>) -> Result<StatusCode> {
+    state.sessions().close(&item).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -315,15 +308,16 @@ struct TurnId {
     )
 )]
 async fn prompt(
-    State(state): State<AppState>,
-    caller: Caller,
-    AppPath(id): AppPath<Uuid>,
+    Visible {
+        state,
+        caller,
+        item,
+    }: Visible<Conversation>,
     AppJson(body): AppJson<PromptBody>,
 ) -> Result<impl IntoResponse> {
     let content = body.content()?;
-    let conversation = load(&state, &caller, id).await?;
     state.auth().check_rate(&caller, Limited::Prompt)?;
-    let turn_id = state.sessions().prompt(&conversation, content).await?;
+    let turn_id = state.sessions().prompt(&item, content).await?;
     Ok((StatusCode::ACCEPTED, Json(TurnId { turn_id })))
 }
 
@@ -338,13 +332,8 @@ async fn prompt(
         (status = 409, description = "`conversation_closed`"),
     )
 )]
-async fn cancel(
-    State(state): State<AppState>,
-    caller: Caller,
-    AppPath(id): AppPath<Uuid>,
-) -> Result<impl IntoResponse> {
-    let conversation = load(&state, &caller, id).await?;
-    state.sessions().cancel(&conversation).await?;
+async fn cancel(Visible { state, item, .. }: Visible<Conversation>) -> Result<impl IntoResponse> {
+    state.sessions().cancel(&item).await?;
     Ok((StatusCode::ACCEPTED, Json(json!({}))))
 }
 
@@ -378,13 +367,11 @@ struct ModeBody {
     )
 )]
 async fn set_mode(
-    State(state): State<AppState>,
-    caller: Caller,
-    AppPath(id): AppPath<Uuid>,
+    visible: Visible<Conversation>,
     AppJson(body): AppJson<ModeBody>,
 ) -> Result<Json<Conversation>> {
     limits::id("mode_id", &body.mode_id, limits::SETTING_ID_MAX_CHARS)?;
-    change(&state, &caller, id, Setting::Mode(body.mode_id)).await
+    change(visible, Setting::Mode(body.mode_id)).await
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -449,9 +436,7 @@ impl ToSchema for SettingChoice {
     )
 )]
 async fn set_config_option(
-    State(state): State<AppState>,
-    caller: Caller,
-    AppPath(id): AppPath<Uuid>,
+    visible: Visible<Conversation>,
     AppJson(body): AppJson<ConfigOptionBody>,
 ) -> Result<Json<Conversation>> {
     limits::id("config_id", &body.config_id, limits::SETTING_ID_MAX_CHARS)?;
@@ -468,21 +453,23 @@ async fn set_config_option(
         config_id: body.config_id,
         value: body.value,
     };
-    change(&state, &caller, id, setting).await
+    change(visible, setting).await
 }
 
-async fn change(
-    state: &AppState,
-    caller: &Caller,
-    id: Uuid,
-    setting: Setting,
-) -> Result<Json<Conversation>> {
-    let conversation = load(state, caller, id).await?;
+/// Asks the agent for `setting`, and answers the conversation as it is then.
+async fn change(visible: Visible<Conversation>, setting: Setting) -> Result<Json<Conversation>> {
+    let Visible {
+        state,
+        caller,
+        item: conversation,
+    } = visible;
     state
         .sessions()
         .change(&conversation, setting, caller.decided_by())
         .await?;
-    load(state, caller, id).await.map(Json)
+    Conversation::find(&state, &caller, conversation.id)
+        .await
+        .map(Json)
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -510,16 +497,13 @@ struct MessagesQuery {
     )
 )]
 async fn messages(
-    State(state): State<AppState>,
-    caller: Caller,
-    AppPath(id): AppPath<Uuid>,
+    Visible { state, item, .. }: Visible<Conversation>,
     AppQuery(q): AppQuery<MessagesQuery>,
 ) -> Result<Json<Page<Message>>> {
-    load(&state, &caller, id).await?;
     let limit = checked_limit(q.limit)?;
     let page = state
         .store()
-        .list_messages_page(id, q.after, limit, state.config().max_page_bytes)
+        .list_messages_page(item.id, q.after, limit, state.config().max_page_bytes)
         .await?;
     Ok(paged(page, |m| m.id.to_string()))
 }
@@ -534,12 +518,9 @@ async fn messages(
     )
 )]
 async fn tool_calls(
-    State(state): State<AppState>,
-    caller: Caller,
-    AppPath(id): AppPath<Uuid>,
+    Visible { state, item, .. }: Visible<Conversation>,
 ) -> Result<Json<Page<ToolCall>>> {
-    load(&state, &caller, id).await?;
-    let items = state.store().list_tool_calls(id).await?;
+    let items = state.store().list_tool_calls(item.id).await?;
     Ok(whole(items))
 }
 
@@ -555,17 +536,14 @@ async fn tool_calls(
     )
 )]
 async fn files(
-    State(state): State<AppState>,
-    caller: Caller,
-    AppPath(id): AppPath<Uuid>,
+    Visible { state, item, .. }: Visible<Conversation>,
     AppQuery(q): AppQuery<EventsQuery>,
 ) -> Result<Json<Page<FileChange>>> {
-    load(&state, &caller, id).await?;
     let (after, limit) = q.checked()?;
     let page = state
         .store()
         .list_events_of_type(
-            id,
+            item.id,
             event_type::FILE_WRITTEN,
             after,
             limit,
@@ -635,16 +613,13 @@ fn checked_limit(limit: Option<i64>) -> Result<i64> {
     )
 )]
 async fn events(
-    State(state): State<AppState>,
-    caller: Caller,
-    AppPath(id): AppPath<Uuid>,
+    Visible { state, item, .. }: Visible<Conversation>,
     AppQuery(q): AppQuery<EventsQuery>,
 ) -> Result<Json<Page<Event>>> {
-    load(&state, &caller, id).await?;
     let (after, limit) = q.checked()?;
     let page = state
         .store()
-        .list_events_page(id, after, limit, state.config().max_page_bytes)
+        .list_events_page(item.id, after, limit, state.config().max_page_bytes)
         .await?;
     Ok(paged(page, |e| e.seq.to_string()))
 }
@@ -659,12 +634,9 @@ async fn events(
     )
 )]
 async fn list_rules(
-    State(state): State<AppState>,
-    caller: Caller,
-    AppPath(id): AppPath<Uuid>,
+    Visible { state, item, .. }: Visible<Conversation>,
 ) -> Result<Json<Page<Rule>>> {
-    load(&state, &caller, id).await?;
-    let items = state.store().list_rules(id).await?;
+    let items = state.store().list_rules(item.id).await?;
     Ok(whole(items))
 }
 
@@ -678,11 +650,9 @@ async fn list_rules(
     )
 )]
 async fn show_rule(
-    State(state): State<AppState>,
-    caller: Caller,
+    Visible { state, .. }: Visible<Conversation>,
     AppPath((id, rule_id)): AppPath<(Uuid, Uuid)>,
 ) -> Result<Json<Rule>> {
-    load(&state, &caller, id).await?;
     state
         .store()
         .list_rules(id)
@@ -706,12 +676,8 @@ fn no_rule(id: Uuid, rule_id: Uuid) -> Error {
         NoConversation,
     )
 )]
-async fn forget_rules(
-    State(state): State<AppState>,
-    caller: Caller,
-    AppPath(id): AppPath<Uuid>,
-) -> Result<StatusCode> {
-    load(&state, &caller, id).await?;
+async fn forget_rules(Visible { state, item, .. }: Visible<Conversation>) -> Result<StatusCode> {
+    let id = item.id;
     for rule in state.store().list_rules(id).await? {
         state.store().delete_rule(id, rule.id).await?;
     }
@@ -728,11 +694,9 @@ async fn forget_rules(
     )
 )]
 async fn forget_rule(
-    State(state): State<AppState>,
-    caller: Caller,
+    Visible { state, .. }: Visible<Conversation>,
     AppPath((id, rule_id)): AppPath<(Uuid, Uuid)>,
 ) -> Result<StatusCode> {
-    load(&state, &caller, id).await?;
     let deleted = state.store().delete_rule(id, rule_id).await?;
     no_content_if(deleted, || no_rule(id, rule_id))
 }

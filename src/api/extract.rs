@@ -1,13 +1,18 @@
 //! Extractors: the [`Caller`] a request's token names (see [`crate::auth`]),
-//! and bodies, paths and queries where every bad input gets the same
+//! what a path's `{id}` names as the caller may see it ([`Visible`]), and
+//! bodies, paths and queries where every bad input gets the same
 //! problem+json shape: malformed JSON → 400, wrong shape → 422, not JSON →
 //! 415, too large → 413, an id that is not a UUID → 404.
+
+use std::future::Future;
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use uuid::Uuid;
 
 use super::state::AppState;
 use crate::auth::Caller;
@@ -19,6 +24,49 @@ impl FromRequestParts<AppState> for Caller {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Caller, Error> {
         let token = presented_token(parts);
         state.auth().identify(state.store(), token.as_deref()).await
+    }
+}
+
+/// What a path's `{id}` names, found for the caller (with the state and the
+/// caller, which a handler of it needs as well). What the caller may not
+/// see is "not found", as what does not exist: a handler that takes a
+/// `Visible<T>` cannot forget to ask.
+pub struct Visible<T> {
+    pub state: AppState,
+    pub caller: Caller,
+    pub item: T,
+}
+
+/// What a path can name by `{id}`, and how to find it for a caller.
+pub trait Find: Sized {
+    /// The item, or [`Error::NotFound`] where it does not exist or the
+    /// caller may not see it.
+    fn find(
+        state: &AppState,
+        caller: &Caller,
+        id: Uuid,
+    ) -> impl Future<Output = Result<Self, Error>> + Send;
+}
+
+/// The `{id}` of a path (which may name more).
+#[derive(Deserialize)]
+struct Id {
+    id: Uuid,
+}
+
+impl<T: Find + Send> FromRequestParts<AppState> for Visible<T> {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Error> {
+        let caller = Caller::from_request_parts(parts, state).await?;
+        let AppPath(Id { id }) = AppPath::from_request_parts(parts, state).await?;
+        let item = T::find(state, &caller, id).await?;
+        let state = state.clone();
+        Ok(Visible {
+            state,
+            caller,
+            item,
+        })
     }
 }
 

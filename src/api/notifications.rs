@@ -16,7 +16,7 @@ use utoipa::ToSchema;
 use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
-use super::extract::{AppJson, AppPath};
+use super::extract::{AppJson, AppPath, Find, Visible};
 use super::page::whole;
 use super::responses::{no_content_if, NoTarget};
 use super::state::AppState;
@@ -314,13 +314,15 @@ async fn create(
 }
 
 /// The caller's target `id` ("not found" for another user's).
-async fn own_target(state: &AppState, caller: &Caller, id: Uuid) -> Result<TargetRecord> {
-    state
-        .store()
-        .get_target(id)
-        .await?
-        .filter(|t| t.owner == caller.user)
-        .ok_or_else(|| no_target(id))
+impl Find for TargetRecord {
+    async fn find(state: &AppState, caller: &Caller, id: Uuid) -> Result<TargetRecord> {
+        state
+            .store()
+            .get_target(id)
+            .await?
+            .filter(|t| t.owner == caller.user)
+            .ok_or_else(|| no_target(id))
+    }
 }
 
 fn no_target(id: Uuid) -> Error {
@@ -359,13 +361,14 @@ async fn remove(
     )
 )]
 async fn test(
-    State(state): State<AppState>,
-    caller: Caller,
-    AppPath(id): AppPath<Uuid>,
+    Visible {
+        state,
+        caller,
+        item,
+    }: Visible<TargetRecord>,
 ) -> Result<Json<Delivery>> {
-    let target = own_target(&state, &caller, id).await?;
     state.outbox().check_test_rate(&caller.user)?;
-    Ok(Json(Delivery::of(state.outbox().send_test(&target).await)))
+    Ok(Json(Delivery::of(state.outbox().send_test(&item).await)))
 }
 
 /// A target's delivery attempts, newest first (the newest 200, kept 30
@@ -380,14 +383,11 @@ async fn test(
     )
 )]
 async fn deliveries(
-    State(state): State<AppState>,
-    caller: Caller,
-    AppPath(id): AppPath<Uuid>,
+    Visible { state, item, .. }: Visible<TargetRecord>,
 ) -> Result<Json<Page<Delivery>>> {
-    own_target(&state, &caller, id).await?;
     let items = state
         .store()
-        .list_attempts(id, MAX_ATTEMPTS_LISTED)
+        .list_attempts(item.id, MAX_ATTEMPTS_LISTED)
         .await?
         .into_iter()
         .map(Delivery::of)

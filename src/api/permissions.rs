@@ -7,7 +7,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
-use super::extract::{exactly_one, AppJson, AppPath, AppQuery};
+use super::extract::{exactly_one, AppJson, AppPath, AppQuery, Find, Visible};
 use super::openapi::PermissionRequestList;
 use super::page::whole;
 use super::state::AppState;
@@ -74,27 +74,25 @@ async fn list(
         (status = 404, description = "No such request (or not the caller's)"),
     )
 )]
-async fn show(
-    State(state): State<AppState>,
-    caller: Caller,
-    AppPath(id): AppPath<Uuid>,
-) -> Result<Json<PermissionRequest>> {
-    visible_request(&state, &caller, id).await.map(Json)
+async fn show(Visible { item, .. }: Visible<PermissionRequest>) -> Json<PermissionRequest> {
+    Json(item)
 }
 
-/// The request, if it exists and belongs to a conversation the caller sees.
-async fn visible_request(state: &AppState, caller: &Caller, id: Uuid) -> Result<PermissionRequest> {
-    let missing = || Error::NotFound(format!("no permission request {id}"));
-    let request = state
-        .store()
-        .get_permission(id)
-        .await?
-        .ok_or_else(missing)?;
-    state
-        .visible_conversation(caller, request.conversation_id)
-        .await
-        .map_err(|_| missing())?;
-    Ok(request)
+/// A request, if it exists and belongs to a conversation the caller sees.
+impl Find for PermissionRequest {
+    async fn find(state: &AppState, caller: &Caller, id: Uuid) -> Result<PermissionRequest> {
+        let missing = || Error::NotFound(format!("no permission request {id}"));
+        let request = state
+            .store()
+            .get_permission(id)
+            .await?
+            .ok_or_else(missing)?;
+        state
+            .visible_conversation(caller, request.conversation_id)
+            .await
+            .map_err(|_| missing())?;
+        Ok(request)
+    }
 }
 
 /// An answer: exactly one of `option_id` and `outcome`.
@@ -184,7 +182,7 @@ async fn respond(
     if let Some(answered) = held.await {
         return answered.map(Json);
     }
-    let request = visible_request(&state, &caller, id).await?;
+    let request = PermissionRequest::find(&state, &caller, id).await?;
     state
         .sessions()
         .respond(&request, answer, caller.decided_by(), None)

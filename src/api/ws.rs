@@ -26,11 +26,12 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
 use super::conversations::ConversationPath;
-use super::extract::{bearer_subprotocol, AppPath, AppQuery};
+use super::extract::{bearer_subprotocol, AppQuery, Visible};
 use super::responses::{NoConversation, WebSocketRefused};
 use super::state::AppState;
 use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
+use crate::model::Conversation;
 use crate::notify::presence::PresenceClient;
 use crate::store::PermissionFilter;
 use crate::telemetry;
@@ -205,14 +206,16 @@ impl BearerProtocol {
     )
 )]
 async fn conversation_ws(
-    State(state): State<AppState>,
-    caller: Caller,
-    AppPath(id): AppPath<Uuid>,
+    Visible {
+        state,
+        caller,
+        item,
+    }: Visible<Conversation>,
     AppQuery(q): AppQuery<WsQuery>,
     protocol: BearerProtocol,
     upgrade: Handshake,
 ) -> Result<Response> {
-    state.visible_conversation(&caller, id).await?;
+    let id = item.id;
     state.auth().check_rate(&caller, Limited::Connection)?;
     let after = q.after.unwrap_or(0).max(0);
     let revoked = state.auth().on_revocation(&caller);
