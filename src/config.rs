@@ -24,12 +24,10 @@ pub struct Config {
     #[serde(default = "default_listen")]
     pub listen: String,
     /// `postgres://…` or `sqlite://PATH`; default: SQLite in the data directory.
-    #[serde(default)]
     pub database_url: Option<String>,
     /// A file holding the database URL (e.g. a Docker secret), read at
     /// start, instead of `database_url`: the URL then appears in no
     /// environment and no config file.
-    #[serde(default)]
     pub database_url_file: Option<PathBuf>,
     /// Longest line accepted from an agent's stdout; longer lines are discarded.
     #[serde(default = "default_max_line_bytes")]
@@ -54,19 +52,16 @@ pub struct Config {
     #[serde(default)]
     pub rate_limits: RateLimits,
     /// The system user agents run as when their profile names none.
-    #[serde(default)]
     pub agent_user: Option<String>,
     /// Most agent processes running at once on this node (default: derived
     /// from the machine, see [`default_max_agents`]). When a conversation
     /// needs one more, the longest-idle agent is stopped first; when none is
     /// idle, the request gets 503.
-    #[serde(default)]
     pub max_agents: Option<usize>,
     /// Most agent processes of one user's conversations running at once on
     /// this node (default: half of `max_agents`, at least 1). When one more
     /// is needed, that user's longest-idle agent is stopped first; when none
     /// of theirs is idle, the request gets 429.
-    #[serde(default)]
     pub max_agents_per_user: Option<usize>,
     /// Most bytes of JSON one page of events or messages holds (REST pages
     /// and a WebSocket's catch-up reads alike); a page stops before the item
@@ -96,7 +91,6 @@ pub struct Config {
     pub notifications: Notifications,
     /// Where the gateway keeps its shims' sockets (default: the directory
     /// of the SQLite file, else the data directory).
-    #[serde(default)]
     pub state_dir: Option<PathBuf>,
     /// Run each agent under a shim (`acp-gateway shim`) that outlives the
     /// gateway, so a restart or a crash of the gateway ends no turn.
@@ -108,7 +102,6 @@ pub struct Config {
     pub shim_buffer: usize,
     /// The executable that runs `shim` (default: this one; tests, whose
     /// gateway runs inside the test binary, name the real one).
-    #[serde(default)]
     pub shim_program: Option<PathBuf>,
     /// What SIGTERM/SIGINT does to running agents: `detach` leaves them
     /// running under their shims for the next start; `cancel` cancels their
@@ -117,7 +110,6 @@ pub struct Config {
     pub on_shutdown: OnShutdown,
     /// Serve HTTPS (and `wss://`) with this certificate instead of plain
     /// HTTP; its files are read again when they change.
-    #[serde(default)]
     pub tls: Option<TlsFiles>,
 }
 
@@ -174,7 +166,6 @@ pub struct Notifications {
     /// The gateway's address as a phone reaches it, for action URLs
     /// (`<base_url>/api/v1/actions/<token>`); without it, notifications
     /// carry no actions.
-    #[serde(default)]
     pub base_url: Option<String>,
     /// How long a permission request waits, its owner away, before it is
     /// notified.
@@ -200,7 +191,6 @@ pub struct Notifications {
     #[serde(default)]
     pub allow_private_targets: bool,
     /// Firebase Cloud Messaging, for targets of kind `fcm`.
-    #[serde(default)]
     pub fcm: Option<FcmConfig>,
     /// How long the outbox waits before its first retry of a delivery; each
     /// next wait doubles (5 attempts at most: over 10 minutes at the
@@ -218,7 +208,6 @@ pub struct FcmConfig {
     pub service_account_file: PathBuf,
     /// Where FCM's HTTP v1 API is (default `https://fcm.googleapis.com`);
     /// tests point it at a stand-in on loopback.
-    #[serde(default)]
     pub api_base: Option<String>,
 }
 
@@ -271,7 +260,6 @@ pub struct AgentProfile {
     /// Unique name, `[a-z0-9_-]+`.
     pub name: String,
     /// Human readable name.
-    #[serde(default)]
     pub title: Option<String>,
     /// Program to run (looked up in `PATH` unless it contains a `/`).
     pub command: String,
@@ -288,7 +276,6 @@ pub struct AgentProfile {
     #[serde(default)]
     pub pass_env: Vec<String>,
     /// Default working directory of its sessions (absolute).
-    #[serde(default)]
     pub cwd: Option<PathBuf>,
     /// MCP servers passed in `session/new`, in ACP's `McpServer` shape
     /// (checked when the config is loaded).
@@ -305,7 +292,6 @@ pub struct AgentProfile {
     #[serde(default)]
     pub mode: crate::permissions::policy::Mode,
     /// The (unprivileged) system user the agent runs as.
-    #[serde(default)]
     pub user: Option<String>,
     /// Directories a conversation's cwd must be inside (empty: anywhere).
     #[serde(default)]
@@ -320,14 +306,12 @@ pub struct AgentProfile {
     pub idle_timeout: Duration,
     /// The ACP session mode a new session is put in (`session/set_mode`
     /// after `session/new`), e.g. `plan`; not the permission `mode` above.
-    #[serde(default)]
     pub session_mode: Option<String>,
     /// Session configuration options set after `session/new`
     /// (`session/set_config_option`): option id → value (string or boolean).
     #[serde(default)]
     pub session_config: BTreeMap<String, serde_json::Value>,
     /// The `authenticate` method used when the agent says it needs one.
-    #[serde(default)]
     pub auth_method: Option<String>,
     /// Offer the agent `fs/read_text_file` and `fs/write_text_file`: files
     /// inside the conversation's cwd, read and written by the gateway with
@@ -353,11 +337,9 @@ pub struct AgentProfile {
     pub read_write_paths: Vec<PathBuf>,
     /// The only TCP ports its agents may connect to (e.g. `[443]`), where
     /// the kernel's Landlock can limit them (ABI 4); absent: any.
-    #[serde(default)]
     pub allowed_tcp_ports: Option<Vec<u16>>,
     /// A directory each user's home for this profile is first made from
     /// (credentials, settings), unless `sandbox = "off"`.
-    #[serde(default)]
     pub home_template: Option<PathBuf>,
 }
 

@@ -134,7 +134,6 @@ rule_schema!(
     AllowPolicyRule {
         #[schema(schema_with = input::allow_schema)]
         decision: Action,
-        #[serde(default)]
         max_auto_per: Option<RateLimitSchema>,
         /// Answer with the agent's `allow_always` option.
         #[serde(default)]

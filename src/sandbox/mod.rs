@@ -77,7 +77,6 @@ pub struct Rules {
     /// Read, list and execute beneath these.
     pub read_only: Vec<PathBuf>,
     /// The only TCP ports it may connect to (`None`: any).
-    #[serde(default)]
     pub tcp_ports: Option<Vec<u16>>,
 }
 

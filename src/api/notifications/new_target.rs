@@ -510,9 +510,7 @@ pub struct WebPushBody {
     #[allow(dead_code)]
     kind: WebPushKind,
     pub subscription: Subscription,
-    #[serde(default)]
     pub label: Option<Label>,
-    #[serde(default)]
     pub events: Option<Events>,
 }
 
@@ -525,11 +523,8 @@ pub struct NtfyBody {
     #[allow(dead_code)]
     kind: NtfyKind,
     pub url: NtfyUrl,
-    #[serde(default)]
     pub token: Option<NtfyToken>,
-    #[serde(default)]
     pub label: Option<Label>,
-    #[serde(default)]
     pub events: Option<Events>,
 }
 
@@ -542,11 +537,8 @@ pub struct WebhookBody {
     #[allow(dead_code)]
     kind: WebhookKind,
     pub url: TargetUrl,
-    #[serde(default)]
     pub secret: Option<WebhookSecret>,
-    #[serde(default)]
     pub label: Option<Label>,
-    #[serde(default)]
     pub events: Option<Events>,
 }
 
@@ -560,9 +552,7 @@ pub struct FcmBody {
     #[allow(dead_code)]
     kind: FcmKind,
     pub device_token: DeviceToken,
-    #[serde(default)]
     pub label: Option<Label>,
-    #[serde(default)]
     pub events: Option<Events>,
 }
 
