@@ -1,5 +1,5 @@
-//! Requests answered before their body was read (a 401, a 404 for a
-//! malformed id, a 413, an endpoint that takes no body): HTTP/1.1 carries
+//! Requests answered before their body was read (a 401, a 403, a 404, a
+//! 413, an endpoint that takes no body): HTTP/1.1 carries
 //! the next request on the same connection only after this one's body, so
 //! an unread body must be read and dropped, or the connection must end, and
 //! then the client must be told (`connection: close`). Otherwise the server

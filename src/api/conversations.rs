@@ -1,7 +1,6 @@
 //! `/api/v1/conversations`: create, list, prompt, cancel, close, and read a
 //! conversation's history.
 
-use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
@@ -11,7 +10,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
-use super::extract::{exactly_one, AppJson, AppPath, AppQuery, Find, Visible};
+use super::extract::{exactly_one, AppJson, AppPath, AppQuery, Authed, Find, Visible};
 use super::openapi::{
     ContentBlock, ConversationList, EventList, FileChangeList, MessageList, RuleList, ToolCallList,
 };
@@ -104,8 +103,7 @@ pub(super) fn cwd_schema() -> utoipa::openapi::schema::Object {
     )
 )]
 async fn create(
-    State(state): State<AppState>,
-    caller: Caller,
+    Authed { state, caller }: Authed,
     AppJson(body): AppJson<CreateBody>,
 ) -> Result<impl IntoResponse> {
     limits::agent_name("agent", &body.agent)?;
@@ -158,8 +156,7 @@ struct ListQuery {
     )
 )]
 async fn list(
-    State(state): State<AppState>,
-    caller: Caller,
+    Authed { state, caller }: Authed,
     AppQuery(q): AppQuery<ListQuery>,
 ) -> Result<Json<Page<Conversation>>> {
     let limit = newest_first(q.limit, 50, 200)?;

@@ -1,5 +1,6 @@
 //! Extractors: the [`Caller`] a request's token names (see [`crate::auth`]),
-//! what a path's `{id}` names as the caller may see it ([`Visible`]), and
+//! with the state ([`Authed`]), an [`Operator`]'s request, what a path's
+//! `{id}` names as the caller may see it ([`Visible`]), and
 //! bodies, paths and queries where every bad input gets the same
 //! problem+json shape: malformed JSON → 400, wrong shape → 422, not JSON →
 //! 415, too large → 413, an id that is not a UUID → 404.
@@ -58,15 +59,48 @@ impl<T: Find + Send> FromRequestParts<AppState> for Visible<T> {
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Error> {
-        let caller = Caller::from_request_parts(parts, state).await?;
-        let AppPath(Id { id }) = AppPath::from_request_parts(parts, state).await?;
-        let item = T::find(state, &caller, id).await?;
-        let state = state.clone();
+        let Authed { state, caller } = Authed::from_request_parts(parts, state).await?;
+        let AppPath(Id { id }) = AppPath::from_request_parts(parts, &state).await?;
+        let item = T::find(&state, &caller, id).await?;
         Ok(Visible {
             state,
             caller,
             item,
         })
+    }
+}
+
+/// A request by a known caller, with the state: what a handler starts from.
+/// [`Operator`] and [`Visible`] check more.
+pub struct Authed {
+    pub state: AppState,
+    pub caller: Caller,
+}
+
+impl FromRequestParts<AppState> for Authed {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Error> {
+        let caller = Caller::from_request_parts(parts, state).await?;
+        let state = state.clone();
+        Ok(Authed { state, caller })
+    }
+}
+
+/// A request by an operator, with the state: anyone else gets 403 (a
+/// handler that takes an `Operator` cannot forget to ask).
+pub struct Operator {
+    pub state: AppState,
+    pub caller: Caller,
+}
+
+impl FromRequestParts<AppState> for Operator {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Error> {
+        let Authed { state, caller } = Authed::from_request_parts(parts, state).await?;
+        caller.require_operator()?;
+        Ok(Operator { state, caller })
     }
 }
 

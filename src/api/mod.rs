@@ -30,6 +30,7 @@ use crate::auth::Caller;
 use crate::error::Error;
 use crate::model::{ConversationStatus, Page};
 use crate::telemetry;
+use extract::Authed;
 use page::whole;
 
 pub use budget::SendBudget;
@@ -214,7 +215,7 @@ struct AgentList {
     get, operation_id = "listAgents", path = "/api/v1/agents", tag = "agents",
     responses((status = 200, description = "Every profile", body = AgentList))
 )]
-async fn list_agents(State(state): State<AppState>, _caller: Caller) -> Json<Page<Agent>> {
+async fn list_agents(Authed { state, .. }: Authed) -> Json<Page<Agent>> {
     let config = state.config();
     let items = config
         .agents

@@ -5,7 +5,6 @@
 //! found"); secrets and tokens are never listed back (a generated webhook
 //! secret is shown once, at creation).
 
-use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -16,7 +15,7 @@ use utoipa::ToSchema;
 use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
-use super::extract::{AppJson, AppPath, Find, Visible};
+use super::extract::{AppJson, Authed, Find, Visible};
 use super::page::whole;
 use super::responses::{no_content_if, NoTarget};
 use super::state::AppState;
@@ -181,7 +180,7 @@ struct VapidPublicKey {
     tag = "notifications",
     responses((status = 200, description = "The caller's targets", body = NotificationTargetList))
 )]
-async fn list(State(state): State<AppState>, caller: Caller) -> Result<Json<Page<Target>>> {
+async fn list(Authed { state, caller }: Authed) -> Result<Json<Page<Target>>> {
     let items = state
         .store()
         .list_targets(&caller.user)
@@ -227,8 +226,7 @@ fn key(value: &str) -> Result<String> {
     )
 )]
 async fn create(
-    State(state): State<AppState>,
-    caller: Caller,
+    Authed { state, caller }: Authed,
     AppJson(body): AppJson<CreateBody>,
 ) -> Result<(StatusCode, Json<Created>)> {
     let (label, events) = body.label_and_events();
@@ -339,13 +337,9 @@ fn no_target(id: Uuid) -> Error {
         NoTarget,
     )
 )]
-async fn remove(
-    State(state): State<AppState>,
-    caller: Caller,
-    AppPath(id): AppPath<Uuid>,
-) -> Result<StatusCode> {
-    let deleted = state.store().delete_target(id, &caller.user).await?;
-    no_content_if(deleted, || no_target(id))
+async fn remove(Visible { state, item, .. }: Visible<TargetRecord>) -> Result<StatusCode> {
+    let deleted = state.store().delete_target(item.id, &item.owner).await?;
+    no_content_if(deleted, || no_target(item.id))
 }
 
 /// Sends a test notification (event `test`) to a target now, and answers
@@ -401,7 +395,7 @@ async fn deliveries(
     tag = "notifications",
     responses((status = 200, description = "The key", body = VapidPublicKey))
 )]
-async fn vapid_public_key(State(state): State<AppState>, _caller: Caller) -> Json<VapidPublicKey> {
+async fn vapid_public_key(Authed { state, .. }: Authed) -> Json<VapidPublicKey> {
     Json(VapidPublicKey {
         public_key: state.outbox().vapid().public_b64.clone(),
     })

@@ -1,13 +1,12 @@
 //! `/api/v1/permissions`: the pending store as users see it.
 
-use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
-use super::extract::{exactly_one, AppJson, AppPath, AppQuery, Find, Visible};
+use super::extract::{exactly_one, AppJson, AppPath, AppQuery, Authed, Find, Visible};
 use super::openapi::PermissionRequestList;
 use super::page::whole;
 use super::state::AppState;
@@ -52,8 +51,7 @@ struct ListQuery {
     )
 )]
 async fn list(
-    State(state): State<AppState>,
-    caller: Caller,
+    Authed { state, caller }: Authed,
     AppQuery(q): AppQuery<ListQuery>,
 ) -> Result<Json<Page<PermissionRequest>>> {
     let filter = PermissionFilter {
@@ -166,8 +164,7 @@ impl RespondBody {
     )
 )]
 async fn respond(
-    State(state): State<AppState>,
-    caller: Caller,
+    Authed { state, caller }: Authed,
     AppPath(id): AppPath<Uuid>,
     AppJson(body): AppJson<RespondBody>,
 ) -> Result<Json<PermissionRequest>> {

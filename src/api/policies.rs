@@ -2,7 +2,6 @@
 //! whole, and a dry run that evaluates a tool call exactly as the live path
 //! does.
 
-use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -11,10 +10,9 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
 use super::conversations::{agent_schema, cwd_schema};
-use super::extract::AppJson;
+use super::extract::{AppJson, Authed, Operator};
 use super::responses::NotOperator;
 use super::state::AppState;
-use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::model::{self, Action, PolicyRule};
@@ -63,7 +61,7 @@ async fn current(state: &AppState) -> Result<PolicyList> {
     get, operation_id = "getPolicies", path = "/api/v1/policies", tag = "policies",
     responses((status = 200, description = "The rules", body = PolicyList))
 )]
-async fn show(State(state): State<AppState>, _caller: Caller) -> Result<Json<PolicyList>> {
+async fn show(Authed { state, .. }: Authed) -> Result<Json<PolicyList>> {
     current(&state).await.map(Json)
 }
 
@@ -168,11 +166,9 @@ rule_schema!(
     )
 )]
 async fn replace(
-    State(state): State<AppState>,
-    caller: Caller,
+    Operator { state, caller }: Operator,
     AppJson(body): AppJson<ReplaceBody>,
 ) -> Result<Json<PolicyList>> {
-    caller.require_operator()?;
     let policies = Policies::compile(&body.items).map_err(|e| match e {
         Refused::Invalid(detail) => Error::Unprocessable(detail),
         Refused::DuplicateName(detail) => Error::conflict("duplicate_name", detail),
@@ -224,8 +220,7 @@ struct EvaluateResult {
     )
 )]
 async fn evaluate(
-    State(state): State<AppState>,
-    caller: Caller,
+    Authed { state, caller }: Authed,
     AppJson(body): AppJson<EvaluateBody>,
 ) -> Result<Json<EvaluateResult>> {
     limits::agent_name("agent", &body.agent)?;

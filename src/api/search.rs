@@ -2,16 +2,14 @@
 //! whose title holds the search or whose messages hold all its words, newest
 //! first, each with a snippet of where it was found.
 
-use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
-use super::extract::AppQuery;
+use super::extract::{AppQuery, Authed};
 use super::page::{cut, newest_first};
 use super::state::AppState;
-use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::model::{ConversationView, Page};
 
@@ -69,8 +67,7 @@ struct SearchHitList {
     )
 )]
 async fn search(
-    State(state): State<AppState>,
-    caller: Caller,
+    Authed { state, caller }: Authed,
     AppQuery(q): AppQuery<SearchQuery>,
 ) -> Result<Json<Page<SearchHit>>> {
     if q.q.is_empty() {

@@ -3,7 +3,6 @@
 //! stored. `DELETE /api/v1/users/{name}` removes a user by revoking every
 //! token of theirs.
 
-use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -11,12 +10,12 @@ use utoipa::ToSchema;
 use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
-use super::extract::{AppJson, AppPath};
+use super::extract::{AppJson, AppPath, Operator};
 use super::openapi::TokenList;
 use super::page::whole;
 use super::responses::NotOperator;
 use super::state::AppState;
-use crate::auth::{issue_token, valid_user_name, Caller};
+use crate::auth::{issue_token, valid_user_name};
 use crate::error::{Error, Result};
 use crate::model::{Page, Role};
 use crate::store::TokenInfo;
@@ -36,8 +35,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         NotOperator,
     )
 )]
-async fn list(State(state): State<AppState>, caller: Caller) -> Result<Json<Page<TokenInfo>>> {
-    caller.require_operator()?;
+async fn list(Operator { state, .. }: Operator) -> Result<Json<Page<TokenInfo>>> {
     let items = state.store().list_tokens().await?;
     Ok(whole(items))
 }
@@ -82,11 +80,9 @@ fn default_role() -> Role {
     )
 )]
 async fn create(
-    State(state): State<AppState>,
-    caller: Caller,
+    Operator { state, caller }: Operator,
     AppJson(body): AppJson<CreateBody>,
 ) -> Result<(StatusCode, Json<Issued>)> {
-    caller.require_operator()?;
     let (info, token) =
         issue_token(state.store(), &body.user, body.role, body.label.as_deref()).await?;
     tracing::info!(token_id = %info.id, user = %info.user, by = %caller.user, "token created");
@@ -104,11 +100,9 @@ async fn create(
     )
 )]
 async fn revoke(
-    State(state): State<AppState>,
-    caller: Caller,
+    Operator { state, caller }: Operator,
     AppPath(id): AppPath<Uuid>,
 ) -> Result<StatusCode> {
-    caller.require_operator()?;
     if state.store().revoke_token(id).await? {
         tracing::info!(token_id = %id, by = %caller.user, "token revoked");
         Ok(StatusCode::NO_CONTENT)
@@ -130,11 +124,9 @@ async fn revoke(
     )
 )]
 async fn remove_user(
-    State(state): State<AppState>,
-    caller: Caller,
+    Operator { state, caller }: Operator,
     AppPath(name): AppPath<String>,
 ) -> Result<StatusCode> {
-    caller.require_operator()?;
     if valid_user_name(&name) && state.store().remove_user(&name).await? {
         tracing::info!(user = %name, by = %caller.user, "user removed");
         Ok(StatusCode::NO_CONTENT)

@@ -15,7 +15,6 @@ use std::future::Future;
 use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
-use axum::extract::State;
 use axum::response::Response;
 use serde::Deserialize;
 use serde_json::json;
@@ -26,7 +25,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
 use super::conversations::ConversationPath;
-use super::extract::{bearer_subprotocol, AppQuery, Visible};
+use super::extract::{bearer_subprotocol, AppQuery, Authed, Visible};
 use super::responses::{NoConversation, WebSocketRefused};
 use super::state::AppState;
 use crate::auth::{Caller, Limited};
@@ -417,8 +416,7 @@ async fn close_for(socket: &mut WebSocket, result: &Result<(), WsEnd>) {
     )
 )]
 async fn inbox_ws(
-    State(state): State<AppState>,
-    caller: Caller,
+    Authed { state, caller }: Authed,
     protocol: BearerProtocol,
     upgrade: Handshake,
 ) -> Result<Response> {

@@ -158,6 +158,20 @@ async fn every_endpoint_checks_the_token_and_the_role(db: TestDb) {
             "operator {method} {path}: {status}"
         );
     }
+    // Who may do it is asked before the body is read: a body the schema
+    // refuses is still 403 from a user, and 404 on another's conversation.
+    let refused = Some(json!({"nonsense": true}));
+    for (method, path) in [("POST", "/api/v1/tokens"), ("PUT", "/api/v1/policies")] {
+        let (status, problem) = call(&w.gw, method, path, Some(&w.alice), refused.clone()).await;
+        assert_eq!(status, 403, "alice {method} {path}: {problem}");
+    }
+    for what in ["prompts", "mode", "config-options"] {
+        let path = format!("/api/v1/conversations/{c}/{what}");
+        let (status, problem) = call(&w.gw, "POST", &path, Some(&w.bob), refused.clone()).await;
+        assert_eq!(status, 404, "bob POST {path}: {problem}");
+        let (status, problem) = call(&w.gw, "POST", &path, Some(&w.alice), refused.clone()).await;
+        assert_eq!(status, 422, "alice POST {path}: {problem}");
+    }
     // Lists show a user only their own things.
     let (_, bobs) = call(&w.gw, "GET", "/api/v1/conversations", Some(&w.bob), None).await;
     assert_eq!(bobs["items"], json!([]));
