@@ -87,20 +87,16 @@ impl FromRequestParts<AppState> for Authed {
     }
 }
 
-/// A request by an operator, with the state: anyone else gets 403 (a
-/// handler that takes an `Operator` cannot forget to ask).
-pub struct Operator {
-    pub state: AppState,
-    pub caller: Caller,
-}
+/// A request by an operator: anyone else gets 403, before the body is read
+/// (a handler that takes an `Operator` cannot forget to ask).
+pub struct Operator(pub Authed);
 
 impl FromRequestParts<AppState> for Operator {
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Error> {
-        let Authed { state, caller } = Authed::from_request_parts(parts, state).await?;
-        caller.require_operator()?;
-        Ok(Operator { state, caller })
+        let authed = Authed::from_request_parts(parts, state).await?;
+        authed.caller.require_operator().map(|()| Operator(authed))
     }
 }
 

@@ -166,7 +166,7 @@ rule_schema!(
     )
 )]
 async fn replace(
-    Operator { state, caller }: Operator,
+    Operator(Authed { state, caller }): Operator,
     AppJson(body): AppJson<ReplaceBody>,
 ) -> Result<Json<PolicyList>> {
     let policies = Policies::compile(&body.items).map_err(|e| match e {

@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
-use super::extract::{AppJson, AppPath, Operator};
+use super::extract::{AppJson, AppPath, Authed, Operator};
 use super::openapi::TokenList;
 use super::page::whole;
 use super::responses::NotOperator;
@@ -35,7 +35,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         NotOperator,
     )
 )]
-async fn list(Operator { state, .. }: Operator) -> Result<Json<Page<TokenInfo>>> {
+async fn list(Operator(Authed { state, .. }): Operator) -> Result<Json<Page<TokenInfo>>> {
     let items = state.store().list_tokens().await?;
     Ok(whole(items))
 }
@@ -80,7 +80,7 @@ fn default_role() -> Role {
     )
 )]
 async fn create(
-    Operator { state, caller }: Operator,
+    Operator(Authed { state, caller }): Operator,
     AppJson(body): AppJson<CreateBody>,
 ) -> Result<(StatusCode, Json<Issued>)> {
     let (info, token) =
@@ -100,7 +100,7 @@ async fn create(
     )
 )]
 async fn revoke(
-    Operator { state, caller }: Operator,
+    Operator(Authed { state, caller }): Operator,
     AppPath(id): AppPath<Uuid>,
 ) -> Result<StatusCode> {
     if state.store().revoke_token(id).await? {
@@ -124,7 +124,7 @@ async fn revoke(
     )
 )]
 async fn remove_user(
-    Operator { state, caller }: Operator,
+    Operator(Authed { state, caller }): Operator,
     AppPath(name): AppPath<String>,
 ) -> Result<StatusCode> {
     if valid_user_name(&name) && state.store().remove_user(&name).await? {
