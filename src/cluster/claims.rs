@@ -81,30 +81,72 @@ impl Node {
 
     /// The conversations that live nodes other than this one own.
     pub async fn owned_elsewhere(&self) -> Result<HashSet<Uuid>> {
+        let (elsewhere, _) = self.owned_by_others().await?;
+        Ok(elsewhere
+            .into_iter()
+            .map(|(conversation, _)| conversation)
+            .collect())
+    }
+
+    /// The conversations of dead nodes: `(conversation, dead node)`. They
+    /// stay the dead node's until [`Node::take_orphan`] takes each.
+    pub async fn orphans(&self) -> Result<Vec<(Uuid, Uuid)>> {
+        let (_, orphans) = self.owned_by_others().await?;
+        Ok(orphans)
+    }
+
+    /// Makes this node the owner of `conversation` if the dead node `dead`
+    /// still owns it; `false` when another claim took it first (a command's
+    /// start here, which recovers it itself, or another node).
+    pub async fn take_orphan(&self, conversation: Uuid, dead: Uuid) -> Result<bool> {
         let Some(shared) = &self.inner.shared else {
-            return Ok(HashSet::new());
+            return Ok(false);
+        };
+        let moved = shared
+            .move_conversation(conversation, Some(dead), self.id())
+            .await?;
+        Ok(moved.is_some())
+    }
+
+    /// Deletes the rows of dead nodes that own nothing any more.
+    pub async fn forget_dead_nodes(&self) -> Result<()> {
+        let Some(shared) = &self.inner.shared else {
+            return Ok(());
+        };
+        shared.delete_dead_nodes().await
+    }
+
+    /// The conversations other nodes own, with their owner: those of live
+    /// nodes, then those of dead ones.
+    async fn owned_by_others(&self) -> Result<(Vec<(Uuid, Uuid)>, Vec<(Uuid, Uuid)>)> {
+        let Some(shared) = &self.inner.shared else {
+            return Ok((Vec::new(), Vec::new()));
         };
         let owned = shared.owned_by_others(self.id()).await?;
         let mut alive = HashMap::new();
-        let mut elsewhere = HashSet::new();
+        let (mut live, mut dead) = (Vec::new(), Vec::new());
         for (conversation, node) in owned {
-            let live = match alive.get(&node) {
-                Some(live) => *live,
+            let is_alive = match alive.get(&node) {
+                Some(is_alive) => *is_alive,
                 None => {
-                    let live = self.alive(node).await?;
-                    alive.insert(node, live);
-                    live
+                    let is_alive = self.alive(node).await?;
+                    alive.insert(node, is_alive);
+                    is_alive
                 }
             };
-            if live {
-                elsewhere.insert(conversation);
+            if is_alive {
+                live.push((conversation, node));
+            } else {
+                dead.push((conversation, node));
             }
         }
-        Ok(elsewhere)
+        Ok((live, dead))
     }
 
-    /// Claims every conversation of a dead node: `(conversation, dead node)`.
-    /// The caller recovers them and gives them up.
+    /// Claims every conversation of a dead node at once: `(conversation,
+    /// dead node)`. Only for a start, before anything runs here: the caller
+    /// recovers them and gives them up. (While sessions run, each is taken
+    /// with [`Node::take_orphan`] under the gate a command's start takes.)
     pub async fn claim_orphans(&self) -> Result<Vec<(Uuid, Uuid)>> {
         let Some(shared) = &self.inner.shared else {
             return Ok(Vec::new());

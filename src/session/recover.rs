@@ -46,16 +46,24 @@ impl Sessions {
 
     /// Takes over and recovers the conversations of dead nodes, leaving them
     /// to whichever node gets their next command.
+    ///
+    /// Each is taken under the gate a command's start takes, and only from
+    /// its dead node: a command that started it here meanwhile took it (and
+    /// recovered it) first, and its new agent is left alone.
     pub async fn recover_orphans(&self) -> Result<()> {
-        for (id, dead) in self.inner.node.claim_orphans().await? {
+        let node = &self.inner.node;
+        for (id, dead) in node.orphans().await? {
             self.gated(id, async {
+                if !node.take_orphan(id, dead).await? {
+                    return Ok(());
+                }
                 let recovered = self.recover_taken(id, dead).await;
-                self.inner.node.release(id).await;
+                node.release(id).await;
                 recovered
             })
             .await?;
         }
-        Ok(())
+        node.forget_dead_nodes().await
     }
 }
 

@@ -429,6 +429,68 @@ async fn a_dead_nodes_pending_requests_expire_without_any_command() {
     assert_eq!(owner(&db, &id).await.as_deref(), Some(b_id.as_str()));
 }
 
+/// A node's sweep takes a dead node's conversation only from the dead node:
+/// one that a command's start (here or on another node) took first is left
+/// to it, so its new agent is not taken for the dead node's and killed.
+#[tokio::test]
+async fn the_sweep_takes_a_dead_nodes_conversation_only_if_no_command_took_it_first() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let profiles = [demo_profile("demo", &[])];
+    let a = GatewayProcess::start_configured(&db, &profiles, "info", "node_lease = \"1s\"");
+    let a_id = node_id(&a).await;
+    let taken = a.create("demo").await;
+    let left = a.create("demo").await;
+    // B is built but does not run, so no sweep of its own races this test.
+    let b = acp_gateway::Gateway::build(TestGateway::config(&db, profiles.to_vec()))
+        .await
+        .unwrap();
+    let node = b.node();
+    a.kill();
+    db.execute(
+        &format!("update nodes set boot_id = 'another machine' where id = '{a_id}'"),
+        "",
+    )
+    .await;
+    let a_id: uuid::Uuid = a_id.parse().unwrap();
+    let (taken, left): (uuid::Uuid, uuid::Uuid) = (taken.parse().unwrap(), left.parse().unwrap());
+    let orphans = tokio::time::timeout(WAIT, async {
+        loop {
+            let orphans = node.orphans().await.unwrap();
+            if !orphans.is_empty() {
+                return orphans;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("A's lease runs out in time");
+    let mut expected = vec![(taken, a_id), (left, a_id)];
+    let mut found = orphans.clone();
+    expected.sort();
+    found.sort();
+    assert_eq!(found, expected);
+    // A command's start claims one of them after the sweep listed it.
+    let claim = node.claim(taken).await.unwrap();
+    assert!(
+        matches!(claim, acp_gateway::cluster::Claim::Mine { took_from: Some(dead), .. } if dead == a_id),
+        "{claim:?}"
+    );
+    assert!(!node.take_orphan(taken, a_id).await.unwrap());
+    assert!(node.take_orphan(left, a_id).await.unwrap());
+    let b_id = node.id().to_string();
+    assert_eq!(
+        owner(&db, &taken.to_string()).await.as_deref(),
+        Some(b_id.as_str())
+    );
+    assert_eq!(
+        owner(&db, &left.to_string()).await.as_deref(),
+        Some(b_id.as_str())
+    );
+    assert!(node.orphans().await.unwrap().is_empty());
+}
+
 #[tokio::test]
 async fn a_second_gateway_on_one_sqlite_file_is_refused() {
     let db = TestDb::sqlite().await;
