@@ -81,17 +81,42 @@ impl Node {
 
     /// The conversations that live nodes other than this one own.
     pub async fn owned_elsewhere(&self) -> Result<HashSet<Uuid>> {
-        let (elsewhere, _) = self.owned_by_others().await?;
-        Ok(elsewhere
-            .into_iter()
-            .map(|(conversation, _)| conversation)
-            .collect())
+        let Some(shared) = &self.inner.shared else {
+            return Ok(HashSet::new());
+        };
+        let owned = shared.owned_by_others(self.id()).await?;
+        let mut alive = HashMap::new();
+        let mut elsewhere = HashSet::new();
+        for (conversation, node) in owned {
+            let live = match alive.get(&node) {
+                Some(live) => *live,
+                None => {
+                    let live = self.alive(node).await?;
+                    alive.insert(node, live);
+                    live
+                }
+            };
+            if live {
+                elsewhere.insert(conversation);
+            }
+        }
+        Ok(elsewhere)
     }
 
     /// The conversations of dead nodes: `(conversation, dead node)`. They
     /// stay the dead node's until [`Node::take_orphan`] takes each.
     pub async fn orphans(&self) -> Result<Vec<(Uuid, Uuid)>> {
-        let (_, orphans) = self.owned_by_others().await?;
+        let Some(shared) = &self.inner.shared else {
+            return Ok(Vec::new());
+        };
+        let mut orphans = Vec::new();
+        for node in shared.other_owners(self.id()).await? {
+            if self.alive(node).await? {
+                continue;
+            }
+            let ids = shared.owned_by(node).await?;
+            orphans.extend(ids.into_iter().map(|id| (id, node)));
+        }
         Ok(orphans)
     }
 
@@ -116,51 +141,19 @@ impl Node {
         shared.delete_dead_nodes().await
     }
 
-    /// The conversations other nodes own, with their owner: those of live
-    /// nodes, then those of dead ones.
-    async fn owned_by_others(&self) -> Result<(Vec<(Uuid, Uuid)>, Vec<(Uuid, Uuid)>)> {
-        let Some(shared) = &self.inner.shared else {
-            return Ok((Vec::new(), Vec::new()));
-        };
-        let owned = shared.owned_by_others(self.id()).await?;
-        let mut alive = HashMap::new();
-        let (mut live, mut dead) = (Vec::new(), Vec::new());
-        for (conversation, node) in owned {
-            let is_alive = match alive.get(&node) {
-                Some(is_alive) => *is_alive,
-                None => {
-                    let is_alive = self.alive(node).await?;
-                    alive.insert(node, is_alive);
-                    is_alive
-                }
-            };
-            if is_alive {
-                live.push((conversation, node));
-            } else {
-                dead.push((conversation, node));
-            }
-        }
-        Ok((live, dead))
-    }
-
-    /// Claims every conversation of a dead node at once: `(conversation,
-    /// dead node)`. Only for a start, before anything runs here: the caller
-    /// recovers them and gives them up. (While sessions run, each is taken
-    /// with [`Node::take_orphan`] under the gate a command's start takes.)
+    /// Takes every conversation of a dead node that no one took first:
+    /// `(conversation, dead node)`; the caller recovers them and gives them
+    /// up. For a gateway's start, before anything runs here (while sessions
+    /// run, each is taken under the gate a command's start takes: see
+    /// `Sessions::recover_orphans`).
     pub async fn claim_orphans(&self) -> Result<Vec<(Uuid, Uuid)>> {
-        let Some(shared) = &self.inner.shared else {
-            return Ok(Vec::new());
-        };
         let mut claimed = Vec::new();
-        for node in shared.other_owners(self.id()).await? {
-            if self.alive(node).await? {
-                continue;
+        for (id, dead) in self.orphans().await? {
+            if self.take_orphan(id, dead).await? {
+                claimed.push((id, dead));
             }
-            let ids = shared.move_all(node, self.id()).await?;
-            claimed.extend(ids.into_iter().map(|id| (id, node)));
         }
-        // Dead nodes with nothing left go.
-        shared.delete_dead_nodes().await?;
+        self.forget_dead_nodes().await?;
         Ok(claimed)
     }
 }

@@ -114,9 +114,8 @@ pub trait ClusterStore: Send + Sync + 'static {
     async fn owned_by_others(&self, node: Uuid) -> Result<Vec<(Uuid, Uuid)>>;
     /// Every node but `node` that owns a conversation.
     async fn other_owners(&self, node: Uuid) -> Result<Vec<Uuid>>;
-    /// Gives every conversation of `from` to `to` (raising their owner
-    /// epochs); their ids.
-    async fn move_all(&self, from: Uuid, to: Uuid) -> Result<Vec<Uuid>>;
+    /// The conversations `node` owns.
+    async fn owned_by(&self, node: Uuid) -> Result<Vec<Uuid>>;
 
     /// Writes `command` and, once written, notifies its node with `notice`.
     async fn send_command(&self, command: SentCommand<'_>, notice: &str) -> Result<()>;

@@ -166,15 +166,13 @@ impl ClusterStore for PgStore {
         .await?)
     }
 
-    async fn move_all(&self, from: Uuid, to: Uuid) -> Result<Vec<Uuid>> {
-        Ok(sqlx::query_scalar(
-            "update conversations set node_id = $2, owner_epoch = owner_epoch + 1
-             where node_id = $1 returning id",
+    async fn owned_by(&self, node: Uuid) -> Result<Vec<Uuid>> {
+        Ok(
+            sqlx::query_scalar("select id from conversations where node_id = $1")
+                .bind(node)
+                .fetch_all(self.pool())
+                .await?,
         )
-        .bind(from)
-        .bind(to)
-        .fetch_all(self.pool())
-        .await?)
     }
 
     async fn send_command(&self, command: SentCommand<'_>, notice: &str) -> Result<()> {
