@@ -1,7 +1,10 @@
 //! Notifications (issue 28): many conversations asking for permission at
 //! once, nobody present; how long from a request becoming due (its
 //! `created_at` + `notifications.grace`) until a webhook receiver has its
-//! notification, and what that costs the gateway in CPU.
+//! notification, and what that costs the gateway in CPU. The time is split:
+//! from `created_at` until the request's socket showed it (its commit
+//! published: nothing learns of it sooner, the notifier included), from due
+//! until the notifier handed it to the outbox, and from there on.
 //!
 //! The gateway runs as its own process (`acp-gateway serve`, as in
 //! `load.rs`) with a short grace and `allow_private_targets`; the receiver
@@ -60,6 +63,10 @@ pub struct NotifyReport {
     pub handed_ms: Vec<f64>,
     /// Arrival − the body's `at`: the outbox and the HTTP request, ms.
     pub outbox_ms: Vec<f64>,
+    /// When the request's socket showed it − its `created_at`, ms: how late
+    /// the gateway (and so its notifier) learns of a request under this
+    /// load.
+    pub shown_ms: Vec<f64>,
     /// From the prompts until every request was shown on its socket, s.
     pub ask_secs: f64,
     /// CPU of the control round: the same asking, owners present.
@@ -75,7 +82,8 @@ impl fmt::Display for NotifyReport {
             f,
             "[{}] notifications: {} conversations asking at once (a user and a webhook each), nobody present, grace {} ms; \
              due → webhook received p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, min {:.1} ms (target p99 ≤ 250) \
-             [due → handed to the outbox p50 {:.1} ms, p99 {:.1} ms; handed → received p50 {:.1} ms, p99 {:.1} ms]; \
+             [created → shown on its socket p50 {:.1} ms, p99 {:.1} ms; \
+             due → handed to the outbox p50 {:.1} ms, p99 {:.1} ms; handed → received p50 {:.1} ms, p99 {:.1} ms]; \
              received {} of {}, lost {lost}, duplicates {}, largest count {}; \
              gateway CPU per delivery {:.2} ms (the round's {:.0} ms − {:.0} ms for the same asking with owners present; \
              asking itself {:.2} ms per request, {:.2} s to ask them all); bench clients and receiver {:.2} ms per delivery",
@@ -86,6 +94,8 @@ impl fmt::Display for NotifyReport {
             quantile(&self.latency_ms, 0.99),
             self.latency_ms.last().copied().unwrap_or(f64::NAN),
             self.latency_ms.first().copied().unwrap_or(f64::NAN),
+            quantile(&self.shown_ms, 0.5),
+            quantile(&self.shown_ms, 0.99),
             quantile(&self.handed_ms, 0.5),
             quantile(&self.handed_ms, 0.99),
             quantile(&self.outbox_ms, 0.5),
@@ -235,8 +245,9 @@ impl Asker {
     }
 }
 
-/// Prompts `ask 1`; the request's id and `created_at` once its socket shows it.
-async fn ask(served: &Served, asker: &mut Asker) -> (String, DateTime<Utc>) {
+/// Prompts `ask 1`; the request's id and `created_at` once its socket shows
+/// it, and when it showed it.
+async fn ask(served: &Served, asker: &mut Asker) -> (String, DateTime<Utc>, DateTime<Utc>) {
     let resp = served
         .http
         .post(served.url(&format!(
@@ -250,9 +261,10 @@ async fn ask(served: &Served, asker: &mut Asker) -> (String, DateTime<Utc>) {
         .unwrap();
     assert_eq!(resp.status(), 202, "prompt accepted");
     let shown = asker.ws.until_type("permission_requested").await;
+    let shown_at = Utc::now();
     let data = &shown.last().unwrap()["data"];
     let created: DateTime<Utc> = serde_json::from_value(data["created_at"].clone()).unwrap();
-    (data["id"].as_str().unwrap().to_owned(), created)
+    (data["id"].as_str().unwrap().to_owned(), created, shown_at)
 }
 
 /// Answers the request (allow once) and waits for the turn to end.
@@ -271,8 +283,8 @@ async fn answer(served: &Served, asker: &mut Asker, request: &str) {
 
 /// What one round measured.
 struct Round {
-    /// Each request's id and `created_at`.
-    asked: Vec<(String, DateTime<Utc>)>,
+    /// Each request's id, `created_at`, and when its socket showed it.
+    asked: Vec<(String, DateTime<Utc>, DateTime<Utc>)>,
     ask_secs: f64,
     /// From the prompts until what is waited for is done and [`SETTLE`]
     /// more (the attempts recorded).
@@ -308,7 +320,7 @@ async fn round_until(
     }
     let cpu_before = served.cpu();
     let started = Instant::now();
-    let asked: Vec<(String, DateTime<Utc>)> =
+    let asked: Vec<(String, DateTime<Utc>, DateTime<Utc>)> =
         futures::future::join_all(askers.iter_mut().map(|a| ask(served, a))).await;
     let ask_secs = started.elapsed().as_secs_f64();
     waited.await;
@@ -318,7 +330,7 @@ async fn round_until(
         askers
             .iter_mut()
             .zip(&asked)
-            .map(|(a, (request, _))| answer(served, a, request)),
+            .map(|(a, (request, _, _))| answer(served, a, request)),
     )
     .await;
     if present {
@@ -383,7 +395,7 @@ pub async fn notifications(
     let asked = measured.asked;
 
     let created: HashMap<&str, DateTime<Utc>> =
-        asked.iter().map(|(id, at)| (id.as_str(), *at)).collect();
+        asked.iter().map(|(id, at, _)| (id.as_str(), *at)).collect();
     let grace = chrono::Duration::milliseconds(grace_ms as i64);
     let ms = |d: chrono::Duration| d.num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0;
     let arrivals = std::mem::take(&mut *receiver.arrivals.lock().unwrap());
@@ -418,6 +430,12 @@ pub async fn notifications(
         latency_ms: sorted(latency_ms),
         handed_ms: sorted(handed_ms),
         outbox_ms: sorted(outbox_ms),
+        shown_ms: sorted(
+            asked
+                .iter()
+                .map(|(_, at, shown)| ms(*shown - *at))
+                .collect(),
+        ),
         ask_secs: measured.ask_secs,
         control_cpu: control.cpu,
         measured_cpu: measured.cpu,
