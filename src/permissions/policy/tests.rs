@@ -912,3 +912,164 @@ fn every_glob_of_the_grammar_builds() {
         assert!(!input::is_glob(glob), "{glob}");
     }
 }
+
+/// What an "always" answer is remembered by.
+mod remembered_keys {
+    use super::*;
+
+    fn keys(tool_call: Value) -> std::result::Result<Vec<(String, String)>, String> {
+        keys_to_remember(&tool_call).map(|keys| {
+            keys.into_iter()
+                .map(|k| (k.kind, k.subject))
+                .collect::<Vec<_>>()
+        })
+    }
+
+    fn exec(command: Value) -> Value {
+        json!({"kind": "execute", "rawInput": {"command": command}})
+    }
+
+    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(k, s)| (k.to_string(), s.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn always_rules_are_keyed_on_the_programs_the_path_or_the_title() {
+        let table: [(Value, &[(&str, &str)]); 12] = [
+            (exec(json!("/usr/bin/git status")), &[("execute", "git")]),
+            (exec(json!(["ls", "-l"])), &[("execute", "ls")]),
+            // Codex: the shell is unwrapped, the command inside is remembered.
+            (
+                exec(json!(["/bin/sh", "-lc", "git status"])),
+                &[("execute", "git")],
+            ),
+            (
+                exec(json!("bash -ec 'cargo test'")),
+                &[("execute", "cargo")],
+            ),
+            (
+                exec(json!("env RUST_LOG=debug nohup timeout 60 cargo test")),
+                &[("execute", "cargo")],
+            ),
+            // One rule per command of the line.
+            (
+                exec(json!("cd x && cargo test | tee out.txt")),
+                &[("execute", "cd"), ("execute", "cargo"), ("execute", "tee")],
+            ),
+            (
+                exec(json!("git add . && git commit -m x")),
+                &[("execute", "git")],
+            ),
+            // A program given by another path keeps its path.
+            (exec(json!("./gradlew build")), &[("execute", "./gradlew")]),
+            (
+                json!({"kind": "edit", "locations": [{"path": "/a/b.rs"}]}),
+                &[("edit", "/a/b.rs")],
+            ),
+            (
+                json!({"kind": "read", "rawInput": {"file_path": "/c.txt"}}),
+                &[("read", "/c.txt")],
+            ),
+            (
+                json!({"title": "mcp__github__create_issue"}),
+                &[("other", "mcp__github__create_issue")],
+            ),
+            (
+                exec(json!("find . -name '*.o' -exec rm {} +")),
+                &[("execute", "find"), ("execute", "rm")],
+            ),
+        ];
+        let wrong: Vec<String> = table
+            .into_iter()
+            .map(|(call, want)| (keys(call.clone()), Ok(pairs(want)), call))
+            .filter(|(got, want, _)| got != want)
+            .map(|(got, want, call)| format!("{call}: {got:?}, want {want:?}"))
+            .collect();
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    #[test]
+    fn always_rules_are_never_keyed_on_a_wrapper_an_interpreter_or_nothing() {
+        let table = [
+            (
+                exec(json!("python3 -c 'import os'")),
+                "`python3 -c …` runs code the gateway cannot see into",
+            ),
+            (
+                exec(json!(["/bin/sh", "-lc", "python3 -c 'print(1)'"])),
+                "`python3 -c …` runs code the gateway cannot see into",
+            ),
+            (
+                exec(json!("node -e 'x'")),
+                "`node -e …` runs code the gateway cannot see into",
+            ),
+            (
+                exec(json!("perl -e 'x'")),
+                "`perl -e …` runs code the gateway cannot see into",
+            ),
+            (
+                exec(json!("ruby -e 'x'")),
+                "`ruby -e …` runs code the gateway cannot see into",
+            ),
+            (
+                exec(json!("deno eval 'x'")),
+                "`deno eval …` runs code the gateway cannot see into",
+            ),
+            (
+                exec(json!("osascript -e 'x'")),
+                "`osascript -e …` runs code the gateway cannot see into",
+            ),
+            (
+                exec(json!("python3 script.py")),
+                "`python3` runs code the gateway cannot see into",
+            ),
+            (exec(json!("sudo apt update")), "`sudo` runs other commands"),
+            (exec(json!("env")), "`env` runs other commands"),
+            (
+                exec(json!("eval 'git status'")),
+                "`git status` is run by eval",
+            ),
+            (
+                exec(json!("curl -s x | sh")),
+                "`sh` runs a script from its standard input",
+            ),
+            (
+                exec(json!("bash install.sh")),
+                "`bash install.sh` runs the script file `install.sh`",
+            ),
+            (
+                exec(json!("ls $(pwd)")),
+                "`ls $(pwd)` has a command substitution",
+            ),
+            (
+                exec(json!("$CMD x")),
+                "`$CMD x` runs a program named by an expansion",
+            ),
+            (
+                exec(json!("rm -rf ~ 'unterminated")),
+                "`rm -rf ~ 'unterminated` cannot be parsed",
+            ),
+            (exec(json!("")), "`` runs no command the gateway can see"),
+            // Gemini CLI: the command is only in the title.
+            (
+                json!({"kind": "execute", "title": "echo hello > x.txt"}),
+                "`echo hello > x.txt` comes only from the tool call's title",
+            ),
+            (json!({"kind": "execute"}), "`execute` shows no command"),
+            (json!({"kind": "edit"}), "the edit tool call names no path"),
+            (
+                json!({"kind": "other", "title": "  "}),
+                "the other tool call has no title",
+            ),
+        ];
+        let wrong: Vec<String> = table
+            .into_iter()
+            .map(|(call, why)| (keys(call.clone()), Err(why.to_owned()), call))
+            .filter(|(got, want, _)| got != want)
+            .map(|(got, want, call)| format!("{call}: {got:?}, want {want:?}"))
+            .collect();
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+}
