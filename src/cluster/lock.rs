@@ -5,10 +5,28 @@ use anyhow::Context;
 
 use crate::process::procs::Host;
 
+/// A SQLite database file's lock, held until dropped (or the process ends,
+/// however it ends).
+#[derive(Debug)]
+pub struct SqliteLock(std::fs::File);
+
+impl Drop for SqliteLock {
+    fn drop(&mut self) {
+        // Let go of explicitly, before the file is closed: a process being
+        // started at this moment (between its fork and its exec) holds a
+        // copy of the descriptor, and a flock lasts until every copy is
+        // closed, so closing this one alone could leave the lock held a
+        // little longer, and a gateway started right after this one stopped
+        // would be refused. LOCK_UN lets go of it for every copy.
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a descriptor this value owns.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
 /// Takes the lock of a SQLite database file (`<file>.lock`), or says which
-/// gateway holds it. In-memory databases need none. The lock is held until
-/// the file returned is closed (or the process ends, however it ends).
-pub fn lock_sqlite(url: &str) -> anyhow::Result<Option<std::fs::File>> {
+/// gateway holds it. In-memory databases need none.
+pub fn lock_sqlite(url: &str) -> anyhow::Result<Option<SqliteLock>> {
     use std::io::{Read, Seek, Write};
     let Some(file) = crate::store::sqlite_file(url)? else {
         return Ok(None);
@@ -52,7 +70,7 @@ pub fn lock_sqlite(url: &str) -> anyhow::Result<Option<std::fs::File>> {
     lock.rewind()?;
     let host = Host::here().map_or("", |h| h.hostname.as_str());
     write!(lock, "pid {} on {host}", std::process::id())?;
-    Ok(Some(lock))
+    Ok(Some(SqliteLock(lock)))
 }
 
 #[cfg(test)]
@@ -75,5 +93,23 @@ mod tests {
         drop(held);
         assert!(lock_sqlite(&url).unwrap().is_some());
         assert!(lock_sqlite("sqlite::memory:").unwrap().is_none());
+    }
+
+    /// A copy of the descriptor elsewhere (as a process being started holds
+    /// one until its exec) does not keep the lock once it is let go of.
+    #[test]
+    fn a_copy_of_the_descriptor_does_not_keep_the_lock() {
+        use std::os::fd::AsFd;
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("g.db").display());
+        let held = lock_sqlite(&url).unwrap().unwrap();
+        // What a fork copies: the same open file description.
+        let copy = held.0.as_fd().try_clone_to_owned().unwrap();
+        drop(held);
+        assert!(
+            lock_sqlite(&url).unwrap().is_some(),
+            "the lock was let go of although a copy is open"
+        );
+        drop(copy);
     }
 }

@@ -64,7 +64,7 @@ struct Inner {
     /// Postgres: what the nodes share. `None` on SQLite.
     shared: Option<Arc<dyn ClusterStore>>,
     /// SQLite: the lock that keeps a second gateway off the file.
-    lock: Mutex<Option<std::fs::File>>,
+    lock: Mutex<Option<lock::SqliteLock>>,
     /// Commands this node sent and waits for, by id.
     waiting: Mutex<HashMap<Uuid, oneshot::Sender<()>>>,
     announce: mpsc::UnboundedSender<Announced>,
@@ -115,7 +115,7 @@ impl Node {
     /// (see [`lock::lock_sqlite`]), until the node leaves.
     pub async fn join(
         store: &dyn Store,
-        lock: Option<std::fs::File>,
+        lock: Option<lock::SqliteLock>,
         lease: Duration,
     ) -> anyhow::Result<Node> {
         let (tx, rx) = mpsc::unbounded_channel();
