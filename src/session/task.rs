@@ -509,11 +509,8 @@ impl Task {
         match step {
             Step::Incoming(Some(msg)) => {
                 self.handle_incoming(msg).await?;
+                self.dealt_with();
                 self.drain_incoming(MAX_BATCH_EVENTS).await?;
-                // Dealt with: the next commit may count it as committed.
-                if let Some(incoming) = self.incoming.as_mut() {
-                    incoming.done();
-                }
                 if self.commit_due() {
                     self.flush().await?;
                 }

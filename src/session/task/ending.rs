@@ -43,7 +43,10 @@ impl Task {
                     break;
                 }
                 msg = next_incoming(&mut self.incoming) => match msg {
-                    Some(msg) => self.handle_incoming(msg).await?,
+                    Some(msg) => {
+                        self.handle_incoming(msg).await?;
+                        self.dealt_with();
+                    }
                     None => break,
                 },
                 _ = tokio::time::sleep_until(deadline) => {
@@ -73,7 +76,10 @@ impl Task {
                     return Ok(());
                 }
                 msg = next_incoming(&mut self.incoming) => match msg {
-                    Some(msg) => self.handle_incoming(msg).await?,
+                    Some(msg) => {
+                        self.handle_incoming(msg).await?;
+                        self.dealt_with();
+                    }
                     None => return Ok(()),
                 },
                 _ = tokio::time::sleep_until(deadline) => {

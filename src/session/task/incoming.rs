@@ -14,10 +14,30 @@ use crate::session::served::Write;
 impl Task {
     /// Applies what the agent sent while its session opened.
     pub(super) async fn apply_early(&mut self) -> Result<()> {
-        for msg in std::mem::take(&mut self.early) {
+        // One at a time: while some wait, the message in hand is not
+        // applied (see `dealt_with`).
+        while !self.early.is_empty() {
+            let msg = self.early.remove(0);
             self.handle_incoming(msg).await?;
         }
+        self.dealt_with();
         self.flush().await
+    }
+
+    /// The inbox's message in hand is applied (what it changes is in the
+    /// journal): the next commit counts it as committed, so a gateway that
+    /// takes over after a crash does not apply it again. Said right after
+    /// the message is applied, before any commit (or a crash after that
+    /// commit applies it twice), and never sooner (or it is lost). While
+    /// messages of the session's opening wait to be applied, the one in
+    /// hand came after them and is not applied yet.
+    pub(super) fn dealt_with(&mut self) {
+        if !self.early.is_empty() {
+            return;
+        }
+        if let Some(incoming) = self.incoming.as_mut() {
+            incoming.done();
+        }
     }
 
     /// After the agent exited: applies everything left in its stdout until the
@@ -26,7 +46,10 @@ impl Task {
         let deadline = tokio::time::Instant::now() + EXIT_AFTER_EOF;
         while let Some(rx) = self.incoming.as_mut() {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(msg)) => self.handle_incoming(msg).await?,
+                Ok(Some(msg)) => {
+                    self.handle_incoming(msg).await?;
+                    self.dealt_with();
+                }
                 Ok(None) | Err(_) => self.incoming = None,
             }
             if self.commit_due() {
@@ -44,7 +67,10 @@ impl Task {
                 break;
             };
             match rx.try_recv() {
-                Ok(msg) => self.handle_incoming(msg).await?,
+                Ok(msg) => {
+                    self.handle_incoming(msg).await?;
+                    self.dealt_with();
+                }
                 Err(_) => break,
             }
             n += 1;
@@ -87,6 +113,9 @@ impl Task {
         let Write { written, responder } = write;
         tracing::info!(path = %written.path, "agent wrote a file");
         self.journal.append(written);
+        // Committed with the request still in hand: after a crash before
+        // the answer below, the request is read again and answered then
+        // (and recorded twice) rather than never answered.
         let flushed = self.flush().await;
         responder.respond(serde_json::json!({}));
         flushed

@@ -85,6 +85,8 @@ impl Task {
                 let answer = decision.acp_result();
                 self.journal
                     .add_permission_request(&permission, Some((status, decision)));
+                // The request stays in hand until answered (see
+                // `record_write`).
                 self.flush().await?;
                 request.responder.respond(answer);
             }
