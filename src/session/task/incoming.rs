@@ -14,12 +14,10 @@ use crate::session::served::Write;
 impl Task {
     /// Applies what the agent sent while its session opened.
     pub(super) async fn apply_early(&mut self) -> Result<()> {
-        // One at a time: while some wait, the message in hand is not
-        // applied (see `dealt_with`).
-        while !self.early.is_empty() {
-            let msg = self.early.remove(0);
+        for msg in std::mem::take(&mut self.early) {
             self.handle_incoming(msg).await?;
         }
+        // The last of them, or one the opening dealt with, is in hand.
         self.dealt_with();
         self.flush().await
     }
@@ -28,13 +26,8 @@ impl Task {
     /// journal): the next commit counts it as committed, so a gateway that
     /// takes over after a crash does not apply it again. Said right after
     /// the message is applied, before any commit (or a crash after that
-    /// commit applies it twice), and never sooner (or it is lost). While
-    /// messages of the session's opening wait to be applied, the one in
-    /// hand came after them and is not applied yet.
+    /// commit applies it twice), and never sooner (or it is lost).
     pub(super) fn dealt_with(&mut self) {
-        if !self.early.is_empty() {
-            return;
-        }
         if let Some(incoming) = self.incoming.as_mut() {
             incoming.done();
         }
