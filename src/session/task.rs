@@ -508,8 +508,7 @@ impl Task {
     async fn carry_out(&mut self, step: Step) -> Result<Option<End>> {
         match step {
             Step::Incoming(Some(msg)) => {
-                self.handle_incoming(msg).await?;
-                self.dealt_with();
+                self.take_in(msg).await?;
                 self.drain_incoming(MAX_BATCH_EVENTS).await?;
                 if self.commit_due() {
                     self.flush().await?;

@@ -43,10 +43,7 @@ impl Task {
                     break;
                 }
                 msg = next_incoming(&mut self.incoming) => match msg {
-                    Some(msg) => {
-                        self.handle_incoming(msg).await?;
-                        self.dealt_with();
-                    }
+                    Some(msg) => self.take_in(msg).await?,
                     None => break,
                 },
                 _ = tokio::time::sleep_until(deadline) => {
@@ -76,10 +73,7 @@ impl Task {
                     return Ok(());
                 }
                 msg = next_incoming(&mut self.incoming) => match msg {
-                    Some(msg) => {
-                        self.handle_incoming(msg).await?;
-                        self.dealt_with();
-                    }
+                    Some(msg) => self.take_in(msg).await?,
                     None => return Ok(()),
                 },
                 _ = tokio::time::sleep_until(deadline) => {

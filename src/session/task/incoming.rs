@@ -22,12 +22,19 @@ impl Task {
         self.flush().await
     }
 
+    /// Applies the message the inbox gave last, then says it is dealt with.
+    pub(super) async fn take_in(&mut self, msg: Incoming) -> Result<()> {
+        self.handle_incoming(msg).await?;
+        self.dealt_with();
+        Ok(())
+    }
+
     /// The inbox's message in hand is applied (what it changes is in the
     /// journal): the next commit counts it as committed, so a gateway that
     /// takes over after a crash does not apply it again. Said right after
     /// the message is applied, before any commit (or a crash after that
     /// commit applies it twice), and never sooner (or it is lost).
-    pub(super) fn dealt_with(&mut self) {
+    fn dealt_with(&mut self) {
         if let Some(incoming) = self.incoming.as_mut() {
             incoming.done();
         }
@@ -39,10 +46,7 @@ impl Task {
         let deadline = tokio::time::Instant::now() + EXIT_AFTER_EOF;
         while let Some(rx) = self.incoming.as_mut() {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(msg)) => {
-                    self.handle_incoming(msg).await?;
-                    self.dealt_with();
-                }
+                Ok(Some(msg)) => self.take_in(msg).await?,
                 Ok(None) | Err(_) => self.incoming = None,
             }
             if self.commit_due() {
@@ -60,10 +64,7 @@ impl Task {
                 break;
             };
             match rx.try_recv() {
-                Ok(msg) => {
-                    self.handle_incoming(msg).await?;
-                    self.dealt_with();
-                }
+                Ok(msg) => self.take_in(msg).await?,
                 Err(_) => break,
             }
             n += 1;
@@ -74,7 +75,7 @@ impl Task {
         Ok(())
     }
 
-    pub(super) async fn handle_incoming(&mut self, msg: Incoming) -> Result<()> {
+    async fn handle_incoming(&mut self, msg: Incoming) -> Result<()> {
         match msg {
             Incoming::Notification { method, params } => match method.as_str() {
                 "session/update" => self.on_update(params),
