@@ -15,6 +15,7 @@ mod architecture;
 mod auth;
 mod auth_hardening;
 mod cluster;
+mod commits;
 mod contract;
 mod contract_notifications;
 mod contract_policies;
