@@ -3,7 +3,9 @@
 //! bound and decoded type exists in both drivers, so [`impl_store!`] writes
 //! the [`Store`](super::backend::Store) implementation once and each backend expands
 //! it against its own pool. A backend supplies only what differs: its
-//! `insert_events` (Postgres inserts a whole batch with one `unnest`).
+//! `insert_events` (Postgres inserts a whole batch with one `unnest`) and
+//! the statements that do in one round trip what a transaction does in
+//! several (Postgres only: SQLite has no round trips to save).
 
 /// Implements [`Store`](super::backend::Store) for a backend type with a `pool` field (for
 /// reads), a `writer()` method (the pool every write goes through) and a `lanes` field
@@ -13,7 +15,10 @@
 /// from its `agent_state`), `SEARCH_MATCH` (the SQL condition under which a `search_texts s` row
 /// matches the full-text query bound as `$1`), `fn search_query(&[String])
 /// -> String` (that query, from a search's words),
-/// `async fn insert_events(&mut Connection, Uuid, &[Event]) -> Result<()>` and
+/// `async fn insert_events(&mut Connection, Uuid, &[Event]) -> Result<()>`,
+/// `async fn commit_at_once(&Pool, Uuid, &Batch) -> Result<bool>` (a whole
+/// commit in one statement where the backend can: `false` where it cannot,
+/// and the general transaction writes it) and
 /// `async fn resolve_at_once(&Pool, &Resolution, &Event, &ConversationPatch, Option<i64>) -> Result<Option<Event>>`
 /// (a resolution in one statement where the backend can: `None` where it
 /// cannot, or the stored request is not as the resolution expects, and the
@@ -205,6 +210,10 @@ macro_rules! impl_store {
                     return Ok(());
                 }
                 let _place = self.lanes.enter(batch.lane).await;
+                if commit_at_once(self.writer(), conversation_id, batch).await? {
+                    crate::telemetry::transaction(batch.rows());
+                    return Ok(());
+                }
                 let mut tx = self.writer().begin().await?;
                 fence(&mut tx, conversation_id, batch.fence).await?;
                 // Permission requests first: an event announcing one must

@@ -144,6 +144,12 @@ async fn resolve_at_once(
     Ok(None)
 }
 
+/// SQLite runs in the process: a statement costs no round trip, so the
+/// general transaction writes every batch.
+async fn commit_at_once(_: &SqlitePool, _: Uuid, _: &Batch) -> Result<bool> {
+    Ok(false)
+}
+
 impl_store!(SqliteStore, SqliteConnection);
 // One node at a time: a claim of another node is one of a previous run.
 super::notify::impl_notify_store!(SqliteStore, "claimed_by <> $4", "");
