@@ -170,22 +170,6 @@ async fn commit_at_once(pool: &PgPool, conversation_id: Uuid, batch: &Batch) -> 
     }
     let calls = last_states(&batch.tool_calls);
     let patch = batch.conversation.as_ref();
-    let call_ids: Vec<_> = calls
-        .iter()
-        .map(|(t, _)| text_col(&t.tool_call_id))
-        .collect();
-    let call_titles: Vec<_> = calls
-        .iter()
-        .map(|(t, _)| t.title.as_deref().map(text_col))
-        .collect();
-    let call_kinds: Vec<_> = calls
-        .iter()
-        .map(|(t, _)| t.kind.as_deref().map(text_col))
-        .collect();
-    let call_statuses: Vec<_> = calls
-        .iter()
-        .map(|(t, _)| t.status.as_deref().map(text_col))
-        .collect();
     let query = sqlx::query(
         "with fenced as (
             select id from conversations where id = $1 and owner_epoch = $2 for update
@@ -246,122 +230,47 @@ async fn commit_at_once(pool: &PgPool, conversation_id: Uuid, batch: &Batch) -> 
     )
     .bind(conversation_id)
     .bind(batch.fence)
-    .bind(asks.iter().map(|p| p.id).collect::<Vec<_>>())
-    .bind(asks.iter().map(|p| p.conversation_id).collect::<Vec<_>>())
-    .bind(asks.iter().map(|p| p.turn_id).collect::<Vec<_>>())
-    .bind(
-        asks.iter()
-            .map(|p| JsonText::of(&p.tool_call))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        asks.iter()
-            .map(|p| JsonText::of(&p.options))
-            .collect::<Vec<_>>(),
-    )
-    .bind(asks.iter().map(|p| p.status.as_str()).collect::<Vec<_>>())
-    .bind(
-        asks.iter()
-            .map(|p| p.decision.as_ref().map(JsonText::of))
-            .collect::<Vec<_>>(),
-    )
-    .bind(asks.iter().map(|p| p.created_at).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.seq).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.body.kind()).collect::<Vec<_>>())
-    .bind(events.iter().map(|e| e.at).collect::<Vec<_>>())
-    .bind(
-        events
-            .iter()
-            .map(|e| JsonText::of(&e.body.data()))
-            .collect::<Vec<_>>(),
-    )
-    .bind(firsts.iter().map(|p| p.message.id).collect::<Vec<_>>())
-    .bind(firsts.iter().map(|p| p.message.turn_id).collect::<Vec<_>>())
-    .bind(
-        firsts
-            .iter()
-            .map(|p| p.message.role.as_str())
-            .collect::<Vec<_>>(),
-    )
+    .bind(col(asks, |p| p.id))
+    .bind(col(asks, |p| p.conversation_id))
+    .bind(col(asks, |p| p.turn_id))
+    .bind(col(asks, |p| JsonText::of(&p.tool_call)))
+    .bind(col(asks, |p| JsonText::of(&p.options)))
+    .bind(col(asks, |p| p.status.as_str()))
+    .bind(col(asks, |p| p.decision.as_ref().map(JsonText::of)))
+    .bind(col(asks, |p| p.created_at))
+    .bind(col(events, |e| e.seq))
+    .bind(col(events, |e| e.body.kind()))
+    .bind(col(events, |e| e.at))
+    .bind(col(events, |e| JsonText::of(&e.body.data())))
+    .bind(col(&firsts, |p| p.message.id))
+    .bind(col(&firsts, |p| p.message.turn_id))
+    .bind(col(&firsts, |p| p.message.role.as_str()))
     // A prompt's content is its event's: not stored again.
-    .bind(
-        firsts
-            .iter()
-            .map(|p| match p.content_in_event {
-                Some(_) => JsonText("[]".into()),
-                None => JsonText::of(&p.message.content),
-            })
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        firsts
-            .iter()
-            .map(|p| p.message.created_at)
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        firsts
-            .iter()
-            .map(|p| p.content_in_event)
-            .collect::<Vec<_>>(),
-    )
-    .bind(parts.iter().map(|p| p.message.id).collect::<Vec<_>>())
-    .bind(parts.iter().map(|p| p.part).collect::<Vec<_>>())
-    .bind(
-        parts
-            .iter()
-            .map(|p| JsonText::of(&p.message.content))
-            .collect::<Vec<_>>(),
-    )
+    .bind(col(&firsts, |p| match p.content_in_event {
+        Some(_) => JsonText("[]".into()),
+        None => JsonText::of(&p.message.content),
+    }))
+    .bind(col(&firsts, |p| p.message.created_at))
+    .bind(col(&firsts, |p| p.content_in_event))
+    .bind(col(&parts, |p| p.message.id))
+    .bind(col(&parts, |p| p.part))
+    .bind(col(&parts, |p| JsonText::of(&p.message.content)))
     .bind(texts.ids)
     .bind(texts.bodies)
     .bind(SEARCH_TEXT_MAX as i64)
-    .bind(call_ids.iter().map(|c| c.as_ref()).collect::<Vec<&str>>())
-    .bind(
-        calls
-            .iter()
-            .map(|(_, first)| first.turn_id)
-            .collect::<Vec<_>>(),
-    )
-    .bind(call_titles.iter().map(|c| c.as_deref()).collect::<Vec<_>>())
-    .bind(call_kinds.iter().map(|c| c.as_deref()).collect::<Vec<_>>())
-    .bind(
-        call_statuses
-            .iter()
-            .map(|c| c.as_deref())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        calls
-            .iter()
-            .map(|(t, _)| t.content.as_ref().map(JsonText::of))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        calls
-            .iter()
-            .map(|(t, _)| t.locations.as_ref().map(JsonText::of))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        calls
-            .iter()
-            .map(|(t, _)| t.raw_input.as_ref().map(JsonText::of))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        calls
-            .iter()
-            .map(|(t, _)| t.raw_output.as_ref().map(JsonText::of))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        calls
-            .iter()
-            .map(|(_, first)| first.created_at)
-            .collect::<Vec<_>>(),
-    )
-    .bind(calls.iter().map(|(t, _)| t.updated_at).collect::<Vec<_>>())
+    .bind(col(&calls, |(t, _)| text_col(&t.tool_call_id)))
+    .bind(col(&calls, |(_, first)| first.turn_id))
+    .bind(col(&calls, |(t, _)| t.title.as_deref().map(text_col)))
+    .bind(col(&calls, |(t, _)| t.kind.as_deref().map(text_col)))
+    .bind(col(&calls, |(t, _)| t.status.as_deref().map(text_col)))
+    .bind(col(&calls, |(t, _)| t.content.as_ref().map(JsonText::of)))
+    .bind(col(&calls, |(t, _)| t.locations.as_ref().map(JsonText::of)))
+    .bind(col(&calls, |(t, _)| t.raw_input.as_ref().map(JsonText::of)))
+    .bind(col(&calls, |(t, _)| {
+        t.raw_output.as_ref().map(JsonText::of)
+    }))
+    .bind(col(&calls, |(_, first)| first.created_at))
+    .bind(col(&calls, |(t, _)| t.updated_at))
     .bind(patch.is_some())
     .bind(patch.map(|p| p.status.as_str()))
     .bind(patch.and_then(|p| p.acp_session_id.as_deref().map(text_col)))
@@ -378,6 +287,11 @@ async fn commit_at_once(pool: &PgPool, conversation_id: Uuid, batch: &Batch) -> 
         return Err(crate::error::Error::fenced(conversation_id));
     }
     Ok(true)
+}
+
+/// One column of rows, for an `unnest` parameter.
+fn col<'a, T, U>(rows: &'a [T], value: impl Fn(&'a T) -> U) -> Vec<U> {
+    rows.iter().map(value).collect()
 }
 
 /// Each tool call of a batch once, as the batch's updates leave it: its

@@ -162,6 +162,26 @@ macro_rules! backend_tests {
     };
 }
 
+/// A new idle conversation of `owner` (nothing stored), for tests that
+/// write to a store directly.
+pub fn idle_conversation(owner: Option<&str>) -> acp_gateway::model::Conversation {
+    use acp_gateway::model;
+    model::Conversation {
+        id: model::new_id(),
+        agent: "demo".into(),
+        title: None,
+        cwd: "/tmp".into(),
+        status: model::ConversationStatus::Idle,
+        acp_session_id: None,
+        last_seq: 0,
+        created_at: model::now(),
+        updated_at: model::now(),
+        owner: owner.map(str::to_owned),
+        state: Default::default(),
+        node_id: None,
+    }
+}
+
 /// The demo agent binary built with this package.
 pub fn demo_agent_path() -> &'static str {
     env!("CARGO_BIN_EXE_acp-demo-agent")

@@ -3,7 +3,7 @@
 //! SQLite in one transaction).
 
 use acp_gateway::model::{
-    self, Conversation, ConversationStatus, Event, EventBody, Message, MessagePart, MessageRole,
+    self, ConversationStatus, Event, EventBody, Message, MessagePart, MessageRole,
     PermissionStatus, ToolCall,
 };
 use acp_gateway::store::{AgentLink, AgentProcessRecord, Batch, ConversationPatch, Store};
@@ -13,20 +13,7 @@ use uuid::Uuid;
 use crate::common::TestDb;
 
 async fn conversation(store: &dyn Store) -> Uuid {
-    let c = Conversation {
-        id: model::new_id(),
-        agent: "demo".into(),
-        title: None,
-        cwd: "/tmp".into(),
-        status: ConversationStatus::Idle,
-        acp_session_id: None,
-        last_seq: 0,
-        created_at: model::now(),
-        updated_at: model::now(),
-        owner: Some("ann".into()),
-        state: Default::default(),
-        node_id: None,
-    };
+    let c = crate::common::idle_conversation(Some("ann"));
     store.insert_conversation(&c).await.unwrap();
     store
         .record_agent_process(&AgentProcessRecord {
@@ -60,12 +47,16 @@ fn writes(conversation: Uuid, ids: &Ids) -> Vec<Batch> {
             data: json!({"n": seq}),
         },
     };
-    let message = |blocks: serde_json::Value| Message {
-        id: ids.message,
-        turn_id: Some(ids.turn),
-        role: MessageRole::Agent,
-        content: serde_json::from_value(blocks).unwrap(),
-        created_at: ids.at,
+    let part = |part, text| MessagePart {
+        part,
+        message: Message {
+            id: ids.message,
+            turn_id: Some(ids.turn),
+            role: MessageRole::Agent,
+            content: vec![json!({"type": "text", "text": text})],
+            created_at: ids.at,
+        },
+        content_in_event: None,
     };
     let call = |id: &str, title: &str, turn, ms| ToolCall {
         title: Some(title.into()),
@@ -88,22 +79,14 @@ fn writes(conversation: Uuid, ids: &Ids) -> Vec<Batch> {
     vec![
         Batch {
             events: vec![event(1)],
-            messages: vec![MessagePart {
-                part: 0,
-                message: message(json!([{"type": "text", "text": "sunny "}])),
-                content_in_event: None,
-            }],
+            messages: vec![part(0, "sunny ")],
             conversation: Some(patch(1)),
             link: Some(link(10)),
             ..Batch::default()
         },
         Batch {
             events: vec![event(2)],
-            messages: vec![MessagePart {
-                part: 1,
-                message: message(json!([{"type": "text", "text": "meadow"}])),
-                content_in_event: None,
-            }],
+            messages: vec![part(1, "meadow")],
             tool_calls: vec![call("t1", "read", Some(ids.turn), 2)],
             conversation: Some(patch(2)),
             ..Batch::default()
@@ -129,6 +112,21 @@ fn writes(conversation: Uuid, ids: &Ids) -> Vec<Batch> {
             ..Batch::default()
         },
     ]
+}
+
+/// The batches' writes as one batch, in their order (the latest state and
+/// link win).
+fn as_one(batches: Vec<Batch>) -> Batch {
+    let mut whole = Batch::default();
+    for b in batches {
+        whole.events.extend(b.events);
+        whole.messages.extend(b.messages);
+        whole.tool_calls.extend(b.tool_calls);
+        whole.new_permissions.extend(b.new_permissions);
+        whole.conversation = b.conversation.or(whole.conversation);
+        whole.link = b.link.or(whole.link);
+    }
+    whole
 }
 
 struct Ids {
@@ -157,16 +155,10 @@ async fn a_batch_is_written_as_its_writes_one_by_one(db: TestDb) {
     let store = acp_gateway::store::open(&db.url).await.unwrap();
     let (one, apart) = (conversation(&*store).await, conversation(&*store).await);
     let (one_ids, apart_ids) = (Ids::new(), Ids::new());
-    let mut whole = Batch::default();
-    for b in writes(one, &one_ids) {
-        whole.events.extend(b.events);
-        whole.messages.extend(b.messages);
-        whole.tool_calls.extend(b.tool_calls);
-        whole.new_permissions.extend(b.new_permissions);
-        whole.conversation = b.conversation.or(whole.conversation);
-        whole.link = b.link.or(whole.link);
-    }
-    store.commit(one, &whole).await.unwrap();
+    store
+        .commit(one, &as_one(writes(one, &one_ids)))
+        .await
+        .unwrap();
     for b in writes(apart, &apart_ids) {
         store.commit(apart, &b).await.unwrap();
     }
@@ -228,16 +220,8 @@ async fn a_fenced_batch_writes_none_of_its_tables(db: TestDb) {
     let ids = Ids::new();
     let mut whole = Batch {
         fence: Some(1),
-        ..Batch::default()
+        ..as_one(writes(c, &ids))
     };
-    for b in writes(c, &ids) {
-        whole.events.extend(b.events);
-        whole.messages.extend(b.messages);
-        whole.tool_calls.extend(b.tool_calls);
-        whole.new_permissions.extend(b.new_permissions);
-        whole.conversation = b.conversation.or(whole.conversation);
-        whole.link = b.link.or(whole.link);
-    }
     let refused = store.commit(c, &whole).await.unwrap_err();
     assert!(refused.is_fenced(), "{refused}");
     assert!(store.list_events(c, 0, 10).await.unwrap().is_empty());

@@ -384,22 +384,8 @@ async fn stored_conversation(
     std::sync::Arc<dyn acp_gateway::store::Store>,
     acp_gateway::model::Conversation,
 ) {
-    use acp_gateway::model::{self, Conversation, ConversationStatus};
     let store = acp_gateway::store::open(&db.url).await.unwrap();
-    let conversation = Conversation {
-        id: model::new_id(),
-        agent: "demo".into(),
-        title: None,
-        cwd: "/tmp".into(),
-        status: ConversationStatus::Idle,
-        acp_session_id: None,
-        last_seq: 0,
-        created_at: model::now(),
-        updated_at: model::now(),
-        owner: None,
-        state: Default::default(),
-        node_id: None,
-    };
+    let conversation = crate::common::idle_conversation(None);
     store.insert_conversation(&conversation).await.unwrap();
     (store, conversation)
 }
