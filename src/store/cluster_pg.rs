@@ -1,12 +1,13 @@
 //! [`ClusterStore`] on Postgres: the statements behind several gateway
-//! nodes sharing one database, on the store's own pool.
+//! nodes sharing one database, on the store's own pool (the LISTEN
+//! connection aside: it is a connection of its own).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::Value;
-use sqlx::postgres::PgListener;
+use sqlx::postgres::{PgListener, PgPoolOptions};
 use sqlx::types::Json;
 use uuid::Uuid;
 
@@ -286,7 +287,17 @@ impl ClusterStore for PgStore {
     }
 
     async fn listen(&self) -> Result<Box<dyn Listener>> {
-        let mut listener = PgListener::connect_with(self.pool()).await?;
+        // A connection of its own (a pool of one), never one of the store's
+        // pool: a connection that listens is sent notifications at any
+        // moment, which a query made on it does not expect ("expected
+        // ParseComplete, got NotificationResponse"); and the listener's
+        // connection goes back to the pool it came from, still listening,
+        // when a wait for a notice is cancelled while it reconnects (the
+        // node waits in a `select!`).
+        let own = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_lazy_with((*self.pool().connect_options()).clone());
+        let mut listener = PgListener::connect_with(&own).await?;
         listener.listen_all([EVENTS, COMMANDS, ANSWERS]).await?;
         Ok(Box::new(PgNotices(listener)))
     }

@@ -46,6 +46,27 @@ pub struct PgStore {
 /// How long Postgres lets a transaction of ours sit idle before it ends it.
 pub const IDLE_IN_TRANSACTION: &str = "10s";
 
+/// The connections of the store's pool.
+pub const POOL_SIZE: u32 = 16;
+
+/// A pooled connection idle at least this long is tested (a round trip to
+/// the server) before it is handed out, and replaced if it is broken: one
+/// left idle through a restart of Postgres or an outage is not given to a
+/// query that would fail. One in use, under load, is handed out at once:
+/// sqlx's default tests every connection before every use, a round trip
+/// that the agents' commits, one after the other, paid each time (the
+/// notifications burst's requests were shown about a quarter later). A
+/// connection is also tested when it is given back (sqlx always does).
+/// So a query can meet a broken connection only when the connection broke
+/// within the last second of its use; it then fails as any query does in
+/// an outage (transient: retried, or a 503), and the connection is dropped.
+pub const TESTED_AFTER_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Whether a connection idle `idle_for` is tested before use.
+pub fn tested_before_use(idle_for: std::time::Duration) -> bool {
+    idle_for >= TESTED_AFTER_IDLE
+}
+
 impl PgStore {
     /// Connects, creating the database if it does not exist yet (so a fresh
     /// Postgres needs no setup), and applies pending migrations.
@@ -68,7 +89,18 @@ impl PgStore {
             .context("Failed to read the Postgres URL")?
             .options([("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION)]);
         let pool = PgPoolOptions::new()
-            .max_connections(16)
+            .max_connections(POOL_SIZE)
+            // A connection is tested (a round trip) before use only when it
+            // has been idle a while: see [`TESTED_AFTER_IDLE`].
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if tested_before_use(meta.idle_for) {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
             // Short: while Postgres is unreachable a session's writer holds
             // its writes and tries again later, and meanwhile keeps serving.
             .acquire_timeout(std::time::Duration::from_secs(2))
@@ -406,3 +438,17 @@ super::notify::impl_notify_store!(
        where n.id = notification_deliveries.claimed_by and n.lease_until > $2)",
     "for update skip locked"
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn only_a_connection_idle_a_while_is_tested_before_use() {
+        assert!(!tested_before_use(Duration::ZERO));
+        assert!(!tested_before_use(Duration::from_millis(999)));
+        assert!(tested_before_use(Duration::from_secs(1)));
+        assert!(tested_before_use(Duration::from_secs(600)));
+    }
+}

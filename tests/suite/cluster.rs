@@ -657,3 +657,45 @@ async fn postgres_ends_a_transaction_a_frozen_node_left_open() {
         .unwrap();
     assert_eq!(timeout, acp_gateway::store::postgres::IDLE_IN_TRANSACTION);
 }
+
+#[tokio::test]
+async fn the_connection_that_listens_is_none_of_the_pools() {
+    use acp_gateway::store::postgres::{PgStore, POOL_SIZE};
+    use acp_gateway::store::Clustered;
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let store = PgStore::open(&db.url).await.unwrap();
+    let shared = store.cluster().expect("Postgres is clustered");
+    // One listener dropped at once (its connection goes back where it came
+    // from, unlistening in the background), one listening.
+    drop(shared.listen().await.unwrap());
+    let _listening = shared.listen().await.unwrap();
+    // Every connection of the pool can still be had, and none of them
+    // listens: a notification never reaches a query's connection.
+    let mut held = Vec::new();
+    for i in 0..POOL_SIZE {
+        let mut conn = store
+            .pool()
+            .acquire()
+            .await
+            .unwrap_or_else(|e| panic!("connection {i} of the pool: {e}"));
+        let channels: i64 = sqlx::query_scalar("select count(*) from pg_listening_channels()")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(channels, 0, "connection {i} of the pool listens");
+        held.push(conn);
+    }
+    let listening: i64 = sqlx::query_scalar(
+        "select count(*) from pg_stat_activity
+         where datname = current_database() and query like 'LISTEN%'",
+    )
+    .fetch_one(&mut *held[0])
+    .await
+    .unwrap();
+    assert!(
+        listening >= 1,
+        "the listener listens, on a connection of its own"
+    );
+}
