@@ -63,8 +63,13 @@ impl SqliteStore {
                     .with_context(|| format!("Failed to create {}", dir.display()))?;
             }
         }
+        // A SQLite connection is a file open in this process: nothing
+        // breaks it while it waits in the pool, and sqlx's test before each
+        // use (on by default) is one more hand-off to the driver's thread
+        // per statement. (sqlx still tests it when it is given back.)
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
+            .test_before_acquire(false)
             .acquire_timeout(BUSY_TIMEOUT)
             .connect_with(options.clone())
             .await
@@ -75,6 +80,7 @@ impl SqliteStore {
             .context("Failed to apply database migrations")?;
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
+            .test_before_acquire(false)
             .acquire_timeout(BUSY_TIMEOUT)
             .connect_with(options)
             .await
