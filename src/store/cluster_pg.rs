@@ -294,8 +294,11 @@ impl ClusterStore for PgStore {
         // connection goes back to the pool it came from, still listening,
         // when a wait for a notice is cancelled while it reconnects (the
         // node waits in a `select!`).
+        // Connecting waits no longer than a query does (sqlx's default is
+        // 30 s): the node tries again later, and can stop meanwhile.
         let own = PgPoolOptions::new()
             .max_connections(1)
+            .acquire_timeout(super::postgres::ACQUIRE_TIMEOUT)
             .connect_lazy_with((*self.pool().connect_options()).clone());
         let mut listener = PgListener::connect_with(&own).await?;
         listener.listen_all([EVENTS, COMMANDS, ANSWERS]).await?;

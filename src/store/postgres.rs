@@ -49,6 +49,11 @@ pub const IDLE_IN_TRANSACTION: &str = "10s";
 /// The connections of the store's pool.
 pub const POOL_SIZE: u32 = 16;
 
+/// How long a query waits for a connection, or for one to be made. Short:
+/// while Postgres is unreachable a session's writer holds its writes and
+/// tries again later, and meanwhile keeps serving.
+pub const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A pooled connection idle at least this long is tested (a round trip to
 /// the server) before it is handed out, and replaced if it is broken: one
 /// left idle through a restart of Postgres or an outage is not given to a
@@ -101,9 +106,7 @@ impl PgStore {
                     Ok(true)
                 })
             })
-            // Short: while Postgres is unreachable a session's writer holds
-            // its writes and tries again later, and meanwhile keeps serving.
-            .acquire_timeout(std::time::Duration::from_secs(2))
+            .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_with(options)
             .await
             .context("Failed to connect to Postgres")?;
