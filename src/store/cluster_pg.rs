@@ -293,9 +293,9 @@ impl ClusterStore for PgStore {
         // ParseComplete, got NotificationResponse"); and the listener's
         // connection goes back to the pool it came from, still listening,
         // when a wait for a notice is cancelled while it reconnects (the
-        // node waits in a `select!`).
-        // Connecting waits no longer than a query does (sqlx's default is
-        // 30 s): the node tries again later, and can stop meanwhile.
+        // node waits in a `select!`). Connecting waits no longer than a
+        // query does (sqlx's default is 30 s): the node tries again later,
+        // and can stop meanwhile.
         let own = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(super::postgres::ACQUIRE_TIMEOUT)
