@@ -213,6 +213,10 @@ impl Gateway {
         if let Some(notifier) = self.notifier.take() {
             self.tasks.spawn(notifier.run(self.shutdown.clone()));
         }
+        self.tasks.spawn(crate::store::search_backlog::run(
+            self.state.sessions().sink().store.clone(),
+            self.shutdown.clone(),
+        ));
         // Not tracked: it ends with the shutdown token; a last sweep follows
         // once every session has stopped.
         tokio::spawn(crate::process::spawn::reap_orphans(self.shutdown.clone()));

@@ -68,8 +68,9 @@
 //!   with the framed protocol of [`shim::protocol`].
 //! - [`store`]: persistence behind one trait ([`store::Store`]): Postgres and
 //!   SQLite from one SQL text, the cluster's Postgres-only part
-//!   (`cluster_pg.rs`), the database URL read in one place (`url.rs`), and
-//!   export between them.
+//!   (`cluster_pg.rs`), the database URL read in one place (`url.rs`),
+//!   export between them, and the search backlog that an upgraded database's
+//!   older messages are indexed from ([`store::search_backlog`]).
 //! - [`auth`]: bearer tokens, roles, who a token names, per-token rate limits.
 //! - [`config`]: the TOML config and its validation.
 //! - [`notify`]: notifications that reach a person (what they carry, and the

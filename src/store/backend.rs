@@ -337,6 +337,22 @@ pub trait Store:
         before: Option<Uuid>,
         owner: Option<&str>,
     ) -> Result<Vec<(Conversation, Option<String>)>>;
+    /// Up to `limit` conversations with messages in the search backlog:
+    /// written before search existed, so not indexed yet (see
+    /// [`crate::store::search_backlog`]).
+    async fn search_backlog(&self, limit: i64) -> Result<Vec<Uuid>>;
+    /// Indexes these messages of the conversation (id, whole text) in one
+    /// transaction, each only if it is still in the backlog, which it leaves
+    /// (so each is indexed once, whichever node gets there first). Text a
+    /// commit has indexed for a message since stays after it. With
+    /// `rest_done`, the conversation's other backlog rows go too. Answers
+    /// how many messages got text indexed.
+    async fn index_backlog(
+        &self,
+        conversation_id: Uuid,
+        texts: &[(Uuid, String)],
+        rest_done: bool,
+    ) -> Result<usize>;
     /// Conversations whose status says they were busy with their agent
     /// (starting, running a turn, awaiting a permission), each with the turn
     /// it was running.

@@ -9,7 +9,9 @@
 //! The store is the only place that runs SQL: what gateway nodes sharing a
 //! database keep there is [`cluster`] ([`ClusterStore`], reached through
 //! [`Store`]'s [`Clustered::cluster`], on the store's own pool); what a
-//! database URL names is read in `url.rs` ([`Backend::of`]).
+//! database URL names is read in `url.rs` ([`Backend::of`]). What was
+//! written before search existed is indexed in the background by
+//! [`search_backlog`].
 
 mod backend;
 pub mod cluster;
@@ -18,6 +20,7 @@ pub mod export;
 pub mod notify;
 pub mod postgres;
 mod rows;
+pub mod search_backlog;
 mod sql;
 pub mod sqlite;
 mod url;

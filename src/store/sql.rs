@@ -192,6 +192,60 @@ macro_rules! impl_store {
                     .collect()
             }
 
+            async fn search_backlog(&self, limit: i64) -> Result<Vec<Uuid>> {
+                Ok(sqlx::query_scalar(
+                    "select distinct conversation_id from search_backlog
+                     order by conversation_id limit $1",
+                )
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn index_backlog(
+                &self,
+                conversation_id: Uuid,
+                texts: &[(Uuid, String)],
+                rest_done: bool,
+            ) -> Result<usize> {
+                let mut tx = self.writer().begin().await?;
+                let mut indexed = 0;
+                for (message_id, text) in texts {
+                    let taken = sqlx::query("delete from search_backlog where message_id = $1")
+                        .bind(message_id)
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected()
+                        > 0;
+                    if !taken || text.is_empty() {
+                        continue;
+                    }
+                    // Before what a commit indexed since the message was
+                    // read (its newer parts): a part read twice is found
+                    // twice, nothing worse.
+                    sqlx::query(
+                        "insert into search_texts (message_id, conversation_id, body)
+                         values ($1, $2, $3)
+                         on conflict (message_id) do update
+                           set body = excluded.body || search_texts.body",
+                    )
+                    .bind(message_id)
+                    .bind(conversation_id)
+                    .bind(text_col(text))
+                    .execute(&mut *tx)
+                    .await?;
+                    indexed += 1;
+                }
+                if rest_done {
+                    sqlx::query("delete from search_backlog where conversation_id = $1")
+                        .bind(conversation_id)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                Ok(indexed)
+            }
+
             async fn live_conversations(&self) -> Result<Vec<(Conversation, Option<Uuid>)>> {
                 sqlx::query_as::<_, ConversationRow>(
                     "select * from conversations

@@ -147,4 +147,236 @@ async fn a_conversation_is_found_by_what_its_agent_said_or_its_title(db: TestDb)
     gw.stop().await;
 }
 
-crate::backend_tests!(a_conversation_is_found_by_what_its_agent_said_or_its_title);
+/// A conversation written by a gateway, left as a gateway of the version
+/// before search would have left its database: no search tables, and their
+/// migrations not applied. Its prompt says `pelican` (stored once, in its
+/// `turn_started` event); its agent, `w0 … w2999` in many commits (parts).
+async fn history_from_before_search(db: &TestDb) -> String {
+    let gw = TestGateway::start(db, vec![demo_profile("demo", &["--chunk-delay-ms", "0"])]).await;
+    let (id, mut ws) = gw.open_conversation("demo").await;
+    gw.prompt(&id, "long 3000 pelican").await;
+    ws.until_type("turn_ended").await;
+    gw.stop().await;
+    let forget = "drop table search_backlog; drop table search_texts;
+                  delete from _sqlx_migrations where version >= 20261127000000;";
+    db.execute(forget, &format!("drop table search_fts; {forget}"))
+        .await;
+    id
+}
+
+/// One number from the test's database (the statement for its backend).
+async fn number(db: &TestDb, sql: &str) -> i64 {
+    use sqlx::Connection;
+    if db.url.starts_with("postgres") {
+        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+    } else {
+        let mut conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+    }
+}
+
+/// The text of a message's text blocks.
+fn text_of(message: &acp_gateway::model::Message) -> String {
+    message
+        .content
+        .iter()
+        .filter_map(|block| block["text"].as_str())
+        .collect()
+}
+
+async fn history_from_before_search_is_found_once_the_upgraded_gateway_indexed_it(db: TestDb) {
+    let old = history_from_before_search(&db).await;
+    let gw = TestGateway::start(&db, vec![demo_profile("demo", &["--chunk-delay-ms", "0"])]).await;
+    // Indexed in the background: found once it is done.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let found = loop {
+        let found = search(&gw, "q=w2718").await;
+        if !ids(&found).is_empty() {
+            break found;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "indexed in time");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(ids(&found), [old.as_str()]);
+    // The parts joined: a run of words across many commits.
+    let snippet = found["items"][0]["snippet"].as_str().unwrap();
+    assert!(snippet.contains("w2717 w2718 w2719"), "{snippet}");
+    // The prompt, stored in its event only.
+    let prompt = search(&gw, "q=pelican").await;
+    assert_eq!(ids(&prompt), [old.as_str()]);
+    assert_eq!(prompt["items"][0]["matched"], "message");
+
+    // Each message once, and nothing left to do.
+    let store = acp_gateway::store::open(&db.url).await.unwrap();
+    let said: usize = store
+        .list_messages(old.parse().unwrap())
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| text_of(m).len())
+        .sum();
+    let indexed = number(&db, "select sum(length(body)) from search_texts").await;
+    assert_eq!(indexed, said as i64);
+    assert_eq!(number(&db, "select count(*) from search_backlog").await, 0);
+
+    // What is said from now on is indexed by its commits, as before.
+    let (new, mut ws) = gw.open_conversation("demo").await;
+    gw.prompt(&new, "echo heron").await;
+    ws.until_type("turn_ended").await;
+    assert_eq!(ids(&search(&gw, "q=heron").await), [new]);
+    gw.stop().await;
+}
+
+/// Two nodes indexing one backlog at once each index a message once; a
+/// commit that adds to an old message after it was read for the backlog (a
+/// turn going on across the upgrade) loses nothing.
+async fn a_backlog_is_indexed_once_and_a_commit_in_between_loses_nothing(db: TestDb) {
+    use acp_gateway::model::MessagePart;
+    use acp_gateway::store::Batch;
+    let old = history_from_before_search(&db).await;
+    let id: uuid::Uuid = old.parse().unwrap();
+    // The migrations made the backlog: nothing is found yet.
+    let (one, two) = (
+        acp_gateway::store::open(&db.url).await.unwrap(),
+        acp_gateway::store::open(&db.url).await.unwrap(),
+    );
+    assert_eq!(number(&db, "select count(*) from search_backlog").await, 2);
+    assert!(one
+        .search_conversations("w2718", 10, None, None)
+        .await
+        .unwrap()
+        .is_empty());
+    // Read for the backlog, then the agent's message grows.
+    let messages = one.list_messages(id).await.unwrap();
+    let texts: Vec<(uuid::Uuid, String)> = messages.iter().map(|m| (m.id, text_of(m))).collect();
+    let agent = messages.last().unwrap().clone();
+    let grown = MessagePart {
+        part: 1_000_000,
+        message: acp_gateway::model::Message {
+            content: vec![json!({"type": "text", "text": " osprey"})],
+            ..agent
+        },
+        content_in_event: None,
+    };
+    one.commit(
+        id,
+        &Batch {
+            messages: vec![grown],
+            ..Batch::default()
+        },
+    )
+    .await
+    .unwrap();
+    let (a, b) = tokio::join!(
+        one.index_backlog(id, &texts, true),
+        two.index_backlog(id, &texts, true)
+    );
+    assert_eq!(a.unwrap() + b.unwrap(), 2, "the prompt and the reply, once");
+    assert_eq!(number(&db, "select count(*) from search_backlog").await, 0);
+    let said: usize = texts.iter().map(|(_, text)| text.len()).sum();
+    let indexed = number(&db, "select sum(length(body)) from search_texts").await;
+    assert_eq!(indexed, (said + " osprey".len()) as i64);
+    // The old words and the new in the one message.
+    let found = one
+        .search_conversations("w2718 osprey", 10, None, None)
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 1);
+    // A round with no backlog left says so.
+    assert_eq!(
+        acp_gateway::store::search_backlog::index_some(&*one)
+            .await
+            .unwrap(),
+        None
+    );
+}
+
+/// A backlog of more messages than a page: every one indexed, in rounds
+/// that say how many got text; a message with no text leaves the backlog
+/// all the same; a page the database refuses is taken again.
+async fn a_backlog_of_many_pages_is_indexed_whole(db: TestDb) {
+    use acp_gateway::model::{self, Message, MessagePart, MessageRole};
+    use acp_gateway::store::search_backlog::index_some;
+    use acp_gateway::store::Batch;
+    let store = acp_gateway::store::open(&db.url).await.unwrap();
+    let conversation = idle_conversation(None);
+    store.insert_conversation(&conversation).await.unwrap();
+    let message = |content| MessagePart {
+        part: 0,
+        message: Message {
+            id: model::new_id(),
+            turn_id: None,
+            role: MessageRole::Agent,
+            content,
+            created_at: model::now(),
+        },
+        content_in_event: None,
+    };
+    let mut messages: Vec<MessagePart> = (0..250)
+        .map(|i| {
+            message(vec![
+                json!({"type": "text", "text": format!("kestrel{i} ")}),
+            ])
+        })
+        .collect();
+    messages.push(message(vec![
+        json!({"type": "image", "data": "AA==", "mimeType": "image/png"}),
+    ]));
+    store
+        .commit(
+            conversation.id,
+            &Batch {
+                messages,
+                ..Batch::default()
+            },
+        )
+        .await
+        .unwrap();
+    // As a database from before search holds it: nothing indexed, all in
+    // the backlog.
+    db.execute(
+        "delete from search_texts; insert into search_backlog select id, conversation_id from messages;",
+        "delete from search_texts; insert into search_backlog select id, conversation_id from messages;",
+    )
+    .await;
+    // A page the database refuses commits nothing, and is taken again next
+    // time; the pages before it stay done.
+    db.execute(
+        "create function refuse() returns trigger language plpgsql as $$
+         begin if new.body = 'kestrel150 ' then raise exception 'refused'; end if; return new; end $$;
+         create trigger refuse before insert on search_texts for each row execute function refuse();",
+        "create trigger refuse before insert on search_texts when new.body = 'kestrel150 '
+         begin select raise(abort, 'refused'); end;",
+    )
+    .await;
+    let refused = index_some(&*store).await.unwrap_err();
+    assert!(refused.to_string().contains("refused"), "{refused}");
+    assert_eq!(
+        number(&db, "select count(*) from search_backlog").await,
+        151
+    );
+    db.execute(
+        "drop trigger refuse on search_texts; drop function refuse();",
+        "drop trigger refuse;",
+    )
+    .await;
+    assert_eq!(index_some(&*store).await.unwrap(), Some(150));
+    assert_eq!(index_some(&*store).await.unwrap(), None);
+    assert_eq!(number(&db, "select count(*) from search_backlog").await, 0);
+    assert_eq!(number(&db, "select count(*) from search_texts").await, 250);
+    for word in ["kestrel0", "kestrel99", "kestrel100", "kestrel249"] {
+        let found = store
+            .search_conversations(word, 10, None, None)
+            .await
+            .unwrap();
+        assert_eq!(found.len(), 1, "{word}");
+    }
+}
+
+crate::backend_tests!(
+    a_conversation_is_found_by_what_its_agent_said_or_its_title,
+    history_from_before_search_is_found_once_the_upgraded_gateway_indexed_it,
+    a_backlog_is_indexed_once_and_a_commit_in_between_loses_nothing,
+    a_backlog_of_many_pages_is_indexed_whole
+);
