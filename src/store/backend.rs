@@ -337,10 +337,10 @@ pub trait Store:
         before: Option<Uuid>,
         owner: Option<&str>,
     ) -> Result<Vec<(Conversation, Option<String>)>>;
-    /// Up to `limit` conversations with messages in the search backlog:
-    /// written before search existed, so not indexed yet (see
-    /// [`crate::store::search_backlog`]).
-    async fn search_backlog(&self, limit: i64) -> Result<Vec<Uuid>>;
+    /// Up to `limit` conversations (in id order, after `after`) with
+    /// messages in the search backlog: written before search existed, so not
+    /// indexed yet (see [`crate::store::search_backlog`]).
+    async fn search_backlog(&self, limit: i64, after: Option<Uuid>) -> Result<Vec<Uuid>>;
     /// Indexes these messages of the conversation (id, whole text) in one
     /// transaction, each only if it is still in the backlog, which it leaves
     /// (so each is indexed once, whichever node gets there first). Text a

@@ -13,7 +13,7 @@ use uuid::Uuid;
 use super::backend::{search_text, Store};
 use crate::error::Result;
 
-/// Conversations taken from the backlog per round.
+/// Conversations read from the backlog at a time.
 const CONVERSATIONS: i64 = 20;
 /// Messages read, and indexed in one transaction, per page: small, so that
 /// the commits of running agents wait little behind it (on SQLite they
@@ -22,27 +22,34 @@ const MESSAGES: i64 = 100;
 /// Most bytes of messages per page (at least one message): at most this much
 /// text is indexed in one transaction.
 const PAGE_BYTES: usize = 1 << 20;
-/// How long it waits after the database failed it, before trying again:
-/// at first, then twice as long each time, up to [`MOST_RETRY`].
+/// How long it waits after a pass that failed, before the next: at first,
+/// then twice as long each time, up to [`MOST_RETRY`].
 const RETRY: Duration = Duration::from_secs(5);
 const MOST_RETRY: Duration = Duration::from_secs(300);
 
-/// Indexes the backlog until none is left, or `shutdown` (a round cut short
-/// commits nothing of its page, and the next start takes it again).
+/// What one pass over the backlog did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Pass {
+    /// Messages that got text indexed.
+    pub indexed: usize,
+    /// Conversations the database failed (left in the backlog, whole from
+    /// the page that failed on).
+    pub failed: usize,
+}
+
+/// Indexes the backlog until none is left, or `shutdown` (a page cut short
+/// commits nothing, and the next start takes it again).
 pub async fn run(store: Arc<dyn Store>, shutdown: CancellationToken) {
     let mut indexed = 0;
     let mut retry = RETRY;
     loop {
-        let round = tokio::select! {
+        let pass = tokio::select! {
             _ = shutdown.cancelled() => return,
-            round = index_some(&*store) => round,
+            pass = index_pass(&*store) => pass,
         };
-        match round {
-            Ok(Some(n)) => {
-                indexed += n;
-                retry = RETRY;
-            }
-            Ok(None) => {
+        match pass {
+            Ok(pass) if pass.failed == 0 => {
+                indexed += pass.indexed;
                 if indexed > 0 {
                     tracing::info!(
                         messages = indexed,
@@ -51,45 +58,62 @@ pub async fn run(store: Arc<dyn Store>, shutdown: CancellationToken) {
                 }
                 return;
             }
+            Ok(pass) => {
+                indexed += pass.indexed;
+                tracing::warn!(conversations = pass.failed, retry_in = ?retry, "search: some conversations' earlier messages could not be indexed");
+            }
             Err(e) => {
-                tracing::warn!(error = %e, retry_in = ?retry, "search: indexing earlier messages failed");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(retry) => {}
-                }
-                retry = (retry * 2).min(MOST_RETRY);
+                tracing::warn!(error = %e, retry_in = ?retry, "search: the backlog of earlier messages could not be read");
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(retry) => {}
+        }
+        retry = (retry * 2).min(MOST_RETRY);
+    }
+}
+
+/// One pass over the backlog: each conversation in it indexed, as a commit
+/// would have indexed each message (its text blocks, its parts joined). A
+/// conversation the database fails is passed over (and said in the log), so
+/// that one cannot hold up the others; with none failed, the backlog is
+/// empty afterwards.
+pub async fn index_pass(store: &dyn Store) -> Result<Pass> {
+    let mut pass = Pass::default();
+    let mut after = None;
+    loop {
+        let conversations = store.search_backlog(CONVERSATIONS, after).await?;
+        let Some(last) = conversations.last() else {
+            return Ok(pass);
+        };
+        after = Some(*last);
+        for id in conversations {
+            if let Err(e) = index_conversation(store, id, &mut pass.indexed).await {
+                tracing::warn!(conversation_id = %id, error = %e, "search: a conversation's earlier messages could not be indexed");
+                pass.failed += 1;
             }
         }
     }
 }
 
-/// One round: the backlog of up to [`CONVERSATIONS`] conversations indexed,
-/// each message's text as a commit would have indexed it (its text blocks,
-/// its parts joined). How many messages got text; `None`: the backlog is
-/// empty.
-pub async fn index_some(store: &dyn Store) -> Result<Option<usize>> {
-    let conversations = store.search_backlog(CONVERSATIONS).await?;
-    if conversations.is_empty() {
-        return Ok(None);
-    }
-    let mut indexed = 0;
-    for id in conversations {
-        let mut after = None;
-        loop {
-            let page = store
-                .list_messages_page(id, after, MESSAGES, PAGE_BYTES)
-                .await?;
-            let texts: Vec<(Uuid, String)> = page
-                .items
-                .iter()
-                .map(|m| (m.id, search_text(&m.content)))
-                .collect();
-            indexed += store.index_backlog(id, &texts, !page.more).await?;
-            match page.items.last() {
-                Some(last) if page.more => after = Some(last.id),
-                _ => break,
-            }
+/// The conversation's backlog, a page of messages at a time (each page
+/// committed adds how many of its messages got text to `indexed`).
+async fn index_conversation(store: &dyn Store, id: Uuid, indexed: &mut usize) -> Result<()> {
+    let mut after = None;
+    loop {
+        let page = store
+            .list_messages_page(id, after, MESSAGES, PAGE_BYTES)
+            .await?;
+        let texts: Vec<(Uuid, String)> = page
+            .items
+            .iter()
+            .map(|m| (m.id, search_text(&m.content)))
+            .collect();
+        *indexed += store.index_backlog(id, &texts, !page.more).await?;
+        match page.items.last() {
+            Some(last) if page.more => after = Some(last.id),
+            _ => return Ok(()),
         }
     }
-    Ok(Some(indexed))
 }

@@ -192,12 +192,14 @@ macro_rules! impl_store {
                     .collect()
             }
 
-            async fn search_backlog(&self, limit: i64) -> Result<Vec<Uuid>> {
+            async fn search_backlog(&self, limit: i64, after: Option<Uuid>) -> Result<Vec<Uuid>> {
                 Ok(sqlx::query_scalar(
                     "select distinct conversation_id from search_backlog
+                     where $2 is null or conversation_id > $2
                      order by conversation_id limit $1",
                 )
                 .bind(limit)
+                .bind(after)
                 .fetch_all(&self.pool)
                 .await?)
             }

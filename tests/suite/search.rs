@@ -283,65 +283,59 @@ async fn a_backlog_is_indexed_once_and_a_commit_in_between_loses_nothing(db: Tes
         .await
         .unwrap();
     assert_eq!(found.len(), 1);
-    // A round with no backlog left says so.
+    // A pass with no backlog left does nothing.
     assert_eq!(
-        acp_gateway::store::search_backlog::index_some(&*one)
+        acp_gateway::store::search_backlog::index_pass(&*one)
             .await
             .unwrap(),
-        None
+        acp_gateway::store::search_backlog::Pass::default()
     );
 }
 
-/// A backlog of more messages than a page: every one indexed, in rounds
-/// that say how many got text; a message with no text leaves the backlog
-/// all the same; a page the database refuses is taken again.
+/// A backlog of more messages than a page: every one indexed; a message
+/// with no text leaves the backlog all the same; a conversation whose page
+/// the database refuses keeps that page and the rest in the backlog, holds
+/// up no other, and is done by the next pass.
 async fn a_backlog_of_many_pages_is_indexed_whole(db: TestDb) {
     use acp_gateway::model::{self, Message, MessagePart, MessageRole};
-    use acp_gateway::store::search_backlog::index_some;
+    use acp_gateway::store::search_backlog::{index_pass, Pass};
     use acp_gateway::store::Batch;
     let store = acp_gateway::store::open(&db.url).await.unwrap();
-    let conversation = idle_conversation(None);
-    store.insert_conversation(&conversation).await.unwrap();
-    let message = |content| MessagePart {
+    let message = |text: Option<String>| MessagePart {
         part: 0,
         message: Message {
             id: model::new_id(),
             turn_id: None,
             role: MessageRole::Agent,
-            content,
+            content: vec![match text {
+                Some(text) => json!({"type": "text", "text": text}),
+                None => json!({"type": "image", "data": "AA==", "mimeType": "image/png"}),
+            }],
             created_at: model::now(),
         },
         content_in_event: None,
     };
-    let mut messages: Vec<MessagePart> = (0..250)
-        .map(|i| {
-            message(vec![
-                json!({"type": "text", "text": format!("kestrel{i} ")}),
-            ])
-        })
+    // The first conversation (the backlog's first): 250 messages with text
+    // and one without; the second, one.
+    let mut many: Vec<MessagePart> = (0..250)
+        .map(|i| message(Some(format!("kestrel{i} "))))
         .collect();
-    messages.push(message(vec![
-        json!({"type": "image", "data": "AA==", "mimeType": "image/png"}),
-    ]));
-    store
-        .commit(
-            conversation.id,
-            &Batch {
-                messages,
-                ..Batch::default()
-            },
-        )
-        .await
-        .unwrap();
+    many.push(message(None));
+    for messages in [many, vec![message(Some("osprey".into()))]] {
+        let conversation = idle_conversation(None);
+        store.insert_conversation(&conversation).await.unwrap();
+        let batch = Batch {
+            messages,
+            ..Batch::default()
+        };
+        store.commit(conversation.id, &batch).await.unwrap();
+    }
     // As a database from before search holds it: nothing indexed, all in
     // the backlog.
-    db.execute(
-        "delete from search_texts; insert into search_backlog select id, conversation_id from messages;",
-        "delete from search_texts; insert into search_backlog select id, conversation_id from messages;",
-    )
-    .await;
-    // A page the database refuses commits nothing, and is taken again next
-    // time; the pages before it stay done.
+    let forget =
+        "delete from search_texts; insert into search_backlog select id, conversation_id from messages;";
+    db.execute(forget, forget).await;
+    // The database refuses the first conversation's second page.
     db.execute(
         "create function refuse() returns trigger language plpgsql as $$
          begin if new.body = 'kestrel150 ' then raise exception 'refused'; end if; return new; end $$;
@@ -350,27 +344,56 @@ async fn a_backlog_of_many_pages_is_indexed_whole(db: TestDb) {
          begin select raise(abort, 'refused'); end;",
     )
     .await;
-    let refused = index_some(&*store).await.unwrap_err();
-    assert!(refused.to_string().contains("refused"), "{refused}");
+    let pass = index_pass(&*store).await.unwrap();
+    assert_eq!(
+        pass,
+        Pass {
+            indexed: 101,
+            failed: 1
+        }
+    );
     assert_eq!(
         number(&db, "select count(*) from search_backlog").await,
         151
     );
+    let found = |word: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .search_conversations(word, 10, None, None)
+                .await
+                .unwrap()
+                .len()
+        }
+    };
+    assert_eq!(found("osprey").await, 1);
+    assert_eq!(found("kestrel99").await, 1);
+    assert_eq!(found("kestrel150").await, 0);
+
     db.execute(
         "drop trigger refuse on search_texts; drop function refuse();",
         "drop trigger refuse;",
     )
     .await;
-    assert_eq!(index_some(&*store).await.unwrap(), Some(150));
-    assert_eq!(index_some(&*store).await.unwrap(), None);
+    let pass = index_pass(&*store).await.unwrap();
+    assert_eq!(
+        pass,
+        Pass {
+            indexed: 150,
+            failed: 0
+        }
+    );
+    assert_eq!(index_pass(&*store).await.unwrap(), Pass::default());
     assert_eq!(number(&db, "select count(*) from search_backlog").await, 0);
-    assert_eq!(number(&db, "select count(*) from search_texts").await, 250);
-    for word in ["kestrel0", "kestrel99", "kestrel100", "kestrel249"] {
-        let found = store
-            .search_conversations(word, 10, None, None)
-            .await
-            .unwrap();
-        assert_eq!(found.len(), 1, "{word}");
+    assert_eq!(number(&db, "select count(*) from search_texts").await, 251);
+    for word in [
+        "kestrel0",
+        "kestrel100",
+        "kestrel150",
+        "kestrel249",
+        "osprey",
+    ] {
+        assert_eq!(found(word).await, 1, "{word}");
     }
 }
 
