@@ -22,8 +22,12 @@ async fn history(gw: &TestGateway) -> Value {
     let (_, permissions) = gw.get("/api/v1/permissions?status=all").await;
     let (_, targets) = gw.get("/api/v1/notification-targets").await;
     let (_, vapid) = gw.get("/api/v1/notifications/vapid-public-key").await;
+    // Found by a word its agent said, and by one of its prompts.
+    let (_, said) = gw.get("/api/v1/search?q=w299").await;
+    let (_, prompted) = gw.get("/api/v1/search?q=status").await;
     json!({"conversations": conversations, "permissions": permissions,
-           "notification_targets": targets, "vapid": vapid})
+           "notification_targets": targets, "vapid": vapid,
+           "search": [said, prompted]})
 }
 
 fn export(from: &TestDb, to: &TestDb) -> String {
@@ -95,6 +99,9 @@ async fn an_export_round_trip_preserves_every_event_message_tool_call_and_reques
     let original = history(&gw).await;
     gw.stop().await;
     assert_eq!(original["conversations"].as_array().unwrap().len(), 2);
+    for found in original["search"].as_array().unwrap() {
+        assert_eq!(found["items"].as_array().unwrap().len(), 1, "{found}");
+    }
     assert!(
         original["conversations"][0]["events"]
             .as_array()
