@@ -127,8 +127,6 @@ impl Error {
         }
     }
 
-    /// Whether the database is out of reach (for now): what waits for it
-    /// may succeed later.
     /// This node no longer owns the conversation it wrote to: another
     /// claimed it (see [`crate::cluster`]'s fencing), and nothing was written.
     pub fn fenced(conversation: uuid::Uuid) -> Error {
@@ -149,6 +147,8 @@ impl Error {
         )
     }
 
+    /// Whether the database is out of reach (for now): what waits for it
+    /// may succeed later.
     pub fn is_outage(&self) -> bool {
         self.is_transient() || matches!(self, Error::Unavailable(_))
     }

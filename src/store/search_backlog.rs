@@ -76,9 +76,9 @@ pub async fn run(store: Arc<dyn Store>, shutdown: CancellationToken) {
 
 /// One pass over the backlog: each conversation in it indexed, as a commit
 /// would have indexed each message (its text blocks, its parts joined). A
-/// conversation the database fails is passed over (and said in the log), so
-/// that one cannot hold up the others; with none failed, the backlog is
-/// empty afterwards.
+/// conversation the database refuses is passed over (and said in the log),
+/// so that one cannot hold up the others; a database out of reach ends the
+/// pass. With none failed, the backlog is empty afterwards.
 pub async fn index_pass(store: &dyn Store) -> Result<Pass> {
     let mut pass = Pass::default();
     let mut after = None;
@@ -90,6 +90,10 @@ pub async fn index_pass(store: &dyn Store) -> Result<Pass> {
         after = Some(*last);
         for id in conversations {
             if let Err(e) = index_conversation(store, id, &mut pass.indexed).await {
+                // Out of reach: the others would fail alike; later.
+                if e.is_outage() {
+                    return Err(e);
+                }
                 tracing::warn!(conversation_id = %id, error = %e, "search: a conversation's earlier messages could not be indexed");
                 pass.failed += 1;
             }

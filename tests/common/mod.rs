@@ -103,6 +103,19 @@ impl TestDb {
 }
 
 impl TestDb {
+    /// One number the test's database answers `sql` with (a statement both
+    /// backends take).
+    pub async fn number(&self, sql: &str) -> i64 {
+        use sqlx::Connection;
+        if self.pg_name.is_some() {
+            let mut conn = sqlx::PgConnection::connect(&self.url).await.unwrap();
+            sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+        } else {
+            let mut conn = sqlx::SqliteConnection::connect(&self.url).await.unwrap();
+            sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+        }
+    }
+
     /// The state directory gateways on this database use (`state_dir`).
     pub fn state_dir(&self) -> &Path {
         self.state.path()

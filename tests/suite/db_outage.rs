@@ -92,6 +92,59 @@ async fn behind_a_proxy(
     (TestGateway::start_with(config).await, proxy)
 }
 
+/// The search backlog (what was written before search existed) waits out
+/// an outage: a pass that cannot reach the database fails as an outage and
+/// takes nothing out of the backlog; with the database back, a pass
+/// indexes all of it.
+#[tokio::test]
+async fn the_search_backlog_waits_out_an_outage() {
+    use acp_gateway::store::search_backlog::{index_pass, Pass};
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let (gw, proxy) = behind_a_proxy(&db, 10_000, &["--chunk-delay-ms", "0"]).await;
+    let (id, mut ws) = gw.open_conversation("demo").await;
+    gw.prompt(&id, "long 300").await;
+    ws.until_type("turn_ended").await;
+    let proxied = gw.stop().await.database_url.unwrap();
+    // As a database from before search holds it.
+    db.execute(
+        "delete from search_texts; insert into search_backlog select id, conversation_id from messages;",
+        "",
+    )
+    .await;
+    let store = acp_gateway::store::open(&proxied).await.unwrap();
+
+    proxy.cut();
+    let cut = index_pass(&*store).await.unwrap_err();
+    assert!(cut.is_outage(), "{cut}");
+    assert_eq!(db.number("select count(*) from search_backlog").await, 2);
+
+    proxy.restore();
+    // A connection the cut broke may fail one more try, as after any outage.
+    let mut tries = 0;
+    let pass = loop {
+        match index_pass(&*store).await {
+            Ok(pass) => break pass,
+            Err(e) if e.is_outage() && tries < 3 => tries += 1,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(
+        pass,
+        Pass {
+            indexed: 2,
+            failed: 0
+        }
+    );
+    assert_eq!(db.number("select count(*) from search_backlog").await, 0);
+    let found = store
+        .search_conversations("w299", 10, None, None)
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 1);
+}
+
 #[tokio::test]
 async fn a_database_outage_during_a_streaming_turn_loses_nothing() {
     let Some(db) = TestDb::postgres().await else {

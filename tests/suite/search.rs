@@ -164,18 +164,6 @@ async fn history_from_before_search(db: &TestDb) -> String {
     id
 }
 
-/// One number from the test's database (the statement for its backend).
-async fn number(db: &TestDb, sql: &str) -> i64 {
-    use sqlx::Connection;
-    if db.url.starts_with("postgres") {
-        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
-        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
-    } else {
-        let mut conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
-        sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
-    }
-}
-
 /// The text of a message's text blocks.
 fn text_of(message: &acp_gateway::model::Message) -> String {
     message
@@ -216,9 +204,11 @@ async fn history_from_before_search_is_found_once_the_upgraded_gateway_indexed_i
         .iter()
         .map(|m| text_of(m).len())
         .sum();
-    let indexed = number(&db, "select sum(length(body)) from search_texts").await;
+    let indexed = db
+        .number("select sum(length(body)) from search_texts")
+        .await;
     assert_eq!(indexed, said as i64);
-    assert_eq!(number(&db, "select count(*) from search_backlog").await, 0);
+    assert_eq!(db.number("select count(*) from search_backlog").await, 0);
 
     // What is said from now on is indexed by its commits, as before.
     let (new, mut ws) = gw.open_conversation("demo").await;
@@ -241,7 +231,7 @@ async fn a_backlog_is_indexed_once_and_a_commit_in_between_loses_nothing(db: Tes
         acp_gateway::store::open(&db.url).await.unwrap(),
         acp_gateway::store::open(&db.url).await.unwrap(),
     );
-    assert_eq!(number(&db, "select count(*) from search_backlog").await, 2);
+    assert_eq!(db.number("select count(*) from search_backlog").await, 2);
     assert!(one
         .search_conversations("w2718", 10, None, None)
         .await
@@ -273,9 +263,11 @@ async fn a_backlog_is_indexed_once_and_a_commit_in_between_loses_nothing(db: Tes
         two.index_backlog(id, &texts, true)
     );
     assert_eq!(a.unwrap() + b.unwrap(), 2, "the prompt and the reply, once");
-    assert_eq!(number(&db, "select count(*) from search_backlog").await, 0);
+    assert_eq!(db.number("select count(*) from search_backlog").await, 0);
     let said: usize = texts.iter().map(|(_, text)| text.len()).sum();
-    let indexed = number(&db, "select sum(length(body)) from search_texts").await;
+    let indexed = db
+        .number("select sum(length(body)) from search_texts")
+        .await;
     assert_eq!(indexed, (said + " osprey".len()) as i64);
     // The old words and the new in the one message.
     let found = one
@@ -352,10 +344,7 @@ async fn a_backlog_of_many_pages_is_indexed_whole(db: TestDb) {
             failed: 1
         }
     );
-    assert_eq!(
-        number(&db, "select count(*) from search_backlog").await,
-        151
-    );
+    assert_eq!(db.number("select count(*) from search_backlog").await, 151);
     let found = |word: &'static str| {
         let store = store.clone();
         async move {
@@ -384,8 +373,8 @@ async fn a_backlog_of_many_pages_is_indexed_whole(db: TestDb) {
         }
     );
     assert_eq!(index_pass(&*store).await.unwrap(), Pass::default());
-    assert_eq!(number(&db, "select count(*) from search_backlog").await, 0);
-    assert_eq!(number(&db, "select count(*) from search_texts").await, 251);
+    assert_eq!(db.number("select count(*) from search_backlog").await, 0);
+    assert_eq!(db.number("select count(*) from search_texts").await, 251);
     for word in [
         "kestrel0",
         "kestrel100",
