@@ -157,8 +157,9 @@ async fn history_from_before_search(db: &TestDb) -> String {
     gw.prompt(&id, "long 3000 pelican").await;
     ws.until_type("turn_ended").await;
     gw.stop().await;
+    // The two migrations search came with, undone.
     let forget = "drop table search_backlog; drop table search_texts;
-                  delete from _sqlx_migrations where version >= 20261127000000;";
+                  delete from _sqlx_migrations where version in (20261127000000, 20261129000000);";
     db.execute(forget, &format!("drop table search_fts; {forget}"))
         .await;
     id
