@@ -1,6 +1,7 @@
 //! Load scenarios: many conversations asking for permission at once, one
 //! conversation watched by many WebSockets, and what many idle conversations
-//! cost the gateway in memory and creation time. Each prints one line of
+//! cost the gateway in memory and creation time (and what streaming leaves
+//! behind in it). Each prints one line of
 //! figures; each checks that what it measured arrived complete and in order,
 //! and asserts nothing about speed.
 //!
@@ -13,7 +14,8 @@
 //! - BENCH_APPROVAL_CONVERSATIONS (200) × BENCH_APPROVAL_ASKS (50) requests;
 //! - BENCH_FANOUT_SUBSCRIBERS (1000) sockets on a turn of BENCH_FANOUT_CHUNKS
 //!   (500) chunks, BENCH_FANOUT_DELAY_MS (20) apart;
-//! - BENCH_IDLE_CONVERSATIONS (1000).
+//! - BENCH_IDLE_CONVERSATIONS (1000), of which BENCH_IDLE_STREAMED (100) then
+//!   stream a turn of 20,000 chunks each, all at once.
 //!
 //! A size of 0 skips its scenario, and so does BENCH_ONLY without its name
 //! (`approvals`, `fanout`, `idle`).
@@ -686,7 +688,16 @@ pub struct IdleReport {
     /// `POST /api/v1/conversations`, sent to 201, one after the other, in ms.
     pub create_ms: Vec<f64>,
     cpu: Cpu,
+    /// How many of them then streamed a turn of [`STREAMED_CHUNKS`] chunks,
+    /// all at once, and the gateway's VmRSS once they had all ended, in KiB:
+    /// what streaming leaves behind.
+    pub streamed: usize,
+    pub rss_streamed_kib: u64,
 }
+
+/// The chunks of the turn each of the idle scenario's streaming
+/// conversations runs.
+const STREAMED_CHUNKS: usize = 20_000;
 
 impl fmt::Display for IdleReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -708,7 +719,20 @@ impl fmt::Display for IdleReport {
             quantile(&self.create_ms, 0.99),
             self.create_ms.last().copied().unwrap_or(f64::NAN),
             self.cpu.per(self.conversations, "creation"),
-        )
+        )?;
+        if self.streamed > 0 {
+            write!(
+                f,
+                "; then {} of them streamed {} chunks each, all at once: RSS {:.1} MiB once they ended \
+                 (+{:.1} KiB per conversation that streamed)",
+                self.streamed,
+                STREAMED_CHUNKS,
+                self.rss_streamed_kib as f64 / 1024.0,
+                self.rss_streamed_kib.saturating_sub(self.rss_after_kib) as f64
+                    / self.streamed as f64,
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -723,8 +747,11 @@ pub async fn idle_and_create(backend: &str, db: &TestDb, conversations: usize) -
     let rss_before_kib = proc_status_kib(pid, "VmRSS:");
     let cpu_before = served.cpu();
     let mut create_ms = Vec::with_capacity(conversations);
+    let mut ids = Vec::with_capacity(conversations);
     for _ in 0..conversations {
-        create_ms.push(served.create().await.1);
+        let (id, took) = served.create().await;
+        create_ms.push(took);
+        ids.push(id);
     }
     let cpu = served.cpu() - cpu_before;
     let rss_after_kib = proc_status_kib(pid, "VmRSS:");
@@ -738,6 +765,15 @@ pub async fn idle_and_create(backend: &str, db: &TestDb, conversations: usize) -
         conversations + 1,
         "every conversation keeps its agent"
     );
+    let streamed = env_or("BENCH_IDLE_STREAMED", 100).min(conversations);
+    let gw = &served.gw;
+    futures::future::join_all(ids[..streamed].iter().map(|id| async move {
+        let mut ws = gw.conversation_ws(id, 0).await;
+        gw.prompt(id, &format!("long {STREAMED_CHUNKS}")).await;
+        ws.until_type("turn_ended").await;
+    }))
+    .await;
+    let rss_streamed_kib = proc_status_kib(pid, "VmRSS:");
     served.stop();
 
     let report = IdleReport {
@@ -750,6 +786,8 @@ pub async fn idle_and_create(backend: &str, db: &TestDb, conversations: usize) -
         fds,
         create_ms: sorted(create_ms),
         cpu,
+        streamed,
+        rss_streamed_kib,
     };
     println!("{report}");
     report

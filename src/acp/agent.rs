@@ -33,6 +33,8 @@ use crate::shim::Ready;
 const STDERR_TAIL_LINES: usize = 20;
 /// Longest stderr line kept (the log gets it whole).
 const STDERR_LINE_MAX: usize = 1000;
+/// The read buffer of an agent's stderr (held only while it writes there).
+const STDERR_BUFFER: usize = 8 * 1024;
 /// How long a shim may take to say it is ready.
 const SHIM_READY_WITHIN: Duration = Duration::from_secs(10);
 /// How long a shim told to stop may take beyond the agent's grace.
@@ -569,8 +571,9 @@ fn read_stderr(
     let agent = agent.to_owned();
     tokio::spawn(async move {
         // Read to the end whatever it writes (invalid UTF-8 included): a
-        // full stderr pipe would stall the agent.
-        let mut stderr = BufReader::new(stderr);
+        // full stderr pipe would stall the agent. Most agents say nothing
+        // there most of the time: the buffer is held only while they do.
+        let mut stderr = super::lazy_buf::LazyBufReader::with_capacity(STDERR_BUFFER, stderr);
         let mut raw = Vec::new();
         while matches!(stderr.read_until(b'\n', &mut raw).await, Ok(n) if n > 0) {
             let line = plain_text(&raw);

@@ -10,14 +10,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, DuplexStream};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch};
 
+use super::lazy_buf::LazyBufReader;
 use crate::shim::protocol::{self, Exit, Hello, ToGateway, ToShim, OLDEST_VERSION, VERSION};
 
 /// Bytes in flight between the link and the JSON-RPC layer, each way.
-const PIPE_BYTES: usize = 256 * 1024;
+const PIPE_BYTES: usize = 64 * 1024;
+/// Most bytes of the agent's input sent to the shim in one frame.
+const INPUT_CHUNK: usize = 64 * 1024;
 /// How long connecting and the shim's hello may take.
 const HELLO_WITHIN: Duration = Duration::from_secs(10);
 
@@ -142,7 +145,7 @@ pub async fn attach(
     protocol::send_to_shim(&mut write, &ToShim::Attach { from }).await?;
 
     let (output, mut output_tx) = tokio::io::duplex(PIPE_BYTES);
-    let (input, mut input_rx) = tokio::io::duplex(PIPE_BYTES);
+    let (input, input_rx) = tokio::io::duplex(PIPE_BYTES);
     let (commands, mut commands_rx) = mpsc::unbounded_channel();
     let (ending_tx, ending) = watch::channel(None);
     let delivered = Arc::new(AtomicU64::new(from));
@@ -185,26 +188,27 @@ pub async fn attach(
     // shim's count stands.
     let mut offset = hello.input_taken;
     tokio::spawn(async move {
-        let mut buf = vec![0u8; 64 * 1024];
+        // Held only while there is input to send: an idle agent costs none.
+        let mut input_rx = LazyBufReader::with_capacity(INPUT_CHUNK, input_rx);
         let mut input_open = true;
         loop {
             let message = tokio::select! {
-                read = input_rx.read(&mut buf), if input_open => match read {
-                    Ok(0) | Err(_) => {
+                read = input_rx.fill_buf(), if input_open => match read {
+                    Ok([]) | Err(_) => {
                         input_open = false;
                         continue;
                     }
-                    Ok(n) => {
-                        let message = ToShim::Input { offset, bytes: buf[..n].to_vec() };
-                        offset += n as u64;
-                        message
-                    }
+                    Ok(bytes) => ToShim::Input { offset, bytes: bytes.to_vec() },
                 },
                 command = commands_rx.recv() => match command {
                     Some(command) => command,
                     None => return,
                 },
             };
+            if let ToShim::Input { bytes, .. } = &message {
+                input_rx.consume(bytes.len());
+                offset += bytes.len() as u64;
+            }
             if protocol::send_to_shim(&mut write, &message).await.is_err() {
                 return;
             }

@@ -3,13 +3,15 @@
 //! ([`link`]), the ACP reading of what an agent sends
 //! ([`incoming`], with the text-chunk fast path in [`chunk`]), and the
 //! typed ACP client session on top ([`client`]), which fails with the
-//! protocol layer's own [`Error`].
+//! protocol layer's own [`Error`]. [`lazy_buf`] is the read buffer both
+//! ends of an agent's byte streams hold only while something is read.
 
 pub mod agent;
 pub mod chunk;
 pub mod client;
 pub mod error;
 pub mod incoming;
+pub mod lazy_buf;
 pub mod link;
 pub mod rpc;
 

@@ -60,7 +60,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
-use tokio::io::{AsyncRead, AsyncWrite, BufReader};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::trace;
 
@@ -76,6 +76,7 @@ use self::routing::read_loop;
 use self::shared::{Ledger, Shared, State};
 
 /// Size of the reader's own buffer; lines longer than this are assembled across refills.
+/// Held only while the peer's bytes are being read: an idle agent costs none of it.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Settings for one connection.
@@ -178,7 +179,7 @@ impl RpcPeer {
         // mpsc::channel panics on 0; a capacity of 1 is the closest meaningful value.
         let (incoming_tx, incoming_rx) = mpsc::channel(config.incoming_capacity.max(1));
         let lines = LineReader::new(
-            BufReader::with_capacity(READ_BUFFER_BYTES, reader),
+            super::lazy_buf::LazyBufReader::with_capacity(READ_BUFFER_BYTES, reader),
             config.max_line_bytes,
         )
         .starting_at(config.start_position);
