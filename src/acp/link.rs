@@ -6,19 +6,24 @@
 
 use std::io;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, DuplexStream};
+use tokio::io::{AsyncBufReadExt, AsyncRead, DuplexStream, ReadBuf};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch};
 
 use super::lazy_buf::LazyBufReader;
 use crate::shim::protocol::{self, Exit, Hello, ToGateway, ToShim, OLDEST_VERSION, VERSION};
 
-/// Bytes in flight between the link and the JSON-RPC layer, each way.
+/// Bytes in flight from the JSON-RPC layer to the link (the agent's input).
 const PIPE_BYTES: usize = 64 * 1024;
+/// Frames of the agent's output in flight from the link to the JSON-RPC
+/// layer (each at most [`protocol::MAX_OUTPUT_CHUNK`]).
+const OUTPUT_FRAMES: usize = 1;
 /// Most bytes of the agent's input sent to the shim in one frame.
 const INPUT_CHUNK: usize = 64 * 1024;
 /// How long connecting and the shim's hello may take.
@@ -39,10 +44,45 @@ pub struct ShimLink {
     /// What the shim said when we connected.
     pub hello: Hello,
     /// The agent's output, from where we attached.
-    pub output: DuplexStream,
+    pub output: Output,
     /// The agent's input.
     pub input: DuplexStream,
     pub control: ShimControl,
+}
+
+/// The agent's output as one byte stream, read from the frames the shim
+/// sent it in. A frame is given back as soon as it is read, so nothing of a
+/// burst stays with the conversation after it (a pipe's buffer would).
+#[derive(Debug)]
+pub struct Output {
+    frames: mpsc::Receiver<Vec<u8>>,
+    /// The frame being read, `read` bytes of it already.
+    frame: Vec<u8>,
+    read: usize,
+}
+
+impl AsyncRead for Output {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        while this.read >= this.frame.len() {
+            match ready!(this.frames.poll_recv(cx)) {
+                Some(frame) => (this.frame, this.read) = (frame, 0),
+                // The end of the agent's output: read as end of file.
+                None => return Poll::Ready(Ok(())),
+            }
+        }
+        let n = (this.frame.len() - this.read).min(buf.remaining());
+        buf.put_slice(&this.frame[this.read..this.read + n]);
+        this.read += n;
+        if this.read == this.frame.len() {
+            (this.frame, this.read) = (Vec::new(), 0);
+        }
+        Poll::Ready(Ok(()))
+    }
 }
 
 /// Acknowledging, stopping and watching the agent under a shim.
@@ -144,7 +184,12 @@ pub async fn attach(
     let from = from(&hello);
     protocol::send_to_shim(&mut write, &ToShim::Attach { from }).await?;
 
-    let (output, mut output_tx) = tokio::io::duplex(PIPE_BYTES);
+    let (output_tx, frames) = mpsc::channel(OUTPUT_FRAMES);
+    let output = Output {
+        frames,
+        frame: Vec::new(),
+        read: 0,
+    };
     let (input, input_rx) = tokio::io::duplex(PIPE_BYTES);
     let (commands, mut commands_rx) = mpsc::unbounded_channel();
     let (ending_tx, ending) = watch::channel(None);
@@ -165,11 +210,12 @@ pub async fn attach(
                     if offset != at {
                         break Ending::Lost(format!("output at {offset}, expected {at}"));
                     }
-                    if output_tx.write_all(&bytes).await.is_err() {
+                    let len = bytes.len() as u64;
+                    if output_tx.send(bytes).await.is_err() {
                         // Nobody reads the agent any more.
                         break Ending::Lost("the link was dropped".into());
                     }
-                    handed.store(at + bytes.len() as u64, Ordering::Release);
+                    handed.store(at + len, Ordering::Release);
                 }
                 ToGateway::Stderr(bytes) => {
                     let _ = stderr.try_send(bytes);
@@ -180,7 +226,7 @@ pub async fn attach(
             }
         };
         // The JSON-RPC layer sees the end of the agent's output.
-        let _ = output_tx.shutdown().await;
+        drop(output_tx);
         let _ = ending_tx.send(Some(end));
     });
 
@@ -225,4 +271,40 @@ pub async fn attach(
             delivered,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    #[tokio::test]
+    async fn the_output_reads_its_frames_as_one_stream_and_keeps_none_it_has_read() {
+        let (frames_tx, frames) = mpsc::channel(4);
+        let mut output = Output {
+            frames,
+            frame: Vec::new(),
+            read: 0,
+        };
+        for frame in [&b"one\ntw"[..], b"", b"o\nthree", b"\n"] {
+            frames_tx.send(frame.to_vec()).await.unwrap();
+        }
+        // Reads smaller than a frame, and across frames (an empty one
+        // skipped).
+        let mut bytes = [0u8; 4];
+        output.read_exact(&mut bytes).await.unwrap();
+        assert_eq!(&bytes, b"one\n");
+        assert_eq!(output.frame.len(), 6, "the frame being read is kept");
+        let mut two = [0u8; 2];
+        output.read_exact(&mut two).await.unwrap();
+        assert_eq!(&two, b"tw");
+        // A frame read to its end is given back at once.
+        assert_eq!(output.frame.capacity(), 0);
+        output.read_exact(&mut bytes).await.unwrap();
+        assert_eq!(&bytes, b"o\nth");
+        drop(frames_tx);
+        let mut rest = Vec::new();
+        output.read_to_end(&mut rest).await.unwrap();
+        assert_eq!(rest, b"ree\n");
+    }
 }

@@ -642,7 +642,7 @@ async fn what_the_agent_leaves_behind_is_killed_by_its_shim() {
 }
 
 /// The next `n` bytes of a link's output.
-async fn read_n(output: &mut tokio::io::DuplexStream, n: usize) -> Vec<u8> {
+async fn read_n(output: &mut acp_gateway::acp::link::Output, n: usize) -> Vec<u8> {
     use tokio::io::AsyncReadExt;
     let mut bytes = vec![0u8; n];
     within("the agent's output", output.read_exact(&mut bytes))
