@@ -8,18 +8,20 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncBufRead, AsyncRead, ReadBuf};
+use tokio_util::io::poll_read_buf;
 
 /// Like [`tokio::io::BufReader`], except that the buffer is allocated when
 /// a read is about to be made and given back when the reader has nothing
-/// buffered and the inner reader has nothing ready.
+/// buffered and the inner reader has nothing ready. It is never zeroed
+/// (reads fill it through [`poll_read_buf`]), so taking it again after a
+/// pause costs an allocation, not a pass over its bytes.
 #[derive(Debug)]
 pub struct LazyBufReader<R> {
     inner: R,
     capacity: usize,
-    buf: Option<Box<[u8]>>,
-    /// The unread bytes are `buf[pos..filled]`.
+    /// What was read; the unread bytes are `buf[pos..]`.
+    buf: Vec<u8>,
     pos: usize,
-    filled: usize,
 }
 
 impl<R> LazyBufReader<R> {
@@ -27,45 +29,42 @@ impl<R> LazyBufReader<R> {
         LazyBufReader {
             inner,
             capacity: capacity.max(1),
-            buf: None,
+            buf: Vec::new(),
             pos: 0,
-            filled: 0,
         }
     }
 
     /// Whether it holds a buffer now.
     pub fn holds_buffer(&self) -> bool {
-        self.buf.is_some()
+        self.buf.capacity() > 0
     }
 }
 
 impl<R: AsyncRead + Unpin> AsyncBufRead for LazyBufReader<R> {
     fn poll_fill_buf(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
         let this = self.get_mut();
-        if this.pos >= this.filled {
-            let capacity = this.capacity;
-            let buf = this
-                .buf
-                .get_or_insert_with(|| vec![0; capacity].into_boxed_slice());
-            let mut read = ReadBuf::new(buf);
-            match Pin::new(&mut this.inner).poll_read(cx, &mut read) {
+        if this.pos >= this.buf.len() {
+            this.buf.clear();
+            this.pos = 0;
+            if this.buf.capacity() == 0 {
+                this.buf.reserve_exact(this.capacity);
+            }
+            match poll_read_buf(Pin::new(&mut this.inner), cx, &mut this.buf) {
                 Poll::Pending => {
                     // Nothing to read for now: nothing to hold either.
-                    this.buf = None;
-                    (this.pos, this.filled) = (0, 0);
+                    this.buf = Vec::new();
                     return Poll::Pending;
                 }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Ready(Ok(())) => (this.pos, this.filled) = (0, read.filled().len()),
+                Poll::Ready(Ok(_)) => {}
             }
         }
-        let buf = this.buf.as_deref().unwrap_or_default();
-        Poll::Ready(Ok(&buf[this.pos..this.filled]))
+        Poll::Ready(Ok(&this.buf[this.pos..]))
     }
 
     fn consume(self: Pin<&mut Self>, amt: usize) {
         let this = self.get_mut();
-        this.pos = (this.pos + amt).min(this.filled);
+        this.pos = (this.pos + amt).min(this.buf.len());
     }
 }
 

@@ -52,7 +52,9 @@ pub struct ShimLink {
 
 /// The agent's output as one byte stream, read from the frames the shim
 /// sent it in. A frame is given back as soon as it is read, so nothing of a
-/// burst stays with the conversation after it (a pipe's buffer would).
+/// burst stays with the conversation after it: a pipe's buffer would, and
+/// so would `tokio_util`'s `StreamReader`, which keeps the last frame until
+/// the next one comes.
 #[derive(Debug)]
 pub struct Output {
     frames: mpsc::Receiver<Vec<u8>>,
