@@ -317,6 +317,84 @@ pub fn lookup_user(name: &str) -> Result<SystemUser, String> {
     }
 }
 
+/// Opens the directory `dir` (`O_PATH`, close-on-exec): an absolute path
+/// stored resolved (a conversation's cwd), walked one component at a time
+/// without following any symlink. One found on the way or at its end was
+/// swapped in since the path was resolved, and following it could lead
+/// anywhere (another user's workspace): an error that says so, rather than
+/// what it leads to.
+pub fn open_dir_without_links(dir: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::AsFd;
+    use std::path::Component;
+    check_resolved(dir)?;
+    let mut fd = open_path_at(None, Path::new("/"))?;
+    for part in dir.components() {
+        let Component::Normal(name) = part else {
+            continue;
+        };
+        // O_PATH with O_NOFOLLOW opens a symlink itself.
+        let next = open_path_at(Some(fd.as_fd()), Path::new(name))?;
+        let file = std::fs::File::from(next);
+        let kind = file.metadata()?.file_type();
+        if kind.is_symlink() {
+            return Err(swapped_for_a_link(dir));
+        }
+        if !kind.is_dir() {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOTDIR));
+        }
+        fd = file.into();
+    }
+    Ok(fd)
+}
+
+/// That `dir` is absolute, with no `..` in it (a path stored resolved).
+pub fn check_resolved(dir: &Path) -> std::io::Result<()> {
+    use std::path::Component;
+    if !dir.is_absolute() || dir.components().any(|c| c == Component::ParentDir) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} is not an absolute, resolved path", dir.display()),
+        ));
+    }
+    Ok(())
+}
+
+/// What opening a resolved directory answers when a symlink is there now.
+pub fn swapped_for_a_link(dir: &Path) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!(
+            "{} is no longer the directory it was (a symlink is on its path now)",
+            dir.display()
+        ),
+    )
+}
+
+/// `openat(at, path, O_PATH | O_NOFOLLOW | O_CLOEXEC)`.
+fn open_path_at(
+    at: Option<std::os::fd::BorrowedFd<'_>>,
+    path: &Path,
+) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    let dir = at.map_or(libc::AT_FDCWD, |fd| fd.as_raw_fd());
+    // SAFETY: a valid (or AT_FDCWD) descriptor and a NUL-terminated path.
+    let fd = unsafe {
+        libc::openat(
+            dir,
+            c.as_ptr(),
+            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just opened, owned by nobody else.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
 /// Whether the gateway itself runs as root.
 pub fn running_as_root() -> bool {
     // SAFETY: geteuid has no preconditions.

@@ -147,6 +147,10 @@ impl AgentProcess {
         let path = crate::process::spawn::path_of(&environment);
         let cannot_start =
             |reason: String| anyhow::anyhow!("cannot start agent {:?}: {reason}", profile.name);
+        // The conversation's directory is stored resolved: a symlink on its
+        // path now was swapped in since and leads elsewhere (the box's rules
+        // refuse it too, but an unboxed agent must not work there either).
+        crate::sys::open_dir_without_links(cwd).map_err(|e| cannot_start(e.to_string()))?;
         let program = crate::sys::resolve_command(&profile.command, path).map_err(cannot_start)?;
         // What `GET /api/v1/agents` predicts, said before the kernel says
         // only "Permission denied".

@@ -10,7 +10,7 @@
 //! descriptor is close-on-exec: the agent never holds it.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::OnceLock;
 
@@ -69,9 +69,26 @@ impl Prepared {
         let mut created = ruleset.create().map_err(fail)?;
         let all = AccessFs::from_all(FS_ABI);
         let read = AccessFs::from_read(FS_ABI);
+        // Opened first, each with no symlink on its path: a swap is found
+        // even where another rule covers the directory.
+        let mut resolved = rules
+            .resolved
+            .iter()
+            .map(|dir| {
+                crate::sys::open_dir_without_links(dir)
+                    .map(|fd| (dir, fd))
+                    .map_err(|e| io::Error::other(format!("landlock: {e}")))
+            })
+            .collect::<io::Result<Vec<_>>>()?;
         for (paths, access) in [(&rules.read_write, all), (&rules.read_only, read)] {
             for path in paths {
-                let Some(fd) = open_path(path)? else { continue };
+                let fd: OwnedFd = match resolved.iter().position(|(dir, _)| *dir == path) {
+                    Some(at) => resolved.swap_remove(at).1,
+                    None => match open_path(path)? {
+                        Some(fd) => fd.as_fd().try_clone_to_owned()?,
+                        None => continue,
+                    },
+                };
                 // Rights only directories have are dropped for a file.
                 let access = if is_dir(path) {
                     access
@@ -160,6 +177,7 @@ mod tests {
         let rules = Rules {
             read_write: vec![inside.path().to_path_buf(), PathBuf::from("/nonexistent/x")],
             read_only: vec![PathBuf::from("/usr"), PathBuf::from("/etc/hostname")],
+            resolved: Vec::new(),
             tcp_ports: None,
         };
         let (inside, outside) = (inside.path().to_path_buf(), outside.path().to_path_buf());

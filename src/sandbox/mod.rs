@@ -76,6 +76,12 @@ pub struct Rules {
     pub read_write: Vec<PathBuf>,
     /// Read, list and execute beneath these.
     pub read_only: Vec<PathBuf>,
+    /// Directories stored resolved (the conversation's own): each must be
+    /// reached with no symlink on its path, or the box is not made. Its
+    /// rule is for the directory so reached, never for where a symlink
+    /// swapped in since leads (another user's workspace, say).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resolved: Vec<PathBuf>,
     /// The only TCP ports it may connect to (`None`: any).
     pub tcp_ports: Option<Vec<u16>>,
 }
@@ -132,6 +138,7 @@ impl Rules {
         Rules {
             read_write,
             read_only,
+            resolved: vec![inputs.cwd.to_path_buf()],
             tcp_ports: inputs.allowed_tcp_ports.map(<[u16]>::to_vec),
         }
     }

@@ -116,46 +116,20 @@ impl Root {
     /// Opens `dir` (absolute, with no symlink in it: the conversation's cwd
     /// is stored resolved, so a symlink there now is a swap) as the root.
     pub fn open(dir: &Path, resolver: Resolver) -> io::Result<Root> {
-        if !dir.is_absolute() || dir.components().any(|c| c == Component::ParentDir) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{} is not an absolute, resolved path", dir.display()),
-            ));
-        }
+        crate::sys::check_resolved(dir)?;
         let fd = match resolver {
             Resolver::Kernel => openat2(
                 None,
                 dir,
                 libc::O_PATH | libc::O_DIRECTORY,
                 libc::RESOLVE_NO_SYMLINKS,
-            ),
-            Resolver::Walk => (|| {
-                let mut fd = open_at(None, Path::new("/"), libc::O_PATH | libc::O_DIRECTORY)?;
-                for part in dir.components() {
-                    if let Component::Normal(name) = part {
-                        // O_PATH with O_NOFOLLOW opens a symlink itself.
-                        fd = open_at(
-                            Some(fd.as_fd()),
-                            Path::new(name),
-                            libc::O_PATH | libc::O_NOFOLLOW,
-                        )?;
-                        match file_type(fd.as_fd())? {
-                            libc::S_IFDIR => {}
-                            libc::S_IFLNK => return Err(io::Error::from_raw_os_error(libc::ELOOP)),
-                            _ => return Err(io::Error::from_raw_os_error(libc::ENOTDIR)),
-                        }
-                    }
-                }
-                Ok(fd)
-            })(),
-        };
-        let fd = fd.map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{} is no longer a directory (a symlink now)", dir.display()),
-            ),
-            _ => e,
-        })?;
+            )
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => crate::sys::swapped_for_a_link(dir),
+                _ => e,
+            }),
+            Resolver::Walk => crate::sys::open_dir_without_links(dir),
+        }?;
         Ok(Root {
             fd,
             path: dir.to_path_buf(),

@@ -189,6 +189,7 @@ mod tests {
             sandbox: Some(std::sync::Arc::new(crate::sandbox::Rules {
                 read_write: vec![read_write.to_path_buf()],
                 read_only: vec![PathBuf::from("/proc")],
+                resolved: Vec::new(),
                 tcp_ports: None,
             })),
         };

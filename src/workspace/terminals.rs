@@ -183,7 +183,12 @@ impl Terminals {
         }
         let cwd = match &request.cwd {
             Some(cwd) => workspace.resolve(cwd)?,
-            None => workspace.cwd.clone(),
+            None => {
+                // Stored resolved: a symlink there now leads elsewhere.
+                crate::sys::open_dir_without_links(&workspace.cwd)
+                    .map_err(|e| Refusal::invalid(e.to_string()))?;
+                workspace.cwd.clone()
+            }
         };
         let path = request
             .env

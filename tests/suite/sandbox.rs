@@ -582,10 +582,131 @@ async fn an_agent_without_a_shim_is_boxed_the_same(db: TestDb) {
     gw.stop().await;
 }
 
+/// A conversation's directory is stored resolved. An agent that swaps a
+/// directory of its workspace, where another conversation of its user
+/// works, for a symlink to another user's workspace leads that
+/// conversation nowhere: its terminals are refused and its agent does not
+/// start again, rather than boxed where the link leads.
+async fn a_directory_swapped_for_a_symlink_leads_nowhere(db: TestDb) {
+    if acp_gateway::sandbox::landlock::kernel_abi().is_none() {
+        eprintln!("skipping: this kernel has no Landlock (the box is what keeps users apart)");
+        return;
+    }
+    let ground = Ground::new();
+    std::fs::set_permissions(db.state_dir(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let alice_token = cli_token(&db, "alice", "user");
+    let bob_token = cli_token(&db, "bob", "user");
+    let mut brief = boxed("brief", &ground, SandboxMode::Auto);
+    brief.idle_timeout = std::time::Duration::from_millis(300);
+    let gw = TestGateway::start(&db, vec![boxed("boxed", &ground, SandboxMode::Auto), brief]).await;
+    let (alice, bob) = (gw.with_token(&alice_token), gw.with_token(&bob_token));
+    let (bobs, _) = conversation_of(&bob, "boxed").await;
+    let bobs_work = ground.work("bob");
+    let found = probe(
+        &bob,
+        &bobs,
+        json!([["write", bobs_work.join("plan.md"), "bob's"]]),
+    )
+    .await;
+    allowed(&found[0]);
+
+    // Alice's workspace holds `sub` and `later`, a conversation working in each.
+    let (alices, _) = conversation_of(&alice, "boxed").await;
+    let work = ground.work("alice");
+    let (sub, later) = (work.join("sub"), work.join("later"));
+    let found = probe(
+        &alice,
+        &alices,
+        json!([["run", "/bin/mkdir", &sub, &later]]),
+    )
+    .await;
+    allowed(&found[0]);
+    let in_dir = |agent: &str, dir: &Path| json!({"agent": agent, "cwd": dir});
+    let (status, body) = alice
+        .post("/api/v1/conversations", in_dir("boxed", &sub))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let in_sub = body["id"].as_str().unwrap().to_owned();
+    let (status, body) = alice
+        .post("/api/v1/conversations", in_dir("brief", &later))
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let in_later = body["id"].as_str().unwrap().to_owned();
+    let mut later_ws = alice.conversation_ws(&in_later, 0).await;
+    later_ws.until_agent_gone().await;
+
+    // Her first agent swaps both for links to bob's workspace.
+    let swap = |dir: &Path| {
+        format!(
+            "mv {dir} {dir}.moved && ln -s {bob} {dir}",
+            dir = dir.display(),
+            bob = bobs_work.display()
+        )
+    };
+    let found = probe(
+        &alice,
+        &alices,
+        json!([
+            ["run", "/bin/sh", "-c", swap(&sub)],
+            ["run", "/bin/sh", "-c", swap(&later)],
+        ]),
+    )
+    .await;
+    found.iter().for_each(allowed);
+
+    // The running agent in `sub`: its terminals are refused, there or
+    // named by the link.
+    let answers = calls(
+        &alice,
+        &in_sub,
+        json!([
+            ["terminal/create", {"command": "sh", "args": ["-c", "cat plan.md; echo x > pwned"]}],
+            ["terminal/create", {"command": "cat", "args": ["plan.md"], "cwd": &sub}],
+        ]),
+    )
+    .await;
+    let message = answers[0]["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("a symlink is on its path now"),
+        "{answers:?}"
+    );
+    assert!(answers[1]["error"].is_object(), "{answers:?}");
+
+    // The agent in `later`, stopped when idle, does not start again there.
+    let (status, body) = alice
+        .post(
+            &format!("/api/v1/conversations/{in_later}/prompts"),
+            json!({"text": "probe [[\"list\", \".\"]]"}),
+        )
+        .await;
+    assert_ne!(status, 202, "{body}");
+    assert!(
+        body.to_string().contains("a symlink is on its path now"),
+        "{status} {body}"
+    );
+
+    // Bob's workspace is as he left it.
+    let names: Vec<_> = std::fs::read_dir(&bobs_work)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["plan.md"]);
+    assert_eq!(
+        std::fs::read_to_string(bobs_work.join("plan.md")).unwrap(),
+        "bob's"
+    );
+    gw.stop().await;
+}
+
 crate::backend_tests!(one_users_agent_cannot_reach_another_users_work);
 
 mod on_sqlite {
     use super::*;
+
+    #[tokio::test]
+    async fn a_directory_swapped_for_a_symlink_leads_nowhere() {
+        super::a_directory_swapped_for_a_symlink_leads_nowhere(TestDb::sqlite().await).await
+    }
 
     #[tokio::test]
     async fn connections_go_only_to_allowed_ports() {
