@@ -105,16 +105,18 @@ impl Home {
     }
 }
 
-/// A gateway user's name as one path component: names are
-/// `[A-Za-z0-9._@-]+`, so only `.`-led ones (`.`, `..`) need care: they get
-/// a `_` in front, which no name has; a conversation with no owner gets
-/// `_`.
+/// A gateway user's name as one path component, a different one for each
+/// name: names are `[A-Za-z0-9._@-]+`, so `.`-led ones (`.`, `..`) get a
+/// `_` in front and a conversation with no owner gets `_`; names that
+/// themselves start with `_` (`_`, `_.bob`), which would then share those,
+/// get a `+` in front, which no name has.
 pub fn path_component(user: Option<&str>) -> String {
     match user {
         None | Some("") => "_".into(),
         Some(name) if name.starts_with('.') || name.contains('/') => {
             format!("_{}", name.replace('/', "_"))
         }
+        Some(name) if name.starts_with('_') => format!("+{name}"),
         Some(name) => name.into(),
     }
 }
@@ -183,6 +185,10 @@ mod tests {
         assert_eq!(path_component(Some("..")), "_..");
         assert_eq!(path_component(Some(".")), "_.");
         assert_eq!(path_component(None), "_");
+        // Names that start with `_` share no place with those above.
+        assert_eq!(path_component(Some("_")), "+_");
+        assert_eq!(path_component(Some("_.bob")), "+_.bob");
+        assert_ne!(path_component(Some("_.bob")), path_component(Some(".bob")));
         assert_eq!(
             with_user(Path::new("/srv/work/{user}"), Some("..")),
             PathBuf::from("/srv/work/_..")
