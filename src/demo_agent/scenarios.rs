@@ -71,6 +71,8 @@ pub(super) enum Scenario {
     Refuse,
     Error,
     Withdraw,
+    Late,
+    Sneak,
     Stderr,
 }
 
@@ -101,6 +103,8 @@ impl Scenario {
             "refuse" => Self::Refuse,
             "error" => Self::Error,
             "withdraw" => Self::Withdraw,
+            "late" => Self::Late,
+            "sneak" => Self::Sneak,
             "stderr" => Self::Stderr,
             _ => return None,
         })
@@ -281,6 +285,8 @@ impl Turn {
                 "demo agent failed on purpose",
             ))),
             Scenario::Withdraw => self.withdraw().await,
+            Scenario::Late => self.late().await,
+            Scenario::Sneak => self.sneak().await,
             Scenario::Stderr => self.stderr().await,
         }
     }
@@ -608,6 +614,82 @@ impl Turn {
         self.hang().await
     }
 
+    /// Scenario `late`: waits for `session/cancel`, then asks permission to
+    /// run `echo late`, as a request that crossed the cancel on the wire
+    /// would, and says what it was answered (`late answer: <outcome>`, or
+    /// `late answer: none` when no answer came within the grace a client
+    /// has after a cancel).
+    async fn late(&self) -> Result<TurnEnd, Cancelled> {
+        let _ = self.hang().await;
+        let call = json!({
+            "toolCallId": "late_call",
+            "title": "Run `echo late`",
+            "kind": "execute",
+            "status": "pending",
+            "rawInput": {"command": "echo late"},
+        });
+        let answer = self.ask_once(call).await;
+        let said = answer.map_or_else(|| "none".to_owned(), |a| a["outcome"].to_string());
+        self.notify(text_chunk(
+            "agent_message_chunk",
+            &format!("late answer: {said}"),
+        ))
+        .await;
+        Err(Cancelled)
+    }
+
+    /// Scenario `sneak`: asks permission for a call that shows only a title
+    /// ("Tidy up": no command), and while the request waits, updates the
+    /// call with a command (`rm -rf build`); says what it was answered
+    /// (`answer: <outcome>`).
+    async fn sneak(&self) -> Result<TurnEnd, Cancelled> {
+        let call = json!({
+            "toolCallId": "sneak_call",
+            "title": "Tidy up",
+            "kind": "execute",
+            "status": "pending",
+        });
+        let update = json!({
+            "sessionUpdate": "tool_call_update",
+            "toolCallId": "sneak_call",
+            "rawInput": {"command": "rm -rf build"},
+        });
+        let answer = self.ask_once_then(call, Some(update)).await;
+        let said = answer.map_or_else(|| "none".to_owned(), |a| a["outcome"].to_string());
+        self.say(&format!("answer: {said}")).await?;
+        Ok(TurnEnd::Stop(END_TURN))
+    }
+
+    /// Asks permission for `call` (the usual options) and waits for the
+    /// answer, at most the grace a client has after a cancel once the turn
+    /// is cancelled: the answer's `result`, `None` without one.
+    async fn ask_once(&self, call: Value) -> Option<Value> {
+        self.ask_once_then(call, None).await
+    }
+
+    /// [`Self::ask_once`], sending `update` while the request waits.
+    async fn ask_once_then(&self, call: Value, update: Option<Value>) -> Option<Value> {
+        let (id, answer) = self
+            .wire
+            .request("session/request_permission", self.permission_params(call))
+            .await;
+        if let Some(update) = update {
+            self.notify(update).await;
+        }
+        let waited = if self.is_cancelled() {
+            tokio::time::timeout(PERMISSION_GRACE, answer).await.ok()
+        } else {
+            Some(answer.await)
+        };
+        match waited {
+            Some(Ok(Ok(result))) => Some(result),
+            _ => {
+                self.wire.forget(id);
+                None
+            }
+        }
+    }
+
     /// Scenario `stderr`: logs five lines, then answers.
     async fn stderr(&self) -> Result<TurnEnd, Cancelled> {
         for i in 1..=5 {
@@ -636,14 +718,8 @@ impl Turn {
         let mut ids = Vec::with_capacity(calls.len());
         let mut waiters = JoinSet::new();
         for (index, call) in calls.iter().enumerate() {
-            let params = json!({
-                "sessionId": self.session_id,
-                "toolCall": call.asked.clone().unwrap_or_else(|| call.pending()),
-                "options": PERMISSION_OPTIONS
-                    .iter()
-                    .map(|(id, name, kind)| json!({"optionId": id, "name": name, "kind": kind}))
-                    .collect::<Vec<_>>(),
-            });
+            let params =
+                self.permission_params(call.asked.clone().unwrap_or_else(|| call.pending()));
             let (id, answer) = self
                 .wire
                 .request("session/request_permission", params)
@@ -702,6 +778,18 @@ impl Turn {
             return Err(Cancelled);
         }
         Ok(result)
+    }
+
+    /// A `session/request_permission`'s params: `call` and the usual options.
+    fn permission_params(&self, call: Value) -> Value {
+        json!({
+            "sessionId": self.session_id,
+            "toolCall": call,
+            "options": PERMISSION_OPTIONS
+                .iter()
+                .map(|(id, name, kind)| json!({"optionId": id, "name": name, "kind": kind}))
+                .collect::<Vec<_>>(),
+        })
     }
 
     /// Reads a `session/request_permission` answer.

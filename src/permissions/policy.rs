@@ -219,12 +219,15 @@ pub struct ToolKey {
     pub subject: String,
 }
 
+/// The kinds of tool whose calls are known by their path.
+const PATH_KINDS: [&str; 4] = ["read", "edit", "delete", "move"];
+
 /// What a whole tool call of a kind other than `execute` is known by: the
 /// path of a path tool, else the title (empty when it has none).
 pub(crate) fn subject(tool_call: &Value, kind: &str) -> String {
     let raw_input = tool_call.get("rawInput");
     match kind {
-        "read" | "edit" | "delete" | "move" => tool_call
+        _ if PATH_KINDS.contains(&kind) => tool_call
             .get("locations")
             .and_then(|l| l.get(0))
             .and_then(|l| l.get("path"))
@@ -242,6 +245,19 @@ pub(crate) fn subject(tool_call: &Value, kind: &str) -> String {
             .unwrap_or_default()
             .to_owned(),
     }
+}
+
+/// Whether a remembered answer to a path tool, keyed on the path
+/// `subject`, covers the call's `paths` (as given, or as they really are):
+/// each of them must be that path. A second path (a move's destination, a
+/// second location) or a symlink that leads elsewhere was never answered.
+/// Other kinds are not keyed on paths.
+fn answered_paths(kind: &str, subject: &str, cwd: &Path, paths: &[PathBuf]) -> bool {
+    if !PATH_KINDS.contains(&kind) {
+        return true;
+    }
+    let answered = normalize(cwd, Path::new(subject));
+    !paths.is_empty() && paths.iter().all(|path| *path == answered)
 }
 
 /// The rules an "always" answer to `tool_call` (the request's `toolCall`
@@ -395,7 +411,7 @@ impl Policies {
                         describe(unit, "rejected before, always"),
                     );
                 }
-                if unit.opaque.is_none() {
+                if unit.opaque.is_none() && answered_paths(kind, &rule.subject, facts.cwd, paths) {
                     allowed_by.push("remembered".into());
                     continue;
                 }

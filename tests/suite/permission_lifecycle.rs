@@ -137,6 +137,90 @@ async fn cancel_with_two_requests_pending_answers_both_cancelled_and_the_turn_en
     assert_eq!(resolved, 2);
 }
 
+/// A request that crosses the turn's cancel on the wire is answered
+/// cancelled at once, like those waiting when the cancel was sent: no
+/// person can approve it, and no policy does (`echo` is allowed by one).
+async fn a_request_asked_after_the_cancel_is_answered_cancelled(db: TestDb) {
+    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    config.policies = vec![serde_json::from_value(json!({
+        "name": "echo", "kinds": ["execute"], "commands": ["^echo\\b"], "decision": "allow",
+    }))
+    .unwrap()];
+    let gw = TestGateway::start_with(config).await;
+    let id = gw.create_conversation("demo").await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    gw.prompt(&id, "late").await;
+    ws.until_type("turn_started").await;
+    let (status, _) = gw
+        .post(&format!("/api/v1/conversations/{id}/cancel"), json!({}))
+        .await;
+    assert_eq!(status, 202);
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "cancelled");
+    let resolved = frames
+        .iter()
+        .find(|e| e["type"] == "permission_resolved")
+        .expect("the late request is resolved");
+    assert_eq!(resolved["data"]["status"], "cancelled", "{resolved}");
+    assert_eq!(resolved["data"]["decision"]["decided_by"], "system");
+    assert_eq!(
+        resolved["data"]["decision"]["reason"],
+        "asked after the turn was cancelled"
+    );
+    assert_eq!(
+        streamed_text(&frames, "agent_message_chunk"),
+        r#"late answer: {"outcome":"cancelled"}"#
+    );
+    let (status, body) = gw
+        .post(
+            &respond_path(&resolved["data"]),
+            json!({"option_id": "allow-once"}),
+        )
+        .await;
+    assert_eq!(status, 409, "{body}");
+}
+
+/// "Always allow" remembers the call as the request showed it: a command
+/// the agent added to the call while the request waited was not seen, and
+/// is not remembered (the request showed only a title: nothing is).
+async fn always_remembers_the_call_as_shown_not_as_updated_since(db: TestDb) {
+    let (_db, gw, id, mut ws) = start(db, demo_profile("demo", &[])).await;
+    gw.prompt(&id, "sneak").await;
+    let request = requests(&mut ws, 1).await.pop().unwrap();
+    assert!(request["tool_call"].get("rawInput").is_none(), "{request}");
+    // The update has been applied once the tool call's record shows it.
+    let until_updated = async {
+        loop {
+            let (_, calls) = gw
+                .get(&format!("/api/v1/conversations/{id}/tool-calls"))
+                .await;
+            if calls.to_string().contains("rm -rf build") {
+                break;
+            }
+            ws.until_type("tool_call_update").await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), until_updated)
+        .await
+        .expect("the agent's update is applied");
+    let (status, answered) = gw
+        .post(
+            &respond_path(&request),
+            json!({"option_id": "allow-always"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answered}");
+    assert_eq!(answered["status"], "approved");
+    let reason = answered["decision"]["reason"].as_str().unwrap_or_default();
+    assert!(reason.starts_with("not remembered"), "{answered}");
+    ws.until_type("turn_ended").await;
+    let (_, rules) = gw.get(&format!("/api/v1/conversations/{id}/rules")).await;
+    assert_eq!(rules["items"], json!([]), "{rules}");
+}
+
 async fn a_request_pending_when_the_gateway_restarts_is_expired_on_start(db: TestDb) {
     // The gateway runs as its own process so that it can really crash;
     // its agents are its own children (no shim keeps them for the next
@@ -620,6 +704,8 @@ backend_tests!(
     a_resolution_announces_the_request_as_stored_and_happens_once,
     two_concurrent_requests_answered_in_reverse_order_each_reach_their_tool_call,
     cancel_with_two_requests_pending_answers_both_cancelled_and_the_turn_ends_cancelled,
+    a_request_asked_after_the_cancel_is_answered_cancelled,
+    always_remembers_the_call_as_shown_not_as_updated_since,
     a_request_pending_when_the_gateway_restarts_is_expired_on_start,
     a_graceful_stop_cancels_pending_requests_saying_why,
     a_timeout_with_on_timeout_reject_sends_the_reject_option_and_reports_timed_out,

@@ -678,6 +678,45 @@ fn remembered_answers_come_after_operator_denies_and_before_asking() {
     );
 }
 
+#[test]
+fn a_remembered_path_covers_that_path_alone() {
+    let none = Policies::default();
+    let remembered = always_allow(&edit("/srv/work/notes.md"));
+    assert_eq!(remembered.len(), 1);
+    let eval = |call: Value, real: &[PathBuf]| {
+        let facts = Facts {
+            agent: "a",
+            tool_call: &call,
+            cwd: Path::new("/srv/work"),
+            mode: Mode::Ask,
+            real_paths: real,
+        };
+        none.evaluate(&facts, &remembered, None, Instant::now())
+            .decision
+    };
+    assert_eq!(eval(edit("/srv/work/notes.md"), &[]), Allow);
+    // A second path is not what was answered, first or not.
+    let two = json!({"kind": "edit", "locations": [
+        {"path": "/srv/work/notes.md"}, {"path": "/root/.bashrc"}]});
+    assert_eq!(eval(two, &[]), Ask);
+    let moved = json!({"kind": "move", "locations": [{"path": "/srv/work/notes.md"}],
+        "rawInput": {"source": "/srv/work/notes.md", "destination": "/etc/x"}});
+    let remembered_move = always_allow(&json!({"kind": "move",
+        "locations": [{"path": "/srv/work/notes.md"}]}));
+    let facts = Facts {
+        agent: "a",
+        tool_call: &moved,
+        cwd: Path::new("/srv/work"),
+        mode: Mode::Ask,
+        real_paths: &[],
+    };
+    let v = none.evaluate(&facts, &remembered_move, None, Instant::now());
+    assert_eq!(v.decision, Ask);
+    // Nor is where a symlink by that name leads now.
+    let real = [PathBuf::from("/root/.bashrc")];
+    assert_eq!(eval(edit("/srv/work/notes.md"), &real), Ask);
+}
+
 fn remembered_rule(kind: &str, subject: &str, option: &str) -> Rule {
     Rule {
         id: crate::model::new_id(),

@@ -48,6 +48,19 @@ impl Task {
             created_at: model::now(),
         };
         tracing::info!(permission_id = %permission.id, "agent asks permission");
+        if self.turn.as_ref().is_some_and(|turn| turn.cancel_requested) {
+            // It crossed the turn's cancel: answered as the requests waiting
+            // when the cancel was sent were (the ACP cancel rule), neither
+            // by a person nor by a policy.
+            let decision = Decision::new(
+                None,
+                "system".into(),
+                Some("asked after the turn was cancelled".into()),
+            );
+            return self
+                .answer_at_once(request, permission, PermissionStatus::Cancelled, decision)
+                .await;
+        }
         // With the database away: the policies as last seen, no remembered
         // answers (a person is asked rather than anything assumed).
         let policies = match self.policies.refresh(self.journal.store()).await {
@@ -79,16 +92,8 @@ impl Task {
             .decide(&permission, &policies, &facts, &remembered)
         {
             Some((status, decision)) => {
-                // Decided by policy: requested and resolved are committed
-                // together and both published, so the audit trail shows what
-                // ran without a person, and which rule let it.
-                let answer = decision.acp_result();
-                self.journal
-                    .add_permission_request(&permission, Some((status, decision)));
-                // The request stays in hand until answered (see
-                // `record_write`).
-                self.flush().await?;
-                request.responder.respond(answer);
+                self.answer_at_once(request, permission, status, decision)
+                    .await?;
             }
             None => {
                 self.journal.add_permission_request(&permission, None);
@@ -101,6 +106,25 @@ impl Task {
                 self.journal.set_status(self.status_now());
             }
         }
+        Ok(())
+    }
+
+    /// Answers a request as it arrives (by policy, or cancelled): requested
+    /// and resolved are committed together and both published, so the
+    /// audit trail shows what was decided without a person, and why.
+    async fn answer_at_once(
+        &mut self,
+        request: IncomingRequest,
+        permission: PermissionRequest,
+        status: PermissionStatus,
+        decision: Decision,
+    ) -> Result<()> {
+        let answer = decision.acp_result();
+        self.journal
+            .add_permission_request(&permission, Some((status, decision)));
+        // The request stays in hand until answered (see `record_write`).
+        self.flush().await?;
+        request.responder.respond(answer);
         Ok(())
     }
 
@@ -220,7 +244,10 @@ impl Task {
             .and_then(|o| option_kind(pending, o))
             .filter(|kind| kind.ends_with("_always"))
             .map(|kind| {
-                let keys = keys_to_remember(&self.transcript.known_tool_call(&pending.tool_call));
+                // The call as the request showed it (merged with what the
+                // agent had said of it by then): what it said of the call
+                // since was not shown, and decides nothing.
+                let keys = keys_to_remember(&pending.tool_call);
                 (kind.to_owned(), keys)
             });
         // An "always" that would cover more than the user saw is not
