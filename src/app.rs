@@ -296,8 +296,8 @@ impl Gateway {
     }
 }
 
-/// Closes the WebSockets of revoked tokens and removed users, within
-/// [`REVOCATION_CHECK`] of the change.
+/// Closes the WebSockets of revoked tokens, removed users and users whose
+/// role changed, within [`REVOCATION_CHECK`] of the change.
 async fn close_revoked_websockets(state: AppState, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(REVOCATION_CHECK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -309,7 +309,7 @@ async fn close_revoked_websockets(state: AppState, shutdown: CancellationToken) 
         if !state.auth().watching() {
             continue;
         }
-        match state.store().active_token_ids().await {
+        match state.store().active_tokens().await {
             Ok(active) => state.auth().close_revoked(&active),
             Err(e) => tracing::warn!(error = %e, "could not check tokens for revocation"),
         }

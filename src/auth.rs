@@ -8,7 +8,7 @@
 //! runs open (it then listens only on loopback, see [`crate::app`]) and every
 //! caller is the operator `anonymous`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -125,9 +125,26 @@ pub struct Auth {
     required: AtomicBool,
     limits: RateLimits,
     hits: Mutex<SlidingWindow<(&'static str, String)>>,
-    /// Tokens with open WebSockets, each with the signal that closes them
-    /// when the token is revoked (see [`Auth::close_revoked`]).
-    watched: Mutex<HashMap<uuid::Uuid, CancellationToken>>,
+    /// Tokens with open WebSockets (`None`: the open mode's), each with the
+    /// role they were opened with and the signal that closes them when the
+    /// token is revoked or the role changes (see [`Auth::close_revoked`]).
+    watched: Mutex<HashMap<Option<uuid::Uuid>, Watched>>,
+}
+
+/// The WebSockets of one token.
+#[derive(Debug)]
+struct Watched {
+    role: Role,
+    closed: CancellationToken,
+}
+
+impl Watched {
+    fn new(role: Role) -> Watched {
+        Watched {
+            role,
+            closed: CancellationToken::new(),
+        }
+    }
 }
 
 /// Which limit a request counts against.
@@ -184,28 +201,42 @@ impl Auth {
         }
     }
 
-    /// Cancelled when the caller's token is revoked (or its user removed);
-    /// never in open mode. WebSockets select on it and close with 1008.
+    /// Cancelled when the caller's token is revoked (or its user removed),
+    /// when its user's role changes, and in open mode when the first token
+    /// is made: what a WebSocket shows was decided by the role it was opened
+    /// with. WebSockets select on it and close with 1008.
     pub fn on_revocation(&self, caller: &Caller) -> CancellationToken {
-        match caller.token_id {
-            Some(id) => self.watched.lock().unwrap().entry(id).or_default().clone(),
-            None => CancellationToken::new(),
+        let mut watched = self.watched.lock().unwrap();
+        let entry = watched
+            .entry(caller.token_id)
+            .or_insert_with(|| Watched::new(caller.role));
+        if entry.role != caller.role {
+            // Changed since its other sockets opened: they close now.
+            entry.closed.cancel();
+            *entry = Watched::new(caller.role);
         }
+        entry.closed.clone()
     }
 
-    /// Whether any WebSocket is open with a token (else there is nothing to check).
+    /// Whether any WebSocket is open (else there is nothing to check).
     pub fn watching(&self) -> bool {
         !self.watched.lock().unwrap().is_empty()
     }
 
-    /// Closes the WebSockets of every watched token that is not `active`.
-    pub fn close_revoked(&self, active: &HashSet<uuid::Uuid>) {
-        self.watched.lock().unwrap().retain(|id, closed| {
-            if active.contains(id) {
+    /// Closes the WebSockets of every watched token that is not `active`
+    /// (the active tokens with their users' roles) with the role it was
+    /// opened with; those of the open mode once any token is.
+    pub fn close_revoked(&self, active: &HashMap<uuid::Uuid, Role>) {
+        self.watched.lock().unwrap().retain(|id, watched| {
+            let role = match id {
+                Some(id) => active.get(id).copied(),
+                None => active.is_empty().then_some(Role::Operator),
+            };
+            if role == Some(watched.role) {
                 return true;
             }
-            tracing::info!(token_id = %id, "token revoked: closing its websockets");
-            closed.cancel();
+            tracing::info!(token_id = ?id, "token revoked or its role changed: closing its websockets");
+            watched.closed.cancel();
             false
         });
     }

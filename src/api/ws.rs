@@ -43,6 +43,10 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 const CLOSE_TOO_SLOW: u16 = 4008;
 /// Close code when the connection's token is revoked or its user removed.
 const CLOSE_POLICY_VIOLATION: u16 = 1008;
+/// The largest message a client may send: clients send only presence
+/// frames (`{"type":"presence","visible":…}`); a larger one ends the
+/// connection rather than being buffered whole.
+const CLIENT_MESSAGE_BYTES: usize = 4096;
 /// Close code for a client whose next bytes do not fit `ws_buffer_bytes`
 /// ("try again later"); it may resume with `after`.
 const CLOSE_TRY_AGAIN_LATER: u16 = 1013;
@@ -138,7 +142,13 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Handshake {
         }
         WebSocketUpgrade::from_request_parts(parts, state)
             .await
-            .map(Handshake)
+            .map(|upgrade| {
+                Handshake(
+                    upgrade
+                        .max_message_size(CLIENT_MESSAGE_BYTES)
+                        .max_frame_size(CLIENT_MESSAGE_BYTES),
+                )
+            })
             .map_err(|e| {
                 Error::NotAHandshake(format!("not a WebSocket handshake: {}", e.body_text()))
             })
@@ -234,7 +244,7 @@ enum WsEnd {
     ClientGone,
     #[error("client too slow")]
     TooSlow,
-    #[error("token revoked")]
+    #[error("token revoked or its role changed")]
     Revoked,
     #[error("over the buffer budget")]
     OverBudget,
@@ -377,7 +387,11 @@ async fn close_for(socket: &mut WebSocket, result: &Result<(), WsEnd>) {
             "too slow; resume with ?after=",
             CLOSE_TIMEOUT,
         ),
-        Err(WsEnd::Revoked) => (CLOSE_POLICY_VIOLATION, "token revoked", CLOSE_TIMEOUT),
+        Err(WsEnd::Revoked) => (
+            CLOSE_POLICY_VIOLATION,
+            "token revoked or its role changed",
+            CLOSE_TIMEOUT,
+        ),
         Err(WsEnd::OverBudget) => {
             telemetry::websocket_over_budget();
             // Nothing of a frame is left to send before it (a frame is

@@ -449,8 +449,9 @@ pub trait Store:
     async fn list_tokens(&self) -> Result<Vec<TokenInfo>>;
     /// `false` if there is no active token with this id.
     async fn revoke_token(&self, id: Uuid) -> Result<bool>;
-    /// The ids of every active token (for closing the WebSockets of revoked ones).
-    async fn active_token_ids(&self) -> Result<std::collections::HashSet<Uuid>>;
+    /// Every active token with its user's role (for closing the WebSockets
+    /// of revoked ones, and of users whose role changed).
+    async fn active_tokens(&self) -> Result<std::collections::HashMap<Uuid, crate::model::Role>>;
     /// Removes a user: every token of theirs is revoked, and every action
     /// URL of theirs is used up. `false` if there is no such user.
     async fn remove_user(&self, name: &str) -> Result<bool>;

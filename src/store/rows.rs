@@ -89,6 +89,11 @@ fn bad(what: &str, value: &str) -> Error {
     Error::Internal(anyhow::anyhow!("bad {what} {value:?} in the database"))
 }
 
+/// A stored role.
+pub fn role_col(s: &str) -> Result<crate::model::Role> {
+    crate::model::Role::parse(s).ok_or_else(|| bad("role", s))
+}
+
 /// A conversation found by a search, with the text of its first matching
 /// message (`None`: its title matched).
 #[derive(sqlx::FromRow)]
@@ -330,7 +335,7 @@ impl TryFrom<TokenRow> for super::backend::TokenInfo {
     fn try_from(r: TokenRow) -> Result<super::backend::TokenInfo> {
         Ok(super::backend::TokenInfo {
             id: r.id,
-            role: crate::model::Role::parse(&r.role).ok_or_else(|| bad("role", &r.role))?,
+            role: role_col(&r.role)?,
             user: r.user_name,
             label: r.label,
             created_at: r.created_at,

@@ -780,12 +780,18 @@ macro_rules! impl_store {
                 Ok(done.rows_affected() > 0)
             }
 
-            async fn active_token_ids(&self) -> Result<std::collections::HashSet<Uuid>> {
-                let rows: Vec<(Uuid,)> =
-                    sqlx::query_as("select id from tokens where revoked_at is null")
-                        .fetch_all(&self.pool)
-                        .await?;
-                Ok(rows.into_iter().map(|(id,)| id).collect())
+            async fn active_tokens(
+                &self,
+            ) -> Result<std::collections::HashMap<Uuid, crate::model::Role>> {
+                let rows: Vec<(Uuid, String)> = sqlx::query_as(
+                    "select t.id, u.role from tokens t join users u on u.name = t.user_name
+                     where t.revoked_at is null",
+                )
+                .fetch_all(&self.pool)
+                .await?;
+                rows.into_iter()
+                    .map(|(id, role)| Ok((id, $crate::store::rows::role_col(&role)?)))
+                    .collect()
             }
 
             async fn remove_user(&self, name: &str) -> Result<bool> {

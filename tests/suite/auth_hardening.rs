@@ -216,8 +216,76 @@ async fn the_cli_refuses_the_user_names_and_labels_the_api_refuses(db: TestDb) {
     );
 }
 
+/// What a WebSocket shows is decided by the role it was opened with: an
+/// operator made a user has her sockets closed (1008), and what she opens
+/// again shows only her own; a socket of the open mode closes once a token
+/// exists.
+async fn a_role_change_or_the_first_token_closes_the_sockets_it_affects(db: TestDb) {
+    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
+    let mut open_inbox = gw.ws("/api/v1/ws").await;
+    assert_eq!(open_inbox.next().await["type"], "snapshot");
+    let operator = cli_token(&db, "root-op", "operator");
+    assert_eq!(closed_with(&mut open_inbox).await, 1008);
+
+    let (olga, _) = make_token(&gw, &operator, "olga", "operator").await;
+    let (bob, _) = make_token(&gw, &operator, "bob", "user").await;
+    let (status, conv) = call(
+        &gw,
+        "POST",
+        "/api/v1/conversations",
+        Some(&bob),
+        Some(json!({"agent": "demo"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{conv}");
+    let bobs = conv["id"].as_str().unwrap().to_owned();
+    let mut olga_inbox = ws_with(&gw, "/api/v1/ws", &olga).await;
+    assert_eq!(olga_inbox.next().await["type"], "snapshot");
+    let mut olga_on_bobs = ws_with(&gw, &format!("/api/v1/conversations/{bobs}/ws"), &olga).await;
+    olga_on_bobs.until_type("agent_status").await;
+    let mut root_inbox = ws_with(&gw, "/api/v1/ws", &operator).await;
+    assert_eq!(root_inbox.next().await["type"], "snapshot");
+
+    // Olga becomes a user: both her sockets close.
+    make_token(&gw, &operator, "olga", "user").await;
+    assert_eq!(closed_with(&mut olga_inbox).await, 1008);
+    assert_eq!(closed_with(&mut olga_on_bobs).await, 1008);
+
+    // Connecting again, she sees only her own (bob's prompt does not reach
+    // her new inbox, though it reaches the operator's).
+    let mut olga_inbox = ws_with(&gw, "/api/v1/ws", &olga).await;
+    assert_eq!(olga_inbox.next().await["type"], "snapshot");
+    let (status, _) = call(
+        &gw,
+        "POST",
+        &format!("/api/v1/conversations/{bobs}/prompts"),
+        Some(&bob),
+        Some(json!({"text": "hello"})),
+    )
+    .await;
+    assert_eq!(status, 202);
+    root_inbox
+        .until(|e| e["type"] == "turn_ended" && e["conversation_id"] == bobs.as_str())
+        .await;
+    let (status, _) = call(
+        &gw,
+        "POST",
+        "/api/v1/conversations",
+        Some(&olga),
+        Some(json!({"agent": "demo"})),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let seen = olga_inbox.until(|e| e["type"] == "agent_status").await;
+    assert!(
+        seen.iter().all(|e| e["conversation_id"] != bobs.as_str()),
+        "{seen:?}"
+    );
+}
+
 backend_tests!(
     revoking_a_token_or_removing_its_user_closes_its_open_websockets,
+    a_role_change_or_the_first_token_closes_the_sockets_it_affects,
     tokens_in_the_url_or_subprotocol_count_only_on_websocket_upgrades,
     a_cwd_outside_the_allowed_roots_gets_the_same_answer_whether_or_not_it_exists,
     the_cli_refuses_the_user_names_and_labels_the_api_refuses,

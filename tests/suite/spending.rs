@@ -512,7 +512,38 @@ async fn non_reading_websockets_hold_a_bounded_total_and_the_ones_over_it_resume
     assert!(gw.ws_budget.refused() >= told);
 }
 
+/// A WebSocket client's message is bounded like a request body: one over
+/// 4 KiB ends its connection instead of being read whole, and the gateway
+/// serves on (presence frames, the only ones clients send, are far below).
+async fn an_oversized_client_frame_ends_its_websocket(db: TestDb) {
+    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
+    let (id, mut ws) = gw.open_conversation("demo").await;
+    ws.until_type("agent_status").await;
+    let presence = json!({"type": "presence", "visible": true}).to_string();
+    ws.stream
+        .send(WsMessage::Text(presence.into()))
+        .await
+        .unwrap();
+    let big = "x".repeat(8 * 1024 * 1024);
+    // The gateway may close while the frame is still being written.
+    let _ = ws.stream.send(WsMessage::Text(big.into())).await;
+    let ended = tokio::time::timeout(WAIT, async {
+        loop {
+            match ws.stream.next().await {
+                Some(Ok(WsMessage::Close(_))) | Some(Err(_)) | None => break,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the connection ends");
+    let mut again = gw.conversation_ws(&id, 0).await;
+    gw.prompt(&id, "hello").await;
+    again.until_type("turn_ended").await;
+}
+
 backend_tests!(
+    an_oversized_client_frame_ends_its_websocket,
     a_user_over_the_creation_limit_gets_429_and_another_user_does_not,
     a_user_at_the_agent_limit_loses_an_idle_agent_or_gets_429_and_another_user_does_not,
     messages_are_paged_without_loss_or_repetition,
