@@ -196,8 +196,16 @@ impl Terminals {
             .find(|v| v.name == "PATH")
             .map(|v| v.value.as_str())
             .or_else(|| crate::process::spawn::path_of(&self.environment));
-        let program = crate::sys::resolve_command(&request.command, path)
-            .map_err(|why| Refusal::invalid(format!("cannot run {:?}: {why}", request.command)))?;
+        let program = if request.command.contains('/') {
+            // A path: the terminal's cwd is what a relative one is relative
+            // to, and whether it is there and runnable is for its start to
+            // say, with the agent's user's rights and in its box (not ours).
+            cwd.join(&request.command)
+        } else {
+            crate::sys::resolve_command(&request.command, path).map_err(|why| {
+                Refusal::invalid(format!("cannot run {:?}: {why}", request.command))
+            })?
+        };
         let mut command = tokio::process::Command::new(program);
         command
             .args(&request.args)
@@ -534,6 +542,52 @@ mod running {
             .expect("the command is killed")
             .unwrap();
         assert_eq!(status["signal"], "SIGKILL", "{status}");
+    }
+
+    /// A command given as a path is the agent's to find: a relative one is
+    /// relative to the terminal's cwd, and one its user cannot reach is
+    /// refused as one that is not there is (nothing is looked up with the
+    /// gateway's rights; as `nobody` only where the gateway is root).
+    #[tokio::test]
+    async fn a_command_path_is_found_as_the_agent_would_find_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |path: &std::path::Path, mode: u32| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let cwd = dir.path().canonicalize().unwrap();
+        mode(&cwd, 0o755);
+        std::fs::write(cwd.join("script.sh"), "#!/bin/sh\necho here\n").unwrap();
+        mode(&cwd.join("script.sh"), 0o755);
+        let (out, _output) = mpsc::channel(4096);
+        let terminals = Terminals::new(out, environment(None));
+        let workspace = workspace_in(cwd.clone(), None);
+        let id = terminals
+            .create(&workspace, &request("./script.sh", &[]))
+            .unwrap()["terminalId"]
+            .clone();
+        assert_eq!(finished(&terminals, &id).await["output"], "here\n");
+
+        let Some(nobody) = crate::sys::nobody_if_root() else {
+            return;
+        };
+        let private = tempfile::tempdir().unwrap();
+        let tool = private.path().join("tool");
+        std::fs::copy(cwd.join("script.sh"), &tool).unwrap();
+        mode(private.path(), 0o700);
+        let terminals = Terminals::new(mpsc::channel(4096).0, environment(Some(&nobody)));
+        let workspace = workspace_in(cwd, Some(nobody.clone()));
+        let refusal = |command: &std::path::Path| {
+            let refused = terminals
+                .create(&workspace, &request(command.to_str().unwrap(), &[]))
+                .unwrap_err();
+            refused
+                .message
+                .replace(command.to_str().unwrap(), "<command>")
+        };
+        let there = refusal(&tool);
+        assert!(there.contains("Permission denied"), "{there}");
+        assert_eq!(there, refusal(&private.path().join("missing")));
     }
 
     /// A terminal's command runs as the agent's user, with its home (only
