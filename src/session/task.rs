@@ -642,7 +642,7 @@ impl Task {
                 let _ = reply.send(result);
             }
             (Command::Cancel, Reply::Done(reply)) => {
-                let result = self.cancel_turn("turn cancelled").await;
+                let result = self.cancel_turn("turn cancelled", None).await;
                 let _ = reply.send(result);
             }
             (

@@ -20,6 +20,8 @@ struct Proxy {
     open: Arc<AtomicBool>,
     /// Bumped to drop every proxied connection.
     cuts: watch::Sender<u64>,
+    /// How many connections were refused while cut.
+    refused: watch::Sender<usize>,
 }
 
 impl Proxy {
@@ -28,7 +30,9 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let open = Arc::new(AtomicBool::new(true));
         let (cuts, _) = watch::channel(0u64);
-        let (accept_open, accept_cuts) = (open.clone(), cuts.clone());
+        let (refused, _) = watch::channel(0usize);
+        let (accept_open, accept_cuts, accept_refused) =
+            (open.clone(), cuts.clone(), refused.clone());
         tokio::spawn(async move {
             loop {
                 let Ok((mut client, _)) = listener.accept().await else {
@@ -36,6 +40,7 @@ impl Proxy {
                 };
                 if !accept_open.load(Ordering::SeqCst) {
                     drop(client);
+                    accept_refused.send_modify(|n| *n += 1);
                     continue;
                 }
                 let mut cut = accept_cuts.subscribe();
@@ -51,11 +56,26 @@ impl Proxy {
                 });
             }
         });
-        Proxy { port, open, cuts }
+        Proxy {
+            port,
+            open,
+            cuts,
+            refused,
+        }
+    }
+
+    /// Waits (bounded) until `n` connections were refused since the cut.
+    async fn until_refused(&self, n: usize) {
+        let mut refused = self.refused.subscribe();
+        tokio::time::timeout(WAIT, refused.wait_for(|seen| *seen >= n))
+            .await
+            .expect("the gateway tries to reach the database")
+            .unwrap();
     }
 
     /// The database is unreachable from now on.
     fn cut(&self) {
+        self.refused.send_replace(0);
         self.open.store(false, Ordering::SeqCst);
         self.cuts.send_modify(|n| *n += 1);
     }
@@ -77,6 +97,13 @@ async fn behind_a_proxy(
     write_buffer_events: usize,
     agent_args: &[&str],
 ) -> (TestGateway, Proxy) {
+    let (mut config, proxy) = proxied_config(db, agent_args).await;
+    config.write_buffer_events = write_buffer_events;
+    (TestGateway::start_with(config).await, proxy)
+}
+
+/// The config of a gateway behind a proxy of its own, and the proxy.
+async fn proxied_config(db: &TestDb, agent_args: &[&str]) -> (acp_gateway::config::Config, Proxy) {
     let (host_port, rest) = db
         .url
         .trim_start_matches("postgres://postgres@")
@@ -88,8 +115,7 @@ async fn behind_a_proxy(
         "postgres://postgres@127.0.0.1:{}/{rest}",
         proxy.port
     ));
-    config.write_buffer_events = write_buffer_events;
-    (TestGateway::start_with(config).await, proxy)
+    (config, proxy)
 }
 
 /// The search backlog (what was written before search existed) waits out
@@ -282,4 +308,58 @@ async fn a_websocket_reconnecting_during_an_outage_sees_every_event_once_in_orde
     assert_eq!(caught_up, live, "the same events, once each, in order");
     let events = gw.events(&id).await;
     assert_consecutive(&events, 0);
+}
+
+/// A gateway stopping (cancelling its turns) while the database is away,
+/// with a request waiting: its ending waits for the database, up to
+/// `shutdown_timeout`, instead of giving up at the first refusal, so once
+/// the database is back the request is recorded cancelled and the turn
+/// ended, and nothing is left behind as if it still waited.
+#[tokio::test]
+async fn a_stop_during_an_outage_with_a_request_waiting_records_its_end_once_the_database_is_back()
+{
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let (mut config, proxy) = proxied_config(&db, &[]).await;
+    // Longer than the three tries the test waits for.
+    config.shutdown_timeout = std::time::Duration::from_secs(60);
+    let gw = TestGateway::start_with(config).await;
+    let (id, mut ws) = gw.open_conversation("demo").await;
+    gw.prompt(&id, "tool").await;
+    let requested = ws.until_type("permission_requested").await.pop().unwrap();
+    let request_id: uuid::Uuid = requested["data"]["id"].as_str().unwrap().parse().unwrap();
+    proxy.cut();
+    let stopping = tokio::spawn(gw.stop());
+    // The ending meets the outage, and keeps trying.
+    proxy.until_refused(3).await;
+    proxy.restore();
+    stopping.await.unwrap();
+
+    let store = acp_gateway::store::open(&db.url).await.unwrap();
+    let request = store.get_permission(request_id).await.unwrap().unwrap();
+    assert_eq!(request.status.as_str(), "cancelled", "{request:?}");
+    let events = store
+        .list_events(id.parse().unwrap(), 0, 1_000)
+        .await
+        .unwrap();
+    let types: Vec<String> = events
+        .iter()
+        .map(|e| {
+            serde_json::to_value(e).unwrap()["type"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert!(
+        types.iter().any(|t| t == "permission_resolved"),
+        "{types:?}"
+    );
+    assert_eq!(
+        types.last().map(String::as_str),
+        Some("agent_status"),
+        "{types:?}"
+    );
+    assert!(types.iter().any(|t| t == "turn_ended"), "{types:?}");
 }

@@ -30,8 +30,9 @@ impl Task {
         if self.turn.is_none() {
             return Ok(());
         }
-        self.cancel_turn("the gateway is shutting down").await?;
         let deadline = tokio::time::Instant::now() + self.shutdown_timeout;
+        self.cancel_turn("the gateway is shutting down", Some(deadline))
+            .await?;
         while self.turn.is_some() {
             tokio::select! {
                 result = next_prompt_result(&mut self.prompt) => {
@@ -171,7 +172,8 @@ impl Task {
                 let _ = self.agent.cancel().await;
             }
             if stop_reason == "cancelled" {
-                self.resolve_all(PermissionStatus::Cancelled, &detail)
+                let deadline = tokio::time::Instant::now() + self.shutdown_timeout;
+                self.resolve_all(PermissionStatus::Cancelled, &detail, Some(deadline))
                     .await?;
             }
             if by_user {
@@ -221,7 +223,8 @@ impl Task {
         forget_process(self.journal.store(), self.record.take().as_ref()).await;
         // Requests the agent can no longer receive an answer for.
         let reason = format!("the agent went away: {}", first_line(&detail));
-        self.resolve_all(PermissionStatus::Expired, &reason).await?;
+        self.resolve_all(PermissionStatus::Expired, &reason, Some(deadline))
+            .await?;
         let turn_ended = self.turn.take().map(|turn| TurnEnded {
             turn_id: turn.id,
             stop_reason: stop_reason.to_owned(),

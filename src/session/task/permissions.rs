@@ -9,6 +9,10 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::Task;
+
+/// How often an ending tries again to record an answer while the database
+/// is away.
+const SETTLE_RETRY: Duration = Duration::from_millis(200);
 use crate::acp::rpc::{IncomingRequest, INVALID_PARAMS};
 use crate::error::{Error, Result};
 use crate::model::{self, Decision, PermissionRequest, PermissionStatus};
@@ -210,14 +214,37 @@ impl Task {
         }
     }
 
+    /// Resolves every request still waiting as `status`, decided by the
+    /// system for `reason`. With `patience` (an ending), a database that is
+    /// away is waited for until then (each request tried again every
+    /// [`SETTLE_RETRY`]), and what cannot be recorded by then stays pending
+    /// for the next start to settle while the ending goes on: stopping at
+    /// the first refusal left the agent killed, the session's end
+    /// unrecorded and what waited in memory unwritten.
     pub(super) async fn resolve_all(
         &mut self,
         status: PermissionStatus,
         reason: &str,
+        patience: Option<tokio::time::Instant>,
     ) -> Result<()> {
         for id in self.pending.ids() {
-            let decision = Decision::new(None, "system".into(), Some(reason.to_owned()));
-            self.resolve(id, status, decision).await?;
+            loop {
+                let decision = Decision::new(None, "system".into(), Some(reason.to_owned()));
+                let Err(e) = self.resolve(id, status, decision).await else {
+                    break;
+                };
+                match patience {
+                    Some(until) if e.is_outage() && tokio::time::Instant::now() < until => {
+                        tokio::time::sleep(SETTLE_RETRY).await;
+                    }
+                    Some(_) if e.is_outage() => {
+                        tracing::warn!(permission_id = %id, error = %e,
+                            "the database is away: the request stays pending until the next start");
+                        break;
+                    }
+                    _ => return Err(e),
+                }
+            }
         }
         Ok(())
     }

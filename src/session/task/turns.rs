@@ -54,8 +54,14 @@ impl Task {
     }
 
     /// The ACP cancel rule: `session/cancel`, then every pending request of
-    /// the session is answered with the cancelled outcome.
-    pub(super) async fn cancel_turn(&mut self, reason: &str) -> Result<()> {
+    /// the session is answered with the cancelled outcome (a database that
+    /// is away waited for until `patience`, for an ending: see
+    /// [`Task::resolve_all`]).
+    pub(super) async fn cancel_turn(
+        &mut self,
+        reason: &str,
+        patience: Option<tokio::time::Instant>,
+    ) -> Result<()> {
         let Some(turn) = self.turn.as_mut() else {
             return Ok(());
         };
@@ -63,7 +69,8 @@ impl Task {
         if let Err(e) = self.agent.cancel().await {
             tracing::warn!(error = %e, "could not send session/cancel");
         }
-        self.resolve_all(PermissionStatus::Cancelled, reason).await
+        self.resolve_all(PermissionStatus::Cancelled, reason, patience)
+            .await
     }
 
     pub(super) fn end_turn(&mut self, result: Result<Value, RpcError>) {
