@@ -344,6 +344,12 @@ impl Notifier {
             _ => {}
         }
         let user = due.user().to_owned();
+        // A removed user's conversations go on; nothing of them reaches
+        // the user any more, and no action URL is minted for them.
+        if self.store.user_removed(&user).await? {
+            tracing::debug!(user = %user, "not notified: the user was removed");
+            return Ok(());
+        }
         let keys = due.keys();
         let (event, conversation_id, request, turn, count) = match &due {
             Due::Waiting { requests, .. } => {

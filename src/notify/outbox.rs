@@ -299,10 +299,24 @@ impl Outbox {
                 return;
             }
         };
+        // Its user removed after it was enqueued (or while it waited for a
+        // retry): nothing more is sent to them.
+        let removed = match self.store.user_removed(&target.owner).await {
+            Ok(removed) => removed,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read whether a target's user was removed");
+                return;
+            }
+        };
         let outcome = if target.gone {
             DeliveryOutcome::Failed {
                 status: None,
                 error: "the target is gone: not sent".into(),
+            }
+        } else if removed {
+            DeliveryOutcome::Failed {
+                status: None,
+                error: "its user was removed: not sent".into(),
             }
         } else {
             self.send(
@@ -314,7 +328,9 @@ impl Outbox {
             .await
         };
         let next = match &outcome {
-            DeliveryOutcome::Failed { .. } if attempt < MAX_ATTEMPTS && !target.gone => {
+            DeliveryOutcome::Failed { .. }
+                if attempt < MAX_ATTEMPTS && !target.gone && !removed =>
+            {
                 let wait = chrono::Duration::from_std(self.backoff(attempt)).unwrap_or_default();
                 AttemptNext::RetryAt(Utc::now() + wait)
             }
