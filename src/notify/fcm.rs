@@ -402,7 +402,7 @@ pub fn check_service_account(path: &Path) -> anyhow::Result<()> {
             service_account_file: path.to_path_buf(),
             api_base: None,
         },
-        reqwest::Client::new(),
+        super::guard::client(false)?,
     )
     .map(drop)
 }
