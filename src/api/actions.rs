@@ -79,8 +79,8 @@ fn count_failure(client: String) {
         .hit(client, FAILURE_WINDOW, tokio::time::Instant::now());
 }
 
-/// A token that was minted but is no more: used, expired, or its request
-/// answered or gone.
+/// A token that was minted but is no more: used, expired, its request
+/// answered or gone, or its user removed.
 fn failed(client: String) -> Error {
     count_failure(client);
     Error::Gone("this action is used or expired".into())
@@ -92,8 +92,12 @@ fn unknown(client: String) -> Error {
     Error::NotFound("no such action".into())
 }
 
-/// The token's row and its request, if the token is well formed and known.
-async fn lookup(state: &AppState, token: &str) -> Result<Option<(ActionToken, PermissionRequest)>> {
+/// The token's row and its request, if the token is well formed and known,
+/// and whether its user was removed.
+async fn lookup(
+    state: &AppState,
+    token: &str,
+) -> Result<Option<(ActionToken, PermissionRequest, bool)>> {
     if !well_formed(token) {
         return Ok(None);
     }
@@ -101,8 +105,11 @@ async fn lookup(state: &AppState, token: &str) -> Result<Option<(ActionToken, Pe
     let Some(row) = state.store().find_action_token(&hash).await? else {
         return Ok(None);
     };
-    let request = state.store().get_permission(row.request_id).await?;
-    Ok(request.map(|r| (row, r)))
+    let Some(request) = state.store().get_permission(row.request_id).await? else {
+        return Ok(None);
+    };
+    let removed = state.store().user_removed(&row.user_name).await?;
+    Ok(Some((row, request, removed)))
 }
 
 fn option_name(request: &PermissionRequest, option_id: &str) -> String {
@@ -122,7 +129,7 @@ fn option_name(request: &PermissionRequest, option_id: &str) -> String {
     responses(
         (status = 200, description = "A page with one button that `POST`s this URL", content_type = "text/html", body = String),
         (status = 404, description = "No such action (not one the gateway sent, or expired and swept)", content_type = "text/html", body = String),
-        (status = 410, description = "Used, expired, or its request answered", content_type = "text/html", body = String),
+        (status = 410, description = "Used, expired, its request answered, or its user removed", content_type = "text/html", body = String),
         TooManyFailedLookups,
     )
 )]
@@ -141,12 +148,13 @@ async fn show(
             "<p>This link is not one the gateway sent, or it expired long ago.</p>",
         ));
     };
-    let usable = Some(found).filter(|(row, request)| {
+    let usable = Some(found).filter(|(row, request, removed)| {
         row.used_at.is_none()
+            && !removed
             && row.expires_at > crate::model::now()
             && request.status == PermissionStatus::Pending
     });
-    let Some((row, request)) = usable else {
+    let Some((row, request, _)) = usable else {
         count_failure(client);
         return Ok(page(
             StatusCode::GONE,
@@ -215,7 +223,7 @@ fn escape(text: &str) -> String {
         (status = 200, description = "Answered", body = PermissionRequest),
         (status = 404, description = "No such action (not one the gateway sent, or expired and swept)"),
         (status = 409, description = "`already_resolved` (member `request`): someone answered first; or `agent_gone`"),
-        (status = 410, description = "Used, expired, or its request gone"),
+        (status = 410, description = "Used, expired, its request gone, or its user removed"),
         TooManyFailedLookups,
     )
 )]
@@ -235,6 +243,11 @@ async fn answer(
         return Err(unknown(client));
     };
     if !first || row.expires_at <= now {
+        return Err(failed(client));
+    }
+    // Minted for a user removed since (their conversations go on): it
+    // ends with them, as those minted before did.
+    if state.store().user_removed(&row.user_name).await? {
         return Err(failed(client));
     }
     let request = state

@@ -112,8 +112,10 @@ async fn revoke(
 }
 
 /// Removes a user: every token of theirs is revoked (their open WebSockets
-/// close) and their notifications' action URLs stop working (410); their
-/// conversations and history stay.
+/// close), their notifications' action URLs stop working (410, those of
+/// requests asked later too) and nothing more is sent to their notification
+/// targets; their conversations and history stay. A new token for them
+/// makes them a user again.
 #[utoipa::path(
     delete, operation_id = "removeUser", path = "/api/v1/users/{name}", tag = "tokens",
     params(("name" = String, Path, description = "The user")),

@@ -27,6 +27,9 @@ const SCOPE: &str = "https://www.googleapis.com/auth/firebase.messaging";
 const RENEW_BEFORE: Duration = Duration::from_secs(5 * 60);
 /// `apns-collapse-id` may have at most 64 bytes.
 const MAX_COLLAPSE_KEY: usize = 64;
+/// The most a message may carry, its notification's title and body and its
+/// data (keys and values): FCM refuses a message with more (400).
+pub const MAX_PAYLOAD: usize = 4000;
 
 /// A sender for one Firebase project; cheap to clone, one token cache.
 #[derive(Clone)]
@@ -296,10 +299,55 @@ fn names_unregistered(body: &str) -> bool {
             .is_some_and(|d| d.iter().any(|d| d["errorCode"] == "UNREGISTERED"))
 }
 
+/// Whether `notification` makes an FCM message within [`MAX_PAYLOAD`],
+/// measured as the JSON of its `notification` and `data` (which counts more
+/// than FCM does).
+pub fn fits(notification: &Notification) -> bool {
+    let (shown, data) = payload(notification);
+    serde_json::to_vec(&json!({ "notification": shown, "data": data }))
+        .is_ok_and(|json| json.len() <= MAX_PAYLOAD)
+}
+
 /// The FCM v1 message for `notification`: the shade's title and body, and
 /// the notification's fields as `data` (FCM wants a map of strings; the
-/// actions go as one JSON string).
+/// actions go as one JSON string). A notification that does not fit (one
+/// stored by an older version) is shortened first.
 fn message(device_token: &str, notification: &Notification, collapse_key: Option<&str>) -> Value {
+    let fitted;
+    let notification = if fits(notification) {
+        notification
+    } else {
+        let mut shorter = notification.clone();
+        super::fit::fit(&mut shorter, fits);
+        fitted = shorter;
+        &fitted
+    };
+    let (shown, data) = payload(notification);
+    let urgent = matches!(
+        notification.event,
+        NotificationEvent::PermissionWaiting | NotificationEvent::PermissionReminder
+    );
+    let mut android = json!({ "priority": if urgent { "high" } else { "normal" } });
+    let mut apns_headers = json!({ "apns-priority": if urgent { "10" } else { "5" } });
+    if let Some(key) = collapse_key {
+        let key = short_collapse_key(key);
+        android["collapse_key"] = json!(key);
+        apns_headers["apns-collapse-id"] = json!(key);
+    }
+    json!({
+        "message": {
+            "token": device_token,
+            "notification": shown,
+            "data": data,
+            "android": android,
+            "apns": { "headers": apns_headers },
+        }
+    })
+}
+
+/// What an FCM message carries of `notification`: the shade's title and
+/// body, and the data.
+fn payload(notification: &Notification) -> (Value, Map<String, Value>) {
     let (title, body) = headline(notification);
     let mut data = Map::new();
     let mut put = |key: &str, value: Option<String>| {
@@ -332,26 +380,7 @@ fn message(device_token: &str, notification: &Notification, collapse_key: Option
         "actions",
         Some(serde_json::to_string(&notification.actions).unwrap_or_else(|_| "[]".into())),
     );
-    let urgent = matches!(
-        notification.event,
-        NotificationEvent::PermissionWaiting | NotificationEvent::PermissionReminder
-    );
-    let mut android = json!({ "priority": if urgent { "high" } else { "normal" } });
-    let mut apns_headers = json!({ "apns-priority": if urgent { "10" } else { "5" } });
-    if let Some(key) = collapse_key {
-        let key = short_collapse_key(key);
-        android["collapse_key"] = json!(key);
-        apns_headers["apns-collapse-id"] = json!(key);
-    }
-    json!({
-        "message": {
-            "token": device_token,
-            "notification": { "title": title, "body": body },
-            "data": data,
-            "android": android,
-            "apns": { "headers": apns_headers },
-        }
-    })
+    (json!({ "title": title, "body": body }), data)
 }
 
 /// A collapse key within APNs' 64 bytes: as it is when it fits, else a
@@ -373,7 +402,7 @@ pub fn check_service_account(path: &Path) -> anyhow::Result<()> {
             service_account_file: path.to_path_buf(),
             api_base: None,
         },
-        reqwest::Client::new(),
+        super::guard::client(false)?,
     )
     .map(drop)
 }

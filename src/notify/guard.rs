@@ -10,7 +10,8 @@
 //! returned. A name that resolved to a public address at creation and to
 //! 127.0.0.1 at delivery reaches nothing. Hosts written as IP addresses do
 //! not go through a resolver: [`check_literal`] covers them at delivery, and
-//! redirects are never followed.
+//! redirects are never followed. No proxy is used, not even one the
+//! environment names: a proxy resolves the target itself, past the guard.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
@@ -209,10 +210,14 @@ impl reqwest::dns::Resolve for GuardedResolver {
     }
 }
 
-/// The HTTP client every channel sends with: the guarded resolver, no
-/// redirects, bounded time.
+/// The HTTP client every channel sends with (FCM's OAuth token requests
+/// too): the guarded resolver, no proxy, no redirects, bounded time. A proxy
+/// from the environment (`HTTPS_PROXY`, `ALL_PROXY`, …) would resolve the
+/// target itself, and the resolver would see only the proxy: the client
+/// never uses one.
 pub fn client(allow_private: bool) -> anyhow::Result<reqwest::Client> {
     Ok(reqwest::Client::builder()
+        .no_proxy()
         .dns_resolver(Arc::new(GuardedResolver::new(allow_private)))
         .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(std::time::Duration::from_secs(5))
@@ -313,6 +318,70 @@ mod tests {
         assert_eq!(
             resolver.resolve_checked("rebind.test").await.unwrap(),
             vec![SocketAddr::new(ip("1.1.1.1"), 0)]
+        );
+    }
+
+    /// A proxy in the gateway's environment is never used: it would resolve
+    /// the target itself, past the guarded resolver (which would see only
+    /// the proxy). The environment is the process's, shared by every test
+    /// running beside this one: so the test runs itself again in a process
+    /// of its own, with every proxy variable pointing at a listener here,
+    /// and sends to a name that resolves to loopback. The listener is never
+    /// connected to, and the send fails as without a proxy.
+    #[test]
+    fn a_proxy_in_the_environment_is_never_used() {
+        const CHILD: &str = "ACP_GATEWAY_TEST_PROXY_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let sent = runtime.block_on(async {
+                client(false)
+                    .unwrap()
+                    .get("http://localhost:9/")
+                    .send()
+                    .await
+            });
+            assert!(sent.is_err(), "refused by the guard: {sent:?}");
+            return;
+        }
+        let proxy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", proxy.local_addr().unwrap());
+        let connected = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = connected.clone();
+        // Answers whatever connects (so that a client that does use it is
+        // not left waiting), counting it first.
+        std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            for stream in proxy.incoming() {
+                let Ok(mut stream) = stream else { return };
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let _ = stream.read(&mut [0u8; 4096]);
+                let _ = stream.write_all(b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\n\r\n");
+            }
+        });
+        let name = concat!(module_path!(), "::a_proxy_in_the_environment_is_never_used");
+        let name = name.split_once("::").unwrap().1;
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+        child
+            .args([name, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD, "1")
+            .env_remove("NO_PROXY")
+            .env_remove("no_proxy")
+            .env_remove("REQUEST_METHOD");
+        for var in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+            child.env(var, &url).env(var.to_lowercase(), &url);
+        }
+        let out = child.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stdout}{stderr}");
+        assert!(stdout.contains("1 passed"), "it ran: {stdout}");
+        assert_eq!(
+            connected.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "the proxy was used"
         );
     }
 

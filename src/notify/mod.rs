@@ -12,13 +12,16 @@
 //!   [`Notification`] into one HTTP request to its service and says what
 //!   came of it ([`DeliveryOutcome`]); none knows about sessions;
 //! - **answers** (`actions`): single-use capability URLs, one per option of
-//!   a request, answered through the same path as `POST …/respond`.
+//!   a request, answered through the same path as `POST …/respond`;
+//! - **fit** (`fit`, pure): what the agent wrote, cut so that every
+//!   channel's payload fits what its service carries.
 //!
 //! This file holds only what those parts share: the body every channel
 //! carries, and the hand-over from the rules to the outbox.
 
 pub mod actions;
 pub mod fcm;
+pub mod fit;
 pub mod guard;
 pub mod http;
 pub mod notifier;

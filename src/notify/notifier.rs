@@ -37,9 +37,6 @@ use crate::model::{
 };
 use crate::store::{PermissionFilter, Store};
 
-/// How much of the agent's last message a `turn_ended` notification
-/// carries, in characters.
-pub const SUMMARY_CHARS: usize = 200;
 /// How often expired action tokens are deleted.
 const SWEEP: std::time::Duration = std::time::Duration::from_secs(3600);
 /// How soon a notification that could not be handed over is tried again.
@@ -344,6 +341,12 @@ impl Notifier {
             _ => {}
         }
         let user = due.user().to_owned();
+        // A removed user's conversations go on; nothing of them reaches
+        // the user any more, and no action URL is minted for them.
+        if self.store.user_removed(&user).await? {
+            tracing::debug!(user = %user, "not notified: the user was removed");
+            return Ok(());
+        }
         let keys = due.keys();
         let (event, conversation_id, request, turn, count) = match &due {
             Due::Waiting { requests, .. } => {
@@ -414,7 +417,7 @@ impl Notifier {
             (Some(request), Some(minter)) => minter.mint(request, &user).await?,
             _ => Vec::new(),
         };
-        let body = Notification {
+        let mut body = Notification {
             event,
             delivery_id: Uuid::nil(),
             at: Utc::now(),
@@ -425,6 +428,8 @@ impl Notifier {
             count,
             actions,
         };
+        // What the agent wrote, of any length, cut to its bounds.
+        super::fit::bound(&mut body);
         let outgoing = Outgoing {
             keys,
             collapse_key: conversation_id.map(|id| id.to_string()),
@@ -449,12 +454,13 @@ impl Notifier {
             .iter()
             .rev()
             .find(|m| m.role == MessageRole::Agent && m.turn_id == Some(turn))?;
-        let text: String = last
+        let mut text: String = last
             .content
             .iter()
             .filter_map(|b| b.get("text").and_then(Value::as_str))
             .collect();
-        Some(text.chars().take(SUMMARY_CHARS).collect())
+        super::fit::shorten(&mut text, super::fit::SUMMARY_CHARS);
+        Some(text)
     }
 }
 

@@ -27,6 +27,18 @@ pub fn split_url(url: &str) -> Result<(String, String), String> {
     Ok((parsed.to_string(), topic))
 }
 
+/// The most an ntfy message carries as text: a longer one is turned into
+/// an attachment, or refused where the server takes none.
+pub const MAX_MESSAGE: usize = 4096;
+
+/// Whether the ntfy message for `n` stays within [`MAX_MESSAGE`], measured
+/// as the whole JSON published (title, actions and all; more than ntfy
+/// counts), with a topic of the longest kind.
+pub fn fits(n: &Notification) -> bool {
+    let topic = "t".repeat(64);
+    serde_json::to_vec(&message(&topic, n)).is_ok_and(|json| json.len() <= MAX_MESSAGE)
+}
+
 /// The ntfy JSON message for `n`.
 pub fn message(topic: &str, n: &Notification) -> Value {
     let place = n
@@ -113,6 +125,16 @@ pub async fn deliver(
                 error: e,
             }
         }
+    };
+    // A body stored by an older version may not fit yet.
+    let fitted;
+    let n = if fits(n) {
+        n
+    } else {
+        let mut shorter = n.clone();
+        super::fit::fit(&mut shorter, fits);
+        fitted = shorter;
+        &fitted
     };
     let mut request = client
         .post(root)

@@ -16,9 +16,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use super::fcm::Fcm;
+use super::fcm::{self, Fcm};
 use super::vapid::VapidKeys;
-use super::{guard, ntfy, web_push, webhook};
+use super::{fit, guard, ntfy, web_push, webhook};
 use super::{DeliveryOutcome, Enqueue, Notification, NotificationEvent, Outgoing};
 use crate::config::{NotificationDetail, Notifications};
 use crate::error::Result;
@@ -85,19 +85,36 @@ impl TargetConfig {
 
 /// The body as a target of `kind` gets it: channels the operator does not
 /// control get it reduced at `detail = "minimal"` (no command, no summary);
-/// Web Push is end-to-end encrypted and always gets everything.
-/// A Web Push body too large for a push message
-/// ([`web_push::MAX_PAYLOAD`]) loses its command and summary too.
+/// Web Push is end-to-end encrypted and always gets everything. What the
+/// agent wrote is cut to its bounds for every kind, and for the push
+/// services further until the body fits what they carry ([`fits`]; see
+/// [`fit`]).
 pub fn body_for(kind: &str, detail: NotificationDetail, body: &Notification) -> Notification {
     let mut body = body.clone();
-    let too_large = || {
-        kind == "web_push"
-            && serde_json::to_vec(&body).map_or(true, |json| json.len() > web_push::MAX_PAYLOAD)
-    };
-    if (kind != "web_push" && detail == NotificationDetail::Minimal) || too_large() {
+    if kind != "web_push" && detail == NotificationDetail::Minimal {
         reduce(&mut body);
     }
+    if !fit::fit(&mut body, |body| fits(kind, body)) {
+        tracing::warn!(
+            kind,
+            "a notification does not fit its channel even when reduced"
+        );
+    }
     body
+}
+
+/// Whether a target of `kind` can carry `body`: a Web Push payload
+/// ([`web_push::MAX_PAYLOAD`]), an FCM message ([`fcm::fits`]), an ntfy
+/// message ([`ntfy::fits`]); webhooks carry anything.
+pub fn fits(kind: &str, body: &Notification) -> bool {
+    match kind {
+        "web_push" => {
+            serde_json::to_vec(body).is_ok_and(|json| json.len() <= web_push::MAX_PAYLOAD)
+        }
+        "fcm" => fcm::fits(body),
+        "ntfy" => ntfy::fits(body),
+        _ => true,
+    }
 }
 
 fn reduce(body: &mut Notification) {
@@ -299,10 +316,24 @@ impl Outbox {
                 return;
             }
         };
+        // Its user removed after it was enqueued (or while it waited for a
+        // retry): nothing more is sent to them.
+        let removed = match self.store.user_removed(&target.owner).await {
+            Ok(removed) => removed,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read whether a target's user was removed");
+                return;
+            }
+        };
         let outcome = if target.gone {
             DeliveryOutcome::Failed {
                 status: None,
                 error: "the target is gone: not sent".into(),
+            }
+        } else if removed {
+            DeliveryOutcome::Failed {
+                status: None,
+                error: "its user was removed: not sent".into(),
             }
         } else {
             self.send(
@@ -314,7 +345,9 @@ impl Outbox {
             .await
         };
         let next = match &outcome {
-            DeliveryOutcome::Failed { .. } if attempt < MAX_ATTEMPTS && !target.gone => {
+            DeliveryOutcome::Failed { .. }
+                if attempt < MAX_ATTEMPTS && !target.gone && !removed =>
+            {
                 let wait = chrono::Duration::from_std(self.backoff(attempt)).unwrap_or_default();
                 AttemptNext::RetryAt(Utc::now() + wait)
             }
@@ -438,8 +471,14 @@ impl Outbox {
                     p256dh,
                     auth,
                 };
+                // A body stored by an older version may not fit yet.
+                let fitted = (body.len() > web_push::MAX_PAYLOAD)
+                    .then(|| serde_json::from_str::<Notification>(body).ok())
+                    .flatten()
+                    .map(|n| body_for("web_push", NotificationDetail::Full, &n))
+                    .and_then(|n| serde_json::to_string(&n).ok());
                 let push = web_push::Push {
-                    payload: body.as_bytes(),
+                    payload: fitted.as_deref().unwrap_or(body).as_bytes(),
                     topic: collapse_key,
                     ttl_seconds: WEB_PUSH_TTL,
                 };

@@ -434,8 +434,8 @@ pub trait Store:
     /// Records a new list of operator policies (the history is kept).
     async fn save_policies(&self, set: &PolicySet) -> Result<()>;
 
-    /// Creates a token for `user` (creating the user, or setting its role),
-    /// storing only the token's hash.
+    /// Creates a token for `user` (creating the user, or setting its role;
+    /// a removed user is one again), storing only the token's hash.
     async fn create_token(
         &self,
         user: &str,
@@ -452,9 +452,16 @@ pub trait Store:
     /// Every active token with its user's role (for closing the WebSockets
     /// of revoked ones, and of users whose role changed).
     async fn active_tokens(&self) -> Result<std::collections::HashMap<Uuid, crate::model::Role>>;
-    /// Removes a user: every token of theirs is revoked, and every action
-    /// URL of theirs is used up. `false` if there is no such user.
+    /// Removes a user: every token of theirs is revoked, every action URL
+    /// of theirs is used up, and they are marked removed (see
+    /// [`Store::user_removed`]) until a new token is made for them. `false`
+    /// if there is no such user.
     async fn remove_user(&self, name: &str) -> Result<bool>;
+    /// Whether `name` was removed (and given no token since): nothing is
+    /// sent to them and no action URL of theirs answers, those minted after
+    /// the removal (their conversations go on) included. `false` for a name
+    /// that is no user (`anonymous` in open mode).
+    async fn user_removed(&self, name: &str) -> Result<bool>;
     /// Whether any token is active (then every request needs one).
     async fn any_active_token(&self) -> Result<bool>;
 

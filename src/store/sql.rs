@@ -714,7 +714,7 @@ macro_rules! impl_store {
                 let mut tx = self.writer().begin().await?;
                 sqlx::query(
                     "insert into users (name, role, created_at) values ($1, $2, $3)
-                     on conflict (name) do update set role = excluded.role",
+                     on conflict (name) do update set role = excluded.role, removed_at = null",
                 )
                 .bind(user)
                 .bind(role.as_str())
@@ -814,6 +814,15 @@ macro_rules! impl_store {
                 .bind(crate::model::now())
                 .execute(&mut *tx)
                 .await?;
+                // Marked, so that nothing later is sent to them or answers
+                // as them (see `user_removed`).
+                sqlx::query(
+                    "update users set removed_at = $2 where name = $1 and removed_at is null",
+                )
+                .bind(name)
+                .bind(crate::model::now())
+                .execute(&mut *tx)
+                .await?;
                 let found: Option<(String,)> =
                     sqlx::query_as("select name from users where name = $1")
                         .bind(name)
@@ -821,6 +830,16 @@ macro_rules! impl_store {
                         .await?;
                 tx.commit().await?;
                 Ok(found.is_some())
+            }
+
+            async fn user_removed(&self, name: &str) -> Result<bool> {
+                let row: Option<(i32,)> = sqlx::query_as(
+                    "select 1 from users where name = $1 and removed_at is not null",
+                )
+                .bind(name)
+                .fetch_optional(&self.pool)
+                .await?;
+                Ok(row.is_some())
             }
 
             async fn any_active_token(&self) -> Result<bool> {

@@ -13,7 +13,8 @@ Prints one JSON line {"port"} when it listens, then serves:
   POST /token                                   the JWT bearer grant
   POST /v1/projects/test-project/messages:send  201-free FCM: 200 {"name"},
        404 UNREGISTERED for the device token "gone-device", 401 for a token
-       not issued or revoked
+       not issued or revoked, 400 INVALID_ARGUMENT for a message whose
+       notification and data carry more than 4,000 bytes (keys and values)
   POST /revoke   forgets every token issued (the next send is 401)
   GET  /seen     {"token_requests": [...], "sends": [...]}
 """
@@ -106,12 +107,22 @@ class Handler(BaseHTTPRequestHandler):
 
     def send(self, body):
         bearer = self.headers.get("Authorization", "")
+        message = json.loads(body)["message"]
+        # What FCM's 4,000-byte limit counts: keys and values, in UTF-8.
+        carried = list(message.get("data", {}).items())
+        carried += list(message.get("notification", {}).items())
+        size = sum(len(k.encode()) + len(str(v).encode()) for k, v in carried)
         with LOCK:
             admitted = bearer.startswith("Bearer ") and bearer[len("Bearer "):] in ISSUED
-            SEEN["sends"].append({"admitted": admitted, "body": json.loads(body)})
+            SEEN["sends"].append({"admitted": admitted, "size": size, "body": json.loads(body)})
         if not admitted:
             return self.reply(401, {"error": {"code": 401, "status": "UNAUTHENTICATED"}})
-        message = json.loads(body)["message"]
+        if size > 4000:
+            return self.reply(400, {"error": {
+                "code": 400, "message": "Request contains an invalid argument.",
+                "status": "INVALID_ARGUMENT",
+                "details": [{"@type": "type.googleapis.com/google.firebase.fcm.v1.FcmError",
+                             "errorCode": "INVALID_ARGUMENT"}]}})
         if message["token"] == "gone-device":
             return self.reply(404, {"error": {
                 "code": 404, "message": "Requested entity was not found.", "status": "NOT_FOUND",

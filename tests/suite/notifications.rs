@@ -900,6 +900,136 @@ async fn the_vapid_public_key_is_made_once_and_kept(db: TestDb) {
     gw.stop().await;
 }
 
+/// A user removed while their request waits out its grace: their
+/// conversation goes on, but nothing of it reaches them. Bob's request,
+/// asked after the removal and so due after hers, is notified; hers never
+/// is (no delivery, no action URL minted), an action URL minted for her
+/// afterwards answers nothing, and a delivery already in the outbox for her
+/// is not sent.
+async fn a_removed_user_is_notified_nothing_and_no_later_action_of_theirs_answers(db: TestDb) {
+    let operator = cli_token(&db, "root", "operator");
+    let (alice, bob) = (
+        cli_token(&db, "alice", "user"),
+        cli_token(&db, "bob", "user"),
+    );
+    let grace = Duration::from_secs(2);
+    let mut config = config(&db, true);
+    config.agents = vec![demo_profile("demo", &[])];
+    config.notifications.grace = grace;
+    config.notifications.base_url = Some("https://gw.example".into());
+    let gw = TestGateway::start_with(config).await;
+    let mut watch = gw.outbox.watch();
+    let mut receiver = Receiver::start(None, &[]).await;
+    let mut target = String::new();
+    for token in [&alice, &bob] {
+        let created = create(
+            &gw,
+            token,
+            json!({"kind": "webhook", "url": receiver.url("/"), "secret": "0123456789abcdef"}),
+        )
+        .await;
+        target = created["id"].as_str().unwrap().to_owned();
+    }
+    let bobs_target = target;
+
+    let as_alice = gw.with_token(&alice);
+    let (conversation, mut ws) = as_alice.open_conversation("demo").await;
+    as_alice.prompt(&conversation, "tool").await;
+    let request = ws.until_type("permission_requested").await.pop().unwrap()["data"].clone();
+    let (status, _) = call(&gw, "DELETE", "/api/v1/users/alice", Some(&operator), None).await;
+    assert_eq!(status, 204);
+    let asked: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(request["created_at"].clone()).unwrap();
+    assert!(
+        chrono::Utc::now() < asked + chrono::Duration::from_std(grace).unwrap(),
+        "removed before her request was due"
+    );
+
+    let as_bob = gw.with_token(&bob);
+    let (theirs, mut bobs_ws) = as_bob.open_conversation("demo").await;
+    as_bob.prompt(&theirs, "tool").await;
+    bobs_ws.until_type("permission_requested").await;
+    let got = receiver.next().await;
+    assert_eq!(got["body"]["user"], "bob", "{got}");
+    assert_eq!(got["body"]["event"], "permission_waiting");
+    let recorded = attempts(&mut watch, 1).await;
+    assert_eq!(recorded[0].target_id.to_string(), bobs_target);
+    // Hers was due first, and the notifier hands over one at a time: had it
+    // been handed over, it would be in the outbox by now.
+    assert!(!receiver.has_more().await);
+    let of_alice = |table: &str| {
+        format!(
+            "select count(*) from {table} d join notification_targets t on t.id = d.target_id
+             where t.owner = 'alice'"
+        )
+    };
+    assert_eq!(db.number(&of_alice("notification_deliveries")).await, 0);
+    assert_eq!(
+        db.number(
+            "select count(*) from action_tokens where user_name = 'alice' and used_at is null"
+        )
+        .await,
+        0,
+        "no action URL minted for her"
+    );
+
+    // An action URL minted for her now (as a notifier that missed the
+    // removal would) answers nothing, and her request still waits.
+    let store = acp_gateway::store::open(&db.url).await.unwrap();
+    let id: Uuid = serde_json::from_value(request["id"].clone()).unwrap();
+    let pending = store.get_permission(id).await.unwrap().unwrap();
+    let minter = acp_gateway::notify::actions::Minter {
+        store: store.clone(),
+        base_url: "https://gw.example".into(),
+        ttl: Duration::from_secs(3600),
+    };
+    use acp_gateway::notify::notifier::MintActions as _;
+    let minted = minter.mint(&pending, "alice").await.unwrap();
+    let url = gw.url(minted[0].url.strip_prefix("https://gw.example").unwrap());
+    // From an address of its own: failed lookups are counted per client
+    // address, in this process, for every test's gateway.
+    let client = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 3]))
+        .build()
+        .unwrap();
+    let page = client.get(&url).send().await.unwrap();
+    assert_eq!(page.status(), 410);
+    let answered = client.post(&url).send().await.unwrap();
+    assert_eq!(answered.status(), 410);
+    let (_, now) = call(
+        &gw,
+        "GET",
+        &format!("/api/v1/permissions/{id}"),
+        Some(&operator),
+        None,
+    )
+    .await;
+    assert_eq!(now["status"], "pending", "{now}");
+
+    // A delivery for her already in the outbox (enqueued before her
+    // removal, or waiting for a retry) is not sent, nor tried again.
+    assert!(gw.outbox.enqueue(waiting("alice", "r1")).await.unwrap());
+    let recorded = attempts(&mut watch, 1).await;
+    assert_eq!(recorded[0].outcome, "failed");
+    assert_eq!(
+        recorded[0].error.as_deref(),
+        Some("its user was removed: not sent")
+    );
+    assert_eq!(
+        db.number(&format!(
+            "{} and d.status = 'pending'",
+            of_alice("notification_deliveries")
+        ))
+        .await,
+        0,
+        "not tried again"
+    );
+    assert!(!receiver.has_more().await);
+    drop(ws);
+    drop(bobs_ws);
+    gw.stop().await;
+}
+
 backend_tests!(
     webhook_delivery_is_signed_minimal_and_recorded,
     ntfy_gets_its_json_format_with_http_actions,
@@ -914,6 +1044,7 @@ backend_tests!(
     bad_targets_are_refused_with_422,
     private_addresses_are_refused_unless_allowed,
     the_vapid_public_key_is_made_once_and_kept,
+    a_removed_user_is_notified_nothing_and_no_later_action_of_theirs_answers,
 );
 
 /// Two gateway nodes on one Postgres, both sending: every delivery is sent

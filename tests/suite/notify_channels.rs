@@ -12,6 +12,7 @@ use std::time::Duration;
 use crate::common::{call, TestDb, TestGateway, WAIT};
 use acp_gateway::config::FcmConfig;
 use acp_gateway::notify::fcm::Fcm;
+use acp_gateway::notify::fit;
 use acp_gateway::notify::render::headline;
 use acp_gateway::notify::{
     vapid, web_push, Action, ConversationRef, DeliveryOutcome, Notification, NotificationEvent,
@@ -783,8 +784,102 @@ async fn fcm_at_full_detail_gets_the_command(db: TestDb) {
     gw.stop().await;
 }
 
+/// A tool call titled with 5,000 characters (the agent chooses its titles):
+/// Web Push (about 4 KB a payload) and FCM (4,000 bytes a message) each get
+/// the request in one delivered attempt, its title cut to fit (on a
+/// character, with an ellipsis), its actions with it.
+async fn a_five_thousand_character_title_arrives_shortened_on_web_push_and_fcm(db: TestDb) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("service-account.json");
+    let fcm_service = Service::start("fcm_service.py", &[file.to_str().unwrap()]);
+    let mut config = notifying_config(&db);
+    config.notifications.fcm = Some(FcmConfig {
+        service_account_file: file,
+        api_base: Some(fcm_service.base.clone()),
+    });
+    let gw = TestGateway::start_with(config).await;
+    let (status, key) = call(
+        &gw,
+        "GET",
+        "/api/v1/notifications/vapid-public-key",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{key}");
+    let push_service = Service::start("push_service.py", &[key["public_key"].as_str().unwrap()]);
+    let push = create_target(
+        &gw,
+        json!({
+            "kind": "web_push",
+            "subscription": {
+                "endpoint": format!("{}/push/ok", push_service.base),
+                "keys": {"p256dh": push_service.hello["p256dh"], "auth": push_service.hello["auth"]},
+            },
+        }),
+    )
+    .await;
+    let device = create_target(&gw, json!({"kind": "fcm", "device_token": "device-long"})).await;
+    let mut watch = gw.outbox.watch();
+
+    // Two bytes a character: the title alone is twice what a push carries.
+    let (conversation, mut ws) = gw.open_conversation("demo").await;
+    gw.prompt(&conversation, &format!("execute {}", "é".repeat(5000)))
+        .await;
+    let request = ws.until_type("permission_requested").await.pop().unwrap()["data"].clone();
+    let title = request["tool_call"]["title"].as_str().unwrap();
+    assert_eq!(title.chars().count(), 5004, "Run and the command");
+
+    let attempts = attempts_of(&mut watch, "permission_waiting", &[&push, &device]).await;
+    for attempt in attempts.values() {
+        assert_eq!(attempt.outcome, "delivered", "{attempts:?}");
+        assert_eq!(attempt.attempt, 1, "{attempts:?}");
+    }
+    let shortened = |title: &str| {
+        assert!(title.starts_with("Run éé"), "{title}");
+        assert!(title.ends_with('…'), "{title}");
+        assert!(title.chars().count() <= fit::TITLE_CHARS, "{title}");
+    };
+
+    let seen = decrypted_bodies(&push_service.seen().await);
+    let waiting: Vec<&Value> = seen
+        .iter()
+        .map(|(body, _)| body)
+        .filter(|body| body["event"] == "permission_waiting")
+        .collect();
+    assert_eq!(waiting.len(), 1, "one push: {seen:#?}");
+    let body = waiting[0];
+    assert_eq!(body["request"]["id"], request["id"]);
+    shortened(body["request"]["title"].as_str().unwrap());
+    let actions: Vec<Action> = serde_json::from_value(body["actions"].clone()).unwrap();
+    assert_eq!(actions.len(), 4, "{actions:?}");
+
+    let seen = fcm_service.seen().await;
+    let sends: Vec<&Value> = seen["sends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["body"]["message"]["data"]["event"] == "permission_waiting")
+        .collect();
+    assert_eq!(sends.len(), 1, "one send: {seen:#?}");
+    assert_eq!(sends[0]["admitted"], true, "{seen:#?}");
+    assert!(sends[0]["size"].as_u64().unwrap() <= 4000, "{seen:#?}");
+    let message = &sends[0]["body"]["message"];
+    let data = &message["data"];
+    assert_eq!(data["request_id"], request["id"]);
+    shortened(data["request_title"].as_str().unwrap());
+    let title = message["notification"]["title"].as_str().unwrap();
+    assert!(title.starts_with("demo asks: Run éé"), "{title}");
+    let actions: Vec<Action> = serde_json::from_str(data["actions"].as_str().unwrap()).unwrap();
+    assert_eq!(actions.len(), 4, "{actions:?}");
+
+    answer_through(&gw, &mut ws, &request, &actions).await;
+    gw.stop().await;
+}
+
 backend_tests!(
     web_push_through_the_outbox_end_to_end,
     fcm_through_the_outbox_end_to_end,
     fcm_at_full_detail_gets_the_command,
+    a_five_thousand_character_title_arrives_shortened_on_web_push_and_fcm,
 );
