@@ -138,11 +138,22 @@ impl EventBus {
         span
     }
 
+    /// Tells other nodes that the events of `committed` are in the store
+    /// now: they were published here early (during a database outage), and
+    /// the announcement [`EventBus::publish`] made of them then came before
+    /// the store held them, so the nodes that read it found nothing.
+    pub fn announce_committed(&self, committed: Announced) {
+        if let Some(announce) = self.inner.announce.get() {
+            let _ = announce.send(committed);
+        }
+    }
+
     /// Sends an event that was published early (during a database outage)
     /// again, once it is committed, to the conversation's own subscribers
     /// only: one that already has it skips it (its `seq` is behind it), one
     /// that waited for the store to hold it refills from there (see
-    /// `api::ws`). Not for the inbox, nor announced to other nodes.
+    /// `api::ws`). Not for the inbox; other nodes are told with
+    /// [`EventBus::announce_committed`].
     pub fn remind(&self, owner: Option<&str>, event: &Event) {
         let map = self.inner.per_conversation.lock().unwrap();
         if let Some(tx) = map.get(&event.conversation_id) {

@@ -409,12 +409,21 @@ impl Journal {
 
     /// Publishes what the commit made durable, except what went out early;
     /// of that, the last is sent again to the conversation's sockets, now
-    /// that the store max_buffered it (a socket that reconnected during the outage
-    /// waits for the store, not for the next event).
+    /// that the store holds it (a socket that reconnected during the outage
+    /// waits for the store, not for the next event), and other nodes are
+    /// told of all of it.
     fn publish_committed(&mut self, mut events: Vec<Event>) {
         let published = self.published;
-        if let Some(early) = events.iter().rev().find(|e| e.seq <= published) {
-            self.sink.bus.remind(self.owner.as_deref(), early);
+        let mut early = events.iter().filter(|e| e.seq <= published);
+        if let Some(first) = early.next() {
+            let last = early.last().unwrap_or(first);
+            self.sink.bus.remind(self.owner.as_deref(), last);
+            // Other nodes' sockets read them from the store, now they are there.
+            self.sink.bus.announce_committed(crate::bus::Announced {
+                conversation: first.conversation_id,
+                first: first.seq,
+                last: last.seq,
+            });
         }
         events.retain(|e| e.seq > published);
         if let Some(last) = events.last() {

@@ -363,3 +363,34 @@ async fn a_stop_during_an_outage_with_a_request_waiting_records_its_end_once_the
     );
     assert!(types.iter().any(|t| t == "turn_ended"), "{types:?}");
 }
+
+/// Events a node published early, during its outage, reach a WebSocket on
+/// another node once they are committed: the turn that ended while node A
+/// could not write is seen ending on node B, in order and once each, with
+/// nothing after it to carry it along.
+#[tokio::test]
+async fn events_published_during_an_outage_reach_another_nodes_websocket_once_committed() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let (a, proxy) = behind_a_proxy(&db, 10_000, &[]).await;
+    let b = GatewayProcess::start_configured(&db, &[demo_profile("demo", &[])], "info", "");
+    let (id, mut on_a) = a.open_conversation("demo").await;
+    let mut on_b = b.conversation_ws(&id, 0).await;
+    on_b.until_type("agent_status").await;
+    // 30 chunks, 50 ms apart.
+    a.prompt(&id, "slow 30").await;
+    let seen = on_b
+        .until(|e| e["data"]["update"]["content"]["text"] == "s5 ")
+        .await;
+    let before = seen.last().unwrap()["seq"].as_i64().unwrap();
+    on_a.until(|e| e["seq"] == before).await;
+
+    proxy.cut();
+    // The turn ends on A while nothing can be written there.
+    let live = on_a.until_type("turn_ended").await;
+    proxy.restore();
+    let relayed = on_b.until_type("turn_ended").await;
+    assert_eq!(relayed, live, "the same events, once each, in order");
+    drop(b);
+}
