@@ -373,8 +373,21 @@ macro_rules! impl_store {
                     .execute(&mut *tx)
                     .await?;
                 }
-                if let Some(patch) = &batch.conversation {
-                    update_conversation(&mut tx, conversation_id, patch).await?;
+                match (&batch.conversation, batch.events.last()) {
+                    (Some(patch), _) => update_conversation(&mut tx, conversation_id, patch).await?,
+                    // A piece of a refused batch: `last_seq` keeps up with
+                    // its events (see `Store::commit`).
+                    (None, Some(newest)) => {
+                        sqlx::query(
+                            "update conversations set last_seq = $2
+                             where id = $1 and last_seq < $2",
+                        )
+                        .bind(conversation_id)
+                        .bind(newest.seq)
+                        .execute(&mut *tx)
+                        .await?;
+                    }
+                    (None, None) => {}
                 }
                 if let Some(link) = &batch.link {
                     sqlx::query("update agent_processes set link = $2 where conversation_id = $1")

@@ -1,8 +1,9 @@
 //! The storable fallback: when the database refuses what a commit max_buffered
 //! (a NUL character, a string too long for it), each part is written on
-//! its own, and a part refused again is written as a stand-in (NULs
-//! replaced, long strings cut, the event marked `unstorable`), so that
-//! nothing else is lost and `seq` stays gap-free.
+//! its own (each event moving the conversation's `last_seq` with it), and a
+//! part refused again is written as a stand-in (NULs replaced, long strings
+//! cut, the event marked `unstorable`), so that nothing else is lost and
+//! `seq` stays gap-free.
 
 use serde_json::{json, Map, Value};
 
@@ -120,6 +121,9 @@ impl Journal {
                 .await?;
             self.batch.new_permissions.remove(0);
         }
+        // Each piece moves `last_seq` up to its event (see `Store::commit`):
+        // whatever stops this early, the next journal starts after what is
+        // stored.
         while let Some(event) = self.batch.events.first() {
             let stand_ins = event_stand_ins(event)
                 .into_iter()
