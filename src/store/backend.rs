@@ -385,6 +385,8 @@ pub trait Store:
         after: i64,
         limit: i64,
     ) -> Result<Vec<Event>>;
+    /// The `seq` of the conversation's newest stored event (0: none).
+    async fn last_event_seq(&self, conversation_id: Uuid) -> Result<i64>;
     /// A page of the conversation's events with `seq > after`, ascending,
     /// bounded by `limit` and `max_bytes` (see [`Bounded`]); rows past the
     /// bound are not read.

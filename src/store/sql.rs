@@ -456,6 +456,15 @@ macro_rules! impl_store {
                 Ok(rows.into_iter().map(Event::from).collect())
             }
 
+            async fn last_event_seq(&self, conversation_id: Uuid) -> Result<i64> {
+                let newest: Option<i64> =
+                    sqlx::query_scalar("select max(seq) from events where conversation_id = $1")
+                        .bind(conversation_id)
+                        .fetch_one(&self.pool)
+                        .await?;
+                Ok(newest.unwrap_or(0))
+            }
+
             async fn list_events_page(
                 &self,
                 conversation_id: Uuid,

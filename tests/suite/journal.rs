@@ -1,17 +1,22 @@
 //! The journal's `seq`s against what the store holds: a seq that is stored
 //! is never used again, so no event is refused for it and dropped. A batch
 //! the database refuses is written piece by piece, each piece moving the
-//! conversation's `last_seq` with it.
+//! conversation's `last_seq` with it; a journal that starts (or goes on)
+//! behind the stored events goes on after them.
 
 use acp_gateway::bus::EventBus;
-use acp_gateway::model::{self, ConversationStatus};
+use acp_gateway::model::{self, ConversationStatus, Decision, PermissionRequest, PermissionStatus};
 use acp_gateway::session::journal::{Journal, Sink};
+use acp_gateway::store::Resolution;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::common::{idle_conversation, TestDb};
 
-backend_tests!(a_refused_batch_keeps_last_seq_with_every_piece_stored,);
+backend_tests!(
+    a_refused_batch_keeps_last_seq_with_every_piece_stored,
+    a_journal_behind_the_stored_events_goes_on_after_them,
+);
 
 /// A store on `db` with one idle conversation.
 async fn one_conversation(db: &TestDb) -> (Sink, Uuid) {
@@ -46,6 +51,13 @@ fn said(events: impl IntoIterator<Item = model::Event>) -> Vec<(i64, String)> {
 
 async fn stored(sink: &Sink, id: Uuid) -> Vec<(i64, String)> {
     said(sink.store.list_events(id, 0, 100).await.unwrap())
+}
+
+/// Sets the conversation's `last_seq` back to `seq`, as an earlier run
+/// could leave it.
+async fn behind(db: &TestDb, seq: i64) {
+    let sql = format!("update conversations set last_seq = {seq}");
+    db.execute(&sql, &sql).await;
 }
 
 /// What the bus has published so far.
@@ -116,4 +128,57 @@ async fn a_refused_batch_keeps_last_seq_with_every_piece_stored(db: TestDb) {
     next.flush().await.unwrap();
     assert_eq!(stored(&sink, id).await[3..], said_pairs(&[(4, "four")]));
     assert_eq!(published(&mut sub), said_pairs(&[(4, "four")]));
+}
+
+/// A journal behind the stored events (started from a `last_seq` an
+/// earlier run left behind them here; one whose resolution was committed
+/// but whose answer was lost is behind alike) goes on after the newest: its
+/// events and its resolutions are stored and published, none refused for
+/// a seq taken.
+async fn a_journal_behind_the_stored_events_goes_on_after_them(db: TestDb) {
+    let (sink, id) = one_conversation(&db).await;
+    let request = PermissionRequest {
+        id: model::new_id(),
+        conversation_id: id,
+        turn_id: None,
+        tool_call: json!({"toolCallId": "call_1", "title": "Write a.txt"}),
+        options: vec![json!({"optionId": "allow", "name": "Allow", "kind": "allow_once"})],
+        status: PermissionStatus::Pending,
+        decision: None,
+        created_at: model::now(),
+    };
+    let mut first = journal(&sink, id).await;
+    first.session_update(thought("one"), None);
+    first.add_permission_request(&request, None);
+    first.session_update(thought("three"), None);
+    first.flush().await.unwrap();
+
+    behind(&db, 1).await;
+    let mut sub = sink.bus.subscribe(id);
+    let mut next = journal(&sink, id).await;
+    next.session_update(thought("four"), None);
+    next.flush().await.unwrap();
+    assert_eq!(published(&mut sub), said_pairs(&[(4, "four")]));
+
+    behind(&db, 2).await;
+    let mut last = journal(&sink, id).await;
+    let resolution = Resolution {
+        request: request.clone(),
+        status: PermissionStatus::Approved,
+        decision: Decision::new(Some("allow".into()), "user:ann".into(), None),
+    };
+    let resolved = last.resolve(&resolution).await.unwrap().unwrap();
+    assert_eq!(resolved.status, PermissionStatus::Approved);
+    assert_eq!(last.last_seq(), 5);
+    let expected = said_pairs(&[
+        (1, "one"),
+        (2, "permission_requested"),
+        (3, "three"),
+        (4, "four"),
+        (5, "permission_resolved"),
+    ]);
+    assert_eq!(stored(&sink, id).await, expected);
+    assert_eq!(published(&mut sub), expected[4..]);
+    let row = sink.store.get_conversation(id).await.unwrap().unwrap();
+    assert_eq!(row.last_seq, 5);
 }
