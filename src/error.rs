@@ -127,6 +127,13 @@ impl Error {
         }
     }
 
+    /// Whether the database refused a write for a key that is taken: what
+    /// it names (a request's id, an event's `seq`) is stored already.
+    pub fn is_unique_violation(&self) -> bool {
+        matches!(self, Error::Database(sqlx::Error::Database(db))
+            if db.kind() == sqlx::error::ErrorKind::UniqueViolation)
+    }
+
     /// This node no longer owns the conversation it wrote to: another
     /// claimed it (see [`crate::cluster`]'s fencing), and nothing was written.
     pub fn fenced(conversation: uuid::Uuid) -> Error {

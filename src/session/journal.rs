@@ -448,15 +448,30 @@ impl Journal {
                 "the database is unreachable; try again".into(),
             ));
         }
-        // The store fills in the request as it resolved it.
-        let event = self.next_event(EventBody::PermissionResolved(resolution.resolved()));
-        let patch = self.patch(event.seq);
-        match self
-            .sink
-            .store
-            .resolve_permission(resolution, event, &patch, self.fence)
-            .await?
-        {
+        let mut moved = false;
+        let resolved = loop {
+            // The store fills in the request as it resolved it.
+            let event = self.next_event(EventBody::PermissionResolved(resolution.resolved()));
+            let patch = self.patch(event.seq);
+            let resolved = self
+                .sink
+                .store
+                .resolve_permission(resolution, event, &patch, self.fence)
+                .await;
+            match resolved {
+                // Its seq is taken (this journal is behind what is stored:
+                // see `Journal::move_past`): once more, after it.
+                Err(e) if e.is_unique_violation() && !moved => {
+                    let newest = self.sink.store.last_event_seq(self.conversation_id).await?;
+                    moved = self.move_past(newest);
+                    if !moved {
+                        return Err(e);
+                    }
+                }
+                other => break other?,
+            }
+        };
+        match resolved {
             Some((request, event)) => {
                 telemetry::events_written(1);
                 self.last_seq = event.seq;
@@ -467,6 +482,36 @@ impl Journal {
             }
             None => Ok(None),
         }
+    }
+
+    /// The store holds events up to `newest`, past what this journal took
+    /// for stored: it started behind them (a conversation's `last_seq` left
+    /// behind them by an earlier run) or went on behind them (a resolution
+    /// committed whose answer was lost). What is buffered moves past them,
+    /// in order, so no seq that is stored is used again; what was published
+    /// early under the old seqs goes out again under the new. Whether
+    /// anything moved.
+    fn move_past(&mut self, newest: i64) -> bool {
+        let first = self
+            .batch
+            .events
+            .first()
+            .map_or(self.last_seq + 1, |e| e.seq);
+        let shift = newest + 1 - first;
+        if shift <= 0 {
+            return false;
+        }
+        tracing::warn!(conversation_id = %self.conversation_id, from = first, to = first + shift,
+            "the store holds events this journal did not count: going on after them");
+        for event in &mut self.batch.events {
+            event.seq += shift;
+        }
+        self.last_seq += shift;
+        self.published = self.published.min(newest);
+        if let Some(patch) = &mut self.batch.conversation {
+            patch.last_seq = self.last_seq;
+        }
+        true
     }
 
     /// Records that the conversation's agent is gone: the running turn (if

@@ -19,6 +19,9 @@ use crate::permissions::{automatic_answer, timeout_option, OnTimeout};
 pub struct Parked {
     pub request: PermissionRequest,
     pub responder: Responder,
+    /// When it was due to time out, while it is claimed (see
+    /// [`Pending::put_back`]).
+    deadline: Option<Instant>,
 }
 
 /// Which conversation holds each request waiting for a person, across the
@@ -71,7 +74,14 @@ impl Pending {
             .lock()
             .unwrap()
             .insert(id, request.conversation_id);
-        self.parked.insert(id, Parked { request, responder });
+        self.parked.insert(
+            id,
+            Parked {
+                request,
+                responder,
+                deadline: None,
+            },
+        );
         if let Some(timeout) = self.timeout {
             self.deadlines.set(id, timeout);
         }
@@ -93,20 +103,31 @@ impl Pending {
 
     /// Claims a request to answer it: it no longer waits, nor times out.
     pub fn claim(&mut self, id: Uuid) -> Option<Parked> {
-        self.deadlines.remove(id);
+        let deadline = self.deadlines.take(id);
         self.waiting.lock().unwrap().remove(&id);
-        self.parked.remove(&id)
+        let parked = self.parked.remove(&id)?;
+        Some(Parked { deadline, ..parked })
     }
 
-    /// Returns a request whose answer could not be recorded: it stays
-    /// pending, so nothing is lost, and no longer times out.
+    /// Returns a request whose answer could not be recorded: it is pending
+    /// as before it was claimed, so nothing is lost, and times out when it
+    /// would have (at once, if that time passed meanwhile).
     pub fn put_back(&mut self, parked: Parked) {
-        let request = &parked.request;
+        let id = parked.request.id;
         self.waiting
             .lock()
             .unwrap()
-            .insert(request.id, request.conversation_id);
-        self.parked.insert(request.id, parked);
+            .insert(id, parked.request.conversation_id);
+        if let Some(at) = parked.deadline {
+            self.deadlines.set_at(id, at);
+        }
+        self.parked.insert(
+            id,
+            Parked {
+                deadline: None,
+                ..parked
+            },
+        );
     }
 
     /// Times `id` out again after `after` (its answer could not be
@@ -206,9 +227,19 @@ impl Deadlines {
         self.at.insert(id, Instant::now() + after);
     }
 
+    /// `id` times out at `at`.
+    pub fn set_at(&mut self, id: Uuid, at: Instant) {
+        self.at.insert(id, at);
+    }
+
     /// `id` was answered: it no longer times out.
     pub fn remove(&mut self, id: Uuid) {
         self.at.remove(&id);
+    }
+
+    /// Like [`Deadlines::remove`], returning when `id` was due.
+    pub fn take(&mut self, id: Uuid) -> Option<Instant> {
+        self.at.remove(&id)
     }
 
     /// Waits until a deadline has passed, then returns every id that is due,
@@ -262,5 +293,67 @@ mod tests {
         deadlines.set(b, Duration::from_secs(1));
         tokio::time::advance(Duration::from_secs(6)).await;
         assert_eq!(deadlines.due().await, [b, a]);
+    }
+
+    /// A request parked with `timeout`, its responder on a peer of its own.
+    fn parked(timeout: Duration) -> (Pending, Uuid, crate::acp::rpc::RpcPeer) {
+        use crate::acp::rpc::{RpcConfig, RpcPeer};
+        let (ours, _theirs) = tokio::io::duplex(1024);
+        let (reader, writer) = tokio::io::split(ours);
+        let (peer, _incoming) = RpcPeer::spawn(reader, writer, RpcConfig::default());
+        let request = PermissionRequest {
+            id: model::new_id(),
+            conversation_id: model::new_id(),
+            turn_id: None,
+            tool_call: serde_json::json!({"toolCallId": "t"}),
+            options: vec![serde_json::json!({"optionId": "no", "kind": "reject_once"})],
+            status: PermissionStatus::Pending,
+            decision: None,
+            created_at: model::now(),
+        };
+        let id = request.id;
+        let mut pending = Pending::new(Some(timeout), OnTimeout::Reject, Default::default());
+        pending.park(
+            request,
+            peer.responder_for(1.into(), "session/request_permission"),
+        );
+        (pending, id, peer)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_put_back_after_a_failed_answer_times_out_when_it_would_have() {
+        let (mut pending, id, _peer) = parked(Duration::from_secs(60));
+        let start = Instant::now();
+        tokio::time::advance(Duration::from_secs(20)).await;
+        let claimed = pending.claim(id).unwrap();
+        assert!(pending.is_empty());
+        // The answer could not be recorded: the request is as it was.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        pending.put_back(claimed);
+        assert_eq!(pending.ids(), [id]);
+        assert!(pending.waiting.lock().unwrap().contains_key(&id));
+        let due = tokio::time::timeout(Duration::from_secs(3600), pending.due()).await;
+        assert_eq!(due.ok(), Some(vec![id]), "it still times out");
+        assert_eq!(start.elapsed(), Duration::from_secs(60));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_put_back_past_its_deadline_times_out_at_once() {
+        let (mut pending, id, _peer) = parked(Duration::from_secs(10));
+        let claimed = pending.claim(id).unwrap();
+        // The failed answer took longer than the request had left.
+        tokio::time::advance(Duration::from_secs(30)).await;
+        pending.put_back(claimed);
+        let now = Instant::now();
+        let due = tokio::time::timeout(Duration::from_secs(3600), pending.due()).await;
+        assert_eq!(due.ok(), Some(vec![id]), "it still times out");
+        assert_eq!(now.elapsed(), Duration::ZERO);
+        // Expired for its timeout, then put back after a failed answer
+        // again: no deadline comes back with it (`retry_later` sets one).
+        assert_eq!(pending.expire(id), Some(Some("no".into())));
+        let claimed = pending.claim(id).unwrap();
+        pending.put_back(claimed);
+        let nothing = tokio::time::timeout(Duration::from_secs(3600), pending.due()).await;
+        assert!(nothing.is_err(), "no deadline, nothing due");
     }
 }

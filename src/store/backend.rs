@@ -110,7 +110,9 @@ pub struct Batch {
     pub tool_calls: Vec<ToolCall>,
     /// Permission requests to insert.
     pub new_permissions: Vec<PermissionRequest>,
-    /// New conversation state, if it changed.
+    /// New conversation state, if it changed. Without it, the conversation's
+    /// `last_seq` still moves up to the batch's events (see
+    /// [`Store::commit`]).
     pub conversation: Option<ConversationPatch>,
     /// Who waits for this commit (see [`Lane`]).
     pub lane: Lane,
@@ -358,7 +360,9 @@ pub trait Store:
     /// it was running.
     async fn live_conversations(&self) -> Result<Vec<(Conversation, Option<Uuid>)>>;
 
-    /// Writes a batch atomically.
+    /// Writes a batch atomically. A batch of events without the
+    /// conversation's state (a piece of one the database refused) moves its
+    /// `last_seq` up to them all the same: it is never behind a stored event.
     async fn commit(&self, conversation_id: Uuid, batch: &Batch) -> Result<()>;
 
     /// Applies `resolution` if the request is still pending and, in the same
@@ -381,6 +385,8 @@ pub trait Store:
         after: i64,
         limit: i64,
     ) -> Result<Vec<Event>>;
+    /// The `seq` of the conversation's newest stored event (0: none).
+    async fn last_event_seq(&self, conversation_id: Uuid) -> Result<i64>;
     /// A page of the conversation's events with `seq > after`, ascending,
     /// bounded by `limit` and `max_bytes` (see [`Bounded`]); rows past the
     /// bound are not read.

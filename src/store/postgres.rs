@@ -181,6 +181,8 @@ async fn insert_events(
 /// - the fence: where `batch.fence` is no longer the conversation's epoch,
 ///   nothing is written and it fails with [`crate::error::Error::fenced`]
 ///   (the row stays locked until the end, as in the transaction);
+/// - without the conversation's state (a piece of a refused batch), its
+///   `last_seq` still moves up to the batch's events;
 /// - every table's rows in one `unnest` each. Rows one statement may not
 ///   touch twice are merged first, as the transaction would leave them: a
 ///   tool call updated twice in the batch is its last state with its first
@@ -257,6 +259,10 @@ async fn commit_at_once(pool: &PgPool, conversation_id: Uuid, batch: &Batch) -> 
             update conversations set status = $39, acp_session_id = $40, last_seq = $41,
               current_turn_id = $42, updated_at = $43, agent_state = coalesce($44, agent_state)
             where id = $1 and $38 and (select go from go)
+         ), kept_up as (
+            update conversations set last_seq = (select max(seq) from unnest($11::bigint[]) seq)
+            where id = $1 and not $38 and last_seq < (select max(seq) from unnest($11::bigint[]) seq)
+              and (select go from go)
          ), linked as (
             update agent_processes set link = $45
             where conversation_id = $1 and $45 is not null and (select go from go)

@@ -373,8 +373,21 @@ macro_rules! impl_store {
                     .execute(&mut *tx)
                     .await?;
                 }
-                if let Some(patch) = &batch.conversation {
-                    update_conversation(&mut tx, conversation_id, patch).await?;
+                match (&batch.conversation, batch.events.last()) {
+                    (Some(patch), _) => update_conversation(&mut tx, conversation_id, patch).await?,
+                    // A piece of a refused batch: `last_seq` keeps up with
+                    // its events (see `Store::commit`).
+                    (None, Some(newest)) => {
+                        sqlx::query(
+                            "update conversations set last_seq = $2
+                             where id = $1 and last_seq < $2",
+                        )
+                        .bind(conversation_id)
+                        .bind(newest.seq)
+                        .execute(&mut *tx)
+                        .await?;
+                    }
+                    (None, None) => {}
                 }
                 if let Some(link) = &batch.link {
                     sqlx::query("update agent_processes set link = $2 where conversation_id = $1")
@@ -441,6 +454,15 @@ macro_rules! impl_store {
                 .fetch_all(&self.pool)
                 .await?;
                 Ok(rows.into_iter().map(Event::from).collect())
+            }
+
+            async fn last_event_seq(&self, conversation_id: Uuid) -> Result<i64> {
+                let newest: Option<i64> =
+                    sqlx::query_scalar("select max(seq) from events where conversation_id = $1")
+                        .bind(conversation_id)
+                        .fetch_one(&self.pool)
+                        .await?;
+                Ok(newest.unwrap_or(0))
             }
 
             async fn list_events_page(

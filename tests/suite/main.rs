@@ -24,6 +24,7 @@ mod docs;
 mod export;
 mod hostile_input;
 mod isolation;
+mod journal;
 mod keep_alive;
 mod notifications;
 mod notify_actions;

@@ -16,6 +16,7 @@ backend_tests!(
     a_crash_mid_turn_loses_no_chunk_and_the_turn_ends_as_the_agent_ends_it,
     a_request_pending_through_a_crash_is_answered_on_its_own_id_after_it,
     an_answer_committed_just_before_a_crash_still_reaches_the_agent,
+    an_answer_that_could_not_be_recorded_leaves_the_request_answerable_after_a_restart,
     sigterm_with_detach_leaves_the_turn_running_for_the_next_start,
     sigterm_with_cancel_ends_the_turn_as_before,
     ctrl_c_stops_the_agents_whatever_on_shutdown_says,
@@ -210,6 +211,53 @@ async fn an_answer_committed_just_before_a_crash_still_reaches_the_agent(db: Tes
         "1 of 1 tool calls ran."
     );
     assert_eq!(rest.last().unwrap()["data"]["stop_reason"], "end_turn");
+}
+
+async fn an_answer_that_could_not_be_recorded_leaves_the_request_answerable_after_a_restart(
+    db: TestDb,
+) {
+    let gw = GatewayProcess::start(&db, &agents());
+    let id = gw.create("demo").await;
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    gw.prompt(&id, "ask 1").await;
+    let seen = ws.until_type("permission_requested").await;
+    let request = seen.last().unwrap()["data"]["id"].as_str().unwrap();
+    let respond = format!("/api/v1/permissions/{request}/respond");
+    // The database fails the answer's write, as a connection lost just then
+    // would (an outage that began after the caller's token was checked).
+    db.execute(
+        "create function lost() returns trigger language plpgsql as $$
+           begin raise exception 'connection lost' using errcode = '08006'; end $$;
+         create trigger lost before update on permission_requests
+           for each row execute function lost();",
+        "create trigger lost before update on permission_requests
+           begin select raise(abort, 'connection lost'); end;",
+    )
+    .await;
+    let (status, body) = gw.post(&respond, json!({"option_id": "allow-once"})).await;
+    assert!(status >= 500, "{status} {body}");
+    db.execute(
+        "drop trigger lost on permission_requests; drop function lost();",
+        "drop trigger lost;",
+    )
+    .await;
+    // Stopped (detach), it commits what it holds first: the conversation,
+    // and where the agent stands with the request.
+    let (status, log) = gw.terminate();
+    assert!(status.success(), "{log}");
+
+    let gw = GatewayProcess::start(&db, &agents());
+    let (_, current) = gw.get(&format!("/api/v1/permissions/{request}")).await;
+    assert_eq!(current["status"], "pending", "{current}");
+    let (status, body) = gw.post(&respond, json!({"option_id": "allow-once"})).await;
+    assert_eq!(status, 200, "{body}");
+    let (all, ended) = read_on(&gw, &id, seen).await;
+    // The agent heard it: its tool call ran.
+    assert_eq!(
+        streamed_text(&all, "agent_message_chunk"),
+        "1 of 1 tool calls ran."
+    );
+    assert_eq!(ended["data"]["stop_reason"], "end_turn");
 }
 
 async fn sigterm_with_detach_leaves_the_turn_running_for_the_next_start(db: TestDb) {

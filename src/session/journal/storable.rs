@@ -1,8 +1,11 @@
 //! The storable fallback: when the database refuses what a commit max_buffered
 //! (a NUL character, a string too long for it), each part is written on
-//! its own, and a part refused again is written as a stand-in (NULs
-//! replaced, long strings cut, the event marked `unstorable`), so that
-//! nothing else is lost and `seq` stays gap-free.
+//! its own (each event moving the conversation's `last_seq` with it), and a
+//! part refused again is written as a stand-in (NULs replaced, long strings
+//! cut, the event marked `unstorable`), so that nothing else is lost and
+//! `seq` stays gap-free. An event refused because its `seq` is taken has no
+//! stand-in: the journal goes on after what is stored (see
+//! `Journal::seq_taken`).
 
 use serde_json::{json, Map, Value};
 
@@ -116,20 +119,42 @@ impl Journal {
             lossy.tool_call = stand_in_value(&lossy.tool_call);
             lossy.options = lossy.options.iter().map(stand_in_value).collect();
             let piece = piece!(new_permissions: request.clone());
-            self.commit_piece(piece, [piece!(new_permissions: lossy)])
-                .await?;
+            match self
+                .commit_piece(piece, [piece!(new_permissions: lossy)])
+                .await
+            {
+                // Stored by a commit whose answer was lost.
+                Err(e) if e.is_unique_violation() => {}
+                other => {
+                    other?;
+                }
+            }
             self.batch.new_permissions.remove(0);
         }
+        // Each piece moves `last_seq` up to its event (see `Store::commit`):
+        // whatever stops this early, the next journal starts after what is
+        // stored.
         while let Some(event) = self.batch.events.first() {
             let stand_ins = event_stand_ins(event)
                 .into_iter()
                 .map(|e| piece!(events: e));
-            if let Some(written) = self
+            match self
                 .commit_piece(piece!(events: event.clone()), stand_ins)
-                .await?
+                .await
             {
-                telemetry::events_written(written.events.len());
-                self.publish_committed(written.events);
+                Ok(Some(written)) => {
+                    telemetry::events_written(written.events.len());
+                    self.publish_committed(written.events);
+                }
+                Ok(None) => {}
+                Err(e) if e.is_unique_violation() => {
+                    // Its seq is taken: tried again after it (or it is
+                    // this very event, stored already).
+                    if self.seq_taken().await? {
+                        continue;
+                    }
+                }
+                Err(e) => return Err(e),
             }
             self.batch.events.remove(0);
         }
@@ -164,8 +189,45 @@ impl Journal {
         Ok(())
     }
 
+    /// The first event of the batch was refused for its `seq`, which is
+    /// taken. Either by this very event, stored by a commit whose answer was
+    /// lost (same seq, type and time): it is published as stored and leaves
+    /// the batch. Or by another, when this journal started (or went on)
+    /// behind what is stored: the batch's events move past the newest
+    /// stored seq, to be tried again (`true`); they are never stored under
+    /// a seq taken, nor dropped for it. `false`: nothing stored takes it
+    /// after all (the database refused it for another key): the event is
+    /// dropped, loudly.
+    async fn seq_taken(&mut self) -> Result<bool> {
+        let event = &self.batch.events[0];
+        let seq = event.seq;
+        let stored = self
+            .sink
+            .store
+            .list_events(self.conversation_id, seq - 1, 1)
+            .await?
+            .pop()
+            .filter(|s| s.seq == seq);
+        if let Some(stored) = stored {
+            if stored.body.kind() == event.body.kind() && stored.at == event.at {
+                self.batch.events.remove(0);
+                self.publish_committed(vec![stored]);
+                return Ok(true);
+            }
+        }
+        let newest = self.sink.store.last_event_seq(self.conversation_id).await?;
+        if self.move_past(newest) {
+            return Ok(true);
+        }
+        tracing::error!(conversation_id = %self.conversation_id, seq,
+            "the database refused an event for a key it does not hold; it is not stored");
+        Ok(false)
+    }
+
     /// Commits `piece`, else the first of `stand_ins` the database accepts;
-    /// `None` when it refused them all (the piece is dropped, loudly).
+    /// `None` when it refused them all (the piece is dropped, loudly). A
+    /// key that is taken fails it (a stand-in has the same key): see
+    /// [`crate::error::Error::is_unique_violation`].
     async fn commit_piece(
         &self,
         mut piece: Batch,
@@ -174,7 +236,9 @@ impl Journal {
         piece.fence = self.fence;
         let mut refused = match self.sink.store.commit(self.conversation_id, &piece).await {
             Ok(()) => return Ok(Some(piece)),
-            Err(e) if e.is_transient() || e.is_fenced() => return Err(e),
+            Err(e) if e.is_transient() || e.is_fenced() || e.is_unique_violation() => {
+                return Err(e)
+            }
             Err(e) => e,
         };
         for mut stand_in in stand_ins {
@@ -195,5 +259,75 @@ impl Journal {
         tracing::error!(conversation_id = %self.conversation_id, error = %refused,
             "the database refused part of a batch and every stand-in; it is not stored");
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bus::EventBus;
+    use crate::model::{self, Conversation, ConversationStatus};
+    use crate::session::journal::Sink;
+
+    fn thought(text: &str) -> Value {
+        json!({"sessionUpdate": "agent_thought_chunk", "content": {"type": "text", "text": text}})
+    }
+
+    /// A commit went through but its answer was lost: the journal tries
+    /// its batch again, finds its own events stored under their seqs, and
+    /// publishes them once, storing nothing twice; then goes on.
+    #[tokio::test]
+    async fn events_a_lost_answer_left_stored_are_published_not_stored_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("gateway.db").display());
+        let store = crate::store::open(&url).await.unwrap();
+        let conversation = Conversation {
+            id: model::new_id(),
+            agent: "demo".into(),
+            title: None,
+            cwd: "/tmp".into(),
+            status: ConversationStatus::Idle,
+            acp_session_id: None,
+            last_seq: 0,
+            created_at: model::now(),
+            updated_at: model::now(),
+            owner: None,
+            state: Default::default(),
+            node_id: None,
+        };
+        let id = conversation.id;
+        store.insert_conversation(&conversation).await.unwrap();
+        let bus = EventBus::new(16);
+        let mut sub = bus.subscribe(id);
+        let sink = Sink {
+            store: store.clone(),
+            bus,
+        };
+        let mut journal = Journal::new(sink, &conversation, None);
+        journal.session_update(thought("a"), None);
+        journal.session_update(thought("b"), None);
+        let lost = Batch {
+            events: journal.batch.events.clone(),
+            conversation: Some(journal.patch(2)),
+            ..Batch::default()
+        };
+        store.commit(id, &lost).await.unwrap();
+
+        journal.flush().await.unwrap();
+        journal.session_update(thought("c"), None);
+        journal.flush().await.unwrap();
+        let stored = store.list_events(id, 0, 10).await.unwrap();
+        let texts: Vec<(i64, Value)> = stored
+            .iter()
+            .map(|e| (e.seq, e.data_value()["update"]["content"]["text"].clone()))
+            .collect();
+        assert_eq!(texts, [(1, json!("a")), (2, json!("b")), (3, json!("c"))]);
+        let mut published = Vec::new();
+        while let Ok(p) = sub.rx.try_recv() {
+            published.push(p.seq);
+        }
+        assert_eq!(published, [1, 2, 3]);
+        let row = store.get_conversation(id).await.unwrap().unwrap();
+        assert_eq!(row.last_seq, 3);
     }
 }

@@ -182,16 +182,24 @@ impl Task {
         let Some(parked) = self.pending.claim(id) else {
             return Ok(None);
         };
-        if let Some(link) = self.journal.link_mut() {
-            link.waiting.remove(&id);
-        }
         self.journal.set_status(self.status_now());
         let resolution = Resolution {
             request: parked.request.clone(),
             status,
             decision: decision.clone(),
         };
-        match self.journal.resolve(&resolution).await {
+        let resolved = self.journal.resolve(&resolution).await;
+        if resolved.is_ok() {
+            // Resolved: after a restart it is no longer answered on the
+            // agent's id (until this is committed, it is answered again
+            // with its decision). While it is not, the id stays: a request
+            // still pending that a restart finds without it is expired, and
+            // its agent never hears.
+            if let Some(link) = self.journal.link_mut() {
+                link.waiting.remove(&id);
+            }
+        }
+        match resolved {
             Ok(Some(request)) => {
                 parked.responder.respond(decision.acp_result());
                 Ok(Some(request))
@@ -206,7 +214,8 @@ impl Task {
                 Ok(current)
             }
             Err(e) => {
-                // Not persisted: keep it pending so nothing is lost.
+                // Not persisted: it is pending as before, so nothing is lost
+                // (its agent's id and its deadline with it).
                 self.pending.put_back(parked);
                 self.journal.set_status(self.status_now());
                 Err(e)
