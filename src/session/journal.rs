@@ -416,7 +416,7 @@ impl Journal {
         let published = self.published;
         let mut early = events.iter().filter(|e| e.seq <= published);
         if let Some(first) = early.next() {
-            let last = early.last().unwrap_or(first);
+            let last = early.next_back().unwrap_or(first);
             self.sink.bus.remind(self.owner.as_deref(), last);
             // Other nodes' sockets read them from the store, now they are there.
             self.sink.bus.announce_committed(crate::bus::Announced {
