@@ -164,7 +164,7 @@ impl Journal {
     }
 
     /// Whether what is buffered should be committed now rather than joined by
-    /// more: it is urgent, it has waited `window`, or it max_buffered `max_text`
+    /// more: it is urgent, it has waited `window`, or it held `max_text`
     /// bytes of text or `max_events` events. Streaming agents write many
     /// small chunks; committing them together costs a few rows per batch
     /// instead of a few per chunk.
@@ -349,7 +349,7 @@ impl Journal {
 
     /// Commits the batch and publishes its events. Transient database errors
     /// are retried a few times; the batch is kept if they persist. A batch
-    /// the database refuses for what it max_buffered is written piece by piece
+    /// the database refuses for what it held is written piece by piece
     /// instead (see `Journal::commit_piecewise`), so one bad value never
     /// blocks the conversation.
     pub async fn flush(&mut self) -> Result<()> {
@@ -535,7 +535,7 @@ impl Journal {
 
 impl Drop for Journal {
     fn drop(&mut self) {
-        // What it still max_buffered is no longer waiting anywhere.
+        // What it still held is no longer waiting anywhere.
         telemetry::buffered(-(self.gauged as f64));
     }
 }

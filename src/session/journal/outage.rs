@@ -14,7 +14,7 @@ use crate::telemetry;
 impl Journal {
     /// From now on a database outage does not fail [`Journal::flush`]: what
     /// is appended waits in memory, in order (the writer takes no more once
-    /// it max_buffered `max_events`: see [`Journal::is_full`]), its events are
+    /// it held `max_events`: see [`Journal::is_full`]), its events are
     /// published live meanwhile, and commits are tried again with back-off
     /// until the database answers; `seq` stays gap-free. For a session's
     /// writer, which lives on to keep trying; others fail.
@@ -41,7 +41,7 @@ impl Journal {
         }
     }
 
-    /// Keeps the write-buffer gauge at what this journal max_buffered.
+    /// Keeps the write-buffer gauge at what this journal held.
     pub(super) fn gauge(&mut self) {
         let buffered = self.batch.events.len();
         telemetry::buffered(buffered as f64 - self.gauged as f64);

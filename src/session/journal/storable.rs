@@ -1,4 +1,4 @@
-//! The storable fallback: when the database refuses what a commit max_buffered
+//! The storable fallback: when the database refuses what a commit held
 //! (a NUL character, a string too long for it), each part is written on
 //! its own (each event moving the conversation's `last_seq` with it), and a
 //! part refused again is written as a stand-in (NULs replaced, long strings
