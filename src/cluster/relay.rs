@@ -30,11 +30,13 @@ pub(super) fn parse_announced(payload: &str, me: &str) -> Option<Announced> {
 }
 
 /// Sends this node's announcements, as many as are queued in one statement
-/// (one per conversation).
+/// (one per conversation), and tells the relay of them (`relay`): what this
+/// node published itself is never relayed to it again.
 pub(super) async fn announce(
     shared: Arc<dyn ClusterStore>,
     me: Uuid,
     mut rx: mpsc::UnboundedReceiver<Announced>,
+    relay: mpsc::UnboundedSender<Relayed>,
     shutdown: CancellationToken,
 ) {
     loop {
@@ -46,6 +48,9 @@ pub(super) async fn announce(
         merge(&mut merged, first);
         while let Ok(a) = rx.try_recv() {
             merge(&mut merged, a);
+        }
+        for a in merged.values() {
+            let _ = relay.send(Relayed::Own(*a));
         }
         let payloads: Vec<String> = merged
             .values()
@@ -75,6 +80,11 @@ pub(super) enum Relayed {
     Events(Announced),
     /// Notifications may have been missed: read what is new everywhere.
     CatchUp,
+    /// This node published these itself (it owned the conversation): a
+    /// cursor left behind them from when another node did moves past them,
+    /// so they are not published here twice when another node owns the
+    /// conversation again.
+    Own(Announced),
 }
 
 /// Publishes other nodes' events on this node's bus, in order, while this
@@ -94,10 +104,19 @@ pub(super) async fn relay(
             first = rx.recv() => match first { Some(r) => r, None => return },
         };
         let mut wanted: HashMap<Uuid, Announced> = HashMap::new();
-        let mut take = |r: Relayed, cursors: &HashMap<Uuid, i64>| match r {
+        let mut take = |r: Relayed, cursors: &mut HashMap<Uuid, i64>| match r {
             Relayed::Events(a) => merge(&mut wanted, a),
+            Relayed::Own(a) => {
+                // Only where nothing of another node's lies between (that
+                // is read as announced).
+                if let Some(cursor) = cursors.get_mut(&a.conversation) {
+                    if *cursor + 1 >= a.first {
+                        *cursor = (*cursor).max(a.last);
+                    }
+                }
+            }
             Relayed::CatchUp => {
-                for (&conversation, &cursor) in cursors {
+                for (&conversation, &mut cursor) in cursors.iter_mut() {
                     wanted.entry(conversation).or_insert(Announced {
                         conversation,
                         first: cursor + 1,
@@ -106,9 +125,9 @@ pub(super) async fn relay(
                 }
             }
         };
-        take(first, &cursors);
+        take(first, &mut cursors);
         while let Ok(r) = rx.try_recv() {
-            take(r, &cursors);
+            take(r, &mut cursors);
         }
         for (conversation, a) in wanted {
             if !bus.has_subscribers(conversation) {

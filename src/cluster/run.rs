@@ -59,6 +59,7 @@ async fn run(
         shared.clone(),
         node.id(),
         announced,
+        relay_tx.clone(),
         shutdown.clone(),
     ));
     tasks.spawn(relay(store, bus, relay_rx, shutdown.clone()));

@@ -437,6 +437,9 @@ impl GatewayProcess {
             if let Some(template) = &a.home_template {
                 text += &format!("home_template = {template:?}\n");
             }
+            if !a.idle_timeout.is_zero() {
+                text += &format!("idle_timeout = \"{}ms\"\n", a.idle_timeout.as_millis());
+            }
         }
         config.write_all(text.as_bytes()).unwrap();
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_acp-gateway"));

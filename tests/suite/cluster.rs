@@ -173,6 +173,66 @@ async fn a_websocket_on_another_node_gets_every_event_in_order() {
     assert_eq!(agents_running(&b).await, 0);
 }
 
+/// Waits (bounded) until no node holds the conversation, as its node does
+/// once its agent is gone (checked in the database every 20 ms).
+async fn until_released(db: &TestDb, id: &str) {
+    let released = async {
+        while owner(db, id).await.is_some() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(WAIT, released)
+        .await
+        .expect("the conversation is let go");
+}
+
+/// A conversation that moves between nodes (its agent stopped when idle,
+/// its next prompt sent to the other node) shows each of its events once
+/// on a node's inbox: what the node published itself while it owned the
+/// conversation is not relayed to it again once the other node owns it.
+#[tokio::test]
+async fn a_conversation_moving_between_nodes_shows_each_event_once_on_an_inbox() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let mut agent = demo_profile("demo", &[]);
+    agent.idle_timeout = std::time::Duration::from_millis(300);
+    let (a, b) = two_nodes(&db, &[agent]);
+    let mut inbox_a = a.ws("/api/v1/ws").await;
+    assert_eq!(inbox_a.next().await["type"], "snapshot");
+    let id = a.create("demo").await;
+    let mut seen = Vec::new();
+    for (round, node) in [&a, &b, &a, &b].into_iter().enumerate() {
+        let (status, body) = node.try_prompt(&id, &format!("round {round}")).await;
+        assert_eq!(status, 202, "round {round}: {body}");
+        // Taken by the node prompted.
+        assert_eq!(
+            owner(&db, &id).await,
+            Some(node_id(node).await),
+            "round {round}"
+        );
+        // The turn ends, then the agent is stopped when idle (the
+        // conversation is let go, for the next node to take).
+        let frames = inbox_a
+            .until(|e| {
+                e["conversation_id"] == id.as_str()
+                    && e["type"] == "agent_status"
+                    && e["data"]["status"] == "exited"
+            })
+            .await;
+        seen.extend(
+            frames
+                .into_iter()
+                .filter(|e| e["conversation_id"] == id.as_str()),
+        );
+        until_released(&db, &id).await;
+    }
+    let seqs: Vec<i64> = seen.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+    let stored = events(&a, &id).await;
+    let stored_seqs: Vec<i64> = stored.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+    assert_eq!(seqs, stored_seqs, "each event once, in order");
+}
+
 #[tokio::test]
 async fn live_events_relayed_to_another_node_arrive_gapless_and_ordered() {
     let Some(db) = TestDb::postgres().await else {
