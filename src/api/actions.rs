@@ -28,7 +28,10 @@ use crate::ratelimit::SlidingWindow;
 use crate::store::ActionToken;
 
 /// Failed lookups (unknown, used or expired tokens) allowed per client
-/// address per [`FAILURE_WINDOW`]; beyond, 429 until the window moves on.
+/// address per [`FAILURE_WINDOW`]; beyond, a lookup that fails answers 429
+/// until the window moves on. A usable token is never refused: it is 32
+/// random bytes, so the limit protects nothing it needs, and everyone
+/// behind one proxy or NAT shares an address.
 const MAX_FAILURES: u32 = 20;
 const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 
@@ -55,41 +58,34 @@ fn client(request: &Request) -> String {
         .unwrap_or_default()
 }
 
-/// 429 while `client` failed too often.
-fn check_failures(client: &str) -> Result<()> {
+/// A failed lookup by `client`: counted, and answered `answer` (404 or
+/// 410), or 429 once `client` failed [`MAX_FAILURES`] times in the window
+/// (a lookup refused so is not counted, so `Retry-After` holds).
+fn failure<T>(client: String, answer: T) -> Result<T> {
     let now = tokio::time::Instant::now();
     match failures()
         .lock()
         .unwrap()
-        .wait(client, MAX_FAILURES, FAILURE_WINDOW, now)
+        .try_hit(client, MAX_FAILURES, FAILURE_WINDOW, now)
     {
-        None => Ok(()),
-        Some(wait) => Err(Error::TooManyRequests {
+        Ok(()) => Ok(answer),
+        Err(wait) => Err(Error::TooManyRequests {
             detail: "too many unknown or used action tokens; try again later".into(),
             retry_after: wait.as_secs().max(1),
         }),
     }
 }
 
-/// A failed lookup, counted against `client`.
-fn count_failure(client: String) {
-    failures()
-        .lock()
-        .unwrap()
-        .hit(client, FAILURE_WINDOW, tokio::time::Instant::now());
-}
-
 /// A token that was minted but is no more: used, expired, its request
 /// answered or gone, or its user removed.
 fn failed(client: String) -> Error {
-    count_failure(client);
-    Error::Gone("this action is used or expired".into())
+    failure(client, Error::Gone("this action is used or expired".into()))
+        .unwrap_or_else(|too_many| too_many)
 }
 
 /// A token no action has (or no longer has: an expired one once swept).
 fn unknown(client: String) -> Error {
-    count_failure(client);
-    Error::NotFound("no such action".into())
+    failure(client, Error::NotFound("no such action".into())).unwrap_or_else(|too_many| too_many)
 }
 
 /// The token's row and its request, if the token is well formed and known,
@@ -139,14 +135,15 @@ async fn show(
     request: Request,
 ) -> Result<Response> {
     let client = client(&request);
-    check_failures(&client)?;
     let Some(found) = lookup(&state, &token).await? else {
-        count_failure(client);
-        return Ok(page(
-            StatusCode::NOT_FOUND,
-            "No such action",
-            "<p>This link is not one the gateway sent, or it expired long ago.</p>",
-        ));
+        return failure(
+            client,
+            page(
+                StatusCode::NOT_FOUND,
+                "No such action",
+                "<p>This link is not one the gateway sent, or it expired long ago.</p>",
+            ),
+        );
     };
     let usable = Some(found).filter(|(row, request, removed)| {
         row.used_at.is_none()
@@ -155,12 +152,14 @@ async fn show(
             && request.status == PermissionStatus::Pending
     });
     let Some((row, request, _)) = usable else {
-        count_failure(client);
-        return Ok(page(
-            StatusCode::GONE,
-            "This action is no longer available",
-            "<p>It was used already, it expired, or the request was answered.</p>",
-        ));
+        return failure(
+            client,
+            page(
+                StatusCode::GONE,
+                "This action is no longer available",
+                "<p>It was used already, it expired, or the request was answered.</p>",
+            ),
+        );
     };
     let title = request
         .tool_call
@@ -233,7 +232,6 @@ async fn answer(
     request: Request,
 ) -> Result<Json<PermissionRequest>> {
     let client = client(&request);
-    check_failures(&client)?;
     if !well_formed(&token) {
         return Err(unknown(client));
     }

@@ -95,10 +95,10 @@ pub enum WebSocketRefused {
 }
 
 /// An action URL's token, looked up: failed lookups are rate limited per
-/// client address.
+/// client address (a usable token never is).
 #[derive(IntoResponses)]
 #[response(
     status = 429,
-    description = "Too many failed lookups from this address (`Retry-After`)"
+    description = "The token is not usable and this address failed 20 lookups in the last minute (`Retry-After`); a usable token still answers"
 )]
 pub struct TooManyFailedLookups;

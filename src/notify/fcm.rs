@@ -197,7 +197,9 @@ impl Fcm {
     }
 
     /// A valid access token: the cached one, or a new one (one fetch at a
-    /// time: whoever waits for the lock finds the new token cached).
+    /// time: whoever waits for the lock finds the new token cached). Waiting
+    /// for the lock behind a slow fetch counts against the attempt's bound
+    /// (the outbox's `ATTEMPT`), which ends the wait.
     async fn token(&self) -> Result<String, DeliveryOutcome> {
         let mut cached = self.inner.token.lock().await;
         if let Some(token) = cached.as_ref().filter(|t| Instant::now() < t.renew_at) {

@@ -11,6 +11,13 @@
 //! the bus) it reads the store's pending requests of its own conversations,
 //! so that anything past its grace and not yet notified is notified: the
 //! outbox's keys stop duplicates.
+//!
+//! The store failing is never the end of something due: an event whose
+//! conversation could not be read waits, with the events of that
+//! conversation after it, until the store answers (during an outage the
+//! journal publishes events before it can commit them, so nothing else
+//! would bring them back); a catch-up that failed is tried again; a
+//! notification that could not be handed over is tried again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -39,7 +46,8 @@ use crate::store::{PermissionFilter, Store};
 
 /// How often expired action tokens are deleted.
 const SWEEP: std::time::Duration = std::time::Duration::from_secs(3600);
-/// How soon a notification that could not be handed over is tried again.
+/// How soon what met a store error (a notification not handed over, an
+/// event whose conversation could not be read, a catch-up) is tried again.
 const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Mints the action URLs of a request's options for a user (see
@@ -70,6 +78,12 @@ struct State {
     rules: Rules,
     conversations: HashMap<Uuid, Known>,
     requests: HashMap<Uuid, PermissionRequest>,
+    /// Per conversation, the events that wait for the store to answer
+    /// about it (their owner with them), in order: the first needed the
+    /// conversation and could not read it; the others came after.
+    deferred: HashMap<Uuid, Vec<(Event, String)>>,
+    /// A catch-up failed: it is tried again.
+    catch_up_again: bool,
 }
 
 impl Notifier {
@@ -87,10 +101,15 @@ impl Notifier {
             }),
             conversations: HashMap::new(),
             requests: HashMap::new(),
+            deferred: HashMap::new(),
+            catch_up_again: false,
         };
         self.catch_up(&mut state).await;
         // What could not be handed over (the database away): tried again.
         let mut unsent: Vec<Due> = Vec::new();
+        // When what met a store error is tried again (an instant, so that a
+        // stream of events does not put it off).
+        let mut retry_at: Option<tokio::time::Instant> = None;
         let mut sweep = tokio::time::interval(SWEEP);
         sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
@@ -99,8 +118,9 @@ impl Notifier {
                     .to_std()
                     .unwrap_or(std::time::Duration::ZERO)
             });
-            if !unsent.is_empty() {
-                sleep = Some(sleep.map_or(RETRY, |s| s.min(RETRY)));
+            if let Some(at) = retry_at {
+                let wait = at.saturating_duration_since(tokio::time::Instant::now());
+                sleep = Some(sleep.map_or(wait, |s| s.min(wait)));
             }
             let mut due = tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -122,7 +142,14 @@ impl Notifier {
                     }
                     None => return,
                 },
-                _ = sleep_for(sleep) => state.rules.due(Utc::now()),
+                _ = sleep_for(sleep) => {
+                    let mut due = state.rules.due(Utc::now());
+                    if retry_at.is_some_and(|at| at <= tokio::time::Instant::now()) {
+                        retry_at = None;
+                        due.extend(self.try_again(&mut state).await);
+                    }
+                    due
+                }
                 _ = sweep.tick() => {
                     self.sweep_action_tokens().await;
                     Vec::new()
@@ -135,7 +162,37 @@ impl Notifier {
                     unsent.push(due);
                 }
             }
+            let waiting = !unsent.is_empty() || !state.deferred.is_empty() || state.catch_up_again;
+            if !waiting {
+                retry_at = None;
+            } else if retry_at.is_none() {
+                retry_at = Some(tokio::time::Instant::now() + RETRY);
+            }
         }
+    }
+
+    /// Tries again what met a store error: a catch-up, then each
+    /// conversation's deferred events, in order, once the conversation can
+    /// be read. What becomes due.
+    async fn try_again(&self, state: &mut State) -> Vec<Due> {
+        if state.catch_up_again {
+            self.catch_up(state).await;
+        }
+        let mut due = Vec::new();
+        let waiting: Vec<Uuid> = state.deferred.keys().copied().collect();
+        for conversation in waiting {
+            if let Err(e) = self.known(state, conversation).await {
+                tracing::debug!(error = %e, "the store still fails; trying again later");
+                break;
+            }
+            let events = state.deferred.remove(&conversation).unwrap_or_default();
+            tracing::info!(conversation_id = %conversation, events = events.len(),
+                "the store answers again: taking in what waited for it");
+            for (event, user) in events {
+                due.extend(self.event(state, event, Some(&user)).await);
+            }
+        }
+        due
     }
 
     /// Deletes expired action tokens (they would answer 410 anyway).
@@ -153,6 +210,7 @@ impl Notifier {
     /// Takes in the store's pending requests of this node's conversations
     /// (and forgets those no longer pending).
     async fn catch_up(&self, state: &mut State) {
+        state.catch_up_again = false;
         let pending = match self
             .store
             .list_permissions(&PermissionFilter {
@@ -164,7 +222,8 @@ impl Notifier {
         {
             Ok(pending) => pending,
             Err(e) => {
-                tracing::warn!(error = %e, "could not read the pending requests to notify");
+                tracing::warn!(error = %e, "could not read the pending requests to notify; trying again");
+                state.catch_up_again = true;
                 return;
             }
         };
@@ -181,8 +240,14 @@ impl Notifier {
             state.rules.observe(Fact::Answered { request }, Utc::now());
         }
         for request in pending {
-            let Some(known) = self.known(state, request.conversation_id).await else {
-                continue;
+            let known = match self.known(state, request.conversation_id).await {
+                Ok(Some(known)) => known,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read a conversation to notify about; trying again");
+                    state.catch_up_again = true;
+                    continue;
+                }
             };
             let own = !self.node.is_shared() || known.conversation.node_id == Some(self.node.id());
             if own {
@@ -191,16 +256,19 @@ impl Notifier {
         }
     }
 
-    /// The conversation, read once.
-    async fn known<'a>(&self, state: &'a mut State, id: Uuid) -> Option<&'a Known> {
+    /// The conversation, read once (`None`: there is no such conversation;
+    /// an error: the store failed, and nothing is remembered).
+    async fn known<'a>(&self, state: &'a mut State, id: Uuid) -> Result<Option<&'a Known>> {
         if let std::collections::hash_map::Entry::Vacant(slot) = state.conversations.entry(id) {
-            let conversation = self.store.get_conversation(id).await.ok()??;
+            let Some(conversation) = self.store.get_conversation(id).await? else {
+                return Ok(None);
+            };
             slot.insert(Known {
                 conversation,
                 last_turn: None,
             });
         }
-        state.conversations.get(&id)
+        Ok(state.conversations.get(&id))
     }
 
     fn asked(&self, state: &mut State, request: PermissionRequest) {
@@ -233,6 +301,20 @@ impl Notifier {
             return Vec::new();
         };
         let conversation = event.conversation_id;
+        // After an event that waits for the store, in order behind it (an
+        // answer must not come before its request).
+        if let Some(waiting) = state.deferred.get_mut(&conversation) {
+            waiting.push((event, user));
+            return Vec::new();
+        }
+        if needs_conversation(&event.body) {
+            if let Err(e) = self.known(state, conversation).await {
+                tracing::warn!(conversation_id = %conversation, error = %e,
+                    "could not read a conversation to notify about; trying again");
+                state.deferred.insert(conversation, vec![(event, user)]);
+                return Vec::new();
+            }
+        }
         let (seq, at) = (event.seq, event.at);
         let now = Utc::now();
         // A stand-in for an event the database refused counts for what it
@@ -259,7 +341,8 @@ impl Notifier {
         };
         match body {
             EventBody::PermissionRequested(request) => {
-                if self.known(state, conversation).await.is_some() {
+                // Read above (absent: the conversation is gone).
+                if state.conversations.contains_key(&conversation) {
                     self.asked(state, request);
                 }
                 Vec::new()
@@ -274,7 +357,6 @@ impl Notifier {
                 )
             }
             EventBody::TurnStarted(TurnStarted { turn_id: turn, .. }) => {
-                self.known(state, conversation).await;
                 if let Some(known) = state.conversations.get_mut(&conversation) {
                     known.last_turn = Some(turn);
                 }
@@ -406,7 +488,7 @@ impl Notifier {
             ),
         };
         let conversation = match conversation_id {
-            Some(id) => self.known(state, id).await.map(|k| ConversationRef {
+            Some(id) => self.known(state, id).await?.map(|k| ConversationRef {
                 id,
                 title: k.conversation.title.clone(),
                 agent: k.conversation.agent.clone(),
@@ -507,6 +589,15 @@ fn parse(json: &str) -> Option<Event> {
         | event_type::AGENT_STATUS => serde_json::from_str(json).ok(),
         _ => None,
     }
+}
+
+/// Whether handling an event of this kind reads its conversation (a
+/// request, or a turn's start, stand-in or not).
+fn needs_conversation(body: &EventBody) -> bool {
+    matches!(
+        body.kind(),
+        event_type::PERMISSION_REQUESTED | event_type::TURN_STARTED
+    )
 }
 
 /// The turn a stand-in `turn_started` or `turn_ended` still names (with

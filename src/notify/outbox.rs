@@ -6,6 +6,7 @@
 //! every attempt is recorded; failures are retried with exponential backoff
 //! ([`MAX_ATTEMPTS`] in all); a 404 or 410 marks the target `gone`.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,11 +28,18 @@ use crate::store::Store;
 
 /// Attempts per delivery, the first included.
 pub const MAX_ATTEMPTS: i32 = 5;
+/// How long one attempt may take as a whole: an FCM attempt's token
+/// (waited for behind another send's fetch, fetched, fetched again after a
+/// 401) included. Past it the attempt failed, and is retried.
+pub const ATTEMPT: Duration = super::http::TIMEOUT;
 /// How long a claim holds (three times an attempt's bound). A node that
 /// died mid-send leaves its rows to others, or to itself restarted, once
 /// its claim ran out or its death is known (SQLite: at once; Postgres: when
 /// its `node_lease` ran out); those rows are then sent again with their
-/// `delivery_id` (at least once wins).
+/// `delivery_id` (at least once wins). A node never runs two attempts of
+/// one delivery at once: a row it claims again while its attempt is still
+/// under way (its claim ran out: the database was slow, say) is left to
+/// that attempt.
 const CLAIM: Duration = Duration::from_secs(30);
 /// How often the worker looks without being woken: rows of other nodes,
 /// claims that ran out.
@@ -172,6 +180,41 @@ pub struct Outbox {
     tests: std::sync::Mutex<crate::ratelimit::SlidingWindow<String>>,
     /// Every attempt, once recorded (see [`Outbox::watch`]).
     recorded: tokio::sync::broadcast::Sender<AttemptRecord>,
+    /// The deliveries whose attempt is under way on this node.
+    in_flight: Arc<std::sync::Mutex<HashSet<Uuid>>>,
+    /// Held (written) while claiming and checking [`Outbox::in_flight`],
+    /// and (read) while an attempt is recorded and leaves it: a claim sees
+    /// a row either before its attempt is recorded (in flight: left to it)
+    /// or after it left (claimable as recorded), never recorded but still
+    /// in flight, which would leave it claimed and unsent until the claim
+    /// ran out.
+    claiming: tokio::sync::RwLock<()>,
+}
+
+/// A delivery's place in [`Outbox::in_flight`], given up when dropped (the
+/// attempt ended, or its task did).
+struct InFlight {
+    set: Arc<std::sync::Mutex<HashSet<Uuid>>>,
+    id: Uuid,
+}
+
+impl InFlight {
+    /// `None` when an attempt at `id` is already under way here.
+    fn take(set: &Arc<std::sync::Mutex<HashSet<Uuid>>>, id: Uuid) -> Option<InFlight> {
+        set.lock()
+            .expect("not poisoned")
+            .insert(id)
+            .then(|| InFlight {
+                set: set.clone(),
+                id,
+            })
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.set.lock().expect("not poisoned").remove(&self.id);
+    }
 }
 
 impl Outbox {
@@ -204,6 +247,8 @@ impl Outbox {
             node,
             tests: Default::default(),
             recorded: tokio::sync::broadcast::channel(1024).0,
+            in_flight: Default::default(),
+            claiming: tokio::sync::RwLock::new(()),
         })
     }
 
@@ -263,6 +308,7 @@ impl Outbox {
                 let now = Utc::now();
                 let until = now + chrono::Duration::from_std(CLAIM).expect("small");
                 let limit = i64::try_from(free).unwrap_or(1);
+                let _claiming = self.claiming.write().await;
                 match self
                     .store
                     .claim_deliveries(self.node, now, until, limit)
@@ -271,13 +317,21 @@ impl Outbox {
                     Ok(claimed) => {
                         let full = claimed.len() == free;
                         for delivery in claimed {
+                            // Claimed again while its attempt still runs
+                            // here: that attempt records it.
+                            let Some(in_flight) = InFlight::take(&self.in_flight, delivery.id)
+                            else {
+                                tracing::warn!(delivery_id = %delivery.id,
+                                    "a delivery whose attempt is under way was claimed again; left to that attempt");
+                                continue;
+                            };
                             let place = places
                                 .clone()
                                 .try_acquire_owned()
                                 .expect("claimed no more than the free places");
                             let this = self.clone();
                             sends.spawn(async move {
-                                this.process(delivery).await;
+                                this.process(delivery, in_flight).await;
                                 drop(place);
                                 this.wake();
                             });
@@ -303,9 +357,10 @@ impl Outbox {
         sends.wait().await;
     }
 
-    /// One attempt at a claimed delivery, recorded.
+    /// One attempt at a claimed delivery, recorded; it leaves `in_flight`
+    /// once recorded.
     #[tracing::instrument(skip_all, fields(delivery_id = %delivery.id, target_id = %delivery.target_id))]
-    async fn process(&self, delivery: DeliveryRecord) {
+    async fn process(&self, delivery: DeliveryRecord, in_flight: InFlight) {
         let attempt = delivery.attempts + 1;
         let target = match self.store.get_target(delivery.target_id).await {
             Ok(Some(target)) => target,
@@ -354,7 +409,9 @@ impl Outbox {
             _ => AttemptNext::Done,
         };
         let record = attempt_record(delivery.id, &target, &delivery.event, attempt, &outcome);
+        let _recording = self.claiming.read().await;
         self.record(&target, &record, &outcome, next, true).await;
+        drop(in_flight);
     }
 
     async fn record(
@@ -420,8 +477,29 @@ impl Outbox {
         record
     }
 
-    /// One HTTP request to the target's service.
+    /// One attempt at the target's service, within [`ATTEMPT`].
     async fn send(
+        &self,
+        target: &TargetRecord,
+        body: &str,
+        delivery_id: Uuid,
+        collapse_key: Option<&str>,
+    ) -> DeliveryOutcome {
+        let attempt = self.send_unbounded(target, body, delivery_id, collapse_key);
+        match tokio::time::timeout(ATTEMPT, attempt).await {
+            Ok(outcome) => outcome,
+            Err(_) => DeliveryOutcome::Failed {
+                status: None,
+                error: format!(
+                    "no outcome within {} s (the attempt's bound)",
+                    ATTEMPT.as_secs()
+                ),
+            },
+        }
+    }
+
+    /// One HTTP request to the target's service (FCM: and its OAuth token).
+    async fn send_unbounded(
         &self,
         target: &TargetRecord,
         body: &str,

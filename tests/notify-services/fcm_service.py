@@ -16,6 +16,9 @@ Prints one JSON line {"port"} when it listens, then serves:
        not issued or revoked, 400 INVALID_ARGUMENT for a message whose
        notification and data carry more than 4,000 bytes (keys and values)
   POST /revoke   forgets every token issued (the next send is 401)
+  POST /stall    token requests from now on are held unanswered (each is
+                 seen at once, with "stalled": true) until
+  POST /unstall  which answers those still held and lets the next ones be
   GET  /seen     {"token_requests": [...], "sends": [...]}
 """
 import json
@@ -39,6 +42,9 @@ EXPIRES_IN = int(sys.argv[2]) if len(sys.argv) > 2 else 3599
 ISSUED = set()
 SEEN = {"token_requests": [], "sends": []}
 LOCK = threading.Lock()
+# Clear while token requests stall: they wait until it is set again.
+FLOWING = threading.Event()
+FLOWING.set()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -47,11 +53,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def reply(self, status, value):
         body = json.dumps(value).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # a held request whose client gave up
 
     def do_GET(self):
         if self.path != "/seen":
@@ -67,6 +76,12 @@ class Handler(BaseHTTPRequestHandler):
             with LOCK:
                 ISSUED.clear()
             return self.reply(200, {})
+        if self.path == "/stall":
+            FLOWING.clear()
+            return self.reply(200, {})
+        if self.path == "/unstall":
+            FLOWING.set()
+            return self.reply(200, {})
         if self.path == "/v1/projects/%s/messages:send" % PROJECT:
             return self.send(body)
         body = b"<html><body>404 Not Found</body></html>"  # as Google's front end answers
@@ -77,6 +92,10 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def token(self, body):
+        if not FLOWING.is_set():
+            with LOCK:
+                SEEN["token_requests"].append({"stalled": True})
+            FLOWING.wait(120)
         form = urllib.parse.parse_qs(body.decode())
         seen = {"content_type": self.headers.get("Content-Type")}
         try:

@@ -5,7 +5,8 @@
 //!
 //! The outage is a real one for this gateway only: its Postgres connection
 //! goes through a TCP proxy that the test cuts (dropping every connection
-//! and refusing new ones) and restores.
+//! and refusing new ones) and restores; or the database ends the backends
+//! of chosen queries, as a restart or failover ends them all.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -393,4 +394,132 @@ async fn events_published_during_an_outage_reach_another_nodes_websocket_once_co
     let relayed = on_b.until_type("turn_ended").await;
     assert_eq!(relayed, live, "the same events, once each, in order");
     drop(b);
+
+/// The backend running a query like `pattern` while it waits for a lock,
+/// once there is one (polled, bounded: nothing announces a lock wait).
+async fn waiting_for_a_lock(db: &TestDb, pattern: &str) -> i32 {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let pid: Option<i32> = sqlx::query_scalar(
+            "select pid from pg_stat_activity
+             where datname = current_database() and wait_event_type = 'Lock' and query like $1
+             limit 1",
+        )
+        .bind(pattern)
+        .fetch_optional(&mut conn)
+        .await
+        .unwrap();
+        if let Some(pid) = pid {
+            return pid;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{pattern:?} waits for its lock in time"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Ends a backend as a database going away does (its client's query fails).
+async fn terminate(db: &TestDb, pid: i32) {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let ended: bool = sqlx::query_scalar("select pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(ended);
+}
+
+/// The notifier meets the database failing when it takes in a request of a
+/// conversation it has not read yet: it was behind (handing over another
+/// notification) when the request and its turn's start came, and the
+/// database dropped its connection each time it asked for the conversation
+/// (as a restart or failover does). The request still reaches the user's
+/// webhook, once the database answers; before, the notifier forgot it for
+/// good (nothing reads the store's pending requests again but a start or
+/// falling behind on the bus, and during an outage the request is not even
+/// in the store when its event comes).
+#[tokio::test]
+async fn a_request_the_notifier_met_during_a_database_failure_is_notified_once_it_answers() {
+    use sqlx::Connection;
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    config.notifications.allow_private_targets = true;
+    config.notifications.grace = std::time::Duration::from_millis(200);
+    let gw = TestGateway::start_with(config).await;
+    let mut receiver = crate::notifications::Receiver::start(None, &[]).await;
+    let (status, created) = call(
+        &gw,
+        "POST",
+        "/api/v1/notification-targets",
+        None,
+        Some(serde_json::json!({"kind": "webhook", "url": receiver.url("/")})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+
+    // The notifier falls behind: handing over the first request waits for
+    // a lock on what it records.
+    let mut keys = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::raw_sql("begin; lock table notification_keys in share mode")
+        .execute(&mut keys)
+        .await
+        .unwrap();
+    let (first, mut first_ws) = gw.open_conversation("demo").await;
+    gw.prompt(&first, "tool").await;
+    let first_request = first_ws
+        .until_type("permission_requested")
+        .await
+        .pop()
+        .unwrap();
+    waiting_for_a_lock(&db, "insert into notification_keys %").await;
+
+    // Meanwhile a second conversation's turn starts and asks.
+    let (second, mut second_ws) = gw.open_conversation("demo").await;
+    gw.prompt(&second, "tool").await;
+    let second_request = second_ws
+        .until_type("permission_requested")
+        .await
+        .pop()
+        .unwrap();
+
+    // The notifier goes on to those events; each time it asks for the
+    // second conversation, the database drops its connection.
+    let mut conversations = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::raw_sql("begin; lock table conversations in access exclusive mode")
+        .execute(&mut conversations)
+        .await
+        .unwrap();
+    sqlx::raw_sql("commit").execute(&mut keys).await.unwrap();
+    let got = receiver.next().await;
+    assert_eq!(
+        got["body"]["request"]["id"], first_request["data"]["id"],
+        "{got}"
+    );
+    // For the turn's start, then for the request (or, deferred, a retry).
+    for _ in 0..2 {
+        let pid = waiting_for_a_lock(&db, "select * from conversations where id = $1").await;
+        terminate(&db, pid).await;
+    }
+
+    // The database answers again: the request is notified.
+    sqlx::raw_sql("commit")
+        .execute(&mut conversations)
+        .await
+        .unwrap();
+    let got = receiver.next().await;
+    assert_eq!(got["body"]["event"], "permission_waiting", "{got}");
+    assert_eq!(
+        got["body"]["request"]["id"], second_request["data"]["id"],
+        "{got}"
+    );
+    assert_eq!(got["body"]["conversation"]["id"], second.as_str(), "{got}");
+    drop((first_ws, second_ws));
+    gw.stop().await;
 }

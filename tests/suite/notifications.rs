@@ -18,14 +18,14 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use uuid::Uuid;
 
 /// A receiver subprocess (killed when dropped).
-struct Receiver {
+pub(crate) struct Receiver {
     _child: tokio::process::Child,
     lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
     port: u16,
 }
 
 impl Receiver {
-    async fn start(secret: Option<&str>, statuses: &[u16]) -> Receiver {
+    pub(crate) async fn start(secret: Option<&str>, statuses: &[u16]) -> Receiver {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/notify/receiver.py");
         let mut command = tokio::process::Command::new("python3");
         command.arg(script);
@@ -55,12 +55,12 @@ impl Receiver {
         }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
     /// The next request it got.
-    async fn next(&mut self) -> Value {
+    pub(crate) async fn next(&mut self) -> Value {
         let line = tokio::time::timeout(WAIT, self.lines.next_line())
             .await
             .expect("the receiver gets a request in time")

@@ -263,10 +263,68 @@ async fn an_expired_action_is_gone_and_swept(db: TestDb) {
     assert_eq!(swept, 4, "one token per option");
 }
 
+/// Failed lookups are limited per client address, and everyone behind one
+/// proxy or NAT shares theirs: past the limit, a lookup that fails answers
+/// 429, but a usable token from that address still answers.
+async fn a_usable_action_answers_from_an_address_over_the_failure_limit(db: TestDb) {
+    let (gw, mut ws, request, notified) = waiting(&db).await;
+    // From an address of its own: failed lookups are counted per client
+    // address, in this process, for every test's gateway (this test's
+    // other backend shares it, so the limit may be reached sooner).
+    let shared = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 4]))
+        .build()
+        .unwrap();
+    let unknown = gw.url(&format!("/api/v1/actions/{}", "A".repeat(43)));
+    let mut refused = None;
+    for _ in 0..=20 {
+        let resp = shared.post(&unknown).send().await.unwrap();
+        match resp.status().as_u16() {
+            404 => {}
+            429 => {
+                refused = Some(resp);
+                break;
+            }
+            other => panic!("an unknown token answered {other}"),
+        }
+    }
+    let refused = refused.expect("429 past 20 failed lookups");
+    assert!(refused.headers().contains_key("retry-after"));
+    let problem: Value = refused.json().await.unwrap();
+    assert_eq!(problem["code"], "rate_limited", "{problem}");
+
+    // The notification's own URL still works from there: its page, then
+    // its answer.
+    let allow = gw.url(&path(action(&notified, "allow-once")));
+    let page = shared.get(&allow).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let answered = shared.post(&allow).send().await.unwrap();
+    assert_eq!(answered.status(), 200);
+    let answered: Value = answered.json().await.unwrap();
+    assert_eq!(answered["id"], request["id"]);
+    assert_eq!(answered["decision"]["via"], "notification");
+    ws.until_type("turn_ended").await;
+
+    // What fails from there is still refused: a used token (410 else), an
+    // unknown one, its page.
+    assert_eq!(shared.post(&allow).send().await.unwrap().status(), 429);
+    assert_eq!(shared.post(&unknown).send().await.unwrap().status(), 429);
+    assert_eq!(shared.get(&unknown).send().await.unwrap().status(), 429);
+    // Other addresses are not: the used token is 410 from this one.
+    assert_eq!(
+        gw.post(&path(action(&notified, "allow-once")), Value::Null)
+            .await
+            .0,
+        410
+    );
+    gw.stop().await;
+}
+
 backend_tests!(
     an_expired_action_is_gone_and_swept,
     a_users_action_answers_as_them_and_ends_when_they_are_removed,
     an_action_answers_once_and_the_turn_goes_on,
     get_shows_a_page_and_answers_nothing,
     an_action_racing_a_respond_has_exactly_one_winner,
+    a_usable_action_answers_from_an_address_over_the_failure_limit,
 );

@@ -877,9 +877,96 @@ async fn a_five_thousand_character_title_arrives_shortened_on_web_push_and_fcm(d
     gw.stop().await;
 }
 
+/// FCM's OAuth endpoint hangs with several FCM deliveries under way: they
+/// wait behind one token fetch. Each attempt, that wait included, ends
+/// within its bound, well before its claim runs out (before, the fourth
+/// waiter passed its 30 s claim, the worker claimed its row again and two
+/// attempts sent it); once the endpoint answers, each delivery is sent once.
+async fn fcm_deliveries_waiting_on_a_hanging_token_endpoint_are_each_sent_once(db: TestDb) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("service-account.json");
+    let service = Service::start("fcm_service.py", &[file.to_str().unwrap()]);
+    let mut config = notifying_config(&db);
+    config.notifications.retry_base = Duration::from_millis(1);
+    config.notifications.fcm = Some(FcmConfig {
+        service_account_file: file,
+        api_base: Some(service.base.clone()),
+    });
+    let gw = TestGateway::start_with(config).await;
+    create_target(&gw, json!({"kind": "fcm", "device_token": "device-queued"})).await;
+    let mut watch = gw.outbox.watch();
+    let stall = |what: &'static str| {
+        let url = format!("{}/{what}", service.base);
+        async move {
+            let resp = client().post(url).send().await.unwrap();
+            assert_eq!(resp.status(), 200);
+        }
+    };
+    stall("stall").await;
+    const N: usize = 8;
+    for i in 0..N {
+        let body = Notification {
+            user: "anonymous".into(),
+            ..permission_waiting()
+        };
+        let outgoing = acp_gateway::notify::Outgoing {
+            keys: vec![format!("permission_waiting:queued-{i}")],
+            collapse_key: None,
+            body,
+        };
+        assert!(acp_gateway::notify::Enqueue::enqueue(&*gw.outbox, outgoing)
+            .await
+            .unwrap());
+    }
+    // Half of them at least have their attempt end, failed, while the
+    // endpoint hangs (bounded for the version that took 40 s to get there).
+    let mut failed = std::collections::HashSet::new();
+    while failed.len() < N / 2 {
+        let attempt = tokio::time::timeout(3 * WAIT, watch.recv())
+            .await
+            .expect("attempts end while the token endpoint hangs")
+            .unwrap();
+        assert_eq!(attempt.outcome, "failed", "{attempt:?}");
+        failed.insert(attempt.delivery_id);
+    }
+    stall("unstall").await;
+
+    let mut delivered = std::collections::HashMap::new();
+    while delivered.len() < N {
+        let attempt = tokio::time::timeout(WAIT, watch.recv())
+            .await
+            .expect("every delivery is delivered in time")
+            .unwrap();
+        if attempt.outcome == "delivered" {
+            let id = attempt.delivery_id;
+            assert!(delivered.insert(id, attempt).is_none(), "{id} twice");
+        }
+    }
+    let seen = service.seen().await;
+    let mut sent: Vec<String> = seen["sends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["admitted"] == true)
+        .map(|s| {
+            s["body"]["message"]["data"]["delivery_id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    sent.sort();
+    let mut once = sent.clone();
+    once.dedup();
+    assert_eq!(once.len(), N, "{sent:#?}");
+    assert_eq!(sent, once, "each delivery sent once");
+    gw.stop().await;
+}
+
 backend_tests!(
     web_push_through_the_outbox_end_to_end,
     fcm_through_the_outbox_end_to_end,
     fcm_at_full_detail_gets_the_command,
     a_five_thousand_character_title_arrives_shortened_on_web_push_and_fcm,
+    fcm_deliveries_waiting_on_a_hanging_token_endpoint_are_each_sent_once,
 );
