@@ -394,6 +394,7 @@ async fn events_published_during_an_outage_reach_another_nodes_websocket_once_co
     let relayed = on_b.until_type("turn_ended").await;
     assert_eq!(relayed, live, "the same events, once each, in order");
     drop(b);
+}
 
 /// The backend running a query like `pattern` while it waits for a lock,
 /// once there is one (polled, bounded: nothing announces a lock wait).
