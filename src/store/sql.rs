@@ -821,30 +821,21 @@ macro_rules! impl_store {
                 // A write first: the transaction takes the write lock at once
                 // (SQLite cannot turn a read transaction into a write one
                 // after another writer committed: SQLITE_BUSY_SNAPSHOT).
-                sqlx::query(
+                let now = crate::model::now();
+                for sql in [
                     "update tokens set revoked_at = $2 where user_name = $1 and revoked_at is null",
-                )
-                .bind(name)
-                .bind(crate::model::now())
-                .execute(&mut *tx)
-                .await?;
-                // Their notifications' action URLs end with them.
-                sqlx::query(
+                    // Their notifications' action URLs end with them.
                     "update action_tokens set used_at = $2 where user_name = $1 and used_at is null",
-                )
-                .bind(name)
-                .bind(crate::model::now())
-                .execute(&mut *tx)
-                .await?;
-                // Marked, so that nothing later is sent to them or answers
-                // as them (see `user_removed`).
-                sqlx::query(
+                    // Marked, so that nothing later is sent to them or
+                    // answers as them (see `user_removed`).
                     "update users set removed_at = $2 where name = $1 and removed_at is null",
-                )
-                .bind(name)
-                .bind(crate::model::now())
-                .execute(&mut *tx)
-                .await?;
+                ] {
+                    sqlx::query(sql)
+                        .bind(name)
+                        .bind(now)
+                        .execute(&mut *tx)
+                        .await?;
+                }
                 let found: Option<(String,)> =
                     sqlx::query_as("select name from users where name = $1")
                         .bind(name)

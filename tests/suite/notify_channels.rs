@@ -657,16 +657,7 @@ async fn web_push_through_the_outbox_end_to_end(db: TestDb) {
 }
 
 async fn fcm_through_the_outbox_end_to_end(db: TestDb) {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("service-account.json");
-    // It writes the service account (its token_uri on loopback) before it
-    // says where it listens.
-    let service = Service::start("fcm_service.py", &[file.to_str().unwrap()]);
-    let mut config = notifying_config(&db);
-    config.notifications.fcm = Some(FcmConfig {
-        service_account_file: file,
-        api_base: Some(service.base.clone()),
-    });
+    let (config, service, _dir) = fcm_notifying_config(&db);
     let gw = TestGateway::start_with(config).await;
     let device = create_target(&gw, json!({"kind": "fcm", "device_token": "device-e2e"})).await;
 
@@ -756,17 +747,25 @@ async fn fcm_through_the_outbox_end_to_end(db: TestDb) {
     gw.stop().await;
 }
 
-/// The other side of minimal: at `detail = "full"` FCM gets the command.
-async fn fcm_at_full_detail_gets_the_command(db: TestDb) {
+/// A notifying gateway's config with FCM on the stand-in service (which
+/// writes the service account, its token_uri on loopback, before it says
+/// where it listens); the directory holding that file goes with it.
+fn fcm_notifying_config(db: &TestDb) -> (acp_gateway::config::Config, Service, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("service-account.json");
     let service = Service::start("fcm_service.py", &[file.to_str().unwrap()]);
-    let mut config = notifying_config(&db);
-    config.notifications.detail = acp_gateway::config::NotificationDetail::Full;
+    let mut config = notifying_config(db);
     config.notifications.fcm = Some(FcmConfig {
         service_account_file: file,
         api_base: Some(service.base.clone()),
     });
+    (config, service, dir)
+}
+
+/// The other side of minimal: at `detail = "full"` FCM gets the command.
+async fn fcm_at_full_detail_gets_the_command(db: TestDb) {
+    let (mut config, service, _dir) = fcm_notifying_config(&db);
+    config.notifications.detail = acp_gateway::config::NotificationDetail::Full;
     let gw = TestGateway::start_with(config).await;
     let device = create_target(&gw, json!({"kind": "fcm", "device_token": "device-e2e"})).await;
     let mut watch = gw.outbox.watch();
@@ -789,14 +788,7 @@ async fn fcm_at_full_detail_gets_the_command(db: TestDb) {
 /// the request in one delivered attempt, its title cut to fit (on a
 /// character, with an ellipsis), its actions with it.
 async fn a_five_thousand_character_title_arrives_shortened_on_web_push_and_fcm(db: TestDb) {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("service-account.json");
-    let fcm_service = Service::start("fcm_service.py", &[file.to_str().unwrap()]);
-    let mut config = notifying_config(&db);
-    config.notifications.fcm = Some(FcmConfig {
-        service_account_file: file,
-        api_base: Some(fcm_service.base.clone()),
-    });
+    let (config, fcm_service, _dir) = fcm_notifying_config(&db);
     let gw = TestGateway::start_with(config).await;
     let (status, key) = call(
         &gw,
@@ -883,15 +875,8 @@ async fn a_five_thousand_character_title_arrives_shortened_on_web_push_and_fcm(d
 /// waiter passed its 30 s claim, the worker claimed its row again and two
 /// attempts sent it); once the endpoint answers, each delivery is sent once.
 async fn fcm_deliveries_waiting_on_a_hanging_token_endpoint_are_each_sent_once(db: TestDb) {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("service-account.json");
-    let service = Service::start("fcm_service.py", &[file.to_str().unwrap()]);
-    let mut config = notifying_config(&db);
+    let (mut config, service, _dir) = fcm_notifying_config(&db);
     config.notifications.retry_base = Duration::from_millis(1);
-    config.notifications.fcm = Some(FcmConfig {
-        service_account_file: file,
-        api_base: Some(service.base.clone()),
-    });
     let gw = TestGateway::start_with(config).await;
     create_target(&gw, json!({"kind": "fcm", "device_token": "device-queued"})).await;
     let mut watch = gw.outbox.watch();

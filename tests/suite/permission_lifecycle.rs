@@ -51,7 +51,17 @@ async fn start(
     db: TestDb,
     profile: acp_gateway::config::AgentProfile,
 ) -> (TestDb, TestGateway, String, Ws) {
-    let gw = TestGateway::start(&db, vec![profile]).await;
+    let config = TestGateway::config(&db, vec![profile]);
+    start_configured(db, config).await
+}
+
+/// A gateway of `config` with a conversation with its `demo` profile, and
+/// that conversation's WebSocket.
+async fn start_configured(
+    db: TestDb,
+    config: acp_gateway::config::Config,
+) -> (TestDb, TestGateway, String, Ws) {
+    let gw = TestGateway::start_with(config).await;
     let id = gw.create_conversation("demo").await["id"]
         .as_str()
         .unwrap()
@@ -146,12 +156,7 @@ async fn a_request_asked_after_the_cancel_is_answered_cancelled(db: TestDb) {
         "name": "echo", "kinds": ["execute"], "commands": ["^echo\\b"], "decision": "allow",
     }))
     .unwrap()];
-    let gw = TestGateway::start_with(config).await;
-    let id = gw.create_conversation("demo").await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let mut ws = gw.conversation_ws(&id, 0).await;
+    let (_db, gw, id, mut ws) = start_configured(db, config).await;
     gw.prompt(&id, "late").await;
     ws.until_type("turn_started").await;
     let (status, _) = gw
