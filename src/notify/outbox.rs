@@ -477,7 +477,8 @@ impl Outbox {
         record
     }
 
-    /// One attempt at the target's service, within [`ATTEMPT`].
+    /// One attempt at the target's service: one HTTP request (FCM: and its
+    /// OAuth token), within [`ATTEMPT`].
     async fn send(
         &self,
         target: &TargetRecord,
@@ -485,89 +486,82 @@ impl Outbox {
         delivery_id: Uuid,
         collapse_key: Option<&str>,
     ) -> DeliveryOutcome {
-        let attempt = self.send_unbounded(target, body, delivery_id, collapse_key);
-        match tokio::time::timeout(ATTEMPT, attempt).await {
-            Ok(outcome) => outcome,
-            Err(_) => DeliveryOutcome::Failed {
+        let attempt = async {
+            let failed = |error: String| DeliveryOutcome::Failed {
+                status: None,
+                error,
+            };
+            let config: TargetConfig = match serde_json::from_str(&target.config) {
+                Ok(config) => config,
+                Err(e) => return failed(format!("unreadable target settings: {e}")),
+            };
+            let url = match &config {
+                TargetConfig::Ntfy { url, .. } | TargetConfig::Webhook { url, .. } => Some(url),
+                TargetConfig::WebPush { endpoint, .. } => Some(endpoint),
+                TargetConfig::Fcm { .. } => None,
+            };
+            if let (Some(url), false) = (url, self.allow_private) {
+                let checked = reqwest::Url::parse(url)
+                    .map_err(|e| e.to_string())
+                    .and_then(|u| guard::check_literal(&u));
+                if let Err(e) = checked {
+                    return failed(format!("refused: {e}"));
+                }
+            }
+            match &config {
+                TargetConfig::Webhook { url, secret } => {
+                    webhook::deliver(&self.client, url, secret, delivery_id, body.as_bytes()).await
+                }
+                TargetConfig::Ntfy { url, token } => match serde_json::from_str(body) {
+                    Ok(n) => {
+                        ntfy::deliver(&self.client, url, token.as_deref(), delivery_id, &n).await
+                    }
+                    Err(e) => failed(format!("unreadable body: {e}")),
+                },
+                TargetConfig::WebPush {
+                    endpoint,
+                    p256dh,
+                    auth,
+                } => {
+                    let sender = web_push::Sender {
+                        vapid: &self.vapid,
+                        subject: &self.subject,
+                    };
+                    let to = web_push::Subscription {
+                        endpoint,
+                        p256dh,
+                        auth,
+                    };
+                    // A body stored by an older version may not fit yet.
+                    let fitted = (body.len() > web_push::MAX_PAYLOAD)
+                        .then(|| serde_json::from_str::<Notification>(body).ok())
+                        .flatten()
+                        .map(|n| body_for("web_push", NotificationDetail::Full, &n))
+                        .and_then(|n| serde_json::to_string(&n).ok());
+                    let push = web_push::Push {
+                        payload: fitted.as_deref().unwrap_or(body).as_bytes(),
+                        topic: collapse_key,
+                        ttl_seconds: WEB_PUSH_TTL,
+                    };
+                    web_push::deliver_as(&self.client, &sender, &to, &push).await
+                }
+                TargetConfig::Fcm { device_token } => match (&self.fcm, serde_json::from_str(body))
+                {
+                    (Some(fcm), Ok(n)) => fcm.deliver(device_token, &n, collapse_key).await,
+                    (None, _) => failed("FCM is not configured ([notifications.fcm])".into()),
+                    (_, Err(e)) => failed(format!("unreadable body: {e}")),
+                },
+            }
+        };
+        tokio::time::timeout(ATTEMPT, attempt)
+            .await
+            .unwrap_or_else(|_| DeliveryOutcome::Failed {
                 status: None,
                 error: format!(
                     "no outcome within {} s (the attempt's bound)",
                     ATTEMPT.as_secs()
                 ),
-            },
-        }
-    }
-
-    /// One HTTP request to the target's service (FCM: and its OAuth token).
-    async fn send_unbounded(
-        &self,
-        target: &TargetRecord,
-        body: &str,
-        delivery_id: Uuid,
-        collapse_key: Option<&str>,
-    ) -> DeliveryOutcome {
-        let failed = |error: String| DeliveryOutcome::Failed {
-            status: None,
-            error,
-        };
-        let config: TargetConfig = match serde_json::from_str(&target.config) {
-            Ok(config) => config,
-            Err(e) => return failed(format!("unreadable target settings: {e}")),
-        };
-        let url = match &config {
-            TargetConfig::Ntfy { url, .. } | TargetConfig::Webhook { url, .. } => Some(url),
-            TargetConfig::WebPush { endpoint, .. } => Some(endpoint),
-            TargetConfig::Fcm { .. } => None,
-        };
-        if let (Some(url), false) = (url, self.allow_private) {
-            let checked = reqwest::Url::parse(url)
-                .map_err(|e| e.to_string())
-                .and_then(|u| guard::check_literal(&u));
-            if let Err(e) = checked {
-                return failed(format!("refused: {e}"));
-            }
-        }
-        match &config {
-            TargetConfig::Webhook { url, secret } => {
-                webhook::deliver(&self.client, url, secret, delivery_id, body.as_bytes()).await
-            }
-            TargetConfig::Ntfy { url, token } => match serde_json::from_str(body) {
-                Ok(n) => ntfy::deliver(&self.client, url, token.as_deref(), delivery_id, &n).await,
-                Err(e) => failed(format!("unreadable body: {e}")),
-            },
-            TargetConfig::WebPush {
-                endpoint,
-                p256dh,
-                auth,
-            } => {
-                let sender = web_push::Sender {
-                    vapid: &self.vapid,
-                    subject: &self.subject,
-                };
-                let to = web_push::Subscription {
-                    endpoint,
-                    p256dh,
-                    auth,
-                };
-                // A body stored by an older version may not fit yet.
-                let fitted = (body.len() > web_push::MAX_PAYLOAD)
-                    .then(|| serde_json::from_str::<Notification>(body).ok())
-                    .flatten()
-                    .map(|n| body_for("web_push", NotificationDetail::Full, &n))
-                    .and_then(|n| serde_json::to_string(&n).ok());
-                let push = web_push::Push {
-                    payload: fitted.as_deref().unwrap_or(body).as_bytes(),
-                    topic: collapse_key,
-                    ttl_seconds: WEB_PUSH_TTL,
-                };
-                web_push::deliver_as(&self.client, &sender, &to, &push).await
-            }
-            TargetConfig::Fcm { device_token } => match (&self.fcm, serde_json::from_str(body)) {
-                (Some(fcm), Ok(n)) => fcm.deliver(device_token, &n, collapse_key).await,
-                (None, _) => failed("FCM is not configured ([notifications.fcm])".into()),
-                (_, Err(e)) => failed(format!("unreadable body: {e}")),
-            },
-        }
+            })
     }
 }
 
