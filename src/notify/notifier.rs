@@ -304,7 +304,11 @@ impl Notifier {
         // After an event that waits for the store, in order behind it (an
         // answer must not come before its request).
         if let Some(waiting) = state.deferred.get_mut(&conversation) {
-            waiting.push((event, user));
+            // Only what the rules look at: an outage's streaming is not
+            // kept a second time here.
+            if concerns_the_rules(&event.body) {
+                waiting.push((event, user));
+            }
             return Vec::new();
         }
         if needs_conversation(&event.body) {
@@ -589,6 +593,19 @@ fn parse(json: &str) -> Option<Event> {
         | event_type::AGENT_STATUS => serde_json::from_str(json).ok(),
         _ => None,
     }
+}
+
+/// Whether the rules look at an event of this kind at all (chunks, mode
+/// changes and terminal output they do not).
+fn concerns_the_rules(body: &EventBody) -> bool {
+    matches!(
+        body.kind(),
+        event_type::PERMISSION_REQUESTED
+            | event_type::PERMISSION_RESOLVED
+            | event_type::TURN_STARTED
+            | event_type::TURN_ENDED
+            | event_type::AGENT_STATUS
+    )
 }
 
 /// Whether handling an event of this kind reads its conversation (a
