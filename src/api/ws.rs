@@ -456,7 +456,7 @@ async fn serve_inbox(
     let mut rx = state.bus().subscribe_all();
     let shutdown = state.closing().clone();
     let result = async {
-        let pending = state
+        let mut pending = state
             .store()
             .list_permissions(&PermissionFilter {
                 pending_only: true,
@@ -464,6 +464,21 @@ async fn serve_inbox(
                 owner: caller.owner_filter(),
             })
             .await?;
+        // With those waiting here that the database does not hold yet:
+        // asked while it was away, their events went out before this
+        // socket was open.
+        let stored: std::collections::HashSet<Uuid> = pending.iter().map(|r| r.id).collect();
+        let unstored: Vec<_> = state
+            .sessions()
+            .waiting_here(|owner| caller.can_see(owner))
+            .into_iter()
+            .filter(|r| !stored.contains(&r.id))
+            .collect();
+        if !unstored.is_empty() {
+            pending.extend(unstored);
+            // Ids are UUIDv7: their order is the order of creation.
+            pending.sort_by_key(|r| r.id);
+        }
         let snapshot = json!({"type": "snapshot", "pending_permissions": pending});
         send(&state, &mut socket, snapshot.to_string()).await?;
         loop {

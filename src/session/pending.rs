@@ -24,16 +24,28 @@ pub struct Parked {
     deadline: Option<Instant>,
 }
 
-/// Which conversation holds each request waiting for a person, across the
-/// sessions of this node: an answer goes straight to its session, without
-/// asking the database where the request belongs.
-pub type WaitingRequests = Arc<Mutex<HashMap<Uuid, Uuid>>>;
+/// Each request waiting for a person, across the sessions of this node: an
+/// answer goes straight to its session (the request names its
+/// conversation) without asking the database where the request belongs,
+/// and an inbox's snapshot shows what the database may not hold yet (a
+/// request asked while it was away).
+pub type WaitingRequests = Arc<Mutex<HashMap<Uuid, WaitingRequest>>>;
+
+/// A request waiting in a session of this node, and whose conversation it
+/// is (for who may see it).
+#[derive(Debug, Clone)]
+pub struct WaitingRequest {
+    pub request: PermissionRequest,
+    pub owner: Option<String>,
+}
 
 /// See the module docs.
 pub struct Pending {
     parked: HashMap<Uuid, Parked>,
     /// This node's index of waiting requests, kept in step with `parked`.
     waiting: WaitingRequests,
+    /// Whose conversation's requests these are.
+    owner: Option<String>,
     deadlines: Deadlines,
     /// Automatic approvals per policy rule, for `max_auto_per`.
     limiter: RateLimiter,
@@ -48,10 +60,12 @@ impl Pending {
         timeout: Option<Duration>,
         on_timeout: OnTimeout,
         waiting: WaitingRequests,
+        owner: Option<String>,
     ) -> Pending {
         Pending {
             parked: HashMap::new(),
             waiting,
+            owner,
             deadlines: Deadlines::default(),
             limiter: RateLimiter::default(),
             timeout,
@@ -70,10 +84,7 @@ impl Pending {
     /// Holds a request until it is answered (or times out).
     pub fn park(&mut self, request: PermissionRequest, responder: Responder) {
         let id = request.id;
-        self.waiting
-            .lock()
-            .unwrap()
-            .insert(id, request.conversation_id);
+        self.index(&request);
         self.parked.insert(
             id,
             Parked {
@@ -85,6 +96,15 @@ impl Pending {
         if let Some(timeout) = self.timeout {
             self.deadlines.set(id, timeout);
         }
+    }
+
+    /// Puts `request` in this node's index of waiting requests.
+    fn index(&self, request: &PermissionRequest) {
+        let waiting = WaitingRequest {
+            request: request.clone(),
+            owner: self.owner.clone(),
+        };
+        self.waiting.lock().unwrap().insert(request.id, waiting);
     }
 
     /// Holds a request an earlier run of the gateway parked (its agent
@@ -114,10 +134,7 @@ impl Pending {
     /// would have (at once, if that time passed meanwhile).
     pub fn put_back(&mut self, parked: Parked) {
         let id = parked.request.id;
-        self.waiting
-            .lock()
-            .unwrap()
-            .insert(id, parked.request.conversation_id);
+        self.index(&parked.request);
         if let Some(at) = parked.deadline {
             self.deadlines.set_at(id, at);
         }
@@ -312,7 +329,7 @@ mod tests {
             created_at: model::now(),
         };
         let id = request.id;
-        let mut pending = Pending::new(Some(timeout), OnTimeout::Reject, Default::default());
+        let mut pending = Pending::new(Some(timeout), OnTimeout::Reject, Default::default(), None);
         pending.park(
             request,
             peer.responder_for(1.into(), "session/request_permission"),

@@ -211,6 +211,22 @@ impl Sessions {
         Ok(())
     }
 
+    /// The requests waiting in live sessions on this node whose
+    /// conversations `can_see` (given the owner) lets the caller see: what
+    /// an inbox's snapshot adds to the database's pending requests, which
+    /// lack those asked while the database was away until they are
+    /// committed (their events went out before).
+    pub fn waiting_here(&self, can_see: impl Fn(Option<&str>) -> bool) -> Vec<PermissionRequest> {
+        self.inner
+            .waiting
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|w| can_see(w.owner.as_deref()))
+            .map(|w| w.request.clone())
+            .collect()
+    }
+
     /// Answers a request waiting in a live session on this node, if the
     /// caller may see its conversation (`can_see`, given the owner): the
     /// common case, answered without reading the database first. `None`
@@ -223,7 +239,14 @@ impl Sessions {
         decided_by: String,
         via: Option<String>,
     ) -> Option<Result<PermissionRequest>> {
-        let conversation_id = *self.inner.waiting.lock().unwrap().get(&id)?;
+        let conversation_id = self
+            .inner
+            .waiting
+            .lock()
+            .unwrap()
+            .get(&id)?
+            .request
+            .conversation_id;
         let session = self.live(conversation_id)?;
         if !can_see(session.owner()) {
             return Some(Err(Error::NotFound(format!("no permission request {id}"))));

@@ -322,6 +322,7 @@ fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
             profile.permission_timeout,
             profile.on_timeout,
             parts.waiting,
+            conversation.owner.clone(),
         ),
         transcript: Transcript::default(),
         state: parts.state,

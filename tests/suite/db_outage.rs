@@ -524,3 +524,45 @@ async fn a_request_the_notifier_met_during_a_database_failure_is_notified_once_i
     drop((first_ws, second_ws));
     gw.stop().await;
 }
+
+/// A request asked while the database is away is in the snapshot of an
+/// inbox that connects once the database is back but before the journal
+/// has committed it (its event went out early, before that socket was
+/// open): the phone that reconnects then sees it at once.
+#[tokio::test]
+async fn an_inbox_connecting_before_an_outages_requests_are_stored_shows_them() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    // The agent waits 400 ms before it announces its tool call and asks.
+    let (gw, proxy) = behind_a_proxy(&db, 10_000, &["--chunk-delay-ms", "400"]).await;
+    let (id, mut ws) = gw.open_conversation("demo").await;
+    gw.prompt(&id, "tool").await;
+    ws.until_type("turn_started").await;
+    proxy.cut();
+    let requested = ws.until_type("permission_requested").await.pop().unwrap();
+    proxy.restore();
+    // As a phone would: again at once while the gateway answers 503 (a
+    // pooled connection the cut broke fails its first query).
+    let url = gw.url("/api/v1/ws").replacen("http://", "ws://", 1);
+    let mut tries = 0;
+    let mut inbox = loop {
+        match tokio_tungstenite::connect_async(url.as_str()).await {
+            Ok((stream, _)) => break Ws { stream },
+            Err(e) if tries < 5 => {
+                tries += 1;
+                eprintln!("the inbox did not connect ({e}); again");
+            }
+            Err(e) => panic!("the inbox does not connect: {e}"),
+        }
+    };
+    let snapshot = inbox.next().await;
+    assert_eq!(snapshot["type"], "snapshot");
+    let ids: Vec<&serde_json::Value> = snapshot["pending_permissions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["id"])
+        .collect();
+    assert_eq!(ids, [&requested["data"]["id"]], "{snapshot}");
+}
