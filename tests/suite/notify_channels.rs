@@ -556,10 +556,10 @@ fn decrypted_bodies(seen: &Value) -> Vec<(Value, Value)> {
         .collect()
 }
 
-async fn web_push_through_the_outbox_end_to_end(db: TestDb) {
-    let gw = TestGateway::start_with(notifying_config(&db)).await;
+/// The gateway's VAPID public key, as a browser gets it to subscribe.
+async fn vapid_public_key(gw: &TestGateway) -> String {
     let (status, key) = call(
-        &gw,
+        gw,
         "GET",
         "/api/v1/notifications/vapid-public-key",
         None,
@@ -567,7 +567,12 @@ async fn web_push_through_the_outbox_end_to_end(db: TestDb) {
     )
     .await;
     assert_eq!(status, 200, "{key}");
-    let vapid_key = key["public_key"].as_str().unwrap().to_owned();
+    key["public_key"].as_str().unwrap().to_owned()
+}
+
+async fn web_push_through_the_outbox_end_to_end(db: TestDb) {
+    let gw = TestGateway::start_with(notifying_config(&db)).await;
+    let vapid_key = vapid_public_key(&gw).await;
     // The stand-in verifies every JWT against the key the gateway published.
     let service = Service::start("push_service.py", &[&vapid_key]);
     let subscription = |mode: &str| {
@@ -790,16 +795,7 @@ async fn fcm_at_full_detail_gets_the_command(db: TestDb) {
 async fn a_five_thousand_character_title_arrives_shortened_on_web_push_and_fcm(db: TestDb) {
     let (config, fcm_service, _dir) = fcm_notifying_config(&db);
     let gw = TestGateway::start_with(config).await;
-    let (status, key) = call(
-        &gw,
-        "GET",
-        "/api/v1/notifications/vapid-public-key",
-        None,
-        None,
-    )
-    .await;
-    assert_eq!(status, 200, "{key}");
-    let push_service = Service::start("push_service.py", &[key["public_key"].as_str().unwrap()]);
+    let push_service = Service::start("push_service.py", &[&vapid_public_key(&gw).await]);
     let push = create_target(
         &gw,
         json!({
