@@ -910,6 +910,21 @@ impl Client {
     }
 
     /// Sends a text prompt and returns the turn id (asserting 202).
+    /// Cancels the conversation's running turn and waits on `ws` for it to
+    /// end `cancelled`: the events up to then.
+    pub async fn cancel_turn(&self, ws: &mut Ws, conversation: &str) -> Vec<Value> {
+        let (status, body) = self
+            .post(
+                &format!("/api/v1/conversations/{conversation}/cancel"),
+                json!({}),
+            )
+            .await;
+        assert_eq!(status, 202, "{body}");
+        let frames = ws.until_type("turn_ended").await;
+        assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "cancelled");
+        frames
+    }
+
     pub async fn prompt(&self, conversation: &str, text: &str) -> String {
         let (status, body) = self.try_prompt(conversation, text).await;
         assert_eq!(status, 202, "prompt: {body}");

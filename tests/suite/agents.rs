@@ -153,12 +153,7 @@ async fn a_hanging_turn_is_cancelled_by_the_cancel_rule(db: TestDb) {
     ws.until_type("turn_started").await;
     let (_, conv) = gw.get(&format!("/api/v1/conversations/{id}")).await;
     assert_eq!(conv["status"], "running");
-    let (status, _) = gw
-        .post(&format!("/api/v1/conversations/{id}/cancel"), json!({}))
-        .await;
-    assert_eq!(status, 202);
-    let frames = ws.until_type("turn_ended").await;
-    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "cancelled");
+    gw.cancel_turn(&mut ws, &id).await;
     // Cancelling while idle is a no-op.
     let (status, _) = gw
         .post(&format!("/api/v1/conversations/{id}/cancel"), json!({}))
@@ -307,12 +302,7 @@ async fn a_cancel_gets_through_while_an_agent_streams_as_fast_as_it_can(db: Test
     let (gw, id, mut ws) = demo_conversation(&db).await;
     gw.prompt(&id, "long 1000000").await;
     ws.until(|e| e["type"] == "session_update").await;
-    let (status, _) = gw
-        .post(&format!("/api/v1/conversations/{id}/cancel"), json!({}))
-        .await;
-    assert_eq!(status, 202);
-    let frames = ws.until_type("turn_ended").await;
-    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "cancelled");
+    let frames = gw.cancel_turn(&mut ws, &id).await;
     let streamed = streamed_text(&frames, "agent_message_chunk");
     assert!(
         streamed.split_whitespace().count() < 1_000_000,

@@ -70,18 +70,6 @@ async fn start_configured(
     (db, gw, id, ws)
 }
 
-/// Cancels the running turn and waits for it to end `cancelled`: its
-/// events up to then.
-async fn cancel_turn(gw: &TestGateway, ws: &mut Ws, id: &str) -> Vec<Value> {
-    let (status, _) = gw
-        .post(&format!("/api/v1/conversations/{id}/cancel"), json!({}))
-        .await;
-    assert_eq!(status, 202);
-    let frames = ws.until_type("turn_ended").await;
-    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "cancelled");
-    frames
-}
-
 async fn two_concurrent_requests_answered_in_reverse_order_each_reach_their_tool_call(db: TestDb) {
     let (_db, gw, id, mut ws) = start(db, demo_profile("demo", &[])).await;
     gw.prompt(&id, "parallel 2").await;
@@ -135,7 +123,7 @@ async fn cancel_with_two_requests_pending_answers_both_cancelled_and_the_turn_en
     let (_db, gw, id, mut ws) = start(db, demo_profile("demo", &[])).await;
     gw.prompt(&id, "parallel 2").await;
     let reqs = requests(&mut ws, 2).await;
-    let frames = cancel_turn(&gw, &mut ws, &id).await;
+    let frames = gw.cancel_turn(&mut ws, &id).await;
     for request in &reqs {
         let (_, current) = gw
             .get(&format!(
@@ -166,7 +154,7 @@ async fn a_request_asked_after_the_cancel_is_answered_cancelled(db: TestDb) {
     let (_db, gw, id, mut ws) = start_configured(db, config).await;
     gw.prompt(&id, "late").await;
     ws.until_type("turn_started").await;
-    let frames = cancel_turn(&gw, &mut ws, &id).await;
+    let frames = gw.cancel_turn(&mut ws, &id).await;
     let resolved = frames
         .iter()
         .find(|e| e["type"] == "permission_resolved")

@@ -135,11 +135,35 @@ async fn a_crash_mid_turn_loses_no_chunk_and_the_turn_ends_as_the_agent_ends_it(
     );
 }
 
+/// The request is still pending; answered, the agent hears it (its tool
+/// call runs) and the turn ends.
+async fn answered_and_ran(gw: &GatewayProcess, id: &str, request: &str, seen: Vec<Value>) {
+    let (_, current) = gw.get(&format!("/api/v1/permissions/{request}")).await;
+    assert_eq!(current["status"], "pending", "{current}");
+    let respond = format!("/api/v1/permissions/{request}/respond");
+    let (status, body) = gw.post(&respond, json!({"option_id": "allow-once"})).await;
+    assert_eq!(status, 200, "{body}");
+    let (all, ended) = read_on(gw, id, seen).await;
+    assert_eq!(
+        streamed_text(&all, "agent_message_chunk"),
+        "1 of 1 tool calls ran."
+    );
+    assert_eq!(ended["data"]["stop_reason"], "end_turn");
+}
+
 /// A conversation whose agent asks permission, and its gateway killed
 /// (SIGKILL) while the request waits: the conversation's id, the events
 /// seen up to the request, and the request's id.
 async fn a_crash_with_a_request_pending(db: &TestDb) -> (String, Vec<Value>, String) {
     let gw = GatewayProcess::start(db, &agents());
+    let asked = a_request_pending(&gw).await;
+    gw.kill();
+    asked
+}
+
+/// A conversation on `gw` whose agent asks once: its id, the events seen
+/// up to the request, and the request's id.
+async fn a_request_pending(gw: &GatewayProcess) -> (String, Vec<Value>, String) {
     let id = gw.create("demo").await;
     let mut ws = gw.conversation_ws(&id, 0).await;
     gw.prompt(&id, "ask 1").await;
@@ -148,7 +172,6 @@ async fn a_crash_with_a_request_pending(db: &TestDb) -> (String, Vec<Value>, Str
         .as_str()
         .unwrap()
         .to_owned();
-    gw.kill();
     (id, seen, request)
 }
 
@@ -157,22 +180,7 @@ async fn a_request_pending_through_a_crash_is_answered_on_its_own_id_after_it(db
     let pid = agent_pid(&db, &id).await;
 
     let gw = GatewayProcess::start(&db, &agents());
-    let (_, current) = gw.get(&format!("/api/v1/permissions/{request_id}")).await;
-    assert_eq!(current["status"], "pending", "{current}");
-    let (status, body) = gw
-        .post(
-            &format!("/api/v1/permissions/{request_id}/respond"),
-            json!({"option_id": "allow-once"}),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    let (all, ended) = read_on(&gw, &id, seen).await;
-    // The agent heard the answer: its tool call ran.
-    assert_eq!(
-        streamed_text(&all, "agent_message_chunk"),
-        "1 of 1 tool calls ran."
-    );
-    assert_eq!(ended["data"]["stop_reason"], "end_turn");
+    answered_and_ran(&gw, &id, &request_id, seen).await;
     assert_eq!(agent_pid(&db, &id).await, pid);
     // The tool call's record built on what was stored before the crash.
     let (_, calls) = gw
@@ -217,11 +225,7 @@ async fn an_answer_that_could_not_be_recorded_leaves_the_request_answerable_afte
     db: TestDb,
 ) {
     let gw = GatewayProcess::start(&db, &agents());
-    let id = gw.create("demo").await;
-    let mut ws = gw.conversation_ws(&id, 0).await;
-    gw.prompt(&id, "ask 1").await;
-    let seen = ws.until_type("permission_requested").await;
-    let request = seen.last().unwrap()["data"]["id"].as_str().unwrap();
+    let (id, seen, request) = a_request_pending(&gw).await;
     let respond = format!("/api/v1/permissions/{request}/respond");
     // The database fails the answer's write, as a connection lost just then
     // would (an outage that began after the caller's token was checked).
@@ -247,17 +251,7 @@ async fn an_answer_that_could_not_be_recorded_leaves_the_request_answerable_afte
     assert!(status.success(), "{log}");
 
     let gw = GatewayProcess::start(&db, &agents());
-    let (_, current) = gw.get(&format!("/api/v1/permissions/{request}")).await;
-    assert_eq!(current["status"], "pending", "{current}");
-    let (status, body) = gw.post(&respond, json!({"option_id": "allow-once"})).await;
-    assert_eq!(status, 200, "{body}");
-    let (all, ended) = read_on(&gw, &id, seen).await;
-    // The agent heard it: its tool call ran.
-    assert_eq!(
-        streamed_text(&all, "agent_message_chunk"),
-        "1 of 1 tool calls ran."
-    );
-    assert_eq!(ended["data"]["stop_reason"], "end_turn");
+    answered_and_ran(&gw, &id, &request, seen).await;
 }
 
 async fn sigterm_with_detach_leaves_the_turn_running_for_the_next_start(db: TestDb) {
