@@ -231,30 +231,6 @@ pub struct PolicySet {
     pub updated_at: DateTime<Utc>,
 }
 
-/// A bearer token as shown to operators (never its value or hash).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
-pub struct TokenInfo {
-    pub id: Uuid,
-    pub user: String,
-    pub role: crate::model::Role,
-    pub label: Option<String>,
-    pub created_at: DateTime<Utc>,
-    pub revoked_at: Option<DateTime<Utc>>,
-}
-
-/// An action URL's token as stored (its value is never stored, only its
-/// SHA-256 hash): one option of one request, for one user, used once.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub struct ActionToken {
-    pub hash: String,
-    pub request_id: Uuid,
-    pub option_id: String,
-    pub user_name: String,
-    pub created_at: DateTime<Utc>,
-    pub expires_at: DateTime<Utc>,
-    pub used_at: Option<DateTime<Utc>>,
-}
-
 /// An agent process while it runs (see [`crate::process::procs`]): what a
 /// gateway starting after a crash needs to find and kill what it left.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -313,7 +289,12 @@ pub struct PermissionFilter {
 /// The gateway's storage.
 #[async_trait]
 pub trait Store:
-    super::notify::NotifyStore + super::cluster::Clustered + Send + Sync + 'static
+    super::notify::NotifyStore
+    + super::tokens::TokenStore
+    + super::cluster::Clustered
+    + Send
+    + Sync
+    + 'static
 {
     /// Answers when the database is reachable.
     async fn ping(&self) -> Result<()>;
@@ -440,37 +421,6 @@ pub trait Store:
     /// Records a new list of operator policies (the history is kept).
     async fn save_policies(&self, set: &PolicySet) -> Result<()>;
 
-    /// Creates a token for `user` (creating the user, or setting its role;
-    /// a removed user is one again), storing only the token's hash.
-    async fn create_token(
-        &self,
-        user: &str,
-        role: crate::model::Role,
-        label: Option<&str>,
-        hash: &str,
-    ) -> Result<TokenInfo>;
-    /// The active (not revoked) token with this hash.
-    async fn find_token(&self, hash: &str) -> Result<Option<TokenInfo>>;
-    /// Oldest first, revoked ones included.
-    async fn list_tokens(&self) -> Result<Vec<TokenInfo>>;
-    /// `false` if there is no active token with this id.
-    async fn revoke_token(&self, id: Uuid) -> Result<bool>;
-    /// Every active token with its user's role (for closing the WebSockets
-    /// of revoked ones, and of users whose role changed).
-    async fn active_tokens(&self) -> Result<std::collections::HashMap<Uuid, crate::model::Role>>;
-    /// Removes a user: every token of theirs is revoked, every action URL
-    /// of theirs is used up, and they are marked removed (see
-    /// [`Store::user_removed`]) until a new token is made for them. `false`
-    /// if there is no such user.
-    async fn remove_user(&self, name: &str) -> Result<bool>;
-    /// Whether `name` was removed (and given no token since): nothing is
-    /// sent to them and no action URL of theirs answers, those minted after
-    /// the removal (their conversations go on) included. `false` for a name
-    /// that is no user (`anonymous` in open mode).
-    async fn user_removed(&self, name: &str) -> Result<bool>;
-    /// Whether any token is active (then every request needs one).
-    async fn any_active_token(&self) -> Result<bool>;
-
     /// How many conversations have each status (statuses with none left out).
     async fn count_conversations_by_status(&self) -> Result<Vec<(String, i64)>>;
     /// How many permission requests are pending.
@@ -482,20 +432,6 @@ pub trait Store:
     async fn forget_agent_process(&self, record: &AgentProcessRecord) -> Result<()>;
     /// Every recorded agent process, of any machine.
     async fn list_agent_processes(&self) -> Result<Vec<AgentProcessRecord>>;
-
-    /// Stores action tokens (by their hashes).
-    async fn insert_action_tokens(&self, tokens: &[ActionToken]) -> Result<()>;
-    /// The token with this hash, as stored.
-    async fn find_action_token(&self, hash: &str) -> Result<Option<ActionToken>>;
-    /// Deletes the tokens that expired before `before`; how many.
-    async fn delete_expired_action_tokens(&self, before: DateTime<Utc>) -> Result<u64>;
-    /// Marks the token used at `now` if nobody did before: the token as it
-    /// was, and whether this call was the one that used it.
-    async fn use_action_token(
-        &self,
-        hash: &str,
-        now: DateTime<Utc>,
-    ) -> Result<Option<(ActionToken, bool)>>;
 }
 
 /// Most text of one message kept for search (what follows is not found).

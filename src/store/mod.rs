@@ -6,6 +6,10 @@
 //! permission requests into a [`Batch`] and commits it in one transaction,
 //! instead of one round-trip per streamed chunk.
 //!
+//! [`Store`] is in parts: conversations, events and permissions in
+//! `backend.rs` (their SQL in `sql.rs`), users and tokens in [`tokens`],
+//! notifications in [`notify`].
+//!
 //! The store is the only place that runs SQL: what gateway nodes sharing a
 //! database keep there is [`cluster`] ([`ClusterStore`], reached through
 //! [`Store`]'s [`Clustered::cluster`], on the store's own pool); what a
@@ -23,16 +27,19 @@ mod rows;
 pub mod search_backlog;
 mod sql;
 pub mod sqlite;
+pub mod tokens;
 mod url;
 
 pub use backend::{
-    json_size, ActionToken, AgentLink, AgentProcessRecord, Batch, Bounded, ConversationPatch, Lane,
-    PermissionFilter, PolicySet, Resolution, Store, TokenInfo,
+    json_size, AgentLink, AgentProcessRecord, Batch, Bounded, ConversationPatch, Lane,
+    PermissionFilter, PolicySet, Resolution, Store,
 };
 pub use backend::{search_words, SEARCH_TEXT_MAX};
 pub use cluster::{ClusterStore, Clustered};
+pub use notify::ActionToken;
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
+pub use tokens::{TokenInfo, TokenStore};
 pub use url::{redact_url, sqlite_file, Backend};
 
 /// Opens the store a database URL names (`postgres://…` or `sqlite://PATH`),

@@ -1,7 +1,8 @@
 //! What the notifications keep: each user's targets, the keys of what was
-//! already notified, the durable outbox and every attempt, and the
-//! gateway's VAPID key pair. A part of [`Store`](super::Store) (its
-//! supertrait), written once for both backends by [`impl_notify_store!`].
+//! already notified, the durable outbox and every attempt, the gateway's
+//! VAPID key pair, and the tokens of the action URLs (one-tap answers). A
+//! part of [`Store`](super::Store) (its supertrait), written once for both
+//! backends by [`impl_notify_store!`].
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -87,6 +88,19 @@ pub enum AttemptNext {
     RetryAt(DateTime<Utc>),
 }
 
+/// An action URL's token as stored (its value is never stored, only its
+/// SHA-256 hash): one option of one request, for one user, used once.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct ActionToken {
+    pub hash: String,
+    pub request_id: Uuid,
+    pub option_id: String,
+    pub user_name: String,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub used_at: Option<DateTime<Utc>>,
+}
+
 /// Persistence of notifications (see the module).
 #[async_trait]
 pub trait NotifyStore: Send + Sync {
@@ -151,6 +165,20 @@ pub trait NotifyStore: Send + Sync {
     async fn sweep_notifications(&self, before: DateTime<Utc>) -> Result<u64>;
     /// The stored VAPID key pair, if one was made.
     async fn stored_vapid_keys(&self) -> Result<Option<(String, String)>>;
+
+    /// Stores action tokens (by their hashes).
+    async fn insert_action_tokens(&self, tokens: &[ActionToken]) -> Result<()>;
+    /// The token with this hash, as stored.
+    async fn find_action_token(&self, hash: &str) -> Result<Option<ActionToken>>;
+    /// Deletes the tokens that expired before `before`; how many.
+    async fn delete_expired_action_tokens(&self, before: DateTime<Utc>) -> Result<u64>;
+    /// Marks the token used at `now` if nobody did before: the token as it
+    /// was, and whether this call was the one that used it.
+    async fn use_action_token(
+        &self,
+        hash: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<(ActionToken, bool)>>;
 }
 
 /// Implements [`NotifyStore`] for a backend type with a `pool` field and a
@@ -463,6 +491,72 @@ macro_rules! impl_notify_store {
                 Ok(sqlx::query_as("select private_key, public_key from vapid_keys where id = 1")
                     .fetch_optional(&self.pool)
                     .await?)
+            }
+
+            async fn insert_action_tokens(
+                &self,
+                tokens: &[$crate::store::notify::ActionToken],
+            ) -> $crate::error::Result<()> {
+                let mut tx = self.writer().begin().await?;
+                for t in tokens {
+                    sqlx::query(
+                        "insert into action_tokens
+                           (hash, request_id, option_id, user_name, created_at, expires_at, used_at)
+                         values ($1, $2, $3, $4, $5, $6, $7)",
+                    )
+                    .bind(&t.hash)
+                    .bind(t.request_id)
+                    .bind(&t.option_id)
+                    .bind(&t.user_name)
+                    .bind(t.created_at)
+                    .bind(t.expires_at)
+                    .bind(t.used_at)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn find_action_token(
+                &self,
+                hash: &str,
+            ) -> $crate::error::Result<Option<$crate::store::notify::ActionToken>> {
+                Ok(sqlx::query_as::<_, $crate::store::notify::ActionToken>(
+                    "select * from action_tokens where hash = $1",
+                )
+                .bind(hash)
+                .fetch_optional(&self.pool)
+                .await?)
+            }
+
+            async fn delete_expired_action_tokens(
+                &self,
+                before: chrono::DateTime<chrono::Utc>,
+            ) -> $crate::error::Result<u64> {
+                let done = sqlx::query("delete from action_tokens where expires_at < $1")
+                    .bind(before)
+                    .execute(self.writer())
+                    .await?;
+                Ok(done.rows_affected())
+            }
+
+            async fn use_action_token(
+                &self,
+                hash: &str,
+                now: chrono::DateTime<chrono::Utc>,
+            ) -> $crate::error::Result<Option<($crate::store::notify::ActionToken, bool)>> {
+                let Some(token) = self.find_action_token(hash).await? else {
+                    return Ok(None);
+                };
+                let done = sqlx::query(
+                    "update action_tokens set used_at = $2 where hash = $1 and used_at is null",
+                )
+                .bind(hash)
+                .bind(now)
+                .execute(self.writer())
+                .await?;
+                Ok(Some((token, done.rows_affected() == 1)))
             }
         }
     };

@@ -6,11 +6,11 @@ use uuid::Uuid;
 
 use super::backend::{
     json_size, search_text, Batch, Bounded, ConversationPatch, Lanes, PermissionFilter, PolicySet,
-    Resolution, Store, TokenInfo, SEARCH_TEXT_MAX,
+    Resolution, Store, SEARCH_TEXT_MAX,
 };
 use super::rows::{
     text_col, ConversationRow, EventRow, JsonText, MessagePartRow, MessageRow, PermissionRow,
-    PolicySetRow, RuleRow, TokenRow, ToolCallRow,
+    PolicySetRow, RuleRow, ToolCallRow,
 };
 use super::sql::impl_store;
 use crate::error::Result;
@@ -440,6 +440,7 @@ async fn resolve_at_once(
 }
 
 impl_store!(PgStore, PgConnection);
+super::tokens::impl_token_store!(PgStore);
 // A claim is void once its node's lease ran out (or its row is gone).
 super::notify::impl_notify_store!(
     PgStore,

@@ -89,11 +89,6 @@ fn bad(what: &str, value: &str) -> Error {
     Error::Internal(anyhow::anyhow!("bad {what} {value:?} in the database"))
 }
 
-/// A stored role.
-pub fn role_col(s: &str) -> Result<crate::model::Role> {
-    crate::model::Role::parse(s).ok_or_else(|| bad("role", s))
-}
-
 /// A conversation found by a search, with the text of its first matching
 /// message (`None`: its title matched).
 #[derive(sqlx::FromRow)]
@@ -317,29 +312,5 @@ impl From<PolicySetRow> for super::backend::PolicySet {
             updated_by: r.updated_by,
             updated_at: r.updated_at,
         }
-    }
-}
-
-#[derive(sqlx::FromRow)]
-pub struct TokenRow {
-    id: Uuid,
-    user_name: String,
-    role: String,
-    label: Option<String>,
-    created_at: DateTime<Utc>,
-    revoked_at: Option<DateTime<Utc>>,
-}
-
-impl TryFrom<TokenRow> for super::backend::TokenInfo {
-    type Error = Error;
-    fn try_from(r: TokenRow) -> Result<super::backend::TokenInfo> {
-        Ok(super::backend::TokenInfo {
-            id: r.id,
-            role: role_col(&r.role)?,
-            user: r.user_name,
-            label: r.label,
-            created_at: r.created_at,
-            revoked_at: r.revoked_at,
-        })
     }
 }

@@ -14,11 +14,11 @@ use uuid::Uuid;
 
 use super::backend::{
     json_size, Batch, Bounded, ConversationPatch, Lanes, PermissionFilter, PolicySet, Resolution,
-    Store, TokenInfo,
+    Store,
 };
 use super::rows::{
     text_col, ConversationRow, EventRow, JsonText, MessagePartRow, MessageRow, PermissionRow,
-    PolicySetRow, RuleRow, TokenRow, ToolCallRow,
+    PolicySetRow, RuleRow, ToolCallRow,
 };
 use super::sql::impl_store;
 use crate::error::Result;
@@ -157,5 +157,6 @@ async fn commit_at_once(_: &SqlitePool, _: Uuid, _: &Batch) -> Result<bool> {
 }
 
 impl_store!(SqliteStore, SqliteConnection);
+super::tokens::impl_token_store!(SqliteStore);
 // One node at a time: a claim of another node is one of a previous run.
 super::notify::impl_notify_store!(SqliteStore, "claimed_by <> $4", "");
