@@ -14,7 +14,7 @@ use agent_client_protocol_schema::v1 as acp;
 
 use super::agent::{describe_exit, AgentProcess};
 use super::error::{Error, Result};
-use super::rpc::{Inbox, Incoming, RpcError, RpcPeer};
+use super::rpc::{AnswerHold, Inbox, Incoming, RpcError, RpcPeer};
 use crate::config::AgentProfile;
 use crate::model::AgentReport;
 
@@ -23,6 +23,18 @@ pub const EXIT_AFTER_EOF: Duration = Duration::from_secs(3);
 
 /// The agent's answer to a request, awaited while the session goes on.
 pub type CallFuture = Pin<Box<dyn Future<Output = Result<Value, RpcError>> + Send>>;
+
+/// A `session/prompt` waiting for its answer. The answer's place in the
+/// agent's output stays held until `hold` is dropped: under a shim, the
+/// output is acknowledged as far as it is dealt with, and a prompt's
+/// answer is dealt with only once the turn's end it makes is in the batch
+/// committed with that acknowledgement (else a crash between the two
+/// commits would leave a reattached turn waiting for an answer the shim no
+/// longer has).
+pub struct PromptCall {
+    pub answer: CallFuture,
+    pub hold: AnswerHold,
+}
 
 /// ACP's `auth_required` error code.
 const AUTH_REQUIRED: i64 = -32000;
@@ -234,22 +246,25 @@ impl AgentSession {
         self.can_close
     }
 
-    /// Sends `session/prompt` once polled; the future resolves with the
-    /// agent's answer. Its JSON-RPC id is known at once (to be recorded
-    /// before the request goes out).
-    pub fn prompt(&self, content: &[Value]) -> (u64, CallFuture) {
+    /// Sends `session/prompt` once polled. Its JSON-RPC id is known at
+    /// once (to be recorded before the request goes out).
+    pub fn prompt(&self, content: &[Value]) -> (u64, PromptCall) {
         let id = self.peer.reserve_id();
         let mut params = json!({"prompt": content});
         params["sessionId"] = Value::String(self.session_id.clone());
         let peer = self.peer.clone();
-        let call = Box::pin(async move { peer.request_as(id, "session/prompt", params).await });
-        (id, call)
+        let hold = self.peer.hold_answer(id);
+        let answer = Box::pin(async move { peer.request_as(id, "session/prompt", params).await });
+        (id, PromptCall { answer, hold })
     }
 
     /// The answer to the `session/prompt` an earlier gateway sent as
     /// request `id` (see [`RpcPeer::answer_to`]).
-    pub fn prompt_answer(&self, id: u64) -> CallFuture {
-        Box::pin(self.peer.answer_to(id))
+    pub fn prompt_answer(&self, id: u64) -> PromptCall {
+        PromptCall {
+            hold: self.peer.hold_answer(id),
+            answer: Box::pin(self.peer.answer_to(id)),
+        }
     }
 
     /// Sends `session/set_mode`.

@@ -329,10 +329,34 @@ impl RpcPeer {
         self.shared.state().ledger.processed_to()
     }
 
+    /// Keeps the answer to request `id` from counting as done with (see
+    /// [`RpcPeer::processed_to`]) once its caller has it, until the hold is
+    /// dropped: for an answer whose effects the caller records later than
+    /// it takes the answer. Take it before the answer can arrive.
+    pub fn hold_answer(&self, id: u64) -> AnswerHold {
+        self.shared.state().ledger.hold(id);
+        AnswerHold {
+            shared: Arc::clone(&self.shared),
+            id,
+        }
+    }
+
     /// How many requests are waiting for a response.
     #[cfg(test)]
     fn pending_len(&self) -> usize {
         self.shared.state().waiters.len()
+    }
+}
+
+/// See [`RpcPeer::hold_answer`]; dropping it lets the answer go.
+pub struct AnswerHold {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl Drop for AnswerHold {
+    fn drop(&mut self) {
+        self.shared.state().ledger.release(self.id);
     }
 }
 

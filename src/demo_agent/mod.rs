@@ -60,6 +60,7 @@
 //! | `withdraw` | like `tool`, but right after the permission request the agent sends `$/cancel_request` for it; the client answers `cancelled`, the tool call fails and a message chunk follows | `end_turn` |
 //! | `late` | hangs until `session/cancel`, then asks permission to run `echo late` (a request that crossed the cancel) and says `late answer: <outcome>` (`none` without an answer within a second) | `cancelled` |
 //! | `sneak` | asks permission for an `execute` call titled `Tidy up` with no command, and while it waits updates the call with `rm -rf build`; says `answer: <outcome>` | `end_turn` |
+//! | `hasty` | answers the prompt and at once asks permission to read `notes.txt` (the answer to that is ignored) | `end_turn` |
 //! | `stderr` | five lines on stderr, then a message chunk | `end_turn` |
 //!
 //! Tool call ids are `call_1`, `call_2`, … unique within the process. Numeric arguments that

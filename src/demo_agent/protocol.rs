@@ -245,9 +245,24 @@ impl Agent {
                         let agent = Arc::clone(self);
                         let session_id = turn.session_id.clone();
                         turns.spawn(async move {
-                            let reply = turn.run(scenario, text).await;
+                            let (reply, then_ask) = turn.run(scenario, text).await;
                             agent.finish_turn(&session_id);
-                            agent.wire.send(response(id, reply)).await;
+                            let answer = response(id, reply);
+                            match then_ask {
+                                // In one write with the answer: the client
+                                // reads both at once. Nobody waits for its
+                                // answer.
+                                Some(params) => {
+                                    let request = json!({
+                                        "jsonrpc": "2.0",
+                                        "id": agent.wire.next_id(),
+                                        "method": "session/request_permission",
+                                        "params": params,
+                                    });
+                                    agent.wire.send_raw(format!("{answer}\n{request}")).await;
+                                }
+                                None => agent.wire.send(answer).await,
+                            }
                         });
                         return;
                     }

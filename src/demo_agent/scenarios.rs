@@ -73,6 +73,7 @@ pub(super) enum Scenario {
     Withdraw,
     Late,
     Sneak,
+    Hasty,
     Stderr,
 }
 
@@ -105,6 +106,7 @@ impl Scenario {
             "withdraw" => Self::Withdraw,
             "late" => Self::Late,
             "sneak" => Self::Sneak,
+            "hasty" => Self::Hasty,
             "stderr" => Self::Stderr,
             _ => return None,
         })
@@ -156,6 +158,9 @@ struct Cancelled;
 enum TurnEnd {
     /// Answer the prompt with this stop reason.
     Stop(&'static str),
+    /// Answer the prompt with this stop reason, then at once send
+    /// `session/request_permission` with these params (its answer ignored).
+    StopThenAsk(&'static str, Value),
     /// Answer the prompt with a JSON-RPC error.
     Fail(RpcError),
 }
@@ -234,26 +239,33 @@ pub(super) struct Turn {
 }
 
 impl Turn {
-    /// Plays the scenario; what the prompt request is answered with.
-    pub(super) async fn run(self, scenario: Scenario, args: String) -> Result<Value, RpcError> {
+    /// Plays the scenario: what the prompt request is answered with, and
+    /// the params of a permission request to send right after the answer.
+    pub(super) async fn run(
+        self,
+        scenario: Scenario,
+        args: String,
+    ) -> (Result<Value, RpcError>, Option<Value>) {
         let end = match self.play(scenario, &args).await {
             // A cancel that raced with the end of the scenario still wins, as ACP asks.
-            Ok(TurnEnd::Stop(_)) | Err(Cancelled) if self.is_cancelled() => {
+            Ok(TurnEnd::Stop(_) | TurnEnd::StopThenAsk(..)) | Err(Cancelled)
+                if self.is_cancelled() =>
+            {
                 TurnEnd::Stop(CANCELLED)
             }
             Ok(end) => end,
             Err(Cancelled) => TurnEnd::Stop(CANCELLED),
         };
-        match end {
-            TurnEnd::Stop(reason) => {
-                log!("session {}: turn over: {reason}", self.session_id);
-                Ok(json!({ "stopReason": reason }))
-            }
+        let (reason, then_ask) = match end {
+            TurnEnd::Stop(reason) => (reason, None),
+            TurnEnd::StopThenAsk(reason, params) => (reason, Some(params)),
             TurnEnd::Fail(err) => {
                 log!("session {}: turn failed: {}", self.session_id, err.message);
-                Err(err)
+                return (Err(err), None);
             }
-        }
+        };
+        log!("session {}: turn over: {reason}", self.session_id);
+        (Ok(json!({ "stopReason": reason })), then_ask)
     }
 
     /// Plays `scenario`; `Err(Cancelled)` when the turn was cancelled midway.
@@ -287,6 +299,7 @@ impl Turn {
             Scenario::Withdraw => self.withdraw().await,
             Scenario::Late => self.late().await,
             Scenario::Sneak => self.sneak().await,
+            Scenario::Hasty => self.hasty().await,
             Scenario::Stderr => self.stderr().await,
         }
     }
@@ -658,6 +671,21 @@ impl Turn {
         let said = answer.map_or_else(|| "none".to_owned(), |a| a["outcome"].to_string());
         self.say(&format!("answer: {said}")).await?;
         Ok(TurnEnd::Stop(END_TURN))
+    }
+
+    /// Scenario `hasty`: answers the prompt and at once asks permission to
+    /// read `notes.txt` (ignoring the answer): the answer and a request
+    /// after it reach the client together.
+    async fn hasty(&self) -> Result<TurnEnd, Cancelled> {
+        let path = self.cwd.join("notes.txt").display().to_string();
+        let call = json!({
+            "toolCallId": self.next_tool_call_id(),
+            "title": "Read notes.txt",
+            "kind": "read",
+            "status": "pending",
+            "locations": [{"path": path}],
+        });
+        Ok(TurnEnd::StopThenAsk(END_TURN, self.permission_params(call)))
     }
 
     /// Asks permission for `call` (the usual options) and waits for the

@@ -126,7 +126,7 @@ impl Wire {
         method: &str,
         params: Value,
     ) -> (u64, oneshot::Receiver<Reply>) {
-        let id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
+        let id = self.next_id();
         let (waiter, answer) = oneshot::channel();
         // Registered before sending, so even an instant answer finds its waiter. Once stdin is
         // closed the sender is dropped here and the receiver reports that at once.
@@ -136,6 +136,11 @@ impl Wire {
         self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
             .await;
         (id, answer)
+    }
+
+    /// An id for a request of the agent's.
+    pub(super) fn next_id(&self) -> u64 {
+        self.next_request_id.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Stops waiting for the answer to a request.

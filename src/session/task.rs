@@ -47,7 +47,7 @@ use super::spawn::{
 };
 use super::transcript::Transcript;
 use crate::acp::agent::{AgentProcess, Cursor, ShimSetup};
-use crate::acp::client::{AgentSession, CallFuture, EXIT_AFTER_EOF};
+use crate::acp::client::{AgentSession, PromptCall, EXIT_AFTER_EOF};
 use crate::acp::rpc::{Inbox, Incoming, RpcError};
 use crate::config::{AgentProfile, ShutdownPlan};
 use crate::error::Result;
@@ -361,7 +361,7 @@ struct Task {
     policies: PolicyHandle,
     turn: Option<Turn>,
     /// The outstanding `session/prompt` request.
-    prompt: Option<CallFuture>,
+    prompt: Option<PromptCall>,
     pending: Pending,
     transcript: Transcript,
     /// What the agent reports about its session.
@@ -429,9 +429,9 @@ async fn idle_for(since: Option<Instant>, timeout: Option<Duration>) {
     }
 }
 
-async fn next_prompt_result(prompt: &mut Option<CallFuture>) -> Result<Value, RpcError> {
+async fn next_prompt_result(prompt: &mut Option<PromptCall>) -> Result<Value, RpcError> {
     match prompt {
-        Some(f) => f.await,
+        Some(call) => (&mut call.answer).await,
         None => std::future::pending().await,
     }
 }
@@ -528,13 +528,9 @@ impl Task {
                 return Ok(Some(End::AgentGone));
             }
             Step::Answered(result) => {
-                self.prompt = None;
-                // Everything the agent sent before its answer is queued
-                // already: apply it first so the turn ends last.
-                self.drain_incoming(usize::MAX).await?;
-                // When the agent is going away, the exit path ends the turn.
-                if !matches!(result, Err(RpcError::Closed(_))) {
-                    self.end_turn(result);
+                let ends = !matches!(result, Err(RpcError::Closed(_)));
+                self.answered(result).await?;
+                if ends {
                     self.flush().await?;
                 }
             }
@@ -603,11 +599,17 @@ impl Task {
     /// with the rest of its output): the turn ends as it said.
     async fn take_prompt_answer(&mut self) -> Result<()> {
         use futures::FutureExt;
-        let answered = self.prompt.as_mut().and_then(|p| p.now_or_never());
+        let answered = self
+            .prompt
+            .as_mut()
+            .and_then(|call| (&mut call.answer).now_or_never());
         if let Some(result) = answered {
-            self.prompt = None;
+            let call = self.prompt.take();
             if !matches!(result, Err(RpcError::Closed(_))) {
                 self.end_turn(result);
+                // Let go of the answer now that the turn's end is in the
+                // batch (see `PromptCall`).
+                drop(call);
                 self.flush().await?;
             }
         }

@@ -106,13 +106,29 @@ impl TestDb {
     /// One number the test's database answers `sql` with (a statement both
     /// backends take).
     pub async fn number(&self, sql: &str) -> i64 {
+        let numbers = self.column::<i64>(sql).await;
+        assert_eq!(numbers.len(), 1, "one row for {sql}");
+        numbers[0]
+    }
+
+    /// The first column of every row the test's database answers `sql`
+    /// with (a statement both backends take).
+    pub async fn column<T>(&self, sql: &str) -> Vec<T>
+    where
+        T: Send
+            + Unpin
+            + sqlx::Type<sqlx::Postgres>
+            + for<'r> sqlx::Decode<'r, sqlx::Postgres>
+            + sqlx::Type<sqlx::Sqlite>
+            + for<'r> sqlx::Decode<'r, sqlx::Sqlite>,
+    {
         use sqlx::Connection;
         if self.pg_name.is_some() {
             let mut conn = sqlx::PgConnection::connect(&self.url).await.unwrap();
-            sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+            sqlx::query_scalar(sql).fetch_all(&mut conn).await.unwrap()
         } else {
             let mut conn = sqlx::SqliteConnection::connect(&self.url).await.unwrap();
-            sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+            sqlx::query_scalar(sql).fetch_all(&mut conn).await.unwrap()
         }
     }
 

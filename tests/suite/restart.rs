@@ -17,6 +17,7 @@ backend_tests!(
     a_request_pending_through_a_crash_is_answered_on_its_own_id_after_it,
     an_answer_committed_just_before_a_crash_still_reaches_the_agent,
     an_answer_that_could_not_be_recorded_leaves_the_request_answerable_after_a_restart,
+    a_prompts_answer_is_acknowledged_to_the_shim_only_with_the_turns_end,
     sigterm_with_detach_leaves_the_turn_running_for_the_next_start,
     sigterm_with_cancel_ends_the_turn_as_before,
     ctrl_c_stops_the_agents_whatever_on_shutdown_says,
@@ -252,6 +253,77 @@ async fn an_answer_that_could_not_be_recorded_leaves_the_request_answerable_afte
 
     let gw = GatewayProcess::start(&db, &agents());
     answered_and_ran(&gw, &id, &request, seen).await;
+}
+
+/// Every commit that tells the agent's shim it may forget the prompt's
+/// answer also holds the turn's end: no link on record waits for a prompt
+/// whose answer it has let go (a gateway dying just after such a commit
+/// would reattach and wait forever for an answer the shim no longer holds).
+/// The `hasty` agent asks permission right after its answer to the prompt,
+/// and a policy answers at once (a commit of its own): the gateway may take
+/// the answer first, and apply and commit the request that came after it
+/// before the turn has ended.
+async fn a_prompts_answer_is_acknowledged_to_the_shim_only_with_the_turns_end(db: TestDb) {
+    let reads = "[[policies]]\nname = \"reads\"\nkinds = [\"read\"]\ndecision = \"allow\"\n";
+    let gw = GatewayProcess::start_configured(&db, &agents(), "info", reads);
+    // Every link a commit writes, in order.
+    db.execute(
+        "create table link_log (n bigserial primary key, link text);
+         create function log_link() returns trigger language plpgsql as $$
+           begin insert into link_log (link) values (new.link); return new; end $$;
+         create trigger log_link after insert or update on agent_processes
+           for each row execute function log_link();",
+        "create table link_log (n integer primary key autoincrement, link text);
+         create trigger log_inserted_link after insert on agent_processes
+           begin insert into link_log (link) values (new.link); end;
+         create trigger log_updated_link after update on agent_processes
+           begin insert into link_log (link) values (new.link); end;",
+    )
+    .await;
+    let id = gw.create("demo").await;
+    let mut after = 0;
+    for _ in 0..20 {
+        let turn = gw.prompt(&id, "hasty").await;
+        let mut ws = gw.conversation_ws(&id, after).await;
+        let events = ws.until_type("turn_ended").await;
+        let ended = events.last().unwrap();
+        assert_eq!(ended["data"]["turn_id"], turn.as_str());
+        assert_eq!(ended["data"]["stop_reason"], "end_turn");
+        after = ended["seq"].as_i64().unwrap();
+    }
+    // Each turn's request too, answered by the policy.
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    let mut allowed = 0;
+    while allowed < 20 {
+        let event = ws.next().await;
+        if event["type"] == "permission_resolved" {
+            assert_eq!(event["data"]["decision"]["decided_by"], "policy:reads");
+            allowed += 1;
+        }
+    }
+
+    let links: Vec<Value> = db
+        .column::<String>("select link from link_log where link is not null order by n")
+        .await
+        .iter()
+        .map(|link| serde_json::from_str(link).unwrap())
+        .collect();
+    // The agent's first output in a turn is its answer to the prompt: a
+    // link still waiting for the prompt has dealt with nothing past where
+    // the turn began.
+    let mut began = std::collections::HashMap::new();
+    for (i, link) in links.iter().enumerate() {
+        let Some(prompt) = link["prompt_request"].as_u64() else {
+            continue;
+        };
+        let at = link["output_to"].as_u64().unwrap();
+        let start = *began.entry(prompt).or_insert(at);
+        assert_eq!(
+            at, start,
+            "link {i} waits for prompt {prompt} and lets its answer go: {link}"
+        );
+    }
+    assert_eq!(began.len(), 20, "the turns' links are on record: {links:?}");
 }
 
 async fn sigterm_with_detach_leaves_the_turn_running_for_the_next_start(db: TestDb) {

@@ -2,7 +2,7 @@
 //! for an answer, the close reason, and the writer's queue; and the errors a request ends
 //! with.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::mem;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -72,6 +72,9 @@ pub(super) struct Ledger {
     open: BTreeSet<u64>,
     /// Answers handed to their callers, by request id: where each begins.
     answers: HashMap<u64, u64>,
+    /// Requests whose answers stay open after their callers have them,
+    /// until released (see [`super::AnswerHold`]).
+    held: HashSet<u64>,
 }
 
 impl Ledger {
@@ -104,8 +107,27 @@ impl Ledger {
         self.answers.insert(id, start);
     }
 
-    /// The caller of request `id` has its answer (or gave up).
+    /// The caller of request `id` has its answer (or gave up): the answer
+    /// is done with, unless it is held.
     pub(super) fn answer_taken(&mut self, id: u64) {
+        if !self.held.contains(&id) {
+            self.let_go(id);
+        }
+    }
+
+    /// The answer to request `id` stays open once taken, until released.
+    pub(super) fn hold(&mut self, id: u64) {
+        self.held.insert(id);
+    }
+
+    /// The answer to request `id` needs holding no more: once taken (or
+    /// if it already was), it is done with.
+    pub(super) fn release(&mut self, id: u64) {
+        self.held.remove(&id);
+        self.let_go(id);
+    }
+
+    fn let_go(&mut self, id: u64) {
         if let Some(start) = self.answers.remove(&id) {
             self.open.remove(&start);
         }

@@ -835,3 +835,40 @@ async fn the_stream_is_processed_only_as_far_as_what_was_handed_on_is_done_with(
 async fn next_notification_or_none(incoming: &mut Inbox<Incoming>) -> Option<Incoming> {
     incoming.try_recv().ok()
 }
+
+#[tokio::test]
+async fn a_held_answer_is_done_with_only_once_taken_and_released() {
+    let (peer, mut incoming, mut agent) = connect(RpcConfig::default());
+    let id = peer.reserve_id();
+    let hold = peer.hold_answer(id);
+    let mut call = Box::pin(peer.request_as(id, "session/prompt", json!({})));
+    assert!(futures::poll!(&mut call).is_pending(), "sent, not answered");
+    let request = agent.recv().await;
+    let answer =
+        json!({"jsonrpc": "2.0", "id": request["id"], "result": {"stopReason": "end_turn"}});
+    agent.send(answer.clone()).await;
+    assert_eq!(within(call).await.unwrap()["stopReason"], "end_turn");
+    assert_eq!(peer.processed_to(), 0, "taken, but held");
+    drop(hold);
+    assert_eq!(peer.processed_to(), line_len(&answer), "released");
+
+    // Released before its answer came (its caller gave up): nothing stays
+    // held, and the late answer is read past.
+    let id = peer.reserve_id();
+    let hold = peer.hold_answer(id);
+    let mut call = Box::pin(peer.request_as(id, "session/prompt", json!({})));
+    assert!(futures::poll!(&mut call).is_pending());
+    let request = agent.recv().await;
+    drop(call);
+    drop(hold);
+    let late = json!({"jsonrpc": "2.0", "id": request["id"], "result": {}});
+    let after = notification("session/update", json!({"n": 1}));
+    agent.send(late.clone()).await;
+    agent.send(after.clone()).await;
+    let _ = next_notification(&mut incoming).await;
+    incoming.done();
+    assert_eq!(
+        peer.processed_to(),
+        line_len(&answer) + line_len(&late) + line_len(&after)
+    );
+}

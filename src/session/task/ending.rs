@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use super::{next_incoming, next_prompt_result, End, Task};
 use crate::acp::agent::describe_exit;
-use crate::acp::rpc::RpcError;
 use crate::error::Result;
 use crate::model::{AgentState, AgentStatus, ConversationStatus, PermissionStatus, TurnEnded};
 use crate::session::spawn::{forget_process, TERMINATE_GRACE};
@@ -36,11 +35,7 @@ impl Task {
         while self.turn.is_some() {
             tokio::select! {
                 result = next_prompt_result(&mut self.prompt) => {
-                    self.prompt = None;
-                    self.drain_incoming(usize::MAX).await?;
-                    if !matches!(result, Err(RpcError::Closed(_))) {
-                        self.end_turn(result);
-                    }
+                    self.answered(result).await?;
                     break;
                 }
                 msg = next_incoming(&mut self.incoming) => match msg {

@@ -73,6 +73,23 @@ impl Task {
             .await
     }
 
+    /// The agent answered its prompt. Everything it sent before the answer
+    /// is queued already: that is applied first, so the turn ends last
+    /// (when the agent is going away, the exit path ends the turn). The
+    /// answer's place in the agent's output is let go only once the turn's
+    /// end is in the batch: a commit while the rest is applied must not
+    /// acknowledge the answer to the agent's shim (see `PromptCall`). The
+    /// turn ends even when applying the rest failed.
+    pub(super) async fn answered(&mut self, result: Result<Value, RpcError>) -> Result<()> {
+        let call = self.prompt.take();
+        let drained = self.drain_incoming(usize::MAX).await;
+        if !matches!(result, Err(RpcError::Closed(_))) {
+            self.end_turn(result);
+        }
+        drop(call);
+        drained
+    }
+
     pub(super) fn end_turn(&mut self, result: Result<Value, RpcError>) {
         let Some(turn) = self.turn.take() else { return };
         let (stop_reason, error) = match result {
