@@ -925,7 +925,6 @@ impl Client {
         (id, ws)
     }
 
-    /// Sends a text prompt and returns the turn id (asserting 202).
     /// Cancels the conversation's running turn and waits on `ws` for it to
     /// end `cancelled`: the events up to then.
     pub async fn cancel_turn(&self, ws: &mut Ws, conversation: &str) -> Vec<Value> {
@@ -941,6 +940,7 @@ impl Client {
         frames
     }
 
+    /// Sends a text prompt and returns the turn id (asserting 202).
     pub async fn prompt(&self, conversation: &str, text: &str) -> String {
         let (status, body) = self.try_prompt(conversation, text).await;
         assert_eq!(status, 202, "prompt: {body}");
