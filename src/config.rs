@@ -559,6 +559,15 @@ impl Config {
         if self.max_line_bytes < 1024 {
             bail!("max_line_bytes: must be at least 1024");
         }
+        // A line the gateway may still use is acknowledged to the shim
+        // only once it is whole: a shim that could not hold one would stop
+        // reading its agent in the middle of it for good.
+        if self.agent_shims && self.shim_buffer <= self.max_line_bytes {
+            bail!(
+                "shim_buffer: must be more than max_line_bytes ({}), so that a shim holds a whole line",
+                self.max_line_bytes
+            );
+        }
         if self.max_body_bytes < 1024 {
             bail!("max_body_bytes: must be at least 1024");
         }

@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use super::link::{self, Ending, ShimControl};
-use super::rpc::RpcPeer;
+use super::rpc::{Processed, RpcPeer};
 use crate::config::AgentProfile;
 use crate::process::child::{StderrTail, Supervised};
 use crate::sandbox::Place;
@@ -556,8 +556,14 @@ impl Cursor {
     }
 
     /// Everything before this is dealt with.
-    pub fn position(&self) -> u64 {
-        self.peer.processed_to()
+    pub fn position(&self) -> Processed {
+        self.peer.processed()
+    }
+
+    /// Resolves when the output may have been dealt with further without
+    /// anything handed on to the session (see [`RpcPeer::moved_on`]).
+    pub async fn moved_on(&self) {
+        self.peer.moved_on().await
     }
 
     /// Everything before `to` is committed: the shim may forget it.

@@ -66,7 +66,7 @@ use tracing::trace;
 
 pub use self::inbound::{Inbound, IncomingRequest, Responder};
 pub use self::inbox::Inbox;
-pub use self::shared::{RpcError, INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND};
+pub use self::shared::{Processed, RpcError, INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND};
 /// The ACP reading of incoming messages, the one [`RpcPeer::spawn`] gives (re-exported: the
 /// channel's item type is looked for here).
 pub use super::incoming::Incoming;
@@ -92,6 +92,9 @@ pub struct RpcConfig {
     /// Where in the peer's stream the reader starts (a stream joined part
     /// way through, as a shim replays it): positions count from here.
     pub start_position: u64,
+    /// `start_position` lies inside a line too long to use (see
+    /// [`Processed::inside_long_line`]): its rest is discarded.
+    pub start_inside_long_line: bool,
     /// Our first request id: a connection that takes over from an earlier
     /// one to the same peer starts above every id that one used.
     pub first_request_id: u64,
@@ -108,6 +111,7 @@ impl Default for RpcConfig {
             incoming_capacity: 256,
             label: String::new(),
             start_position: 0,
+            start_inside_long_line: false,
             first_request_id: 0,
             answers_awaited: Vec::new(),
         }
@@ -162,11 +166,15 @@ impl RpcPeer {
             state: Mutex::new(State {
                 closed: None,
                 waiters: HashMap::new(),
-                ledger: Ledger::starting_at(config.start_position),
+                ledger: Ledger::starting_at(Processed {
+                    to: config.start_position,
+                    inside_long_line: config.start_inside_long_line,
+                }),
                 awaited: HashMap::new(),
             }),
             closed_tx,
             out_tx,
+            moved_on: tokio::sync::Notify::new(),
         });
         let peer = RpcPeer {
             shared: Arc::clone(&shared),
@@ -182,7 +190,8 @@ impl RpcPeer {
             super::lazy_buf::LazyBufReader::with_capacity(READ_BUFFER_BYTES, reader),
             config.max_line_bytes,
         )
-        .starting_at(config.start_position);
+        .starting_at(config.start_position)
+        .inside_a_long_line(config.start_inside_long_line);
         tokio::spawn(write_loop(Arc::clone(&shared), writer, out_rx));
         tokio::spawn(read_loop(Arc::clone(&shared), lines, incoming_tx));
         let inbox = Inbox::new(incoming_rx, Arc::clone(&shared));
@@ -327,6 +336,22 @@ impl RpcPeer {
     /// before it again.
     pub fn processed_to(&self) -> u64 {
         self.shared.state().ledger.processed_to()
+    }
+
+    /// [`RpcPeer::processed_to`], and whether it lies inside a line too
+    /// long to use (a reader joining there discards up to the next
+    /// newline first: [`RpcConfig::start_inside_long_line`]).
+    pub fn processed(&self) -> Processed {
+        self.shared.state().ledger.processed()
+    }
+
+    /// Resolves once the reader has dealt with part of the stream by
+    /// itself since this was last awaited (or, if nobody awaited it, since
+    /// it last did): a line that was not a message, or too long, or an
+    /// answer nobody waits for, was dropped, so [`RpcPeer::processed`]
+    /// may have moved on without anything handed on. Cancel-safe.
+    pub async fn moved_on(&self) {
+        self.shared.moved_on.notified().await
     }
 
     /// Keeps the answer to request `id` from counting as done with (see

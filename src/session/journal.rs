@@ -20,6 +20,7 @@ use uuid::Uuid;
 use super::transcript;
 use crate::acp::agent::Cursor;
 use crate::acp::chunk::TextChunk;
+use crate::acp::rpc::Processed;
 use crate::bus::EventBus;
 use crate::error::Result;
 use crate::model::{
@@ -81,6 +82,12 @@ pub struct Journal {
     /// An agent under a shim: its link state goes with every commit, and
     /// the shim hears what is committed (see [`Journal::link_to`]).
     link: Option<(AgentLink, Cursor)>,
+    /// Where the agent's output stood at the last commit.
+    acknowledged: Processed,
+    /// The agent's output was dealt with further than is committed, and
+    /// nothing else waits: the link alone is to be committed (see
+    /// [`Journal::output_moved`]).
+    output_due: bool,
 }
 
 /// Longest wait between two tries to reach the database.
@@ -116,6 +123,8 @@ impl Journal {
             lane: Lane::Person,
             fence: None,
             link: None,
+            acknowledged: Processed::default(),
+            output_due: false,
         }
     }
 
@@ -123,7 +132,40 @@ impl Journal {
     /// every batch, `output_to` read from `cursor` then; once a batch is
     /// committed, the shim may forget the output before it.
     pub fn link_to(&mut self, link: AgentLink, cursor: Cursor) {
+        self.acknowledged = Processed {
+            to: link.output_to,
+            inside_long_line: link.output_inside_long_line,
+        };
         self.link = Some((link, cursor));
+    }
+
+    /// The agent's output may have been dealt with further than is
+    /// committed (lines dropped, too long, a message ignored) while nothing
+    /// else waits to be: the link alone is committed when the batch window
+    /// closes, so its shim lets go of that output as surely as of output
+    /// that made events. (A shim holding only such output would otherwise
+    /// fill up, stop reading its agent and wedge the conversation.) When
+    /// something else waits, the link goes with it anyway.
+    pub fn output_moved(&mut self) {
+        if self.output_due || self.dirty || !self.batch.is_empty() {
+            return;
+        }
+        if let Some((_, cursor)) = &self.link {
+            if cursor.position() != self.acknowledged {
+                self.output_due = true;
+                self.start_window();
+            }
+        }
+    }
+
+    /// Resolves when the agent's output may have been dealt with further
+    /// without anything handed on (see [`Journal::output_moved`]); never
+    /// for an agent without a shim.
+    pub async fn output_moved_on(&self) {
+        match &self.link {
+            Some((_, cursor)) => cursor.moved_on().await,
+            None => std::future::pending().await,
+        }
     }
 
     /// The link state committed with the next batch (an agent under a shim).
@@ -330,6 +372,7 @@ impl Journal {
     /// The conversation's state is committed: nothing of it waits.
     fn committed(&mut self) {
         self.dirty = false;
+        self.output_due = false;
         self.urgent = false;
         self.buffered_since = None;
         self.buffered_text = 0;
@@ -353,12 +396,17 @@ impl Journal {
     /// instead (see `Journal::commit_piecewise`), so one bad value never
     /// blocks the conversation.
     pub async fn flush(&mut self) -> Result<()> {
-        if self.batch.is_empty() && !self.dirty {
+        let link_alone = self.batch.is_empty() && !self.dirty;
+        if link_alone && !self.output_due {
             self.outage = None;
             self.buffered_since = None;
             return Ok(());
         }
-        self.batch.conversation = Some(self.patch(self.last_seq));
+        // The link alone leaves the conversation as it is (its
+        // `updated_at` included).
+        if !link_alone {
+            self.batch.conversation = Some(self.patch(self.last_seq));
+        }
         self.batch.lane = self.lane;
         if let Some(outage) = self.outage {
             // Not yet time, or the database still does not answer (asked

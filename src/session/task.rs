@@ -398,6 +398,9 @@ enum Step {
     /// Time to commit what is buffered: the batch window closed, or the
     /// unreachable database is to be tried again.
     Retry,
+    /// The agent's output was dealt with by the reader alone (lines
+    /// dropped): its shim is to hear so (see [`Journal::output_moved`]).
+    OutputMoved,
 }
 
 /// Why the session loop ended.
@@ -476,6 +479,7 @@ impl Task {
                 msg = next_incoming(&mut self.incoming), if !full => Step::Incoming(msg),
                 _ = self.journal.retry_due() => Step::Retry,
                 _ = self.journal.window_closes(BATCH_WINDOW) => Step::Retry,
+                _ = self.journal.output_moved_on() => Step::OutputMoved,
                 result = next_prompt_result(&mut self.prompt) => Step::Answered(result),
                 _ = self.process.wait() => Step::Exited,
                 due = self.pending.due() => Step::Due(due),
@@ -511,6 +515,8 @@ impl Task {
             Step::Incoming(Some(msg)) => {
                 self.take_in(msg).await?;
                 self.drain_incoming(MAX_BATCH_EVENTS).await?;
+                // Messages that changed nothing are acknowledged too.
+                self.journal.output_moved();
                 if self.commit_due() {
                     self.flush().await?;
                 }
@@ -542,6 +548,7 @@ impl Task {
             }
             Step::Due(due) => self.time_out(due).await?,
             Step::Retry => self.flush().await?,
+            Step::OutputMoved => self.journal.output_moved(),
             Step::Command(Some(Order {
                 command: Command::Close,
                 reply: Reply::Closed(reply),

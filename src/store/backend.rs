@@ -265,6 +265,10 @@ impl AgentProcessRecord {
 pub struct AgentLink {
     /// Every byte of the agent's output before this is committed.
     pub output_to: u64,
+    /// `output_to` lies inside a line too long to use, whose rest a
+    /// gateway reattaching there discards first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_inside_long_line: bool,
     /// The JSON-RPC id of the running turn's `session/prompt`.
     pub prompt_request: Option<u64>,
     /// The agent's JSON-RPC ids of its permission requests that wait for a

@@ -22,6 +22,7 @@ mod contract_policies;
 mod db_outage;
 mod docs;
 mod export;
+mod floods;
 mod hostile_input;
 mod isolation;
 mod journal;

@@ -429,7 +429,8 @@ async fn a_full_shim_buffer_pauses_the_agent_and_loses_nothing(db: TestDb) {
     // Paced (a chunk a millisecond): the gateway is frozen long before the
     // agent is done.
     let agents = vec![demo_profile("demo", &["--chunk-delay-ms", "1"])];
-    let extra = format!("shim_buffer = {BUFFER}");
+    // Lines up to 1 KiB (the least allowed), so that the shim holds one.
+    let extra = format!("shim_buffer = {BUFFER}\nmax_line_bytes = 1024");
     let gw = GatewayProcess::start_configured(&db, &agents, "info", &extra);
     let id = gw.create("demo").await;
     let mut ws = gw.conversation_ws(&id, 0).await;

@@ -118,6 +118,11 @@ pub(super) enum Line<T> {
     Complete(T),
     /// A line longer than the limit, already discarded; `len` is its length.
     TooLong { len: usize },
+    /// Part of a line longer than the limit was discarded and its end is
+    /// not in sight yet: everything before [`LineReader::span`]'s end is
+    /// dealt with (nothing of that line will be used), so a stream that
+    /// can be replayed need not keep it.
+    Skipping,
 }
 
 /// Most bytes the line buffer keeps between lines: what a long line needed
@@ -168,6 +173,15 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
     pub(super) fn starting_at(mut self, position: u64) -> Self {
         self.position = position;
         self.line_start = position;
+        self
+    }
+
+    /// The stream is joined inside a line already found too long (see
+    /// [`Line::Skipping`]): the rest of it is discarded too.
+    pub(super) fn inside_a_long_line(mut self, inside: bool) -> Self {
+        if inside {
+            self.discarding = Some(0);
+        }
         self
     }
 
@@ -233,6 +247,11 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
                     Some(len) => Line::TooLong { len },
                     None => Line::Complete(self.take_buffered(&mut parse)),
                 }));
+            }
+            if self.discarding.is_some() {
+                // Said at every refill: what went by is done with now,
+                // however long the line goes on.
+                return Ok(Some(Line::Skipping));
             }
         }
     }

@@ -2,6 +2,7 @@
 //! the caller waiting for its id (the id multiplexing), anything else to the incoming channel
 //! as the [`Inbound`] hook reads it, with backpressure.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
@@ -15,6 +16,10 @@ use super::shared::{RpcError, Shared, INTERNAL_ERROR};
 
 /// How much of a skipped line goes into the log.
 const PREVIEW_BYTES: usize = 200;
+/// Skipped lines of a connection each logged.
+const SKIPS_LOGGED_EACH: u64 = 10;
+/// Past those, one skipped line in this many is logged.
+const SKIPS_LOGGED_EVERY: u64 = 10_000;
 
 /// Reads and routes lines until the stream ends or the connection is closed elsewhere.
 pub(super) async fn read_loop<I, R>(
@@ -28,6 +33,7 @@ pub(super) async fn read_loop<I, R>(
     let mut closed_rx = shared.closed_tx.subscribe();
     let mut router = Router {
         shared: &shared,
+        skipped: AtomicU64::new(0),
         incoming_tx: Some(incoming_tx),
     };
     let reason = loop {
@@ -48,9 +54,13 @@ pub(super) async fn read_loop<I, R>(
             Ok(Some(Line::Complete(Some(Routed::Answer { id, outcome })))) => {
                 shared.complete(id, outcome, start, end);
             }
-            Ok(Some(Line::Complete(None))) => shared.state().ledger.read(end),
+            Ok(Some(Line::Complete(None))) => shared.read_by_itself(end),
+            Ok(Some(Line::Skipping)) => {
+                shared.state().ledger.skipped(end);
+                shared.moved_on.notify_one();
+            }
             Ok(Some(Line::TooLong { len })) => {
-                shared.state().ledger.read(end);
+                shared.read_by_itself(end);
                 warn!(
                     label = %shared.label,
                     len,
@@ -79,6 +89,8 @@ enum Routed<I> {
 /// Routes parsed lines from the reader to waiting callers or the incoming channel.
 struct Router<'a, I> {
     shared: &'a Arc<Shared>,
+    /// Lines skipped so far (see [`Router::skip`]).
+    skipped: AtomicU64,
     /// `None` once the receiver is gone; from then on requests are refused.
     incoming_tx: Option<mpsc::Sender<(I, u64)>>,
 }
@@ -160,6 +172,7 @@ impl<I: Inbound> Router<'_, I> {
     /// Disposes of a message nobody will receive (it is done with).
     fn refuse(&self, incoming: I, start: u64) {
         self.shared.state().ledger.done(start);
+        self.shared.moved_on.notify_one();
         match incoming.into_request() {
             Err(notification) => {
                 debug!(
@@ -184,12 +197,25 @@ impl<I: Inbound> Router<'_, I> {
         }
     }
 
+    /// Logs a line skipped: the first few of a connection each, then one
+    /// in [`SKIPS_LOGGED_EVERY`] with the count (an agent printing
+    /// gigabytes of garbage must not print as much into the log).
     fn skip(&self, line: &[u8], why: &str) {
-        warn!(
-            label = %self.shared.label,
-            line = %preview(line),
-            "skipping line: {why}"
-        );
+        let skipped = self.skipped.fetch_add(1, Ordering::Relaxed) + 1;
+        if skipped <= SKIPS_LOGGED_EACH {
+            warn!(
+                label = %self.shared.label,
+                line = %preview(line),
+                "skipping line: {why}"
+            );
+        } else if skipped % SKIPS_LOGGED_EVERY == 0 {
+            warn!(
+                label = %self.shared.label,
+                line = %preview(line),
+                skipped,
+                "skipping line: {why} (only one in {SKIPS_LOGGED_EVERY} is logged now)"
+            );
+        }
     }
 }
 
@@ -275,6 +301,13 @@ fn preview(line: &[u8]) -> String {
 }
 
 impl Shared {
+    /// A line the reader dealt with by itself (nothing handed on) was read
+    /// up to `end`: whoever acknowledges the stream is told.
+    fn read_by_itself(&self, end: u64) {
+        self.state().ledger.read(end);
+        self.moved_on.notify_one();
+    }
+
     /// Hands a response, the line from `start` to `end`, to the caller
     /// waiting for its id.
     fn complete(&self, id: Value, outcome: Result<Value, RpcError>, start: u64, end: u64) {
@@ -288,6 +321,9 @@ impl Shared {
             }
             waiter
         };
+        if waiter.is_none() {
+            self.moved_on.notify_one();
+        }
         match waiter {
             Some(waiter) => {
                 if waiter.send(outcome).is_err() {

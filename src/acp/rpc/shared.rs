@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tracing::debug;
 
 /// JSON-RPC error code: the method does not exist or is not available.
@@ -49,6 +49,9 @@ pub(super) struct Shared {
     pub(super) closed_tx: watch::Sender<Option<String>>,
     /// Serialized messages, each ending in `\n`, for the writer task.
     pub(super) out_tx: mpsc::UnboundedSender<Vec<u8>>,
+    /// Told when the reader has dealt with part of the stream by itself
+    /// (see [`super::RpcPeer::moved_on`]).
+    pub(super) moved_on: Notify,
 }
 
 pub(super) struct State {
@@ -75,12 +78,26 @@ pub(super) struct Ledger {
     /// Requests whose answers stay open after their callers have them,
     /// until released (see [`super::AnswerHold`]).
     held: HashSet<u64>,
+    /// `read_to` lies inside a line too long to use, whose rest is being
+    /// discarded.
+    inside_long_line: bool,
+}
+
+/// Where a stream is done with: see [`super::RpcPeer::processed`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Processed {
+    /// Every byte before this is done with.
+    pub to: u64,
+    /// `to` lies inside a line too long to use: a reader starting there
+    /// discards up to the next newline first.
+    pub inside_long_line: bool,
 }
 
 impl Ledger {
-    pub(super) fn starting_at(position: u64) -> Ledger {
+    pub(super) fn starting_at(at: Processed) -> Ledger {
         Ledger {
-            read_to: position,
+            read_to: at.to,
+            inside_long_line: at.inside_long_line,
             ..Ledger::default()
         }
     }
@@ -88,12 +105,19 @@ impl Ledger {
     /// A line that needs nothing more was read up to `end`.
     pub(super) fn read(&mut self, end: u64) {
         self.read_to = end;
+        self.inside_long_line = false;
+    }
+
+    /// A line too long to use was discarded up to `to`, and goes on.
+    pub(super) fn skipped(&mut self, to: u64) {
+        self.read_to = to;
+        self.inside_long_line = true;
     }
 
     /// The line from `start` to `end` was handed on.
     pub(super) fn hand_on(&mut self, start: u64, end: u64) {
         self.open.insert(start);
-        self.read_to = end;
+        self.read(end);
     }
 
     /// The line handed on from `start` is done with.
@@ -135,7 +159,22 @@ impl Ledger {
 
     /// Everything before this position is done with.
     pub(super) fn processed_to(&self) -> u64 {
-        self.open.first().copied().unwrap_or(self.read_to)
+        self.processed().to
+    }
+
+    /// Where the stream is done with, and whether that is inside a line
+    /// being discarded.
+    pub(super) fn processed(&self) -> Processed {
+        match self.open.first() {
+            Some(&to) => Processed {
+                to,
+                inside_long_line: false,
+            },
+            None => Processed {
+                to: self.read_to,
+                inside_long_line: self.inside_long_line,
+            },
+        }
     }
 }
 

@@ -449,10 +449,19 @@ async fn the_line_reader_never_holds_more_than_the_limit_while_discarding() {
         // Dropping `writer` ends the stream.
     });
     let mut lines = LineReader::new(BufReader::with_capacity(32, reader), MAX);
-    assert_eq!(
-        within(lines.next_line(<[u8]>::to_vec)).await.unwrap(),
-        Some(Line::TooLong { len: 10 * MAX })
-    );
+    // Each refill while it discards says so, with where it has got to.
+    let mut skipped_to = Vec::new();
+    let first = loop {
+        match within(lines.next_line(<[u8]>::to_vec)).await.unwrap() {
+            Some(Line::Skipping) => skipped_to.push(lines.span()),
+            other => break other,
+        }
+    };
+    assert_eq!(first, Some(Line::TooLong { len: 10 * MAX }));
+    assert!(!skipped_to.is_empty());
+    assert!(skipped_to.iter().all(|(start, _)| *start == 0));
+    assert!(skipped_to.windows(2).all(|w| w[0].1 < w[1].1));
+    assert!(skipped_to.last().unwrap().1 <= 10 * MAX as u64);
     assert_eq!(
         within(lines.next_line(<[u8]>::to_vec)).await.unwrap(),
         Some(Line::Complete(b"next\r".to_vec()))
@@ -737,7 +746,9 @@ mod properties {
                     LineReader::new(BufReader::with_capacity(read_size, &input[..]), max);
                 let mut got = Vec::new();
                 while let Some(line) = lines.next_line(<[u8]>::to_vec).await.unwrap() {
-                    got.push(line);
+                    if line != Line::Skipping {
+                        got.push(line);
+                    }
                 }
                 (got, lines.peak)
             });
@@ -870,5 +881,75 @@ async fn a_held_answer_is_done_with_only_once_taken_and_released() {
     assert_eq!(
         peer.processed_to(),
         line_len(&answer) + line_len(&late) + line_len(&after)
+    );
+}
+
+#[tokio::test]
+async fn what_the_reader_drops_moves_the_stream_on_and_says_so_even_inside_a_long_line() {
+    const MAX: usize = 1024;
+    let config = RpcConfig {
+        max_line_bytes: MAX,
+        ..RpcConfig::default()
+    };
+    let (peer, mut incoming, mut agent) = connect(config);
+    // A garbage line: processed once read past, and said.
+    agent.send_raw(b"not json\n").await;
+    within(peer.moved_on()).await;
+    assert_eq!(peer.processed().to, 9);
+    // An answer nobody waits for: the same.
+    let stray = json!({"jsonrpc": "2.0", "id": 77, "result": {}});
+    agent.send(stray.clone()).await;
+    within(peer.moved_on()).await;
+    let after_stray = 9 + line_len(&stray);
+    assert_eq!(peer.processed().to, after_stray);
+    // A line far over the limit, not ended yet: what went by is dealt with,
+    // inside the line, long before its end comes.
+    agent.send_raw(&vec![b'x'; 100 * MAX]).await;
+    let inside = loop {
+        within(peer.moved_on()).await;
+        let at = peer.processed();
+        if at.to >= after_stray + 50 * MAX as u64 {
+            break at;
+        }
+    };
+    assert!(inside.inside_long_line, "{inside:?}");
+    agent.send_raw(b"xx\n").await;
+    let next = notification("session/update", json!({"n": 1}));
+    agent.send(next.clone()).await;
+    let _ = next_notification(&mut incoming).await;
+    incoming.done();
+    let end = after_stray + 100 * MAX as u64 + 3 + line_len(&next);
+    assert_eq!(
+        peer.processed(),
+        Processed {
+            to: end,
+            inside_long_line: false
+        }
+    );
+}
+
+#[tokio::test]
+async fn a_reader_joining_inside_a_long_line_drops_the_rest_of_it() {
+    let config = RpcConfig {
+        start_position: 5_000,
+        start_inside_long_line: true,
+        ..RpcConfig::default()
+    };
+    let (peer, mut incoming, mut agent) = connect(config);
+    assert!(peer.processed().inside_long_line);
+    // The tail of the line it joined looks like a message: it is not one.
+    let tail = notification("session/update", json!({"tail": true}));
+    agent.send(tail.clone()).await;
+    let next = notification("session/update", json!({"n": 1}));
+    agent.send(next.clone()).await;
+    let (_, params) = next_notification(&mut incoming).await;
+    assert_eq!(params["n"], 1);
+    incoming.done();
+    assert_eq!(
+        peer.processed(),
+        Processed {
+            to: 5_000 + line_len(&tail) + line_len(&next),
+            inside_long_line: false
+        }
     );
 }

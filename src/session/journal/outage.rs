@@ -7,8 +7,10 @@
 use std::time::Duration;
 
 use super::Journal;
+use crate::acp::rpc::Processed;
 use crate::error::Result;
 use crate::model::Event;
+use crate::store::AgentLink;
 use crate::telemetry;
 
 impl Journal {
@@ -102,7 +104,9 @@ impl Journal {
             let started = std::time::Instant::now();
             self.batch.fence = self.fence;
             if let Some((link, cursor)) = &mut self.link {
-                link.output_to = cursor.position();
+                let at = cursor.position();
+                link.output_to = at.to;
+                link.output_inside_long_line = at.inside_long_line;
                 self.batch.link = Some(link.clone());
             }
             let committed = self
@@ -125,26 +129,30 @@ impl Journal {
                 Err(e) => {
                     tracing::warn!(conversation_id = %self.conversation_id, error = %e,
                         "the database refused a batch; writing it piece by piece");
-                    let output_to = self.batch.link.as_ref().map(|l| l.output_to);
+                    let link = self.batch.link.clone();
                     self.commit_piecewise().await?;
-                    self.acknowledge(output_to);
+                    self.acknowledge(link.as_ref());
                     return Ok(());
                 }
             }
         }
         let batch = std::mem::take(&mut self.batch);
-        self.acknowledge(batch.link.as_ref().map(|l| l.output_to));
+        self.acknowledge(batch.link.as_ref());
         self.committed();
         telemetry::events_written(batch.events.len());
         self.publish_committed(batch.events);
         Ok(())
     }
 
-    /// The agent's output before `output_to` is committed: its shim may
-    /// forget it.
-    fn acknowledge(&self, output_to: Option<u64>) {
-        if let (Some(to), Some((_, cursor))) = (output_to, &self.link) {
-            cursor.committed(to);
+    /// The agent's output before `link.output_to` is committed: its shim
+    /// may forget it.
+    fn acknowledge(&mut self, link: Option<&AgentLink>) {
+        if let (Some(link), Some((_, cursor))) = (link, &self.link) {
+            cursor.committed(link.output_to);
+            self.acknowledged = Processed {
+                to: link.output_to,
+                inside_long_line: link.output_inside_long_line,
+            };
         }
     }
 }

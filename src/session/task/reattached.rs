@@ -63,6 +63,10 @@ pub async fn reattach(r: Reattached<'_>) -> Result<(Handle, tokio::task::JoinHan
             max_line_bytes: r.max_line_bytes,
             label: id.to_string(),
             start_position: r.pipes.output_from,
+            // Where it picks up inside a line too long to use, the rest of
+            // that line is dropped as the first gateway dropped its start.
+            start_inside_long_line: r.link.output_inside_long_line
+                && r.pipes.output_from == r.link.output_to,
             first_request_id: r.pipes.first_request_id,
             // The running turn's end may be the first line read.
             answers_awaited: r.link.prompt_request.into_iter().collect(),
