@@ -25,7 +25,10 @@
 //!   pending: the pause each conversation sees, events lost, the shims'
 //!   cost (see `gateway/restart.rs`);
 //! - what a conversation's box costs at agent start: creation p50 boxed and
-//!   not (see `gateway/sandbox.rs`).
+//!   not (see `gateway/sandbox.rs`);
+//! - an agent flooding its stdout with 1 GiB of what the gateway drops:
+//!   the time to the turn's end, the gateway's and the shim's peak memory
+//!   (see `gateway/flood.rs`).
 //!
 //! Sizes: BENCH_SIZES (comma-separated chunk counts; each run BENCH_RUNS times, 3 by
 //! default, and the median shown), BENCH_BACKENDS
@@ -33,12 +36,14 @@
 //! BENCH_REFERENCE=off skips the references (to profile the gateway alone).
 //! BENCH_ONLY picks scenarios (comma-separated: `reference`, `streaming`,
 //! `approvals`, `fanout`, `idle`, `cluster`, `notifications`, `shim`,
-//! `restart`, `sandbox`; all when unset), e.g. `BENCH_ONLY=notifications cargo bench --bench gateway`.
+//! `restart`, `sandbox`, `flood`; all when unset), e.g. `BENCH_ONLY=notifications cargo bench --bench gateway`.
 
 #[path = "gateway/cluster.rs"]
 mod cluster;
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "gateway/flood.rs"]
+mod flood;
 #[path = "gateway/load.rs"]
 mod load;
 #[path = "gateway/notify.rs"]
@@ -234,6 +239,9 @@ async fn main() {
         }
         if selected("sandbox") {
             sandbox::run(backend, &db).await;
+        }
+        if selected("flood") {
+            flood::run(backend, &db).await;
         }
         let notified = env_or("BENCH_NOTIFY_CONVERSATIONS", 200);
         if notified > 0 && selected("notifications") {

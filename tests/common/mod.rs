@@ -286,6 +286,31 @@ pub fn python_sdk_profile(name: &str) -> AgentProfile {
     profile(name, python.to_str().unwrap(), &[script.to_str().unwrap()])
 }
 
+/// A profile for `tests/agents/flood.py`, the agent that floods its
+/// stdout with what the gateway drops (plain Python, no SDK).
+pub fn flood_profile(name: &str) -> AgentProfile {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/agents");
+    let script = dir.join("flood.py");
+    let mut agent = profile(name, "/usr/bin/python3", &[script.to_str().unwrap()]);
+    agent.read_only_paths.push(dir);
+    agent
+}
+
+/// The conversation's agent and its shim (pids), as its process record
+/// names them.
+pub async fn agent_and_shim(db: &TestDb, id: &str) -> (i32, i32) {
+    let records = agent_process_records(db).await;
+    let record = records
+        .iter()
+        .find(|r| r.conversation_id.to_string() == id)
+        .expect("the agent's process is on record");
+    assert!(record.shim_socket.is_some(), "the agent runs under a shim");
+    (
+        record.agent_link().unwrap_or_default().agent_pid,
+        record.pid,
+    )
+}
+
 /// A seccomp filter under which the kernel answers every Landlock system
 /// call `ENOSYS`: a kernel without Landlock, as its processes see it.
 fn without_landlock() -> seccompiler::BpfProgram {
@@ -1111,6 +1136,29 @@ impl Ws {
             seen.push(frame);
             if done {
                 return seen;
+            }
+        }
+    }
+
+    /// Reads until an event of this type, each frame within `bound`
+    /// instead of [`WAIT`] (for a turn that makes no event for a while):
+    /// all frames read, the match last.
+    pub async fn until_type_within(&mut self, kind: &str, bound: Duration) -> Vec<Value> {
+        let mut frames = Vec::new();
+        loop {
+            let frame = tokio::time::timeout(bound, self.stream.next())
+                .await
+                .expect("a websocket frame arrives in time")
+                .expect("websocket still open")
+                .expect("websocket frame");
+            let WsMessage::Text(text) = frame else {
+                continue;
+            };
+            let event: Value = serde_json::from_str(&text).unwrap();
+            let done = event["type"] == kind;
+            frames.push(event);
+            if done {
+                return frames;
             }
         }
     }

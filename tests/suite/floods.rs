@@ -8,13 +8,12 @@
 //! `DELETE` of a conversation whose agent waits on a full shim works at
 //! once. The agent is `tests/agents/flood.py`.
 
-use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
 
 use crate::common::{
-    agent_process_records, proc_status_kib, profile, shims_under, streamed_text, GatewayProcess,
+    agent_and_shim, flood_profile, proc_status_kib, shims_under, streamed_text, GatewayProcess,
     ProcessWatch, TestDb, Ws,
 };
 
@@ -35,34 +34,10 @@ const CONFIG: &str = "max_line_bytes = 33554432";
 /// The floods, as `flood.py` takes them: each then answers `end_turn`.
 const FLOODS: [&str; 4] = ["garbage 1024", "noeol 1024", "longline 100", "ignored 20"];
 
-fn flood_agent() -> acp_gateway::config::AgentProfile {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/agents");
-    let script = dir.join("flood.py");
-    let mut agent = profile("flood", "/usr/bin/python3", &[script.to_str().unwrap()]);
-    agent.read_only_paths.push(dir);
-    agent
-}
-
 /// Reads until the turn ends (each frame within [`TURN_BOUND`]: a flood
 /// makes no event for a while): the frames.
 async fn until_turn_ended(ws: &mut Ws) -> Vec<Value> {
-    use futures::StreamExt;
-    use tokio_tungstenite::tungstenite::Message;
-    let mut frames = Vec::new();
-    loop {
-        let frame = tokio::time::timeout(TURN_BOUND, ws.stream.next())
-            .await
-            .expect("the flooded turn goes on")
-            .expect("the socket stays open")
-            .expect("a frame");
-        let Message::Text(text) = frame else { continue };
-        let event: Value = serde_json::from_str(&text).unwrap();
-        let ended = event["type"] == "turn_ended";
-        frames.push(event);
-        if ended {
-            return frames;
-        }
-    }
+    ws.until_type_within("turn_ended", TURN_BOUND).await
 }
 
 /// The turn's frames ended `end_turn`, after the agent's "done <word>".
@@ -74,20 +49,6 @@ fn ended_as_the_agent_said(frames: &[Value], flood: &str) {
         streamed_text(frames, "agent_message_chunk").ends_with(&format!("done {word}")),
         "{flood}: {frames:?}"
     );
-}
-
-/// The conversation's agent and shim, as its process record names them.
-async fn agent_and_shim(db: &TestDb, id: &str) -> (i32, i32) {
-    let records = agent_process_records(db).await;
-    let record = records
-        .iter()
-        .find(|r| r.conversation_id.to_string() == id)
-        .expect("the agent's process is on record");
-    assert!(record.shim_socket.is_some(), "the agent runs under a shim");
-    (
-        record.agent_link().unwrap_or_default().agent_pid,
-        record.pid,
-    )
 }
 
 /// Bytes the process has written so far (`/proc/<pid>/io`).
@@ -120,7 +81,7 @@ fn mib(pid: i32, field: &str) -> u64 {
 }
 
 async fn output_that_makes_no_event_never_wedges_the_conversation(db: TestDb) {
-    let gw = GatewayProcess::start_configured(&db, &[flood_agent()], "info", CONFIG);
+    let gw = GatewayProcess::start_configured(&db, &[flood_profile("flood")], "info", CONFIG);
     let id = gw.create("flood").await;
     let mut ws = gw.conversation_ws(&id, 0).await;
     let (_, shim) = agent_and_shim(&db, &id).await;
@@ -153,7 +114,7 @@ async fn output_that_makes_no_event_never_wedges_the_conversation(db: TestDb) {
 }
 
 async fn a_gateway_killed_in_the_middle_of_a_flood_carries_on_after_its_restart(db: TestDb) {
-    let mut gw = GatewayProcess::start_configured(&db, &[flood_agent()], "info", CONFIG);
+    let mut gw = GatewayProcess::start_configured(&db, &[flood_profile("flood")], "info", CONFIG);
     let id = gw.create("flood").await;
     let mut ws = gw.conversation_ws(&id, 0).await;
     let (agent, _) = agent_and_shim(&db, &id).await;
@@ -167,7 +128,7 @@ async fn a_gateway_killed_in_the_middle_of_a_flood_carries_on_after_its_restart(
         let seen = gw.events(&id).await;
         gw.kill();
         assert!(!agent_watch.has_ended(), "the agent outlives the gateway");
-        gw = GatewayProcess::start_configured(&db, &[flood_agent()], "info", CONFIG);
+        gw = GatewayProcess::start_configured(&db, &[flood_profile("flood")], "info", CONFIG);
         let last = seen.last().unwrap()["seq"].as_i64().unwrap();
         ws = gw.conversation_ws(&id, last).await;
         let frames = until_turn_ended(&mut ws).await;
@@ -186,7 +147,7 @@ async fn a_gateway_killed_in_the_middle_of_a_flood_carries_on_after_its_restart(
 async fn cancel_and_delete_work_at_once_while_the_agent_waits_on_a_full_shim(db: TestDb) {
     // A small shim: the flooding agent waits on it most of the time.
     let config = "shim_buffer = 65536\nmax_line_bytes = 4096";
-    let gw = GatewayProcess::start_configured(&db, &[flood_agent()], "info", config);
+    let gw = GatewayProcess::start_configured(&db, &[flood_profile("flood")], "info", config);
     let id = gw.create("flood").await;
     let mut ws = gw.conversation_ws(&id, 0).await;
     let (agent, shim) = agent_and_shim(&db, &id).await;
