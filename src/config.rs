@@ -852,8 +852,9 @@ impl AgentProfile {
 
     /// The directory a conversation of `user`'s with this profile runs in:
     /// the one asked for, else the profile's, else the gateway's own;
-    /// absolute, inside the `allowed_roots`, an existing directory, and
-    /// resolved (no `..`, no symlinks), so the agent gets it as it really
+    /// absolute, inside the `allowed_roots` (403 otherwise, whether it is
+    /// there or not), an existing directory (404 otherwise), and resolved
+    /// (`..` by name, then symlinks), so the agent gets it as it really
     /// is. A profile's `cwd` with `{user}` in it is the user's own, made
     /// (for the agent's user alone) when it is first needed. The policy dry
     /// run resolves its `cwd` the same way.
@@ -866,15 +867,18 @@ impl AgentProfile {
             crate::limits::path("cwd", requested, crate::limits::CWD_MAX_CHARS)?;
         }
         let own = self.for_user(user);
-        let cwd = match requested.map(PathBuf::from).or_else(|| own.cwd.clone()) {
+        let asked = match requested.map(PathBuf::from).or_else(|| own.cwd.clone()) {
             Some(cwd) => cwd,
             None => std::env::current_dir().map_err(anyhow::Error::from)?,
         };
-        if !cwd.is_absolute() {
+        if !asked.is_absolute() {
             return Err(crate::error::Error::Unprocessable(format!(
-                "cwd {cwd:?} must be an absolute path"
+                "cwd {asked:?} must be an absolute path"
             )));
         }
+        // `..` by name, before anything is looked at: where the path leads
+        // then depends on nothing outside the roots.
+        let cwd = lexically_normal(&asked);
         let users_own = requested.is_none()
             && self
                 .cwd
@@ -884,11 +888,12 @@ impl AgentProfile {
             own.make_users_workspace(&cwd)?;
         }
         // Outside the allowed roots, whether a directory exists is none of the
-        // caller's business: checked first, and one answer for both.
-        own.check_allowed_root(&cwd)?;
+        // caller's business: checked first, and one answer for both. Inside,
+        // nothing there (or a file) is 404.
+        own.check_allowed_root(&cwd, &asked)?;
         if !cwd.is_dir() {
             return Err(crate::error::Error::NotFound(format!(
-                "cwd {cwd:?} is not a directory"
+                "cwd {asked:?} is not a directory"
             )));
         }
         Ok(std::fs::canonicalize(&cwd).map_err(anyhow::Error::from)?)
@@ -917,13 +922,14 @@ impl AgentProfile {
         Ok(())
     }
 
-    /// `allowed_roots`: the cwd, with `..` and symlinks resolved,
-    /// must be inside one of them.
-    fn check_allowed_root(&self, cwd: &Path) -> crate::error::Result<()> {
+    /// `allowed_roots`: where the cwd (lexically normal) leads, whether it
+    /// is there or not ([`real_location`]), must be inside one of them.
+    /// `asked` is the cwd as the caller wrote it, for the answer.
+    fn check_allowed_root(&self, cwd: &Path, asked: &Path) -> crate::error::Result<()> {
         if self.allowed_roots.is_empty() {
             return Ok(());
         }
-        let inside = std::fs::canonicalize(cwd).is_ok_and(|real| {
+        let inside = real_location(cwd).is_some_and(|real| {
             self.allowed_roots
                 .iter()
                 .any(|root| std::fs::canonicalize(root).is_ok_and(|root| real.starts_with(root)))
@@ -932,7 +938,7 @@ impl AgentProfile {
             Ok(())
         } else {
             Err(crate::error::Error::Forbidden(format!(
-                "cwd {cwd:?} is not a directory inside the agent's allowed_roots"
+                "cwd {asked:?} is outside the agent's allowed_roots"
             )))
         }
     }
@@ -954,6 +960,40 @@ impl AgentProfile {
         };
         crate::sys::runnable_by(&program, user.as_ref(), path).err()
     }
+}
+
+/// `path` (absolute) with `.` and `..` taken away by name, as `cd -L` does:
+/// `/a/link/../b` is `/a/b` whatever `link` is.
+fn lexically_normal(path: &Path) -> PathBuf {
+    let mut normal = PathBuf::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                normal.pop();
+            }
+            other => normal.push(other),
+        }
+    }
+    normal
+}
+
+/// Where `path` (absolute, lexically normal) leads, whether it is there or
+/// not: its longest leading part that is there, with symlinks resolved, then
+/// the rest as named. `None` where a part that is there cannot be resolved
+/// (a dangling or looping symlink): it is not known to lead anywhere.
+fn real_location(path: &Path) -> Option<PathBuf> {
+    let mut there = path;
+    while there.symlink_metadata().is_err() {
+        there = there.parent()?;
+    }
+    let real = std::fs::canonicalize(there).ok()?;
+    let rest = path.strip_prefix(there).ok()?;
+    Some(if rest.as_os_str().is_empty() {
+        real
+    } else {
+        real.join(rest)
+    })
 }
 
 #[cfg(test)]
