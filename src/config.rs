@@ -471,6 +471,9 @@ impl Config {
             std::env::var("DATABASE_URL").ok(),
             std::env::var_os("DATABASE_URL_FILE").map(PathBuf::from),
         )?;
+        if path.is_none() && !Path::new(DEFAULT_CONFIG_FILE).exists() {
+            config.keep_the_demo_away_from_the_state()?;
+        }
         if let Ok(listen) = std::env::var("ACP_GATEWAY_LISTEN") {
             config.listen = listen;
         }
@@ -704,20 +707,37 @@ impl Config {
     }
 
     /// The database to use: the configured URL, else an SQLite file in the
-    /// data directory (`$XDG_DATA_HOME/acp-gateway/`, else `./data/`).
+    /// data directory ([`data_dir`]).
     pub fn database_url(&self) -> String {
-        self.database_url_with(std::env::var_os("XDG_DATA_HOME"))
+        self.database_url_in(&data_dir())
     }
 
-    fn database_url_with(&self, xdg_data_home: Option<std::ffi::OsString>) -> String {
+    fn database_url_in(&self, data_dir: &Path) -> String {
         if let Some(url) = &self.database_url {
             return url.clone();
         }
-        let dir = match xdg_data_home.filter(|d| !d.is_empty()) {
-            Some(data_home) => PathBuf::from(data_home).join("acp-gateway"),
-            None => PathBuf::from("data"),
-        };
-        format!("sqlite://{}", dir.join("acp-gateway.db").display())
+        format!("sqlite://{}", data_dir.join("acp-gateway.db").display())
+    }
+
+    /// With no config file, the demo profile's conversations run in the
+    /// gateway's working directory, unless that holds the gateway's state
+    /// (`./data/`, or a data directory beneath it): then in `<state_dir>/demo/`,
+    /// made now, so that no box of theirs holds the database, the shims or
+    /// the homes.
+    fn keep_the_demo_away_from_the_state(&mut self) -> anyhow::Result<()> {
+        let state = std::path::absolute(self.state_dir()).context("Failed to resolve state_dir")?;
+        let here = std::env::current_dir().context("Failed to read the working directory")?;
+        if !state.starts_with(&here) {
+            return Ok(());
+        }
+        let demo_cwd = state.join("demo");
+        std::fs::create_dir_all(&demo_cwd)
+            .with_context(|| format!("Failed to create {}", demo_cwd.display()))?;
+        tracing::info!(cwd = %demo_cwd.display(), "the working directory holds the gateway's state: the demo agent works in a directory of its own");
+        for agent in &mut self.agents {
+            agent.cwd = Some(demo_cwd.clone());
+        }
+        Ok(())
     }
 
     /// Where shims' sockets go (`<state_dir>/shims/`): the configured
@@ -735,10 +755,7 @@ impl Config {
                 }
             }
         }
-        match std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
-            Some(data_home) => PathBuf::from(data_home).join("acp-gateway"),
-            None => PathBuf::from("data"),
-        }
+        data_dir()
     }
 
     /// Where each user's homes are made (`<state_dir>/homes`, absolute: it
@@ -833,6 +850,14 @@ impl AgentProfile {
             allowed_tcp_ports: None,
             home_template: None,
         })
+    }
+
+    /// Whether this profile runs the demo agent built into this executable
+    /// (`acp-gateway demo-agent`): the gateway's own code, not an agent an
+    /// operator brought.
+    pub fn is_builtin_demo(&self) -> bool {
+        self.args.first().is_some_and(|arg| arg == "demo-agent")
+            && std::env::current_exe().is_ok_and(|exe| Path::new(&self.command) == exe)
     }
 
     /// This profile as `user`'s conversations get it: each `{user}` in its
@@ -960,6 +985,70 @@ impl AgentProfile {
         };
         crate::sys::runnable_by(&program, user.as_ref(), path).err()
     }
+}
+
+/// Where the gateway keeps its state when nothing says where (no
+/// `database_url`, no `state_dir`): `$XDG_DATA_HOME/acp-gateway`, else
+/// `$HOME/.local/share/acp-gateway` (the XDG convention), each only where the
+/// variable is an absolute path, the directory is there or can be made, and
+/// the built-in demo agent's box does not reach it; else `./data`. A
+/// `./data/acp-gateway.db` already there (made by an earlier version, whose
+/// default that was) is kept. Chosen once per process.
+pub fn data_dir() -> PathBuf {
+    static CHOSEN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    CHOSEN
+        .get_or_init(|| {
+            // A database an earlier version made in ./data/ stays where it
+            // is: moving the default must not start anyone afresh.
+            if Path::new("data/acp-gateway.db").is_file() {
+                tracing::info!("keeping the database in ./data/, where an earlier version made it (new ones go to the XDG data directory)");
+                return PathBuf::from("data");
+            }
+            // Not where the built-in demo agent's box reads: the system's
+            // directories, or this executable's installation (a gateway in
+            // ~/.local/bin gets ~/.local).
+            let exe = std::env::current_exe().ok();
+            let granted: Vec<PathBuf> = crate::sandbox::SYSTEM
+                .iter()
+                .chain(crate::sandbox::KERNEL_VIEWS)
+                .map(PathBuf::from)
+                .chain(
+                    exe.iter()
+                        .flat_map(|exe| crate::sandbox::installation_of(exe)),
+                )
+                .collect();
+            data_dir_from(
+                std::env::var_os("XDG_DATA_HOME"),
+                std::env::var_os("HOME"),
+                |dir| {
+                    !granted.iter().any(|grant| dir.starts_with(grant))
+                        && std::fs::create_dir_all(dir).is_ok()
+                        && dir.is_dir()
+                },
+            )
+        })
+        .clone()
+}
+
+/// [`data_dir`] from those variables, `usable` telling whether a directory
+/// is there or can be made.
+fn data_dir_from(
+    xdg_data_home: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+    usable: impl Fn(&Path) -> bool,
+) -> PathBuf {
+    // The XDG spec: an empty variable is unset, a relative one invalid.
+    let absolute =
+        |var: Option<std::ffi::OsString>| var.map(PathBuf::from).filter(|dir| dir.is_absolute());
+    [
+        absolute(xdg_data_home),
+        absolute(home).map(|home| home.join(".local/share")),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|base| base.join("acp-gateway"))
+    .find(|dir| usable(dir))
+    .unwrap_or_else(|| PathBuf::from("data"))
 }
 
 /// `path` (absolute) with `.` and `..` taken away by name, as `cd -L` does:
@@ -1148,19 +1237,52 @@ startup_timeout = "5s"
     }
 
     #[test]
+    fn the_data_directory_is_xdg_data_home_else_home_else_data_where_usable() {
+        let all = |_: &Path| true;
+        let dir = |xdg: Option<&str>, home: Option<&str>, usable: &dyn Fn(&Path) -> bool| {
+            data_dir_from(xdg.map(Into::into), home.map(Into::into), usable)
+        };
+        assert_eq!(
+            dir(Some("/x/data"), Some("/home/u"), &all),
+            Path::new("/x/data/acp-gateway")
+        );
+        assert_eq!(
+            dir(None, Some("/home/u"), &all),
+            Path::new("/home/u/.local/share/acp-gateway")
+        );
+        // Empty or relative: not set, as the XDG spec says.
+        assert_eq!(
+            dir(Some(""), Some("/home/u"), &all),
+            Path::new("/home/u/.local/share/acp-gateway")
+        );
+        assert_eq!(dir(Some("rel"), Some("home"), &all), Path::new("data"));
+        assert_eq!(dir(None, None, &all), Path::new("data"));
+        // A directory that cannot be made is passed over.
+        let not_xdg = |d: &Path| !d.starts_with("/x");
+        assert_eq!(
+            dir(Some("/x/data"), Some("/home/u"), &not_xdg),
+            Path::new("/home/u/.local/share/acp-gateway")
+        );
+        assert_eq!(
+            dir(Some("/x/data"), Some("/home/u"), &|_| false),
+            Path::new("data")
+        );
+    }
+
+    #[test]
     fn without_a_database_url_the_embedded_database_lives_in_the_data_directory() {
         let config = Config::parse("").unwrap();
         config.validate().unwrap();
         assert_eq!(
-            config.database_url_with(None),
+            config.database_url_in(Path::new("data")),
             "sqlite://data/acp-gateway.db"
         );
         assert_eq!(
-            config.database_url_with(Some("/home/u/.local/share".into())),
+            config.database_url_in(Path::new("/home/u/.local/share/acp-gateway")),
             "sqlite:///home/u/.local/share/acp-gateway/acp-gateway.db"
         );
         let pg = Config::parse("database_url = \"postgres://db/x\"").unwrap();
-        assert_eq!(pg.database_url_with(None), "postgres://db/x");
+        assert_eq!(pg.database_url_in(Path::new("data")), "postgres://db/x");
         let bad = Config::parse("database_url = \"mysql://db/x\"").unwrap();
         assert!(bad
             .validate()
