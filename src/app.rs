@@ -348,7 +348,8 @@ fn check_exposure(config: &Config, addr: SocketAddr, auth_required: bool) -> any
         }
         if me == 0 {
             tracing::warn!(agent = %agent.name, "the gateway runs as root and so will this agent profile's agents: name an unprivileged user (user or agent_user)");
-        } else {
+        } else if !agent.is_builtin_demo() {
+            // The built-in demo agent is the gateway's own code: nothing to keep out.
             tracing::warn!(agent = %agent.name, "this agent profile's agents run as the gateway's own user: outside a box they can read what the gateway can (its config, its data, database_url_file) and signal it, and in one they can still reach its shims' sockets; name another user (user or agent_user) to keep them out");
         }
     }
@@ -390,8 +391,31 @@ fn check_sandboxes(config: &Config) {
             Some(cwd) => cwd.clone(),
             None => std::env::current_dir().unwrap_or_default(),
         };
-        if mode != crate::sandbox::SandboxMode::Off && state.starts_with(&cwd) {
+        if mode == crate::sandbox::SandboxMode::Off {
+            continue;
+        }
+        if state.starts_with(&cwd) {
             tracing::warn!(agent = %agent.name, state_dir = %state.display(), cwd = %cwd.display(), "the gateway's state (database, shims, every user's home) is inside this profile's default cwd, so inside its agents' boxes: set state_dir (or the database) elsewhere, or give the profile a cwd of its own");
+            continue;
+        }
+        // The rest of a box in that cwd: the system, the program's
+        // installation, the profile's own paths (its home is beneath the
+        // state, never above it).
+        let environment = agent.environment(None);
+        let path = crate::process::spawn::path_of(&environment);
+        let program = crate::sys::resolve_command(&agent.command, path).ok();
+        let home = crate::sandbox::Home::at(&state.join("homes"));
+        let rules = crate::sandbox::Rules::for_conversation(&crate::sandbox::Inputs {
+            cwd: &cwd,
+            home: &home,
+            program: program.as_deref(),
+            read_only_paths: &agent.read_only_paths,
+            read_write_paths: &agent.read_write_paths,
+            allowed_tcp_ports: None,
+        });
+        let mut granted = rules.read_only.iter().chain(&rules.read_write);
+        if let Some(grant) = granted.find(|grant| state.starts_with(grant)) {
+            tracing::warn!(agent = %agent.name, state_dir = %state.display(), granted = %grant.display(), "the gateway's state (database, shims, every user's home) is inside a path this profile's boxes grant, so its agents can reach it: set state_dir (or the database) elsewhere");
         }
     }
 }

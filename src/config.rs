@@ -471,6 +471,9 @@ impl Config {
             std::env::var("DATABASE_URL").ok(),
             std::env::var_os("DATABASE_URL_FILE").map(PathBuf::from),
         )?;
+        if path.is_none() && !Path::new(DEFAULT_CONFIG_FILE).exists() {
+            config.keep_the_demo_away_from_the_state()?;
+        }
         if let Ok(listen) = std::env::var("ACP_GATEWAY_LISTEN") {
             config.listen = listen;
         }
@@ -713,20 +716,37 @@ impl Config {
     }
 
     /// The database to use: the configured URL, else an SQLite file in the
-    /// data directory (`$XDG_DATA_HOME/acp-gateway/`, else `./data/`).
+    /// data directory ([`data_dir`]).
     pub fn database_url(&self) -> String {
-        self.database_url_with(std::env::var_os("XDG_DATA_HOME"))
+        self.database_url_in(&data_dir())
     }
 
-    fn database_url_with(&self, xdg_data_home: Option<std::ffi::OsString>) -> String {
+    fn database_url_in(&self, data_dir: &Path) -> String {
         if let Some(url) = &self.database_url {
             return url.clone();
         }
-        let dir = match xdg_data_home.filter(|d| !d.is_empty()) {
-            Some(data_home) => PathBuf::from(data_home).join("acp-gateway"),
-            None => PathBuf::from("data"),
-        };
-        format!("sqlite://{}", dir.join("acp-gateway.db").display())
+        format!("sqlite://{}", data_dir.join("acp-gateway.db").display())
+    }
+
+    /// With no config file, the demo profile's conversations run in the
+    /// gateway's working directory, unless that holds the gateway's state
+    /// (`./data/`, or a data directory beneath it): then in `<state_dir>/demo/`,
+    /// made now, so that no box of theirs holds the database, the shims or
+    /// the homes.
+    fn keep_the_demo_away_from_the_state(&mut self) -> anyhow::Result<()> {
+        let state = std::path::absolute(self.state_dir()).context("Failed to resolve state_dir")?;
+        let here = std::env::current_dir().context("Failed to read the working directory")?;
+        if !state.starts_with(&here) {
+            return Ok(());
+        }
+        let demo_cwd = state.join("demo");
+        std::fs::create_dir_all(&demo_cwd)
+            .with_context(|| format!("Failed to create {}", demo_cwd.display()))?;
+        tracing::info!(cwd = %demo_cwd.display(), "the working directory holds the gateway's state: the demo agent works in a directory of its own");
+        for agent in &mut self.agents {
+            agent.cwd = Some(demo_cwd.clone());
+        }
+        Ok(())
     }
 
     /// Where shims' sockets go (`<state_dir>/shims/`): the configured
@@ -744,10 +764,7 @@ impl Config {
                 }
             }
         }
-        match std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
-            Some(data_home) => PathBuf::from(data_home).join("acp-gateway"),
-            None => PathBuf::from("data"),
-        }
+        data_dir()
     }
 
     /// Where each user's homes are made (`<state_dir>/homes`, absolute: it
@@ -844,6 +861,14 @@ impl AgentProfile {
         })
     }
 
+    /// Whether this profile runs the demo agent built into this executable
+    /// (`acp-gateway demo-agent`): the gateway's own code, not an agent an
+    /// operator brought.
+    pub fn is_builtin_demo(&self) -> bool {
+        self.args.first().is_some_and(|arg| arg == "demo-agent")
+            && std::env::current_exe().is_ok_and(|exe| Path::new(&self.command) == exe)
+    }
+
     /// This profile as `user`'s conversations get it: each `{user}` in its
     /// `cwd`, `allowed_roots`, `read_only_paths` and `read_write_paths` is
     /// the user's name (see [`crate::sandbox::homes::with_user`]).
@@ -861,8 +886,9 @@ impl AgentProfile {
 
     /// The directory a conversation of `user`'s with this profile runs in:
     /// the one asked for, else the profile's, else the gateway's own;
-    /// absolute, inside the `allowed_roots`, an existing directory, and
-    /// resolved (no `..`, no symlinks), so the agent gets it as it really
+    /// absolute, inside the `allowed_roots` (403 otherwise, whether it is
+    /// there or not), an existing directory (404 otherwise), and resolved
+    /// (`..` by name, then symlinks), so the agent gets it as it really
     /// is. A profile's `cwd` with `{user}` in it is the user's own, made
     /// (for the agent's user alone) when it is first needed. The policy dry
     /// run resolves its `cwd` the same way.
@@ -875,15 +901,18 @@ impl AgentProfile {
             crate::limits::path("cwd", requested, crate::limits::CWD_MAX_CHARS)?;
         }
         let own = self.for_user(user);
-        let cwd = match requested.map(PathBuf::from).or_else(|| own.cwd.clone()) {
+        let asked = match requested.map(PathBuf::from).or_else(|| own.cwd.clone()) {
             Some(cwd) => cwd,
             None => std::env::current_dir().map_err(anyhow::Error::from)?,
         };
-        if !cwd.is_absolute() {
+        if !asked.is_absolute() {
             return Err(crate::error::Error::Unprocessable(format!(
-                "cwd {cwd:?} must be an absolute path"
+                "cwd {asked:?} must be an absolute path"
             )));
         }
+        // `..` by name, before anything is looked at: where the path leads
+        // then depends on nothing outside the roots.
+        let cwd = lexically_normal(&asked);
         let users_own = requested.is_none()
             && self
                 .cwd
@@ -893,11 +922,12 @@ impl AgentProfile {
             own.make_users_workspace(&cwd)?;
         }
         // Outside the allowed roots, whether a directory exists is none of the
-        // caller's business: checked first, and one answer for both.
-        own.check_allowed_root(&cwd)?;
+        // caller's business: checked first, and one answer for both. Inside,
+        // nothing there (or a file) is 404.
+        own.check_allowed_root(&cwd, &asked)?;
         if !cwd.is_dir() {
             return Err(crate::error::Error::NotFound(format!(
-                "cwd {cwd:?} is not a directory"
+                "cwd {asked:?} is not a directory"
             )));
         }
         Ok(std::fs::canonicalize(&cwd).map_err(anyhow::Error::from)?)
@@ -926,13 +956,14 @@ impl AgentProfile {
         Ok(())
     }
 
-    /// `allowed_roots`: the cwd, with `..` and symlinks resolved,
-    /// must be inside one of them.
-    fn check_allowed_root(&self, cwd: &Path) -> crate::error::Result<()> {
+    /// `allowed_roots`: where the cwd (lexically normal) leads, whether it
+    /// is there or not ([`real_location`]), must be inside one of them.
+    /// `asked` is the cwd as the caller wrote it, for the answer.
+    fn check_allowed_root(&self, cwd: &Path, asked: &Path) -> crate::error::Result<()> {
         if self.allowed_roots.is_empty() {
             return Ok(());
         }
-        let inside = std::fs::canonicalize(cwd).is_ok_and(|real| {
+        let inside = real_location(cwd).is_some_and(|real| {
             self.allowed_roots
                 .iter()
                 .any(|root| std::fs::canonicalize(root).is_ok_and(|root| real.starts_with(root)))
@@ -941,7 +972,7 @@ impl AgentProfile {
             Ok(())
         } else {
             Err(crate::error::Error::Forbidden(format!(
-                "cwd {cwd:?} is not a directory inside the agent's allowed_roots"
+                "cwd {asked:?} is outside the agent's allowed_roots"
             )))
         }
     }
@@ -963,6 +994,104 @@ impl AgentProfile {
         };
         crate::sys::runnable_by(&program, user.as_ref(), path).err()
     }
+}
+
+/// Where the gateway keeps its state when nothing says where (no
+/// `database_url`, no `state_dir`): `$XDG_DATA_HOME/acp-gateway`, else
+/// `$HOME/.local/share/acp-gateway` (the XDG convention), each only where the
+/// variable is an absolute path, the directory is there or can be made, and
+/// the built-in demo agent's box does not reach it; else `./data`. A
+/// `./data/acp-gateway.db` already there (made by an earlier version, whose
+/// default that was) is kept. Chosen once per process.
+pub fn data_dir() -> PathBuf {
+    static CHOSEN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    CHOSEN
+        .get_or_init(|| {
+            // A database an earlier version made in ./data/ stays where it
+            // is: moving the default must not start anyone afresh.
+            if Path::new("data/acp-gateway.db").is_file() {
+                tracing::info!("keeping the database in ./data/, where an earlier version made it (new ones go to the XDG data directory)");
+                return PathBuf::from("data");
+            }
+            // Not where the built-in demo agent's box reads: the system's
+            // directories, or this executable's installation (a gateway in
+            // ~/.local/bin gets ~/.local).
+            let exe = std::env::current_exe().ok();
+            let granted: Vec<PathBuf> = crate::sandbox::SYSTEM
+                .iter()
+                .chain(crate::sandbox::KERNEL_VIEWS)
+                .map(PathBuf::from)
+                .chain(
+                    exe.iter()
+                        .flat_map(|exe| crate::sandbox::installation_of(exe)),
+                )
+                .collect();
+            data_dir_from(
+                std::env::var_os("XDG_DATA_HOME"),
+                std::env::var_os("HOME"),
+                |dir| {
+                    !granted.iter().any(|grant| dir.starts_with(grant))
+                        && std::fs::create_dir_all(dir).is_ok()
+                        && dir.is_dir()
+                },
+            )
+        })
+        .clone()
+}
+
+/// [`data_dir`] from those variables, `usable` telling whether a directory
+/// is there or can be made.
+fn data_dir_from(
+    xdg_data_home: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+    usable: impl Fn(&Path) -> bool,
+) -> PathBuf {
+    // The XDG spec: an empty variable is unset, a relative one invalid.
+    let absolute =
+        |var: Option<std::ffi::OsString>| var.map(PathBuf::from).filter(|dir| dir.is_absolute());
+    [
+        absolute(xdg_data_home),
+        absolute(home).map(|home| home.join(".local/share")),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|base| base.join("acp-gateway"))
+    .find(|dir| usable(dir))
+    .unwrap_or_else(|| PathBuf::from("data"))
+}
+
+/// `path` (absolute) with `.` and `..` taken away by name, as `cd -L` does:
+/// `/a/link/../b` is `/a/b` whatever `link` is.
+fn lexically_normal(path: &Path) -> PathBuf {
+    let mut normal = PathBuf::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                normal.pop();
+            }
+            other => normal.push(other),
+        }
+    }
+    normal
+}
+
+/// Where `path` (absolute, lexically normal) leads, whether it is there or
+/// not: its longest leading part that is there, with symlinks resolved, then
+/// the rest as named. `None` where a part that is there cannot be resolved
+/// (a dangling or looping symlink): it is not known to lead anywhere.
+fn real_location(path: &Path) -> Option<PathBuf> {
+    let mut there = path;
+    while there.symlink_metadata().is_err() {
+        there = there.parent()?;
+    }
+    let real = std::fs::canonicalize(there).ok()?;
+    let rest = path.strip_prefix(there).ok()?;
+    Some(if rest.as_os_str().is_empty() {
+        real
+    } else {
+        real.join(rest)
+    })
 }
 
 #[cfg(test)]
@@ -1117,19 +1246,52 @@ startup_timeout = "5s"
     }
 
     #[test]
+    fn the_data_directory_is_xdg_data_home_else_home_else_data_where_usable() {
+        let all = |_: &Path| true;
+        let dir = |xdg: Option<&str>, home: Option<&str>, usable: &dyn Fn(&Path) -> bool| {
+            data_dir_from(xdg.map(Into::into), home.map(Into::into), usable)
+        };
+        assert_eq!(
+            dir(Some("/x/data"), Some("/home/u"), &all),
+            Path::new("/x/data/acp-gateway")
+        );
+        assert_eq!(
+            dir(None, Some("/home/u"), &all),
+            Path::new("/home/u/.local/share/acp-gateway")
+        );
+        // Empty or relative: not set, as the XDG spec says.
+        assert_eq!(
+            dir(Some(""), Some("/home/u"), &all),
+            Path::new("/home/u/.local/share/acp-gateway")
+        );
+        assert_eq!(dir(Some("rel"), Some("home"), &all), Path::new("data"));
+        assert_eq!(dir(None, None, &all), Path::new("data"));
+        // A directory that cannot be made is passed over.
+        let not_xdg = |d: &Path| !d.starts_with("/x");
+        assert_eq!(
+            dir(Some("/x/data"), Some("/home/u"), &not_xdg),
+            Path::new("/home/u/.local/share/acp-gateway")
+        );
+        assert_eq!(
+            dir(Some("/x/data"), Some("/home/u"), &|_| false),
+            Path::new("data")
+        );
+    }
+
+    #[test]
     fn without_a_database_url_the_embedded_database_lives_in_the_data_directory() {
         let config = Config::parse("").unwrap();
         config.validate().unwrap();
         assert_eq!(
-            config.database_url_with(None),
+            config.database_url_in(Path::new("data")),
             "sqlite://data/acp-gateway.db"
         );
         assert_eq!(
-            config.database_url_with(Some("/home/u/.local/share".into())),
+            config.database_url_in(Path::new("/home/u/.local/share/acp-gateway")),
             "sqlite:///home/u/.local/share/acp-gateway/acp-gateway.db"
         );
         let pg = Config::parse("database_url = \"postgres://db/x\"").unwrap();
-        assert_eq!(pg.database_url_with(None), "postgres://db/x");
+        assert_eq!(pg.database_url_in(Path::new("data")), "postgres://db/x");
         let bad = Config::parse("database_url = \"mysql://db/x\"").unwrap();
         assert!(bad
             .validate()

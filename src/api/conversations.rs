@@ -78,8 +78,9 @@ pub(super) fn cwd_schema() -> utoipa::openapi::schema::Object {
     utoipa::openapi::schema::ObjectBuilder::new()
         .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
         .description(Some(
-            "An absolute directory, 1 to 1024 characters (default: the profile's `cwd`). One that \
-             is not there is 404; one outside the profile's `allowed_roots`, there or not, 403.",
+            "An absolute directory, 1 to 1024 characters (default: the profile's `cwd`). One \
+             outside the profile's `allowed_roots` (`..` taken away by name, then symlinks \
+             resolved), there or not, is 403; one inside that is not there (or is a file), 404.",
         ))
         .min_length(Some(1))
         .max_length(Some(limits::CWD_MAX_CHARS))

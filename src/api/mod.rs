@@ -16,6 +16,7 @@ mod search;
 mod state;
 mod tokens;
 mod ws;
+pub mod yaml11;
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
@@ -62,9 +63,10 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     doc
 }
 
-/// The OpenAPI document as YAML, as committed in `openapi/openapi.yaml`.
+/// The OpenAPI document as YAML, as committed in `openapi/openapi.yaml`:
+/// quoted so that YAML 1.1 parsers read the same strings ([`yaml11`]).
 pub fn openapi_yaml() -> anyhow::Result<String> {
-    Ok(openapi().to_yaml()?)
+    yaml11::quote_for_yaml_1_1(&openapi().to_yaml()?)
 }
 
 /// The whole API.

@@ -75,6 +75,7 @@ pub(super) enum Scenario {
     Sneak,
     Hasty,
     Stderr,
+    Probe,
 }
 
 impl Scenario {
@@ -108,6 +109,7 @@ impl Scenario {
             "sneak" => Self::Sneak,
             "hasty" => Self::Hasty,
             "stderr" => Self::Stderr,
+            "probe" => Self::Probe,
             _ => return None,
         })
     }
@@ -301,7 +303,26 @@ impl Turn {
             Scenario::Sneak => self.sneak().await,
             Scenario::Hasty => self.hasty().await,
             Scenario::Stderr => self.stderr().await,
+            Scenario::Probe => self.probe(args).await,
         }
+    }
+
+    /// Scenario `probe <path>`: really opens the path (joined to the cwd as
+    /// given) for reading, then for writing (appending, nothing written), and
+    /// says how each went: `read <path>: ok` or `read <path>: <error>`, then
+    /// the same for `write`. What a box lets an agent touch, seen from inside.
+    async fn probe(&self, path: &str) -> Result<TurnEnd, Cancelled> {
+        let path = self.cwd.join(if path.is_empty() { "." } else { path });
+        let outcome = |opened: std::io::Result<std::fs::File>| match opened {
+            Ok(_) => "ok".to_owned(),
+            Err(e) => e.to_string(),
+        };
+        let read = outcome(std::fs::File::open(&path));
+        let write = outcome(std::fs::OpenOptions::new().append(true).open(&path));
+        let shown = path.display();
+        self.say(&format!("read {shown}: {read}\nwrite {shown}: {write}"))
+            .await?;
+        Ok(TurnEnd::Stop(END_TURN))
     }
 
     /// Default scenario: a thought, then the prompt echoed in four chunks.

@@ -374,7 +374,7 @@ pub struct GatewayProcess {
     log: std::sync::Arc<std::sync::Mutex<String>>,
     /// The threads copying its stdout and stderr into `log`.
     readers: Vec<std::thread::JoinHandle<()>>,
-    _config: tempfile::NamedTempFile,
+    _config: Option<tempfile::NamedTempFile>,
 }
 
 impl GatewayProcess {
@@ -420,7 +420,7 @@ impl GatewayProcess {
 
     /// Starts it as `launch` says.
     pub fn launch(db: &TestDb, agents: &[AgentProfile], launch: Launch) -> GatewayProcess {
-        use std::io::{BufRead, Write};
+        use std::io::Write;
         let Launch {
             log_filter,
             extra,
@@ -490,9 +490,7 @@ impl GatewayProcess {
             .args(args)
             .env("RUST_LOG", log_filter)
             .env("NO_COLOR", "1")
-            .envs(env.iter().copied())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
+            .envs(env.iter().copied());
         if let Some(user) = user {
             use std::os::unix::fs::PermissionsExt;
             use std::os::unix::process::CommandExt;
@@ -519,6 +517,41 @@ impl GatewayProcess {
                 });
             }
         }
+        Self::spawn(command, Some(config))
+    }
+
+    /// Starts `acp-gateway serve` as the README's quick start has it: no
+    /// config file, in `dir` (its working directory), with `env` set (`None`:
+    /// removed) on top of the test's environment, on a free port.
+    pub fn quick_start(dir: &Path, env: &[(&str, Option<&str>)]) -> GatewayProcess {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_acp-gateway"));
+        command
+            .arg("serve")
+            .current_dir(dir)
+            .env_remove("DATABASE_URL")
+            .env_remove("DATABASE_URL_FILE")
+            .env("ACP_GATEWAY_LISTEN", "127.0.0.1:0")
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1");
+        for (name, value) in env {
+            match value {
+                Some(value) => command.env(name, value),
+                None => command.env_remove(name),
+            };
+        }
+        Self::spawn(command, None)
+    }
+
+    /// Runs `command` (an `acp-gateway serve`), keeping its log, until it
+    /// says where it listens.
+    fn spawn(
+        mut command: std::process::Command,
+        config: Option<tempfile::NamedTempFile>,
+    ) -> GatewayProcess {
+        use std::io::BufRead;
+        command
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
         let mut child = command.spawn().expect("start acp-gateway");
         // It logs its address once it listens; the whole log is kept.
         let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));

@@ -156,6 +156,79 @@ async fn a_cwd_outside_the_allowed_roots_gets_the_same_answer_whether_or_not_it_
     assert!(details.iter().all(|d| d == &details[0]), "{details:?}");
 }
 
+/// Inside the roots, no directory at `cwd` is 404 (as docs/api.md says);
+/// outside them, 403 with one detail whether the path is there or not,
+/// however it gets outside (`..`, a symlink, a dangling one).
+async fn a_cwd_inside_the_allowed_roots_that_is_not_a_directory_is_404_and_outside_403_there_or_not(
+    db: TestDb,
+) {
+    let root = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let r = root.path().canonicalize().unwrap();
+    let o = outside.path().canonicalize().unwrap();
+    std::fs::create_dir(r.join("project")).unwrap();
+    std::fs::write(r.join("notes.txt"), "a file").unwrap();
+    std::fs::create_dir(o.join("present")).unwrap();
+    std::os::unix::fs::symlink(&o, r.join("elsewhere")).unwrap();
+    std::os::unix::fs::symlink(o.join("present"), r.join("linked")).unwrap();
+    std::os::unix::fs::symlink(o.join("absent"), r.join("dangling")).unwrap();
+    let mut profile = demo_profile("demo", &[]);
+    profile.allowed_roots = vec![r.clone()];
+    let gw = TestGateway::start(&db, vec![profile]).await;
+    let create = |cwd: String| {
+        let gw = &gw;
+        async move {
+            let (status, body) = gw
+                .post(
+                    "/api/v1/conversations",
+                    json!({"agent": "demo", "cwd": cwd}),
+                )
+                .await;
+            (cwd, status, body)
+        }
+    };
+    let (r, o) = (r.to_str().unwrap(), o.to_str().unwrap());
+    let oname = outside.path().file_name().unwrap().to_str().unwrap();
+    for cwd in [
+        format!("{r}/missing"),
+        format!("{r}/project/missing/deeper"),
+        format!("{r}/missing/../also-missing"),
+        format!("{r}/notes.txt"),
+        format!("{r}/notes.txt/below"),
+    ] {
+        let (cwd, status, problem) = create(cwd).await;
+        assert_eq!(status, 404, "{cwd}: {problem}");
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains("not a directory"),
+            "{cwd}: {problem}"
+        );
+    }
+    // Each pair: one there, one not.
+    let mut details = Vec::new();
+    for cwd in [
+        format!("{o}/present"),
+        format!("{o}/absent"),
+        format!("{r}/elsewhere/present"),
+        format!("{r}/elsewhere/absent"),
+        format!("{r}/linked"),
+        format!("{r}/dangling"),
+        format!("{r}/../{oname}/present"),
+        format!("{r}/missing/../../{oname}/absent"),
+    ] {
+        let (cwd, status, problem) = create(cwd).await;
+        assert_eq!(status, 403, "{cwd}: {problem}");
+        details.push(problem["detail"].as_str().unwrap().replace(&cwd, "CWD"));
+    }
+    assert!(details.iter().all(|d| d == &details[0]), "{details:?}");
+    // `..` goes by name: back inside, into a directory that is there.
+    let (cwd, status, conv) = create(format!("{r}/missing/../project")).await;
+    assert_eq!(status, 201, "{cwd}: {conv}");
+    assert_eq!(conv["cwd"], format!("{r}/project"));
+}
+
 async fn a_413_closes_the_connection_cleanly_and_the_next_request_succeeds(db: TestDb) {
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
     // One connection at most, reused whenever the server allows it.
@@ -288,6 +361,7 @@ backend_tests!(
     a_role_change_or_the_first_token_closes_the_sockets_it_affects,
     tokens_in_the_url_or_subprotocol_count_only_on_websocket_upgrades,
     a_cwd_outside_the_allowed_roots_gets_the_same_answer_whether_or_not_it_exists,
+    a_cwd_inside_the_allowed_roots_that_is_not_a_directory_is_404_and_outside_403_there_or_not,
     the_cli_refuses_the_user_names_and_labels_the_api_refuses,
     a_413_closes_the_connection_cleanly_and_the_next_request_succeeds,
 );

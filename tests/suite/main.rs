@@ -36,6 +36,7 @@ mod operability;
 mod permission_lifecycle;
 mod permissions;
 mod policies;
+mod quick_start;
 mod restart;
 mod resume;
 mod sandbox;

@@ -27,6 +27,60 @@ fn the_committed_document_is_what_the_code_produces() {
     }
 }
 
+/// What a YAML 1.1 parser (PyYAML, as schemathesis and Python client
+/// generators use) reads in the committed document is the served document:
+/// `off`, `yes`, `1_000`, `2024-01-01` and the like are quoted where they are
+/// strings.
+#[test]
+fn the_committed_document_reads_the_same_to_a_yaml_1_1_parser() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("openapi/openapi.yaml");
+    let served = serde_json::to_string(&acp_gateway::api::openapi()).unwrap();
+    let python = sdk_agents_dir().join(".venv/bin/python");
+    let mut child = std::process::Command::new(&python)
+        .args(["-c", YAML_1_1_COMPARE])
+        .arg(&path)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {}: {e}", python.display()));
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), served.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "PyYAML reads openapi/openapi.yaml differently from the served document: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+}
+
+/// Loads argv[1] with PyYAML's safe loader and the served document (JSON)
+/// from stdin; exits 1 naming the first place where they differ (a value or
+/// its type: `True` is not `"on"`, nor `1`).
+const YAML_1_1_COMPARE: &str = r#"
+import json, sys, yaml
+committed = yaml.safe_load(open(sys.argv[1], encoding="utf-8"))
+served = json.load(sys.stdin)
+def kind(v):
+    return "number" if type(v) in (int, float) else type(v).__name__
+def first_difference(a, b, at):
+    if kind(a) != kind(b):
+        return f"{at}: {a!r} ({kind(a)}) where the served document has {b!r} ({kind(b)})"
+    if isinstance(a, dict):
+        if set(a) != set(b):
+            return f"{at}: keys {sorted(map(repr, set(a) ^ set(b)))} in one only"
+        return next((d for k in a if (d := first_difference(a[k], b[k], f"{at}/{k}"))), None)
+    if isinstance(a, list):
+        if len(a) != len(b):
+            return f"{at}: {len(a)} items where the served document has {len(b)}"
+        return next((d for i, (x, y) in enumerate(zip(a, b)) if (d := first_difference(x, y, f"{at}/{i}"))), None)
+    return None if a == b else f"{at}: {a!r} where the served document has {b!r}"
+difference = first_difference(committed, served, "")
+if difference:
+    print(difference)
+    sys.exit(1)
+"#;
+
 #[test]
 fn every_operation_is_named_once_and_every_error_is_a_problem() {
     let doc = serde_json::to_value(acp_gateway::api::openapi()).unwrap();
