@@ -69,10 +69,16 @@ pub struct Config {
     #[serde(default = "default_max_page_bytes")]
     pub max_page_bytes: usize,
     /// Most bytes every WebSocket together holds for clients that have not
-    /// taken them yet; a client whose next frame does not fit is closed with
-    /// 1013 and resumes with `after`.
+    /// taken them yet. When they are full, the sockets that stopped reading
+    /// (holding the most first) are closed with 1013 to make room, and their
+    /// clients resume with `after`.
     #[serde(default = "default_ws_buffer_bytes")]
     pub ws_buffer_bytes: usize,
+    /// Most bytes the WebSockets of one user together hold (default: a
+    /// quarter of `ws_buffer_bytes`, at least `max_page_bytes`); over it,
+    /// that user's sockets that stopped reading are closed, never another
+    /// user's.
+    pub ws_buffer_bytes_per_user: Option<usize>,
     /// On SIGTERM/SIGINT, how long running turns' agents get to answer their
     /// cancel (so those turns end `cancelled`) before agents are stopped.
     #[serde(default = "default_shutdown_timeout", with = "humantime_serde")]
@@ -621,6 +627,16 @@ impl Config {
                 self.max_page_bytes
             );
         }
+        if let Some(per_user) = self.ws_buffer_bytes_per_user {
+            if per_user < self.max_page_bytes || per_user > self.ws_buffer_bytes {
+                bail!(
+                    "ws_buffer_bytes_per_user: must be at least max_page_bytes ({}), so that a \
+                     page fits, and at most ws_buffer_bytes ({})",
+                    self.max_page_bytes,
+                    self.ws_buffer_bytes
+                );
+            }
+        }
         for (key, per_minute) in [
             ("prompts_per_minute", self.rate_limits.prompts_per_minute),
             (
@@ -772,6 +788,16 @@ impl Config {
     pub fn homes_dir(&self) -> PathBuf {
         let dir = self.state_dir().join("homes");
         std::path::absolute(&dir).unwrap_or(dir)
+    }
+
+    /// `ws_buffer_bytes_per_user`, its default applied: a quarter of
+    /// `ws_buffer_bytes`, at least one page (never more than the whole).
+    pub fn ws_buffer_per_user(&self) -> usize {
+        self.ws_buffer_bytes_per_user.unwrap_or(
+            (self.ws_buffer_bytes / 4)
+                .max(self.max_page_bytes)
+                .min(self.ws_buffer_bytes),
+        )
     }
 
     /// `max_agents` and `max_agents_per_user`, defaults applied: the
@@ -1195,6 +1221,7 @@ startup_timeout = "5s"
         assert_eq!(config.rate_limits.conversations_per_minute, 10);
         assert_eq!(config.max_page_bytes, 1024 * 1024);
         assert_eq!(config.ws_buffer_bytes, 64 * 1024 * 1024);
+        assert_eq!(config.ws_buffer_per_user(), 16 * 1024 * 1024);
         let set =
             Config::parse(&format!("max_agents = 6\nmax_agents_per_user = 4\n{GOOD}")).unwrap();
         assert_eq!(
@@ -1208,6 +1235,14 @@ startup_timeout = "5s"
             ("max_agents_per_user = 0", "max_agents_per_user"),
             ("max_page_bytes = 10", "max_page_bytes"),
             ("ws_buffer_bytes = 2048", "ws_buffer_bytes"),
+            (
+                "ws_buffer_bytes_per_user = 4096",
+                "ws_buffer_bytes_per_user",
+            ),
+            (
+                "ws_buffer_bytes_per_user = 68719476736",
+                "ws_buffer_bytes_per_user",
+            ),
             (
                 "rate_limits = { conversations_per_minute = 0 }",
                 "rate_limits.conversations_per_minute",

@@ -24,7 +24,8 @@ const WEBSOCKETS: &str = "acp_gateway_websocket_clients";
 /// Bytes WebSockets hold for clients that have not taken them yet (see
 /// `ws_buffer_bytes`).
 const WEBSOCKET_BUFFERED: &str = "acp_gateway_websocket_buffered_bytes";
-/// WebSockets closed with 1013 because their next bytes did not fit.
+/// WebSockets closed with 1013: evicted to make room in `ws_buffer_bytes`
+/// (they had stopped reading), or no room found for their next bytes in time.
 const WEBSOCKET_OVER_BUDGET: &str = "acp_gateway_websocket_over_budget_total";
 /// Agent processes that ended, by cause.
 const AGENT_EXITS: &str = "acp_gateway_agent_exits_total";
@@ -120,7 +121,8 @@ pub fn websocket_buffered(delta: f64) {
     metrics::gauge!(WEBSOCKET_BUFFERED).increment(delta);
 }
 
-/// A WebSocket was closed with 1013: over `ws_buffer_bytes`.
+/// A WebSocket was closed with 1013: evicted to make room in
+/// `ws_buffer_bytes`, or no room found in time.
 pub fn websocket_over_budget() {
     metrics::counter!(WEBSOCKET_OVER_BUDGET).increment(1);
 }

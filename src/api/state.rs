@@ -42,7 +42,7 @@ struct Shared {
 
 impl AppState {
     pub fn new(config: Config, auth: Auth, sessions: Sessions, outbox: Arc<Outbox>) -> Self {
-        let send_budget = SendBudget::new(config.ws_buffer_bytes);
+        let send_budget = SendBudget::new(config.ws_buffer_bytes, config.ws_buffer_per_user());
         AppState {
             inner: Arc::new(Shared {
                 send_budget,

@@ -24,6 +24,7 @@ use utoipa::IntoParams;
 use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
+use super::budget::{Reservation, SocketBudget};
 use super::conversations::ConversationPath;
 use super::extract::{bearer_subprotocol, AppQuery, Authed, Visible};
 use super::responses::{NoConversation, WebSocketRefused};
@@ -47,12 +48,18 @@ const CLOSE_POLICY_VIOLATION: u16 = 1008;
 /// frames (`{"type":"presence","visible":…}`); a larger one ends the
 /// connection rather than being buffered whole.
 const CLIENT_MESSAGE_BYTES: usize = 4096;
-/// Close code for a client whose next bytes do not fit `ws_buffer_bytes`
-/// ("try again later"); it may resume with `after`.
+/// Close code for a client evicted to make room in `ws_buffer_bytes`, or
+/// whose next bytes found no room ("try again later"); it may resume with
+/// `after`.
 const CLOSE_TRY_AGAIN_LATER: u16 = 1013;
 /// How long a close frame may take to go out (one for being over the
 /// budget gets longer: see `close_for`).
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long an evicted socket's close frame may take to go out: it goes
+/// after the rest of the frame the client stopped reading, so it seldom
+/// does, and until the socket is dropped its bytes are held while another
+/// socket waits for them (within `budget::ROOM_WAIT`).
+const EVICTED_CLOSE_TIMEOUT: Duration = Duration::from_millis(250);
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -197,10 +204,11 @@ impl BearerProtocol {
 /// Upgrades to a WebSocket carrying the conversation's events: every event
 /// with `seq > after`, in order, then live ones, one JSON text frame each
 /// (an `Event`): no gap, no duplicate. A client that reads too slowly is
-/// closed with 4008, and one whose next frame does not fit the gateway's
-/// buffer budget (`ws_buffer_bytes`) with 1013; either may come back with
-/// `after`. A revoked token closes it with 1008, a stopping gateway with
-/// 1001. The client may send `{"type":"presence","visible":true|false}`:
+/// closed with 4008; when the gateway's buffer budget (`ws_buffer_bytes`,
+/// or its user's share, `ws_buffer_bytes_per_user`) is full, the sockets
+/// that stopped reading with the most unread bytes are closed with 1013;
+/// either may come back with `after`. A revoked token closes it with 1008,
+/// a stopping gateway with 1001. The client may send `{"type":"presence","visible":true|false}`:
 /// while its last such frame says visible, its user counts as present and
 /// is not notified (see `docs/api.md`, Notifications); other frames than
 /// ping/pong/close are ignored.
@@ -229,8 +237,12 @@ async fn conversation_ws(
     let after = q.after.unwrap_or(0).max(0);
     let revoked = state.auth().on_revocation(&caller);
     let presence = state.presence().client(&caller.user);
+    let budget = state.send_budget().join(&caller.user);
     let run = move |state, socket| async move {
-        if let Err(e) = serve_conversation(state, id, after, revoked, presence, socket).await {
+        let served = serve_conversation(state, id, after, revoked, presence, &budget, socket).await;
+        // The socket is gone by now, and with it the bytes queued in it.
+        drop(budget);
+        if let Err(e) = served {
             tracing::debug!(conversation_id = %id, error = %e, "websocket ended");
         }
     };
@@ -248,30 +260,50 @@ enum WsEnd {
     Revoked,
     #[error("over the buffer budget")]
     OverBudget,
+    #[error("evicted to make room in the buffer budget")]
+    Evicted,
     #[error(transparent)]
     Store(#[from] Error),
 }
 
-/// Sends one frame, its bytes reserved in the budget until the client took it.
+/// Sends one frame, its bytes reserved in the budget until they were
+/// written to the TCP stream.
 async fn send(
-    state: &AppState,
+    budget: &SocketBudget,
     socket: &mut WebSocket,
     text: impl Into<Utf8Bytes>,
 ) -> Result<(), WsEnd> {
     let text = text.into();
-    let _reserved = state
-        .send_budget()
-        .reserve(text.len())
-        .ok_or(WsEnd::OverBudget)?;
-    send_frame(socket, text).await
+    let reserved = reserve(budget, text.len()).await?;
+    send_frame(budget, socket, text).await?;
+    reserved.release();
+    Ok(())
 }
 
-/// Sends one frame whose bytes the caller reserved in the budget.
-async fn send_frame(socket: &mut WebSocket, text: Utf8Bytes) -> Result<(), WsEnd> {
-    match tokio::time::timeout(SEND_TIMEOUT, socket.send(Message::Text(text))).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(_)) => Err(WsEnd::ClientGone),
-        Err(_) => Err(WsEnd::TooSlow),
+/// Room for `bytes`, or why this socket must close.
+async fn reserve(budget: &SocketBudget, bytes: usize) -> Result<Reservation<'_>, WsEnd> {
+    match budget.reserve(bytes).await {
+        Some(reserved) => Ok(reserved),
+        None if budget.is_evicted() => Err(WsEnd::Evicted),
+        None => Err(WsEnd::OverBudget),
+    }
+}
+
+/// Sends one frame whose bytes the caller reserved in the budget, unless
+/// the socket is evicted meanwhile (what is left of the frame then stays
+/// queued, and reserved, until the socket is dropped).
+async fn send_frame(
+    budget: &SocketBudget,
+    socket: &mut WebSocket,
+    text: Utf8Bytes,
+) -> Result<(), WsEnd> {
+    tokio::select! {
+        sent = tokio::time::timeout(SEND_TIMEOUT, socket.send(Message::Text(text))) => match sent {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(WsEnd::ClientGone),
+            Err(_) => Err(WsEnd::TooSlow),
+        },
+        _ = budget.evicted() => Err(WsEnd::Evicted),
     }
 }
 
@@ -280,6 +312,7 @@ async fn send_frame(socket: &mut WebSocket, text: Utf8Bytes) -> Result<(), WsEnd
 /// while it is sent.
 async fn replay(
     state: &AppState,
+    budget: &SocketBudget,
     id: Uuid,
     socket: &mut WebSocket,
     last: &mut i64,
@@ -292,22 +325,21 @@ async fn replay(
             .list_events_page(id, *last, REPLAY_PAGE, max_bytes)
             .await?;
         let more = page.more;
-        let mut reserved = state
-            .send_budget()
-            .reserve(page.bytes())
-            .ok_or(WsEnd::OverBudget)?;
+        let mut reserved = reserve(budget, page.bytes()).await?;
         for event in page.items {
             if until.is_some_and(|u| event.seq > u) {
+                reserved.release();
                 return Ok(());
             }
             let seq = event.seq;
             let text = serde_json::to_string(&event).expect("events serialize");
             drop(event);
             let len = text.len();
-            send_frame(socket, text.into()).await?;
+            send_frame(budget, socket, text.into()).await?;
             reserved.give_back(len);
             *last = seq;
         }
+        reserved.release();
         if !more {
             return Ok(());
         }
@@ -320,6 +352,7 @@ async fn serve_conversation(
     after: i64,
     revoked: CancellationToken,
     mut presence: PresenceClient,
+    budget: &SocketBudget,
     mut socket: WebSocket,
 ) -> Result<(), WsEnd> {
     let _open = telemetry::WebSocketOpen::new();
@@ -327,7 +360,7 @@ async fn serve_conversation(
     let mut last = after;
     let shutdown = state.closing().clone();
     let result = async {
-        replay(&state, id, &mut socket, &mut last, None).await?;
+        replay(&state, budget, id, &mut socket, &mut last, None).await?;
         loop {
             tokio::select! {
                 received = sub.rx.recv() => match received {
@@ -337,20 +370,23 @@ async fn serve_conversation(
                             continue;
                         }
                         if seq > last + 1 {
-                            replay(&state, id, &mut socket, &mut last, Some(seq)).await?;
+                            replay(&state, budget, id, &mut socket, &mut last, Some(seq)).await?;
                         } else {
-                            send(&state, &mut socket, published.json.clone()).await?;
+                            send(budget, &mut socket, published.json.clone()).await?;
                             last = seq;
                         }
                     }
-                    Err(RecvError::Lagged(_)) => replay(&state, id, &mut socket, &mut last, None).await?,
+                    Err(RecvError::Lagged(_)) => {
+                        replay(&state, budget, id, &mut socket, &mut last, None).await?
+                    }
                     Err(RecvError::Closed) => return Ok(()),
                 },
                 incoming = socket.recv() => client_frame(incoming, &mut presence)?,
                 _ = revoked.cancelled() => return Err(WsEnd::Revoked),
+                _ = budget.evicted() => return Err(WsEnd::Evicted),
                 _ = shutdown.cancelled() => {
                     // Everything stored by now, then goodbye.
-                    replay(&state, id, &mut socket, &mut last, None).await?;
+                    replay(&state, budget, id, &mut socket, &mut last, None).await?;
                     return Ok(());
                 }
             }
@@ -392,6 +428,14 @@ async fn close_for(socket: &mut WebSocket, result: &Result<(), WsEnd>) {
             "token revoked or its role changed",
             CLOSE_TIMEOUT,
         ),
+        Err(WsEnd::Evicted) => {
+            telemetry::websocket_over_budget();
+            (
+                CLOSE_TRY_AGAIN_LATER,
+                "over the gateway's buffer budget; resume with ?after=",
+                EVICTED_CLOSE_TIMEOUT,
+            )
+        }
         Err(WsEnd::OverBudget) => {
             telemetry::websocket_over_budget();
             // Nothing of a frame is left to send before it (a frame is
@@ -436,8 +480,12 @@ async fn inbox_ws(
 ) -> Result<Response> {
     state.auth().check_rate(&caller, Limited::Connection)?;
     let revoked = state.auth().on_revocation(&caller);
+    let budget = state.send_budget().join(&caller.user);
     let run = move |state, socket| async move {
-        if let Err(e) = serve_inbox(state, caller, revoked, socket).await {
+        let served = serve_inbox(state, caller, revoked, &budget, socket).await;
+        // The socket is gone by now, and with it the bytes queued in it.
+        drop(budget);
+        if let Err(e) = served {
             tracing::debug!(error = %e, "inbox websocket ended");
         }
     };
@@ -448,6 +496,7 @@ async fn serve_inbox(
     state: AppState,
     caller: Caller,
     revoked: CancellationToken,
+    budget: &SocketBudget,
     mut socket: WebSocket,
 ) -> Result<(), WsEnd> {
     let _open = telemetry::WebSocketOpen::new();
@@ -480,12 +529,12 @@ async fn serve_inbox(
             pending.sort_by_key(|r| r.id);
         }
         let snapshot = json!({"type": "snapshot", "pending_permissions": pending});
-        send(&state, &mut socket, snapshot.to_string()).await?;
+        send(budget, &mut socket, snapshot.to_string()).await?;
         loop {
             tokio::select! {
                 received = rx.recv() => match received {
                     Ok(published) if caller.can_see(published.owner.as_deref()) => {
-                        send(&state, &mut socket, published.json.clone()).await?
+                        send(budget, &mut socket, published.json.clone()).await?
                     }
                     Ok(_) => {}
                     // A fresh snapshot is the way back: reconnect.
@@ -494,11 +543,12 @@ async fn serve_inbox(
                 },
                 incoming = socket.recv() => client_frame(incoming, &mut presence)?,
                 _ = revoked.cancelled() => return Err(WsEnd::Revoked),
+                _ = budget.evicted() => return Err(WsEnd::Evicted),
                 _ = shutdown.cancelled() => {
                     // What was published before the sessions ended, then goodbye.
                     while let Ok(published) = rx.try_recv() {
                         if caller.can_see(published.owner.as_deref()) {
-                            send(&state, &mut socket, published.json.clone()).await?;
+                            send(budget, &mut socket, published.json.clone()).await?;
                         }
                     }
                     return Ok(());

@@ -783,6 +783,7 @@ impl TestGateway {
             max_agents_per_user: None,
             max_page_bytes: 1024 * 1024,
             ws_buffer_bytes: 64 * 1024 * 1024,
+            ws_buffer_bytes_per_user: None,
             shutdown_timeout: Duration::from_secs(10),
             write_buffer_events: 10_000,
             node_lease: Duration::from_secs(15),
@@ -1027,6 +1028,44 @@ impl Client {
             .await
             .expect("websocket connects in time")
             .expect("websocket connects");
+        Ws { stream }
+    }
+
+    /// A WebSocket client that never reads (until a test reads it at last):
+    /// small socket buffers (a small receive buffer, a small segment size
+    /// for the gateway to send), so the kernel holds little for it and the
+    /// gateway soon has to. It carries this client's token.
+    pub async fn non_reading_ws(&self, path: &str) -> Ws {
+        use std::os::fd::AsRawFd;
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let addr: std::net::SocketAddr = self.base.trim_start_matches("http://").parse().unwrap();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let segment: libc::c_int = 1024;
+        // SAFETY: setsockopt on a socket we own, with a pointer to an int and its size.
+        let set = unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_MAXSEG,
+                (&segment as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(set, 0, "{}", std::io::Error::last_os_error());
+        let stream = socket.connect(addr).await.unwrap();
+        let mut request = format!("ws://{addr}{path}").into_client_request().unwrap();
+        if let Some(token) = &self.token {
+            request
+                .headers_mut()
+                .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        }
+        let stream = MaybeTlsStream::Plain(stream);
+        let (stream, _) =
+            tokio::time::timeout(WAIT, tokio_tungstenite::client_async(request, stream))
+                .await
+                .expect("connects in time")
+                .expect("connects");
         Ws { stream }
     }
 
