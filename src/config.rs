@@ -835,6 +835,43 @@ impl AgentProfile {
         })
     }
 
+    /// The rules of its agent's box in `cwd` with `home` (see
+    /// [`crate::sandbox::Rules::for_conversation`]): with its command's
+    /// installation, and where the command is an interpreter its scripts'
+    /// (see [`crate::sandbox::scripts`]), none of which may hold or lie in
+    /// `state_dir`. TCP ports are limited where `limit_tcp`.
+    pub fn box_rules(
+        &self,
+        cwd: &Path,
+        home: &crate::sandbox::Home,
+        state_dir: &Path,
+        limit_tcp: bool,
+    ) -> crate::sandbox::Rules {
+        use crate::sandbox::{scripts, Inputs, Rules};
+        let user = self
+            .user
+            .as_deref()
+            .and_then(|name| crate::sys::lookup_user(name).ok());
+        let environment = self.environment(user.as_ref());
+        let path = crate::process::spawn::path_of(&environment);
+        let program = crate::sys::resolve_command(&self.command, path).ok();
+        let state = std::path::absolute(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+        let state = std::fs::canonicalize(&state).unwrap_or(state);
+        let scripts = program
+            .as_deref()
+            .map(|program| scripts::installations(program, &self.args, &[state.as_path()]))
+            .unwrap_or_default();
+        Rules::for_conversation(&Inputs {
+            cwd,
+            home,
+            program: program.as_deref(),
+            scripts: &scripts,
+            read_only_paths: &self.read_only_paths,
+            read_write_paths: &self.read_write_paths,
+            allowed_tcp_ports: self.allowed_tcp_ports.as_deref().filter(|_| limit_tcp),
+        })
+    }
+
     /// This profile as `user`'s conversations get it: each `{user}` in its
     /// `cwd`, `allowed_roots`, `read_only_paths` and `read_write_paths` is
     /// the user's name (see [`crate::sandbox::homes::with_user`]).

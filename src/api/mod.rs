@@ -197,7 +197,8 @@ struct Agent {
     /// Whether its command can be found and run (by its user), in its box.
     available: bool,
     unavailable_reason: Option<String>,
-    /// How its conversations are boxed on this machine.
+    /// How its conversations are boxed on this machine, and what the box
+    /// grants.
     sandbox: crate::sandbox::Effective,
 }
 
@@ -228,6 +229,14 @@ async fn list_agents(Authed { state, .. }: Authed) -> Json<Page<Agent>> {
                 a.allowed_tcp_ports.is_some(),
                 crate::sandbox::landlock::kernel_abi(),
             );
+            // As a conversation's box, its own parts named.
+            let rules = a.box_rules(
+                std::path::Path::new("{cwd}"),
+                &crate::sandbox::Home::at(std::path::Path::new("{home}")),
+                &config.state_dir(),
+                sandbox.tcp_ports_enforced == Some(true),
+            );
+            let sandbox = sandbox.granting(&rules);
             let reason = a.unavailable_reason().or(refused);
             Agent {
                 title: a.title.clone().unwrap_or_else(|| a.name.clone()),

@@ -38,6 +38,7 @@ mod policies;
 mod restart;
 mod resume;
 mod sandbox;
+mod script_agents;
 mod sdk_agents;
 mod search;
 mod session_settings;
