@@ -359,7 +359,8 @@ fn check_exposure(config: &Config, addr: SocketAddr, auth_required: bool) -> any
 /// Warns, at start, where a profile's boxes are not what it asks: no
 /// Landlock on this kernel (`auto` runs agents unconfined; `required`
 /// refuses to start them), TCP ports that cannot be limited, and a box that
-/// would hold the gateway's own state (its database, shims and homes).
+/// would hold the gateway's own state (its database, shims and homes); and
+/// says which profiles' agents keep capabilities (and whether they can).
 fn check_sandboxes(config: &Config) {
     let abi = crate::sandbox::landlock::kernel_abi();
     let state = std::path::absolute(config.state_dir()).unwrap_or_else(|_| config.state_dir());
@@ -384,6 +385,21 @@ fn check_sandboxes(config: &Config) {
             .filter(|_| mode != crate::sandbox::SandboxMode::Off)
         {
             tracing::warn!(agent = %agent.name, enforced = effective.enforced, "its agents' boxes are not all it asks: {detail}");
+        }
+        let kept = agent.kept_capabilities();
+        if !kept.is_empty() {
+            let names = kept.names().join(", ");
+            match crate::sandbox::capabilities::CapSet::held().map(|held| kept.without(held)) {
+                Ok(missing) if missing.is_empty() => {
+                    tracing::warn!(agent = %agent.name, capabilities = %names, "its agents and their terminal commands keep these capabilities (every other agent keeps none)");
+                }
+                Ok(missing) => {
+                    tracing::warn!(agent = %agent.name, capabilities = %names, "its conversations will not start: the gateway does not hold {}", missing.names().join(", "));
+                }
+                Err(e) => {
+                    tracing::warn!(agent = %agent.name, error = %e, "its conversations will not start: cannot read the gateway's own capabilities");
+                }
+            }
         }
         let cwd = match &agent.cwd {
             Some(cwd) if cwd.to_string_lossy().contains("{user}") => continue,

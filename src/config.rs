@@ -341,6 +341,11 @@ pub struct AgentProfile {
     /// A directory each user's home for this profile is first made from
     /// (credentials, settings), unless `sandbox = "off"`.
     pub home_template: Option<PathBuf>,
+    /// The Linux capabilities its agents and their terminal commands keep
+    /// (e.g. `["CAP_NET_BIND_SERVICE"]`); every other is dropped, and by
+    /// default all are (see [`crate::sandbox::capabilities`]).
+    #[serde(default)]
+    pub capabilities: Vec<String>,
 }
 
 /// Requests per minute allowed: prompts and WebSocket connections per
@@ -675,6 +680,10 @@ impl Config {
                     bail!("{key}.home_template: {template:?} must be an absolute path");
                 }
             }
+            if let Err((j, why)) = crate::sandbox::capabilities::CapSet::parse(&agent.capabilities)
+            {
+                bail!("{key}.capabilities[{j}]: {why}");
+            }
             if let Some(ports) = &agent.allowed_tcp_ports {
                 if ports.contains(&0) {
                     bail!("{key}.allowed_tcp_ports: 0 is not a port");
@@ -832,7 +841,14 @@ impl AgentProfile {
             read_write_paths: Vec::new(),
             allowed_tcp_ports: None,
             home_template: None,
+            capabilities: Vec::new(),
         })
+    }
+
+    /// The capabilities its agents keep (validated with the config: an
+    /// unknown name keeps nothing).
+    pub fn kept_capabilities(&self) -> crate::sandbox::capabilities::CapSet {
+        crate::sandbox::capabilities::CapSet::parse(&self.capabilities).unwrap_or_default()
     }
 
     /// The rules of its agent's box in `cwd` with `home` (see
@@ -989,7 +1005,20 @@ impl AgentProfile {
             Ok(program) => program,
             Err(reason) => return Some(reason),
         };
-        crate::sys::runnable_by(&program, user.as_ref(), path).err()
+        if let Err(reason) = crate::sys::runnable_by(&program, user.as_ref(), path) {
+            return Some(reason);
+        }
+        let kept = self.kept_capabilities();
+        let missing = match crate::sandbox::capabilities::CapSet::held() {
+            Ok(held) => kept.without(held),
+            Err(_) => kept,
+        };
+        (!missing.is_empty()).then(|| {
+            format!(
+                "its agents keep {} but the gateway does not hold it",
+                missing.names().join(", ")
+            )
+        })
     }
 }
 

@@ -200,6 +200,9 @@ struct Agent {
     /// How its conversations are boxed on this machine, and what the box
     /// grants.
     sandbox: crate::sandbox::Effective,
+    /// The Linux capabilities its agents and their terminal commands keep
+    /// (its `capabilities`): none by default.
+    capabilities: Vec<String>,
 }
 
 /// Agent profiles.
@@ -239,6 +242,12 @@ async fn list_agents(Authed { state, .. }: Authed) -> Json<Page<Agent>> {
             let sandbox = sandbox.granting(&rules);
             let reason = a.unavailable_reason().or(refused);
             Agent {
+                capabilities: a
+                    .kept_capabilities()
+                    .names()
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect(),
                 title: a.title.clone().unwrap_or_else(|| a.name.clone()),
                 name: a.name,
                 available: reason.is_none(),

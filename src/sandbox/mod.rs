@@ -17,10 +17,14 @@
 //!   made from the profile's `home_template` on first use, is the agent's
 //!   `HOME` and `XDG_*_HOME`; so what an agent keeps of its sessions stays
 //!   with the user whose sessions they are.
+//! - **No capabilities** ([`capabilities`]): every agent, its shim and its
+//!   terminal commands start with none (but those a profile keeps), and
+//!   with `no_new_privs`, whatever user they run as.
 //!
 //! Below the agent link and the workspace, which start the processes and
 //! reach the files; above only `sys`.
 
+pub mod capabilities;
 pub mod homes;
 pub mod landlock;
 pub mod scripts;

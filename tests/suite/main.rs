@@ -14,6 +14,7 @@ mod api_errors;
 mod architecture;
 mod auth;
 mod auth_hardening;
+mod capabilities;
 mod cluster;
 mod commits;
 mod contract;
