@@ -360,7 +360,8 @@ fn check_exposure(config: &Config, addr: SocketAddr, auth_required: bool) -> any
 /// Warns, at start, where a profile's boxes are not what it asks: no
 /// Landlock on this kernel (`auto` runs agents unconfined; `required`
 /// refuses to start them), TCP ports that cannot be limited, and a box that
-/// would hold the gateway's own state (its database, shims and homes).
+/// would hold the gateway's own state (its database, shims and homes); and
+/// says which profiles' agents keep capabilities (and whether they can).
 fn check_sandboxes(config: &Config) {
     let abi = crate::sandbox::landlock::kernel_abi();
     let state = std::path::absolute(config.state_dir()).unwrap_or_else(|_| config.state_dir());
@@ -386,6 +387,21 @@ fn check_sandboxes(config: &Config) {
         {
             tracing::warn!(agent = %agent.name, enforced = effective.enforced, "its agents' boxes are not all it asks: {detail}");
         }
+        let kept = agent.kept_capabilities();
+        if !kept.is_empty() {
+            let names = kept.names().join(", ");
+            match crate::sandbox::capabilities::CapSet::held().map(|held| kept.without(held)) {
+                Ok(missing) if missing.is_empty() => {
+                    tracing::warn!(agent = %agent.name, capabilities = %names, "its agents and their terminal commands keep these capabilities (every other agent keeps none)");
+                }
+                Ok(missing) => {
+                    tracing::warn!(agent = %agent.name, capabilities = %names, "its conversations will not start: the gateway does not hold {}", missing.names().join(", "));
+                }
+                Err(e) => {
+                    tracing::warn!(agent = %agent.name, error = %e, "its conversations will not start: cannot read the gateway's own capabilities");
+                }
+            }
+        }
         let cwd = match &agent.cwd {
             Some(cwd) if cwd.to_string_lossy().contains("{user}") => continue,
             Some(cwd) => cwd.clone(),
@@ -401,18 +417,8 @@ fn check_sandboxes(config: &Config) {
         // The rest of a box in that cwd: the system, the program's
         // installation, the profile's own paths (its home is beneath the
         // state, never above it).
-        let environment = agent.environment(None);
-        let path = crate::process::spawn::path_of(&environment);
-        let program = crate::sys::resolve_command(&agent.command, path).ok();
         let home = crate::sandbox::Home::at(&state.join("homes"));
-        let rules = crate::sandbox::Rules::for_conversation(&crate::sandbox::Inputs {
-            cwd: &cwd,
-            home: &home,
-            program: program.as_deref(),
-            read_only_paths: &agent.read_only_paths,
-            read_write_paths: &agent.read_write_paths,
-            allowed_tcp_ports: None,
-        });
+        let rules = agent.box_rules(&cwd, &home, &state, false);
         let mut granted = rules.read_only.iter().chain(&rules.read_write);
         if let Some(grant) = granted.find(|grant| state.starts_with(grant)) {
             tracing::warn!(agent = %agent.name, state_dir = %state.display(), granted = %grant.display(), "the gateway's state (database, shims, every user's home) is inside a path this profile's boxes grant, so its agents can reach it: set state_dir (or the database) elsewhere");

@@ -347,6 +347,11 @@ pub struct AgentProfile {
     /// A directory each user's home for this profile is first made from
     /// (credentials, settings), unless `sandbox = "off"`.
     pub home_template: Option<PathBuf>,
+    /// The Linux capabilities its agents and their terminal commands keep
+    /// (e.g. `["CAP_NET_BIND_SERVICE"]`); every other is dropped, and by
+    /// default all are (see [`crate::sandbox::capabilities`]).
+    #[serde(default)]
+    pub capabilities: Vec<String>,
 }
 
 /// Requests per minute allowed: prompts and WebSocket connections per
@@ -703,6 +708,10 @@ impl Config {
                     bail!("{key}.home_template: {template:?} must be an absolute path");
                 }
             }
+            if let Err((j, why)) = crate::sandbox::capabilities::CapSet::parse(&agent.capabilities)
+            {
+                bail!("{key}.capabilities[{j}]: {why}");
+            }
             if let Some(ports) = &agent.allowed_tcp_ports {
                 if ports.contains(&0) {
                     bail!("{key}.allowed_tcp_ports: 0 is not a port");
@@ -884,6 +893,50 @@ impl AgentProfile {
             read_write_paths: Vec::new(),
             allowed_tcp_ports: None,
             home_template: None,
+            capabilities: Vec::new(),
+        })
+    }
+
+    /// The capabilities its agents keep (validated with the config: an
+    /// unknown name keeps nothing).
+    pub fn kept_capabilities(&self) -> crate::sandbox::capabilities::CapSet {
+        crate::sandbox::capabilities::CapSet::parse(&self.capabilities).unwrap_or_default()
+    }
+
+    /// The rules of its agent's box in `cwd` with `home` (see
+    /// [`crate::sandbox::Rules::for_conversation`]): with its command's
+    /// installation, and where the command is an interpreter its scripts'
+    /// (see [`crate::sandbox::scripts`]), none of which may hold or lie in
+    /// `state_dir`. TCP ports are limited where `limit_tcp`.
+    pub fn box_rules(
+        &self,
+        cwd: &Path,
+        home: &crate::sandbox::Home,
+        state_dir: &Path,
+        limit_tcp: bool,
+    ) -> crate::sandbox::Rules {
+        use crate::sandbox::{scripts, Inputs, Rules};
+        let user = self
+            .user
+            .as_deref()
+            .and_then(|name| crate::sys::lookup_user(name).ok());
+        let environment = self.environment(user.as_ref());
+        let path = crate::process::spawn::path_of(&environment);
+        let program = crate::sys::resolve_command(&self.command, path).ok();
+        let state = std::path::absolute(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+        let state = std::fs::canonicalize(&state).unwrap_or(state);
+        let scripts = program
+            .as_deref()
+            .map(|program| scripts::installations(program, &self.args, &[state.as_path()]))
+            .unwrap_or_default();
+        Rules::for_conversation(&Inputs {
+            cwd,
+            home,
+            program: program.as_deref(),
+            scripts: &scripts,
+            read_only_paths: &self.read_only_paths,
+            read_write_paths: &self.read_write_paths,
+            allowed_tcp_ports: self.allowed_tcp_ports.as_deref().filter(|_| limit_tcp),
         })
     }
 
@@ -1018,7 +1071,20 @@ impl AgentProfile {
             Ok(program) => program,
             Err(reason) => return Some(reason),
         };
-        crate::sys::runnable_by(&program, user.as_ref(), path).err()
+        if let Err(reason) = crate::sys::runnable_by(&program, user.as_ref(), path) {
+            return Some(reason);
+        }
+        let kept = self.kept_capabilities();
+        let missing = match crate::sandbox::capabilities::CapSet::held() {
+            Ok(held) => kept.without(held),
+            Err(_) => kept,
+        };
+        (!missing.is_empty()).then(|| {
+            format!(
+                "its agents keep {} but the gateway does not hold it",
+                missing.names().join(", ")
+            )
+        })
     }
 }
 

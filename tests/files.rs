@@ -38,6 +38,7 @@ fn workspace() -> (tempfile::TempDir, PathBuf, Workspace) {
         files: true,
         terminals: false,
         sandbox: None,
+        capabilities: Default::default(),
     };
     (dir, cwd, workspace)
 }

@@ -183,6 +183,11 @@ impl AgentProcess {
                         .arg("--sandbox")
                         .arg(serde_json::to_string(rules).context("a box's rules serialize")?);
                 }
+                if !profile.capabilities.is_empty() {
+                    command
+                        .arg("--capabilities")
+                        .arg(profile.kept_capabilities().names().join(","));
+                }
                 command.arg("--").arg(&program).args(&profile.args);
                 command
             }
@@ -200,9 +205,17 @@ impl AgentProcess {
             // once we are gone.
             command.stdin(Stdio::null()).stderr(Stdio::null());
         }
-        if let Some(user) = &user {
-            command.uid(user.uid).gid(user.gid);
-        }
+        // Its user, and no capability but those the profile keeps, taken
+        // on between fork and exec by the shim (which drops them again for
+        // the agent) or the agent itself: before its box, as the box's
+        // rules do not reach the setting of either.
+        crate::sandbox::capabilities::Shedding::new(
+            profile.kept_capabilities(),
+            user.as_ref(),
+            Some(cwd),
+        )
+        .map_err(|e| cannot_start(e.to_string()))?
+        .on_child(&mut command);
         if let (Some(rules), None) = (&place.rules, shim) {
             crate::sandbox::landlock::Prepared::new(rules)
                 .map_err(|e| cannot_start(format!("cannot make its box: {e}")))?

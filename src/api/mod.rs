@@ -199,8 +199,12 @@ struct Agent {
     /// Whether its command can be found and run (by its user), in its box.
     available: bool,
     unavailable_reason: Option<String>,
-    /// How its conversations are boxed on this machine.
+    /// How its conversations are boxed on this machine, and what the box
+    /// grants.
     sandbox: crate::sandbox::Effective,
+    /// The Linux capabilities its agents and their terminal commands keep
+    /// (its `capabilities`): none by default.
+    capabilities: Vec<String>,
 }
 
 /// Agent profiles.
@@ -230,8 +234,22 @@ async fn list_agents(Authed { state, .. }: Authed) -> Json<Page<Agent>> {
                 a.allowed_tcp_ports.is_some(),
                 crate::sandbox::landlock::kernel_abi(),
             );
+            // As a conversation's box, its own parts named.
+            let rules = a.box_rules(
+                std::path::Path::new("{cwd}"),
+                &crate::sandbox::Home::at(std::path::Path::new("{home}")),
+                &config.state_dir(),
+                sandbox.tcp_ports_enforced == Some(true),
+            );
+            let sandbox = sandbox.granting(&rules);
             let reason = a.unavailable_reason().or(refused);
             Agent {
+                capabilities: a
+                    .kept_capabilities()
+                    .names()
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect(),
                 title: a.title.clone().unwrap_or_else(|| a.name.clone()),
                 name: a.name,
                 available: reason.is_none(),

@@ -6,8 +6,9 @@
 //!   lift. A box is read-write on the conversation's `cwd`, its user's home
 //!   and a private `TMPDIR` (and a profile's `read_write_paths`), read and
 //!   execute on the system (`/usr`, `/lib*`, `/bin`, `/sbin`, `/etc`,
-//!   `/opt`, what `/proc` and `/sys` show, the agent command's installation
-//!   and a profile's `read_only_paths`), and nothing else; where the kernel
+//!   `/opt`, what `/proc` and `/sys` show, the agent command's installation,
+//!   where the command is an interpreter the installation of the script it
+//!   runs ([`scripts`]), and a profile's `read_only_paths`), and nothing else; where the kernel
 //!   can, TCP connections go only to a profile's `allowed_tcp_ports`, and
 //!   signals and abstract Unix sockets do not reach beyond the box. The
 //!   rules are built here, from the profile and the conversation
@@ -16,12 +17,17 @@
 //!   made from the profile's `home_template` on first use, is the agent's
 //!   `HOME` and `XDG_*_HOME`; so what an agent keeps of its sessions stays
 //!   with the user whose sessions they are.
+//! - **No capabilities** ([`capabilities`]): every agent, its shim and its
+//!   terminal commands start with none (but those a profile keeps), and
+//!   with `no_new_privs`, whatever user they run as.
 //!
 //! Below the agent link and the workspace, which start the processes and
 //! reach the files; above only `sys`.
 
+pub mod capabilities;
 pub mod homes;
 pub mod landlock;
+pub mod scripts;
 
 use std::path::{Path, PathBuf};
 
@@ -108,6 +114,8 @@ pub struct Inputs<'a> {
     pub home: &'a Home,
     /// The agent's program, as resolved (its installation is readable).
     pub program: Option<&'a Path>,
+    /// The installations of the scripts it runs (see [`scripts`]).
+    pub scripts: &'a [PathBuf],
     /// The profile's `read_only_paths` and `read_write_paths`.
     pub read_only_paths: &'a [PathBuf],
     pub read_write_paths: &'a [PathBuf],
@@ -132,6 +140,7 @@ impl Rules {
         if let Some(program) = inputs.program {
             read_only.extend(installation_of(program));
         }
+        read_only.extend(inputs.scripts.iter().cloned());
         read_only.extend(inputs.read_only_paths.iter().cloned());
         dedup(&mut read_write);
         dedup(&mut read_only);
@@ -202,9 +211,32 @@ pub struct Effective {
     /// Why not enforced, or enforced only in part.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// What its box may read and execute (only where enforced): the
+    /// system, the command's installation and its scripts', the profile's
+    /// `read_only_paths`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<Vec<String>>,
+    /// What its box may read and write (only where enforced): `{cwd}` is
+    /// the conversation's directory, `{home}` its user's home for the
+    /// profile (with its `TMPDIR`); then the devices and the profile's
+    /// `read_write_paths` (`{user}`: the conversation's owner).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_write: Option<Vec<String>>,
 }
 
 impl Effective {
+    /// What a box of `rules` grants, shown (where it is enforced).
+    pub fn granting(mut self, rules: &Rules) -> Effective {
+        if self.enforced {
+            let shown = |paths: &[PathBuf]| -> Vec<String> {
+                paths.iter().map(|p| p.display().to_string()).collect()
+            };
+            self.read_only = Some(shown(&rules.read_only));
+            self.read_write = Some(shown(&rules.read_write));
+        }
+        self
+    }
+
     /// [`effective`], shown: where agents must not start, how and why
     /// (the reason is also the second value).
     pub fn of(
@@ -221,6 +253,8 @@ impl Effective {
                     landlock_abi: abi,
                     tcp_ports_enforced: Some(false).filter(|_| limits_tcp),
                     detail: Some(why.clone()),
+                    read_only: None,
+                    read_write: None,
                 },
                 Some(why),
             ),
@@ -243,6 +277,8 @@ pub fn effective(
             landlock_abi: abi,
             tcp_ports_enforced: None,
             detail: Some("sandbox = \"off\"".into()),
+            read_only: None,
+            read_write: None,
         }),
         (_, None) => {
             let why = "this kernel does not offer Landlock (Linux 5.13 or later, with \
@@ -256,6 +292,8 @@ pub fn effective(
                     landlock_abi: None,
                     tcp_ports_enforced: tcp(false),
                     detail: Some(why.into()),
+                    read_only: None,
+                    read_write: None,
                 })
             }
         }
@@ -275,6 +313,8 @@ pub fn effective(
                     landlock_abi: Some(abi),
                     tcp_ports_enforced: tcp(false),
                     detail: Some(why),
+                    read_only: None,
+                    read_write: None,
                 })
             }
         }
@@ -284,6 +324,8 @@ pub fn effective(
             landlock_abi: Some(abi),
             tcp_ports_enforced: tcp(true),
             detail: None,
+            read_only: None,
+            read_write: None,
         }),
     }
 }
@@ -303,6 +345,7 @@ mod tests {
             cwd: Path::new("/srv/work/alice"),
             home: &home,
             program: Some(Path::new("/opt/agent/bin/agent")),
+            scripts: &[PathBuf::from("/srv/agents/x")],
             read_only_paths: &[PathBuf::from("/srv/shared"), PathBuf::from("/usr/share")],
             read_write_paths: &[PathBuf::from("/srv/cache")],
             allowed_tcp_ports: Some(&[443]),
@@ -322,7 +365,15 @@ mod tests {
         assert!(rules.read_write.contains(&PathBuf::from("/dev/null")));
         // The TMPDIR is inside the home: one rule covers both.
         assert!(!rules.read_write.iter().any(|p| p.ends_with(".tmp")));
-        for system in ["/usr", "/etc", "/bin", "/proc", "/opt", "/srv/shared"] {
+        for system in [
+            "/usr",
+            "/etc",
+            "/bin",
+            "/proc",
+            "/opt",
+            "/srv/shared",
+            "/srv/agents/x",
+        ] {
             assert!(rules.read_only.contains(&PathBuf::from(system)), "{system}");
         }
         // Beneath /usr already: not named twice.

@@ -168,7 +168,7 @@ pub(super) fn place_of(
     conversation: &Conversation,
     homes: &std::path::Path,
 ) -> Result<Place> {
-    use crate::sandbox::{self, Home, Inputs, Rules, SandboxMode};
+    use crate::sandbox::{self, Home, SandboxMode};
     if profile.sandbox == SandboxMode::Off {
         return Ok(Place::default());
     }
@@ -184,21 +184,15 @@ pub(super) fn place_of(
     let home = Home::of(homes, conversation.owner.as_deref(), &profile.name);
     home.make(profile.home_template.as_deref(), user.as_ref())
         .map_err(|e| cannot(format!("its home {}: {e}", home.dir.display())))?;
+    // `homes` is beneath the state directory, which no box may hold.
+    let state_dir = homes.parent().unwrap_or(homes);
     let rules = effective.enforced.then(|| {
-        let environment = profile.environment(user.as_ref());
-        let path = crate::process::spawn::path_of(&environment);
-        let program = crate::sys::resolve_command(&profile.command, path).ok();
-        Rules::for_conversation(&Inputs {
-            cwd: std::path::Path::new(&conversation.cwd),
-            home: &home,
-            program: program.as_deref(),
-            read_only_paths: &profile.read_only_paths,
-            read_write_paths: &profile.read_write_paths,
-            allowed_tcp_ports: profile
-                .allowed_tcp_ports
-                .as_deref()
-                .filter(|_| effective.tcp_ports_enforced == Some(true)),
-        })
+        profile.box_rules(
+            std::path::Path::new(&conversation.cwd),
+            &home,
+            state_dir,
+            effective.tcp_ports_enforced == Some(true),
+        )
     });
     Ok(Place {
         home: Some(home),

@@ -290,6 +290,7 @@ fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
             files: profile.client_fs && reachable,
             terminals: profile.client_terminal && reachable,
             sandbox: parts.place.rules.clone().map(Arc::new),
+            capabilities: profile.kept_capabilities(),
         },
         parts.agent.session_id().to_owned(),
         profile.name.clone(),

@@ -8,8 +8,10 @@
 //! Unix socket (mode 0600, each peer's uid checked with `SO_PEERCRED`, and
 //! a connection counts only once it has shown the key in the file beside
 //! the socket, which no agent's box reaches: see [`key_of`]) with the
-//! [`protocol`]. Where the conversation has a box (`--sandbox`), the shim
-//! confines the agent to it between fork and exec; the shim itself stays
+//! [`protocol`]. The shim starts with no capabilities but those the agent
+//! keeps (`--capabilities`), and drops them again for the agent between
+//! fork and exec. Where the conversation has a box (`--sandbox`), the shim
+//! confines the agent to it there too; the shim itself stays
 //! outside it (it keeps its socket, and reaps what the agent leaves). It keeps what the agent writes until a gateway
 //! acknowledges it ([`held`]), at most `--buffer` bytes: when that is full
 //! it stops reading, so the agent waits and nothing is dropped. A gateway
@@ -56,6 +58,11 @@ pub struct ShimArgs {
     /// keeps its socket and its reaping).
     #[arg(long)]
     pub sandbox: Option<String>,
+    /// The capabilities the agent keeps (comma-separated names); it starts
+    /// with no other, as the shim itself does (see
+    /// [`crate::sandbox::capabilities`]).
+    #[arg(long, value_delimiter = ',')]
+    pub capabilities: Vec<String>,
     /// The agent's program and its arguments.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
     pub command: Vec<OsString>,
@@ -155,6 +162,22 @@ fn start(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    // The gateway started the shim with nothing but what the agent keeps;
+    // the agent sheds it again all the same (the shim's own can only be
+    // fewer), then goes in its box.
+    let kept = crate::sandbox::capabilities::CapSet::parse(&args.capabilities)
+        .map_err(|(_, why)| anyhow::anyhow!("invalid --capabilities: {why}"))
+        .and_then(|keep| {
+            crate::sandbox::capabilities::Shedding::new(keep, None, None)
+                .context("cannot drop the agent's capabilities")
+        });
+    match kept {
+        Ok(shedding) => shedding.on_child(&mut command),
+        Err(e) => {
+            let _ = std::fs::remove_file(&args.socket);
+            return Err(e);
+        }
+    }
     if let Some(rules) = &args.sandbox {
         let boxed = serde_json::from_str::<crate::sandbox::Rules>(rules)
             .context("invalid --sandbox")

@@ -455,6 +455,7 @@ mod tests {
             files: true,
             terminals: false,
             sandbox: None,
+            capabilities: Default::default(),
         };
         // One line short of the limit, and one line more: 1 KiB lines.
         let line = format!("{}\n", "x".repeat(1023));

@@ -91,6 +91,8 @@ pub struct Workspace {
     /// The conversation's box, which its terminal commands and the files
     /// reached for it are in too (`None`: unconfined).
     pub sandbox: Option<std::sync::Arc<crate::sandbox::Rules>>,
+    /// The capabilities its terminal commands keep (the profile's).
+    pub capabilities: crate::sandbox::capabilities::CapSet,
 }
 
 impl Workspace {
@@ -192,6 +194,7 @@ mod tests {
                 resolved: Vec::new(),
                 tcp_ports: None,
             })),
+            capabilities: Default::default(),
         };
         let params = |name: &str, content: Option<&str>| {
             let mut p = serde_json::json!({"sessionId": "s", "path": cwd.join(name)});
@@ -241,6 +244,7 @@ mod tests {
             files: true,
             terminals: false,
             sandbox: None,
+            capabilities: Default::default(),
         };
         let params = |path: &Path, content: Option<&str>| {
             let mut p = serde_json::json!({"sessionId": "s", "path": path});

@@ -217,13 +217,19 @@ impl Terminals {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        if let Some(user) = workspace
+        // As the agent's user, with no capability but those its profile
+        // keeps (then in its box).
+        let user = workspace
             .user
             .as_ref()
-            .filter(|_| crate::sys::running_as_root())
-        {
-            command.uid(user.uid).gid(user.gid);
-        }
+            .filter(|_| crate::sys::running_as_root());
+        crate::sandbox::capabilities::Shedding::new(
+            workspace.capabilities,
+            user,
+            Some(cwd.as_path()),
+        )
+        .map_err(|e| Refusal::invalid(format!("cannot run {:?}: {e}", request.command)))?
+        .on_child(&mut command);
         if let Some(rules) = &workspace.sandbox {
             crate::sandbox::landlock::Prepared::new(rules)
                 .map_err(|e| Refusal::invalid(format!("cannot box {:?}: {e}", request.command)))?
@@ -489,6 +495,7 @@ mod running {
             files: false,
             terminals: true,
             sandbox: None,
+            capabilities: Default::default(),
         }
     }
 

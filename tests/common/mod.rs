@@ -255,6 +255,7 @@ pub fn profile(name: &str, command: &str, args: &[&str]) -> AgentProfile {
         read_write_paths: Vec::new(),
         allowed_tcp_ports: None,
         home_template: None,
+        capabilities: Vec::new(),
     }
 }
 
@@ -477,6 +478,9 @@ impl GatewayProcess {
             }
             if let Some(template) = &a.home_template {
                 text += &format!("home_template = {template:?}\n");
+            }
+            if !a.capabilities.is_empty() {
+                text += &format!("capabilities = {:?}\n", a.capabilities);
             }
             if !a.idle_timeout.is_zero() {
                 text += &format!("idle_timeout = \"{}ms\"\n", a.idle_timeout.as_millis());

@@ -13,6 +13,10 @@ prompt's text (same as node-agent.mjs):
            or session/cancel arrived
   hang  -> one agent_message_chunk, then waits for session/cancel,
            stopReason cancelled
+  probe <json> -> <json> is an array of steps the agent does itself:
+           ["read", path], ["list", dir]; one agent_message_chunk per step,
+           a JSON line {"step", "ok": true, "value"} or {"step", "ok": false,
+           "code"} (EACCES, ENOENT, ...), as node-agent.mjs's probe
   other -> agent_message_chunk updates "You " + "said: " + "<text>",
            stopReason end_turn
 session/cancel cancels any running turn of that session.
@@ -21,7 +25,9 @@ session/cancel cancels any running turn of that session.
 from __future__ import annotations
 
 import asyncio
+import errno
 import importlib.metadata
+import json
 import logging
 import os
 import sys
@@ -113,6 +119,8 @@ class TestAgent:
                 stop_reason = await self._tool_turn(session, session_id, turn)
             elif first_word == "hang":
                 stop_reason = await self._hang_turn(session_id, turn)
+            elif first_word == "probe":
+                stop_reason = await self._probe_turn(session_id, text.strip()[len("probe"):])
             else:
                 stop_reason = await self._echo_turn(session_id, text, turn)
             log.info("turn done %s %s", session_id, stop_reason)
@@ -126,6 +134,24 @@ class TestAgent:
         log.info("session/cancel %s %s", session_id, "(turn running)" if turn else "(no turn)")
         if turn is not None:
             turn.cancelled.set()
+
+    async def _probe_turn(self, session_id: str, steps: str) -> str:
+        for step in json.loads(steps):
+            what, *args = step
+            try:
+                if what == "read":
+                    with open(args[0], encoding="utf-8") as f:
+                        value: Any = f.read()
+                elif what == "list":
+                    value = sorted(os.listdir(args[0]))
+                else:
+                    raise OSError(errno.EINVAL, f"unknown probe step {what}")
+                line = {"step": step, "ok": True, "value": value}
+            except OSError as e:
+                line = {"step": step, "ok": False, "code": errno.errorcode.get(e.errno or 0, str(e))}
+            await self._conn.session_update(session_id=session_id,
+                                            update=update_agent_message_text(json.dumps(line) + "\n"))
+        return "end_turn"
 
     async def _echo_turn(self, session_id: str, text: str, turn: Turn) -> str:
         for piece in ("You ", "said: ", text):

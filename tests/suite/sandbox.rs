@@ -44,7 +44,7 @@ impl Ground {
 
 /// The agents' user: `nobody` where the tests run as root, so that alice's
 /// and bob's agents are one system user and only the box keeps them apart.
-fn agents_user() -> Option<String> {
+pub(crate) fn agents_user() -> Option<String> {
     acp_gateway::sys::running_as_root().then(|| "nobody".to_owned())
 }
 
@@ -66,7 +66,7 @@ fn boxed(name: &str, ground: &Ground, sandbox: SandboxMode) -> AgentProfile {
 
 /// The JSON lines the agent says in a turn of `prompt` (its `probe` and
 /// `calls` scenarios answer one per step), the turn ended `end_turn`.
-async fn lines_of_turn(client: &Client, id: &str, prompt: &str) -> Vec<Value> {
+pub(crate) async fn lines_of_turn(client: &Client, id: &str, prompt: &str) -> Vec<Value> {
     let mut ws = client.conversation_ws(id, 0).await;
     let turn = client.prompt(id, prompt).await;
     let ours = |e: &Value| e["turn_id"] == turn.as_str() || e["data"]["turn_id"] == turn.as_str();
@@ -84,27 +84,27 @@ async fn lines_of_turn(client: &Client, id: &str, prompt: &str) -> Vec<Value> {
 }
 
 /// What the agent found, step by step, doing them itself (`probe`).
-async fn probe(client: &Client, id: &str, steps: Value) -> Vec<Value> {
+pub(crate) async fn probe(client: &Client, id: &str, steps: Value) -> Vec<Value> {
     let lines = lines_of_turn(client, id, &format!("probe {steps}")).await;
     assert_eq!(lines.len(), steps.as_array().unwrap().len(), "{lines:?}");
     lines
 }
 
 /// The agent's requests of the gateway (`calls`), their answers.
-async fn calls(client: &Client, id: &str, calls: Value) -> Vec<Value> {
+pub(crate) async fn calls(client: &Client, id: &str, calls: Value) -> Vec<Value> {
     lines_of_turn(client, id, &format!("calls {calls}")).await
 }
 
-fn allowed(line: &Value) {
+pub(crate) fn allowed(line: &Value) {
     assert_eq!(line["ok"], true, "refused, but should not be: {line}");
 }
 
-fn denied(line: &Value) {
+pub(crate) fn denied(line: &Value) {
     assert_eq!(line["ok"], false, "allowed, but should not be: {line}");
     assert_eq!(line["code"], "EACCES", "{line}");
 }
 
-async fn conversation_of(client: &Client, agent: &str) -> (String, Value) {
+pub(crate) async fn conversation_of(client: &Client, agent: &str) -> (String, Value) {
     let (status, body) = client
         .post("/api/v1/conversations", json!({"agent": agent}))
         .await;
@@ -269,11 +269,32 @@ async fn one_users_agent_cannot_reach_another_users_work(db: TestDb) {
     let shown = agents_by_name(&alice).await;
     let sandbox_of = |name: &str| shown[name]["sandbox"].clone();
     let abi = acp_gateway::sandbox::landlock::kernel_abi().unwrap();
+    let boxed = sandbox_of("boxed");
     assert_eq!(
-        sandbox_of("boxed"),
-        json!({"mode": "auto", "enforced": true, "landlock_abi": abi})
+        (&boxed["mode"], &boxed["enforced"], &boxed["landlock_abi"]),
+        (&json!("auto"), &json!(true), &json!(abi)),
+        "{boxed}"
     );
+    // What it grants: the system, the profile's paths ({user} as written),
+    // and each conversation's own directory and home.
+    let read_only = boxed["read_only"].as_array().unwrap();
+    for path in ["/usr", "/etc", "/proc"] {
+        assert!(read_only.contains(&json!(path)), "{boxed}");
+    }
+    assert!(
+        read_only.contains(&json!(ground.base.join("shared"))),
+        "{boxed}"
+    );
+    let read_write = boxed["read_write"].as_array().unwrap();
+    assert_eq!(
+        read_write[..2],
+        [json!("{cwd}"), json!("{home}")],
+        "{boxed}"
+    );
+    assert!(!read_only.contains(&json!("/tmp")) && !read_write.contains(&json!("/tmp")));
     assert_eq!(sandbox_of("open")["enforced"], false);
+    // Nothing is granted where there is no box.
+    assert!(sandbox_of("open").get("read_only").is_none());
     gw.stop().await;
 }
 
@@ -319,7 +340,7 @@ async fn an_agents_connections_go_only_to_its_allowed_ports(db: TestDb) {
 }
 
 /// Every item of `GET /api/v1/agents`, by name.
-async fn agents_by_name(client: &Client) -> std::collections::BTreeMap<String, Value> {
+pub(crate) async fn agents_by_name(client: &Client) -> std::collections::BTreeMap<String, Value> {
     let (status, agents) = client.get("/api/v1/agents").await;
     assert_eq!(status, 200, "{agents}");
     agents["items"]
