@@ -208,7 +208,7 @@ impl<I: Inbound> Router<'_, I> {
                 line = %preview(line),
                 "skipping line: {why}"
             );
-        } else if skipped % SKIPS_LOGGED_EVERY == 0 {
+        } else if skipped.is_multiple_of(SKIPS_LOGGED_EVERY) {
             warn!(
                 label = %self.shared.label,
                 line = %preview(line),
