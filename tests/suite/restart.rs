@@ -8,8 +8,8 @@
 use serde_json::{json, Value};
 
 use crate::common::{
-    agent_process_records, assert_consecutive, demo_profile, kill_shims_under, shims_under,
-    streamed_text, GatewayProcess, ProcessWatch, TestDb, Ws,
+    agent_and_shim, agent_process_records, assert_consecutive, demo_profile, kill_shims_under,
+    shims_under, streamed_text, GatewayProcess, ProcessWatch, TestDb, Ws,
 };
 
 backend_tests!(
@@ -36,16 +36,7 @@ fn agents() -> Vec<acp_gateway::config::AgentProfile> {
 /// The agent's own pid (not its shim's), as the conversation's process
 /// record says.
 async fn agent_pid(db: &TestDb, id: &str) -> i32 {
-    let records = agent_process_records(db).await;
-    let record = records
-        .iter()
-        .find(|r| r.conversation_id.to_string() == id)
-        .expect("the agent's process is on record");
-    assert!(record.shim_socket.is_some(), "the agent runs under a shim");
-    record
-        .agent_link()
-        .expect("its link is on record")
-        .agent_pid
+    agent_and_shim(db, id).await.0
 }
 
 /// Reads until `n` message chunks have come (their events).
