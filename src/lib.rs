@@ -60,8 +60,10 @@
 //!   (`terminal/*`), with the agent's user's rights and in its box.
 //! - [`sandbox`]: each conversation's box: Landlock rules built from the
 //!   profile and the conversation (pure) and enforced between fork and exec
-//!   ([`sandbox::landlock`]), and a home per user and profile
-//!   ([`sandbox::homes`]).
+//!   ([`sandbox::landlock`]), a script agent's own installation granted
+//!   ([`sandbox::scripts`]), every capability but those a profile keeps shed
+//!   between fork and exec ([`sandbox::capabilities`]), and a home per user
+//!   and profile ([`sandbox::homes`]).
 //! - [`shim`]: `acp-gateway shim`, the small supervisor an agent can run
 //!   under to outlive the gateway (its own `main`, no database, no HTTP):
 //!   the agent's output held until acknowledged, served on a Unix socket
