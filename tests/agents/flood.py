@@ -41,8 +41,8 @@ def write_raw(data):
         OUT.flush()
 
 
-def chunk(text):
-    send({
+def chunk_message(text):
+    return {
         "jsonrpc": "2.0",
         "method": "session/update",
         "params": {
@@ -52,7 +52,11 @@ def chunk(text):
                 "content": {"type": "text", "text": text},
             },
         },
-    })
+    }
+
+
+def chunk(text):
+    send(chunk_message(text))
 
 
 GARBAGE_LINE = (b"this is not json " * 64)[:1023] + b"\n"
@@ -70,17 +74,7 @@ def flood(word, mib):
         write_raw(b"\n")
     elif word in ("longline", "ignored"):
         if word == "longline":
-            head = {
-                "jsonrpc": "2.0",
-                "method": "session/update",
-                "params": {
-                    "sessionId": SESSION,
-                    "update": {
-                        "sessionUpdate": "agent_message_chunk",
-                        "content": {"type": "text", "text": "@"},
-                    },
-                },
-            }
+            head = chunk_message("@")
         else:
             head = {"jsonrpc": "2.0", "method": "_flood/ignored", "params": {"data": "@"}}
         before, after = json.dumps(head).encode().split(b"@")

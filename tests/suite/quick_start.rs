@@ -18,6 +18,15 @@ fn unexpected_warnings(log: &str) -> Vec<&str> {
         .collect()
 }
 
+/// Stops the gateway (Ctrl-C) and checks what it logged: no word of its
+/// state inside a box, no warning but those [`unexpected_warnings`] allows.
+fn stops_having_warned_only_of_the_operators_choices(gw: GatewayProcess) {
+    let (_, log) = gw.interrupt();
+    assert!(!log.contains("the gateway's state (database"), "{log}");
+    let unexpected = unexpected_warnings(&log);
+    assert!(unexpected.is_empty(), "{unexpected:#?}");
+}
+
 /// What the demo agent's `probe` says about `path`, from inside its box
 /// (`ws` follows the conversation).
 async fn probe(gw: &GatewayProcess, ws: &mut Ws, conversation: &str, path: &Path) -> String {
@@ -81,10 +90,7 @@ async fn a_first_start_keeps_its_state_in_the_xdg_data_home_out_of_the_demo_agen
     );
     assert_denied(&probe(&gw, &mut ws, id, &db).await, &db);
 
-    let (_, log) = gw.interrupt();
-    assert!(!log.contains("the gateway's state (database"), "{log}");
-    let unexpected = unexpected_warnings(&log);
-    assert!(unexpected.is_empty(), "{unexpected:#?}");
+    stops_having_warned_only_of_the_operators_choices(gw);
 }
 
 #[tokio::test]
@@ -98,9 +104,7 @@ async fn without_xdg_data_home_the_state_goes_to_home_local_share() {
     let db = home.path().join(".local/share/acp-gateway/acp-gateway.db");
     assert!(db.is_file(), "{}: {}", db.display(), gw.log_text());
     assert_eq!(std::fs::read_dir(here.path()).unwrap().count(), 0);
-    let (_, log) = gw.interrupt();
-    let unexpected = unexpected_warnings(&log);
-    assert!(unexpected.is_empty(), "{unexpected:#?}");
+    stops_having_warned_only_of_the_operators_choices(gw);
 }
 
 /// Neither variable usable (`HOME` a file, `XDG_DATA_HOME` relative): the
@@ -134,10 +138,7 @@ async fn with_no_usable_data_home_the_state_goes_to_data_and_the_demo_agent_else
     );
     assert_denied(&probe(&gw, &mut ws, id, &db).await, &db);
 
-    let (_, log) = gw.interrupt();
-    assert!(!log.contains("the gateway's state (database"), "{log}");
-    let unexpected = unexpected_warnings(&log);
-    assert!(unexpected.is_empty(), "{unexpected:#?}");
+    stops_having_warned_only_of_the_operators_choices(gw);
 }
 
 /// A `./data/acp-gateway.db` an earlier version made (its default) is kept,
@@ -170,7 +171,5 @@ async fn a_database_an_earlier_version_made_in_data_is_kept_out_of_the_demo_agen
     let id = conv["id"].as_str().unwrap();
     let mut ws = gw.conversation_ws(id, 0).await;
     assert_denied(&probe(&gw, &mut ws, id, &db).await, &db);
-    let (_, log) = gw.interrupt();
-    let unexpected = unexpected_warnings(&log);
-    assert!(unexpected.is_empty(), "{unexpected:#?}");
+    stops_having_warned_only_of_the_operators_choices(gw);
 }
