@@ -61,6 +61,12 @@ pub enum Error {
     /// `retry_after` seconds.
     #[error("{detail}")]
     AtCapacity { detail: String, retry_after: u64 },
+    /// This node no longer owns the conversation (named here) it wrote to:
+    /// another node claimed it (see [`crate::cluster`]'s fencing), and
+    /// nothing was written. A 409 `conversation_moved`: sent again, the
+    /// command reaches the new owner.
+    #[error("conversation {0} is run by another gateway node now")]
+    Fenced(uuid::Uuid),
     #[error(transparent)]
     Database(#[from] sqlx::Error),
     #[error(transparent)]
@@ -134,24 +140,10 @@ impl Error {
             if db.kind() == sqlx::error::ErrorKind::UniqueViolation)
     }
 
-    /// This node no longer owns the conversation it wrote to: another
-    /// claimed it (see [`crate::cluster`]'s fencing), and nothing was written.
-    pub fn fenced(conversation: uuid::Uuid) -> Error {
-        Error::conflict(
-            "conversation_moved",
-            format!("conversation {conversation} is run by another gateway node now"),
-        )
-    }
-
-    /// Whether this is [`Error::fenced`].
+    /// Whether this is [`Error::Fenced`]: the write was refused because
+    /// another node owns the conversation now.
     pub fn is_fenced(&self) -> bool {
-        matches!(
-            self,
-            Error::Conflict {
-                code: "conversation_moved",
-                ..
-            }
-        )
+        matches!(self, Error::Fenced(_))
     }
 
     /// Whether the database is out of reach (for now): what waits for it
@@ -174,6 +166,7 @@ impl Error {
             Error::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             Error::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"),
             Error::Conflict { code, .. } => (StatusCode::CONFLICT, code),
+            Error::Fenced(_) => (StatusCode::CONFLICT, "conversation_moved"),
             Error::Gone(_) => (StatusCode::GONE, "gone"),
             Error::AgentFailed(_) => (StatusCode::BAD_GATEWAY, "agent_failed"),
             Error::AgentTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, "agent_timeout"),
@@ -264,5 +257,28 @@ impl IntoResponse for Error {
             );
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fenced_write_is_shown_as_a_conflict_named_conversation_moved() {
+        let conversation = uuid::Uuid::nil();
+        let fenced = Error::Fenced(conversation);
+        assert!(fenced.is_fenced());
+        assert_eq!(
+            fenced.problem(),
+            Problem {
+                status: 409,
+                code: "conversation_moved".into(),
+                detail: format!("conversation {conversation} is run by another gateway node now"),
+                extra: None,
+                retry_after: None,
+            }
+        );
+        assert!(!Error::conflict("conversation_moved", "a look-alike").is_fenced());
     }
 }

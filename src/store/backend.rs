@@ -118,7 +118,7 @@ pub struct Batch {
     pub lane: Lane,
     /// The owner epoch the writer claimed the conversation with: where the
     /// conversation's epoch is another now, nothing is written and the
-    /// commit fails with [`crate::error::Error::fenced`]. `None`: unfenced
+    /// commit fails with [`crate::error::Error::Fenced`]. `None`: unfenced
     /// (a gateway alone).
     pub fence: Option<i64>,
     /// The agent's link state as of this batch (an agent under a shim),

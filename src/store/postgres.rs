@@ -179,7 +179,7 @@ async fn insert_events(
 /// the notifier and the person. It writes what the general transaction
 /// writes, with the same checks:
 /// - the fence: where `batch.fence` is no longer the conversation's epoch,
-///   nothing is written and it fails with [`crate::error::Error::fenced`]
+///   nothing is written and it fails with [`crate::error::Error::Fenced`]
 ///   (the row stays locked until the end, as in the transaction);
 /// - without the conversation's state (a piece of a refused batch), its
 ///   `last_seq` still moves up to the batch's events;
@@ -325,7 +325,7 @@ async fn commit_at_once(pool: &PgPool, conversation_id: Uuid, batch: &Batch) -> 
         .fetch_one(pool)
         .await?;
     if !written {
-        return Err(crate::error::Error::fenced(conversation_id));
+        return Err(crate::error::Error::Fenced(conversation_id));
     }
     Ok(true)
 }

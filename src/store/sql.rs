@@ -59,7 +59,7 @@ macro_rules! impl_store {
             .await?
             .rows_affected();
             if held == 0 {
-                return Err($crate::error::Error::fenced(conversation_id));
+                return Err($crate::error::Error::Fenced(conversation_id));
             }
             Ok(())
         }
