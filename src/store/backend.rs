@@ -293,7 +293,10 @@ pub struct PermissionFilter {
 /// The gateway's storage.
 #[async_trait]
 pub trait Store:
-    super::notify::NotifyStore
+    super::notify::TargetStore
+    + super::notify::OutboxStore
+    + super::notify::AttemptStore
+    + super::notify::NotifyKeyStore
     + super::tokens::TokenStore
     + super::cluster::Clustered
     + Send
