@@ -69,8 +69,10 @@
 //!   the agent's output held until acknowledged, served on a Unix socket
 //!   with the framed protocol of [`shim::protocol`].
 //! - [`store`]: persistence behind one trait ([`store::Store`]): Postgres and
-//!   SQLite from one SQL text, in parts (conversations and permissions,
-//!   [`store::tokens`], [`store::notify`]), the cluster's Postgres-only part
+//!   SQLite, each with its own commit, and parts by job written once for
+//!   both ([`store::conversations`], [`store::search`], [`store::events`],
+//!   [`store::messages`], [`store::permissions`], [`store::processes`],
+//!   [`store::notify`], [`store::tokens`]), the cluster's Postgres-only part
 //!   (`cluster_pg.rs`), the database URL read in one place (`url.rs`),
 //!   export between them, and the search backlog that an upgraded database's
 //!   older messages are indexed from ([`store::search_backlog`]).

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 
 use uuid::Uuid;
 
-use super::backend::{Batch, ConversationPatch, Lane, PermissionFilter, Store};
+use super::backend::{Batch, ConversationPatch, Lane, Store};
+use super::permissions::PermissionFilter;
 use crate::error::Result;
 use crate::model::{Conversation, Event, EventBody, Message, MessagePart, MessageRole};
 

@@ -1,43 +1,58 @@
-//! Persistence behind one trait, so that a second backend (an embedded one)
-//! can be added without touching the API or the ACP code.
+//! Persistence: one [`Store`] trait, which the API, the sessions and the
+//! cluster reach every table through, and two backends of it, Postgres
+//! ([`PgStore`]) and an embedded SQLite file ([`SqliteStore`]), chosen by
+//! the database URL (`url.rs`, [`Backend::of`]).
 //!
 //! Writes are shaped for streaming: a conversation's single writer (its
 //! session task) collects events, merged messages, tool-call states and new
-//! permission requests into a [`Batch`] and commits it in one transaction,
-//! instead of one round-trip per streamed chunk.
+//! permission requests into a [`Batch`] and commits it at once (on Postgres
+//! one statement, on SQLite one transaction), instead of one round-trip per
+//! streamed chunk.
 //!
-//! [`Store`] is in parts: conversations, events and permissions in
-//! `backend.rs` (their SQL in `sql.rs`), users and tokens in [`tokens`],
-//! notifications in [`notify`].
+//! [`Store`] (`backend.rs`: the commit and the resolution of a permission
+//! request, which append to the event log) is in parts by job, its
+//! supertraits: [`conversations`], [`search`], [`events`], [`messages`]
+//! (and tool calls), [`permissions`] (requests, rules and policies),
+//! [`processes`] (agent processes), [`notify`] (notifications), [`tokens`]
+//! (users and tokens) and [`cluster`]. Each part's SQL is written once for
+//! both backends (`sql.rs` says how); what differs is in [`postgres`] and
+//! [`sqlite`], each with its own commit.
 //!
 //! The store is the only place that runs SQL: what gateway nodes sharing a
 //! database keep there is [`cluster`] ([`ClusterStore`], reached through
-//! [`Store`]'s [`Clustered::cluster`], on the store's own pool); what a
-//! database URL names is read in `url.rs` ([`Backend::of`]). What was
-//! written before search existed is indexed in the background by
-//! [`search_backlog`].
+//! [`Store`]'s [`Clustered::cluster`], on the store's own pool; Postgres
+//! only, in `cluster_pg.rs`). What was written before search existed is
+//! indexed in the background by [`search_backlog`]; [`export`] copies a
+//! whole history from one store to another.
 
 mod backend;
 pub mod cluster;
 mod cluster_pg;
+pub mod conversations;
+pub mod events;
 pub mod export;
+pub mod messages;
 pub mod notify;
+mod page;
+pub mod permissions;
 pub mod postgres;
+pub mod processes;
 mod rows;
+pub mod search;
 pub mod search_backlog;
 mod sql;
 pub mod sqlite;
 pub mod tokens;
 mod url;
 
-pub use backend::{
-    json_size, AgentLink, AgentProcessRecord, Batch, Bounded, ConversationPatch, Lane,
-    PermissionFilter, PolicySet, Resolution, Store,
-};
-pub use backend::{search_words, SEARCH_TEXT_MAX};
+pub use backend::{Batch, ConversationPatch, Lane, Resolution, Store};
 pub use cluster::{ClusterStore, Clustered};
 pub use notify::ActionToken;
+pub use page::{json_size, Bounded};
+pub use permissions::{PermissionFilter, PolicySet};
 pub use postgres::PgStore;
+pub use processes::{AgentLink, AgentProcessRecord};
+pub use search::{search_words, SEARCH_TEXT_MAX};
 pub use sqlite::SqliteStore;
 pub use tokens::{TokenInfo, TokenStore};
 pub use url::{redact_url, sqlite_file, Backend};

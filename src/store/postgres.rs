@@ -1,23 +1,15 @@
-//! The Postgres backend of [`Store`]: for teams, and for several
+//! The Postgres backend of [`Store`](super::Store): for teams, and for several
 //! gateway nodes sharing one database.
 
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use uuid::Uuid;
 
-use super::backend::{
-    json_size, search_text, Batch, Bounded, ConversationPatch, Lanes, PermissionFilter, PolicySet,
-    Resolution, Store, SEARCH_TEXT_MAX,
-};
-use super::rows::{
-    text_col, ConversationRow, EventRow, JsonText, MessagePartRow, MessageRow, PermissionRow,
-    PolicySetRow, RuleRow, ToolCallRow,
-};
-use super::sql::impl_store;
+use super::backend::{Batch, ConversationPatch, Lanes, Resolution};
+use super::rows::{text_col, JsonText};
+use super::search::{search_text, SEARCH_TEXT_MAX};
+use super::sql::{impl_store, search_text_append, tool_call_update};
 use crate::error::Result;
-use crate::model::Rule;
-use crate::model::{
-    Conversation, Event, EventBody, Message, MessagePart, PermissionRequest, ToolCall,
-};
+use crate::model::{Event, EventBody, ToolCall};
 
 /// Migrations embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
@@ -30,7 +22,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/post
 /// 2 places, 2.8–3.9 ms at 380–560/s; 4 places, 5.3 ms at 610/s. Approvals
 /// come at a person's pace, so the person's wait is what counts. A streaming
 /// agent that waits for the place commits a larger batch when it gets it.
-/// With each commit one statement ([`commit_at_once`], 2026-11-29): 1 place,
+/// With each commit one statement ([`write_batch`], 2026-11-29): 1 place,
 /// 2.5–3.1 ms at 450–540/s; 2 places, 5.4 ms at 540/s and no request shown
 /// sooner.
 const AGENT_PLACES: usize = 1;
@@ -130,7 +122,6 @@ impl PgStore {
     }
 }
 
-/// A whole batch of events in one statement.
 /// The title the agent gave conversation `c` (its `session_info_update`).
 const AGENT_TITLE: &str = "(c.agent_state ->> 'title')";
 
@@ -142,58 +133,27 @@ fn search_query(words: &[String]) -> String {
     words.join(" ")
 }
 
-async fn insert_events(
-    tx: &mut PgConnection,
-    conversation_id: Uuid,
-    events: &[Event],
-) -> Result<()> {
-    if events.is_empty() {
-        return Ok(());
-    }
-    let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
-    let kinds: Vec<&str> = events.iter().map(|e| e.body.kind()).collect();
-    let ats: Vec<_> = events.iter().map(|e| e.at).collect();
-    let data: Vec<JsonText> = events
-        .iter()
-        .map(|e| JsonText::of(&e.body.data()))
-        .collect();
-    sqlx::query(
-        "insert into events (conversation_id, seq, type, at, data)
-         select $1, * from unnest($2::bigint[], $3::text[], $4::timestamptz[], $5::json[])",
-    )
-    .bind(conversation_id)
-    .bind(&seqs)
-    .bind(&kinds)
-    .bind(&ats)
-    .bind(&data)
-    .execute(tx)
-    .await?;
-    Ok(())
-}
-
-/// A whole batch in one statement, so one round trip where the general
-/// transaction takes one per table written and two more (`begin`,
-/// `commit`). Agents' commits take one place at a time (see
-/// [`AGENT_PLACES`]): under a burst, every round trip of one is time the
-/// next conversation's commit waits, and with it the request it carries,
-/// the notifier and the person. It writes what the general transaction
-/// writes, with the same checks:
+/// Postgres' commit: a whole batch in one statement, so one round trip
+/// where a transaction of a statement per table would take one per table
+/// written and two more (`begin`, `commit`). Agents' commits take one place
+/// at a time (see [`AGENT_PLACES`]): under a burst, every round trip of one
+/// is time the next conversation's commit waits, and with it the request
+/// it carries, the notifier and the person. It writes what SQLite's commit
+/// (`write_batch` in `sqlite.rs`) writes, with the same checks:
 /// - the fence: where `batch.fence` is no longer the conversation's epoch,
 ///   nothing is written and it fails with [`crate::error::Error::Fenced`]
-///   (the row stays locked until the end, as in the transaction);
+///   (the conversation's row stays locked until the end);
 /// - without the conversation's state (a piece of a refused batch), its
 ///   `last_seq` still moves up to the batch's events;
 /// - every table's rows in one `unnest` each. Rows one statement may not
-///   touch twice are merged first, as the transaction would leave them: a
+///   touch twice are merged first, as a statement a row would leave them: a
 ///   tool call updated twice in the batch is its last state with its first
 ///   `turn_id` and `created_at`; a message's search text is its parts
 ///   joined in order, each added while the text is under the cap (and the
 ///   whole added to a stored text under the cap: the cap is a bound, not
 ///   an exact length, either way). Postgres checks foreign keys at the end
 ///   of the statement, so a part may follow its message in one batch.
-///
-/// Always `true` (SQLite's says `false`: it has no round trips to save).
-async fn commit_at_once(pool: &PgPool, conversation_id: Uuid, batch: &Batch) -> Result<bool> {
+async fn write_batch(pool: &PgPool, conversation_id: Uuid, batch: &Batch) -> Result<()> {
     let asks = &batch.new_permissions;
     let events = &batch.events;
     let (mut firsts, mut parts, mut texts) = (Vec::new(), Vec::new(), SearchTexts::default());
@@ -207,7 +167,7 @@ async fn commit_at_once(pool: &PgPool, conversation_id: Uuid, batch: &Batch) -> 
     }
     let calls = last_states(&batch.tool_calls);
     let patch = batch.conversation.as_ref();
-    let query = sqlx::query(
+    let query = sqlx::query(concat!(
         "with fenced as (
             select id from conversations where id = $1 and owner_epoch = $2 for update
          ), go as (
@@ -239,22 +199,18 @@ async fn commit_at_once(pool: &PgPool, conversation_id: Uuid, batch: &Batch) -> 
             insert into search_texts (message_id, conversation_id, body)
             select t.message_id, $1, t.body from unnest($24::uuid[], $25::text[])
               as t (message_id, body)
-            where (select go from go)
-            on conflict (message_id) do update
-              set body = search_texts.body || excluded.body
-              where length(search_texts.body) < $26
+            where (select go from go) ",
+        search_text_append!(),
+        "$26
          ), called as (
             insert into tool_calls (conversation_id, tool_call_id, turn_id, title, kind,
               status, content, locations, raw_input, raw_output, created_at, updated_at)
             select $1, * from unnest($27::text[], $28::uuid[], $29::text[], $30::text[],
               $31::text[], $32::json[], $33::json[], $34::json[], $35::json[],
               $36::timestamptz[], $37::timestamptz[])
-            where (select go from go)
-            on conflict (conversation_id, tool_call_id) do update set
-              title = excluded.title, kind = excluded.kind, status = excluded.status,
-              content = excluded.content, locations = excluded.locations,
-              raw_input = excluded.raw_input, raw_output = excluded.raw_output,
-              updated_at = excluded.updated_at
+            where (select go from go) ",
+        tool_call_update!(),
+        "
          ), moved as (
             update conversations set status = $39, acp_session_id = $40, last_seq = $41,
               current_turn_id = $42, updated_at = $43, agent_state = coalesce($44, agent_state)
@@ -267,8 +223,8 @@ async fn commit_at_once(pool: &PgPool, conversation_id: Uuid, batch: &Batch) -> 
             update agent_processes set link = $45
             where conversation_id = $1 and $45 is not null and (select go from go)
          )
-         select go from go",
-    )
+         select go from go"
+    ))
     .bind(conversation_id)
     .bind(batch.fence)
     .bind(col(asks, |p| p.id))
@@ -327,7 +283,7 @@ async fn commit_at_once(pool: &PgPool, conversation_id: Uuid, batch: &Batch) -> 
     if !written {
         return Err(crate::error::Error::Fenced(conversation_id));
     }
-    Ok(true)
+    Ok(())
 }
 
 /// One column of rows, for an `unnest` parameter.
@@ -353,8 +309,8 @@ fn last_states(calls: &[ToolCall]) -> Vec<(&ToolCall, &ToolCall)> {
 }
 
 /// Each message's search text in a batch once: its parts' texts joined in
-/// order, each added only while the text is under the cap (as the general
-/// transaction's one statement a part would leave it).
+/// order, each added only while the text is under the cap (as one
+/// statement a part, SQLite's, would leave it).
 #[derive(Default)]
 struct SearchTexts {
     ids: Vec<Uuid>,
@@ -384,7 +340,7 @@ impl SearchTexts {
 /// holds it (so the event, made from that copy, says what the table says),
 /// and only then are the event and the conversation written. When it does
 /// not apply (answered elsewhere, or stored differently), nothing is
-/// written and `None` lets the general transaction decide.
+/// written and `None` lets the transaction of `impl_store!` decide.
 async fn resolve_at_once(
     pool: &PgPool,
     resolution: &Resolution,
@@ -440,7 +396,6 @@ async fn resolve_at_once(
 }
 
 impl_store!(PgStore, PgConnection);
-super::tokens::impl_token_store!(PgStore);
 // A claim is void once its node's lease ran out (or its row is gone).
 super::notify::impl_notify_store!(
     PgStore,

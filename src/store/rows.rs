@@ -295,22 +295,3 @@ impl From<RuleRow> for Rule {
         }
     }
 }
-
-#[derive(sqlx::FromRow)]
-pub struct PolicySetRow {
-    id: Uuid,
-    rules: Json<Vec<crate::model::PolicyRule>>,
-    updated_by: String,
-    updated_at: DateTime<Utc>,
-}
-
-impl From<PolicySetRow> for super::backend::PolicySet {
-    fn from(r: PolicySetRow) -> super::backend::PolicySet {
-        super::backend::PolicySet {
-            id: r.id,
-            rules: r.rules.0,
-            updated_by: r.updated_by,
-            updated_at: r.updated_at,
-        }
-    }
-}

@@ -10,7 +10,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::backend::{search_text, Store};
+use super::backend::Store;
+use super::search::search_text;
 use crate::error::Result;
 
 /// Conversations read from the backlog at a time.

@@ -1,4 +1,4 @@
-//! The embedded backend of [`Store`]: SQLite in one file, so a
+//! The embedded backend of [`Store`](super::Store): SQLite in one file, so a
 //! gateway on a laptop needs nothing installed. WAL mode and a busy timeout
 //! let concurrent writers wait for each other instead of failing.
 
@@ -12,18 +12,12 @@ use sqlx::sqlite::{
 };
 use uuid::Uuid;
 
-use super::backend::{
-    json_size, Batch, Bounded, ConversationPatch, Lanes, PermissionFilter, PolicySet, Resolution,
-    Store,
-};
-use super::rows::{
-    text_col, ConversationRow, EventRow, JsonText, MessagePartRow, MessageRow, PermissionRow,
-    PolicySetRow, RuleRow, ToolCallRow,
-};
-use super::sql::impl_store;
+use super::backend::{Batch, ConversationPatch, Lanes, Resolution};
+use super::rows::{text_col, JsonText};
+use super::search::{search_text, SEARCH_TEXT_MAX};
+use super::sql::{impl_store, search_text_append, tool_call_update};
 use crate::error::Result;
-use crate::model::Rule;
-use crate::model::{Conversation, Event, Message, MessagePart, PermissionRequest, ToolCall};
+use crate::model::{Event, MessagePart, PermissionRequest, ToolCall};
 
 /// Migrations embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -101,8 +95,6 @@ impl SqliteStore {
     }
 }
 
-/// Events one statement each: SQLite runs in-process, a statement is cheap,
-/// and the transaction around the batch makes it one write.
 /// The title the agent gave conversation `c` (its `session_info_update`).
 const AGENT_TITLE: &str = "json_extract(c.agent_state, '$.title')";
 
@@ -119,26 +111,6 @@ fn search_query(words: &[String]) -> String {
         .join(" ")
 }
 
-async fn insert_events(
-    tx: &mut SqliteConnection,
-    conversation_id: Uuid,
-    events: &[Event],
-) -> Result<()> {
-    for e in events {
-        sqlx::query(
-            "insert into events (conversation_id, seq, type, at, data) values ($1, $2, $3, $4, $5)",
-        )
-        .bind(conversation_id)
-        .bind(e.seq)
-        .bind(e.body.kind())
-        .bind(e.at)
-        .bind(JsonText::of(&e.body.data()))
-        .execute(&mut *tx)
-        .await?;
-    }
-    Ok(())
-}
-
 /// SQLite runs in-process: the transaction costs no round trips to save.
 async fn resolve_at_once(
     _: &SqlitePool,
@@ -150,13 +122,162 @@ async fn resolve_at_once(
     Ok(None)
 }
 
-/// SQLite runs in the process: a statement costs no round trip, so the
-/// general transaction writes every batch.
-async fn commit_at_once(_: &SqlitePool, _: Uuid, _: &Batch) -> Result<bool> {
-    Ok(false)
+/// SQLite's commit: the batch in one transaction, a statement a row
+/// (SQLite runs in the process: a statement costs no round trip). It writes
+/// what Postgres' commit (`write_batch` in `postgres.rs`) writes, with the
+/// same checks: the fence first (a conversation another node claimed gets
+/// nothing, and [`crate::error::Error::Fenced`]); without the
+/// conversation's state (a piece of a refused batch), its `last_seq` still
+/// moves up to the batch's events.
+async fn write_batch(writer: &SqlitePool, conversation_id: Uuid, batch: &Batch) -> Result<()> {
+    let mut tx = writer.begin().await?;
+    fence(&mut tx, conversation_id, batch.fence).await?;
+    for request in &batch.new_permissions {
+        insert_permission(&mut tx, request).await?;
+    }
+    for event in &batch.events {
+        insert_event(&mut tx, conversation_id, event).await?;
+    }
+    for part in &batch.messages {
+        insert_message_part(&mut tx, conversation_id, part).await?;
+    }
+    for call in &batch.tool_calls {
+        upsert_tool_call(&mut tx, conversation_id, call).await?;
+    }
+    match (&batch.conversation, batch.events.last()) {
+        (Some(patch), _) => update_conversation(&mut tx, conversation_id, patch).await?,
+        // A piece of a refused batch: `last_seq` keeps up with
+        // its events (see `Store::commit`).
+        (None, Some(newest)) => {
+            sqlx::query("update conversations set last_seq = $2 where id = $1 and last_seq < $2")
+                .bind(conversation_id)
+                .bind(newest.seq)
+                .execute(&mut *tx)
+                .await?;
+        }
+        (None, None) => {}
+    }
+    if let Some(link) = &batch.link {
+        sqlx::query("update agent_processes set link = $2 where conversation_id = $1")
+            .bind(conversation_id)
+            .bind(JsonText::of(link))
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+async fn insert_permission(tx: &mut SqliteConnection, p: &PermissionRequest) -> Result<()> {
+    sqlx::query(
+        "insert into permission_requests (id, conversation_id, turn_id,
+           tool_call, options, status, decision, created_at)
+         values ($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind(p.id)
+    .bind(p.conversation_id)
+    .bind(p.turn_id)
+    .bind(JsonText::of(&p.tool_call))
+    .bind(JsonText::of(&p.options))
+    .bind(p.status.as_str())
+    .bind(p.decision.as_ref().map(JsonText::of))
+    .bind(p.created_at)
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+/// A message's first part makes its row, a later one a row of its own;
+/// either way its text is added to the message's search text (up to a cap,
+/// so a huge message costs no more). Idempotent: a commit retried after its
+/// answer was lost must not fail on what it wrote (it may add its part's
+/// text twice: found twice, nothing worse).
+async fn insert_message_part(
+    tx: &mut SqliteConnection,
+    conversation_id: Uuid,
+    MessagePart {
+        part,
+        message: m,
+        content_in_event,
+    }: &MessagePart,
+) -> Result<()> {
+    let query = if *part == 0 {
+        // A prompt's content is its event's: not stored again.
+        let content = match content_in_event {
+            Some(_) => JsonText("[]".into()),
+            None => JsonText::of(&m.content),
+        };
+        sqlx::query(
+            "insert into messages (id, conversation_id, turn_id, role, content,
+               created_at, prompt_seq)
+             values ($1, $2, $3, $4, $5, $6, $7)
+             on conflict (id) do nothing",
+        )
+        .bind(m.id)
+        .bind(conversation_id)
+        .bind(m.turn_id)
+        .bind(m.role.as_str())
+        .bind(content)
+        .bind(m.created_at)
+        .bind(*content_in_event)
+    } else {
+        sqlx::query(
+            "insert into message_parts (conversation_id, message_id, part, content)
+             values ($1, $2, $3, $4)
+             on conflict do nothing",
+        )
+        .bind(conversation_id)
+        .bind(m.id)
+        .bind(*part)
+        .bind(JsonText::of(&m.content))
+    };
+    query.execute(&mut *tx).await?;
+    let text = search_text(&m.content);
+    if !text.is_empty() {
+        sqlx::query(concat!(
+            "insert into search_texts (message_id, conversation_id, body)
+             values ($1, $2, $3) ",
+            search_text_append!(),
+            "$4"
+        ))
+        .bind(m.id)
+        .bind(conversation_id)
+        .bind(text_col(&text))
+        .bind(SEARCH_TEXT_MAX as i64)
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(())
+}
+
+async fn upsert_tool_call(
+    tx: &mut SqliteConnection,
+    conversation_id: Uuid,
+    t: &ToolCall,
+) -> Result<()> {
+    sqlx::query(concat!(
+        "insert into tool_calls (conversation_id, tool_call_id, turn_id, title, kind,
+           status, content, locations, raw_input, raw_output, created_at, updated_at)
+         values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ",
+        tool_call_update!()
+    ))
+    .bind(conversation_id)
+    .bind(text_col(&t.tool_call_id))
+    .bind(t.turn_id)
+    .bind(t.title.as_deref().map(text_col))
+    .bind(t.kind.as_deref().map(text_col))
+    .bind(t.status.as_deref().map(text_col))
+    .bind(t.content.as_ref().map(JsonText::of))
+    .bind(t.locations.as_ref().map(JsonText::of))
+    .bind(t.raw_input.as_ref().map(JsonText::of))
+    .bind(t.raw_output.as_ref().map(JsonText::of))
+    .bind(t.created_at)
+    .bind(t.updated_at)
+    .execute(tx)
+    .await?;
+    Ok(())
 }
 
 impl_store!(SqliteStore, SqliteConnection);
-super::tokens::impl_token_store!(SqliteStore);
 // One node at a time: a claim of another node is one of a previous run.
 super::notify::impl_notify_store!(SqliteStore, "claimed_by <> $4", "");
