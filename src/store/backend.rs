@@ -1,7 +1,7 @@
 //! What every backend offers: the [`Store`] trait, whose parts by job are
-//! its supertraits (each in its own file), and the values its writes take:
-//! a commit's [`Batch`], a conversation's new state, a resolution, and the
-//! pages reads return.
+//! its supertraits (each in its own file), and the values its appending
+//! writes take: a commit's [`Batch`] and the [`Lane`] it waits in, a
+//! conversation's new state, a request's resolution.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};

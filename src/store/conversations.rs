@@ -1,7 +1,9 @@
 //! Conversations as rows: created, read, listed, and counted by status. A
 //! part of [`Store`](super::Store) (its supertrait), written once for both
-//! backends by [`impl_conversation_store!`]. Their state changes with the
-//! events that cause it, so it is written by [`Store::commit`](super::Store::commit).
+//! backends by [`impl_conversation_store!`]. Their state moves with the
+//! events that cause it, so it is written with them, by
+//! [`Store::commit`](super::Store::commit) and
+//! [`Store::resolve_permission`](super::Store::resolve_permission).
 
 use async_trait::async_trait;
 use uuid::Uuid;

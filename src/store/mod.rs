@@ -1,7 +1,7 @@
-//! Persistence: one [`Store`] trait, which the API, the sessions and the
-//! cluster reach every table through, and two backends of it, Postgres
-//! ([`PgStore`]) and an embedded SQLite file ([`SqliteStore`]), chosen by
-//! the database URL (`url.rs`, [`Backend::of`]).
+//! Persistence: one [`Store`] trait, through which the rest of the gateway
+//! reaches the database, and two backends of it, Postgres ([`PgStore`]) and
+//! an embedded SQLite file ([`SqliteStore`]), chosen by the database URL
+//! (`url.rs`, [`Backend::of`]).
 //!
 //! Writes are shaped for streaming: a conversation's single writer (its
 //! session task) collects events, merged messages, tool-call states and new
@@ -14,9 +14,9 @@
 //! supertraits: [`conversations`], [`search`], [`events`], [`messages`]
 //! (and tool calls), [`permissions`] (requests, rules and policies),
 //! [`processes`] (agent processes), [`notify`] (notifications), [`tokens`]
-//! (users and tokens) and [`cluster`]. Each part's SQL is written once for
-//! both backends (`sql.rs` says how); what differs is in [`postgres`] and
-//! [`sqlite`], each with its own commit.
+//! (users and tokens) and [`cluster`]. Each part but the cluster's is
+//! written once for both backends (`sql.rs` says how); what differs is in
+//! [`postgres`] and [`sqlite`], each with its own commit.
 //!
 //! The store is the only place that runs SQL: what gateway nodes sharing a
 //! database keep there is [`cluster`] ([`ClusterStore`], reached through

@@ -1,6 +1,6 @@
 //! One page of what a read returns, bounded in items and in bytes of JSON,
-//! so that a client paging through a long history never gets (and the
-//! gateway never holds) more than it asked for.
+//! so that paging through a long history costs a page at a time: no row
+//! past the bound is read.
 
 use crate::error::Result;
 
