@@ -17,15 +17,14 @@ use std::time::Duration;
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::transcript;
 use crate::acp::agent::Cursor;
-use crate::acp::chunk::TextChunk;
 use crate::acp::rpc::Processed;
 use crate::bus::EventBus;
 use crate::error::Result;
 use crate::model::{
-    self, AgentReport, AgentStatus, Conversation, ConversationStatus, Decision, Event, EventBody,
-    MessagePart, PermissionRequest, PermissionStatus, SessionUpdate, ToolCall, TurnEnded,
+    self, AgentReport, AgentStatus, ChunkKind, Conversation, ConversationStatus, Decision, Event,
+    EventBody, MessagePart, PermissionRequest, PermissionStatus, SessionUpdate, ToolCall,
+    TurnEnded,
 };
 use crate::store::{AgentLink, Batch, ConversationPatch, Lane, Resolution, Store};
 use crate::telemetry;
@@ -243,16 +242,18 @@ impl Journal {
     /// Appends a `session_update` event carrying the agent's `update`
     /// verbatim (moved, not copied: it may be megabytes long).
     pub fn session_update(&mut self, update: Value, turn_id: Option<Uuid>) {
-        self.event(EventBody::SessionUpdate(SessionUpdate { turn_id, update }));
+        self.event(EventBody::SessionUpdate(SessionUpdate::new(
+            turn_id, update,
+        )));
     }
 
     /// Like [`Journal::session_update`] for a message chunk, but a plain
     /// text chunk joins the previous uncommitted event when that is a chunk
     /// of the same kind and turn that differs only in its text (see
-    /// [`transcript::join_chunk`]): streaming costs one event per batch.
+    /// [`SessionUpdate::join_chunk`]): streaming costs one event per batch.
     pub fn chunk(&mut self, update: Value, turn_id: Option<Uuid>) {
         if let Some(last) = self.joinable(turn_id) {
-            if transcript::join_chunk(&mut last.update, &update) {
+            if last.join_chunk(&update) {
                 self.buffered_text += update["content"]["text"].as_str().map_or(0, str::len);
                 return;
             }
@@ -260,18 +261,19 @@ impl Journal {
         self.session_update(update, turn_id);
     }
 
-    /// [`Journal::chunk`] for a chunk read on the fast path: the same
-    /// events, without building its JSON unless it starts one.
-    pub fn text_chunk(&mut self, chunk: &TextChunk, turn_id: Option<Uuid>) {
+    /// [`Journal::chunk`] for a plain text chunk of `kind` read on the fast
+    /// path: the same events, without building its JSON unless it starts
+    /// one.
+    pub fn text_chunk(&mut self, kind: ChunkKind, text: &str, turn_id: Option<Uuid>) {
         let prev = self
             .joinable(turn_id)
-            .and_then(|last| transcript::chunk_text_mut(&mut last.update, chunk.kind));
+            .and_then(|last| last.chunk_text_mut(kind));
         match prev {
             Some(prev) => {
-                prev.push_str(&chunk.text);
-                self.buffered_text += chunk.text.len();
+                prev.push_str(text);
+                self.buffered_text += text.len();
             }
-            None => self.session_update(chunk.update(), turn_id),
+            None => self.session_update(kind.text_update(text), turn_id),
         }
     }
 
@@ -284,7 +286,7 @@ impl Journal {
             .last_mut()
             .filter(|last| last.seq > self.published)?;
         match &mut last.body {
-            EventBody::SessionUpdate(update) if update.turn_id == turn_id => Some(update),
+            EventBody::SessionUpdate(update) if update.turn_id() == turn_id => Some(update),
             _ => None,
         }
     }

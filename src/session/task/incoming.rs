@@ -84,8 +84,8 @@ impl Task {
             },
             Incoming::TextChunk(chunk) => {
                 let turn_id = self.turn_id();
-                self.transcript.text_chunk(&chunk, turn_id);
-                self.journal.text_chunk(&chunk, turn_id);
+                self.transcript.text_chunk(chunk.kind, &chunk.text, turn_id);
+                self.journal.text_chunk(chunk.kind, &chunk.text, turn_id);
             }
             Incoming::Request(request) => match request.method.as_str() {
                 "session/request_permission" => self.on_permission_request(request).await?,
