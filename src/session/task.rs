@@ -14,8 +14,9 @@
 //! `incoming` (what the agent sends), `permissions` (its permission
 //! requests and their answers), `settings` (modes and configuration
 //! options), `turns` (prompts and their ends), `ending` (how the session
-//! ends and the agent goes) and `output` (an agent's output under a shim:
-//! told to the journal before a commit, acknowledged to the shim after).
+//! ends and the agent goes); `output` holds what an agent's output under a
+//! shim needs kept (told to the journal before a commit, acknowledged to the
+//! shim after).
 
 mod ending;
 mod incoming;
@@ -258,7 +259,8 @@ pub async fn start(
 /// (started here, or reattached under its shim).
 pub(super) struct Assembly<'a> {
     pub(super) journal: Journal,
-    pub(super) shim_output: Option<ShimOutput>,
+    /// Under a shim: its output, acknowledged once committed.
+    shim_output: Option<ShimOutput>,
     pub(super) process: AgentProcess,
     pub(super) record: Option<AgentProcessRecord>,
     pub(super) agent: AgentSession,
