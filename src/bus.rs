@@ -7,7 +7,12 @@
 //! what it holds before it can commit it (committed later, unchanged, under
 //! the same `seq`), and a subscriber that catches up meanwhile finds the
 //! store short of them; `api::ws` then waits for them there rather than skip
-//! them, and the journal [`EventBus::remind`]s it once they are committed. Each event is serialized once, here, not once per subscriber.
+//! them, and the journal [`EventBus::remind`]s it once they are committed.
+//!
+//! Each event is serialized once, here, not once per subscriber; a
+//! `session_update`'s data (a streamed chunk, possibly megabytes) is not
+//! serialized again at all: its text is the one made when the store wrote
+//! it (see [`crate::model::SessionUpdate`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -42,12 +47,14 @@ struct Inner {
     global: broadcast::Sender<Arc<Published>>,
     per_conversation: Mutex<HashMap<Uuid, broadcast::Sender<Arc<Published>>>>,
     capacity: usize,
-    /// Where this node's own committed events are announced to other nodes
+    /// Where this node's own published events are announced to other nodes
     /// (see [`crate::cluster`]).
     announce: OnceLock<mpsc::UnboundedSender<Announced>>,
 }
 
-/// Committed events of one conversation, `first..=last` (seqs).
+/// Events of one conversation published here, `first..=last` (seqs):
+/// committed, except during a database outage (see
+/// [`EventBus::announce_committed`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Announced {
     pub conversation: Uuid,
@@ -75,8 +82,10 @@ impl EventBus {
         let _ = self.inner.announce.set(announce);
     }
 
-    /// Publishes committed events of a conversation owned by `owner`, in
-    /// order (and announces them to other nodes).
+    /// Publishes events of a conversation owned by `owner`, in order, and
+    /// announces them to other nodes. The journal publishes what it has
+    /// committed, except during a database outage: then what it holds, at
+    /// once, before it can commit it (see the module docs).
     pub fn publish(&self, owner: Option<&str>, events: impl IntoIterator<Item = Event>) {
         let span = self.send(owner, events, false);
         if let (Some(announce), Some(announced)) = (self.inner.announce.get(), span) {

@@ -19,7 +19,8 @@
 //!   forwarded) and the handle that sends it; `spawn.rs` starts an agent and
 //!   records its process; [`session::task`] is one conversation's loop that
 //!   owns its agent, its parts in `task/` (what the agent sends, permission
-//!   requests, settings, turns, ending); [`session::transcript`] (pure) turns
+//!   requests, settings, turns, ending, the agent's output under a shim
+//!   acknowledged once committed); [`session::transcript`] (pure) turns
 //!   chunks into messages and tool-call states; [`session::pending`] holds
 //!   the permission requests waiting for an answer; [`session::journal`] is
 //!   the single writer that assigns `seq`, commits, then publishes to the

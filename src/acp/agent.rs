@@ -556,8 +556,9 @@ pub async fn stop_shim(socket: &Path, grace: Duration) -> anyhow::Result<()> {
 }
 
 /// How far a conversation has dealt with its agent's output under a shim,
-/// and telling the shim once that is committed: what the journal needs
-/// (see [`crate::session::journal::Journal::link_to`]).
+/// and telling the shim once that is committed: what its session task
+/// needs (it gives the position to the journal before a commit, and
+/// acknowledges what the commit took).
 pub struct Cursor {
     peer: RpcPeer,
     control: ShimControl,

@@ -10,37 +10,12 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+/// Which message a chunk belongs to (the model's: its events are made of
+/// chunks).
+pub use crate::model::ChunkKind;
+
 /// The method of the notification a chunk comes in.
 pub const METHOD: &str = "session/update";
-
-/// Which message a chunk belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChunkKind {
-    AgentMessage,
-    AgentThought,
-    UserMessage,
-}
-
-impl ChunkKind {
-    /// The ACP `sessionUpdate` tag.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::AgentMessage => "agent_message_chunk",
-            Self::AgentThought => "agent_thought_chunk",
-            Self::UserMessage => "user_message_chunk",
-        }
-    }
-
-    /// The kind a `sessionUpdate` tag names, if it is a chunk's.
-    pub fn parse(tag: &str) -> Option<Self> {
-        Some(match tag {
-            "agent_message_chunk" => Self::AgentMessage,
-            "agent_thought_chunk" => Self::AgentThought,
-            "user_message_chunk" => Self::UserMessage,
-            _ => return None,
-        })
-    }
-}
 
 /// `{"sessionId": session_id, "update": {"sessionUpdate": kind, "content":
 /// {"type": "text", "text": text}}}`, exactly: nothing else was in it.
@@ -62,10 +37,7 @@ impl TextChunk {
 
     /// The `update` member.
     pub fn update(&self) -> Value {
-        json!({
-            "sessionUpdate": self.kind.as_str(),
-            "content": {"type": "text", "text": self.text},
-        })
+        self.kind.text_update(&self.text)
     }
 }
 

@@ -6,6 +6,10 @@
 //!
 //! On the wire an event is `{"seq", "conversation_id", "type", "at",
 //! "data"}`, in that order: `type` names the variant, `data` is its payload.
+//!
+//! `event/session_update.rs` holds the data of `session_update`, the event
+//! an agent's stream is made of: how its text chunks join, and its JSON
+//! text made once for the store and the bus alike.
 
 use std::borrow::Cow;
 
@@ -21,6 +25,10 @@ use uuid::Uuid;
 
 use super::agent_report::SettingValue;
 use super::permission::PermissionRequest;
+
+mod session_update;
+
+pub use session_update::{ChunkKind, SessionUpdate};
 
 /// One entry of a conversation's event log, by its `type`. A WebSocket
 /// sends each as one text frame.
@@ -189,7 +197,7 @@ impl Serialize for EventBodyData<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self.0 {
             EventBody::TurnStarted(d) => d.serialize(s),
-            EventBody::SessionUpdate(d) => d.serialize(s),
+            EventBody::SessionUpdate(d) => d.serialize_shared(s),
             EventBody::PermissionRequested(d) | EventBody::PermissionResolved(d) => d.serialize(s),
             EventBody::TurnEnded(d) => d.serialize(s),
             EventBody::AgentStatus(d) => d.serialize(s),
@@ -266,43 +274,6 @@ pub struct TurnStarted {
     pub turn_id: Uuid,
     /// The user's prompt: ACP content blocks.
     pub content: Vec<Value>,
-}
-
-/// `session_update`: an update from the agent, verbatim.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(as = SessionUpdateData)]
-pub struct SessionUpdate {
-    /// The turn it belongs to; `null` between turns.
-    pub turn_id: Option<Uuid>,
-    /// The ACP update object (`sessionUpdate` tells its kind), verbatim.
-    /// Consecutive text chunks of one kind may be merged into one event.
-    pub update: Value,
-}
-
-impl SessionUpdate {
-    /// `{turn_id, update}` read back, moving `update` (no copy); else `data`
-    /// as it was.
-    fn from_value(data: Value) -> Result<SessionUpdate, Value> {
-        let turn_id = match data.get("turn_id") {
-            Some(Value::Null) => None,
-            Some(Value::String(id)) => match Uuid::parse_str(id) {
-                Ok(id) => Some(id),
-                Err(_) => return Err(data),
-            },
-            _ => return Err(data),
-        };
-        match data {
-            Value::Object(mut map)
-                if map.len() == 2
-                    && map.keys().next().map(String::as_str) == Some("turn_id")
-                    && map.contains_key("update") =>
-            {
-                let update = map.remove("update").unwrap_or_default();
-                Ok(SessionUpdate { turn_id, update })
-            }
-            other => Err(other),
-        }
-    }
 }
 
 /// `turn_ended`: the agent answered `session/prompt`, or the turn ended
@@ -655,10 +626,10 @@ mod tests {
             (
                 event(
                     2,
-                    SessionUpdate {
-                        turn_id: Some(turn),
-                        update: json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "Hel"}}),
-                    },
+                    SessionUpdate::new(
+                        Some(turn),
+                        json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "Hel"}}),
+                    ),
                 ),
                 format!(
                     r#"{}{{"turn_id":"{TURN}","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"Hel"}}}}}}}}"#,
@@ -668,10 +639,10 @@ mod tests {
             (
                 event(
                     3,
-                    SessionUpdate {
-                        turn_id: None,
-                        update: json!({"sessionUpdate": "usage_update", "used": 1, "size": 2}),
-                    },
+                    SessionUpdate::new(
+                        None,
+                        json!({"sessionUpdate": "usage_update", "used": 1, "size": 2}),
+                    ),
                 ),
                 format!(
                     r#"{}{{"turn_id":null,"update":{{"sessionUpdate":"usage_update","used":1,"size":2}}}}}}"#,

@@ -7,25 +7,30 @@
 //! methods (events, chunks joined while uncommitted, requests, messages,
 //! tool calls, the end of an agent); the batch itself is private.
 //!
-//! This file holds the writing and committing; `journal/outage.rs` rides
-//! out a database outage (buffering, publishing early, retrying), and
-//! `journal/storable.rs` is the fallback for what the database refuses
-//! (each part alone, then stand-ins).
+//! This file holds the appending, the commit and the publishing after it:
+//! the normal path, start to end. `journal/outage.rs` rides out a database
+//! outage (buffering, publishing early, retrying), and `journal/storable.rs`
+//! is the fallback for what the database refuses (each part alone, then
+//! stand-ins).
+//!
+//! For an agent under a shim, every commit also writes how far the agent's
+//! output is dealt with (given by the session task before it commits); the
+//! journal says how far that is committed
+//! ([`Journal::committed_output`]), and the task tells the shim it may
+//! forget what lies before. The journal itself knows nothing of the shim.
 
 use std::time::Duration;
 
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::transcript;
-use crate::acp::agent::Cursor;
-use crate::acp::chunk::TextChunk;
 use crate::acp::rpc::Processed;
 use crate::bus::EventBus;
 use crate::error::Result;
 use crate::model::{
-    self, AgentReport, AgentStatus, Conversation, ConversationStatus, Decision, Event, EventBody,
-    MessagePart, PermissionRequest, PermissionStatus, SessionUpdate, ToolCall, TurnEnded,
+    self, AgentReport, AgentStatus, ChunkKind, Conversation, ConversationStatus, Decision, Event,
+    EventBody, MessagePart, PermissionRequest, PermissionStatus, SessionUpdate, ToolCall,
+    TurnEnded,
 };
 use crate::store::{AgentLink, Batch, ConversationPatch, Lane, Resolution, Store};
 use crate::telemetry;
@@ -79,11 +84,12 @@ pub struct Journal {
     /// The owner epoch every write is conditional on (see
     /// [`crate::store::Batch::fence`]).
     fence: Option<i64>,
-    /// An agent under a shim: its link state goes with every commit, and
-    /// the shim hears what is committed (see [`Journal::link_to`]).
-    link: Option<(AgentLink, Cursor)>,
-    /// Where the agent's output stood at the last commit.
-    acknowledged: Processed,
+    /// An agent under a shim: its link state goes with every commit (see
+    /// [`Journal::link_to`]).
+    link: Option<AgentLink>,
+    /// How far the agent's output is committed, since the session task
+    /// last asked (see [`Journal::committed_output`]).
+    committed_output: Option<Processed>,
     /// The agent's output was dealt with further than is committed, and
     /// nothing else waits: the link alone is to be committed (see
     /// [`Journal::output_moved`]).
@@ -123,54 +129,52 @@ impl Journal {
             lane: Lane::Person,
             fence: None,
             link: None,
-            acknowledged: Processed::default(),
+            committed_output: None,
             output_due: false,
         }
     }
 
-    /// Commits `link` (kept up to date through [`Journal::link_mut`]) with
-    /// every batch, `output_to` read from `cursor` then; once a batch is
-    /// committed, the shim may forget the output before it.
-    pub fn link_to(&mut self, link: AgentLink, cursor: Cursor) {
-        self.acknowledged = Processed {
-            to: link.output_to,
-            inside_long_line: link.output_inside_long_line,
-        };
-        self.link = Some((link, cursor));
+    /// Commits `link` (kept up to date through [`Journal::link_mut`] and
+    /// [`Journal::output_at`]) with every batch.
+    pub fn link_to(&mut self, link: AgentLink) {
+        self.link = Some(link);
     }
 
-    /// The agent's output may have been dealt with further than is
-    /// committed (lines dropped, too long, a message ignored) while nothing
-    /// else waits to be: the link alone is committed when the batch window
-    /// closes, so its shim lets go of that output as surely as of output
-    /// that made events. (A shim holding only such output would otherwise
-    /// fill up, stop reading its agent and wedge the conversation.) When
-    /// something else waits, the link goes with it anyway.
+    /// Everything of the agent's output before `at` is dealt with: the next
+    /// commit writes so with the link, for a gateway taking over to read on
+    /// from there. Given by the session task before each commit.
+    pub fn output_at(&mut self, at: Processed) {
+        if let Some(link) = &mut self.link {
+            link.output_to = at.to;
+            link.output_inside_long_line = at.inside_long_line;
+        }
+    }
+
+    /// How far the agent's output is committed by the commits since this
+    /// was last asked (`None`: none wrote the link): its shim may forget
+    /// what lies before.
+    pub fn committed_output(&mut self) -> Option<Processed> {
+        self.committed_output.take()
+    }
+
+    /// The agent's output was dealt with further than is committed (lines
+    /// dropped, too long, a message ignored): when nothing else waits to
+    /// be, the link alone is committed when the batch window closes, so its
+    /// shim lets go of that output as surely as of output that made events.
+    /// (A shim holding only such output would otherwise fill up, stop
+    /// reading its agent and wedge the conversation.) When something else
+    /// waits, the link goes with it anyway.
     pub fn output_moved(&mut self) {
-        if self.output_due || self.dirty || !self.batch.is_empty() {
+        if self.link.is_none() || self.output_due || self.dirty || !self.batch.is_empty() {
             return;
         }
-        if let Some((_, cursor)) = &self.link {
-            if cursor.position() != self.acknowledged {
-                self.output_due = true;
-                self.start_window();
-            }
-        }
-    }
-
-    /// Resolves when the agent's output may have been dealt with further
-    /// without anything handed on (see [`Journal::output_moved`]); never
-    /// for an agent without a shim.
-    pub async fn output_moved_on(&self) {
-        match &self.link {
-            Some((_, cursor)) => cursor.moved_on().await,
-            None => std::future::pending().await,
-        }
+        self.output_due = true;
+        self.start_window();
     }
 
     /// The link state committed with the next batch (an agent under a shim).
     pub fn link_mut(&mut self) -> Option<&mut AgentLink> {
-        self.link.as_mut().map(|(link, _)| link)
+        self.link.as_mut()
     }
 
     /// Writes only while the conversation's owner epoch is `fence` (see
@@ -243,16 +247,18 @@ impl Journal {
     /// Appends a `session_update` event carrying the agent's `update`
     /// verbatim (moved, not copied: it may be megabytes long).
     pub fn session_update(&mut self, update: Value, turn_id: Option<Uuid>) {
-        self.event(EventBody::SessionUpdate(SessionUpdate { turn_id, update }));
+        self.event(EventBody::SessionUpdate(SessionUpdate::new(
+            turn_id, update,
+        )));
     }
 
     /// Like [`Journal::session_update`] for a message chunk, but a plain
     /// text chunk joins the previous uncommitted event when that is a chunk
     /// of the same kind and turn that differs only in its text (see
-    /// [`transcript::join_chunk`]): streaming costs one event per batch.
+    /// [`SessionUpdate::join_chunk`]): streaming costs one event per batch.
     pub fn chunk(&mut self, update: Value, turn_id: Option<Uuid>) {
         if let Some(last) = self.joinable(turn_id) {
-            if transcript::join_chunk(&mut last.update, &update) {
+            if last.join_chunk(&update) {
                 self.buffered_text += update["content"]["text"].as_str().map_or(0, str::len);
                 return;
             }
@@ -260,18 +266,19 @@ impl Journal {
         self.session_update(update, turn_id);
     }
 
-    /// [`Journal::chunk`] for a chunk read on the fast path: the same
-    /// events, without building its JSON unless it starts one.
-    pub fn text_chunk(&mut self, chunk: &TextChunk, turn_id: Option<Uuid>) {
+    /// [`Journal::chunk`] for a plain text chunk of `kind` read on the fast
+    /// path: the same events, without building its JSON unless it starts
+    /// one.
+    pub fn text_chunk(&mut self, kind: ChunkKind, text: &str, turn_id: Option<Uuid>) {
         let prev = self
             .joinable(turn_id)
-            .and_then(|last| transcript::chunk_text_mut(&mut last.update, chunk.kind));
+            .and_then(|last| last.chunk_text_mut(kind));
         match prev {
             Some(prev) => {
-                prev.push_str(&chunk.text);
-                self.buffered_text += chunk.text.len();
+                prev.push_str(text);
+                self.buffered_text += text.len();
             }
-            None => self.session_update(chunk.update(), turn_id),
+            None => self.session_update(kind.text_update(text), turn_id),
         }
     }
 
@@ -284,7 +291,7 @@ impl Journal {
             .last_mut()
             .filter(|last| last.seq > self.published)?;
         match &mut last.body {
-            EventBody::SessionUpdate(update) if update.turn_id == turn_id => Some(update),
+            EventBody::SessionUpdate(update) if update.turn_id() == turn_id => Some(update),
             _ => None,
         }
     }
@@ -391,10 +398,11 @@ impl Journal {
     }
 
     /// Commits the batch and publishes its events. Transient database errors
-    /// are retried a few times; the batch is kept if they persist. A batch
-    /// the database refuses for what it held is written piece by piece
-    /// instead (see `Journal::commit_piecewise`), so one bad value never
-    /// blocks the conversation.
+    /// are retried a few times; the batch is kept if they persist (or, for
+    /// a writer that rides out outages, held while the database is away:
+    /// see `journal/outage.rs`). A batch the database refuses for what it
+    /// held is written piece by piece instead (see `Journal::commit_piecewise`),
+    /// so one bad value never blocks the conversation.
     pub async fn flush(&mut self) -> Result<()> {
         let link_alone = self.batch.is_empty() && !self.dirty;
         if link_alone && !self.output_due {
@@ -408,76 +416,97 @@ impl Journal {
             self.batch.conversation = Some(self.patch(self.last_seq));
         }
         self.batch.lane = self.lane;
-        if let Some(outage) = self.outage {
-            // Not yet time, or the database still does not answer (asked
-            // briefly, so that the session keeps serving meanwhile).
-            let now = tokio::time::Instant::now();
-            if now < outage.retry_at || !self.database_answers().await {
-                if now >= outage.retry_at {
-                    let backoff = (outage.backoff * 2).min(MAX_BACKOFF);
-                    self.outage = Some(Outage {
-                        retry_at: now + backoff,
-                        backoff,
-                    });
-                }
-                self.publish_early();
-                self.gauge();
-                return Ok(());
-            }
+        if self.outage.is_some() && self.still_away().await {
+            return Ok(());
         }
         self.gauge();
-        let committed = self.commit_with_retries().await;
+        let committed = self.commit().await;
         self.gauge();
         match committed {
             Err(e) if e.is_transient() && self.max_buffered > 0 => {
-                let backoff = self.outage.map_or(Duration::from_millis(250), |o| {
-                    (o.backoff * 2).min(MAX_BACKOFF)
-                });
-                if self.outage.is_none() {
-                    tracing::warn!(conversation_id = %self.conversation_id, error = %e,
-                        "the database is unreachable: holding writes in memory and trying again");
-                }
-                self.outage = Some(Outage {
-                    retry_at: tokio::time::Instant::now() + backoff,
-                    backoff,
-                });
-                self.publish_early();
+                self.went_away(&e);
                 Ok(())
             }
             Err(e) => Err(e),
             Ok(()) => {
-                if self.outage.take().is_some() {
-                    tracing::info!(conversation_id = %self.conversation_id,
-                        "the database answers again: buffered writes committed");
-                }
+                self.came_back();
                 Ok(())
             }
         }
     }
 
-    /// Publishes what the commit made durable, except what went out early;
-    /// of that, the last is sent again to the conversation's sockets, now
-    /// that the store holds it (a socket that reconnected during the outage
-    /// waits for the store, not for the next event), and other nodes are
-    /// told of all of it.
-    fn publish_committed(&mut self, mut events: Vec<Event>) {
-        let published = self.published;
-        let mut early = events.iter().filter(|e| e.seq <= published);
-        if let Some(first) = early.next() {
-            let last = early.next_back().unwrap_or(first);
-            self.sink.bus.remind(self.owner.as_deref(), last);
-            // Other nodes' sockets read them from the store, now they are there.
-            self.sink.bus.announce_committed(crate::bus::Announced {
-                conversation: first.conversation_id,
-                first: first.seq,
-                last: last.seq,
+    /// Commits the batch (a writer that does not ride out outages tries a
+    /// transient error again a few times), then publishes its events.
+    async fn commit(&mut self) -> Result<()> {
+        self.batch.fence = self.fence;
+        self.batch.link = self.link.clone();
+        let mut attempt = 0;
+        loop {
+            let started = std::time::Instant::now();
+            let committed = self
+                .sink
+                .store
+                .commit(self.conversation_id, &self.batch)
+                .await;
+            telemetry::commit_took(started.elapsed());
+            match committed {
+                Ok(()) => break,
+                // A writer that rides out outages tries again later instead.
+                Err(e) if e.is_transient() && attempt < 3 && self.max_buffered == 0 => {
+                    attempt += 1;
+                    tracing::warn!(conversation_id = %self.conversation_id, error = %e, attempt, "commit failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                }
+                // Another node owns the conversation now: nothing of this
+                // node's is written any more.
+                Err(e) if e.is_transient() || e.is_fenced() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(conversation_id = %self.conversation_id, error = %e,
+                        "the database refused a batch; writing it piece by piece");
+                    let link = self.batch.link.clone();
+                    self.commit_piecewise().await?;
+                    self.output_committed(link.as_ref());
+                    return Ok(());
+                }
+            }
+        }
+        let batch = std::mem::take(&mut self.batch);
+        self.output_committed(batch.link.as_ref());
+        self.committed();
+        telemetry::events_written(batch.events.len());
+        self.publish_committed(batch.events);
+        Ok(())
+    }
+
+    /// `link` is committed: how far the agent's output is, for the session
+    /// task to tell its shim (see [`Journal::committed_output`]).
+    fn output_committed(&mut self, link: Option<&AgentLink>) {
+        if let Some(link) = link {
+            self.committed_output = Some(Processed {
+                to: link.output_to,
+                inside_long_line: link.output_inside_long_line,
             });
         }
-        events.retain(|e| e.seq > published);
+    }
+
+    /// Publishes what the commit made durable, except what went out early
+    /// during an outage (see [`Journal::early_ones_committed`]).
+    fn publish_committed(&mut self, mut events: Vec<Event>) {
+        if events.first().is_some_and(|e| e.seq <= self.published) {
+            self.early_ones_committed(&events);
+            events.retain(|e| e.seq > self.published);
+        }
         if let Some(last) = events.last() {
             self.published = last.seq;
             self.sink.bus.publish(self.owner.as_deref(), events);
         }
+    }
+
+    /// Keeps the write-buffer gauge at what this journal held.
+    fn gauge(&mut self) {
+        let buffered = self.batch.events.len();
+        telemetry::buffered(buffered as f64 - self.gauged as f64);
+        self.gauged = buffered;
     }
 
     /// Commits what is buffered, then applies `resolution` if the request is
@@ -585,5 +614,73 @@ impl Drop for Journal {
     fn drop(&mut self) {
         // What it still held is no longer waiting anywhere.
         telemetry::buffered(-(self.gauged as f64));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A journal of a new conversation in a SQLite database in `dir`, as a
+    /// gateway starts one, and what it writes to.
+    pub(super) async fn journal_in(dir: &std::path::Path) -> (Journal, Sink) {
+        let url = format!("sqlite://{}", dir.join("gateway.db").display());
+        let store = crate::store::open(&url).await.unwrap();
+        let conversation = Conversation {
+            id: model::new_id(),
+            agent: "demo".into(),
+            title: None,
+            cwd: "/tmp".into(),
+            status: ConversationStatus::Idle,
+            acp_session_id: None,
+            last_seq: 0,
+            created_at: model::now(),
+            updated_at: model::now(),
+            owner: None,
+            state: Default::default(),
+            node_id: None,
+        };
+        store.insert_conversation(&conversation).await.unwrap();
+        let sink = Sink {
+            store,
+            bus: EventBus::new(16),
+        };
+        (Journal::new(sink.clone(), &conversation, None), sink)
+    }
+
+    fn at(to: u64) -> Processed {
+        Processed {
+            to,
+            inside_long_line: false,
+        }
+    }
+
+    /// The position the task gives goes with the next commit, events or
+    /// the link alone, and the journal then says once how far that commit
+    /// took the agent's output (for the task to tell the shim); without a
+    /// link there is nothing to say.
+    #[tokio::test]
+    async fn a_commit_says_once_how_far_it_took_the_agents_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut journal, _) = journal_in(dir.path()).await;
+        journal.output_at(at(7));
+        journal.append(AgentStatus::new(model::AgentState::Ready, None));
+        journal.flush().await.unwrap();
+        assert_eq!(journal.committed_output(), None, "no link, nothing said");
+
+        journal.link_to(AgentLink::default());
+        journal.output_at(at(42));
+        journal.session_update(json!({"sessionUpdate": "usage_update"}), None);
+        assert_eq!(journal.committed_output(), None, "not before the commit");
+        journal.flush().await.unwrap();
+        assert_eq!(journal.committed_output(), Some(at(42)));
+        assert_eq!(journal.committed_output(), None, "said once");
+
+        // Output dealt with by the reader alone: the link goes by itself.
+        journal.output_at(at(50));
+        journal.output_moved();
+        journal.flush().await.unwrap();
+        assert_eq!(journal.committed_output(), Some(at(50)));
     }
 }

@@ -13,11 +13,14 @@
 //! the rest of its work is spread over `impl Task` blocks, one file per job:
 //! `incoming` (what the agent sends), `permissions` (its permission
 //! requests and their answers), `settings` (modes and configuration
-//! options), `turns` (prompts and their ends) and `ending` (how the session
-//! ends and the agent goes).
+//! options), `turns` (prompts and their ends), `ending` (how the session
+//! ends and the agent goes); `output` holds what an agent's output under a
+//! shim needs kept (told to the journal before a commit, acknowledged to the
+//! shim after).
 
 mod ending;
 mod incoming;
+mod output;
 mod permissions;
 pub(super) mod reattached;
 mod settings;
@@ -59,6 +62,7 @@ use crate::store::{AgentLink, AgentProcessRecord, Lane};
 use crate::telemetry;
 use crate::workspace::terminals::TerminalOutput;
 use crate::workspace::Workspace;
+use output::{output_moved_on, ShimOutput};
 
 /// Most events committed in one batch while an agent streams.
 const MAX_BATCH_EVENTS: usize = 512;
@@ -198,15 +202,17 @@ pub async fn start(
             telemetry::agent_restarted(context, cause);
         }
     }
-    if let Some(control) = shim {
-        // From the first commit on, the agent's output is acknowledged to
-        // its shim as it is committed.
+    // From the first commit on, the agent's output is acknowledged to its
+    // shim as it is committed.
+    let shim_output = shim.map(|control| {
         let link = AgentLink {
             can_close: agent.can_close(),
             ..first_link(&process)
         };
-        journal.link_to(link, Cursor::new(agent.peer().clone(), control));
-    }
+        let output = ShimOutput::new(Cursor::new(agent.peer().clone(), control), &link);
+        journal.link_to(link);
+        output
+    });
     journal.set_acp_session_id(agent.session_id().to_owned());
     if state != conversation.state {
         journal.set_state(&state);
@@ -229,6 +235,7 @@ pub async fn start(
 
     let (handle, task) = assemble(Assembly {
         journal,
+        shim_output,
         process,
         record,
         agent,
@@ -252,6 +259,8 @@ pub async fn start(
 /// (started here, or reattached under its shim).
 pub(super) struct Assembly<'a> {
     pub(super) journal: Journal,
+    /// Under a shim: its output, acknowledged once committed.
+    shim_output: Option<ShimOutput>,
     pub(super) process: AgentProcess,
     pub(super) record: Option<AgentProcessRecord>,
     pub(super) agent: AgentSession,
@@ -307,6 +316,7 @@ fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
         on_shutdown: parts.on_shutdown,
         exits: parts.exits,
         journal: parts.journal,
+        shim_output: parts.shim_output,
         process: parts.process,
         record: parts.record,
         agent: parts.agent,
@@ -345,6 +355,8 @@ struct Turn {
 
 struct Task {
     journal: Journal,
+    /// The agent's output under a shim (`None`: the agent is our own child).
+    shim_output: Option<ShimOutput>,
     process: AgentProcess,
     /// Forgotten once the process is gone.
     record: Option<AgentProcessRecord>,
@@ -400,7 +412,7 @@ enum Step {
     /// unreachable database is to be tried again.
     Retry,
     /// The agent's output was dealt with by the reader alone (lines
-    /// dropped): its shim is to hear so (see [`Journal::output_moved`]).
+    /// dropped): its shim is to hear so (see [`Task::output_moved`]).
     OutputMoved,
 }
 
@@ -480,7 +492,7 @@ impl Task {
                 msg = next_incoming(&mut self.incoming), if !full => Step::Incoming(msg),
                 _ = self.journal.retry_due() => Step::Retry,
                 _ = self.journal.window_closes(BATCH_WINDOW) => Step::Retry,
-                _ = self.journal.output_moved_on() => Step::OutputMoved,
+                _ = output_moved_on(&self.shim_output) => Step::OutputMoved,
                 result = next_prompt_result(&mut self.prompt) => Step::Answered(result),
                 _ = self.process.wait() => Step::Exited,
                 due = self.pending.due() => Step::Due(due),
@@ -517,7 +529,7 @@ impl Task {
                 self.take_in(msg).await?;
                 self.drain_incoming(MAX_BATCH_EVENTS).await?;
                 // Messages that changed nothing are acknowledged too.
-                self.journal.output_moved();
+                self.output_moved();
                 if self.commit_due() {
                     self.flush().await?;
                 }
@@ -549,7 +561,7 @@ impl Task {
             }
             Step::Due(due) => self.time_out(due).await?,
             Step::Retry => self.flush().await?,
-            Step::OutputMoved => self.journal.output_moved(),
+            Step::OutputMoved => self.output_moved(),
             Step::Command(Some(Order {
                 command: Command::Close,
                 reply: Reply::Closed(reply),
@@ -701,10 +713,23 @@ impl Task {
     }
 
     /// Commits what happened: the journal's batch with the transcript's
-    /// changes.
+    /// changes and how far the agent's output is dealt with; then its shim
+    /// hears what is committed.
     async fn flush(&mut self) -> Result<()> {
         self.save_transcript();
-        self.journal.flush().await
+        self.note_output();
+        let flushed = self.journal.flush().await;
+        self.acknowledge();
+        flushed
+    }
+
+    /// [`Task::flush`] for an ending: while the database is away, tried
+    /// again until `deadline` (see [`Journal::flush_until`]).
+    async fn flush_until(&mut self, deadline: Instant) {
+        self.save_transcript();
+        self.note_output();
+        self.journal.flush_until(deadline).await;
+        self.acknowledge();
     }
 
     /// Moves the transcript's changes into the journal's batch.

@@ -12,8 +12,7 @@ use std::collections::HashMap;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::acp::chunk::{ChunkKind, TextChunk};
-use crate::model::{self, Message, MessagePart, MessageRole, ToolCall};
+use crate::model::{self, ChunkKind, Message, MessagePart, MessageRole, ToolCall};
 
 /// See the module docs.
 #[derive(Debug, Default)]
@@ -99,7 +98,8 @@ impl Transcript {
     }
 
     /// Applies an agent's update; `true` when it is a message chunk (whose
-    /// event may be joined to the previous one, see [`join_chunk`]).
+    /// event may be joined to the previous one, see
+    /// [`model::SessionUpdate::join_chunk`]).
     pub fn apply(&mut self, update: &Value, turn_id: Option<Uuid>) -> bool {
         let kind = update
             .get("sessionUpdate")
@@ -122,15 +122,15 @@ impl Transcript {
         }
     }
 
-    /// Applies a chunk read on the fast path (as [`Transcript::apply`]
-    /// would its update).
-    pub fn text_chunk(&mut self, chunk: &TextChunk, turn_id: Option<Uuid>) {
-        let role = role(chunk.kind);
+    /// Applies a plain text chunk of `kind` read on the fast path (as
+    /// [`Transcript::apply`] would its update).
+    pub fn text_chunk(&mut self, kind: ChunkKind, text: &str, turn_id: Option<Uuid>) {
+        let role = role(kind);
         match &mut self.current {
             Some(current) if current.message.role == role && current.message.turn_id == turn_id => {
-                current.message.push_text(&chunk.text);
+                current.message.push_text(text);
             }
-            _ => self.add_to_message(role, turn_id, &json!({"type": "text", "text": chunk.text})),
+            _ => self.add_to_message(role, turn_id, &json!({"type": "text", "text": text})),
         }
     }
 
@@ -235,56 +235,6 @@ fn role(kind: ChunkKind) -> MessageRole {
         ChunkKind::AgentThought => MessageRole::Thought,
         ChunkKind::UserMessage => MessageRole::User,
     }
-}
-
-/// The text of chunk update `update` when it is exactly a plain text chunk
-/// of `kind` (nothing else that joining more text would lose).
-pub fn chunk_text_mut(update: &mut Value, kind: ChunkKind) -> Option<&mut String> {
-    let map = update.as_object_mut().filter(|m| m.len() == 2)?;
-    if map.get("sessionUpdate")?.as_str()? != kind.as_str() {
-        return None;
-    }
-    model::plain_text_mut(map.get_mut("content")?)
-}
-
-/// Joins chunk update `next` onto `prev` when both carry one plain text
-/// block and are equal apart from its text (same kind, no annotations or
-/// `_meta` that joining would lose); `false` leaves `prev` untouched.
-pub fn join_chunk(prev: &mut Value, next: &Value) -> bool {
-    let (Some(new_text), Some(_)) = (
-        next.get("content").and_then(model::plain_text),
-        prev.get("content").and_then(model::plain_text),
-    ) else {
-        return false;
-    };
-    if !same_but_text(prev, next) {
-        return false;
-    }
-    if let Value::String(text) = &mut prev["content"]["text"] {
-        text.push_str(new_text);
-    }
-    true
-}
-
-/// Whether two chunk updates are equal apart from `content.text` (compared
-/// in place: the text may be long, and this runs for every chunk).
-fn same_but_text(a: &Value, b: &Value) -> bool {
-    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
-        return false;
-    };
-    a.len() == b.len()
-        && a.iter().all(|(key, va)| match (key.as_str(), b.get(key)) {
-            ("content", Some(vb)) => match (va.as_object(), vb.as_object()) {
-                (Some(ca), Some(cb)) => {
-                    ca.len() == cb.len()
-                        && ca.iter().all(|(k, v)| k == "text" || cb.get(k) == Some(v))
-                        && cb.contains_key("text")
-                }
-                _ => false,
-            },
-            (_, Some(vb)) => va == vb,
-            (_, None) => false,
-        })
 }
 
 #[cfg(test)]
@@ -408,25 +358,5 @@ mod tests {
             texts(&changes.messages),
             [(MessageRole::Agent, "a|<block>|b".into())]
         );
-    }
-
-    #[test]
-    fn chunk_events_join_only_when_nothing_but_the_text_differs() {
-        let mut prev = chunk("agent_message_chunk", "Hel");
-        assert!(join_chunk(&mut prev, &chunk("agent_message_chunk", "lo")));
-        assert_eq!(prev, chunk("agent_message_chunk", "Hello"));
-        for other in [
-            chunk("agent_thought_chunk", "x"),
-            json!({"sessionUpdate": "agent_message_chunk", "content":
-                {"type": "text", "text": "x", "annotations": {"priority": 1}}}),
-            json!({"sessionUpdate": "agent_message_chunk", "_meta": {"a": 1},
-                "content": {"type": "text", "text": "x"}}),
-            json!({"sessionUpdate": "agent_message_chunk", "content":
-                {"type": "image", "data": "AA==", "mimeType": "image/png"}}),
-        ] {
-            let mut prev = chunk("agent_message_chunk", "Hello");
-            assert!(!join_chunk(&mut prev, &other), "{other}");
-            assert_eq!(prev, chunk("agent_message_chunk", "Hello"));
-        }
     }
 }

@@ -2,16 +2,15 @@
 //! journal keeps what it would have committed (up to a bound), publishes it
 //! at once so live clients see it (before it is committed: the one case
 //! where an event reaches the bus first), tries again with a growing
-//! backoff, and commits it all once the database answers.
+//! backoff, and commits it all once the database answers. The normal path
+//! (`journal.rs`) comes here only while an outage lasts, or when a commit
+//! finds the database gone.
 
 use std::time::Duration;
 
-use super::Journal;
-use crate::acp::rpc::Processed;
-use crate::error::Result;
+use super::{Journal, Outage, MAX_BACKOFF};
+use crate::error::Error;
 use crate::model::Event;
-use crate::store::AgentLink;
-use crate::telemetry;
 
 impl Journal {
     /// From now on a database outage does not fail [`Journal::flush`]: what
@@ -43,15 +42,57 @@ impl Journal {
         }
     }
 
-    /// Keeps the write-buffer gauge at what this journal held.
-    pub(super) fn gauge(&mut self) {
-        let buffered = self.batch.events.len();
-        telemetry::buffered(buffered as f64 - self.gauged as f64);
-        self.gauged = buffered;
+    /// During an outage, before a commit: whether the database is still
+    /// away (not yet time to try it, or it does not answer a brief ping, so
+    /// that the session keeps serving meanwhile). If so, what is buffered is
+    /// published early and held.
+    pub(super) async fn still_away(&mut self) -> bool {
+        let Some(outage) = self.outage else {
+            return false;
+        };
+        let now = tokio::time::Instant::now();
+        if now >= outage.retry_at && self.database_answers().await {
+            return false;
+        }
+        if now >= outage.retry_at {
+            let backoff = (outage.backoff * 2).min(MAX_BACKOFF);
+            self.outage = Some(Outage {
+                retry_at: now + backoff,
+                backoff,
+            });
+        }
+        self.publish_early();
+        self.gauge();
+        true
+    }
+
+    /// A commit found the database gone (`e`): what it held waits, published
+    /// early, and is tried again after a growing backoff.
+    pub(super) fn went_away(&mut self, e: &Error) {
+        let backoff = self.outage.map_or(Duration::from_millis(250), |o| {
+            (o.backoff * 2).min(MAX_BACKOFF)
+        });
+        if self.outage.is_none() {
+            tracing::warn!(conversation_id = %self.conversation_id, error = %e,
+                "the database is unreachable: holding writes in memory and trying again");
+        }
+        self.outage = Some(Outage {
+            retry_at: tokio::time::Instant::now() + backoff,
+            backoff,
+        });
+        self.publish_early();
+    }
+
+    /// A commit went through: any outage is over.
+    pub(super) fn came_back(&mut self) {
+        if self.outage.take().is_some() {
+            tracing::info!(conversation_id = %self.conversation_id,
+                "the database answers again: buffered writes committed");
+        }
     }
 
     /// Whether the database answers a ping within a moment.
-    pub(super) async fn database_answers(&self) -> bool {
+    async fn database_answers(&self) -> bool {
         let ping = self.sink.store.ping();
         matches!(
             tokio::time::timeout(Duration::from_millis(250), ping).await,
@@ -61,7 +102,7 @@ impl Journal {
 
     /// During an outage: publishes the events no client has seen yet, so
     /// they still flow live; they are committed later, unchanged.
-    pub(super) fn publish_early(&mut self) {
+    fn publish_early(&mut self) {
         let fresh: Vec<Event> = self
             .batch
             .events
@@ -72,6 +113,26 @@ impl Journal {
         if let Some(last) = fresh.last() {
             self.published = last.seq;
             self.sink.bus.publish(self.owner.as_deref(), fresh);
+        }
+    }
+
+    /// `committed` (in `seq` order) begins with events published early: the
+    /// last of those is sent again to the conversation's sockets, now that
+    /// the store holds it (a socket that reconnected during the outage
+    /// waits for the store, not for the next event), and other nodes are
+    /// told of all of them.
+    pub(super) fn early_ones_committed(&self, committed: &[Event]) {
+        let published = self.published;
+        let mut early = committed.iter().filter(|e| e.seq <= published);
+        if let Some(first) = early.next() {
+            let last = early.next_back().unwrap_or(first);
+            self.sink.bus.remind(self.owner.as_deref(), last);
+            // Other nodes' sockets read them from the store, now they are there.
+            self.sink.bus.announce_committed(crate::bus::Announced {
+                conversation: first.conversation_id,
+                first: first.seq,
+                last: last.seq,
+            });
         }
     }
 
@@ -95,64 +156,6 @@ impl Journal {
                 return false;
             }
             tokio::time::sleep_until(retry_at).await;
-        }
-    }
-
-    pub(super) async fn commit_with_retries(&mut self) -> Result<()> {
-        let mut attempt = 0;
-        loop {
-            let started = std::time::Instant::now();
-            self.batch.fence = self.fence;
-            if let Some((link, cursor)) = &mut self.link {
-                let at = cursor.position();
-                link.output_to = at.to;
-                link.output_inside_long_line = at.inside_long_line;
-                self.batch.link = Some(link.clone());
-            }
-            let committed = self
-                .sink
-                .store
-                .commit(self.conversation_id, &self.batch)
-                .await;
-            telemetry::commit_took(started.elapsed());
-            match committed {
-                Ok(()) => break,
-                // A writer that rides out outages tries again later instead.
-                Err(e) if e.is_transient() && attempt < 3 && self.max_buffered == 0 => {
-                    attempt += 1;
-                    tracing::warn!(conversation_id = %self.conversation_id, error = %e, attempt, "commit failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
-                }
-                // Another node owns the conversation now: nothing of this
-                // node's is written any more.
-                Err(e) if e.is_transient() || e.is_fenced() => return Err(e),
-                Err(e) => {
-                    tracing::warn!(conversation_id = %self.conversation_id, error = %e,
-                        "the database refused a batch; writing it piece by piece");
-                    let link = self.batch.link.clone();
-                    self.commit_piecewise().await?;
-                    self.acknowledge(link.as_ref());
-                    return Ok(());
-                }
-            }
-        }
-        let batch = std::mem::take(&mut self.batch);
-        self.acknowledge(batch.link.as_ref());
-        self.committed();
-        telemetry::events_written(batch.events.len());
-        self.publish_committed(batch.events);
-        Ok(())
-    }
-
-    /// The agent's output before `link.output_to` is committed: its shim
-    /// may forget it.
-    fn acknowledge(&mut self, link: Option<&AgentLink>) {
-        if let (Some(link), Some((_, cursor))) = (link, &self.link) {
-            cursor.committed(link.output_to);
-            self.acknowledged = Processed {
-                to: link.output_to,
-                inside_long_line: link.output_inside_long_line,
-            };
         }
     }
 }

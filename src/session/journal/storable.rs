@@ -265,9 +265,7 @@ impl Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bus::EventBus;
-    use crate::model::{self, Conversation, ConversationStatus};
-    use crate::session::journal::Sink;
+    use crate::session::journal::tests::journal_in;
 
     fn thought(text: &str) -> Value {
         json!({"sessionUpdate": "agent_thought_chunk", "content": {"type": "text", "text": text}})
@@ -279,31 +277,9 @@ mod tests {
     #[tokio::test]
     async fn events_a_lost_answer_left_stored_are_published_not_stored_again() {
         let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("gateway.db").display());
-        let store = crate::store::open(&url).await.unwrap();
-        let conversation = Conversation {
-            id: model::new_id(),
-            agent: "demo".into(),
-            title: None,
-            cwd: "/tmp".into(),
-            status: ConversationStatus::Idle,
-            acp_session_id: None,
-            last_seq: 0,
-            created_at: model::now(),
-            updated_at: model::now(),
-            owner: None,
-            state: Default::default(),
-            node_id: None,
-        };
-        let id = conversation.id;
-        store.insert_conversation(&conversation).await.unwrap();
-        let bus = EventBus::new(16);
-        let mut sub = bus.subscribe(id);
-        let sink = Sink {
-            store: store.clone(),
-            bus,
-        };
-        let mut journal = Journal::new(sink, &conversation, None);
+        let (mut journal, sink) = journal_in(dir.path()).await;
+        let (store, id) = (sink.store, journal.conversation_id());
+        let mut sub = sink.bus.subscribe(id);
         journal.session_update(thought("a"), None);
         journal.session_update(thought("b"), None);
         let lost = Batch {

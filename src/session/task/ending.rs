@@ -114,8 +114,7 @@ impl Task {
             incoming.done();
         }
         let deadline = tokio::time::Instant::now() + self.shutdown_timeout;
-        self.save_transcript();
-        self.journal.flush_until(deadline).await;
+        self.flush_until(deadline).await;
         // No answer goes out from here on (a dropped request would be
         // answered "dropped" otherwise).
         self.agent.peer().close("the gateway detached");
@@ -206,14 +205,13 @@ impl Task {
         self.answer_changes_left().await?;
         // What waits for an unreachable database is written first (the
         // requests' answers must come after it).
-        self.save_transcript();
         let patience = if by_user || stop_reason == "cancelled" {
             self.shutdown_timeout
         } else {
             OUTAGE_PATIENCE
         };
         let deadline = tokio::time::Instant::now() + patience;
-        self.journal.flush_until(deadline).await;
+        self.flush_until(deadline).await;
         // Reaped, and its group killed with it.
         forget_process(self.journal.store(), self.record.take().as_ref()).await;
         // Requests the agent can no longer receive an answer for.
@@ -227,11 +225,15 @@ impl Task {
         });
         let agent = AgentStatus::new(agent_state, Some(detail));
         self.save_transcript();
-        self.journal
+        self.note_output();
+        let gone = self
+            .journal
             .agent_gone(turn_ended, agent, final_status)
-            .await?;
+            .await;
+        self.acknowledge();
+        gone?;
         // Nothing held in memory may go with the task.
-        self.journal.flush_until(deadline).await;
+        self.flush_until(deadline).await;
         // Its shim has nothing more to hold for anyone.
         self.process.release().await;
         if let Some(reply) = reply {

@@ -1,7 +1,8 @@
 //! What the agent sends, applied: `session/update` notifications to the
 //! transcript and the journal, its requests (permission, files, terminals)
 //! to whoever serves them, and what is queued in its stdout drained in
-//! order.
+//! order; under a shim, how far its output is dealt with, noted with each
+//! commit and acknowledged after it (see `output.rs`).
 
 use serde_json::Value;
 
@@ -37,6 +38,35 @@ impl Task {
     fn dealt_with(&mut self) {
         if let Some(incoming) = self.incoming.as_mut() {
             incoming.done();
+        }
+    }
+
+    /// Before a commit: tells the journal how far the agent's output under
+    /// a shim is dealt with (everything the commit holds is: see
+    /// `Task::dealt_with`).
+    pub(super) fn note_output(&mut self) {
+        if let Some(output) = &self.shim_output {
+            self.journal.output_at(output.position());
+        }
+    }
+
+    /// After a commit: tells the agent's shim how far the journal's commits
+    /// took its output, so that it may forget what lies before.
+    pub(super) fn acknowledge(&mut self) {
+        let committed = self.journal.committed_output();
+        if let (Some(output), Some(at)) = (&mut self.shim_output, committed) {
+            output.acknowledge(at);
+        }
+    }
+
+    /// The agent's output may have been dealt with further than its shim
+    /// heard is committed (by the reader alone: lines dropped, too long, a
+    /// message ignored): the journal is to commit so (see
+    /// [`crate::session::journal::Journal::output_moved`]).
+    pub(super) fn output_moved(&mut self) {
+        self.acknowledge();
+        if self.shim_output.as_ref().is_some_and(|o| o.moved()) {
+            self.journal.output_moved();
         }
     }
 
@@ -84,8 +114,8 @@ impl Task {
             },
             Incoming::TextChunk(chunk) => {
                 let turn_id = self.turn_id();
-                self.transcript.text_chunk(&chunk, turn_id);
-                self.journal.text_chunk(&chunk, turn_id);
+                self.transcript.text_chunk(chunk.kind, &chunk.text, turn_id);
+                self.journal.text_chunk(chunk.kind, &chunk.text, turn_id);
             }
             Incoming::Request(request) => match request.method.as_str() {
                 "session/request_permission" => self.on_permission_request(request).await?,

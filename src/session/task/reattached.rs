@@ -8,7 +8,7 @@
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::{assemble, Assembly, ExitCauses, Task, Turn};
+use super::{assemble, Assembly, ExitCauses, ShimOutput, Task, Turn};
 use crate::acp::agent::{AgentPipes, AgentProcess, Cursor};
 use crate::acp::client::AgentSession;
 use crate::acp::rpc::{RpcConfig, RpcPeer};
@@ -77,9 +77,11 @@ pub async fn reattach(r: Reattached<'_>) -> Result<(Handle, tokio::task::JoinHan
     let mut journal = r.journal;
     journal.ride_out_outages(r.write_buffer_events);
     journal.serve(Lane::Agent);
-    journal.link_to(r.link.clone(), Cursor::new(peer.clone(), control));
+    journal.link_to(r.link.clone());
+    let shim_output = ShimOutput::new(Cursor::new(peer.clone(), control), &r.link);
     let (handle, mut task) = assemble(Assembly {
         journal,
+        shim_output: Some(shim_output),
         process: r.process,
         record: Some(r.record),
         agent,
