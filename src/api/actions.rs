@@ -25,7 +25,7 @@ use crate::model::{Answer, PermissionRequest, PermissionStatus};
 use crate::notify::actions::well_formed;
 use crate::permissions::already_resolved;
 use crate::ratelimit::SlidingWindow;
-use crate::session::Answerer;
+use crate::session::answer::Answerer;
 use crate::store::ActionToken;
 
 /// Failed lookups (unknown, used or expired tokens) allowed per client

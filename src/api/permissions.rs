@@ -14,7 +14,7 @@ use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::model::Answer;
 use crate::model::{Page, PermissionRequest};
-use crate::session::Answerer;
+use crate::session::answer::Answerer;
 use crate::store::PermissionFilter;
 
 pub fn router() -> OpenApiRouter<AppState> {

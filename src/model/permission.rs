@@ -95,9 +95,9 @@ impl From<Option<String>> for Answer {
     }
 }
 
-/// How a permission request was answered. Its `option_id` and `outcome` are
-/// an [`Answer`] as stored and shown (read it back with
-/// [`Decision::answer`]).
+// Its `option_id` and `outcome` are an `Answer` as stored and shown: read
+// it back with `Decision::answer`.
+/// How a permission request was answered.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Decision {
     /// The option chosen; `null` with the `cancelled` outcome.

@@ -8,7 +8,7 @@
 //!
 //! Inside: `route` runs the API's commands here or forwards them to the
 //! node that owns the conversation (and serves those forwarded here);
-//! `answer` is the one road of a person's answer to a permission request;
+//! [`answer`] is the one road of a person's answer to a permission request;
 //! [`recover`] recovers what a previous run or a dead node left behind;
 //! `reattach` takes up the agents a previous run left under their shims;
 //! [`task`] is one conversation's `select!` loop, taking [`command`]s;
@@ -17,7 +17,7 @@
 //! until answered; [`journal`] is the single writer that commits, then
 //! publishes.
 
-mod answer;
+pub mod answer;
 pub mod command;
 pub mod journal;
 pub mod pending;
@@ -45,7 +45,6 @@ use crate::error::{Error, Result};
 use crate::model::Conversation;
 use crate::permissions::PolicyHandle;
 use crate::store::Store;
-pub use answer::Answerer;
 use command::Handle;
 pub use command::Setting;
 use journal::Sink;
