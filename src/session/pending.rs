@@ -35,6 +35,9 @@ pub struct WaitingRequest {
     pub request: PermissionRequest,
     pub owner: Option<String>,
     pub(super) responder: Responder,
+    /// The [`Pending`] that holds it (a conversation's ending session and
+    /// the next may both have one for a moment).
+    held_by: Uuid,
 }
 
 /// A request claimed to be answered: out of the index, with when it was
@@ -48,10 +51,10 @@ pub struct Parked {
 
 /// See the module docs.
 pub struct Pending {
-    /// This node's index of waiting requests; this session's are those of
-    /// `conversation`.
+    /// This node's index of waiting requests; this session's are those
+    /// held by `id`.
     waiting: WaitingRequests,
-    conversation: Uuid,
+    id: Uuid,
     /// Whose conversation it is.
     owner: Option<String>,
     deadlines: Deadlines,
@@ -62,19 +65,18 @@ pub struct Pending {
 }
 
 impl Pending {
-    /// The requests of `conversation` (owned by `owner`), held in
+    /// A session's requests (its conversation owned by `owner`), held in
     /// `waiting`; they time out after `timeout` (never without one),
     /// answered as `on_timeout` says.
     pub fn new(
         timeout: Option<Duration>,
         on_timeout: OnTimeout,
         waiting: WaitingRequests,
-        conversation: Uuid,
         owner: Option<String>,
     ) -> Pending {
         Pending {
             waiting,
-            conversation,
+            id: Uuid::now_v7(),
             owner,
             deadlines: Deadlines::default(),
             limiter: RateLimiter::default(),
@@ -85,7 +87,7 @@ impl Pending {
 
     /// Whether `waiting` is one of this session's requests.
     fn is_mine(&self, waiting: &WaitingRequest) -> bool {
-        waiting.request.conversation_id == self.conversation
+        waiting.held_by == self.id
     }
 
     pub fn is_empty(&self) -> bool {
@@ -115,6 +117,7 @@ impl Pending {
             request,
             owner,
             responder,
+            held_by: self.id,
         };
         let mut index = self.waiting.lock().unwrap();
         index.insert(waiting.request.id, waiting);
@@ -362,14 +365,8 @@ mod tests {
             decision: None,
             created_at: model::now(),
         };
-        let (id, conversation) = (request.id, request.conversation_id);
-        let mut pending = Pending::new(
-            Some(timeout),
-            OnTimeout::Reject,
-            Default::default(),
-            conversation,
-            None,
-        );
+        let id = request.id;
+        let mut pending = Pending::new(Some(timeout), OnTimeout::Reject, Default::default(), None);
         pending.park(
             request,
             peer.responder_for(1.into(), "session/request_permission"),

@@ -323,7 +323,6 @@ fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
             profile.permission_timeout,
             profile.on_timeout,
             parts.waiting,
-            conversation.id,
             conversation.owner.clone(),
         ),
         transcript: Transcript::default(),
