@@ -13,7 +13,8 @@
 //! - [`session`]: conversations at work. [`session::Sessions`] (`mod.rs`)
 //!   is the registry of live conversations and their admission (limits);
 //!   `route.rs` runs a command here or forwards it to the node that owns the
-//!   conversation (and carries out what other nodes forward);
+//!   conversation (and carries out what other nodes forward); `answer.rs`
+//!   is the one road of a person's answer to a permission request;
 //!   [`session::recover`] recovers what a previous run or a dead node left;
 //!   [`session::command`] is the one serialisable `Command` (local and
 //!   forwarded) and the handle that sends it; `spawn.rs` starts an agent and

@@ -21,10 +21,11 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use super::responses::TooManyFailedLookups;
 use super::state::AppState;
 use crate::error::{Error, Result};
-use crate::model::{PermissionRequest, PermissionStatus};
+use crate::model::{Answer, PermissionRequest, PermissionStatus};
 use crate::notify::actions::well_formed;
-use crate::permissions::Answer;
+use crate::permissions::already_resolved;
 use crate::ratelimit::SlidingWindow;
+use crate::session::answer::Answerer;
 use crate::store::ActionToken;
 
 /// Failed lookups (unknown, used or expired tokens) allowed per client
@@ -256,42 +257,19 @@ async fn answer(
     if request.status != PermissionStatus::Pending {
         return Err(already_resolved(request));
     }
-    let decided_by = format!("user:{}", row.user_name);
-    let answer = Answer::Option(row.option_id.clone());
-    let via = Some("notification".to_owned());
-    let owner = row.user_name.clone();
-    let held = state.sessions().respond_waiting_here(
-        request.id,
-        |o| o == Some(owner.as_str()),
-        answer.clone(),
-        decided_by.clone(),
-        via.clone(),
-    );
-    let answered = match held.await {
-        Some(answered) => answered?,
-        None => {
-            state
-                .sessions()
-                .respond(&request, answer, decided_by, via)
-                .await?
-        }
+    let user = row.user_name.clone();
+    let may_see = move |owner: Option<&str>| owner == Some(user.as_str());
+    let who = Answerer {
+        decided_by: format!("user:{}", row.user_name),
+        via: Some("notification".to_owned()),
+        may_see: Some(&may_see),
     };
+    let answer = Answer::Option(row.option_id.clone());
+    let answered = state.sessions().answer(request.id, &who, answer).await?;
     // The same answer given another way first reads back as success from
-    // the shared path: only ours counts as this action's.
+    // the shared road: only ours counts as this action's.
     match &answered.decision {
         Some(d) if d.via.as_deref() == Some("notification") => Ok(Json(answered)),
         _ => Err(already_resolved(answered)),
-    }
-}
-
-fn already_resolved(request: PermissionRequest) -> Error {
-    Error::Conflict {
-        code: "already_resolved",
-        detail: format!(
-            "permission request {} is already {}",
-            request.id,
-            request.status.as_str()
-        ),
-        extra: Some(serde_json::json!({ "request": request })),
     }
 }

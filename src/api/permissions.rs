@@ -12,8 +12,9 @@ use super::page::whole;
 use super::state::AppState;
 use crate::auth::Caller;
 use crate::error::{Error, Result};
+use crate::model::Answer;
 use crate::model::{Page, PermissionRequest};
-use crate::permissions::Answer;
+use crate::session::answer::Answerer;
 use crate::store::PermissionFilter;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -138,6 +139,7 @@ impl<'de> Deserialize<'de> for RespondBody {
 }
 
 impl RespondBody {
+    /// The answer the body gives (its shape is only the document's).
     fn answer(self) -> Answer {
         match self {
             RespondBody::Option(OptionAnswer { option_id }) => Answer::Option(option_id),
@@ -168,21 +170,12 @@ async fn respond(
     AppPath(id): AppPath<Uuid>,
     AppJson(body): AppJson<RespondBody>,
 ) -> Result<Json<PermissionRequest>> {
-    let answer = body.answer();
-    let held = state.sessions().respond_waiting_here(
-        id,
-        |owner| caller.can_see(owner),
-        answer.clone(),
-        caller.decided_by(),
-        None,
-    );
-    if let Some(answered) = held.await {
-        return answered.map(Json);
-    }
-    let request = PermissionRequest::find(&state, &caller, id).await?;
-    state
-        .sessions()
-        .respond(&request, answer, caller.decided_by(), None)
-        .await
-        .map(Json)
+    let may_see = |owner: Option<&str>| caller.can_see(owner);
+    let who = Answerer {
+        decided_by: caller.decided_by(),
+        via: None,
+        may_see: Some(&may_see),
+    };
+    let answered = state.sessions().answer(id, &who, body.answer()).await?;
+    Ok(Json(answered))
 }

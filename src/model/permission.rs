@@ -47,6 +47,56 @@ impl PermissionStatus {
     }
 }
 
+/// A person's (or the gateway's) answer to a permission request: one of the
+/// options the agent offered, or none (the ACP `cancelled` outcome). The one
+/// shape of an answer from the API's body to the agent's result: a
+/// [`Decision`] records it, and [`Answer::acp_result`] is what the agent
+/// receives. Its serde form (`{"Option": "<id>"}` or `"Cancelled"`) is what
+/// gateway nodes send each other in a forwarded command, so it never changes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Answer {
+    Option(String),
+    Cancelled,
+}
+
+impl Answer {
+    /// The option chosen (`None`: the cancelled outcome).
+    pub fn option_id(&self) -> Option<&str> {
+        match self {
+            Answer::Option(id) => Some(id),
+            Answer::Cancelled => None,
+        }
+    }
+
+    /// The ACP outcome: `selected` or `cancelled`.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Answer::Option(_) => "selected",
+            Answer::Cancelled => "cancelled",
+        }
+    }
+
+    /// The ACP result of `session/request_permission` that the agent
+    /// receives.
+    pub fn acp_result(&self) -> Value {
+        match self {
+            Answer::Option(option_id) => {
+                serde_json::json!({"outcome": {"outcome": "selected", "optionId": option_id}})
+            }
+            Answer::Cancelled => serde_json::json!({"outcome": {"outcome": "cancelled"}}),
+        }
+    }
+}
+
+/// An option, or (`None`) the cancelled outcome.
+impl From<Option<String>> for Answer {
+    fn from(option_id: Option<String>) -> Answer {
+        option_id.map_or(Answer::Cancelled, Answer::Option)
+    }
+}
+
+// Its `option_id` and `outcome` are an `Answer` as stored and shown: read
+// it back with `Decision::answer`.
 /// How a permission request was answered.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Decision {
@@ -69,16 +119,13 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// A decision made now: the option chosen, or (`None`) the cancelled outcome.
-    pub fn new(option_id: Option<String>, decided_by: String, reason: Option<String>) -> Decision {
+    /// A decision made now: `answer` (an option, or `None` for the
+    /// cancelled outcome), by `decided_by`, for `reason`.
+    pub fn new(answer: impl Into<Answer>, decided_by: String, reason: Option<String>) -> Decision {
+        let answer = answer.into();
         Decision {
-            outcome: if option_id.is_some() {
-                "selected"
-            } else {
-                "cancelled"
-            }
-            .to_owned(),
-            option_id,
+            outcome: answer.outcome().to_owned(),
+            option_id: answer.option_id().map(str::to_owned),
             decided_by,
             reason,
             decided_at: now(),
@@ -86,14 +133,17 @@ impl Decision {
         }
     }
 
+    /// The answer it records (an option only with the `selected` outcome).
+    pub fn answer(&self) -> Answer {
+        match &self.option_id {
+            Some(option_id) if self.outcome == "selected" => Answer::Option(option_id.clone()),
+            _ => Answer::Cancelled,
+        }
+    }
+
     /// The ACP result sent back to the agent.
     pub fn acp_result(&self) -> Value {
-        match &self.option_id {
-            Some(option_id) if self.outcome == "selected" => {
-                serde_json::json!({"outcome": {"outcome": "selected", "optionId": option_id}})
-            }
-            _ => serde_json::json!({"outcome": {"outcome": "cancelled"}}),
-        }
+        self.answer().acp_result()
     }
 }
 

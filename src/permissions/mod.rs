@@ -12,18 +12,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
-use crate::model::{PermissionRequest, PermissionStatus, PolicyRule};
+use crate::model::{Answer, PermissionRequest, PermissionStatus, PolicyRule};
 use crate::store::Store;
 use policy::{Action, Policies, Verdict};
 
 pub use policy::{keys_to_remember, ToolKey};
-
-/// A user's answer to a permission request.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub enum Answer {
-    Option(String),
-    Cancelled,
-}
 
 /// Checks an answer against a request: the option must be one it offers
 /// (else 409 `not_offered`: the document cannot know the options).
@@ -43,17 +36,16 @@ pub fn validate_answer(request: &PermissionRequest, answer: &Answer) -> Result<P
 /// answer again succeeds (a retrying phone), a different one is a conflict
 /// that carries the current request.
 pub fn answer_resolved(request: PermissionRequest, answer: &Answer) -> Result<PermissionRequest> {
-    let same = match (&request.decision, answer) {
-        (Some(d), Answer::Option(id)) => {
-            d.outcome == "selected" && d.option_id.as_ref() == Some(id)
-        }
-        (Some(d), Answer::Cancelled) => d.outcome == "cancelled",
-        (None, _) => false,
-    };
-    if same {
-        return Ok(request);
+    match &request.decision {
+        Some(d) if d.answer() == *answer => Ok(request),
+        _ => Err(already_resolved(request)),
     }
-    Err(Error::Conflict {
+}
+
+/// 409 `already_resolved`: someone answered `request` first; the conflict
+/// carries it as it is now.
+pub fn already_resolved(request: PermissionRequest) -> Error {
+    Error::Conflict {
         code: "already_resolved",
         detail: format!(
             "permission request {} is already {}",
@@ -61,7 +53,7 @@ pub fn answer_resolved(request: PermissionRequest, answer: &Answer) -> Result<Pe
             request.status.as_str()
         ),
         extra: Some(json!({ "request": request })),
-    })
+    }
 }
 
 /// The reply to an answer for a request no live agent holds: a repeat of
@@ -92,11 +84,11 @@ pub enum OnTimeout {
     Cancel,
 }
 
-/// The option a timed-out request is answered with (`None`: cancelled).
-pub fn timeout_option(request: &PermissionRequest, on_timeout: OnTimeout) -> Option<String> {
+/// The answer a timed-out request gets.
+pub fn timeout_answer(request: &PermissionRequest, on_timeout: OnTimeout) -> Answer {
     match on_timeout {
-        OnTimeout::Reject => option_of_kind(request, "reject_once"),
-        OnTimeout::Cancel => None,
+        OnTimeout::Reject => option_of_kind(request, "reject_once").into(),
+        OnTimeout::Cancel => Answer::Cancelled,
     }
 }
 
@@ -114,7 +106,7 @@ pub fn option_kind<'a>(request: &'a PermissionRequest, option_id: &str) -> Optio
     request.option(option_id)?.get("kind")?.as_str()
 }
 
-/// How a policy verdict answers a request: the option to pick (`None`: the
+/// How a policy verdict answers a request: the answer (an option, or the
 /// cancelled outcome) and the status it leads to; `None` when a person must
 /// decide. `allow` picks `allow_once` (`allow_always` only for a rule that
 /// remembers, or a remembered answer); `deny` picks `reject_once`
@@ -123,7 +115,7 @@ pub fn option_kind<'a>(request: &'a PermissionRequest, option_id: &str) -> Optio
 pub fn automatic_answer(
     request: &PermissionRequest,
     verdict: &Verdict,
-) -> Option<(PermissionStatus, Option<String>)> {
+) -> Option<(PermissionStatus, Answer)> {
     let remembered = verdict.rule.as_deref() == Some("remembered");
     let pick = |kinds: &[&str]| kinds.iter().find_map(|k| option_of_kind(request, k));
     match verdict.decision {
@@ -134,7 +126,7 @@ pub fn automatic_answer(
             } else {
                 &["allow_once"]
             };
-            pick(kinds).map(|option| (PermissionStatus::Approved, Some(option)))
+            pick(kinds).map(|option| (PermissionStatus::Approved, Answer::Option(option)))
         }
         Action::Deny => {
             let kinds: &[&str] = if remembered {
@@ -142,7 +134,7 @@ pub fn automatic_answer(
             } else {
                 &["reject_once"]
             };
-            Some((PermissionStatus::Rejected, pick(kinds)))
+            Some((PermissionStatus::Rejected, pick(kinds).into()))
         }
     }
 }
@@ -236,10 +228,14 @@ mod tests {
             {"optionId": "a", "name": "A", "kind": "allow_once"},
             {"optionId": "r", "name": "R", "kind": "reject_once"}
         ]));
-        assert_eq!(timeout_option(&r, OnTimeout::Reject).as_deref(), Some("r"));
-        assert_eq!(timeout_option(&r, OnTimeout::Cancel), None);
+        let r_option = Answer::Option("r".into());
+        assert_eq!(timeout_answer(&r, OnTimeout::Reject), r_option);
+        assert_eq!(timeout_answer(&r, OnTimeout::Cancel), Answer::Cancelled);
         let only_allow = request(json!([{"optionId": "a", "name": "A", "kind": "allow_once"}]));
-        assert_eq!(timeout_option(&only_allow, OnTimeout::Reject), None);
+        assert_eq!(
+            timeout_answer(&only_allow, OnTimeout::Reject),
+            Answer::Cancelled
+        );
     }
 
     #[test]
@@ -255,8 +251,7 @@ mod tests {
             v.remember = remember;
             v
         };
-        let answer =
-            |verdict| automatic_answer(&r, &verdict).map(|(s, o)| (s, o.unwrap_or_default()));
+        let answer = |verdict| automatic_answer(&r, &verdict);
         use PermissionStatus::*;
         for (verdict, expected) in [
             (v(Action::Allow, "read-only", false), Some((Approved, "a1"))),
@@ -269,13 +264,13 @@ mod tests {
             (v(Action::Deny, "remembered", false), Some((Rejected, "ra"))),
             (v(Action::Ask, "ask", false), None),
         ] {
-            let expected = expected.map(|(status, option)| (status, option.to_owned()));
+            let expected = expected.map(|(status, option)| (status, Answer::Option(option.into())));
             assert_eq!(answer(verdict), expected);
         }
         let only_allow = request(json!([{"optionId": "a1", "name": "A", "kind": "allow_once"}]));
         assert_eq!(
             automatic_answer(&only_allow, &v(Action::Deny, "no rm", false)),
-            Some((Rejected, None))
+            Some((Rejected, Answer::Cancelled))
         );
         let only_always = request(json!([{"optionId": "aa", "name": "A", "kind": "allow_always"}]));
         assert_eq!(

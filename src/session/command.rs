@@ -1,9 +1,9 @@
 //! What a live conversation's task is asked to do, and the [`Handle`] that
-//! asks it. One [`Command`] serves both ways it comes: from this node's API
-//! (with a [`Reply`] channel beside it, never serialised) and from another
-//! gateway node through the database (see [`crate::cluster`]), as JSON
-//! whose form is fixed: nodes of two versions may share a database during a
-//! deploy.
+//! asks it. One [`Command`] serves both ways it comes: from this node's API,
+//! carrying the channel its answer goes back on (its [`Reply`], never
+//! serialised), and from another gateway node through the database (see
+//! [`crate::cluster`]), as JSON whose form is fixed: nodes of two versions
+//! may share a database during a deploy.
 
 use std::sync::{Arc, Mutex};
 
@@ -14,21 +14,33 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::error::Result;
-use crate::model::{AgentReport, PermissionRequest};
-use crate::permissions::Answer;
+use crate::model::{AgentReport, Answer, PermissionRequest};
 
 /// A command for a conversation, as the task gets it and as one node sends
-/// it to another (`{"kind": "prompt", …}`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// it to another (`{"kind": "prompt", …}`). Each carries its own reply, of
+/// the type its caller waits for; one read from another node's JSON carries
+/// none (that node hears through the database).
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Command {
-    /// Start a turn with this content.
-    Prompt { content: Vec<Value> },
+    /// Start a turn with this content; the reply is the new turn's id.
+    Prompt {
+        content: Vec<Value>,
+        #[serde(skip)]
+        reply: Reply<Result<Uuid>>,
+    },
     /// Cancel the running turn, if any.
-    Cancel,
-    /// Close the conversation: the agent stops.
-    Close,
-    /// A person's answer to the permission request `request`.
+    Cancel {
+        #[serde(skip)]
+        reply: Reply<Result<()>>,
+    },
+    /// Close the conversation: the agent stops; the reply once it is gone.
+    Close {
+        #[serde(skip)]
+        reply: Reply<()>,
+    },
+    /// A person's answer to the permission request `request`; the reply is
+    /// the answered request (`None`: the task holds no such request).
     Respond {
         request: Uuid,
         answer: Answer,
@@ -36,16 +48,22 @@ pub enum Command {
         /// How the answer came (`notification`), if not over the API.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         via: Option<String>,
+        #[serde(skip)]
+        reply: Reply<Result<Option<PermissionRequest>>>,
     },
-    /// A user changes a session setting.
+    /// A user changes a session setting; the reply once the agent accepted
+    /// it and the change is recorded.
     Change {
         setting: Setting,
         changed_by: String,
+        #[serde(skip)]
+        reply: Reply<Result<()>>,
     },
-    /// Stop the agent if it is idle (to make room for another). Only ever
-    /// asked of this node's own tasks: it is never sent to another node.
+    /// Stop the agent if it is idle (to make room for another); the reply
+    /// says whether it will stop. Only ever asked of this node's own tasks:
+    /// it is never sent to another node.
     #[serde(skip)]
-    Release,
+    Release { reply: Reply<bool> },
 }
 
 impl Command {
@@ -56,26 +74,41 @@ impl Command {
     }
 }
 
-/// Whom to tell how a [`Command`] went: the caller waiting on this node.
-/// Each command has its own kind of reply (see [`Handle`]).
-pub(super) enum Reply {
-    /// To [`Command::Prompt`]: the new turn's id.
-    Started(oneshot::Sender<Result<Uuid>>),
-    /// To [`Command::Cancel`] and [`Command::Change`].
-    Done(oneshot::Sender<Result<()>>),
-    /// To [`Command::Respond`]: the answered request (`None`: the task
-    /// holds no such request).
-    Answered(oneshot::Sender<Result<Option<PermissionRequest>>>),
-    /// To [`Command::Close`], once the agent is gone.
-    Closed(oneshot::Sender<()>),
-    /// To [`Command::Release`]: whether the agent will stop.
-    Released(oneshot::Sender<bool>),
+/// Where a [`Command`]'s answer goes: the caller waiting on this node, or
+/// nobody (a command as another node sent it, or made to be sent).
+pub struct Reply<T>(Option<oneshot::Sender<T>>);
+
+impl<T> Reply<T> {
+    /// No one waits here for the answer.
+    pub fn none() -> Reply<T> {
+        Reply(None)
+    }
+
+    /// Answers the caller, if one waits (one that gave up hears nothing).
+    pub fn send(self, answer: T) {
+        if let Some(tx) = self.0 {
+            let _ = tx.send(answer);
+        }
+    }
 }
 
-/// A command for a local task, with its reply.
-pub(super) struct Order {
-    pub(super) command: Command,
-    pub(super) reply: Reply,
+impl<T> Default for Reply<T> {
+    fn default() -> Reply<T> {
+        Reply::none()
+    }
+}
+
+/// A reply is not part of what a command says.
+impl<T> PartialEq for Reply<T> {
+    fn eq(&self, _: &Reply<T>) -> bool {
+        true
+    }
+}
+
+impl<T> std::fmt::Debug for Reply<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "Reply" } else { "NoReply" })
+    }
 }
 
 /// A session setting a user asks the agent to change.
@@ -103,7 +136,7 @@ impl Setting {
 /// `None` once the session has ended.
 #[derive(Clone)]
 pub struct Handle {
-    pub(super) tx: mpsc::Sender<Order>,
+    pub(super) tx: mpsc::Sender<Command>,
     /// The conversation's owner (see [`crate::model::Conversation::owner`]).
     pub(super) owner: Option<Arc<str>>,
     /// Since when the agent has had no turn and no pending request.
@@ -116,58 +149,56 @@ impl Handle {
         self.owner.as_deref()
     }
 
-    /// Sends `command` with the reply channel `reply` makes; its answer.
-    async fn ask<T>(&self, command: Command, reply: fn(oneshot::Sender<T>) -> Reply) -> Option<T> {
+    /// Sends the command `make` builds around a reply channel; its answer.
+    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Option<T> {
         let (tx, rx) = oneshot::channel();
-        let order = Order {
-            command,
-            reply: reply(tx),
-        };
-        self.tx.send(order).await.ok()?;
+        self.tx.send(make(Reply(Some(tx)))).await.ok()?;
         rx.await.ok()
     }
 
     /// Starts a turn; returns its id once `turn_started` is committed.
     pub async fn prompt(&self, content: Vec<Value>) -> Option<Result<Uuid>> {
-        self.ask(Command::Prompt { content }, Reply::Started).await
+        self.ask(|reply| Command::Prompt { content, reply }).await
     }
 
     /// Cancels the running turn, if any.
     pub async fn cancel(&self) -> Option<Result<()>> {
-        self.ask(Command::Cancel, Reply::Done).await
+        self.ask(|reply| Command::Cancel { reply }).await
     }
 
     /// Answers a request this session holds; `Ok(None)`: it holds no such
     /// request (the store knows the rest).
-    pub async fn respond(
+    pub async fn answer(
         &self,
-        permission_id: Uuid,
+        request: Uuid,
         answer: Answer,
         decided_by: String,
         via: Option<String>,
     ) -> Option<Result<Option<PermissionRequest>>> {
-        let command = Command::Respond {
-            request: permission_id,
+        self.ask(|reply| Command::Respond {
+            request,
             answer,
             decided_by,
             via,
-        };
-        self.ask(command, Reply::Answered).await
+            reply,
+        })
+        .await
     }
 
     /// Changes a session setting; returns once the agent accepted it and
     /// the change is recorded.
     pub async fn change(&self, setting: Setting, changed_by: String) -> Option<Result<()>> {
-        let command = Command::Change {
+        self.ask(|reply| Command::Change {
             setting,
             changed_by,
-        };
-        self.ask(command, Reply::Done).await
+            reply,
+        })
+        .await
     }
 
     /// Closes the conversation; returns when the agent is gone.
     pub async fn close(&self) {
-        self.ask(Command::Close, Reply::Closed).await;
+        self.ask(|reply| Command::Close { reply }).await;
     }
 
     /// Whether the session has ended.
@@ -188,7 +219,7 @@ impl Handle {
     /// Stops the agent if it is still idle, and returns once it is gone;
     /// whether it was stopped.
     pub async fn release(&self) -> bool {
-        let released = self.ask(Command::Release, Reply::Released).await;
+        let released = self.ask(|reply| Command::Release { reply }).await;
         if released == Some(true) {
             self.tx.closed().await;
         }
@@ -211,17 +242,29 @@ mod tests {
             (
                 Command::Prompt {
                     content: vec![json!({"type": "text", "text": "hi"})],
+                    reply: Reply::none(),
                 },
                 json!({"kind": "prompt", "content": [{"type": "text", "text": "hi"}]}),
             ),
-            (Command::Cancel, json!({"kind": "cancel"})),
-            (Command::Close, json!({"kind": "close"})),
+            (
+                Command::Cancel {
+                    reply: Reply::none(),
+                },
+                json!({"kind": "cancel"}),
+            ),
+            (
+                Command::Close {
+                    reply: Reply::none(),
+                },
+                json!({"kind": "close"}),
+            ),
             (
                 Command::Respond {
                     request,
                     answer: Answer::Option("allow_once".into()),
                     decided_by: "alice".into(),
                     via: None,
+                    reply: Reply::none(),
                 },
                 json!({"kind": "respond", "request": REQUEST,
                        "answer": {"Option": "allow_once"}, "decided_by": "alice"}),
@@ -232,6 +275,7 @@ mod tests {
                     answer: Answer::Cancelled,
                     decided_by: "bob".into(),
                     via: Some("notification".into()),
+                    reply: Reply::none(),
                 },
                 json!({"kind": "respond", "request": REQUEST, "answer": "Cancelled",
                        "decided_by": "bob", "via": "notification"}),
@@ -240,6 +284,7 @@ mod tests {
                 Command::Change {
                     setting: Setting::Mode("plan".into()),
                     changed_by: "alice".into(),
+                    reply: Reply::none(),
                 },
                 json!({"kind": "change", "setting": {"Mode": "plan"}, "changed_by": "alice"}),
             ),
@@ -250,6 +295,7 @@ mod tests {
                         value: json!(true),
                     },
                     changed_by: "alice".into(),
+                    reply: Reply::none(),
                 },
                 json!({"kind": "change",
                        "setting": {"ConfigOption": {"config_id": "model", "value": true}},
@@ -269,7 +315,10 @@ mod tests {
 
     #[test]
     fn release_never_travels_between_nodes() {
-        assert!(serde_json::to_value(Command::Release).is_err());
+        let release = Command::Release {
+            reply: Reply::none(),
+        };
+        assert!(serde_json::to_value(release).is_err());
         assert!(serde_json::from_value::<Command>(json!({"kind": "release"})).is_err());
     }
 }

@@ -8,6 +8,7 @@
 //!
 //! Inside: `route` runs the API's commands here or forwards them to the
 //! node that owns the conversation (and serves those forwarded here);
+//! [`answer`] is the one road of a person's answer to a permission request;
 //! [`recover`] recovers what a previous run or a dead node left behind;
 //! `reattach` takes up the agents a previous run left under their shims;
 //! [`task`] is one conversation's `select!` loop, taking [`command`]s;
@@ -16,6 +17,7 @@
 //! until answered; [`journal`] is the single writer that commits, then
 //! publishes.
 
+pub mod answer;
 pub mod command;
 pub mod journal;
 pub mod pending;
@@ -65,7 +67,8 @@ struct Shared {
     shutdown_timeout: std::time::Duration,
     write_buffer_events: usize,
     live: Mutex<HashMap<Uuid, Handle>>,
-    /// Which live conversation holds each request waiting for a person.
+    /// The one index of the requests waiting for a person on this node
+    /// (see [`pending`]).
     waiting: pending::WaitingRequests,
     /// Held while a conversation's agent starts again, so that concurrent
     /// prompts never start two.

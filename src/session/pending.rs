@@ -1,8 +1,15 @@
 //! The permission requests waiting in a session for their answer: when
 //! each times out, what a timeout answers, and the answers the operator's
 //! policies give at once.
+//!
+//! A waiting request is held once on a node, in its [`WaitingRequests`]:
+//! the request, whose conversation it is, and the way to answer its agent.
+//! Each session's [`Pending`] is its view of that index (and its deadlines),
+//! the API finds a request there without asking the database, and what the
+//! database keeps for a restart is derived from it (the request's row, and
+//! the agent's JSON-RPC ids of [`Pending::rpc_ids`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,18 +18,9 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::acp::rpc::Responder;
-use crate::model::{Decision, PermissionRequest, PermissionStatus, Rule};
+use crate::model::{Answer, Decision, PermissionRequest, PermissionStatus, Rule};
 use crate::permissions::policy::{Facts, Policies, RateLimiter};
-use crate::permissions::{automatic_answer, timeout_option, OnTimeout};
-
-/// A request waiting for its answer, with the way to send it to the agent.
-pub struct Parked {
-    pub request: PermissionRequest,
-    pub responder: Responder,
-    /// When it was due to time out, while it is claimed (see
-    /// [`Pending::put_back`]).
-    deadline: Option<Instant>,
-}
+use crate::permissions::{automatic_answer, timeout_answer, OnTimeout};
 
 /// Each request waiting for a person, across the sessions of this node: an
 /// answer goes straight to its session (the request names its
@@ -31,20 +29,33 @@ pub struct Parked {
 /// request asked while it was away).
 pub type WaitingRequests = Arc<Mutex<HashMap<Uuid, WaitingRequest>>>;
 
-/// A request waiting in a session of this node, and whose conversation it
-/// is (for who may see it).
-#[derive(Debug, Clone)]
+/// A request waiting in a session of this node, whose conversation it is
+/// (for who may see it), and the way to send its answer to the agent.
 pub struct WaitingRequest {
     pub request: PermissionRequest,
     pub owner: Option<String>,
+    pub(super) responder: Responder,
+    /// The [`Pending`] that holds it (a conversation's ending session and
+    /// the next may both have one for a moment).
+    held_by: Uuid,
+}
+
+/// A request claimed to be answered: out of the index, with when it was
+/// due to time out (see [`Pending::put_back`]).
+pub struct Parked {
+    pub request: PermissionRequest,
+    pub responder: Responder,
+    owner: Option<String>,
+    deadline: Option<Instant>,
 }
 
 /// See the module docs.
 pub struct Pending {
-    parked: HashMap<Uuid, Parked>,
-    /// This node's index of waiting requests, kept in step with `parked`.
+    /// This node's index of waiting requests; this session's are those
+    /// held by `id`.
     waiting: WaitingRequests,
-    /// Whose conversation's requests these are.
+    id: Uuid,
+    /// Whose conversation it is.
     owner: Option<String>,
     deadlines: Deadlines,
     /// Automatic approvals per policy rule, for `max_auto_per`.
@@ -54,8 +65,9 @@ pub struct Pending {
 }
 
 impl Pending {
-    /// Requests time out after `timeout` (never without one), answered as
-    /// `on_timeout` says.
+    /// A session's requests (its conversation owned by `owner`), held in
+    /// `waiting`; they time out after `timeout` (never without one),
+    /// answered as `on_timeout` says.
     pub fn new(
         timeout: Option<Duration>,
         on_timeout: OnTimeout,
@@ -63,8 +75,8 @@ impl Pending {
         owner: Option<String>,
     ) -> Pending {
         Pending {
-            parked: HashMap::new(),
             waiting,
+            id: Uuid::now_v7(),
             owner,
             deadlines: Deadlines::default(),
             limiter: RateLimiter::default(),
@@ -73,38 +85,42 @@ impl Pending {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.parked.is_empty()
+    /// Whether `waiting` is one of this session's requests.
+    fn is_mine(&self, waiting: &WaitingRequest) -> bool {
+        waiting.held_by == self.id
     }
 
-    pub fn get(&self, id: Uuid) -> Option<&PermissionRequest> {
-        self.parked.get(&id).map(|p| &p.request)
+    pub fn is_empty(&self) -> bool {
+        let index = self.waiting.lock().unwrap();
+        !index.values().any(|w| self.is_mine(w))
+    }
+
+    /// The waiting request `id` of this session, as it is now.
+    pub fn get(&self, id: Uuid) -> Option<PermissionRequest> {
+        let index = self.waiting.lock().unwrap();
+        let waiting = index.get(&id).filter(|w| self.is_mine(w))?;
+        Some(waiting.request.clone())
     }
 
     /// Holds a request until it is answered (or times out).
     pub fn park(&mut self, request: PermissionRequest, responder: Responder) {
         let id = request.id;
-        self.index(&request);
-        self.parked.insert(
-            id,
-            Parked {
-                request,
-                responder,
-                deadline: None,
-            },
-        );
+        self.index(request, responder, self.owner.clone());
         if let Some(timeout) = self.timeout {
             self.deadlines.set(id, timeout);
         }
     }
 
-    /// Puts `request` in this node's index of waiting requests.
-    fn index(&self, request: &PermissionRequest) {
+    /// Puts a request in this node's index of waiting requests.
+    fn index(&self, request: PermissionRequest, responder: Responder, owner: Option<String>) {
         let waiting = WaitingRequest {
-            request: request.clone(),
-            owner: self.owner.clone(),
+            request,
+            owner,
+            responder,
+            held_by: self.id,
         };
-        self.waiting.lock().unwrap().insert(request.id, waiting);
+        let mut index = self.waiting.lock().unwrap();
+        index.insert(waiting.request.id, waiting);
     }
 
     /// Holds a request an earlier run of the gateway parked (its agent
@@ -124,9 +140,17 @@ impl Pending {
     /// Claims a request to answer it: it no longer waits, nor times out.
     pub fn claim(&mut self, id: Uuid) -> Option<Parked> {
         let deadline = self.deadlines.take(id);
-        self.waiting.lock().unwrap().remove(&id);
-        let parked = self.parked.remove(&id)?;
-        Some(Parked { deadline, ..parked })
+        let mut index = self.waiting.lock().unwrap();
+        if !index.get(&id).is_some_and(|w| self.is_mine(w)) {
+            return None;
+        }
+        let claimed = index.remove(&id)?;
+        Some(Parked {
+            request: claimed.request,
+            responder: claimed.responder,
+            owner: claimed.owner,
+            deadline,
+        })
     }
 
     /// Returns a request whose answer could not be recorded: it is pending
@@ -134,40 +158,45 @@ impl Pending {
     /// would have (at once, if that time passed meanwhile).
     pub fn put_back(&mut self, parked: Parked) {
         let id = parked.request.id;
-        self.index(&parked.request);
         if let Some(at) = parked.deadline {
             self.deadlines.set_at(id, at);
         }
-        self.parked.insert(
-            id,
-            Parked {
-                deadline: None,
-                ..parked
-            },
-        );
+        self.index(parked.request, parked.responder, parked.owner);
     }
 
     /// Times `id` out again after `after` (its answer could not be
     /// recorded just now).
     pub fn retry_later(&mut self, id: Uuid, after: Duration) {
-        if self.parked.contains_key(&id) {
+        if self.get(id).is_some() {
             self.deadlines.set(id, after);
         }
     }
 
     /// Every waiting request, oldest first.
     pub fn ids(&self) -> Vec<Uuid> {
-        let mut ids: Vec<Uuid> = self.parked.keys().copied().collect();
+        let index = self.waiting.lock().unwrap();
+        let mine = index.values().filter(|w| self.is_mine(w));
+        let mut ids: Vec<Uuid> = mine.map(|w| w.request.id).collect();
         ids.sort();
         ids
     }
 
     /// The request the agent sent as JSON-RPC request `rpc_id`.
     pub fn find_by_rpc_id(&self, rpc_id: &Value) -> Option<Uuid> {
-        self.parked
-            .iter()
-            .find(|(_, p)| p.responder.id() == rpc_id)
-            .map(|(id, _)| *id)
+        let index = self.waiting.lock().unwrap();
+        let mut mine = index.values().filter(|w| self.is_mine(w));
+        mine.find(|w| w.responder.id() == rpc_id)
+            .map(|w| w.request.id)
+    }
+
+    /// The agent's JSON-RPC id of each waiting request: what the link to a
+    /// shim keeps with each commit, so that a gateway taking the agent up
+    /// again answers it on the same ids.
+    pub fn rpc_ids(&self) -> BTreeMap<Uuid, Value> {
+        let index = self.waiting.lock().unwrap();
+        let mine = index.values().filter(|w| self.is_mine(w));
+        mine.map(|w| (w.request.id, w.responder.id().clone()))
+            .collect()
     }
 
     /// Waits until requests time out, then returns them (cancel-safe; never
@@ -177,11 +206,11 @@ impl Pending {
     }
 
     /// A request that timed out: its deadline is cleared, and (if it is
-    /// still waiting) the option it is answered with (`None`: cancelled).
-    pub fn expire(&mut self, id: Uuid) -> Option<Option<String>> {
+    /// still waiting) the answer it gets.
+    pub fn expire(&mut self, id: Uuid) -> Option<Answer> {
         self.deadlines.remove(id);
         let request = self.get(id)?;
-        Some(timeout_option(request, self.on_timeout))
+        Some(timeout_answer(&request, self.on_timeout))
     }
 
     /// Why timed-out requests were answered as they were.
@@ -208,11 +237,11 @@ impl Pending {
     ) -> Option<(PermissionStatus, Decision)> {
         let now = Instant::now();
         let verdict = policies.evaluate(facts, remembered, Some(&self.limiter), now);
-        let (status, option_id) = automatic_answer(request, &verdict)?;
+        let (status, answer) = automatic_answer(request, &verdict)?;
         let rule = verdict.rule.as_deref().unwrap_or("default");
         tracing::info!(permission_id = %request.id, rule, decision = ?verdict.decision, "decided by policy");
         let decision = Decision::new(
-            option_id,
+            answer,
             format!("policy:{rule}"),
             Some(verdict.reason.clone()),
         );
@@ -222,12 +251,20 @@ impl Pending {
 }
 
 impl Drop for Pending {
-    /// The session ended: its requests no longer wait on this node.
+    /// The session ended: its requests no longer wait on this node (and
+    /// their agent hears so, as each responder goes: see [`Responder`]),
+    /// answered outside the index's lock.
     fn drop(&mut self) {
-        let mut waiting = self.waiting.lock().unwrap();
-        for id in self.parked.keys() {
-            waiting.remove(id);
-        }
+        let gone: Vec<WaitingRequest> = {
+            let mut waiting = self.waiting.lock().unwrap();
+            let ids: Vec<Uuid> = waiting
+                .values()
+                .filter(|w| self.is_mine(w))
+                .map(|w| w.request.id)
+                .collect();
+            ids.iter().filter_map(|id| waiting.remove(id)).collect()
+        };
+        drop(gone);
     }
 }
 
@@ -367,7 +404,7 @@ mod tests {
         assert_eq!(now.elapsed(), Duration::ZERO);
         // Expired for its timeout, then put back after a failed answer
         // again: no deadline comes back with it (`retry_later` sets one).
-        assert_eq!(pending.expire(id), Some(Some("no".into())));
+        assert_eq!(pending.expire(id), Some(Answer::Option("no".into())));
         let claimed = pending.claim(id).unwrap();
         pending.put_back(claimed);
         let nothing = tokio::time::timeout(Duration::from_secs(3600), pending.due()).await;

@@ -8,13 +8,13 @@ use std::future::Future;
 use serde_json::Value;
 use uuid::Uuid;
 
+use super::answer::Answerer;
 use super::command::{Command, Handle, Setting};
 use super::journal::Journal;
 use super::Sessions;
 use crate::cluster::{Claim, Duties, Forwarded};
 use crate::error::{Error, Problem, Result};
-use crate::model::{Conversation, ConversationStatus, PermissionRequest};
-use crate::permissions::{answer_without_agent, Answer};
+use crate::model::{Conversation, ConversationStatus};
 
 impl Sessions {
     /// The live session of a conversation; one whose agent is gone (a
@@ -112,7 +112,7 @@ impl Sessions {
 
     /// Has `node` run `command`: its answer, or `None` when it died before
     /// taking it.
-    async fn forward<T: serde::de::DeserializeOwned>(
+    pub(super) async fn forward<T: serde::de::DeserializeOwned>(
         &self,
         conversation_id: Uuid,
         node: Uuid,
@@ -134,7 +134,7 @@ impl Sessions {
 
     /// Whether a live node other than this one runs the conversation's
     /// agent (without claiming it).
-    async fn runs_elsewhere(&self, conversation_id: Uuid) -> Result<Option<Uuid>> {
+    pub(super) async fn runs_elsewhere(&self, conversation_id: Uuid) -> Result<Option<Uuid>> {
         if !self.inner.node.is_shared() || self.live(conversation_id).is_some() {
             return Ok(None);
         }
@@ -146,6 +146,7 @@ impl Sessions {
     pub async fn prompt(&self, conversation: &Conversation, content: Vec<Value>) -> Result<Uuid> {
         let remote = Command::Prompt {
             content: content.clone(),
+            reply: Default::default(),
         };
         self.on_live(
             conversation,
@@ -177,6 +178,7 @@ impl Sessions {
         let remote = Command::Change {
             setting: setting.clone(),
             changed_by: changed_by.clone(),
+            reply: Default::default(),
         };
         self.on_live(
             conversation,
@@ -200,99 +202,15 @@ impl Sessions {
             return Err(not_live(conversation));
         }
         if let Some(node) = self.runs_elsewhere(conversation.id).await? {
-            if let Some(answer) = self
-                .forward(conversation.id, node, &Command::Cancel)
-                .await?
-            {
+            let cancel = Command::Cancel {
+                reply: Default::default(),
+            };
+            if let Some(answer) = self.forward(conversation.id, node, &cancel).await? {
                 return answer;
             }
         }
         // No agent, so no turn: nothing to cancel.
         Ok(())
-    }
-
-    /// The requests waiting in live sessions on this node whose
-    /// conversations `can_see` (given the owner) lets the caller see: what
-    /// an inbox's snapshot adds to the database's pending requests, which
-    /// lack those asked while the database was away until they are
-    /// committed (their events went out before).
-    pub fn waiting_here(&self, can_see: impl Fn(Option<&str>) -> bool) -> Vec<PermissionRequest> {
-        self.inner
-            .waiting
-            .lock()
-            .unwrap()
-            .values()
-            .filter(|w| can_see(w.owner.as_deref()))
-            .map(|w| w.request.clone())
-            .collect()
-    }
-
-    /// Answers a request waiting in a live session on this node, if the
-    /// caller may see its conversation (`can_see`, given the owner): the
-    /// common case, answered without reading the database first. `None`
-    /// when no live session holds it (any more): see [`Sessions::respond`].
-    pub async fn respond_waiting_here(
-        &self,
-        id: Uuid,
-        can_see: impl FnOnce(Option<&str>) -> bool,
-        answer: Answer,
-        decided_by: String,
-        via: Option<String>,
-    ) -> Option<Result<PermissionRequest>> {
-        let conversation_id = self
-            .inner
-            .waiting
-            .lock()
-            .unwrap()
-            .get(&id)?
-            .request
-            .conversation_id;
-        let session = self.live(conversation_id)?;
-        if !can_see(session.owner()) {
-            return Some(Err(Error::NotFound(format!("no permission request {id}"))));
-        }
-        match session.respond(id, answer, decided_by, via).await? {
-            Ok(Some(answered)) => Some(Ok(answered)),
-            // Answered or withdrawn meanwhile: the stored request tells.
-            Ok(None) => None,
-            Err(e) => Some(Err(e)),
-        }
-    }
-
-    /// A user's answer to a permission request: the live session that holds
-    /// it answers the agent; otherwise only a repeat of the recorded decision
-    /// succeeds.
-    pub async fn respond(
-        &self,
-        request: &PermissionRequest,
-        answer: Answer,
-        decided_by: String,
-        via: Option<String>,
-    ) -> Result<PermissionRequest> {
-        let id = request.id;
-        if let Some(session) = self.live(request.conversation_id) {
-            if let Some(result) = session.respond(id, answer.clone(), decided_by, via).await {
-                if let Some(answered) = result? {
-                    return Ok(answered);
-                }
-            }
-        } else if let Some(node) = self.runs_elsewhere(request.conversation_id).await? {
-            let remote = Command::Respond {
-                request: id,
-                answer: answer.clone(),
-                decided_by,
-                via,
-            };
-            if let Some(answer) = self.forward(request.conversation_id, node, &remote).await? {
-                return answer;
-            }
-        }
-        let request = self
-            .store()
-            .get_permission(id)
-            .await?
-            .ok_or_else(|| Error::NotFound(format!("no permission request {id}")))?;
-        answer_without_agent(request, &answer)
     }
 
     /// Closes a conversation: its live session stops its agent (cancelling
@@ -340,7 +258,10 @@ impl Sessions {
             let Some(node) = closed_here else {
                 return Ok(());
             };
-            if let Some(answer) = self.forward(id, node, &Command::Close).await? {
+            let close = Command::Close {
+                reply: Default::default(),
+            };
+            if let Some(answer) = self.forward(id, node, &close).await? {
                 return answer;
             }
         }
@@ -356,15 +277,15 @@ impl Duties for Sessions {
             let command: Command = decode(command)?;
             let conversation = self.stored(conversation_id).await?;
             Ok::<Value, Error>(match command {
-                Command::Prompt { content } => {
+                Command::Prompt { content, .. } => {
                     serde_json::to_value(self.prompt(&conversation, content).await?)
                         .expect("ids serialize")
                 }
-                Command::Cancel => {
+                Command::Cancel { .. } => {
                     self.cancel(&conversation).await?;
                     Value::Null
                 }
-                Command::Close => {
+                Command::Close { .. } => {
                     self.close(&conversation).await?;
                     Value::Null
                 }
@@ -373,22 +294,27 @@ impl Duties for Sessions {
                     answer,
                     decided_by,
                     via,
+                    ..
                 } => {
-                    let request = self.store().get_permission(request).await?.ok_or_else(|| {
-                        Error::NotFound(format!("no permission request {request}"))
-                    })?;
-                    serde_json::to_value(self.respond(&request, answer, decided_by, via).await?)
+                    // The node that sent it checked who may answer.
+                    let who = Answerer {
+                        decided_by,
+                        via,
+                        may_see: None,
+                    };
+                    serde_json::to_value(self.answer(request, &who, answer).await?)
                         .expect("requests serialize")
                 }
                 Command::Change {
                     setting,
                     changed_by,
+                    ..
                 } => {
                     self.change(&conversation, setting, changed_by).await?;
                     Value::Null
                 }
                 // Never sent to another node (it cannot be read from JSON).
-                Command::Release => {
+                Command::Release { .. } => {
                     return Err(Error::Internal(anyhow::anyhow!(
                         "another node asked to release an agent"
                     )))

@@ -35,13 +35,13 @@ use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::command::{Command, Handle, Order, Reply, Setting};
+use super::command::{Command, Handle, Reply, Setting};
 use super::journal::{Journal, Sink};
 use super::pending::{Pending, WaitingRequests};
 use super::served::Served;
@@ -77,7 +77,7 @@ const BATCH_WINDOW: Duration = Duration::from_millis(10);
 struct Change {
     setting: Setting,
     changed_by: String,
-    reply: oneshot::Sender<Result<()>>,
+    reply: Reply<Result<()>>,
 }
 
 /// A change sent to the agent, resolving with its answer.
@@ -366,7 +366,7 @@ struct Task {
     incoming: Option<Inbox<Incoming>>,
     /// What the agent sent while its session opened, applied first.
     early: Vec<Incoming>,
-    commands: mpsc::Receiver<Order>,
+    commands: mpsc::Receiver<Command>,
     /// The profile's name, mode and the conversation's cwd, for the policies.
     profile_name: String,
     mode: Mode,
@@ -404,7 +404,7 @@ enum Step {
     Answered(Result<Value, RpcError>),
     Exited,
     Due(Vec<Uuid>),
-    Command(Option<Order>),
+    Command(Option<Command>),
     Changed(Change, Result<Value>),
     Terminal(TerminalOutput),
     IdleTooLong,
@@ -421,7 +421,7 @@ enum End {
     /// The agent exited (or closed its stdout) by itself.
     AgentGone,
     /// A user closed the conversation: its turn and requests are cancelled.
-    ClosedByUser { reply: Option<oneshot::Sender<()>> },
+    ClosedByUser { reply: Option<Reply<()>> },
     /// The gateway stops the agent under a running conversation: its requests
     /// expire, its turn ends with an error. `cause` is for the metrics.
     Stopped { detail: String, cause: &'static str },
@@ -562,18 +562,12 @@ impl Task {
             Step::Due(due) => self.time_out(due).await?,
             Step::Retry => self.flush().await?,
             Step::OutputMoved => self.output_moved(),
-            Step::Command(Some(Order {
-                command: Command::Close,
-                reply: Reply::Closed(reply),
-            })) => {
+            Step::Command(Some(Command::Close { reply })) => {
                 return Ok(Some(End::ClosedByUser { reply: Some(reply) }));
             }
-            Step::Command(Some(Order {
-                command: Command::Release,
-                reply: Reply::Released(reply),
-            })) => {
+            Step::Command(Some(Command::Release { reply })) => {
                 let idle = self.is_idle();
-                let _ = reply.send(idle);
+                reply.send(idle);
                 if idle {
                     return Ok(Some(End::Stopped {
                         detail: "stopped to make room for another conversation's agent".into(),
@@ -581,10 +575,10 @@ impl Task {
                     }));
                 }
             }
-            Step::Command(Some(order)) => {
+            Step::Command(Some(command)) => {
                 // A person waits for its answer: its writes go first.
                 self.journal.serve(Lane::Person);
-                let handled = self.handle_command(order).await;
+                let handled = self.handle_command(command).await;
                 self.journal.serve(Lane::Agent);
                 handled?;
             }
@@ -656,52 +650,31 @@ impl Task {
         }
     }
 
-    /// Carries out a user's command (each comes with its kind of reply:
-    /// see [`Handle`]).
-    async fn handle_command(&mut self, order: Order) -> Result<()> {
-        match (order.command, order.reply) {
-            (Command::Prompt { content }, Reply::Started(reply)) => {
-                let result = self.start_turn(content).await;
-                let _ = reply.send(result);
+    /// Carries out a user's command, answering on the reply it carries.
+    async fn handle_command(&mut self, command: Command) -> Result<()> {
+        match command {
+            Command::Prompt { content, reply } => reply.send(self.start_turn(content).await),
+            Command::Cancel { reply } => {
+                reply.send(self.cancel_turn("turn cancelled", None).await);
             }
-            (Command::Cancel, Reply::Done(reply)) => {
-                let result = self.cancel_turn("turn cancelled", None).await;
-                let _ = reply.send(result);
-            }
-            (
-                Command::Respond {
-                    request,
-                    answer,
-                    decided_by,
-                    via,
-                },
-                Reply::Answered(reply),
-            ) => {
-                let result = self.answer(request, answer, &decided_by, via).await;
-                let _ = reply.send(result);
-            }
-            (
-                Command::Change {
-                    setting,
-                    changed_by,
-                },
-                Reply::Done(reply),
-            ) => self.change(Change {
+            Command::Respond {
+                request,
+                answer,
+                decided_by,
+                via,
+                reply,
+            } => reply.send(self.answer(request, answer, &decided_by, via).await),
+            Command::Change {
+                setting,
+                changed_by,
+                reply,
+            } => self.change(Change {
                 setting,
                 changed_by,
                 reply,
             }),
-            (Command::Close, Reply::Closed(reply)) => {
-                let _ = reply.send(());
-            }
-            (Command::Release, Reply::Released(reply)) => {
-                let _ = reply.send(false);
-            }
-            // The handle never pairs them so; the caller hears the session
-            // ended.
-            (command, _) => {
-                tracing::error!(?command, "a command came with another's reply; dropped");
-            }
+            Command::Close { reply } => reply.send(()),
+            Command::Release { reply } => reply.send(false),
         }
         Ok(())
     }

@@ -237,7 +237,7 @@ impl Task {
         // Its shim has nothing more to hold for anyone.
         self.process.release().await;
         if let Some(reply) = reply {
-            let _ = reply.send(());
+            reply.send(());
         }
         Ok(())
     }

@@ -10,14 +10,26 @@ use uuid::Uuid;
 
 use super::Task;
 
+/// What became of a request a session was to resolve.
+pub(super) enum Resolved {
+    /// It was not waiting in this session (answered or withdrawn meanwhile).
+    NotHeld,
+    /// Resolved as asked: the request as stored.
+    Ours(PermissionRequest),
+    /// The store had it resolved already (it is the arbiter): the request
+    /// as it is, if it still exists.
+    Already(Option<PermissionRequest>),
+}
+
 /// How often an ending tries again to record an answer while the database
 /// is away.
 const SETTLE_RETRY: Duration = Duration::from_millis(200);
 use crate::acp::rpc::{IncomingRequest, INVALID_PARAMS};
 use crate::error::{Error, Result};
+use crate::model::Answer;
 use crate::model::{self, Decision, PermissionRequest, PermissionStatus};
 use crate::permissions::policy::{self, Facts};
-use crate::permissions::{answer_resolved, keys_to_remember, option_kind, validate_answer, Answer};
+use crate::permissions::{answer_resolved, keys_to_remember, option_kind, validate_answer};
 use crate::store::Resolution;
 
 impl Task {
@@ -57,7 +69,7 @@ impl Task {
             // when the cancel was sent were (the ACP cancel rule), neither
             // by a person nor by a policy.
             let decision = Decision::new(
-                None,
+                Answer::Cancelled,
                 "system".into(),
                 Some("asked after the turn was cancelled".into()),
             );
@@ -101,12 +113,9 @@ impl Task {
             }
             None => {
                 self.journal.add_permission_request(&permission, None);
-                if let Some(link) = self.journal.link_mut() {
-                    // Answered on this id after a restart too.
-                    let rpc_id = request.responder.id().clone();
-                    link.waiting.insert(permission.id, rpc_id);
-                }
                 self.pending.park(permission, request.responder);
+                // Answered on this id after a restart too.
+                self.keep_rpc_ids();
                 self.journal.set_status(self.status_now());
             }
         }
@@ -123,12 +132,12 @@ impl Task {
         status: PermissionStatus,
         decision: Decision,
     ) -> Result<()> {
-        let answer = decision.acp_result();
+        let result = decision.acp_result();
         self.journal
             .add_permission_request(&permission, Some((status, decision)));
         // The request stays in hand until answered (see `record_write`).
         self.flush().await?;
-        request.responder.respond(answer);
+        request.responder.respond(result);
         Ok(())
     }
 
@@ -136,14 +145,14 @@ impl Task {
     pub(super) async fn time_out(&mut self, due: Vec<Uuid>) -> Result<()> {
         let reason = self.pending.timeout_reason();
         for id in due {
-            let Some(option) = self.pending.expire(id) else {
+            let Some(answer) = self.pending.expire(id) else {
                 continue;
             };
             let resolved = self
                 .resolve(
                     id,
                     PermissionStatus::TimedOut,
-                    Decision::new(option, "system".into(), Some(reason.clone())),
+                    Decision::new(answer, "system".into(), Some(reason.clone())),
                 )
                 .await;
             match resolved {
@@ -162,12 +171,28 @@ impl Task {
             return Ok(());
         };
         if let Some(id) = self.pending.find_by_rpc_id(request_id) {
-            let decision =
-                Decision::new(None, "system".into(), Some("withdrawn by the agent".into()));
+            let decision = Decision::new(
+                Answer::Cancelled,
+                "system".into(),
+                Some("withdrawn by the agent".into()),
+            );
             self.resolve(id, PermissionStatus::Cancelled, decision)
                 .await?;
         }
         Ok(())
+    }
+
+    /// The agent's JSON-RPC ids of the requests that wait, as the link to
+    /// its shim keeps them with each commit: a gateway taking the agent up
+    /// after a restart answers them on those ids. Derived from the waiting
+    /// requests whenever they change; a request being resolved keeps its id
+    /// until its resolution is committed, so a restart in between answers
+    /// the agent again with the stored decision (see `Task::take_up`).
+    pub(super) fn keep_rpc_ids(&mut self) {
+        let ids = self.pending.rpc_ids();
+        if let Some(link) = self.journal.link_mut() {
+            link.waiting = ids;
+        }
     }
 
     /// Decides a pending request: persisted first, then the agent is
@@ -177,10 +202,10 @@ impl Task {
         id: Uuid,
         status: PermissionStatus,
         decision: Decision,
-    ) -> Result<Option<PermissionRequest>> {
+    ) -> Result<Resolved> {
         self.flush().await?;
         let Some(parked) = self.pending.claim(id) else {
-            return Ok(None);
+            return Ok(Resolved::NotHeld);
         };
         self.journal.set_status(self.status_now());
         let resolution = Resolution {
@@ -188,30 +213,21 @@ impl Task {
             status,
             decision: decision.clone(),
         };
-        let resolved = self.journal.resolve(&resolution).await;
-        if resolved.is_ok() {
-            // Resolved: after a restart it is no longer answered on the
-            // agent's id (until this is committed, it is answered again
-            // with its decision). While it is not, the id stays: a request
-            // still pending that a restart finds without it is expired, and
-            // its agent never hears.
-            if let Some(link) = self.journal.link_mut() {
-                link.waiting.remove(&id);
-            }
-        }
-        match resolved {
+        match self.journal.resolve(&resolution).await {
             Ok(Some(request)) => {
+                self.keep_rpc_ids();
                 parked.responder.respond(decision.acp_result());
-                Ok(Some(request))
+                Ok(Resolved::Ours(request))
             }
             Ok(None) => {
+                self.keep_rpc_ids();
                 // Resolved elsewhere (cannot happen while we own it, but the
                 // store is the arbiter): answer the agent with what won.
                 let current = self.journal.store().get_permission(id).await?;
                 if let Some(d) = current.as_ref().and_then(|c| c.decision.as_ref()) {
                     parked.responder.respond(d.acp_result());
                 }
-                Ok(current)
+                Ok(Resolved::Already(current))
             }
             Err(e) => {
                 // Not persisted: it is pending as before, so nothing is lost
@@ -238,7 +254,8 @@ impl Task {
     ) -> Result<()> {
         for id in self.pending.ids() {
             loop {
-                let decision = Decision::new(None, "system".into(), Some(reason.to_owned()));
+                let decision =
+                    Decision::new(Answer::Cancelled, "system".into(), Some(reason.to_owned()));
                 let Err(e) = self.resolve(id, status, decision).await else {
                     break;
                 };
@@ -259,7 +276,8 @@ impl Task {
     }
 
     /// A user's answer to a request this session holds (`None`: it holds
-    /// none with that id). An "always" answer is remembered as rules.
+    /// none with that id), checked against the options once, before it is
+    /// written. An "always" answer is remembered as rules.
     pub(super) async fn answer(
         &mut self,
         id: Uuid,
@@ -270,14 +288,10 @@ impl Task {
         let Some(pending) = self.pending.get(id) else {
             return Ok(None);
         };
-        let status = validate_answer(pending, &answer)?;
-        let option_id = match answer.clone() {
-            Answer::Option(id) => Some(id),
-            Answer::Cancelled => None,
-        };
-        let always = option_id
-            .as_deref()
-            .and_then(|o| option_kind(pending, o))
+        let status = validate_answer(&pending, &answer)?;
+        let always = answer
+            .option_id()
+            .and_then(|o| option_kind(&pending, o))
             .filter(|kind| kind.ends_with("_always"))
             .map(|kind| {
                 // The call as the request showed it (merged with what the
@@ -292,15 +306,18 @@ impl Task {
             Some((_, Err(why))) => Some(format!("not remembered: {why}")),
             _ => None,
         };
-        // What was stored is the truth: our own decision reads back as the
-        // identical answer.
         let decision = Decision {
             via,
-            ..Decision::new(option_id, decided_by.to_owned(), reason)
+            ..Decision::new(answer.clone(), decided_by.to_owned(), reason)
         };
         let request = match self.resolve(id, status, decision).await? {
-            Some(request) => answer_resolved(request, &answer)?,
-            None => return Err(Error::NotFound(format!("no permission request {id}"))),
+            Resolved::Ours(request) => request,
+            // Only an answer stored before ours is checked again: the same
+            // one is a repeat, another a conflict.
+            Resolved::Already(Some(request)) => answer_resolved(request, &answer)?,
+            Resolved::Already(None) | Resolved::NotHeld => {
+                return Err(Error::NotFound(format!("no permission request {id}")))
+            }
         };
         match always {
             Some((option_kind, Ok(keys))) => {

@@ -14,7 +14,9 @@ use crate::acp::client::AgentSession;
 use crate::acp::rpc::{RpcConfig, RpcPeer};
 use crate::config::{AgentProfile, ShutdownPlan};
 use crate::error::{Error, Result};
-use crate::model::{Conversation, Decision, MessageRole, PermissionRequest, PermissionStatus};
+use crate::model::{
+    Answer, Conversation, Decision, MessageRole, PermissionRequest, PermissionStatus,
+};
 use crate::permissions::PolicyHandle;
 use crate::session::command::Handle;
 use crate::session::journal::Journal;
@@ -141,12 +143,25 @@ impl Task {
                 ))),
             }
         }
+        // The requests that wait go on waiting, answered on the agent's
+        // own ids; one whose id is not known cannot be answered.
+        let mut unanswerable = Vec::new();
+        for request in pending {
+            match link.waiting.get(&request.id) {
+                Some(rpc_id) => {
+                    let responder =
+                        peer.responder_for(rpc_id.clone(), "session/request_permission");
+                    self.pending.park_restored(request, responder);
+                }
+                None => unanswerable.push(request),
+            }
+        }
         // Answers committed just before the earlier run went may not have
         // reached the agent: sent again, on their ids (an agent that had
         // its answer already ignores an answer to a request it no longer
         // waits for; one that had not would wait for ever).
         for (id, rpc_id) in &link.waiting {
-            if pending.iter().any(|p| p.id == *id) {
+            if self.pending.get(*id).is_some() {
                 continue;
             }
             let resolved = self.journal.store().get_permission(*id).await?;
@@ -155,31 +170,20 @@ impl Task {
                 peer.responder_for(rpc_id.clone(), "session/request_permission")
                     .respond(decision.acp_result());
             }
-            if let Some(link) = self.journal.link_mut() {
-                link.waiting.remove(id);
-            }
         }
-        for request in pending {
-            match link.waiting.get(&request.id) {
-                Some(rpc_id) => {
-                    let responder =
-                        peer.responder_for(rpc_id.clone(), "session/request_permission");
-                    self.pending.park_restored(request, responder);
-                }
-                None => {
-                    // Nothing says how to answer the agent: it cannot be.
-                    let resolution = Resolution {
-                        request,
-                        status: PermissionStatus::Expired,
-                        decision: Decision::new(
-                            None,
-                            "system".into(),
-                            Some("the gateway restarted; the agent cannot be answered".into()),
-                        ),
-                    };
-                    self.journal.resolve(&resolution).await?;
-                }
-            }
+        self.keep_rpc_ids();
+        for request in unanswerable {
+            // Nothing says how to answer the agent: it cannot be.
+            let resolution = Resolution {
+                request,
+                status: PermissionStatus::Expired,
+                decision: Decision::new(
+                    Answer::Cancelled,
+                    "system".into(),
+                    Some("the gateway restarted; the agent cannot be answered".into()),
+                ),
+            };
+            self.journal.resolve(&resolution).await?;
         }
         self.journal.set_status(self.status_now());
         self.flush().await

@@ -34,7 +34,7 @@ impl Task {
         let (method, answer) = match request {
             Ok(request) => request,
             Err(why) => {
-                let _ = change.reply.send(Err(Error::conflict("not_offered", why)));
+                change.reply.send(Err(Error::conflict("not_offered", why)));
                 return;
             }
         };
@@ -71,7 +71,7 @@ impl Task {
             Ok(answer) => answer,
             Err(e) => {
                 tracing::warn!(error = %e, "a session setting was not changed");
-                let _ = reply.send(Err(e));
+                reply.send(Err(e));
                 return Ok(());
             }
         };
@@ -103,7 +103,7 @@ impl Task {
         }
         self.journal.set_state(&self.state);
         let flushed = self.flush().await;
-        let _ = reply.send(match &flushed {
+        reply.send(match &flushed {
             Ok(()) => Ok(()),
             Err(e) => Err(Error::Unavailable(format!(
                 "the agent changed the setting but it could not be recorded: {e}"

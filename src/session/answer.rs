@@ -1,0 +1,138 @@
+//! A person's answer to a permission request: the one road every answerer
+//! takes (the API's `respond`, a notification's action URL, and another
+//! node forwarding either). It looks in this node's index of waiting
+//! requests, then in the store, then asks the node that runs the
+//! conversation, each once; what no live agent holds is answered from the
+//! stored decision.
+
+use uuid::Uuid;
+
+use super::command::Command;
+use super::Sessions;
+use crate::error::{Error, Result};
+use crate::model::{Answer, PermissionRequest, PermissionStatus};
+use crate::permissions::answer_without_agent;
+
+/// Whether someone may see a conversation with this owner.
+pub type MaySee<'a> = &'a (dyn Fn(Option<&str>) -> bool + Sync);
+
+/// Who answers a permission request, and how it came.
+pub struct Answerer<'a> {
+    /// Recorded as the decision's `decided_by` (`user:<name>`).
+    pub decided_by: String,
+    /// How the answer came (`notification`), if not over the API.
+    pub via: Option<String>,
+    /// Whether they may see a conversation with this owner (a request they
+    /// may not see is 404, as if it did not exist); `None`: whoever handed
+    /// the answer on checked it (another node).
+    pub may_see: Option<MaySee<'a>>,
+}
+
+impl Answerer<'_> {
+    fn sees(&self, owner: Option<&str>) -> bool {
+        self.may_see.is_none_or(|may_see| may_see(owner))
+    }
+}
+
+impl Sessions {
+    /// The requests waiting in live sessions on this node whose
+    /// conversations `can_see` (given the owner) lets the caller see: what
+    /// an inbox's snapshot adds to the database's pending requests, which
+    /// lack those asked while the database was away until they are
+    /// committed (their events went out before).
+    pub fn waiting_here(&self, can_see: impl Fn(Option<&str>) -> bool) -> Vec<PermissionRequest> {
+        self.inner
+            .waiting
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|w| can_see(w.owner.as_deref()))
+            .map(|w| w.request.clone())
+            .collect()
+    }
+
+    /// `who`'s answer to the permission request `id`: recorded, then the
+    /// agent hears it, then `permission_resolved` is published. The answer
+    /// given again is a success; another after the first is 409
+    /// `already_resolved`; one for a request no live agent holds, 409
+    /// `agent_gone`.
+    ///
+    /// A request waiting in a live session here is answered without
+    /// reading the database (the common case); otherwise the stored request
+    /// says whether anyone still waits, and a pending one is answered by
+    /// the node that runs its conversation.
+    pub async fn answer(
+        &self,
+        id: Uuid,
+        who: &Answerer<'_>,
+        answer: Answer,
+    ) -> Result<PermissionRequest> {
+        let missing = || Error::NotFound(format!("no permission request {id}"));
+        let held = {
+            let waiting = self.inner.waiting.lock().unwrap();
+            let held = waiting.get(&id);
+            held.map(|w| (w.request.conversation_id, w.owner.clone()))
+        };
+        let mut asked_here = false;
+        if let Some((conversation_id, owner)) = held {
+            if !who.sees(owner.as_deref()) {
+                return Err(missing());
+            }
+            if let Some(answered) = self.answer_here(conversation_id, id, who, &answer).await {
+                return answered;
+            }
+            asked_here = true;
+        }
+        // Answered or withdrawn meanwhile, not held here, or its session
+        // ending: the stored request tells.
+        let request = self.store().get_permission(id).await?.ok_or_else(missing)?;
+        if who.may_see.is_some() {
+            let conversation = self.store().get_conversation(request.conversation_id);
+            let owner = conversation.await?.ok_or_else(missing)?.owner;
+            if !who.sees(owner.as_deref()) {
+                return Err(missing());
+            }
+        }
+        if request.status != PermissionStatus::Pending {
+            return answer_without_agent(request, &answer);
+        }
+        let conversation_id = request.conversation_id;
+        if !asked_here && self.live(conversation_id).is_some() {
+            // Claimed here to be resolved just as the index was read: the
+            // session answers once that is done, and what it stored then
+            // is read again if it no longer holds the request.
+            if let Some(answered) = self.answer_here(conversation_id, id, who, &answer).await {
+                return answered;
+            }
+            let request = self.store().get_permission(id).await?.ok_or_else(missing)?;
+            return answer_without_agent(request, &answer);
+        }
+        if let Some(node) = self.runs_elsewhere(conversation_id).await? {
+            let remote = Command::Respond {
+                request: id,
+                answer: answer.clone(),
+                decided_by: who.decided_by.clone(),
+                via: who.via.clone(),
+                reply: Default::default(),
+            };
+            if let Some(answered) = self.forward(conversation_id, node, &remote).await? {
+                return answered;
+            }
+        }
+        answer_without_agent(request, &answer)
+    }
+
+    /// Has the live session of `conversation_id` on this node answer `id`;
+    /// `None` when it holds no such request (any more), or has ended.
+    async fn answer_here(
+        &self,
+        conversation_id: Uuid,
+        id: Uuid,
+        who: &Answerer<'_>,
+        answer: &Answer,
+    ) -> Option<Result<PermissionRequest>> {
+        let session = self.live(conversation_id)?;
+        let asked = session.answer(id, answer.clone(), who.decided_by.clone(), who.via.clone());
+        asked.await?.transpose()
+    }
+}
