@@ -49,7 +49,7 @@ fn with(pointer: &str, value: Value) -> Value {
 fn invalid_rules() -> Vec<(&'static str, Value, &'static str)> {
     let long = "é".repeat(101);
     vec![
-        // The case.
+        // The least count the document refuses.
         ("count 0", with("/max_auto_per/count", json!(0)), "count"),
         (
             "count over the limit",

@@ -1,4 +1,4 @@
-//! Answering from a notification (issue 28, item 3): the action URLs a
+//! Answering from a notification: the action URLs a
 //! notification carries, against the real demo agent through a real gateway
 //! whose notifier hands what is due to a recorder.
 

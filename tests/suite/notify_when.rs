@@ -1,5 +1,5 @@
-//! When a person is notified (issue 28, item 2), against the real demo agent
-//! through a real gateway whose notifier hands what is due to a recorder.
+//! When a person is notified, against the real demo agent through a real
+//! gateway whose notifier hands what is due to a recorder.
 //!
 //! Nothing sleeps: "nothing was notified" is shown by a later notification
 //! that would have come after it (the notifier hands notifications over in

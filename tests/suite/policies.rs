@@ -7,7 +7,7 @@ use acp_gateway::model::PolicyRule;
 use acp_gateway::permissions::policy::Mode;
 use serde_json::{json, Value};
 
-/// The example rules.
+/// The example rules of `docs/policies.md`.
 fn example_rules() -> Vec<PolicyRule> {
     serde_json::from_value(json!([
         {"name": "read-only tools", "kinds": ["read", "search", "think", "fetch"], "decision": "allow"},

@@ -802,8 +802,7 @@ async fn every_view_passes_axe_core() {
     for (path, ready) in views {
         browser.goto(path).await;
         browser.wait(ready).await;
-        // The issue asks for no serious or critical violation; none at all
-        // is what the views have.
+        // Not even a minor violation: docs/web-client.md promises none.
         let violations = browser.run(json!({"do": "axe"})).await;
         assert_eq!(violations, json!([]), "{path}: {violations:#}");
     }

@@ -139,7 +139,7 @@ impl Drop for KeepingUp {
     }
 }
 
-/// Issue 49: twenty sockets of alice's that never read, on a conversation
+/// Twenty sockets of alice's that never read, on a conversation
 /// streaming 64 KiB a turn, fill alice's share of a small buffer budget.
 /// They are closed to make room (1013, or the connection's end where the
 /// close frame cannot get past what they did not read), never a reader that
