@@ -6,50 +6,6 @@ use tokio_tungstenite::MaybeTlsStream;
 
 use super::{Ws, WAIT};
 
-/// One REST call with an optional bearer token and JSON body.
-pub async fn call(
-    gw: &Client,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    gw.call_as(method, path, token, body).await
-}
-
-/// Sends a request with an optional bearer token and JSON body; the status
-/// and the JSON answer (or its text).
-async fn send(
-    mut req: reqwest::RequestBuilder,
-    token: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    if let Some(token) = token {
-        req = req.bearer_auth(token);
-    }
-    if let Some(body) = body {
-        req = req.json(&body);
-    }
-    decode(req.send().await.unwrap()).await
-}
-
-/// Creates a token over the API as `operator`; returns (token, id).
-pub async fn make_token(gw: &Client, operator: &str, user: &str, role: &str) -> (String, String) {
-    let (status, body) = call(
-        gw,
-        "POST",
-        "/api/v1/tokens",
-        Some(operator),
-        Some(json!({"user": user, "role": role})),
-    )
-    .await;
-    assert_eq!(status, 201, "{body}");
-    (
-        body["token"].as_str().unwrap().to_owned(),
-        body["id"].as_str().unwrap().to_owned(),
-    )
-}
-
 /// A client of one gateway's API: what every harness (an in-process
 /// [`TestGateway`], a [`GatewayProcess`]) offers through `Deref`, so a
 /// method means the same whichever a test started.
@@ -93,7 +49,8 @@ impl Client {
         self.call_as(method, path, None, body).await
     }
 
-    /// One REST call with an optional bearer token and JSON body.
+    /// One REST call with an optional bearer token (on top of this
+    /// client's) and JSON body; the status and the JSON answer (or its text).
     pub async fn call_as(
         &self,
         method: &str,
@@ -101,12 +58,14 @@ impl Client {
         token: Option<&str>,
         body: Option<Value>,
     ) -> (u16, Value) {
-        send(
-            self.http.request(method.parse().unwrap(), self.url(path)),
-            token,
-            body,
-        )
-        .await
+        let mut request = self.http.request(method.parse().unwrap(), self.url(path));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        decode(request.send().await.unwrap()).await
     }
 
     /// POSTs JSON with a bearer token (if given).
@@ -119,19 +78,11 @@ impl Client {
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let resp = self.http.get(self.url(path)).send().await.unwrap();
-        decode(resp).await
+        self.call("GET", path, None).await
     }
 
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        let resp = self
-            .http
-            .post(self.url(path))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        decode(resp).await
+        self.call("POST", path, Some(body)).await
     }
 
     pub async fn post_raw(
@@ -152,8 +103,18 @@ impl Client {
     }
 
     pub async fn delete(&self, path: &str) -> (u16, Value) {
-        let resp = self.http.delete(self.url(path)).send().await.unwrap();
-        decode(resp).await
+        self.call("DELETE", path, None).await
+    }
+
+    /// Creates a token over the API as `operator`; returns (token, id).
+    pub async fn make_token(&self, operator: &str, user: &str, role: &str) -> (String, String) {
+        let body = json!({"user": user, "role": role});
+        let (status, body) = self.post_as("/api/v1/tokens", Some(operator), body).await;
+        assert_eq!(status, 201, "{body}");
+        (
+            body["token"].as_str().unwrap().to_owned(),
+            body["id"].as_str().unwrap().to_owned(),
+        )
     }
 
     /// Creates a conversation with `agent` (asserting 201); its id.

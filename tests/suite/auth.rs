@@ -23,26 +23,26 @@ struct World {
 async fn world(db: &TestDb) -> World {
     let operator = cli_token(db, "root-op", "operator");
     let gw = TestGateway::start(db, vec![demo_profile("demo", &[])]).await;
-    let (alice, _) = make_token(&gw, &operator, "alice", "user").await;
-    let (bob, _) = make_token(&gw, &operator, "bob", "user").await;
-    let (revoked, carol_id) = make_token(&gw, &operator, "carol", "user").await;
-    let (status, _) = call(
-        &gw,
-        "DELETE",
-        &format!("/api/v1/tokens/{carol_id}"),
-        Some(&operator),
-        None,
-    )
-    .await;
+    let (alice, _) = gw.make_token(&operator, "alice", "user").await;
+    let (bob, _) = gw.make_token(&operator, "bob", "user").await;
+    let (revoked, carol_id) = gw.make_token(&operator, "carol", "user").await;
+    let (status, _) = gw
+        .call_as(
+            "DELETE",
+            &format!("/api/v1/tokens/{carol_id}"),
+            Some(&operator),
+            None,
+        )
+        .await;
     assert_eq!(status, 204);
-    let (status, conv) = call(
-        &gw,
-        "POST",
-        "/api/v1/conversations",
-        Some(&alice),
-        Some(json!({"agent": "demo"})),
-    )
-    .await;
+    let (status, conv) = gw
+        .call_as(
+            "POST",
+            "/api/v1/conversations",
+            Some(&alice),
+            Some(json!({"agent": "demo"})),
+        )
+        .await;
     assert_eq!(status, 201, "{conv}");
     let conversation = conv["id"].as_str().unwrap().to_owned();
     let url = gw
@@ -52,14 +52,14 @@ async fn world(db: &TestDb) -> World {
         .replacen("http", "ws", 1);
     let (stream, _) = tokio_tungstenite::connect_async(url).await.unwrap();
     let mut ws = Ws { stream };
-    let (status, _) = call(
-        &gw,
-        "POST",
-        &format!("/api/v1/conversations/{conversation}/prompts"),
-        Some(&alice),
-        Some(json!({"text": "tool"})),
-    )
-    .await;
+    let (status, _) = gw
+        .call_as(
+            "POST",
+            &format!("/api/v1/conversations/{conversation}/prompts"),
+            Some(&alice),
+            Some(json!({"text": "tool"})),
+        )
+        .await;
     assert_eq!(status, 202);
     let permission = ws.until_type("permission_requested").await.pop().unwrap()["data"]["id"]
         .as_str()
@@ -116,43 +116,49 @@ async fn every_endpoint_checks_the_token_and_the_role(db: TestDb) {
             Some("acpgw_not_a_real_token"),
             Some(w.revoked.as_str()),
         ] {
-            let (status, problem) = call(&w.gw, method, path, token, body.clone()).await;
+            let (status, problem) = w.gw.call_as(method, path, token, body.clone()).await;
             assert_eq!(status, 401, "{method} {path} with {token:?}: {problem}");
             assert_eq!(problem["code"], "unauthorized");
         }
     }
     for (method, path, body) in &owned {
         assert_eq!(
-            call(&w.gw, method, path, Some(&w.alice), body.clone())
+            w.gw.call_as(method, path, Some(&w.alice), body.clone())
                 .await
                 .0,
             200,
             "alice {method} {path}"
         );
         assert_eq!(
-            call(&w.gw, method, path, Some(&w.operator), body.clone())
+            w.gw.call_as(method, path, Some(&w.operator), body.clone())
                 .await
                 .0,
             200,
             "operator {method} {path}"
         );
-        let (status, problem) = call(&w.gw, method, path, Some(&w.bob), body.clone()).await;
+        let (status, problem) = w.gw.call_as(method, path, Some(&w.bob), body.clone()).await;
         assert_eq!(status, 404, "bob {method} {path}: {problem}");
     }
     for (method, path, body) in &open {
         for token in [&w.alice, &w.bob, &w.operator] {
             assert_eq!(
-                call(&w.gw, method, path, Some(token), body.clone()).await.0,
+                w.gw.call_as(method, path, Some(token), body.clone())
+                    .await
+                    .0,
                 200,
                 "{method} {path}"
             );
         }
     }
     for (method, path, body) in &operator_only {
-        let (status, problem) = call(&w.gw, method, path, Some(&w.alice), body.clone()).await;
+        let (status, problem) =
+            w.gw.call_as(method, path, Some(&w.alice), body.clone())
+                .await;
         assert_eq!(status, 403, "alice {method} {path}: {problem}");
         assert_eq!(problem["code"], "forbidden");
-        let (status, _) = call(&w.gw, method, path, Some(&w.operator), body.clone()).await;
+        let (status, _) =
+            w.gw.call_as(method, path, Some(&w.operator), body.clone())
+                .await;
         assert!(
             status == 200 || status == 201,
             "operator {method} {path}: {status}"
@@ -162,34 +168,43 @@ async fn every_endpoint_checks_the_token_and_the_role(db: TestDb) {
     // refuses is still 403 from a user, and 404 on another's conversation.
     let refused = Some(json!({"nonsense": true}));
     for (method, path) in [("POST", "/api/v1/tokens"), ("PUT", "/api/v1/policies")] {
-        let (status, problem) = call(&w.gw, method, path, Some(&w.alice), refused.clone()).await;
+        let (status, problem) =
+            w.gw.call_as(method, path, Some(&w.alice), refused.clone())
+                .await;
         assert_eq!(status, 403, "alice {method} {path}: {problem}");
     }
     for what in ["prompts", "mode", "config-options"] {
         let path = format!("/api/v1/conversations/{c}/{what}");
-        let (status, problem) = call(&w.gw, "POST", &path, Some(&w.bob), refused.clone()).await;
+        let (status, problem) =
+            w.gw.call_as("POST", &path, Some(&w.bob), refused.clone())
+                .await;
         assert_eq!(status, 404, "bob POST {path}: {problem}");
-        let (status, problem) = call(&w.gw, "POST", &path, Some(&w.alice), refused.clone()).await;
+        let (status, problem) =
+            w.gw.call_as("POST", &path, Some(&w.alice), refused.clone())
+                .await;
         assert_eq!(status, 422, "alice POST {path}: {problem}");
     }
     // Lists show a user only their own things.
-    let (_, bobs) = call(&w.gw, "GET", "/api/v1/conversations", Some(&w.bob), None).await;
+    let (_, bobs) =
+        w.gw.call_as("GET", "/api/v1/conversations", Some(&w.bob), None)
+            .await;
     assert_eq!(bobs["items"], json!([]));
-    let (_, alices) = call(&w.gw, "GET", "/api/v1/conversations", Some(&w.alice), None).await;
+    let (_, alices) =
+        w.gw.call_as("GET", "/api/v1/conversations", Some(&w.alice), None)
+            .await;
     assert_eq!(alices["items"][0]["id"], c.as_str());
-    let (_, bobs) = call(
-        &w.gw,
-        "GET",
-        "/api/v1/permissions?status=all",
-        Some(&w.bob),
-        None,
-    )
-    .await;
+    let (_, bobs) =
+        w.gw.call_as("GET", "/api/v1/permissions?status=all", Some(&w.bob), None)
+            .await;
     assert_eq!(bobs["items"], json!([]));
-    let (_, ops) = call(&w.gw, "GET", "/api/v1/permissions", Some(&w.operator), None).await;
+    let (_, ops) =
+        w.gw.call_as("GET", "/api/v1/permissions", Some(&w.operator), None)
+            .await;
     assert_eq!(ops["items"][0]["id"], p.as_str());
     // Token lists never show a token or its hash.
-    let (_, tokens) = call(&w.gw, "GET", "/api/v1/tokens", Some(&w.operator), None).await;
+    let (_, tokens) =
+        w.gw.call_as("GET", "/api/v1/tokens", Some(&w.operator), None)
+            .await;
     let text = tokens.to_string();
     assert!(!text.contains(&w.alice) && !text.contains("hash"), "{text}");
     // Commands on another user's conversation are not found either.
@@ -222,28 +237,28 @@ async fn every_endpoint_checks_the_token_and_the_role(db: TestDb) {
             Some(json!({"option_id": "allow-once"})),
         ),
     ] {
-        let (status, _) = call(&w.gw, method, &path, Some(&w.bob), body).await;
+        let (status, _) = w.gw.call_as(method, &path, Some(&w.bob), body).await;
         assert_eq!(status, 404, "bob {method} {path}");
     }
     // The owner answers, and the decision names her.
-    let (status, answered) = call(
-        &w.gw,
-        "POST",
-        &format!("/api/v1/permissions/{p}/respond"),
-        Some(&w.alice),
-        Some(json!({"option_id": "allow-once"})),
-    )
-    .await;
+    let (status, answered) =
+        w.gw.call_as(
+            "POST",
+            &format!("/api/v1/permissions/{p}/respond"),
+            Some(&w.alice),
+            Some(json!({"option_id": "allow-once"})),
+        )
+        .await;
     assert_eq!(status, 200);
     assert_eq!(answered["decision"]["decided_by"], "user:alice");
-    let (status, _) = call(
-        &w.gw,
-        "DELETE",
-        &format!("/api/v1/conversations/{c}"),
-        Some(&w.alice),
-        None,
-    )
-    .await;
+    let (status, _) =
+        w.gw.call_as(
+            "DELETE",
+            &format!("/api/v1/conversations/{c}"),
+            Some(&w.alice),
+            None,
+        )
+        .await;
     assert_eq!(status, 204);
 }
 
@@ -313,17 +328,16 @@ async fn websocket_clients_authenticate_by_header_query_or_subprotocol(db: TestD
         w.permission.as_str()
     );
     // Bob's own conversation shows up on bob's inbox; alice's events do not.
-    let (_, conv) = call(
-        &w.gw,
-        "POST",
-        "/api/v1/conversations",
-        Some(&w.bob),
-        Some(json!({"agent": "demo"})),
-    )
-    .await;
+    let (_, conv) =
+        w.gw.call_as(
+            "POST",
+            "/api/v1/conversations",
+            Some(&w.bob),
+            Some(json!({"agent": "demo"})),
+        )
+        .await;
     let p = &w.permission;
-    call(
-        &w.gw,
+    w.gw.call_as(
         "POST",
         &format!("/api/v1/permissions/{p}/respond"),
         Some(&w.alice),

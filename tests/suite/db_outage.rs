@@ -455,14 +455,13 @@ async fn a_request_the_notifier_met_during_a_database_failure_is_notified_once_i
     config.notifications.grace = std::time::Duration::from_millis(200);
     let gw = TestGateway::start_with(config).await;
     let mut receiver = crate::notifications::Receiver::start(None, &[]).await;
-    let (status, created) = call(
-        &gw,
-        "POST",
-        "/api/v1/notification-targets",
-        None,
-        Some(serde_json::json!({"kind": "webhook", "url": receiver.url("/")})),
-    )
-    .await;
+    let (status, created) = gw
+        .call(
+            "POST",
+            "/api/v1/notification-targets",
+            Some(serde_json::json!({"kind": "webhook", "url": receiver.url("/")})),
+        )
+        .await;
     assert_eq!(status, 201, "{created}");
 
     // The notifier falls behind: handing over the first request waits for

@@ -186,26 +186,26 @@ async fn a_users_action_answers_as_them_and_ends_when_they_are_removed(db: TestD
     config.notifications.base_url = Some(BASE.into());
     let (tx, mut rx) = mpsc::unbounded_channel();
     let gw = TestGateway::start_notifying(config, Some(Arc::new(Recorder(tx)))).await;
-    let (alice, _) = make_token(&gw, &operator, "alice", "user").await;
+    let (alice, _) = gw.make_token(&operator, "alice", "user").await;
     let mut notifications = Vec::new();
     for _ in 0..2 {
-        let (_, conv) = call(
-            &gw,
-            "POST",
-            "/api/v1/conversations",
-            Some(&alice),
-            Some(json!({"agent": "demo"})),
-        )
-        .await;
+        let (_, conv) = gw
+            .call_as(
+                "POST",
+                "/api/v1/conversations",
+                Some(&alice),
+                Some(json!({"agent": "demo"})),
+            )
+            .await;
         let conv = conv["id"].as_str().unwrap().to_owned();
-        let (status, _) = call(
-            &gw,
-            "POST",
-            &format!("/api/v1/conversations/{conv}/prompts"),
-            Some(&alice),
-            Some(json!({"text": "tool"})),
-        )
-        .await;
+        let (status, _) = gw
+            .call_as(
+                "POST",
+                &format!("/api/v1/conversations/{conv}/prompts"),
+                Some(&alice),
+                Some(json!({"text": "tool"})),
+            )
+            .await;
         assert_eq!(status, 202);
         let notified = tokio::time::timeout(WAIT, rx.recv())
             .await
@@ -220,7 +220,9 @@ async fn a_users_action_answers_as_them_and_ends_when_they_are_removed(db: TestD
     assert_eq!(status, 200, "{answered}");
     assert_eq!(answered["decision"]["decided_by"], "user:alice");
     assert_eq!(answered["decision"]["via"], "notification");
-    let (status, _) = call(&gw, "DELETE", "/api/v1/users/alice", Some(&operator), None).await;
+    let (status, _) = gw
+        .call_as("DELETE", "/api/v1/users/alice", Some(&operator), None)
+        .await;
     assert_eq!(status, 204);
     let (status, _) = gw
         .post(&path(action(&notifications[1], "allow-once")), Value::Null)

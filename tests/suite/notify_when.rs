@@ -170,8 +170,8 @@ async fn say_presence(ws: &mut Ws, visible: bool) {
 async fn nothing_while_present_then_one_when_the_last_client_goes_away(db: TestDb) {
     let operator = cli_token(&db, "root-op", "operator");
     let (gw, mut notified) = start(config(&db, vec![demo_profile("demo", &[])])).await;
-    let (alice, _) = make_token(&gw, &operator, "alice", "user").await;
-    let (bob, _) = make_token(&gw, &operator, "bob", "user").await;
+    let (alice, _) = gw.make_token(&operator, "alice", "user").await;
+    let (bob, _) = gw.make_token(&operator, "bob", "user").await;
     let mut phone = gw.ws(&format!("/api/v1/ws?access_token={alice}")).await;
     let mut laptop = gw.ws(&format!("/api/v1/ws?access_token={alice}")).await;
     assert_eq!(phone.next().await["type"], "snapshot");
@@ -181,28 +181,28 @@ async fn nothing_while_present_then_one_when_the_last_client_goes_away(db: TestD
     let ask = |token: String| {
         let gw = &gw;
         async move {
-            let (_, conv) = call(
-                gw,
-                "POST",
-                "/api/v1/conversations",
-                Some(&token),
-                Some(json!({"agent": "demo"})),
-            )
-            .await;
+            let (_, conv) = gw
+                .call_as(
+                    "POST",
+                    "/api/v1/conversations",
+                    Some(&token),
+                    Some(json!({"agent": "demo"})),
+                )
+                .await;
             let conv = id(&conv);
             let mut ws = gw
                 .ws(&format!(
                     "/api/v1/conversations/{conv}/ws?access_token={token}"
                 ))
                 .await;
-            let (status, _) = call(
-                gw,
-                "POST",
-                &format!("/api/v1/conversations/{conv}/prompts"),
-                Some(&token),
-                Some(json!({"text": "tool"})),
-            )
-            .await;
+            let (status, _) = gw
+                .call_as(
+                    "POST",
+                    &format!("/api/v1/conversations/{conv}/prompts"),
+                    Some(&token),
+                    Some(json!({"text": "tool"})),
+                )
+                .await;
             assert_eq!(status, 202);
             requests(&mut ws, 1).await.pop().unwrap()
         }

@@ -85,9 +85,9 @@ async fn a_user_over_the_creation_limit_gets_429_and_another_user_does_not(db: T
     config.rate_limits.conversations_per_minute = 2;
     config.max_agents = Some(20);
     let gw = TestGateway::start_with(config).await;
-    let (alice, _) = make_token(&gw, &operator, "alice", "user").await;
-    let (alice_too, _) = make_token(&gw, &operator, "alice", "user").await;
-    let (bob, _) = make_token(&gw, &operator, "bob", "user").await;
+    let (alice, _) = gw.make_token(&operator, "alice", "user").await;
+    let (alice_too, _) = gw.make_token(&operator, "alice", "user").await;
+    let (bob, _) = gw.make_token(&operator, "bob", "user").await;
     for _ in 0..2 {
         assert_eq!(create_as(&gw, &alice).await.status, 201);
     }
@@ -98,7 +98,9 @@ async fn a_user_over_the_creation_limit_gets_429_and_another_user_does_not(db: T
     // Bob is not alice.
     let created = create_as(&gw, &bob).await;
     assert_eq!(created.status, 201, "{}", created.body);
-    let (status, list) = call(&gw, "GET", "/api/v1/conversations", Some(&alice), None).await;
+    let (status, list) = gw
+        .call_as("GET", "/api/v1/conversations", Some(&alice), None)
+        .await;
     assert_eq!(status, 200);
     assert_eq!(list["items"].as_array().unwrap().len(), 2, "{list}");
 }
@@ -111,8 +113,8 @@ async fn a_user_at_the_agent_limit_loses_an_idle_agent_or_gets_429_and_another_u
     config.max_agents = Some(10);
     config.max_agents_per_user = Some(2);
     let gw = TestGateway::start_with(config).await;
-    let (alice, _) = make_token(&gw, &operator, "alice", "user").await;
-    let (bob, _) = make_token(&gw, &operator, "bob", "user").await;
+    let (alice, _) = gw.make_token(&operator, "alice", "user").await;
+    let (bob, _) = gw.make_token(&operator, "bob", "user").await;
     let mut alices = Vec::new();
     for _ in 0..2 {
         let created = create_as(&gw, &alice).await;
@@ -156,14 +158,14 @@ async fn a_user_at_the_agent_limit_loses_an_idle_agent_or_gets_429_and_another_u
     assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
     assert_eq!(create_as(&gw, &bob).await.status, 201);
     // Once one of hers is idle again, it makes room for her first one.
-    let (status, _) = call(
-        &gw,
-        "POST",
-        &format!("/api/v1/conversations/{third}/cancel"),
-        Some(&alice),
-        Some(json!({})),
-    )
-    .await;
+    let (status, _) = gw
+        .call_as(
+            "POST",
+            &format!("/api/v1/conversations/{third}/cancel"),
+            Some(&alice),
+            Some(json!({})),
+        )
+        .await;
     assert_eq!(status, 202);
     third_ws.until_type("turn_ended").await;
     assert_eq!(prompt_as(&gw, &alice, &first, "hello").await.status, 202);

@@ -1044,24 +1044,24 @@ async fn signing_in_with_a_token() {
     browser.wait_for_text("h1", "Waiting for you").await;
     browser.wait("#sign-out").await;
     // Alice's requests reach her page over the token-carrying WebSocket.
-    let (status, created) = call(
-        &gw,
-        "POST",
-        "/api/v1/conversations",
-        Some(&alice),
-        Some(json!({"agent": "sdk"})),
-    )
-    .await;
+    let (status, created) = gw
+        .call_as(
+            "POST",
+            "/api/v1/conversations",
+            Some(&alice),
+            Some(json!({"agent": "sdk"})),
+        )
+        .await;
     assert_eq!(status, 201, "{created}");
     let id = created["id"].as_str().unwrap();
-    let (status, _) = call(
-        &gw,
-        "POST",
-        &format!("/api/v1/conversations/{id}/prompts"),
-        Some(&alice),
-        Some(json!({"text": "tool"})),
-    )
-    .await;
+    let (status, _) = gw
+        .call_as(
+            "POST",
+            &format!("/api/v1/conversations/{id}/prompts"),
+            Some(&alice),
+            Some(json!({"text": "tool"})),
+        )
+        .await;
     assert_eq!(status, 202);
     browser.wait("article.permission").await;
 
