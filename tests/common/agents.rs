@@ -1,7 +1,6 @@
 //! The agents tests run, as profiles: the built-in demo agent, the agents
 //! built on the official ACP SDKs, and the plain-Python flooding agent.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -18,42 +17,26 @@ pub fn demo_profile(name: &str, args: &[&str]) -> AgentProfile {
     profile(name, demo_agent_path(), args)
 }
 
+/// A profile running `command` with `args`: what a config naming only
+/// those gives, but in the shared temporary directory, with a shorter
+/// start-up bound and no idle stop; a key the tests do not name keeps its
+/// default.
 pub fn profile(name: &str, command: &str, args: &[&str]) -> AgentProfile {
-    AgentProfile {
-        name: name.into(),
-        title: None,
-        command: command.into(),
-        args: args.iter().map(|s| s.to_string()).collect(),
-        env: BTreeMap::new(),
-        pass_env: Vec::new(),
-        cwd: Some(std::env::temp_dir()),
-        mcp_servers: vec![],
-        permission_timeout: None,
-        on_timeout: Default::default(),
-        mode: Default::default(),
-        user: None,
-        allowed_roots: Vec::new(),
-        startup_timeout: Duration::from_secs(20),
-        idle_timeout: Duration::ZERO,
-        session_mode: None,
-        session_config: BTreeMap::new(),
-        auth_method: None,
-        client_fs: false,
-        client_terminal: false,
-        sandbox: Default::default(),
-        // The SDK agents' scripts and packages, and the demo agent (which
-        // wrappers run): the boxes of the tests' agents are their cwd
-        // (mostly the shared temporary directory), their home, the system
-        // and these.
-        read_only_paths: vec![
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk-agents"),
-            Path::new(demo_agent_path()).parent().unwrap().to_path_buf(),
-        ],
-        read_write_paths: Vec::new(),
-        allowed_tcp_ports: None,
-        home_template: None,
-        capabilities: Vec::new(),
-    }
+    let mut agent: AgentProfile =
+        serde_json::from_value(serde_json::json!({"name": name, "command": command}))
+            .expect("a profile of a name and a command");
+    agent.args = args.iter().map(|s| s.to_string()).collect();
+    agent.cwd = Some(std::env::temp_dir());
+    agent.startup_timeout = Duration::from_secs(20);
+    agent.idle_timeout = Duration::ZERO;
+    // The SDK agents' scripts and packages, and the demo agent (which
+    // wrappers run): the boxes of the tests' agents are their cwd (mostly
+    // the shared temporary directory), their home, the system and these.
+    agent.read_only_paths = vec![
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk-agents"),
+        Path::new(demo_agent_path()).parent().unwrap().to_path_buf(),
+    ];
+    agent
 }
 
 /// Installs the SDK-based agents once per test binary.

@@ -1,13 +1,39 @@
 //! A gateway running inside the test's process on a free port, and the
 //! config it starts from.
 
-use std::time::Duration;
-
-use acp_gateway::config::{AgentProfile, Config};
+use acp_gateway::config::AgentProfile;
+pub use acp_gateway::config::Config;
 use acp_gateway::Gateway;
 use tokio_util::sync::CancellationToken;
 
 use super::{demo_profile, Client, TestDb, Ws, WAIT};
+
+/// `Config::for_tests(db, agents)`: the config tests start from.
+pub trait ForTests {
+    fn for_tests(db: &TestDb, agents: Vec<AgentProfile>) -> Self;
+}
+
+impl ForTests for Config {
+    /// What an empty config file gives, but on a free port, the test's
+    /// database and state directory, its agents, and small limits; a key
+    /// the tests do not name keeps its default.
+    fn for_tests(db: &TestDb, agents: Vec<AgentProfile>) -> Config {
+        let mut config = Config::parse("").expect("the defaults parse");
+        config.listen = "127.0.0.1:0".into();
+        config.database_url = Some(db.url.clone());
+        config.max_line_bytes = 1024 * 1024;
+        config.max_body_bytes = 64 * 1024;
+        config.agents = agents;
+        config.state_dir = Some(db.state_dir().to_path_buf());
+        config.shim_program = Some(env!("CARGO_BIN_EXE_acp-gateway").into());
+        // In-process gateways stop as `cancel` has them: their tests
+        // restart a gateway to see what a stop leaves. What `detach`
+        // (the default) leaves is seen with real processes
+        // (`tests/suite/restart.rs`).
+        config.on_shutdown = acp_gateway::config::OnShutdown::Cancel;
+        config
+    }
+}
 
 /// A gateway with the demo agent, one conversation, and a WebSocket on it
 /// from the start: the setup most tests begin with.
@@ -32,43 +58,7 @@ pub struct TestGateway {
 
 impl TestGateway {
     pub async fn start(db: &TestDb, agents: Vec<AgentProfile>) -> TestGateway {
-        Self::start_with(Self::config(db, agents)).await
-    }
-
-    /// The config tests start from: a free port, small limits.
-    pub fn config(db: &TestDb, agents: Vec<AgentProfile>) -> Config {
-        Config {
-            listen: "127.0.0.1:0".into(),
-            database_url: Some(db.url.clone()),
-            database_url_file: None,
-            max_line_bytes: 1024 * 1024,
-            max_body_bytes: 64 * 1024,
-            event_buffer: 1024,
-            agents,
-            policies: Vec::new(),
-            cors_origins: Vec::new(),
-            rate_limits: Default::default(),
-            agent_user: None,
-            max_agents: None,
-            max_agents_per_user: None,
-            max_page_bytes: 1024 * 1024,
-            ws_buffer_bytes: 64 * 1024 * 1024,
-            ws_buffer_bytes_per_user: None,
-            shutdown_timeout: Duration::from_secs(10),
-            write_buffer_events: 10_000,
-            node_lease: Duration::from_secs(15),
-            notifications: Default::default(),
-            state_dir: Some(db.state_dir().to_path_buf()),
-            agent_shims: true,
-            shim_buffer: 64 * 1024 * 1024,
-            shim_program: Some(env!("CARGO_BIN_EXE_acp-gateway").into()),
-            // In-process gateways stop as `cancel` has them: their tests
-            // restart a gateway to see what a stop leaves. What `detach`
-            // (the default) leaves is seen with real processes
-            // (`tests/suite/restart.rs`).
-            on_shutdown: acp_gateway::config::OnShutdown::Cancel,
-            tls: None,
-        }
+        Self::start_with(Config::for_tests(db, agents)).await
     }
 
     pub async fn start_with(config: Config) -> TestGateway {

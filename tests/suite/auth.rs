@@ -356,7 +356,7 @@ async fn websocket_clients_authenticate_by_header_query_or_subprotocol(db: TestD
 }
 
 async fn rate_limits_answer_429_with_retry_after(db: TestDb) {
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.rate_limits.prompts_per_minute = 2;
     let gw = TestGateway::start_with(config).await;
     let id = gw.create_conversation("demo").await["id"]
@@ -387,7 +387,7 @@ async fn rate_limits_answer_429_with_retry_after(db: TestDb) {
 }
 
 async fn startup_refuses_a_public_address_until_a_token_exists(db: TestDb) {
-    let mut config = TestGateway::config(&db, vec![]);
+    let mut config = Config::for_tests(&db, vec![]);
     config.listen = "0.0.0.0:0".into();
     let err = acp_gateway::Gateway::build(config.clone())
         .await
@@ -579,7 +579,7 @@ async fn cors_is_off_unless_origins_are_configured(db: TestDb) {
     let resp = preflight(&gw, "https://evil.example").await.unwrap();
     assert!(resp.headers().get("access-control-allow-origin").is_none());
     gw.stop().await;
-    let mut config = TestGateway::config(&db, vec![]);
+    let mut config = Config::for_tests(&db, vec![]);
     config.cors_origins = vec!["https://app.example".into()];
     let gw = TestGateway::start_with(config).await;
     let resp = preflight(&gw, "https://app.example").await.unwrap();

@@ -384,7 +384,7 @@ backend_tests!(
 #[tokio::test]
 async fn listen_accepts_a_host_name_and_startup_errors_are_one_clear_line() {
     let db = TestDb::sqlite().await;
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.listen = "localhost:0".into();
     let gw = TestGateway::start_with(config).await;
     let (status, _) = gw.get("/healthz").await;

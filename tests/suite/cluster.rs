@@ -503,7 +503,7 @@ async fn the_sweep_takes_a_dead_nodes_conversation_only_if_no_command_took_it_fi
     let taken = a.create("demo").await;
     let left = a.create("demo").await;
     // B is built but does not run, so no sweep of its own races this test.
-    let b = acp_gateway::Gateway::build(TestGateway::config(&db, profiles.to_vec()))
+    let b = acp_gateway::Gateway::build(Config::for_tests(&db, profiles.to_vec()))
         .await
         .unwrap();
     let node = b.node();
@@ -589,7 +589,7 @@ async fn a_stopped_gateway_leaves_none_of_its_nodes_tasks_running() {
     let db = &db;
     let start = move || async move {
         let gateway =
-            acp_gateway::Gateway::build(TestGateway::config(db, vec![demo_profile("demo", &[])]))
+            acp_gateway::Gateway::build(Config::for_tests(db, vec![demo_profile("demo", &[])]))
                 .await
                 .unwrap();
         let (node, base) = (gateway.node(), format!("http://{}", gateway.local_addr()));

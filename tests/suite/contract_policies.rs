@@ -409,7 +409,7 @@ async fn every_rule_of_evaluate_is_in_the_document(db: TestDb) {
 #[tokio::test]
 async fn the_config_file_is_checked_as_the_api_checks() {
     let db = TestDb::sqlite().await;
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.policies = serde_json::from_value(json!([
         {"name": "r", "decision": "allow", "max_auto_per": {"count": 0, "window": "1m"}}
     ]))

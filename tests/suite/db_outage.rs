@@ -111,7 +111,7 @@ async fn proxied_config(db: &TestDb, agent_args: &[&str]) -> (acp_gateway::confi
         .split_once('/')
         .unwrap();
     let proxy = Proxy::to(host_port.to_owned()).await;
-    let mut config = TestGateway::config(db, vec![demo_profile("demo", agent_args)]);
+    let mut config = Config::for_tests(db, vec![demo_profile("demo", agent_args)]);
     config.database_url = Some(format!(
         "postgres://postgres@127.0.0.1:{}/{rest}",
         proxy.port
@@ -450,7 +450,7 @@ async fn a_request_the_notifier_met_during_a_database_failure_is_notified_once_i
     let Some(db) = TestDb::postgres().await else {
         return;
     };
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.notifications.allow_private_targets = true;
     config.notifications.grace = std::time::Duration::from_millis(200);
     let gw = TestGateway::start_with(config).await;

@@ -84,7 +84,7 @@ async fn gateway(db: &TestDb) -> TestGateway {
 }
 
 fn config(db: &TestDb, allow_private: bool) -> acp_gateway::config::Config {
-    let mut config = TestGateway::config(db, vec![]);
+    let mut config = Config::for_tests(db, vec![]);
     config.notifications.allow_private_targets = allow_private;
     config.notifications.retry_base = Duration::from_millis(1);
     config

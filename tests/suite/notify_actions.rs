@@ -25,7 +25,7 @@ const BASE: &str = "https://gateway.example";
 /// A gateway, a conversation whose agent waits for an answer, and the
 /// notification about it.
 async fn waiting(db: &TestDb) -> (TestGateway, Ws, Value, Outgoing) {
-    let mut config = TestGateway::config(db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(db, vec![demo_profile("demo", &[])]);
     config.notifications.grace = Duration::from_millis(200);
     config.notifications.base_url = Some(BASE.into());
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -181,7 +181,7 @@ async fn an_action_racing_a_respond_has_exactly_one_winner(db: TestDb) {
 
 async fn a_users_action_answers_as_them_and_ends_when_they_are_removed(db: TestDb) {
     let operator = cli_token(&db, "root-op", "operator");
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.notifications.grace = Duration::from_millis(200);
     config.notifications.base_url = Some(BASE.into());
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -232,7 +232,7 @@ async fn a_users_action_answers_as_them_and_ends_when_they_are_removed(db: TestD
 }
 
 async fn an_expired_action_is_gone_and_swept(db: TestDb) {
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.notifications.grace = Duration::from_millis(200);
     config.notifications.base_url = Some(BASE.into());
     config.notifications.action_ttl = Duration::from_nanos(1);

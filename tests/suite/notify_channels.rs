@@ -9,7 +9,7 @@ use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::common::{TestDb, TestGateway, WAIT};
+use crate::common::{Config, ForTests, TestDb, TestGateway, WAIT};
 use acp_gateway::config::FcmConfig;
 use acp_gateway::notify::fcm::Fcm;
 use acp_gateway::notify::fit;
@@ -451,8 +451,8 @@ const PROMPT: &str = "execute echo notified";
 
 /// A gateway with the demo agent, admitting targets on loopback, notifying
 /// a request 100 ms after it is made.
-fn notifying_config(db: &TestDb) -> acp_gateway::config::Config {
-    let mut config = TestGateway::config(db, vec![crate::common::demo_profile("demo", &[])]);
+fn notifying_config(db: &TestDb) -> Config {
+    let mut config = Config::for_tests(db, vec![crate::common::demo_profile("demo", &[])]);
     config.notifications.allow_private_targets = true;
     config.notifications.grace = Duration::from_millis(100);
     config.notifications.base_url = Some(BASE.into());

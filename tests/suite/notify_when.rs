@@ -46,7 +46,7 @@ impl Notified {
 }
 
 fn config(db: &TestDb, agents: Vec<acp_gateway::config::AgentProfile>) -> Config {
-    let mut config = TestGateway::config(db, agents);
+    let mut config = Config::for_tests(db, agents);
     config.notifications.grace = Duration::from_millis(600);
     config.notifications.min_turn = Duration::from_millis(300);
     config.notifications.reminder_before = Duration::from_millis(1500);

@@ -81,7 +81,7 @@ async fn ws_as(gw: &TestGateway, token: &str, id: &str) -> Ws {
 
 async fn a_user_over_the_creation_limit_gets_429_and_another_user_does_not(db: TestDb) {
     let operator = cli_token(&db, "op", "operator");
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.rate_limits.conversations_per_minute = 2;
     config.max_agents = Some(20);
     let gw = TestGateway::start_with(config).await;
@@ -109,7 +109,7 @@ async fn a_user_at_the_agent_limit_loses_an_idle_agent_or_gets_429_and_another_u
     db: TestDb,
 ) {
     let operator = cli_token(&db, "op", "operator");
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.max_agents = Some(10);
     config.max_agents_per_user = Some(2);
     let gw = TestGateway::start_with(config).await;
@@ -197,7 +197,7 @@ async fn all_pages(gw: &TestGateway, path: &str, limit: usize) -> (Vec<Value>, u
 }
 
 async fn messages_are_paged_without_loss_or_repetition(db: TestDb) {
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.max_page_bytes = 4096;
     let gw = TestGateway::start_with(config).await;
     let (id, mut ws) = gw.open_conversation("demo").await;
@@ -251,7 +251,7 @@ async fn messages_are_paged_without_loss_or_repetition(db: TestDb) {
 }
 
 async fn an_events_page_is_bounded_in_bytes(db: TestDb) {
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.max_page_bytes = 8192;
     let gw = TestGateway::start_with(config).await;
     let (id, mut ws) = gw.open_conversation("demo").await;
@@ -439,7 +439,7 @@ async fn read_to(gw: &TestGateway, id: &str, mut ws: Ws, last: i64) -> (Vec<i64>
 async fn non_reading_websockets_hold_a_bounded_total_and_the_ones_over_it_resume(db: TestDb) {
     const BUDGET: usize = 256 * 1024;
     const CLIENTS: usize = 100;
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.ws_buffer_bytes = BUDGET;
     config.max_page_bytes = 32 * 1024;
     config.rate_limits.connections_per_minute = 100_000;

@@ -634,7 +634,7 @@ async fn the_app_works_over_https() {
         rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
     std::fs::write(work.join("cert.pem"), made.cert.pem()).unwrap();
     std::fs::write(work.join("key.pem"), made.signing_key.serialize_pem()).unwrap();
-    let mut config = TestGateway::config(&db, vec![sdk_agent(&work)]);
+    let mut config = Config::for_tests(&db, vec![sdk_agent(&work)]);
     config.tls = Some(acp_gateway::config::TlsFiles {
         cert_file: work.join("cert.pem"),
         key_file: work.join("key.pem"),
@@ -1184,7 +1184,7 @@ async fn a_notification_on_this_device_answers_the_request_from_its_button() {
     };
     let db = db().await;
     let (receiver_url, mut received) = receiver().await;
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.notifications.base_url = Some(origin.clone());
     config.notifications.grace = std::time::Duration::from_millis(100);
     config.notifications.allow_private_targets = true;
