@@ -401,9 +401,8 @@ async fn events_published_during_an_outage_reach_another_nodes_websocket_once_co
 async fn waiting_for_a_lock(db: &TestDb, pattern: &str) -> i32 {
     use sqlx::Connection;
     let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let pid: Option<i32> = sqlx::query_scalar(
+    eventually(WAIT, async || {
+        sqlx::query_scalar(
             "select pid from pg_stat_activity
              where datname = current_database() and wait_event_type = 'Lock' and query like $1
              limit 1",
@@ -411,16 +410,10 @@ async fn waiting_for_a_lock(db: &TestDb, pattern: &str) -> i32 {
         .bind(pattern)
         .fetch_optional(&mut conn)
         .await
-        .unwrap();
-        if let Some(pid) = pid {
-            return pid;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{pattern:?} waits for its lock in time"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+        .unwrap()
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{pattern:?} waits for its lock in time"))
 }
 
 /// Ends a backend as a database going away does (its client's query fails).
