@@ -68,9 +68,19 @@ impl Client {
         decode(request.send().await.unwrap()).await
     }
 
+    /// GETs with a bearer token (if given).
+    pub async fn get_as(&self, path: &str, token: Option<&str>) -> (u16, Value) {
+        self.call_as("GET", path, token, None).await
+    }
+
     /// POSTs JSON with a bearer token (if given).
     pub async fn post_as(&self, path: &str, token: Option<&str>, body: Value) -> (u16, Value) {
         self.call_as("POST", path, token, Some(body)).await
+    }
+
+    /// DELETEs with a bearer token (if given).
+    pub async fn delete_as(&self, path: &str, token: Option<&str>) -> (u16, Value) {
+        self.call_as("DELETE", path, token, None).await
     }
 
     pub fn url(&self, path: &str) -> String {

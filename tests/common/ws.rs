@@ -19,8 +19,13 @@ pub struct Ws {
 impl Ws {
     /// The next JSON frame, failing the test after [`WAIT`].
     pub async fn next(&mut self) -> Value {
+        self.next_within(WAIT).await
+    }
+
+    /// The next JSON frame, failing the test after `bound`.
+    async fn next_within(&mut self, bound: Duration) -> Value {
         loop {
-            let msg = tokio::time::timeout(WAIT, self.stream.next())
+            let msg = tokio::time::timeout(bound, self.stream.next())
                 .await
                 .expect("a websocket frame arrives in time")
                 .expect("websocket still open")
@@ -55,9 +60,15 @@ impl Ws {
 
     /// Reads frames until one matches, returning all frames read (the match last).
     pub async fn until(&mut self, pred: impl Fn(&Value) -> bool) -> Vec<Value> {
+        self.until_within(WAIT, pred).await
+    }
+
+    /// Reads frames, each within `bound`, until one matches: all frames
+    /// read, the match last.
+    async fn until_within(&mut self, bound: Duration, pred: impl Fn(&Value) -> bool) -> Vec<Value> {
         let mut seen = Vec::new();
         loop {
-            let frame = self.next().await;
+            let frame = self.next_within(bound).await;
             let done = pred(&frame);
             seen.push(frame);
             if done {
@@ -70,23 +81,7 @@ impl Ws {
     /// instead of [`WAIT`] (for a turn that makes no event for a while):
     /// all frames read, the match last.
     pub async fn until_type_within(&mut self, kind: &str, bound: Duration) -> Vec<Value> {
-        let mut frames = Vec::new();
-        loop {
-            let frame = tokio::time::timeout(bound, self.stream.next())
-                .await
-                .expect("a websocket frame arrives in time")
-                .expect("websocket still open")
-                .expect("websocket frame");
-            let WsMessage::Text(text) = frame else {
-                continue;
-            };
-            let event: Value = serde_json::from_str(&text).unwrap();
-            let done = event["type"] == kind;
-            frames.push(event);
-            if done {
-                return frames;
-            }
-        }
+        self.until_within(bound, |e| e["type"] == kind).await
     }
 
     /// Reads until an event of this type (and optionally matching more).

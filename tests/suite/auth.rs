@@ -27,24 +27,10 @@ async fn world(db: &TestDb) -> World {
     let (bob, _) = gw.make_token(&operator, "bob", "user").await;
     let (revoked, carol_id) = gw.make_token(&operator, "carol", "user").await;
     let (status, _) = gw
-        .call_as(
-            "DELETE",
-            &format!("/api/v1/tokens/{carol_id}"),
-            Some(&operator),
-            None,
-        )
+        .delete_as(&format!("/api/v1/tokens/{carol_id}"), Some(&operator))
         .await;
     assert_eq!(status, 204);
-    let (status, conv) = gw
-        .call_as(
-            "POST",
-            "/api/v1/conversations",
-            Some(&alice),
-            Some(json!({"agent": "demo"})),
-        )
-        .await;
-    assert_eq!(status, 201, "{conv}");
-    let conversation = conv["id"].as_str().unwrap().to_owned();
+    let conversation = gw.with_token(&alice).create("demo").await;
     let url = gw
         .url(&format!(
             "/api/v1/conversations/{conversation}/ws?access_token={alice}"
@@ -52,15 +38,7 @@ async fn world(db: &TestDb) -> World {
         .replacen("http", "ws", 1);
     let (stream, _) = tokio_tungstenite::connect_async(url).await.unwrap();
     let mut ws = Ws { stream };
-    let (status, _) = gw
-        .call_as(
-            "POST",
-            &format!("/api/v1/conversations/{conversation}/prompts"),
-            Some(&alice),
-            Some(json!({"text": "tool"})),
-        )
-        .await;
-    assert_eq!(status, 202);
+    gw.with_token(&alice).prompt(&conversation, "tool").await;
     let permission = ws.until_type("permission_requested").await.pop().unwrap()["data"]["id"]
         .as_str()
         .unwrap()
@@ -185,26 +163,18 @@ async fn every_endpoint_checks_the_token_and_the_role(db: TestDb) {
         assert_eq!(status, 422, "alice POST {path}: {problem}");
     }
     // Lists show a user only their own things.
-    let (_, bobs) =
-        w.gw.call_as("GET", "/api/v1/conversations", Some(&w.bob), None)
-            .await;
+    let (_, bobs) = w.gw.get_as("/api/v1/conversations", Some(&w.bob)).await;
     assert_eq!(bobs["items"], json!([]));
-    let (_, alices) =
-        w.gw.call_as("GET", "/api/v1/conversations", Some(&w.alice), None)
-            .await;
+    let (_, alices) = w.gw.get_as("/api/v1/conversations", Some(&w.alice)).await;
     assert_eq!(alices["items"][0]["id"], c.as_str());
     let (_, bobs) =
-        w.gw.call_as("GET", "/api/v1/permissions?status=all", Some(&w.bob), None)
+        w.gw.get_as("/api/v1/permissions?status=all", Some(&w.bob))
             .await;
     assert_eq!(bobs["items"], json!([]));
-    let (_, ops) =
-        w.gw.call_as("GET", "/api/v1/permissions", Some(&w.operator), None)
-            .await;
+    let (_, ops) = w.gw.get_as("/api/v1/permissions", Some(&w.operator)).await;
     assert_eq!(ops["items"][0]["id"], p.as_str());
     // Token lists never show a token or its hash.
-    let (_, tokens) =
-        w.gw.call_as("GET", "/api/v1/tokens", Some(&w.operator), None)
-            .await;
+    let (_, tokens) = w.gw.get_as("/api/v1/tokens", Some(&w.operator)).await;
     let text = tokens.to_string();
     assert!(!text.contains(&w.alice) && !text.contains("hash"), "{text}");
     // Commands on another user's conversation are not found either.
@@ -242,23 +212,17 @@ async fn every_endpoint_checks_the_token_and_the_role(db: TestDb) {
     }
     // The owner answers, and the decision names her.
     let (status, answered) =
-        w.gw.call_as(
-            "POST",
+        w.gw.post_as(
             &format!("/api/v1/permissions/{p}/respond"),
             Some(&w.alice),
-            Some(json!({"option_id": "allow-once"})),
+            json!({"option_id": "allow-once"}),
         )
         .await;
     assert_eq!(status, 200);
     assert_eq!(answered["decision"]["decided_by"], "user:alice");
     let (status, _) =
-        w.gw.call_as(
-            "DELETE",
-            &format!("/api/v1/conversations/{c}"),
-            Some(&w.alice),
-            None,
-        )
-        .await;
+        w.gw.delete_as(&format!("/api/v1/conversations/{c}"), Some(&w.alice))
+            .await;
     assert_eq!(status, 204);
 }
 
@@ -329,19 +293,17 @@ async fn websocket_clients_authenticate_by_header_query_or_subprotocol(db: TestD
     );
     // Bob's own conversation shows up on bob's inbox; alice's events do not.
     let (_, conv) =
-        w.gw.call_as(
-            "POST",
+        w.gw.post_as(
             "/api/v1/conversations",
             Some(&w.bob),
-            Some(json!({"agent": "demo"})),
+            json!({"agent": "demo"}),
         )
         .await;
     let p = &w.permission;
-    w.gw.call_as(
-        "POST",
+    w.gw.post_as(
         &format!("/api/v1/permissions/{p}/respond"),
         Some(&w.alice),
-        Some(json!({"option_id": "allow-once"})),
+        json!({"option_id": "allow-once"}),
     )
     .await;
     let resolved = alice.until_type("permission_resolved").await.pop().unwrap();

@@ -153,12 +153,7 @@ fn documented(name: &str, instance: &Value) {
 
 async fn create(gw: &TestGateway, token: &str, body: Value) -> Value {
     let (status, created) = gw
-        .call_as(
-            "POST",
-            "/api/v1/notification-targets",
-            Some(token),
-            Some(body),
-        )
+        .post_as("/api/v1/notification-targets", Some(token), body)
         .await;
     assert_eq!(status, 201, "{created}");
     documented("CreatedNotificationTarget", &created);
@@ -184,11 +179,9 @@ async fn attempts(
 
 async fn deliveries(gw: &TestGateway, token: &str, id: &str) -> Vec<Value> {
     let (status, body) = gw
-        .call_as(
-            "GET",
+        .get_as(
             &format!("/api/v1/notification-targets/{id}/deliveries"),
             Some(token),
-            None,
         )
         .await;
     assert_eq!(status, 200, "{body}");
@@ -197,9 +190,7 @@ async fn deliveries(gw: &TestGateway, token: &str, id: &str) -> Vec<Value> {
 }
 
 async fn targets(gw: &TestGateway, token: &str) -> Vec<Value> {
-    let (status, body) = gw
-        .call_as("GET", "/api/v1/notification-targets", Some(token), None)
-        .await;
+    let (status, body) = gw.get_as("/api/v1/notification-targets", Some(token)).await;
     assert_eq!(status, 200, "{body}");
     documented("NotificationTargetList", &body);
     body["items"].as_array().unwrap().clone()
@@ -238,12 +229,7 @@ async fn webhook_delivery_is_signed_minimal_and_recorded(db: TestDb) {
         .unwrap()
         .to_owned();
     let (status, _) = gw
-        .call_as(
-            "DELETE",
-            &format!("/api/v1/notification-targets/{first}"),
-            Some(&ann),
-            None,
-        )
+        .delete_as(&format!("/api/v1/notification-targets/{first}"), Some(&ann))
         .await;
     assert_eq!(status, 204);
 
@@ -349,14 +335,7 @@ async fn the_test_endpoint_answers_the_outcome_and_410_marks_the_target_gone(db:
     )
     .await;
     let id = target["id"].as_str().unwrap();
-    let (status, answer) = gw
-        .call_as(
-            "POST",
-            &format!("/api/v1/notification-targets/{id}/test"),
-            Some(&ann),
-            None,
-        )
-        .await;
+    let (status, answer) = send_test(&gw, &ann, id).await;
     assert_eq!(status, 200, "{answer}");
     documented("NotificationDelivery", &answer);
     assert_eq!(answer["outcome"], "delivered");
@@ -371,14 +350,7 @@ async fn the_test_endpoint_answers_the_outcome_and_410_marks_the_target_gone(db:
     let mut gone = Receiver::start(None, &[410]).await;
     let target = create(&gw, &ann, json!({"kind": "ntfy", "url": gone.url("/t")})).await;
     let gone_id = target["id"].as_str().unwrap();
-    let (status, answer) = gw
-        .call_as(
-            "POST",
-            &format!("/api/v1/notification-targets/{gone_id}/test"),
-            Some(&ann),
-            None,
-        )
-        .await;
+    let (status, answer) = send_test(&gw, &ann, gone_id).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(
         (answer["outcome"].clone(), answer["http_status"].clone()),
@@ -665,24 +637,14 @@ async fn users_see_and_delete_only_their_own_targets(db: TestDb) {
     let (status, _) = gw.call("GET", "/api/v1/notification-targets", None).await;
     assert_eq!(status, 401);
     let (status, _) = gw
-        .call_as(
-            "GET",
-            "/api/v1/notification-targets/nope/deliveries",
-            Some(&ann),
-            None,
-        )
+        .get_as("/api/v1/notification-targets/nope/deliveries", Some(&ann))
         .await;
     assert_eq!(status, 404);
     // Nothing is enqueued for bob from ann's targets.
     assert!(gw.outbox.enqueue(waiting("bob", "r1")).await.unwrap());
     assert_eq!(targets(&gw, &ann).await.len(), 1);
     let (status, _) = gw
-        .call_as(
-            "DELETE",
-            &format!("/api/v1/notification-targets/{id}"),
-            Some(&ann),
-            None,
-        )
+        .delete_as(&format!("/api/v1/notification-targets/{id}"), Some(&ann))
         .await;
     assert_eq!(status, 204);
     assert!(targets(&gw, &ann).await.is_empty());
@@ -745,12 +707,7 @@ async fn bad_targets_are_refused_with_422(db: TestDb) {
     ];
     for (body, says) in cases {
         let (status, problem) = gw
-            .call_as(
-                "POST",
-                "/api/v1/notification-targets",
-                Some(&ann),
-                Some(body.clone()),
-            )
+            .post_as("/api/v1/notification-targets", Some(&ann), body.clone())
             .await;
         assert_eq!(status, 422, "{body}: {problem}");
         assert!(
@@ -811,11 +768,10 @@ async fn private_addresses_are_refused_unless_allowed(db: TestDb) {
         "https://[fe80::1]/hook",
     ] {
         let (status, problem) = gw
-            .call_as(
-                "POST",
+            .post_as(
                 "/api/v1/notification-targets",
                 Some(&ann),
-                Some(json!({"kind": "webhook", "url": url})),
+                json!({"kind": "webhook", "url": url}),
             )
             .await;
         assert_eq!(
@@ -835,28 +791,14 @@ async fn private_addresses_are_refused_unless_allowed(db: TestDb) {
     )
     .await;
     let id = target["id"].as_str().unwrap().to_owned();
-    let (_, answer) = gw
-        .call_as(
-            "POST",
-            &format!("/api/v1/notification-targets/{id}/test"),
-            Some(&ann),
-            None,
-        )
-        .await;
+    let (_, answer) = send_test(&gw, &ann, &id).await;
     assert_eq!(answer["outcome"], "delivered", "{answer}");
     receiver.next().await;
     // No longer allowed: the same name, resolving to 127.0.0.1, is refused
     // at delivery, after resolution.
     gw.stop().await;
     let gw = TestGateway::start_with(config(&db, false)).await;
-    let (status, answer) = gw
-        .call_as(
-            "POST",
-            &format!("/api/v1/notification-targets/{id}/test"),
-            Some(&ann),
-            None,
-        )
-        .await;
+    let (status, answer) = send_test(&gw, &ann, &id).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["outcome"], "failed", "{answer}");
     assert!(
@@ -875,12 +817,7 @@ async fn the_vapid_public_key_is_made_once_and_kept(db: TestDb) {
     let (ann, _) = tokens(&db);
     let gw = gateway(&db).await;
     let (status, body) = gw
-        .call_as(
-            "GET",
-            "/api/v1/notifications/vapid-public-key",
-            Some(&ann),
-            None,
-        )
+        .get_as("/api/v1/notifications/vapid-public-key", Some(&ann))
         .await;
     assert_eq!(status, 200, "{body}");
     documented("VapidPublicKey", &body);
@@ -891,12 +828,7 @@ async fn the_vapid_public_key_is_made_once_and_kept(db: TestDb) {
     assert_eq!((bytes.len(), bytes[0]), (65, 4));
     let gw = gw.restart().await;
     let (_, again) = gw
-        .call_as(
-            "GET",
-            "/api/v1/notifications/vapid-public-key",
-            Some(&ann),
-            None,
-        )
+        .get_as("/api/v1/notifications/vapid-public-key", Some(&ann))
         .await;
     assert_eq!(again["public_key"], key.as_str());
     gw.stop().await;
@@ -938,9 +870,7 @@ async fn a_removed_user_is_notified_nothing_and_no_later_action_of_theirs_answer
     let (conversation, mut ws) = as_alice.open_conversation("demo").await;
     as_alice.prompt(&conversation, "tool").await;
     let request = ws.until_type("permission_requested").await.pop().unwrap()["data"].clone();
-    let (status, _) = gw
-        .call_as("DELETE", "/api/v1/users/alice", Some(&operator), None)
-        .await;
+    let (status, _) = gw.delete_as("/api/v1/users/alice", Some(&operator)).await;
     assert_eq!(status, 204);
     let asked: chrono::DateTime<chrono::Utc> =
         serde_json::from_value(request["created_at"].clone()).unwrap();
@@ -1001,12 +931,7 @@ async fn a_removed_user_is_notified_nothing_and_no_later_action_of_theirs_answer
     let answered = client.post(&url).send().await.unwrap();
     assert_eq!(answered.status(), 410);
     let (_, now) = gw
-        .call_as(
-            "GET",
-            &format!("/api/v1/permissions/{id}"),
-            Some(&operator),
-            None,
-        )
+        .get_as(&format!("/api/v1/permissions/{id}"), Some(&operator))
         .await;
     assert_eq!(now["status"], "pending", "{now}");
 
@@ -1110,4 +1035,10 @@ async fn two_nodes_on_one_postgres_send_each_delivery_once() {
     assert_eq!(got.len(), N);
     a.stop().await;
     b.stop().await;
+}
+
+/// `POST …/notification-targets/{id}/test` as the holder of `token`.
+async fn send_test(gw: &Client, token: &str, id: &str) -> (u16, Value) {
+    let path = format!("/api/v1/notification-targets/{id}/test");
+    gw.call_as("POST", &path, Some(token), None).await
 }

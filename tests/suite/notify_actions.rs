@@ -189,24 +189,8 @@ async fn a_users_action_answers_as_them_and_ends_when_they_are_removed(db: TestD
     let (alice, _) = gw.make_token(&operator, "alice", "user").await;
     let mut notifications = Vec::new();
     for _ in 0..2 {
-        let (_, conv) = gw
-            .call_as(
-                "POST",
-                "/api/v1/conversations",
-                Some(&alice),
-                Some(json!({"agent": "demo"})),
-            )
-            .await;
-        let conv = conv["id"].as_str().unwrap().to_owned();
-        let (status, _) = gw
-            .call_as(
-                "POST",
-                &format!("/api/v1/conversations/{conv}/prompts"),
-                Some(&alice),
-                Some(json!({"text": "tool"})),
-            )
-            .await;
-        assert_eq!(status, 202);
+        let conv = gw.with_token(&alice).create("demo").await;
+        gw.with_token(&alice).prompt(&conv, "tool").await;
         let notified = tokio::time::timeout(WAIT, rx.recv())
             .await
             .unwrap()
@@ -220,9 +204,7 @@ async fn a_users_action_answers_as_them_and_ends_when_they_are_removed(db: TestD
     assert_eq!(status, 200, "{answered}");
     assert_eq!(answered["decision"]["decided_by"], "user:alice");
     assert_eq!(answered["decision"]["via"], "notification");
-    let (status, _) = gw
-        .call_as("DELETE", "/api/v1/users/alice", Some(&operator), None)
-        .await;
+    let (status, _) = gw.delete_as("/api/v1/users/alice", Some(&operator)).await;
     assert_eq!(status, 204);
     let (status, _) = gw
         .post(&path(action(&notifications[1], "allow-once")), Value::Null)

@@ -181,29 +181,13 @@ async fn nothing_while_present_then_one_when_the_last_client_goes_away(db: TestD
     let ask = |token: String| {
         let gw = &gw;
         async move {
-            let (_, conv) = gw
-                .call_as(
-                    "POST",
-                    "/api/v1/conversations",
-                    Some(&token),
-                    Some(json!({"agent": "demo"})),
-                )
-                .await;
-            let conv = id(&conv);
+            let conv = gw.with_token(&token).create("demo").await;
             let mut ws = gw
                 .ws(&format!(
                     "/api/v1/conversations/{conv}/ws?access_token={token}"
                 ))
                 .await;
-            let (status, _) = gw
-                .call_as(
-                    "POST",
-                    &format!("/api/v1/conversations/{conv}/prompts"),
-                    Some(&token),
-                    Some(json!({"text": "tool"})),
-                )
-                .await;
-            assert_eq!(status, 202);
+            gw.with_token(&token).prompt(&conv, "tool").await;
             requests(&mut ws, 1).await.pop().unwrap()
         }
     };

@@ -98,9 +98,7 @@ async fn a_user_over_the_creation_limit_gets_429_and_another_user_does_not(db: T
     // Bob is not alice.
     let created = create_as(&gw, &bob).await;
     assert_eq!(created.status, 201, "{}", created.body);
-    let (status, list) = gw
-        .call_as("GET", "/api/v1/conversations", Some(&alice), None)
-        .await;
+    let (status, list) = gw.get_as("/api/v1/conversations", Some(&alice)).await;
     assert_eq!(status, 200);
     assert_eq!(list["items"].as_array().unwrap().len(), 2, "{list}");
 }
@@ -159,11 +157,10 @@ async fn a_user_at_the_agent_limit_loses_an_idle_agent_or_gets_429_and_another_u
     assert_eq!(create_as(&gw, &bob).await.status, 201);
     // Once one of hers is idle again, it makes room for her first one.
     let (status, _) = gw
-        .call_as(
-            "POST",
+        .post_as(
             &format!("/api/v1/conversations/{third}/cancel"),
             Some(&alice),
-            Some(json!({})),
+            json!({}),
         )
         .await;
     assert_eq!(status, 202);

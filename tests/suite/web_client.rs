@@ -1044,25 +1044,9 @@ async fn signing_in_with_a_token() {
     browser.wait_for_text("h1", "Waiting for you").await;
     browser.wait("#sign-out").await;
     // Alice's requests reach her page over the token-carrying WebSocket.
-    let (status, created) = gw
-        .call_as(
-            "POST",
-            "/api/v1/conversations",
-            Some(&alice),
-            Some(json!({"agent": "sdk"})),
-        )
-        .await;
-    assert_eq!(status, 201, "{created}");
-    let id = created["id"].as_str().unwrap();
-    let (status, _) = gw
-        .call_as(
-            "POST",
-            &format!("/api/v1/conversations/{id}/prompts"),
-            Some(&alice),
-            Some(json!({"text": "tool"})),
-        )
-        .await;
-    assert_eq!(status, 202);
+    let as_alice = gw.with_token(&alice);
+    let id = &as_alice.create("sdk").await;
+    as_alice.prompt(id, "tool").await;
     browser.wait("article.permission").await;
 
     browser.click("button", "Sign out").await;
