@@ -258,7 +258,7 @@ async fn streaming(
     (ref_size, sdk_rate): (usize, f64),
 ) {
     // A conversation per run, all from one caller.
-    let mut config = TestGateway::config(db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(db, vec![demo_profile("demo", &[])]);
     config.rate_limits.conversations_per_minute = 1_000_000;
     let gw = TestGateway::start_with(config).await;
     // Warm up (the first agent started and the first commits cost more).

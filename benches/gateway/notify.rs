@@ -1,4 +1,4 @@
-//! Notifications (issue 28): many conversations asking for permission at
+//! Notifications: many conversations asking for permission at
 //! once, nobody present; how long from a request becoming due (its
 //! `created_at` + `notifications.grace`) until a webhook receiver has its
 //! notification, and what that costs the gateway in CPU. The time is split:

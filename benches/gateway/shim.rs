@@ -1,4 +1,5 @@
-//! The shim's cost per agent (issue "work that outlives the gateway"): a
+//! The shim's cost per agent (the process that keeps an agent running
+//! across gateway restarts): a
 //! real `acp-gateway shim` over an agent that writes `lines` lines of a
 //! typical streamed chunk, read through the gateway's link and
 //! acknowledged as it comes. Reported: the shim's resident memory idle and

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::chunk::{self, TextChunk};
 // From the hook's own file rather than `super::rpc`: `rpc.rs` re-exports `Incoming` (for
-// `RpcPeer::spawn`), and imports between files go one way (tests/architecture.rs).
+// `RpcPeer::spawn`), and imports between files go one way (tests/suite/architecture.rs).
 use super::rpc::inbound::{Inbound, IncomingRequest};
 
 /// A message the peer sent us that is not a response to one of our requests.

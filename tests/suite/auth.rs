@@ -23,28 +23,14 @@ struct World {
 async fn world(db: &TestDb) -> World {
     let operator = cli_token(db, "root-op", "operator");
     let gw = TestGateway::start(db, vec![demo_profile("demo", &[])]).await;
-    let (alice, _) = make_token(&gw, &operator, "alice", "user").await;
-    let (bob, _) = make_token(&gw, &operator, "bob", "user").await;
-    let (revoked, carol_id) = make_token(&gw, &operator, "carol", "user").await;
-    let (status, _) = call(
-        &gw,
-        "DELETE",
-        &format!("/api/v1/tokens/{carol_id}"),
-        Some(&operator),
-        None,
-    )
-    .await;
+    let (alice, _) = gw.make_token(&operator, "alice", "user").await;
+    let (bob, _) = gw.make_token(&operator, "bob", "user").await;
+    let (revoked, carol_id) = gw.make_token(&operator, "carol", "user").await;
+    let (status, _) = gw
+        .delete_as(&format!("/api/v1/tokens/{carol_id}"), Some(&operator))
+        .await;
     assert_eq!(status, 204);
-    let (status, conv) = call(
-        &gw,
-        "POST",
-        "/api/v1/conversations",
-        Some(&alice),
-        Some(json!({"agent": "demo"})),
-    )
-    .await;
-    assert_eq!(status, 201, "{conv}");
-    let conversation = conv["id"].as_str().unwrap().to_owned();
+    let conversation = gw.with_token(&alice).create("demo").await;
     let url = gw
         .url(&format!(
             "/api/v1/conversations/{conversation}/ws?access_token={alice}"
@@ -52,15 +38,7 @@ async fn world(db: &TestDb) -> World {
         .replacen("http", "ws", 1);
     let (stream, _) = tokio_tungstenite::connect_async(url).await.unwrap();
     let mut ws = Ws { stream };
-    let (status, _) = call(
-        &gw,
-        "POST",
-        &format!("/api/v1/conversations/{conversation}/prompts"),
-        Some(&alice),
-        Some(json!({"text": "tool"})),
-    )
-    .await;
-    assert_eq!(status, 202);
+    gw.with_token(&alice).prompt(&conversation, "tool").await;
     let permission = ws.until_type("permission_requested").await.pop().unwrap()["data"]["id"]
         .as_str()
         .unwrap()
@@ -116,43 +94,49 @@ async fn every_endpoint_checks_the_token_and_the_role(db: TestDb) {
             Some("acpgw_not_a_real_token"),
             Some(w.revoked.as_str()),
         ] {
-            let (status, problem) = call(&w.gw, method, path, token, body.clone()).await;
+            let (status, problem) = w.gw.call_as(method, path, token, body.clone()).await;
             assert_eq!(status, 401, "{method} {path} with {token:?}: {problem}");
             assert_eq!(problem["code"], "unauthorized");
         }
     }
     for (method, path, body) in &owned {
         assert_eq!(
-            call(&w.gw, method, path, Some(&w.alice), body.clone())
+            w.gw.call_as(method, path, Some(&w.alice), body.clone())
                 .await
                 .0,
             200,
             "alice {method} {path}"
         );
         assert_eq!(
-            call(&w.gw, method, path, Some(&w.operator), body.clone())
+            w.gw.call_as(method, path, Some(&w.operator), body.clone())
                 .await
                 .0,
             200,
             "operator {method} {path}"
         );
-        let (status, problem) = call(&w.gw, method, path, Some(&w.bob), body.clone()).await;
+        let (status, problem) = w.gw.call_as(method, path, Some(&w.bob), body.clone()).await;
         assert_eq!(status, 404, "bob {method} {path}: {problem}");
     }
     for (method, path, body) in &open {
         for token in [&w.alice, &w.bob, &w.operator] {
             assert_eq!(
-                call(&w.gw, method, path, Some(token), body.clone()).await.0,
+                w.gw.call_as(method, path, Some(token), body.clone())
+                    .await
+                    .0,
                 200,
                 "{method} {path}"
             );
         }
     }
     for (method, path, body) in &operator_only {
-        let (status, problem) = call(&w.gw, method, path, Some(&w.alice), body.clone()).await;
+        let (status, problem) =
+            w.gw.call_as(method, path, Some(&w.alice), body.clone())
+                .await;
         assert_eq!(status, 403, "alice {method} {path}: {problem}");
         assert_eq!(problem["code"], "forbidden");
-        let (status, _) = call(&w.gw, method, path, Some(&w.operator), body.clone()).await;
+        let (status, _) =
+            w.gw.call_as(method, path, Some(&w.operator), body.clone())
+                .await;
         assert!(
             status == 200 || status == 201,
             "operator {method} {path}: {status}"
@@ -162,34 +146,35 @@ async fn every_endpoint_checks_the_token_and_the_role(db: TestDb) {
     // refuses is still 403 from a user, and 404 on another's conversation.
     let refused = Some(json!({"nonsense": true}));
     for (method, path) in [("POST", "/api/v1/tokens"), ("PUT", "/api/v1/policies")] {
-        let (status, problem) = call(&w.gw, method, path, Some(&w.alice), refused.clone()).await;
+        let (status, problem) =
+            w.gw.call_as(method, path, Some(&w.alice), refused.clone())
+                .await;
         assert_eq!(status, 403, "alice {method} {path}: {problem}");
     }
     for what in ["prompts", "mode", "config-options"] {
         let path = format!("/api/v1/conversations/{c}/{what}");
-        let (status, problem) = call(&w.gw, "POST", &path, Some(&w.bob), refused.clone()).await;
+        let (status, problem) =
+            w.gw.call_as("POST", &path, Some(&w.bob), refused.clone())
+                .await;
         assert_eq!(status, 404, "bob POST {path}: {problem}");
-        let (status, problem) = call(&w.gw, "POST", &path, Some(&w.alice), refused.clone()).await;
+        let (status, problem) =
+            w.gw.call_as("POST", &path, Some(&w.alice), refused.clone())
+                .await;
         assert_eq!(status, 422, "alice POST {path}: {problem}");
     }
     // Lists show a user only their own things.
-    let (_, bobs) = call(&w.gw, "GET", "/api/v1/conversations", Some(&w.bob), None).await;
+    let (_, bobs) = w.gw.get_as("/api/v1/conversations", Some(&w.bob)).await;
     assert_eq!(bobs["items"], json!([]));
-    let (_, alices) = call(&w.gw, "GET", "/api/v1/conversations", Some(&w.alice), None).await;
+    let (_, alices) = w.gw.get_as("/api/v1/conversations", Some(&w.alice)).await;
     assert_eq!(alices["items"][0]["id"], c.as_str());
-    let (_, bobs) = call(
-        &w.gw,
-        "GET",
-        "/api/v1/permissions?status=all",
-        Some(&w.bob),
-        None,
-    )
-    .await;
+    let (_, bobs) =
+        w.gw.get_as("/api/v1/permissions?status=all", Some(&w.bob))
+            .await;
     assert_eq!(bobs["items"], json!([]));
-    let (_, ops) = call(&w.gw, "GET", "/api/v1/permissions", Some(&w.operator), None).await;
+    let (_, ops) = w.gw.get_as("/api/v1/permissions", Some(&w.operator)).await;
     assert_eq!(ops["items"][0]["id"], p.as_str());
     // Token lists never show a token or its hash.
-    let (_, tokens) = call(&w.gw, "GET", "/api/v1/tokens", Some(&w.operator), None).await;
+    let (_, tokens) = w.gw.get_as("/api/v1/tokens", Some(&w.operator)).await;
     let text = tokens.to_string();
     assert!(!text.contains(&w.alice) && !text.contains("hash"), "{text}");
     // Commands on another user's conversation are not found either.
@@ -222,28 +207,22 @@ async fn every_endpoint_checks_the_token_and_the_role(db: TestDb) {
             Some(json!({"option_id": "allow-once"})),
         ),
     ] {
-        let (status, _) = call(&w.gw, method, &path, Some(&w.bob), body).await;
+        let (status, _) = w.gw.call_as(method, &path, Some(&w.bob), body).await;
         assert_eq!(status, 404, "bob {method} {path}");
     }
     // The owner answers, and the decision names her.
-    let (status, answered) = call(
-        &w.gw,
-        "POST",
-        &format!("/api/v1/permissions/{p}/respond"),
-        Some(&w.alice),
-        Some(json!({"option_id": "allow-once"})),
-    )
-    .await;
+    let (status, answered) =
+        w.gw.post_as(
+            &format!("/api/v1/permissions/{p}/respond"),
+            Some(&w.alice),
+            json!({"option_id": "allow-once"}),
+        )
+        .await;
     assert_eq!(status, 200);
     assert_eq!(answered["decision"]["decided_by"], "user:alice");
-    let (status, _) = call(
-        &w.gw,
-        "DELETE",
-        &format!("/api/v1/conversations/{c}"),
-        Some(&w.alice),
-        None,
-    )
-    .await;
+    let (status, _) =
+        w.gw.delete_as(&format!("/api/v1/conversations/{c}"), Some(&w.alice))
+            .await;
     assert_eq!(status, 204);
 }
 
@@ -313,21 +292,18 @@ async fn websocket_clients_authenticate_by_header_query_or_subprotocol(db: TestD
         w.permission.as_str()
     );
     // Bob's own conversation shows up on bob's inbox; alice's events do not.
-    let (_, conv) = call(
-        &w.gw,
-        "POST",
-        "/api/v1/conversations",
-        Some(&w.bob),
-        Some(json!({"agent": "demo"})),
-    )
-    .await;
+    let (_, conv) =
+        w.gw.post_as(
+            "/api/v1/conversations",
+            Some(&w.bob),
+            json!({"agent": "demo"}),
+        )
+        .await;
     let p = &w.permission;
-    call(
-        &w.gw,
-        "POST",
+    w.gw.post_as(
         &format!("/api/v1/permissions/{p}/respond"),
         Some(&w.alice),
-        Some(json!({"option_id": "allow-once"})),
+        json!({"option_id": "allow-once"}),
     )
     .await;
     let resolved = alice.until_type("permission_resolved").await.pop().unwrap();
@@ -342,7 +318,7 @@ async fn websocket_clients_authenticate_by_header_query_or_subprotocol(db: TestD
 }
 
 async fn rate_limits_answer_429_with_retry_after(db: TestDb) {
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.rate_limits.prompts_per_minute = 2;
     let gw = TestGateway::start_with(config).await;
     let id = gw.create_conversation("demo").await["id"]
@@ -373,7 +349,7 @@ async fn rate_limits_answer_429_with_retry_after(db: TestDb) {
 }
 
 async fn startup_refuses_a_public_address_until_a_token_exists(db: TestDb) {
-    let mut config = TestGateway::config(&db, vec![]);
+    let mut config = Config::for_tests(&db, vec![]);
     config.listen = "0.0.0.0:0".into();
     let err = acp_gateway::Gateway::build(config.clone())
         .await
@@ -565,7 +541,7 @@ async fn cors_is_off_unless_origins_are_configured(db: TestDb) {
     let resp = preflight(&gw, "https://evil.example").await.unwrap();
     assert!(resp.headers().get("access-control-allow-origin").is_none());
     gw.stop().await;
-    let mut config = TestGateway::config(&db, vec![]);
+    let mut config = Config::for_tests(&db, vec![]);
     config.cors_origins = vec!["https://app.example".into()];
     let gw = TestGateway::start_with(config).await;
     let resp = preflight(&gw, "https://app.example").await.unwrap();

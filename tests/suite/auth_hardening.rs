@@ -26,19 +26,10 @@ async fn closed_with(ws: &mut Ws) -> u16 {
 async fn revoking_a_token_or_removing_its_user_closes_its_open_websockets(db: TestDb) {
     let operator = cli_token(&db, "root-op", "operator");
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
-    let (alice, alice_id) = make_token(&gw, &operator, "alice", "user").await;
-    let (bob, _) = make_token(&gw, &operator, "bob", "user").await;
-    let (carol, _) = make_token(&gw, &operator, "carol", "user").await;
-    let (status, conv) = call(
-        &gw,
-        "POST",
-        "/api/v1/conversations",
-        Some(&alice),
-        Some(json!({"agent": "demo"})),
-    )
-    .await;
-    assert_eq!(status, 201, "{conv}");
-    let conversation = conv["id"].as_str().unwrap().to_owned();
+    let (alice, alice_id) = gw.make_token(&operator, "alice", "user").await;
+    let (bob, _) = gw.make_token(&operator, "bob", "user").await;
+    let (carol, _) = gw.make_token(&operator, "carol", "user").await;
+    let conversation = gw.with_token(&alice).create("demo").await;
 
     let mut alice_conv = ws_with(
         &gw,
@@ -61,27 +52,22 @@ async fn revoking_a_token_or_removing_its_user_closes_its_open_websockets(db: Te
     alice_conv.until_type("agent_status").await;
 
     // Revoked over the API: both of alice's sockets close with 1008.
-    let (status, _) = call(
-        &gw,
-        "DELETE",
-        &format!("/api/v1/tokens/{alice_id}"),
-        Some(&operator),
-        None,
-    )
-    .await;
+    let (status, _) = gw
+        .delete_as(&format!("/api/v1/tokens/{alice_id}"), Some(&operator))
+        .await;
     assert_eq!(status, 204);
     assert_eq!(closed_with(&mut alice_conv).await, 1008);
     assert_eq!(closed_with(&mut alice_inbox).await, 1008);
 
     // A user removed over the API: every token of theirs stops working.
-    let (status, _) = call(&gw, "DELETE", "/api/v1/users/bob", Some(&operator), None).await;
+    let (status, _) = gw.delete_as("/api/v1/users/bob", Some(&operator)).await;
     assert_eq!(status, 204);
     assert_eq!(closed_with(&mut bob_inbox).await, 1008);
-    let (status, _) = call(&gw, "GET", "/api/v1/conversations", Some(&bob), None).await;
+    let (status, _) = gw.get_as("/api/v1/conversations", Some(&bob)).await;
     assert_eq!(status, 401);
-    let (status, body) = call(&gw, "DELETE", "/api/v1/users/nobody", Some(&operator), None).await;
+    let (status, body) = gw.delete_as("/api/v1/users/nobody", Some(&operator)).await;
     assert_eq!(status, 404, "{body}");
-    let (status, _) = call(&gw, "DELETE", "/api/v1/users/carol", Some(&bob), None).await;
+    let (status, _) = gw.delete_as("/api/v1/users/carol", Some(&bob)).await;
     assert_eq!(status, 401);
 
     // A user removed by the CLI, another process: the gateway notices too.
@@ -89,15 +75,9 @@ async fn revoking_a_token_or_removing_its_user_closes_its_open_websockets(db: Te
     assert_eq!(closed_with(&mut carol_inbox).await, 1008);
 
     // The operator's socket was never touched: it still gets events.
-    let (status, _) = call(
-        &gw,
-        "POST",
-        &format!("/api/v1/conversations/{conversation}/prompts"),
-        Some(&operator),
-        Some(json!({"text": "hello"})),
-    )
-    .await;
-    assert_eq!(status, 202);
+    gw.with_token(&operator)
+        .prompt(&conversation, "hello")
+        .await;
     operator_inbox.until_type("turn_ended").await;
 }
 
@@ -129,11 +109,11 @@ async fn tokens_in_the_url_or_subprotocol_count_only_on_websocket_upgrades(db: T
     assert_eq!(Ws { stream }.next().await["type"], "snapshot");
 
     // Unknown paths: 401 before anything else, 404 with a valid token.
-    let (status, body) = call(&gw, "GET", "/api/v1/nothing-here", None, None).await;
+    let (status, body) = gw.call("GET", "/api/v1/nothing-here", None).await;
     assert_eq!(status, 401, "{body}");
-    let (status, _) = call(&gw, "GET", "/api/v2/whatever", Some("acpgw_wrong"), None).await;
+    let (status, _) = gw.get_as("/api/v2/whatever", Some("acpgw_wrong")).await;
     assert_eq!(status, 401);
-    let (status, body) = call(&gw, "GET", "/api/v1/nothing-here", Some(&operator), None).await;
+    let (status, body) = gw.get_as("/api/v1/nothing-here", Some(&operator)).await;
     assert_eq!(status, 404, "{body}");
 }
 
@@ -278,7 +258,7 @@ async fn the_cli_refuses_the_user_names_and_labels_the_api_refuses(db: TestDb) {
             "user" => json!({"user": args[1]}),
             _ => json!({"user": "ok", "label": args[3]}),
         };
-        let (status, _) = call(&gw, "POST", "/api/v1/tokens", Some(&operator), Some(body)).await;
+        let (status, _) = gw.post_as("/api/v1/tokens", Some(&operator), body).await;
         assert_eq!(status, 422, "{argv:?}");
     }
     // Nothing was created on the way.
@@ -300,18 +280,9 @@ async fn a_role_change_or_the_first_token_closes_the_sockets_it_affects(db: Test
     let operator = cli_token(&db, "root-op", "operator");
     assert_eq!(closed_with(&mut open_inbox).await, 1008);
 
-    let (olga, _) = make_token(&gw, &operator, "olga", "operator").await;
-    let (bob, _) = make_token(&gw, &operator, "bob", "user").await;
-    let (status, conv) = call(
-        &gw,
-        "POST",
-        "/api/v1/conversations",
-        Some(&bob),
-        Some(json!({"agent": "demo"})),
-    )
-    .await;
-    assert_eq!(status, 201, "{conv}");
-    let bobs = conv["id"].as_str().unwrap().to_owned();
+    let (olga, _) = gw.make_token(&operator, "olga", "operator").await;
+    let (bob, _) = gw.make_token(&operator, "bob", "user").await;
+    let bobs = gw.with_token(&bob).create("demo").await;
     let mut olga_inbox = ws_with(&gw, "/api/v1/ws", &olga).await;
     assert_eq!(olga_inbox.next().await["type"], "snapshot");
     let mut olga_on_bobs = ws_with(&gw, &format!("/api/v1/conversations/{bobs}/ws"), &olga).await;
@@ -320,7 +291,7 @@ async fn a_role_change_or_the_first_token_closes_the_sockets_it_affects(db: Test
     assert_eq!(root_inbox.next().await["type"], "snapshot");
 
     // Olga becomes a user: both her sockets close.
-    make_token(&gw, &operator, "olga", "user").await;
+    gw.make_token(&operator, "olga", "user").await;
     assert_eq!(closed_with(&mut olga_inbox).await, 1008);
     assert_eq!(closed_with(&mut olga_on_bobs).await, 1008);
 
@@ -328,27 +299,11 @@ async fn a_role_change_or_the_first_token_closes_the_sockets_it_affects(db: Test
     // her new inbox, though it reaches the operator's).
     let mut olga_inbox = ws_with(&gw, "/api/v1/ws", &olga).await;
     assert_eq!(olga_inbox.next().await["type"], "snapshot");
-    let (status, _) = call(
-        &gw,
-        "POST",
-        &format!("/api/v1/conversations/{bobs}/prompts"),
-        Some(&bob),
-        Some(json!({"text": "hello"})),
-    )
-    .await;
-    assert_eq!(status, 202);
+    gw.with_token(&bob).prompt(&bobs, "hello").await;
     root_inbox
         .until(|e| e["type"] == "turn_ended" && e["conversation_id"] == bobs.as_str())
         .await;
-    let (status, _) = call(
-        &gw,
-        "POST",
-        "/api/v1/conversations",
-        Some(&olga),
-        Some(json!({"agent": "demo"})),
-    )
-    .await;
-    assert_eq!(status, 201);
+    gw.with_token(&olga).create("demo").await;
     let seen = olga_inbox.until(|e| e["type"] == "agent_status").await;
     assert!(
         seen.iter().all(|e| e["conversation_id"] != bobs.as_str()),
@@ -370,7 +325,7 @@ backend_tests!(
 #[tokio::test]
 async fn listen_accepts_a_host_name_and_startup_errors_are_one_clear_line() {
     let db = TestDb::sqlite().await;
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.listen = "localhost:0".into();
     let gw = TestGateway::start_with(config).await;
     let (status, _) = gw.get("/healthz").await;

@@ -176,12 +176,7 @@ async fn a_websocket_on_another_node_gets_every_event_in_order() {
 /// Waits (bounded) until no node holds the conversation, as its node does
 /// once its agent is gone (checked in the database every 20 ms).
 async fn until_released(db: &TestDb, id: &str) {
-    let released = async {
-        while owner(db, id).await.is_some() {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    };
-    tokio::time::timeout(WAIT, released)
+    eventually(WAIT, async || owner(db, id).await.is_none().then_some(()))
         .await
         .expect("the conversation is let go");
 }
@@ -503,7 +498,7 @@ async fn the_sweep_takes_a_dead_nodes_conversation_only_if_no_command_took_it_fi
     let taken = a.create("demo").await;
     let left = a.create("demo").await;
     // B is built but does not run, so no sweep of its own races this test.
-    let b = acp_gateway::Gateway::build(TestGateway::config(&db, profiles.to_vec()))
+    let b = acp_gateway::Gateway::build(Config::for_tests(&db, profiles.to_vec()))
         .await
         .unwrap();
     let node = b.node();
@@ -589,7 +584,7 @@ async fn a_stopped_gateway_leaves_none_of_its_nodes_tasks_running() {
     let db = &db;
     let start = move || async move {
         let gateway =
-            acp_gateway::Gateway::build(TestGateway::config(db, vec![demo_profile("demo", &[])]))
+            acp_gateway::Gateway::build(Config::for_tests(db, vec![demo_profile("demo", &[])]))
                 .await
                 .unwrap();
         let (node, base) = (gateway.node(), format!("http://{}", gateway.local_addr()));

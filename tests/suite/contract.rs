@@ -1,9 +1,9 @@
-//! The document says exactly what the API accepts: each request a client
-//! developer found the document calling valid and the gateway rejecting
-//! (issue 33's list), asked of both. Where the document now calls it
-//! invalid the API rejects it (400 or 422); where it calls it valid the API
-//! accepts it, or answers with a status that depends on the server's state
-//! (404, 409), which schemathesis counts as accepting too.
+//! The document says exactly what the API accepts: requests on which the
+//! two could disagree (a page's cursor, a WebSocket's handshake, a cwd, a
+//! setting, a prompt, an answer), each asked of both. Where the document
+//! calls one invalid the API rejects it (400 or 422); where it calls it
+//! valid the API accepts it, or answers with a status that depends on the
+//! server's state (404, 409), which schemathesis counts as accepting too.
 //! (`PUT /api/v1/policies` with `max_auto_per.count = 0`: `contract_policies`.)
 
 use crate::common::*;
@@ -121,7 +121,7 @@ fn accepted(status: u16) -> bool {
     matches!(status, 101 | 200..=399 | 401 | 403 | 404 | 409 | 429)
 }
 
-async fn the_requests_the_document_called_valid_are_now_said_as_the_api_answers(db: TestDb) {
+async fn the_document_and_the_api_agree_on_which_requests_are_valid(db: TestDb) {
     let doc = Document::new();
     let (gw, id, mut ws) = demo_conversation(&db).await;
 
@@ -300,4 +300,4 @@ fn urlencode(text: &str) -> String {
     text.bytes().map(|b| format!("%{b:02X}")).collect()
 }
 
-crate::backend_tests!(the_requests_the_document_called_valid_are_now_said_as_the_api_answers);
+crate::backend_tests!(the_document_and_the_api_agree_on_which_requests_are_valid);

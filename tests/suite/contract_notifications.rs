@@ -374,7 +374,7 @@ async fn valid_bodies_of_every_kind_are_taken(db: TestDb) {
     let account = dir.path().join("service-account.json");
     let fcm =
         crate::notify_channels::Service::start("fcm_service.py", &[account.to_str().unwrap()]);
-    let mut config = TestGateway::config(&db, vec![]);
+    let mut config = Config::for_tests(&db, vec![]);
     config.notifications.fcm = Some(FcmConfig {
         service_account_file: account,
         api_base: Some(fcm.base.clone()),
@@ -488,7 +488,7 @@ async fn what_the_document_cannot_know_has_its_documented_status(db: TestDb) {
 /// (base64url, sizes, an uncompressed point's first byte); whether it is a
 /// point of the curve shows at the first delivery, which fails.
 async fn a_key_off_the_curve_is_taken_and_its_delivery_fails(db: TestDb) {
-    let mut config = TestGateway::config(&db, vec![]);
+    let mut config = Config::for_tests(&db, vec![]);
     config.notifications.allow_private_targets = true;
     let gw = TestGateway::start_with(config).await;
     let body = json!({"kind": "web_push", "subscription": {"endpoint": "http://127.0.0.1:9/push",

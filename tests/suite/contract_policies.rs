@@ -49,7 +49,7 @@ fn with(pointer: &str, value: Value) -> Value {
 fn invalid_rules() -> Vec<(&'static str, Value, &'static str)> {
     let long = "é".repeat(101);
     vec![
-        // The issue's case.
+        // The least count the document refuses.
         ("count 0", with("/max_auto_per/count", json!(0)), "count"),
         (
             "count over the limit",
@@ -409,7 +409,7 @@ async fn every_rule_of_evaluate_is_in_the_document(db: TestDb) {
 #[tokio::test]
 async fn the_config_file_is_checked_as_the_api_checks() {
     let db = TestDb::sqlite().await;
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.policies = serde_json::from_value(json!([
         {"name": "r", "decision": "allow", "max_auto_per": {"count": 0, "window": "1m"}}
     ]))

@@ -111,7 +111,7 @@ async fn proxied_config(db: &TestDb, agent_args: &[&str]) -> (acp_gateway::confi
         .split_once('/')
         .unwrap();
     let proxy = Proxy::to(host_port.to_owned()).await;
-    let mut config = TestGateway::config(db, vec![demo_profile("demo", agent_args)]);
+    let mut config = Config::for_tests(db, vec![demo_profile("demo", agent_args)]);
     config.database_url = Some(format!(
         "postgres://postgres@127.0.0.1:{}/{rest}",
         proxy.port
@@ -401,9 +401,8 @@ async fn events_published_during_an_outage_reach_another_nodes_websocket_once_co
 async fn waiting_for_a_lock(db: &TestDb, pattern: &str) -> i32 {
     use sqlx::Connection;
     let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let pid: Option<i32> = sqlx::query_scalar(
+    eventually(WAIT, async || {
+        sqlx::query_scalar(
             "select pid from pg_stat_activity
              where datname = current_database() and wait_event_type = 'Lock' and query like $1
              limit 1",
@@ -411,16 +410,10 @@ async fn waiting_for_a_lock(db: &TestDb, pattern: &str) -> i32 {
         .bind(pattern)
         .fetch_optional(&mut conn)
         .await
-        .unwrap();
-        if let Some(pid) = pid {
-            return pid;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{pattern:?} waits for its lock in time"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+        .unwrap()
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{pattern:?} waits for its lock in time"))
 }
 
 /// Ends a backend as a database going away does (its client's query fails).
@@ -450,19 +443,18 @@ async fn a_request_the_notifier_met_during_a_database_failure_is_notified_once_i
     let Some(db) = TestDb::postgres().await else {
         return;
     };
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.notifications.allow_private_targets = true;
     config.notifications.grace = std::time::Duration::from_millis(200);
     let gw = TestGateway::start_with(config).await;
     let mut receiver = crate::notifications::Receiver::start(None, &[]).await;
-    let (status, created) = call(
-        &gw,
-        "POST",
-        "/api/v1/notification-targets",
-        None,
-        Some(serde_json::json!({"kind": "webhook", "url": receiver.url("/")})),
-    )
-    .await;
+    let (status, created) = gw
+        .call(
+            "POST",
+            "/api/v1/notification-targets",
+            Some(serde_json::json!({"kind": "webhook", "url": receiver.url("/")})),
+        )
+        .await;
     assert_eq!(status, 201, "{created}");
 
     // The notifier falls behind: handing over the first request waits for

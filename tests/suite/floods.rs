@@ -13,8 +13,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::common::{
-    agent_and_shim, flood_profile, proc_status_kib, shims_under, streamed_text, GatewayProcess,
-    ProcessWatch, TestDb, Ws,
+    agent_and_shim, eventually, flood_profile, proc_status_kib, shims_under, streamed_text,
+    GatewayProcess, ProcessWatch, TestDb, Ws,
 };
 
 backend_tests!(
@@ -64,15 +64,16 @@ fn written(pid: i32) -> u64 {
 /// Waits until the agent has written `bytes` more than `from` (polled,
 /// bounded: nothing announces how far an agent has written).
 async fn until_written(pid: i32, from: u64, bytes: u64) {
-    let deadline = tokio::time::Instant::now() + TURN_BOUND;
-    while written(pid) < from + bytes {
-        assert!(
-            tokio::time::Instant::now() < deadline,
+    eventually(TURN_BOUND, async || {
+        (written(pid) >= from + bytes).then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
             "the agent wrote {} of {bytes} bytes in time",
             written(pid) - from
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        )
+    });
 }
 
 /// MiB in a `/proc/<pid>/status` figure.

@@ -84,7 +84,7 @@ async fn gateway(db: &TestDb) -> TestGateway {
 }
 
 fn config(db: &TestDb, allow_private: bool) -> acp_gateway::config::Config {
-    let mut config = TestGateway::config(db, vec![]);
+    let mut config = Config::for_tests(db, vec![]);
     config.notifications.allow_private_targets = allow_private;
     config.notifications.retry_base = Duration::from_millis(1);
     config
@@ -152,14 +152,9 @@ fn documented(name: &str, instance: &Value) {
 }
 
 async fn create(gw: &TestGateway, token: &str, body: Value) -> Value {
-    let (status, created) = call(
-        gw,
-        "POST",
-        "/api/v1/notification-targets",
-        Some(token),
-        Some(body),
-    )
-    .await;
+    let (status, created) = gw
+        .post_as("/api/v1/notification-targets", Some(token), body)
+        .await;
     assert_eq!(status, 201, "{created}");
     documented("CreatedNotificationTarget", &created);
     created
@@ -183,21 +178,19 @@ async fn attempts(
 }
 
 async fn deliveries(gw: &TestGateway, token: &str, id: &str) -> Vec<Value> {
-    let (status, body) = call(
-        gw,
-        "GET",
-        &format!("/api/v1/notification-targets/{id}/deliveries"),
-        Some(token),
-        None,
-    )
-    .await;
+    let (status, body) = gw
+        .get_as(
+            &format!("/api/v1/notification-targets/{id}/deliveries"),
+            Some(token),
+        )
+        .await;
     assert_eq!(status, 200, "{body}");
     documented("NotificationDeliveryList", &body);
     body["items"].as_array().unwrap().clone()
 }
 
 async fn targets(gw: &TestGateway, token: &str) -> Vec<Value> {
-    let (status, body) = call(gw, "GET", "/api/v1/notification-targets", Some(token), None).await;
+    let (status, body) = gw.get_as("/api/v1/notification-targets", Some(token)).await;
     assert_eq!(status, 200, "{body}");
     documented("NotificationTargetList", &body);
     body["items"].as_array().unwrap().clone()
@@ -235,14 +228,9 @@ async fn webhook_delivery_is_signed_minimal_and_recorded(db: TestDb) {
         .as_str()
         .unwrap()
         .to_owned();
-    let (status, _) = call(
-        &gw,
-        "DELETE",
-        &format!("/api/v1/notification-targets/{first}"),
-        Some(&ann),
-        None,
-    )
-    .await;
+    let (status, _) = gw
+        .delete_as(&format!("/api/v1/notification-targets/{first}"), Some(&ann))
+        .await;
     assert_eq!(status, 204);
 
     assert!(gw.outbox.enqueue(waiting("ann", "r1")).await.unwrap());
@@ -347,14 +335,7 @@ async fn the_test_endpoint_answers_the_outcome_and_410_marks_the_target_gone(db:
     )
     .await;
     let id = target["id"].as_str().unwrap();
-    let (status, answer) = call(
-        &gw,
-        "POST",
-        &format!("/api/v1/notification-targets/{id}/test"),
-        Some(&ann),
-        None,
-    )
-    .await;
+    let (status, answer) = send_test(&gw, &ann, id).await;
     assert_eq!(status, 200, "{answer}");
     documented("NotificationDelivery", &answer);
     assert_eq!(answer["outcome"], "delivered");
@@ -369,14 +350,7 @@ async fn the_test_endpoint_answers_the_outcome_and_410_marks_the_target_gone(db:
     let mut gone = Receiver::start(None, &[410]).await;
     let target = create(&gw, &ann, json!({"kind": "ntfy", "url": gone.url("/t")})).await;
     let gone_id = target["id"].as_str().unwrap();
-    let (status, answer) = call(
-        &gw,
-        "POST",
-        &format!("/api/v1/notification-targets/{gone_id}/test"),
-        Some(&ann),
-        None,
-    )
-    .await;
+    let (status, answer) = send_test(&gw, &ann, gone_id).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(
         (answer["outcome"].clone(), answer["http_status"].clone()),
@@ -624,15 +598,15 @@ async fn test_notifications_are_limited_per_user(db: TestDb) {
         )
     };
     for _ in 0..10 {
-        let (status, answer) = call(&gw, "POST", &test(&mine), Some(&ann), None).await;
+        let (status, answer) = gw.call_as("POST", &test(&mine), Some(&ann), None).await;
         assert_eq!(status, 200, "{answer}");
         receiver.next().await;
     }
-    let (status, problem) = call(&gw, "POST", &test(&mine), Some(&ann), None).await;
+    let (status, problem) = gw.call_as("POST", &test(&mine), Some(&ann), None).await;
     assert_eq!(status, 429, "{problem}");
     assert!(!receiver.has_more().await);
     // Per user: bob's are not counted with ann's.
-    let (status, _) = call(&gw, "POST", &test(&theirs), Some(&bob), None).await;
+    let (status, _) = gw.call_as("POST", &test(&theirs), Some(&bob), None).await;
     assert_eq!(status, 200);
     gw.stop().await;
 }
@@ -657,31 +631,21 @@ async fn users_see_and_delete_only_their_own_targets(db: TestDb) {
             format!("/api/v1/notification-targets/{id}/deliveries"),
         ),
     ] {
-        let (status, body) = call(&gw, method, &path, Some(&bob), None).await;
+        let (status, body) = gw.call_as(method, &path, Some(&bob), None).await;
         assert_eq!(status, 404, "{method} {path}: {body}");
     }
-    let (status, _) = call(&gw, "GET", "/api/v1/notification-targets", None, None).await;
+    let (status, _) = gw.call("GET", "/api/v1/notification-targets", None).await;
     assert_eq!(status, 401);
-    let (status, _) = call(
-        &gw,
-        "GET",
-        "/api/v1/notification-targets/nope/deliveries",
-        Some(&ann),
-        None,
-    )
-    .await;
+    let (status, _) = gw
+        .get_as("/api/v1/notification-targets/nope/deliveries", Some(&ann))
+        .await;
     assert_eq!(status, 404);
     // Nothing is enqueued for bob from ann's targets.
     assert!(gw.outbox.enqueue(waiting("bob", "r1")).await.unwrap());
     assert_eq!(targets(&gw, &ann).await.len(), 1);
-    let (status, _) = call(
-        &gw,
-        "DELETE",
-        &format!("/api/v1/notification-targets/{id}"),
-        Some(&ann),
-        None,
-    )
-    .await;
+    let (status, _) = gw
+        .delete_as(&format!("/api/v1/notification-targets/{id}"), Some(&ann))
+        .await;
     assert_eq!(status, 204);
     assert!(targets(&gw, &ann).await.is_empty());
     gw.stop().await;
@@ -742,14 +706,9 @@ async fn bad_targets_are_refused_with_422(db: TestDb) {
         (json!({"kind": "carrier_pigeon"}), "kind"),
     ];
     for (body, says) in cases {
-        let (status, problem) = call(
-            &gw,
-            "POST",
-            "/api/v1/notification-targets",
-            Some(&ann),
-            Some(body.clone()),
-        )
-        .await;
+        let (status, problem) = gw
+            .post_as("/api/v1/notification-targets", Some(&ann), body.clone())
+            .await;
         assert_eq!(status, 422, "{body}: {problem}");
         assert!(
             problem["detail"].as_str().unwrap().contains(says),
@@ -766,17 +725,17 @@ async fn bad_targets_are_refused_with_422(db: TestDb) {
         json!({"kind": "web_push", "subscription": {"endpoint": "http://127.0.0.1:9/push", "keys": {"p256dh": not_a_point, "auth": "AAAAAAAAAAAAAAAAAAAAAA"}}}),
     )
     .await;
-    let (status, answer) = call(
-        &gw,
-        "POST",
-        &format!(
-            "/api/v1/notification-targets/{}/test",
-            target["id"].as_str().unwrap()
-        ),
-        Some(&ann),
-        None,
-    )
-    .await;
+    let (status, answer) = gw
+        .call_as(
+            "POST",
+            &format!(
+                "/api/v1/notification-targets/{}/test",
+                target["id"].as_str().unwrap()
+            ),
+            Some(&ann),
+            None,
+        )
+        .await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["outcome"], "failed", "{answer}");
     assert!(
@@ -808,14 +767,13 @@ async fn private_addresses_are_refused_unless_allowed(db: TestDb) {
         "https://[fd00:ec2::254]/hook",
         "https://[fe80::1]/hook",
     ] {
-        let (status, problem) = call(
-            &gw,
-            "POST",
-            "/api/v1/notification-targets",
-            Some(&ann),
-            Some(json!({"kind": "webhook", "url": url})),
-        )
-        .await;
+        let (status, problem) = gw
+            .post_as(
+                "/api/v1/notification-targets",
+                Some(&ann),
+                json!({"kind": "webhook", "url": url}),
+            )
+            .await;
         assert_eq!(
             (status, problem["code"].as_str()),
             (403, Some("forbidden")),
@@ -833,28 +791,14 @@ async fn private_addresses_are_refused_unless_allowed(db: TestDb) {
     )
     .await;
     let id = target["id"].as_str().unwrap().to_owned();
-    let (_, answer) = call(
-        &gw,
-        "POST",
-        &format!("/api/v1/notification-targets/{id}/test"),
-        Some(&ann),
-        None,
-    )
-    .await;
+    let (_, answer) = send_test(&gw, &ann, &id).await;
     assert_eq!(answer["outcome"], "delivered", "{answer}");
     receiver.next().await;
     // No longer allowed: the same name, resolving to 127.0.0.1, is refused
     // at delivery, after resolution.
     gw.stop().await;
     let gw = TestGateway::start_with(config(&db, false)).await;
-    let (status, answer) = call(
-        &gw,
-        "POST",
-        &format!("/api/v1/notification-targets/{id}/test"),
-        Some(&ann),
-        None,
-    )
-    .await;
+    let (status, answer) = send_test(&gw, &ann, &id).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["outcome"], "failed", "{answer}");
     assert!(
@@ -872,14 +816,9 @@ async fn the_vapid_public_key_is_made_once_and_kept(db: TestDb) {
     use base64::Engine;
     let (ann, _) = tokens(&db);
     let gw = gateway(&db).await;
-    let (status, body) = call(
-        &gw,
-        "GET",
-        "/api/v1/notifications/vapid-public-key",
-        Some(&ann),
-        None,
-    )
-    .await;
+    let (status, body) = gw
+        .get_as("/api/v1/notifications/vapid-public-key", Some(&ann))
+        .await;
     assert_eq!(status, 200, "{body}");
     documented("VapidPublicKey", &body);
     let key = body["public_key"].as_str().unwrap().to_owned();
@@ -888,14 +827,9 @@ async fn the_vapid_public_key_is_made_once_and_kept(db: TestDb) {
         .unwrap();
     assert_eq!((bytes.len(), bytes[0]), (65, 4));
     let gw = gw.restart().await;
-    let (_, again) = call(
-        &gw,
-        "GET",
-        "/api/v1/notifications/vapid-public-key",
-        Some(&ann),
-        None,
-    )
-    .await;
+    let (_, again) = gw
+        .get_as("/api/v1/notifications/vapid-public-key", Some(&ann))
+        .await;
     assert_eq!(again["public_key"], key.as_str());
     gw.stop().await;
 }
@@ -936,7 +870,7 @@ async fn a_removed_user_is_notified_nothing_and_no_later_action_of_theirs_answer
     let (conversation, mut ws) = as_alice.open_conversation("demo").await;
     as_alice.prompt(&conversation, "tool").await;
     let request = ws.until_type("permission_requested").await.pop().unwrap()["data"].clone();
-    let (status, _) = call(&gw, "DELETE", "/api/v1/users/alice", Some(&operator), None).await;
+    let (status, _) = gw.delete_as("/api/v1/users/alice", Some(&operator)).await;
     assert_eq!(status, 204);
     let asked: chrono::DateTime<chrono::Utc> =
         serde_json::from_value(request["created_at"].clone()).unwrap();
@@ -996,14 +930,9 @@ async fn a_removed_user_is_notified_nothing_and_no_later_action_of_theirs_answer
     assert_eq!(page.status(), 410);
     let answered = client.post(&url).send().await.unwrap();
     assert_eq!(answered.status(), 410);
-    let (_, now) = call(
-        &gw,
-        "GET",
-        &format!("/api/v1/permissions/{id}"),
-        Some(&operator),
-        None,
-    )
-    .await;
+    let (_, now) = gw
+        .get_as(&format!("/api/v1/permissions/{id}"), Some(&operator))
+        .await;
     assert_eq!(now["status"], "pending", "{now}");
 
     // A delivery for her already in the outbox (enqueued before her
@@ -1106,4 +1035,10 @@ async fn two_nodes_on_one_postgres_send_each_delivery_once() {
     assert_eq!(got.len(), N);
     a.stop().await;
     b.stop().await;
+}
+
+/// `POST …/notification-targets/{id}/test` as the holder of `token`.
+async fn send_test(gw: &Client, token: &str, id: &str) -> (u16, Value) {
+    let path = format!("/api/v1/notification-targets/{id}/test");
+    gw.call_as("POST", &path, Some(token), None).await
 }

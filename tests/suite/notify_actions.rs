@@ -1,4 +1,4 @@
-//! Answering from a notification (issue 28, item 3): the action URLs a
+//! Answering from a notification: the action URLs a
 //! notification carries, against the real demo agent through a real gateway
 //! whose notifier hands what is due to a recorder.
 
@@ -25,7 +25,7 @@ const BASE: &str = "https://gateway.example";
 /// A gateway, a conversation whose agent waits for an answer, and the
 /// notification about it.
 async fn waiting(db: &TestDb) -> (TestGateway, Ws, Value, Outgoing) {
-    let mut config = TestGateway::config(db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(db, vec![demo_profile("demo", &[])]);
     config.notifications.grace = Duration::from_millis(200);
     config.notifications.base_url = Some(BASE.into());
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -181,32 +181,16 @@ async fn an_action_racing_a_respond_has_exactly_one_winner(db: TestDb) {
 
 async fn a_users_action_answers_as_them_and_ends_when_they_are_removed(db: TestDb) {
     let operator = cli_token(&db, "root-op", "operator");
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.notifications.grace = Duration::from_millis(200);
     config.notifications.base_url = Some(BASE.into());
     let (tx, mut rx) = mpsc::unbounded_channel();
     let gw = TestGateway::start_notifying(config, Some(Arc::new(Recorder(tx)))).await;
-    let (alice, _) = make_token(&gw, &operator, "alice", "user").await;
+    let (alice, _) = gw.make_token(&operator, "alice", "user").await;
     let mut notifications = Vec::new();
     for _ in 0..2 {
-        let (_, conv) = call(
-            &gw,
-            "POST",
-            "/api/v1/conversations",
-            Some(&alice),
-            Some(json!({"agent": "demo"})),
-        )
-        .await;
-        let conv = conv["id"].as_str().unwrap().to_owned();
-        let (status, _) = call(
-            &gw,
-            "POST",
-            &format!("/api/v1/conversations/{conv}/prompts"),
-            Some(&alice),
-            Some(json!({"text": "tool"})),
-        )
-        .await;
-        assert_eq!(status, 202);
+        let conv = gw.with_token(&alice).create("demo").await;
+        gw.with_token(&alice).prompt(&conv, "tool").await;
         let notified = tokio::time::timeout(WAIT, rx.recv())
             .await
             .unwrap()
@@ -220,7 +204,7 @@ async fn a_users_action_answers_as_them_and_ends_when_they_are_removed(db: TestD
     assert_eq!(status, 200, "{answered}");
     assert_eq!(answered["decision"]["decided_by"], "user:alice");
     assert_eq!(answered["decision"]["via"], "notification");
-    let (status, _) = call(&gw, "DELETE", "/api/v1/users/alice", Some(&operator), None).await;
+    let (status, _) = gw.delete_as("/api/v1/users/alice", Some(&operator)).await;
     assert_eq!(status, 204);
     let (status, _) = gw
         .post(&path(action(&notifications[1], "allow-once")), Value::Null)
@@ -230,7 +214,7 @@ async fn a_users_action_answers_as_them_and_ends_when_they_are_removed(db: TestD
 }
 
 async fn an_expired_action_is_gone_and_swept(db: TestDb) {
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.notifications.grace = Duration::from_millis(200);
     config.notifications.base_url = Some(BASE.into());
     config.notifications.action_ttl = Duration::from_nanos(1);

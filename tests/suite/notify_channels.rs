@@ -9,7 +9,7 @@ use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::common::{call, TestDb, TestGateway, WAIT};
+use crate::common::{Config, ForTests, TestDb, TestGateway, WAIT};
 use acp_gateway::config::FcmConfig;
 use acp_gateway::notify::fcm::Fcm;
 use acp_gateway::notify::fit;
@@ -451,8 +451,8 @@ const PROMPT: &str = "execute echo notified";
 
 /// A gateway with the demo agent, admitting targets on loopback, notifying
 /// a request 100 ms after it is made.
-fn notifying_config(db: &TestDb) -> acp_gateway::config::Config {
-    let mut config = TestGateway::config(db, vec![crate::common::demo_profile("demo", &[])]);
+fn notifying_config(db: &TestDb) -> Config {
+    let mut config = Config::for_tests(db, vec![crate::common::demo_profile("demo", &[])]);
     config.notifications.allow_private_targets = true;
     config.notifications.grace = Duration::from_millis(100);
     config.notifications.base_url = Some(BASE.into());
@@ -461,8 +461,9 @@ fn notifying_config(db: &TestDb) -> acp_gateway::config::Config {
 
 /// Creates a target (no tokens: as the anonymous user); its id.
 async fn create_target(gw: &TestGateway, body: Value) -> String {
-    let (status, created) =
-        call(gw, "POST", "/api/v1/notification-targets", None, Some(body)).await;
+    let (status, created) = gw
+        .call("POST", "/api/v1/notification-targets", Some(body))
+        .await;
     assert_eq!(status, 201, "{created}");
     created["id"].as_str().unwrap().to_owned()
 }
@@ -470,14 +471,14 @@ async fn create_target(gw: &TestGateway, body: Value) -> String {
 /// `POST …/{id}/test`: the attempt it answers.
 async fn test_target(gw: &TestGateway, id: &str) -> Value {
     let path = format!("/api/v1/notification-targets/{id}/test");
-    let (status, answer) = call(gw, "POST", &path, None, None).await;
+    let (status, answer) = gw.call("POST", &path, None).await;
     assert_eq!(status, 200, "{answer}");
     answer
 }
 
 /// The targets as listed, by id.
 async fn listed_targets(gw: &TestGateway) -> std::collections::HashMap<String, Value> {
-    let (status, body) = call(gw, "GET", "/api/v1/notification-targets", None, None).await;
+    let (status, body) = gw.call("GET", "/api/v1/notification-targets", None).await;
     assert_eq!(status, 200, "{body}");
     body["items"]
         .as_array()
@@ -558,14 +559,9 @@ fn decrypted_bodies(seen: &Value) -> Vec<(Value, Value)> {
 
 /// The gateway's VAPID public key, as a browser gets it to subscribe.
 async fn vapid_public_key(gw: &TestGateway) -> String {
-    let (status, key) = call(
-        gw,
-        "GET",
-        "/api/v1/notifications/vapid-public-key",
-        None,
-        None,
-    )
-    .await;
+    let (status, key) = gw
+        .call("GET", "/api/v1/notifications/vapid-public-key", None)
+        .await;
     assert_eq!(status, 200, "{key}");
     key["public_key"].as_str().unwrap().to_owned()
 }

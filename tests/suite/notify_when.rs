@@ -1,5 +1,5 @@
-//! When a person is notified (issue 28, item 2), against the real demo agent
-//! through a real gateway whose notifier hands what is due to a recorder.
+//! When a person is notified, against the real demo agent through a real
+//! gateway whose notifier hands what is due to a recorder.
 //!
 //! Nothing sleeps: "nothing was notified" is shown by a later notification
 //! that would have come after it (the notifier hands notifications over in
@@ -46,7 +46,7 @@ impl Notified {
 }
 
 fn config(db: &TestDb, agents: Vec<acp_gateway::config::AgentProfile>) -> Config {
-    let mut config = TestGateway::config(db, agents);
+    let mut config = Config::for_tests(db, agents);
     config.notifications.grace = Duration::from_millis(600);
     config.notifications.min_turn = Duration::from_millis(300);
     config.notifications.reminder_before = Duration::from_millis(1500);
@@ -170,8 +170,8 @@ async fn say_presence(ws: &mut Ws, visible: bool) {
 async fn nothing_while_present_then_one_when_the_last_client_goes_away(db: TestDb) {
     let operator = cli_token(&db, "root-op", "operator");
     let (gw, mut notified) = start(config(&db, vec![demo_profile("demo", &[])])).await;
-    let (alice, _) = make_token(&gw, &operator, "alice", "user").await;
-    let (bob, _) = make_token(&gw, &operator, "bob", "user").await;
+    let (alice, _) = gw.make_token(&operator, "alice", "user").await;
+    let (bob, _) = gw.make_token(&operator, "bob", "user").await;
     let mut phone = gw.ws(&format!("/api/v1/ws?access_token={alice}")).await;
     let mut laptop = gw.ws(&format!("/api/v1/ws?access_token={alice}")).await;
     assert_eq!(phone.next().await["type"], "snapshot");
@@ -181,29 +181,13 @@ async fn nothing_while_present_then_one_when_the_last_client_goes_away(db: TestD
     let ask = |token: String| {
         let gw = &gw;
         async move {
-            let (_, conv) = call(
-                gw,
-                "POST",
-                "/api/v1/conversations",
-                Some(&token),
-                Some(json!({"agent": "demo"})),
-            )
-            .await;
-            let conv = id(&conv);
+            let conv = gw.with_token(&token).create("demo").await;
             let mut ws = gw
                 .ws(&format!(
                     "/api/v1/conversations/{conv}/ws?access_token={token}"
                 ))
                 .await;
-            let (status, _) = call(
-                gw,
-                "POST",
-                &format!("/api/v1/conversations/{conv}/prompts"),
-                Some(&token),
-                Some(json!({"text": "tool"})),
-            )
-            .await;
-            assert_eq!(status, 202);
+            gw.with_token(&token).prompt(&conv, "tool").await;
             requests(&mut ws, 1).await.pop().unwrap()
         }
     };

@@ -51,7 +51,7 @@ async fn start(
     db: TestDb,
     profile: acp_gateway::config::AgentProfile,
 ) -> (TestDb, TestGateway, String, Ws) {
-    let config = TestGateway::config(&db, vec![profile]);
+    let config = Config::for_tests(&db, vec![profile]);
     start_configured(db, config).await
 }
 
@@ -146,7 +146,7 @@ async fn cancel_with_two_requests_pending_answers_both_cancelled_and_the_turn_en
 /// cancelled at once, like those waiting when the cancel was sent: no
 /// person can approve it, and no policy does (`echo` is allowed by one).
 async fn a_request_asked_after_the_cancel_is_answered_cancelled(db: TestDb) {
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.policies = vec![serde_json::from_value(json!({
         "name": "echo", "kinds": ["execute"], "commands": ["^echo\\b"], "decision": "allow",
     }))

@@ -7,7 +7,7 @@ use acp_gateway::model::PolicyRule;
 use acp_gateway::permissions::policy::Mode;
 use serde_json::{json, Value};
 
-/// The example rules.
+/// The example rules of `docs/policies.md`.
 fn example_rules() -> Vec<PolicyRule> {
     serde_json::from_value(json!([
         {"name": "read-only tools", "kinds": ["read", "search", "think", "fetch"], "decision": "allow"},
@@ -28,7 +28,7 @@ async fn start_with_rules(
     profile: AgentProfile,
     rules: Vec<PolicyRule>,
 ) -> (TestGateway, String, Ws) {
-    let mut config = TestGateway::config(db, vec![profile]);
+    let mut config = Config::for_tests(db, vec![profile]);
     config.policies = rules;
     let gw = TestGateway::start_with(config).await;
     let dir = std::env::temp_dir().join("acp-gateway-policy-tests");
@@ -472,7 +472,7 @@ async fn a_deny_on_a_directory_is_not_evaded_through_a_symlink_to_it(db: TestDb)
     ]))
     .unwrap();
     rules.extend(example_rules());
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.policies = rules;
     let gw = TestGateway::start_with(config).await;
     let (status, conv) = gw

@@ -8,8 +8,8 @@
 use serde_json::{json, Value};
 
 use crate::common::{
-    agent_and_shim, agent_process_records, assert_consecutive, demo_profile, kill_shims_under,
-    shims_under, streamed_text, GatewayProcess, ProcessWatch, TestDb, Ws,
+    agent_and_shim, agent_process_records, assert_consecutive, demo_profile, eventually,
+    kill_shims_under, shims_under, streamed_text, GatewayProcess, ProcessWatch, TestDb, Ws, WAIT,
 };
 
 backend_tests!(
@@ -382,10 +382,13 @@ async fn an_agent_that_ends_while_no_gateway_runs_is_accounted_for_after_the_res
     // With nobody reading, the agent finishes its turn into its shim, and
     // is then killed (by its user, the OOM killer, …).
     let socket = shim_socket(&db, &id).await;
-    poll_shim("the agent finished its turn into its shim", || async {
+    // Asked again and again: while no gateway reads the shim, nothing
+    // announces a change.
+    eventually(WAIT, async || {
         tail_has_prompt_answer(&socket).await.then_some(())
     })
-    .await;
+    .await
+    .expect("the agent finished its turn into its shim");
     // SAFETY: kill(2) on the test's own agent.
     unsafe {
         libc::kill(pid, libc::SIGTERM);
@@ -435,12 +438,13 @@ async fn a_full_shim_buffer_pauses_the_agent_and_loses_nothing(db: TestDb) {
     }
     let socket = shim_socket(&db, &id).await;
     // The shim fills up to its bound and reads no more: the agent waits.
-    let hello = poll_shim("the shim's buffer filled", || async {
+    let hello = eventually(WAIT, async || {
         hello(&socket)
             .await
             .filter(|h| h.read_to - h.held_from >= BUFFER as u64)
     })
-    .await;
+    .await
+    .expect("the shim's buffer filled");
     assert!(hello.exit.is_none(), "the agent is paused, not done");
     assert!(
         hello.read_to - hello.held_from <= BUFFER as u64,
@@ -558,23 +562,6 @@ async fn hello(socket: &std::path::Path) -> Option<acp_gateway::shim::protocol::
     match protocol::read_from_shim(&mut read).await.unwrap() {
         Some(ToGateway::Hello(hello)) => Some(hello),
         other => panic!("no hello: {other:?}"),
-    }
-}
-
-/// Polls the shim until `check` has what it waits for (bounded: while no
-/// gateway reads the shim, nothing announces a change).
-async fn poll_shim<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + crate::common::WAIT;
-    loop {
-        if let Some(found) = check().await {
-            return found;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{what} in time");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
 

@@ -290,7 +290,7 @@ async fn a_waiting_permission_keeps_an_agent_from_its_idle_stop(db: TestDb) {
 }
 
 async fn max_agents_stops_the_longest_idle_agent_or_answers_503(db: TestDb) {
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.max_agents = Some(1);
     let gw = TestGateway::start_with(config).await;
     let (first, mut first_ws) = gw.open_conversation("demo").await;

@@ -573,8 +573,7 @@ async fn an_agent_without_a_shim_is_boxed_the_same(db: TestDb) {
     }
     let ground = Ground::new();
     std::fs::set_permissions(db.state_dir(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mut config =
-        TestGateway::config(&db, vec![boxed("direct", &ground, SandboxMode::Required)]);
+    let mut config = Config::for_tests(&db, vec![boxed("direct", &ground, SandboxMode::Required)]);
     config.agent_shims = false;
     let gw = TestGateway::start_with(config).await;
     let (id, _) = conversation_of(&gw, "direct").await;

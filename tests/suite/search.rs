@@ -178,15 +178,11 @@ async fn history_from_before_search_is_found_once_the_upgraded_gateway_indexed_i
     let old = history_from_before_search(&db).await;
     let gw = TestGateway::start(&db, vec![demo_profile("demo", &["--chunk-delay-ms", "0"])]).await;
     // Indexed in the background: found once it is done.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let found = loop {
-        let found = search(&gw, "q=w2718").await;
-        if !ids(&found).is_empty() {
-            break found;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "indexed in time");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
+    let found = eventually(WAIT, async || {
+        Some(search(&gw, "q=w2718").await).filter(|found| !ids(found).is_empty())
+    })
+    .await
+    .expect("indexed in time");
     assert_eq!(ids(&found), [old.as_str()]);
     // The parts joined: a run of words across many commits.
     let snippet = found["items"][0]["snippet"].as_str().unwrap();

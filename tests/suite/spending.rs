@@ -81,13 +81,13 @@ async fn ws_as(gw: &TestGateway, token: &str, id: &str) -> Ws {
 
 async fn a_user_over_the_creation_limit_gets_429_and_another_user_does_not(db: TestDb) {
     let operator = cli_token(&db, "op", "operator");
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.rate_limits.conversations_per_minute = 2;
     config.max_agents = Some(20);
     let gw = TestGateway::start_with(config).await;
-    let (alice, _) = make_token(&gw, &operator, "alice", "user").await;
-    let (alice_too, _) = make_token(&gw, &operator, "alice", "user").await;
-    let (bob, _) = make_token(&gw, &operator, "bob", "user").await;
+    let (alice, _) = gw.make_token(&operator, "alice", "user").await;
+    let (alice_too, _) = gw.make_token(&operator, "alice", "user").await;
+    let (bob, _) = gw.make_token(&operator, "bob", "user").await;
     for _ in 0..2 {
         assert_eq!(create_as(&gw, &alice).await.status, 201);
     }
@@ -98,7 +98,7 @@ async fn a_user_over_the_creation_limit_gets_429_and_another_user_does_not(db: T
     // Bob is not alice.
     let created = create_as(&gw, &bob).await;
     assert_eq!(created.status, 201, "{}", created.body);
-    let (status, list) = call(&gw, "GET", "/api/v1/conversations", Some(&alice), None).await;
+    let (status, list) = gw.get_as("/api/v1/conversations", Some(&alice)).await;
     assert_eq!(status, 200);
     assert_eq!(list["items"].as_array().unwrap().len(), 2, "{list}");
 }
@@ -107,12 +107,12 @@ async fn a_user_at_the_agent_limit_loses_an_idle_agent_or_gets_429_and_another_u
     db: TestDb,
 ) {
     let operator = cli_token(&db, "op", "operator");
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.max_agents = Some(10);
     config.max_agents_per_user = Some(2);
     let gw = TestGateway::start_with(config).await;
-    let (alice, _) = make_token(&gw, &operator, "alice", "user").await;
-    let (bob, _) = make_token(&gw, &operator, "bob", "user").await;
+    let (alice, _) = gw.make_token(&operator, "alice", "user").await;
+    let (bob, _) = gw.make_token(&operator, "bob", "user").await;
     let mut alices = Vec::new();
     for _ in 0..2 {
         let created = create_as(&gw, &alice).await;
@@ -156,14 +156,13 @@ async fn a_user_at_the_agent_limit_loses_an_idle_agent_or_gets_429_and_another_u
     assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
     assert_eq!(create_as(&gw, &bob).await.status, 201);
     // Once one of hers is idle again, it makes room for her first one.
-    let (status, _) = call(
-        &gw,
-        "POST",
-        &format!("/api/v1/conversations/{third}/cancel"),
-        Some(&alice),
-        Some(json!({})),
-    )
-    .await;
+    let (status, _) = gw
+        .post_as(
+            &format!("/api/v1/conversations/{third}/cancel"),
+            Some(&alice),
+            json!({}),
+        )
+        .await;
     assert_eq!(status, 202);
     third_ws.until_type("turn_ended").await;
     assert_eq!(prompt_as(&gw, &alice, &first, "hello").await.status, 202);
@@ -195,7 +194,7 @@ async fn all_pages(gw: &TestGateway, path: &str, limit: usize) -> (Vec<Value>, u
 }
 
 async fn messages_are_paged_without_loss_or_repetition(db: TestDb) {
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.max_page_bytes = 4096;
     let gw = TestGateway::start_with(config).await;
     let (id, mut ws) = gw.open_conversation("demo").await;
@@ -249,7 +248,7 @@ async fn messages_are_paged_without_loss_or_repetition(db: TestDb) {
 }
 
 async fn an_events_page_is_bounded_in_bytes(db: TestDb) {
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.max_page_bytes = 8192;
     let gw = TestGateway::start_with(config).await;
     let (id, mut ws) = gw.open_conversation("demo").await;
@@ -437,7 +436,7 @@ async fn read_to(gw: &TestGateway, id: &str, mut ws: Ws, last: i64) -> (Vec<i64>
 async fn non_reading_websockets_hold_a_bounded_total_and_the_ones_over_it_resume(db: TestDb) {
     const BUDGET: usize = 256 * 1024;
     const CLIENTS: usize = 100;
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.ws_buffer_bytes = BUDGET;
     config.max_page_bytes = 32 * 1024;
     config.rate_limits.connections_per_minute = 100_000;

@@ -58,7 +58,7 @@ async fn https_is_served_and_a_renewed_certificate_without_a_restart(db: TestDb)
     let dir = tempfile::tempdir().unwrap();
     let first = certificate();
     let (cert_file, key_file) = install(dir.path(), &first);
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.tls = Some(TlsFiles {
         cert_file,
         key_file,
@@ -133,7 +133,7 @@ async fn a_certificate_that_cannot_be_used_stops_the_start(db: TestDb) {
     let (cert, _) = certificate();
     let (_, other_key) = certificate();
     let (cert_file, key_file) = install(dir.path(), &(cert, other_key));
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.tls = Some(TlsFiles {
         cert_file,
         key_file: key_file.clone(),

@@ -139,7 +139,7 @@ impl Drop for KeepingUp {
     }
 }
 
-/// Issue 49: twenty sockets of alice's that never read, on a conversation
+/// Twenty sockets of alice's that never read, on a conversation
 /// streaming 64 KiB a turn, fill alice's share of a small buffer budget.
 /// They are closed to make room (1013, or the connection's end where the
 /// close frame cannot get past what they did not read), never a reader that
@@ -155,7 +155,7 @@ async fn sockets_that_do_not_read_are_closed_to_make_room_and_readers_that_keep_
     const TURNS: usize = 32;
     let alice = cli_token(&db, "alice", "user");
     let bob = cli_token(&db, "bob", "user");
-    let mut config = TestGateway::config(&db, vec![demo_profile("demo", &[])]);
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.ws_buffer_bytes = BUDGET;
     config.ws_buffer_bytes_per_user = Some(PER_USER);
     config.max_page_bytes = 64 * 1024;

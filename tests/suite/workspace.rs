@@ -39,7 +39,7 @@ fn dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
 }
 
 async fn gateway(db: &TestDb, agents: Vec<AgentProfile>, policies: Vec<PolicyRule>) -> TestGateway {
-    let mut config = TestGateway::config(db, agents);
+    let mut config = Config::for_tests(db, agents);
     config.policies = policies;
     TestGateway::start_with(config).await
 }

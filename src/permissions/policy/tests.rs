@@ -3,7 +3,7 @@
 use super::*;
 use serde_json::json;
 
-/// The rules of the issue's example, in its order.
+/// The example rules of `docs/policies.md`, in its order.
 fn example() -> Policies {
     let rules: Vec<PolicyRule> = toml::from_str::<toml::Value>(
         r#"
@@ -242,7 +242,7 @@ fn titled(title: &str) -> Value {
     json!({"kind": "execute", "title": title})
 }
 
-/// Every way of writing `rm -rf ~` the issue lists, and more.
+/// Ways of writing `rm -rf ~` that hide it from a plain match.
 const HIDDEN_RM: &[&str] = &[
     "rm -rf ~",
     "bash -ec 'rm -rf ~'",

@@ -1,6 +1,6 @@
 //! Unit tests of the splitter's own machinery (the parse deadline, the parts'
-//! fields); the rules' view of many more lines is tested in `tests/policies.rs`
-//! and `tests/hostile_input.rs`.
+//! fields); the rules' view of many more lines is tested in
+//! `tests/suite/policies.rs` and `tests/suite/hostile_input.rs`.
 
 use super::walk::expanding_heredoc_delimiter;
 use super::words::{ansi_c, decode_ansi_c_quotes};
