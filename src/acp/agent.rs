@@ -52,6 +52,47 @@ pub struct ShimSetup {
 }
 
 impl ShimSetup {
+    /// The shim's command line for a conversation's agent `program`: its
+    /// socket, buffer, the gateway's uid, its key, the agent's box and the
+    /// capabilities the profile keeps.
+    fn command(
+        &self,
+        conversation_id: Uuid,
+        program: &Path,
+        profile: &AgentProfile,
+        user: Option<&crate::sys::SystemUser>,
+        place: &Place,
+    ) -> anyhow::Result<Command> {
+        let socket = self.socket(conversation_id);
+        // A socket left by a shim that is gone.
+        let _ = std::fs::remove_file(&socket);
+        // SAFETY: getuid cannot fail.
+        let gateway_uid = unsafe { libc::getuid() };
+        let mut command = Command::new(&self.program);
+        command
+            .arg("shim")
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--buffer")
+            .arg(self.buffer.to_string())
+            .arg("--peer-uid")
+            .arg(gateway_uid.to_string())
+            .arg("--key-file")
+            .arg(ShimSetup::make_key(&socket, user)?);
+        if let Some(rules) = &place.rules {
+            command
+                .arg("--sandbox")
+                .arg(serde_json::to_string(rules).context("a box's rules serialize")?);
+        }
+        if !profile.capabilities.is_empty() {
+            command
+                .arg("--capabilities")
+                .arg(profile.kept_capabilities().names().join(","));
+        }
+        command.arg("--").arg(program).args(&profile.args);
+        Ok(command)
+    }
+
     /// The socket of a conversation's shim.
     pub fn socket(&self, conversation_id: Uuid) -> PathBuf {
         self.dir.join(format!("{}.sock", conversation_id.simple()))
@@ -161,36 +202,7 @@ impl AgentProcess {
                 command.args(&profile.args);
                 command
             }
-            Some(shim) => {
-                let socket = shim.socket(conversation_id);
-                // A socket left by a shim that is gone.
-                let _ = std::fs::remove_file(&socket);
-                // SAFETY: getuid cannot fail.
-                let gateway_uid = unsafe { libc::getuid() };
-                let mut command = Command::new(&shim.program);
-                command
-                    .arg("shim")
-                    .arg("--socket")
-                    .arg(&socket)
-                    .arg("--buffer")
-                    .arg(shim.buffer.to_string())
-                    .arg("--peer-uid")
-                    .arg(gateway_uid.to_string())
-                    .arg("--key-file")
-                    .arg(ShimSetup::make_key(&socket, user.as_ref())?);
-                if let Some(rules) = &place.rules {
-                    command
-                        .arg("--sandbox")
-                        .arg(serde_json::to_string(rules).context("a box's rules serialize")?);
-                }
-                if !profile.capabilities.is_empty() {
-                    command
-                        .arg("--capabilities")
-                        .arg(profile.kept_capabilities().names().join(","));
-                }
-                command.arg("--").arg(&program).args(&profile.args);
-                command
-            }
+            Some(shim) => shim.command(conversation_id, &program, profile, user.as_ref(), place)?,
         };
         command
             .env_clear()
@@ -266,28 +278,7 @@ impl AgentProcess {
                     .stdout
                     .take()
                     .context("shim stdout missing")?;
-                let ready = tokio::time::timeout(SHIM_READY_WITHIN, async {
-                    let mut line = String::new();
-                    BufReader::new(stdout).read_line(&mut line).await?;
-                    anyhow::Ok(line)
-                });
-                let line = match ready.await {
-                    Ok(Ok(line)) => line,
-                    Ok(Err(e)) => anyhow::bail!("cannot read the shim's ready line: {e}"),
-                    Err(_) => anyhow::bail!("the agent's shim did not start in time"),
-                };
-                // The agent's pid comes again in the shim's hello.
-                match serde_json::from_str::<Ready>(line.trim()) {
-                    Ok(Ready::Serving { .. }) => {}
-                    Ok(Ready::Failed { error }) => {
-                        anyhow::bail!("cannot start agent {:?}: {error}", profile.name)
-                    }
-                    Err(_) if line.is_empty() => {
-                        let status = process.wait().await;
-                        anyhow::bail!("the agent's shim ended at once ({status})")
-                    }
-                    Err(e) => anyhow::bail!("the agent's shim said {line:?}: {e}"),
-                }
+                shim_ready(stdout, &mut process, &profile.name).await?;
                 let identity = process.identity();
                 let socket = shim.socket(conversation_id);
                 Self::over_shim(
@@ -647,6 +638,38 @@ fn truncate(s: &str, max: usize) -> String {
         end -= 1;
     }
     format!("{}…", &s[..end])
+}
+
+/// Waits for a shim just started to say it serves (its agent started), or
+/// why not.
+async fn shim_ready(
+    stdout: tokio::process::ChildStdout,
+    process: &mut Supervised,
+    name: &str,
+) -> anyhow::Result<()> {
+    let ready = tokio::time::timeout(SHIM_READY_WITHIN, async {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).await?;
+        anyhow::Ok(line)
+    });
+    let line = match ready.await {
+        Ok(Ok(line)) => line,
+        Ok(Err(e)) => anyhow::bail!("cannot read the shim's ready line: {e}"),
+        Err(_) => anyhow::bail!("the agent's shim did not start in time"),
+    };
+    // The agent's pid comes again in the shim's hello.
+    match serde_json::from_str::<Ready>(line.trim()) {
+        Ok(Ready::Serving { .. }) => {}
+        Ok(Ready::Failed { error }) => {
+            anyhow::bail!("cannot start agent {:?}: {error}", name)
+        }
+        Err(_) if line.is_empty() => {
+            let status = process.wait().await;
+            anyhow::bail!("the agent's shim ended at once ({status})")
+        }
+        Err(e) => anyhow::bail!("the agent's shim said {line:?}: {e}"),
+    }
+    Ok(())
 }
 
 #[cfg(test)]

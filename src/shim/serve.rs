@@ -71,32 +71,36 @@ pub(super) async fn serve(
     let (proven_tx, mut proven) = mpsc::channel::<UnixStream>(OUTBOX);
     let key = key.map(|key| std::sync::Arc::new(Sha256::digest(&key)));
 
-    let mut held = Held::new(buffer);
-    let mut input_taken: u64 = 0;
+    let mut state = Serving {
+        held: Held::new(buffer),
+        input_taken: 0,
+        exit: None,
+        gateway: None,
+        kill_at: None,
+        stopping: false,
+    };
     let mut stdout_open = true;
     let mut status = None;
-    let mut exit: Option<Exit> = None;
-    let mut gateway: Option<Gateway> = None;
     let mut connections: u64 = 0;
-    let mut kill_at: Option<Instant> = None;
-    let mut stopping = false;
     let mut read_buf = vec![0u8; MAX_OUTPUT_CHUNK];
 
     loop {
-        if let (Some(status), false, None) = (status, stdout_open, &exit) {
+        if let (Some(status), false, None) = (status, stdout_open, &state.exit) {
             // Its last stderr lines, as far as they come soon.
             if let Some(reader) = stderr_task.take() {
                 let _ = tokio::time::timeout(LAST_WORDS, reader).await;
             }
-            exit = Some(describe(status, &tail));
+            state.exit = Some(describe(status, &tail));
         }
         // The end: the agent has ended and its output is accounted for (or
         // the gateway, having asked it to stop, wants no more of it).
-        if exit.is_some() {
-            let all_acknowledged = held.start() == held.end();
-            let told = gateway.as_ref().is_some_and(|g| g.exit_sent);
-            if (told && (all_acknowledged || stopping)) || (stopping && gateway.is_none()) {
-                if let Some(g) = gateway.take() {
+        if state.exit.is_some() {
+            let all_acknowledged = state.held.start() == state.held.end();
+            let told = state.gateway.as_ref().is_some_and(|g| g.exit_sent);
+            if (told && (all_acknowledged || state.stopping))
+                || (state.stopping && state.gateway.is_none())
+            {
+                if let Some(g) = state.gateway.take() {
                     let _ = tokio::time::timeout(LAST_WORDS, finish(g)).await;
                 }
                 return Ok(());
@@ -104,12 +108,12 @@ pub(super) async fn serve(
         }
         // Whether the attached gateway is owed something (made once there
         // is room for it).
-        let owed = gateway.as_ref().is_some_and(|g| match g.sent_to {
-            Some(from) => from < held.end() || (!g.exit_sent && exit.is_some()),
+        let owed = state.gateway.as_ref().is_some_and(|g| match g.sent_to {
+            Some(from) => from < state.held.end() || (!g.exit_sent && state.exit.is_some()),
             None => false,
         });
-        let outbox = gateway.as_ref().map(|g| g.outbox.clone());
-        let room = held.room().min(read_buf.len());
+        let outbox = state.gateway.as_ref().map(|g| g.outbox.clone());
+        let room = state.held.room().min(read_buf.len());
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
@@ -120,7 +124,7 @@ pub(super) async fn serve(
                     refuse(stream, format!("uid {peer} may not use this shim"));
                     continue;
                 }
-                let hello = hello_now(&agent, &held, input_taken, &exit);
+                let hello = hello_now(&agent, &state.held, state.input_taken, &state.exit);
                 match &key {
                     // Only once it has proved it knows the key does it count
                     // (and so replace the gateway connected now).
@@ -129,7 +133,7 @@ pub(super) async fn serve(
                         // A new gateway replaces the one before (which is
                         // gone, or about to be).
                         connections += 1;
-                        gateway = Some(connect(stream, connections, hello, frames_tx.clone()));
+                        state.gateway = Some(connect(stream, connections, hello, frames_tx.clone()));
                     }
                 }
             }
@@ -138,112 +142,145 @@ pub(super) async fn serve(
                 // it attaches by (the first may be older than an
                 // acknowledgement the gateway before it made meanwhile).
                 connections += 1;
-                let hello = hello_now(&agent, &held, input_taken, &exit);
-                gateway = Some(connect(stream, connections, hello, frames_tx.clone()));
+                let hello = hello_now(&agent, &state.held, state.input_taken, &state.exit);
+                state.gateway = Some(connect(stream, connections, hello, frames_tx.clone()));
             }
-            Some((number, frame)) = frames.recv() => {
-                // What a gateway acknowledged, sent or asked holds even once
-                // a newer connection has replaced its own (numbered input is
-                // taken once whoever sends it); attaching is the current
-                // one's alone.
-                let current = gateway.as_ref().is_some_and(|g| g.number == number);
-                let frame = match frame {
-                    None if current => {
-                        gateway = None;
-                        continue;
-                    }
-                    Some(ToShim::Attach { .. }) if !current => continue,
-                    None => continue,
-                    Some(frame) => frame,
-                };
-                match frame {
-                    ToShim::Attach { from } => {
-                        let g = gateway.as_mut().expect("the current gateway");
-                        if from >= held.start() && held.acknowledge(from) {
-                            g.sent_to = Some(from);
-                        } else {
-                            let why = format!(
-                                "cannot attach at {from}: held are {}..{}",
-                                held.start(),
-                                held.end()
-                            );
-                            let _ = g.outbox.try_send(ToGateway::Refused(why));
-                            gateway = None;
-                        }
-                    }
-                    ToShim::Input { offset, bytes } => {
-                        if offset > input_taken {
-                            let why = format!("input at {offset}, but {input_taken} is next");
-                            if let Some(g) = gateway.as_ref().filter(|_| current) {
-                                let _ = g.outbox.try_send(ToGateway::Refused(why));
-                                gateway = None;
-                            }
-                            continue;
-                        }
-                        // What was taken before (sent again after a
-                        // reconnect) goes to the agent once.
-                        let skip = (input_taken - offset) as usize;
-                        if skip < bytes.len() {
-                            input_taken = offset + bytes.len() as u64;
-                            let _ = input.send(bytes[skip..].to_vec());
-                        }
-                    }
-                    ToShim::Ack { to } => {
-                        // Only what was read can be acknowledged, and never
-                        // what the attached gateway has yet to be sent.
-                        let sent = gateway.as_ref().and_then(|g| g.sent_to);
-                        held.acknowledge(to.min(sent.unwrap_or_else(|| held.end())));
-                    }
-                    // Proven already (or no key needed): nothing more to prove.
-                    ToShim::Auth { .. } => {}
-                    ToShim::Stop { grace_ms } => {
-                        stopping = true;
-                        agent.ask_to_stop();
-                        kill_at = Some(Instant::now() + Duration::from_millis(grace_ms.into()));
-                    }
-                }
-            }
+            Some((number, frame)) = frames.recv() => state.take_frame(number, frame, &input, &mut agent),
             read = stdout.read(&mut read_buf[..room]), if stdout_open && room > 0 => {
                 match read {
                     Ok(0) | Err(_) => stdout_open = false,
-                    Ok(n) => held.push(&read_buf[..n]),
+                    Ok(n) => state.held.push(&read_buf[..n]),
                 }
             }
             ended = agent.wait(), if status.is_none() => status = Some(ended),
-            _ = tokio::time::sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() => {
-                kill_at = None;
+            _ = tokio::time::sleep_until(state.kill_at.unwrap_or_else(Instant::now)), if state.kill_at.is_some() => {
+                state.kill_at = None;
                 agent.kill();
             }
             Some(chunk) = stderr_chunks.recv() => {
                 // Live only, and never waited for: a gateway that is slow
                 // to read loses stderr lines, not output.
-                if let Some(g) = gateway.as_ref().filter(|g| g.sent_to.is_some()) {
+                if let Some(g) = state.gateway.as_ref().filter(|g| g.sent_to.is_some()) {
                     let _ = g.outbox.try_send(ToGateway::Stderr(chunk));
                 }
             }
-            permit = async { outbox.as_ref()?.reserve().await.ok() }, if owed => {
-                let (Some(permit), Some(g)) = (permit, gateway.as_mut()) else {
-                    // Its writer has gone: so has the gateway.
-                    gateway = None;
-                    continue;
-                };
-                let from = g.sent_to.unwrap_or_else(|| held.end());
-                let message = match held.from(from, MAX_OUTPUT_CHUNK) {
-                    Some(bytes) if !bytes.is_empty() => {
-                        g.sent_to = Some(from + bytes.len() as u64);
-                        ToGateway::Output { offset: from, bytes }
+            permit = async { outbox.as_ref()?.reserve().await.ok() }, if owed => state.send_owed(permit),
+        }
+    }
+}
+
+/// What the shim's loop keeps between wake-ups, and what it does with a
+/// gateway's frames and the room to send it more.
+struct Serving {
+    held: Held,
+    /// How much of the gateway's input has gone to the agent.
+    input_taken: u64,
+    /// How the agent ended, once it has and its output is all read.
+    exit: Option<Exit>,
+    gateway: Option<Gateway>,
+    /// When the agent asked to stop is killed.
+    kill_at: Option<Instant>,
+    /// The gateway asked the agent to stop: it wants no more of its output.
+    stopping: bool,
+}
+
+impl Serving {
+    /// A frame from the gateway connection `number` (`None`: it closed).
+    /// What a gateway acknowledged, sent or asked holds even once a newer
+    /// connection has replaced its own (numbered input is taken once
+    /// whoever sends it); attaching is the current one's alone.
+    fn take_frame(
+        &mut self,
+        number: u64,
+        frame: Option<ToShim>,
+        input: &mpsc::UnboundedSender<Vec<u8>>,
+        agent: &mut Supervised,
+    ) {
+        let current = self.gateway.as_ref().is_some_and(|g| g.number == number);
+        let frame = match frame {
+            None if current => {
+                self.gateway = None;
+                return;
+            }
+            Some(ToShim::Attach { .. }) if !current => return,
+            None => return,
+            Some(frame) => frame,
+        };
+        match frame {
+            ToShim::Attach { from } => {
+                let g = self.gateway.as_mut().expect("the current gateway");
+                if from >= self.held.start() && self.held.acknowledge(from) {
+                    g.sent_to = Some(from);
+                } else {
+                    let why = format!(
+                        "cannot attach at {from}: held are {}..{}",
+                        self.held.start(),
+                        self.held.end()
+                    );
+                    let _ = g.outbox.try_send(ToGateway::Refused(why));
+                    self.gateway = None;
+                }
+            }
+            ToShim::Input { offset, bytes } => {
+                if offset > self.input_taken {
+                    let why = format!("input at {offset}, but {} is next", self.input_taken);
+                    if let Some(g) = self.gateway.as_ref().filter(|_| current) {
+                        let _ = g.outbox.try_send(ToGateway::Refused(why));
+                        self.gateway = None;
                     }
-                    _ => match &exit {
-                        Some(exit) => {
-                            g.exit_sent = true;
-                            ToGateway::Exit(exit.clone())
-                        }
-                        None => continue,
-                    },
-                };
-                permit.send(message);
+                    return;
+                }
+                // What was taken before (sent again after a reconnect) goes
+                // to the agent once.
+                let skip = (self.input_taken - offset) as usize;
+                if skip < bytes.len() {
+                    self.input_taken = offset + bytes.len() as u64;
+                    let _ = input.send(bytes[skip..].to_vec());
+                }
+            }
+            ToShim::Ack { to } => {
+                // Only what was read can be acknowledged, and never what the
+                // attached gateway has yet to be sent.
+                let sent = self.gateway.as_ref().and_then(|g| g.sent_to);
+                self.held
+                    .acknowledge(to.min(sent.unwrap_or_else(|| self.held.end())));
+            }
+            // Proven already (or no key needed): nothing more to prove.
+            ToShim::Auth { .. } => {}
+            ToShim::Stop { grace_ms } => {
+                self.stopping = true;
+                agent.ask_to_stop();
+                self.kill_at = Some(Instant::now() + Duration::from_millis(grace_ms.into()));
             }
         }
+    }
+
+    /// Sends the attached gateway what it is owed (its next output, else the
+    /// agent's exit) in the room `permit` holds (`None`: its writer has
+    /// gone, and so has the gateway).
+    fn send_owed(&mut self, permit: Option<mpsc::Permit<'_, ToGateway>>) {
+        let (Some(permit), Some(g)) = (permit, self.gateway.as_mut()) else {
+            self.gateway = None;
+            return;
+        };
+        let from = g.sent_to.unwrap_or_else(|| self.held.end());
+        let message = match self.held.from(from, MAX_OUTPUT_CHUNK) {
+            Some(bytes) if !bytes.is_empty() => {
+                g.sent_to = Some(from + bytes.len() as u64);
+                ToGateway::Output {
+                    offset: from,
+                    bytes,
+                }
+            }
+            _ => match &self.exit {
+                Some(exit) => {
+                    g.exit_sent = true;
+                    ToGateway::Exit(exit.clone())
+                }
+                None => return,
+            },
+        };
+        permit.send(message);
     }
 }
 

@@ -15,6 +15,7 @@
 
 use std::collections::HashMap;
 use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -190,52 +191,8 @@ impl Terminals {
                 workspace.cwd.clone()
             }
         };
-        let path = request
-            .env
-            .iter()
-            .find(|v| v.name == "PATH")
-            .map(|v| v.value.as_str())
-            .or_else(|| crate::process::spawn::path_of(&self.environment));
-        let program = if request.command.contains('/') {
-            // A path: the terminal's cwd is what a relative one is relative
-            // to, and whether it is there and runnable is for its start to
-            // say, with the agent's user's rights and in its box (not ours).
-            cwd.join(&request.command)
-        } else {
-            crate::sys::resolve_command(&request.command, path).map_err(|why| {
-                Refusal::invalid(format!("cannot run {:?}: {why}", request.command))
-            })?
-        };
-        let mut command = tokio::process::Command::new(program);
-        command
-            .args(&request.args)
-            .env_clear()
-            .envs(&self.environment)
-            .envs(request.env.iter().map(|v| (&v.name, &v.value)))
-            .current_dir(&cwd)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        // As the agent's user, with no capability but those its profile
-        // keeps (then in its box).
-        let user = workspace
-            .user
-            .as_ref()
-            .filter(|_| crate::sys::running_as_root());
-        crate::sandbox::capabilities::Shedding::new(
-            workspace.capabilities,
-            user,
-            Some(cwd.as_path()),
-        )
-        .map_err(|e| Refusal::invalid(format!("cannot run {:?}: {e}", request.command)))?
-        .on_child(&mut command);
-        if let Some(rules) = &workspace.sandbox {
-            crate::sandbox::landlock::Prepared::new(rules)
-                .map_err(|e| Refusal::invalid(format!("cannot box {:?}: {e}", request.command)))?
-                .confine_child(&mut command);
-        }
-        let (mut child, tree) = crate::process::spawn::spawn(&mut command)
+        let mut command = self.command(workspace, request, &cwd)?;
+        let (child, tree) = crate::process::spawn::spawn(&mut command)
             .map_err(|e| Refusal::invalid(format!("cannot run {:?}: {e}", request.command)))?;
         let id = format!("term_{}", uuid::Uuid::now_v7().simple());
         let (exited, exit) = watch::channel(None);
@@ -261,94 +218,59 @@ impl Terminals {
             cwd: Some(cwd.display().to_string()),
             exit_status: None,
         };
-        let out = self.out.clone();
-        let stdout = child.stdout.take();
-        let stderr = child.stderr.take();
-        let terminal_id = id.clone();
-        tokio::spawn(async move {
-            let _ = out.send(first).await;
-            let piece = |output: String| TerminalOutput {
-                terminal_id: terminal_id.clone(),
-                output,
-                command: None,
-                cwd: None,
-                exit_status: None,
-            };
-            let (tx, mut pieces) = mpsc::channel::<String>(16);
-            let readers = [stdout.map(box_reader), stderr.map(box_reader)];
-            let readers: Vec<_> = readers
-                .into_iter()
-                .flatten()
-                .map(|reader| tokio::spawn(read_text(reader, tx.clone())))
-                .collect();
-            drop(tx);
-            let tree = terminal
-                .tree
-                .as_ref()
-                .expect("a running terminal has its tree");
-            let watched = tree.watches_exit();
-            let mut reaped = None;
-            let mut open = true;
-            loop {
-                tokio::select! {
-                    text = pieces.recv(), if open => match text {
-                        Some(text) => {
-                            terminal.keep(&text);
-                            let _ = out.send(piece(text)).await;
-                        }
-                        None => open = false,
-                    },
-                    () = tree.exited(), if watched => break,
-                    status = child.wait(), if !watched => {
-                        reaped = Some(status);
-                        break;
-                    }
-                }
-            }
-            // Ended: what it left running goes with it now, while its group
-            // is still its own (not reaped yet).
-            tree.kill_left();
-            // What it wrote last is still in the pipes; whatever it left
-            // that escaped must not hold its end back.
-            let deadline = tokio::time::Instant::now() + PIPES_AFTER_EXIT;
-            loop {
-                let text = match tokio::time::timeout_at(deadline, pieces.recv()).await {
-                    Ok(Some(text)) => text,
-                    Ok(None) => break,
-                    Err(_) => {
-                        tracing::debug!("a terminal's pipes stayed open after its command ended");
-                        for reader in &readers {
-                            reader.abort();
-                        }
-                        match pieces.try_recv() {
-                            Ok(text) => text,
-                            Err(_) => break,
-                        }
-                    }
-                };
-                terminal.keep(&text);
-                let _ = out.send(piece(text)).await;
-            }
-            for reader in readers {
-                reader.abort();
-            }
-            let status = match reaped {
-                Some(status) => status,
-                None => child.wait().await,
-            };
-            tree.reaped();
-            let status = status.unwrap_or_else(|_| ExitStatus::from_raw(1 << 8));
-            // Handed out before the exit is known, so whoever waits for the
-            // exit finds every piece of output already handed out.
-            let _ = out
-                .send(TerminalOutput {
-                    exit_status: Some(exit_status(status)),
-                    ..piece(String::new())
-                })
-                .await;
-            let _ = exited.send(Some(status));
-        });
+        tokio::spawn(follow(terminal, child, self.out.clone(), first, exited));
         Ok(json!({ "terminalId": id }))
+    }
+
+    /// The command `request` asks for, run in `cwd` with the agent's
+    /// environment, as the agent's user, with no capability but those its
+    /// profile keeps, and in its box.
+    fn command(
+        &self,
+        workspace: &Workspace,
+        request: &acp::CreateTerminalRequest,
+        cwd: &Path,
+    ) -> Result<tokio::process::Command, Refusal> {
+        let path = request
+            .env
+            .iter()
+            .find(|v| v.name == "PATH")
+            .map(|v| v.value.as_str())
+            .or_else(|| crate::process::spawn::path_of(&self.environment));
+        let program = if request.command.contains('/') {
+            // A path: the terminal's cwd is what a relative one is relative
+            // to, and whether it is there and runnable is for its start to
+            // say, with the agent's user's rights and in its box (not ours).
+            cwd.join(&request.command)
+        } else {
+            crate::sys::resolve_command(&request.command, path).map_err(|why| {
+                Refusal::invalid(format!("cannot run {:?}: {why}", request.command))
+            })?
+        };
+        let mut command = tokio::process::Command::new(program);
+        command
+            .args(&request.args)
+            .env_clear()
+            .envs(&self.environment)
+            .envs(request.env.iter().map(|v| (&v.name, &v.value)))
+            .current_dir(cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let user = workspace
+            .user
+            .as_ref()
+            .filter(|_| crate::sys::running_as_root());
+        crate::sandbox::capabilities::Shedding::new(workspace.capabilities, user, Some(cwd))
+            .map_err(|e| Refusal::invalid(format!("cannot run {:?}: {e}", request.command)))?
+            .on_child(&mut command);
+        if let Some(rules) = &workspace.sandbox {
+            crate::sandbox::landlock::Prepared::new(rules)
+                .map_err(|e| Refusal::invalid(format!("cannot box {:?}: {e}", request.command)))?
+                .confine_child(&mut command);
+        }
+        Ok(command)
     }
 
     /// `terminal/output`: what is kept, and how it ended if it has.
@@ -454,6 +376,101 @@ fn signal_name(signal: i32) -> String {
         other => return format!("signal {other}"),
     };
     name.to_owned()
+}
+
+/// Hands out a started terminal's output as it comes (`first` before it),
+/// then, once its command has ended and its pipes are drained, its exit.
+async fn follow(
+    terminal: Arc<Terminal>,
+    mut child: tokio::process::Child,
+    out: mpsc::Sender<TerminalOutput>,
+    first: TerminalOutput,
+    exited: watch::Sender<Option<ExitStatus>>,
+) {
+    let terminal_id = first.terminal_id.clone();
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let _ = out.send(first).await;
+    let piece = |output: String| TerminalOutput {
+        terminal_id: terminal_id.clone(),
+        output,
+        command: None,
+        cwd: None,
+        exit_status: None,
+    };
+    let (tx, mut pieces) = mpsc::channel::<String>(16);
+    let readers = [stdout.map(box_reader), stderr.map(box_reader)];
+    let readers: Vec<_> = readers
+        .into_iter()
+        .flatten()
+        .map(|reader| tokio::spawn(read_text(reader, tx.clone())))
+        .collect();
+    drop(tx);
+    let tree = terminal
+        .tree
+        .as_ref()
+        .expect("a running terminal has its tree");
+    let watched = tree.watches_exit();
+    let mut reaped = None;
+    let mut open = true;
+    loop {
+        tokio::select! {
+            text = pieces.recv(), if open => match text {
+                Some(text) => {
+                    terminal.keep(&text);
+                    let _ = out.send(piece(text)).await;
+                }
+                None => open = false,
+            },
+            () = tree.exited(), if watched => break,
+            status = child.wait(), if !watched => {
+                reaped = Some(status);
+                break;
+            }
+        }
+    }
+    // Ended: what it left running goes with it now, while its group
+    // is still its own (not reaped yet).
+    tree.kill_left();
+    // What it wrote last is still in the pipes; whatever it left
+    // that escaped must not hold its end back.
+    let deadline = tokio::time::Instant::now() + PIPES_AFTER_EXIT;
+    loop {
+        let text = match tokio::time::timeout_at(deadline, pieces.recv()).await {
+            Ok(Some(text)) => text,
+            Ok(None) => break,
+            Err(_) => {
+                tracing::debug!("a terminal's pipes stayed open after its command ended");
+                for reader in &readers {
+                    reader.abort();
+                }
+                match pieces.try_recv() {
+                    Ok(text) => text,
+                    Err(_) => break,
+                }
+            }
+        };
+        terminal.keep(&text);
+        let _ = out.send(piece(text)).await;
+    }
+    for reader in readers {
+        reader.abort();
+    }
+    let status = match reaped {
+        Some(status) => status,
+        None => child.wait().await,
+    };
+    tree.reaped();
+    let status = status.unwrap_or_else(|_| ExitStatus::from_raw(1 << 8));
+    // Handed out before the exit is known, so whoever waits for the
+    // exit finds every piece of output already handed out.
+    let _ = out
+        .send(TerminalOutput {
+            exit_status: Some(exit_status(status)),
+            ..piece(String::new())
+        })
+        .await;
+    let _ = exited.send(Some(status));
 }
 
 #[cfg(test)]
