@@ -14,7 +14,8 @@ use agent_client_protocol_schema::v1 as acp;
 
 use super::agent::{describe_exit, AgentProcess};
 use super::error::{Error, Result};
-use super::rpc::{AnswerHold, Inbox, Incoming, RpcError, RpcPeer};
+use super::incoming::Incoming;
+use super::rpc::{AnswerHold, Inbox, RpcError, RpcPeer};
 use crate::config::AgentProfile;
 use crate::model::AgentReport;
 

@@ -9,8 +9,9 @@ use uuid::Uuid;
 
 use crate::acp::agent::{AgentProcess, ShimSetup};
 use crate::acp::client::{AgentSession, Opened, Opening};
+use crate::acp::incoming::Incoming;
 use crate::acp::link::ShimControl;
-use crate::acp::rpc::{Inbox, Incoming, RpcConfig, RpcPeer};
+use crate::acp::rpc::{Inbox, RpcConfig, RpcPeer};
 use crate::config::AgentProfile;
 use crate::error::{Error, Result};
 use crate::model::{self, AgentReport, Conversation};

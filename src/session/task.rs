@@ -48,7 +48,8 @@ use super::spawn::{
 use super::transcript::Transcript;
 use crate::acp::agent::{AgentProcess, Cursor, ShimSetup};
 use crate::acp::client::{AgentSession, PromptCall, EXIT_AFTER_EOF};
-use crate::acp::rpc::{Inbox, Incoming, RpcError};
+use crate::acp::incoming::Incoming;
+use crate::acp::rpc::{Inbox, RpcError};
 use crate::config::{AgentProfile, ShutdownPlan};
 use crate::error::Result;
 use crate::model::{self, AgentReport, AgentState, AgentStatus, Conversation, ConversationStatus};

@@ -12,8 +12,8 @@ use super::shared::{Shared, INTERNAL_ERROR, METHOD_NOT_FOUND};
 
 /// How the layer above wants the messages the peer sends that are not responses: the
 /// reader routes responses to their callers itself and hands everything else on as one
-/// `Self` each, in arrival order. This is where the protocol on top (ACP, see
-/// [`Incoming`](super::Incoming)) plugs in; the connection itself knows no method names.
+/// `Self` each, in arrival order. This is where the protocol on top (ACP) plugs in; the
+/// connection itself knows no method names.
 pub trait Inbound: Send + Sized + 'static {
     /// The fast path for the commonest lines, tried on each line (without its `\r\n`)
     /// before any JSON tree is built, and borrowing it where it lies in the read buffer.

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::Task;
 use crate::acp::client::EXIT_AFTER_EOF;
-use crate::acp::rpc::Incoming;
+use crate::acp::incoming::Incoming;
 use crate::error::Result;
 use crate::session::served::Write;
 
