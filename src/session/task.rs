@@ -139,7 +139,7 @@ pub async fn start(
         on_shutdown,
         homes,
     } = params;
-    let profile = profile.for_user(conversation.owner.as_deref());
+    let profile = crate::sandbox::profile::for_user(&profile, conversation.owner.as_deref());
     let id = conversation.id;
     let span = tracing::info_span!(parent: None, "conversation", conversation_id = %id, agent = %profile.name);
     if !resume {
@@ -281,7 +281,7 @@ fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
     let user = agent_user(profile);
     let reachable = user.is_some() || profile.user.is_none();
     // Terminal commands get what the agent got (as its user, in its box).
-    let mut environment = profile.environment(user.as_ref());
+    let mut environment = crate::process::profile::environment(profile, user.as_ref());
     environment.extend(parts.place.variables());
     let served = Served::new(
         Workspace {

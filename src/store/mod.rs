@@ -13,23 +13,23 @@
 //! The store is the only place that runs SQL: what gateway nodes sharing a
 //! database keep there is [`cluster`] ([`ClusterStore`], reached through
 //! [`Store`]'s [`Clustered::cluster`], on the store's own pool); what a
-//! database URL names is read in `url.rs` ([`Backend::of`]). What was
+//! database URL names is read by the config ([`Backend::of`]). What was
 //! written before search existed is indexed in the background by
 //! [`search_backlog`].
 
-mod backend;
-pub mod cluster;
 mod cluster_pg;
-pub mod export;
-pub mod notify;
-pub mod postgres;
-mod rows;
-pub mod search_backlog;
-mod sql;
 pub mod sqlite;
+pub mod postgres;
+mod sql;
+pub mod export;
+pub mod search_backlog;
+mod rows;
+mod backend;
 pub mod tokens;
-mod url;
+pub mod notify;
+pub mod cluster;
 
+pub use crate::config::url::{redact_url, sqlite_file, Backend};
 pub use backend::{
     json_size, AgentLink, AgentProcessRecord, Batch, Bounded, ConversationPatch, Lane,
     PermissionFilter, PolicySet, Resolution, Store,
@@ -40,7 +40,6 @@ pub use notify::ActionToken;
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 pub use tokens::{TokenInfo, TokenStore};
-pub use url::{redact_url, sqlite_file, Backend};
 
 /// Opens the store a database URL names (`postgres://…` or `sqlite://PATH`),
 /// creating the database if needed and applying its migrations.
