@@ -563,7 +563,7 @@ fn from_json<T: serde::de::DeserializeOwned>(method: &str, value: Value) -> Resu
 fn is_history(msg: &Incoming) -> bool {
     let Incoming::Notification { method, params } = msg else {
         // A text chunk is a message chunk.
-        return matches!(msg, Incoming::TextChunk(_));
+        return matches!(msg, Incoming::Fast(_));
     };
     let kind = params
         .get("update")

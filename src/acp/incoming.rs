@@ -1,56 +1,23 @@
-//! What an agent sends us that is not a response, as the ACP layer reads it: the
-//! [`Incoming`] messages the session handles, and the [`Inbound`] hook that gives the
-//! connection its fast path for `session/update` text chunks (see [`super::chunk`]).
-
-use serde_json::Value;
+//! What an agent sends us that is not a response, as the ACP layer reads it:
+//! [`Incoming`], the JSON-RPC layer's message with ACP's fast path, a
+//! `session/update` notification that is one plain text chunk, read without
+//! building a JSON tree (see [`super::chunk`]).
 
 use super::chunk::{self, TextChunk};
-use super::rpc::{Inbound, IncomingRequest};
+use super::rpc::Inbound;
 
-/// A message the peer sent us that is not a response to one of our requests.
-#[derive(Debug)]
-pub enum Incoming {
-    /// A message with a `method` and no `id`; it gets no answer.
-    Notification {
-        /// The method name.
-        method: String,
-        /// The `params` as sent, or `Value::Null` if there were none.
-        params: Value,
-    },
-    /// A message with a `method` and an `id`; it must be answered through its
-    /// [`Responder`](super::rpc::Responder).
-    Request(IncomingRequest),
-    /// A `session/update` notification that is one plain text chunk, read
-    /// without building a JSON tree (see [`super::chunk`]).
-    TextChunk(TextChunk),
-}
+/// A message the agent sent that is not a response to one of our requests:
+/// a notification, a request (answered through its responder), or a plain
+/// text chunk ([`Incoming::Fast`]).
+pub type Incoming = super::rpc::Incoming<TextChunk>;
 
-impl Inbound for Incoming {
+impl Inbound for TextChunk {
     fn read_fast(line: &[u8]) -> Option<Self> {
-        chunk::parse_line(line).map(Incoming::TextChunk)
-    }
-
-    fn notification(method: String, params: Value) -> Self {
-        Incoming::Notification { method, params }
-    }
-
-    fn request(request: IncomingRequest) -> Self {
-        Incoming::Request(request)
-    }
-
-    fn into_request(self) -> Result<IncomingRequest, Self> {
-        match self {
-            Incoming::Request(request) => Ok(request),
-            other => Err(other),
-        }
+        chunk::parse_line(line)
     }
 
     fn method(&self) -> &str {
-        match self {
-            Incoming::Notification { method, .. } => method,
-            Incoming::Request(request) => &request.method,
-            Incoming::TextChunk(_) => chunk::METHOD,
-        }
+        chunk::METHOD
     }
 }
 
@@ -58,7 +25,7 @@ impl Inbound for Incoming {
 mod tests {
     use std::time::Duration;
 
-    use serde_json::json;
+    use serde_json::{json, Value};
     use tokio::io::AsyncWriteExt;
 
     use super::*;
@@ -69,7 +36,7 @@ mod tests {
         let (ours, mut agent) = tokio::io::duplex(64 * 1024);
         let (reader, writer) = tokio::io::split(ours);
         let (_peer, mut incoming) =
-            RpcPeer::spawn::<Incoming>(reader, writer, RpcConfig::default());
+            RpcPeer::spawn::<TextChunk>(reader, writer, RpcConfig::default());
         let update =
             |params: Value| json!({"jsonrpc": "2.0", "method": "session/update", "params": params});
         let chunk = |text: &str| {
@@ -92,7 +59,7 @@ mod tests {
         for text in ["a", "", "b"] {
             let next = tokio::time::timeout(Duration::from_secs(10), incoming.recv());
             match next.await.unwrap().unwrap() {
-                Incoming::TextChunk(c) if !text.is_empty() => {
+                Incoming::Fast(c) if !text.is_empty() => {
                     assert_eq!(c.text, text);
                     assert_eq!(c.session_id, "s");
                 }

@@ -3,9 +3,9 @@
 //! ACP agents speak JSON-RPC 2.0 on their stdio, one JSON message per line, and both sides
 //! send requests: we call `session/prompt`, the agent calls `session/request_permission`. This
 //! module turns an `AsyncRead`/`AsyncWrite` pair into an [`RpcPeer`] handle plus a stream of
-//! incoming messages, and knows nothing about ACP, its methods or its types: the messages are
-//! handed on through the [`Inbound`] hook, which the layer above implements (the ACP layer
-//! reads them with its fast path for text chunks), and what they mean is the session's.
+//! incoming messages ([`Incoming`]), and knows nothing about ACP, its methods or its types:
+//! the one thing the layer above adds is the fast path for its commonest lines, the
+//! [`Inbound`] hook (ACP's text chunks), and what the messages mean is the session's.
 //!
 //! # Design
 //!
@@ -63,7 +63,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::trace;
 
-pub use self::inbound::{Inbound, IncomingRequest, Responder};
+pub use self::inbound::{Inbound, Incoming, IncomingRequest, Responder};
 pub use self::inbox::Inbox;
 pub use self::shared::{Processed, RpcError, INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND};
 
@@ -135,7 +135,7 @@ impl fmt::Debug for RpcPeer {
 impl RpcPeer {
     /// Starts the reader and writer tasks over `reader` and `writer` (typically an agent's
     /// stdout and stdin) and returns the handle plus the channel of incoming notifications
-    /// and requests, in the order they arrived, each read as `I` says.
+    /// and requests, in the order they arrived, with what `I`'s fast path reads.
     ///
     /// The tasks end when the connection closes (see the module docs). Must be called from
     /// within a Tokio runtime.
@@ -143,7 +143,7 @@ impl RpcPeer {
         reader: impl AsyncRead + Unpin + Send + 'static,
         writer: impl AsyncWrite + Unpin + Send + 'static,
         config: RpcConfig,
-    ) -> (RpcPeer, Inbox<I>) {
+    ) -> (RpcPeer, Inbox<Incoming<I>>) {
         let (out_tx, out_rx) = mpsc::unbounded_channel();
         let (closed_tx, _) = watch::channel(None);
         let shared = Arc::new(Shared {

@@ -318,7 +318,7 @@ mod tests {
         let (ours, _theirs) = tokio::io::duplex(1024);
         let (reader, writer) = tokio::io::split(ours);
         let (peer, _incoming) =
-            RpcPeer::spawn::<crate::acp::incoming::Incoming>(reader, writer, RpcConfig::default());
+            RpcPeer::spawn::<crate::acp::chunk::TextChunk>(reader, writer, RpcConfig::default());
         let request = PermissionRequest {
             id: model::new_id(),
             conversation_id: model::new_id(),

@@ -16,52 +16,28 @@ use super::framing::{Line, LineReader};
 use super::routing::{classify, Message};
 use super::*;
 
-/// Messages as these tests read them: JSON-RPC with no protocol on top, and
-/// a fast path of their own (the lines of method `fast`, as `serde_json`
-/// writes them), so that the hook's [`Inbound::read_fast`] is tried too.
+/// What these tests' own fast path reads: the lines of method `fast`, as
+/// `serde_json` writes them (their `params`), so that the hook is tried too.
 #[derive(Debug)]
-enum Incoming {
-    Notification {
-        method: String,
-        params: Value,
-    },
-    Request(IncomingRequest),
-    /// A line the fast path read: its `params`.
-    Fast(Value),
-}
+struct Fast(Value);
 
 /// How a `fast` notification's line starts.
 const FAST: &[u8] = br#"{"jsonrpc":"2.0","method":"fast","params":"#;
 
-impl Inbound for Incoming {
+impl Inbound for Fast {
     fn read_fast(line: &[u8]) -> Option<Self> {
         let params = line.strip_prefix(FAST)?.strip_suffix(b"}")?;
-        serde_json::from_slice(params).ok().map(Incoming::Fast)
-    }
-
-    fn notification(method: String, params: Value) -> Self {
-        Incoming::Notification { method, params }
-    }
-
-    fn request(request: IncomingRequest) -> Self {
-        Incoming::Request(request)
-    }
-
-    fn into_request(self) -> Result<IncomingRequest, Self> {
-        match self {
-            Incoming::Request(request) => Ok(request),
-            other => Err(other),
-        }
+        serde_json::from_slice(params).ok().map(Fast)
     }
 
     fn method(&self) -> &str {
-        match self {
-            Incoming::Notification { method, .. } => method,
-            Incoming::Request(request) => &request.method,
-            Incoming::Fast(_) => "fast",
-        }
+        "fast"
     }
 }
+
+/// Messages as these tests read them: JSON-RPC with no protocol on top but
+/// their own fast path.
+type Incoming = super::Incoming<Fast>;
 
 /// Bounds every wait, so a broken test fails instead of hanging; never a measured delay.
 async fn within<F: std::future::Future>(future: F) -> F::Output {
@@ -138,7 +114,7 @@ async fn next_incoming(incoming: &mut Inbox<Incoming>) -> Incoming {
         .await
         .expect("incoming channel ended")
     {
-        Incoming::Fast(params) => Incoming::Notification {
+        Incoming::Fast(Fast(params)) => Incoming::Notification {
             method: "fast".into(),
             params,
         },
@@ -333,7 +309,7 @@ async fn what_the_fast_path_reads_comes_in_order_with_everything_else() {
     agent.send_raw(b"\n").await;
     for text in ["a", "", "b"] {
         match within(incoming.recv()).await.unwrap() {
-            Incoming::Fast(params) if !text.is_empty() => {
+            Incoming::Fast(Fast(params)) if !text.is_empty() => {
                 assert_eq!(params, json!({"text": text}));
             }
             Incoming::Notification { params, .. } if text.is_empty() => {
@@ -653,7 +629,7 @@ impl AsyncWrite for BrokenPipe {
 #[tokio::test]
 async fn a_failed_write_closes_the_connection() {
     let (ours, _theirs) = tokio::io::duplex(1024);
-    let (peer, mut incoming) = RpcPeer::spawn::<Incoming>(ours, BrokenPipe, RpcConfig::default());
+    let (peer, mut incoming) = RpcPeer::spawn::<Fast>(ours, BrokenPipe, RpcConfig::default());
     match within(peer.request("initialize", json!({}))).await {
         Err(RpcError::Closed(reason)) => assert!(reason.contains("write failed"), "{reason}"),
         other => panic!("expected Closed, got {other:?}"),

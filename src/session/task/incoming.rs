@@ -82,7 +82,7 @@ impl Task {
                 "$/cancel_request" => self.on_cancel_request(params).await?,
                 other => tracing::debug!(method = other, "ignoring notification"),
             },
-            Incoming::TextChunk(chunk) => {
+            Incoming::Fast(chunk) => {
                 let turn_id = self.turn_id();
                 self.transcript.text_chunk(&chunk, turn_id);
                 self.journal.text_chunk(&chunk, turn_id);
