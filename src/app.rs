@@ -418,7 +418,7 @@ fn check_sandboxes(config: &Config) {
         // installation, the profile's own paths (its home is beneath the
         // state, never above it).
         let home = crate::sandbox::Home::at(&state.join("homes"));
-        let rules = agent.box_rules(&cwd, &home, &state, false);
+        let rules = crate::sandbox::profile::rules(agent, &cwd, &home, &state, false);
         let mut granted = rules.read_only.iter().chain(&rules.read_write);
         if let Some(grant) = granted.find(|grant| state.starts_with(grant)) {
             tracing::warn!(agent = %agent.name, state_dir = %state.display(), granted = %grant.display(), "the gateway's state (database, shims, every user's home) is inside a path this profile's boxes grant, so its agents can reach it: set state_dir (or the database) elsewhere");

@@ -4,8 +4,14 @@
 //!
 //! Everything is validated when the gateway starts; every error names the key
 //! that is wrong (`agents[1].cwd: must be an absolute path`).
+//!
+//! Data and its checks only, below every part it configures (of the crate
+//! it uses only `model` and `sys`): what a setting does is the part's that
+//! reads it. [`profile`] is an agent profile (`[[agents]]`),
+//! [`url`] what a database URL names, `paths.rs` the data directory used
+//! when nothing says where.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -13,9 +19,12 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
+pub mod profile;
+pub mod url;
 mod paths;
+
 pub use paths::data_dir;
-use paths::{lexically_normal, real_location};
+pub use profile::AgentProfile;
 
 /// The default config file looked up in the working directory.
 pub const DEFAULT_CONFIG_FILE: &str = "acp-gateway.toml";
@@ -263,101 +272,6 @@ fn default_action_ttl() -> Duration {
     Duration::from_secs(3600)
 }
 
-/// How to start one kind of agent.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AgentProfile {
-    /// Unique name, `[a-z0-9_-]+`.
-    pub name: String,
-    /// Human readable name.
-    pub title: Option<String>,
-    /// Program to run (looked up in `PATH` unless it contains a `/`).
-    pub command: String,
-    #[serde(default)]
-    pub args: Vec<String>,
-    /// Variables set for the agent (and its terminal commands), on top of
-    /// the few it gets from the gateway's environment (`PATH`, `HOME`,
-    /// `LANG`, … see [`crate::process::spawn::ALLOWED`]).
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    /// Names of variables of the gateway's environment passed on to the
-    /// agent and its terminal commands as they are (e.g. an API key); none
-    /// other is.
-    #[serde(default)]
-    pub pass_env: Vec<String>,
-    /// Default working directory of its sessions (absolute).
-    pub cwd: Option<PathBuf>,
-    /// MCP servers passed in `session/new`, in ACP's `McpServer` shape
-    /// (checked when the config is loaded).
-    #[serde(default)]
-    pub mcp_servers: Vec<agent_client_protocol_schema::v1::McpServer>,
-    /// How long a permission request may wait for an answer (default: as
-    /// long as the agent waits).
-    #[serde(default, with = "humantime_serde")]
-    pub permission_timeout: Option<Duration>,
-    /// What a timed-out request is answered with: `reject` or `cancel`.
-    #[serde(default)]
-    pub on_timeout: crate::permissions::OnTimeout,
-    /// `ask` (policies decide, the rest asks), `read_only` or `trusted`.
-    #[serde(default)]
-    pub mode: crate::permissions::policy::Mode,
-    /// The (unprivileged) system user the agent runs as.
-    pub user: Option<String>,
-    /// Directories a conversation's cwd must be inside (empty: anywhere).
-    #[serde(default)]
-    pub allowed_roots: Vec<PathBuf>,
-    /// How long `initialize` and `session/new` may take each.
-    #[serde(default = "default_startup_timeout", with = "humantime_serde")]
-    pub startup_timeout: Duration,
-    /// How long an agent may sit with no turn running and no permission
-    /// pending before it is stopped (`0s`: never); the next prompt starts it
-    /// again.
-    #[serde(default = "default_idle_timeout", with = "humantime_serde")]
-    pub idle_timeout: Duration,
-    /// The ACP session mode a new session is put in (`session/set_mode`
-    /// after `session/new`), e.g. `plan`; not the permission `mode` above.
-    pub session_mode: Option<String>,
-    /// Session configuration options set after `session/new`
-    /// (`session/set_config_option`): option id → value (string or boolean).
-    #[serde(default)]
-    pub session_config: BTreeMap<String, serde_json::Value>,
-    /// The `authenticate` method used when the agent says it needs one.
-    pub auth_method: Option<String>,
-    /// Offer the agent `fs/read_text_file` and `fs/write_text_file`: files
-    /// inside the conversation's cwd, read and written by the gateway with
-    /// the agent's user's rights, each write published as `file_written`.
-    #[serde(default)]
-    pub client_fs: bool,
-    /// Offer the agent `terminal/*`: commands the gateway runs in the
-    /// conversation's cwd as the agent's user, under the operator's deny
-    /// policies, their output published as `terminal_output`.
-    #[serde(default)]
-    pub client_terminal: bool,
-    /// Each conversation's box (see [`crate::sandbox`]): `auto` (Landlock
-    /// where the kernel offers it), `required` (an agent never starts
-    /// unconfined) or `off`.
-    #[serde(default)]
-    pub sandbox: crate::sandbox::SandboxMode,
-    /// More paths its boxes may read and execute (absolute; `{user}` is the
-    /// conversation's owner).
-    #[serde(default)]
-    pub read_only_paths: Vec<PathBuf>,
-    /// More paths its boxes may read and write (absolute; `{user}` too).
-    #[serde(default)]
-    pub read_write_paths: Vec<PathBuf>,
-    /// The only TCP ports its agents may connect to (e.g. `[443]`), where
-    /// the kernel's Landlock can limit them (ABI 4); absent: any.
-    pub allowed_tcp_ports: Option<Vec<u16>>,
-    /// A directory each user's home for this profile is first made from
-    /// (credentials, settings), unless `sandbox = "off"`.
-    pub home_template: Option<PathBuf>,
-    /// The Linux capabilities its agents and their terminal commands keep
-    /// (e.g. `["CAP_NET_BIND_SERVICE"]`); every other is dropped, and by
-    /// default all are (see [`crate::sandbox::capabilities`]).
-    #[serde(default)]
-    pub capabilities: Vec<String>,
-}
-
 /// Requests per minute allowed: prompts and WebSocket connections per
 /// token, new conversations per user (each starts an agent process, and a
 /// user may hold many tokens).
@@ -441,9 +355,6 @@ fn default_max_page_bytes() -> usize {
 fn default_ws_buffer_bytes() -> usize {
     64 * 1024 * 1024
 }
-fn default_startup_timeout() -> Duration {
-    Duration::from_secs(60)
-}
 fn default_write_buffer_events() -> usize {
     10_000
 }
@@ -460,10 +371,6 @@ fn default_shim_buffer() -> usize {
 
 fn default_node_lease() -> Duration {
     Duration::from_secs(15)
-}
-
-fn default_idle_timeout() -> Duration {
-    Duration::from_secs(30 * 60)
 }
 
 impl Config {
@@ -559,7 +466,7 @@ impl Config {
             }
         }
         if let Some(url) = &self.database_url {
-            if crate::store::Backend::of(url).is_err() {
+            if url::Backend::of(url).is_err() {
                 match &self.database_url_file {
                     Some(file) => bail!(
                         "database_url_file: the URL in {} must start with postgres://, postgresql:// or sqlite://",
@@ -592,8 +499,7 @@ impl Config {
         if self.event_buffer == 0 {
             bail!("event_buffer: must be at least 1");
         }
-        crate::permissions::policy::Policies::compile(&self.policies)
-            .map_err(|e| anyhow::anyhow!(e))?;
+        crate::model::policy_input::check_rules(&self.policies).map_err(|e| anyhow::anyhow!(e))?;
         for (i, origin) in self.cors_origins.iter().enumerate() {
             if origin.parse::<axum::http::HeaderValue>().is_err() || !origin.contains("://") {
                 bail!(
@@ -664,82 +570,11 @@ impl Config {
         let mut names = HashSet::new();
         for (i, agent) in self.agents.iter().enumerate() {
             let key = format!("agents[{i}]");
-            if agent.name.is_empty()
-                || !agent
-                    .name
-                    .chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
-            {
-                bail!("{key}.name: {:?} must match [a-z0-9_-]+", agent.name);
-            }
+            agent.validate_name(&key)?;
             if !names.insert(agent.name.as_str()) {
                 bail!("{key}.name: {:?} is used by an earlier agent", agent.name);
             }
-            if agent.command.trim().is_empty() {
-                bail!("{key}.command: must not be empty");
-            }
-            if let Some(cwd) = &agent.cwd {
-                if !cwd.is_absolute() {
-                    bail!("{key}.cwd: {:?} must be an absolute path", cwd);
-                }
-            }
-            for (j, name) in agent.pass_env.iter().enumerate() {
-                if !is_variable_name(name) {
-                    bail!("{key}.pass_env[{j}]: {name:?} is not an environment variable name");
-                }
-            }
-            for (name, value) in &agent.env {
-                if !is_variable_name(name) {
-                    bail!("{key}.env: {name:?} is not an environment variable name");
-                }
-                if value.contains('\0') {
-                    bail!("{key}.env.{name}: must not contain a NUL character");
-                }
-            }
-            for (field, paths) in [
-                ("allowed_roots", &agent.allowed_roots),
-                ("read_only_paths", &agent.read_only_paths),
-                ("read_write_paths", &agent.read_write_paths),
-            ] {
-                for (j, path) in paths.iter().enumerate() {
-                    if !path.is_absolute() {
-                        bail!("{key}.{field}[{j}]: {path:?} must be an absolute path");
-                    }
-                }
-            }
-            if let Some(template) = &agent.home_template {
-                if !template.is_absolute() {
-                    bail!("{key}.home_template: {template:?} must be an absolute path");
-                }
-            }
-            if let Err((j, why)) = crate::sandbox::capabilities::CapSet::parse(&agent.capabilities)
-            {
-                bail!("{key}.capabilities[{j}]: {why}");
-            }
-            if let Some(ports) = &agent.allowed_tcp_ports {
-                if ports.contains(&0) {
-                    bail!("{key}.allowed_tcp_ports: 0 is not a port");
-                }
-            }
-            if let Some(user) = &agent.user {
-                crate::sys::lookup_user(user).map_err(|e| anyhow::anyhow!("{key}.user: {e}"))?;
-            }
-            if agent.permission_timeout.is_some_and(|t| t.is_zero()) {
-                bail!("{key}.permission_timeout: must be greater than zero");
-            }
-            if agent.startup_timeout.is_zero() {
-                bail!("{key}.startup_timeout: must be greater than zero");
-            }
-            for (id, value) in &agent.session_config {
-                if !(value.is_string() || value.is_boolean()) {
-                    bail!("{key}.session_config.{id}: must be a string or a boolean");
-                }
-            }
-            if agent.session_mode.as_deref().is_some_and(str::is_empty) {
-                bail!(
-                    "{key}.session_mode: must not be empty (leave it out for the agent's default)"
-                );
-            }
+            agent.validate(&key)?;
         }
         Ok(())
     }
@@ -787,7 +622,7 @@ impl Config {
         }
         let url = self.database_url();
         if url.starts_with("sqlite:") {
-            if let Ok(Some(file)) = crate::store::sqlite_file(&url) {
+            if let Ok(Some(file)) = url::sqlite_file(&url) {
                 if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
                     return dir.to_path_buf();
                 }
@@ -847,251 +682,6 @@ fn read_secret(file: &Path, key: &str) -> anyhow::Result<String> {
     Ok(secret.to_owned())
 }
 
-/// `[A-Za-z_][A-Za-z0-9_]*`: what a shell accepts as a variable name.
-fn is_variable_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
-impl AgentProfile {
-    /// The environment its agents (and their terminal commands) start with
-    /// when they run as `user` (`None`: the gateway's own): see
-    /// [`crate::process::spawn::environment`].
-    pub fn environment(
-        &self,
-        user: Option<&crate::sys::SystemUser>,
-    ) -> crate::process::spawn::Environment {
-        crate::process::spawn::environment(&self.env, &self.pass_env, user)
-    }
-
-    /// The scripted demo agent built into this executable
-    /// (`acp-gateway demo-agent`), so a gateway is useful with no setup.
-    pub fn builtin_demo() -> anyhow::Result<AgentProfile> {
-        let exe = std::env::current_exe().context("Failed to find the gateway's own executable")?;
-        Ok(AgentProfile {
-            name: "demo".into(),
-            title: Some("Demo agent".into()),
-            command: exe.to_string_lossy().into_owned(),
-            args: vec!["demo-agent".into(), "--chunk-delay-ms".into(), "40".into()],
-            env: BTreeMap::new(),
-            pass_env: Vec::new(),
-            cwd: None,
-            mcp_servers: Vec::new(),
-            permission_timeout: None,
-            on_timeout: Default::default(),
-            mode: Default::default(),
-            user: None,
-            allowed_roots: Vec::new(),
-            startup_timeout: default_startup_timeout(),
-            idle_timeout: default_idle_timeout(),
-            session_mode: None,
-            session_config: BTreeMap::new(),
-            auth_method: None,
-            client_fs: false,
-            client_terminal: false,
-            sandbox: Default::default(),
-            read_only_paths: Vec::new(),
-            read_write_paths: Vec::new(),
-            allowed_tcp_ports: None,
-            home_template: None,
-            capabilities: Vec::new(),
-        })
-    }
-
-    /// The capabilities its agents keep (validated with the config: an
-    /// unknown name keeps nothing).
-    pub fn kept_capabilities(&self) -> crate::sandbox::capabilities::CapSet {
-        crate::sandbox::capabilities::CapSet::parse(&self.capabilities).unwrap_or_default()
-    }
-
-    /// The rules of its agent's box in `cwd` with `home` (see
-    /// [`crate::sandbox::Rules::for_conversation`]): with its command's
-    /// installation, and where the command is an interpreter its scripts'
-    /// (see [`crate::sandbox::scripts`]), none of which may hold or lie in
-    /// `state_dir`. TCP ports are limited where `limit_tcp`.
-    pub fn box_rules(
-        &self,
-        cwd: &Path,
-        home: &crate::sandbox::Home,
-        state_dir: &Path,
-        limit_tcp: bool,
-    ) -> crate::sandbox::Rules {
-        use crate::sandbox::{scripts, Inputs, Rules};
-        let user = self
-            .user
-            .as_deref()
-            .and_then(|name| crate::sys::lookup_user(name).ok());
-        let environment = self.environment(user.as_ref());
-        let path = crate::process::spawn::path_of(&environment);
-        let program = crate::sys::resolve_command(&self.command, path).ok();
-        let state = std::path::absolute(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
-        let state = std::fs::canonicalize(&state).unwrap_or(state);
-        let scripts = program
-            .as_deref()
-            .map(|program| scripts::installations(program, &self.args, &[state.as_path()]))
-            .unwrap_or_default();
-        Rules::for_conversation(&Inputs {
-            cwd,
-            home,
-            program: program.as_deref(),
-            scripts: &scripts,
-            read_only_paths: &self.read_only_paths,
-            read_write_paths: &self.read_write_paths,
-            allowed_tcp_ports: self.allowed_tcp_ports.as_deref().filter(|_| limit_tcp),
-        })
-    }
-
-    /// Whether this profile runs the demo agent built into this executable
-    /// (`acp-gateway demo-agent`): the gateway's own code, not an agent an
-    /// operator brought.
-    pub fn is_builtin_demo(&self) -> bool {
-        self.args.first().is_some_and(|arg| arg == "demo-agent")
-            && std::env::current_exe().is_ok_and(|exe| Path::new(&self.command) == exe)
-    }
-
-    /// This profile as `user`'s conversations get it: each `{user}` in its
-    /// `cwd`, `allowed_roots`, `read_only_paths` and `read_write_paths` is
-    /// the user's name (see [`crate::sandbox::homes::with_user`]).
-    pub fn for_user(&self, user: Option<&str>) -> AgentProfile {
-        use crate::sandbox::homes::with_user;
-        let each = |paths: &[PathBuf]| paths.iter().map(|p| with_user(p, user)).collect();
-        AgentProfile {
-            cwd: self.cwd.as_deref().map(|cwd| with_user(cwd, user)),
-            allowed_roots: each(&self.allowed_roots),
-            read_only_paths: each(&self.read_only_paths),
-            read_write_paths: each(&self.read_write_paths),
-            ..self.clone()
-        }
-    }
-
-    /// The directory a conversation of `user`'s with this profile runs in:
-    /// the one asked for, else the profile's, else the gateway's own;
-    /// absolute, inside the `allowed_roots` (403 otherwise, whether it is
-    /// there or not), an existing directory (404 otherwise), and resolved
-    /// (`..` by name, then symlinks), so the agent gets it as it really
-    /// is. A profile's `cwd` with `{user}` in it is the user's own, made
-    /// (for the agent's user alone) when it is first needed. The policy dry
-    /// run resolves its `cwd` the same way.
-    pub fn conversation_cwd(
-        &self,
-        requested: Option<&str>,
-        user: Option<&str>,
-    ) -> crate::error::Result<PathBuf> {
-        if let Some(requested) = requested {
-            crate::limits::path("cwd", requested, crate::limits::CWD_MAX_CHARS)?;
-        }
-        let own = self.for_user(user);
-        let asked = match requested.map(PathBuf::from).or_else(|| own.cwd.clone()) {
-            Some(cwd) => cwd,
-            None => std::env::current_dir().map_err(anyhow::Error::from)?,
-        };
-        if !asked.is_absolute() {
-            return Err(crate::error::Error::Unprocessable(format!(
-                "cwd {asked:?} must be an absolute path"
-            )));
-        }
-        // `..` by name, before anything is looked at: where the path leads
-        // then depends on nothing outside the roots.
-        let cwd = lexically_normal(&asked);
-        let users_own = requested.is_none()
-            && self
-                .cwd
-                .as_deref()
-                .is_some_and(|c| c.to_string_lossy().contains("{user}"));
-        if users_own && !cwd.exists() {
-            own.make_users_workspace(&cwd)?;
-        }
-        // Outside the allowed roots, whether a directory exists is none of the
-        // caller's business: checked first, and one answer for both. Inside,
-        // nothing there (or a file) is 404.
-        own.check_allowed_root(&cwd, &asked)?;
-        if !cwd.is_dir() {
-            return Err(crate::error::Error::NotFound(format!(
-                "cwd {asked:?} is not a directory"
-            )));
-        }
-        Ok(std::fs::canonicalize(&cwd).map_err(anyhow::Error::from)?)
-    }
-
-    /// A user's own workspace (the profile's `cwd` with `{user}`): made in
-    /// its parent, which the operator made, for the agent's user alone.
-    fn make_users_workspace(&self, dir: &Path) -> crate::error::Result<()> {
-        use std::os::unix::fs::DirBuilderExt;
-        let failed = |e: std::io::Error| {
-            crate::error::Error::Unprocessable(format!("cannot make the workspace {dir:?}: {e}"))
-        };
-        match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
-            Err(e) => return Err(failed(e)),
-        }
-        let owner = self
-            .user
-            .as_deref()
-            .and_then(|name| crate::sys::lookup_user(name).ok())
-            .filter(|_| crate::sys::running_as_root());
-        if let Some(owner) = owner {
-            std::os::unix::fs::chown(dir, Some(owner.uid), Some(owner.gid)).map_err(failed)?;
-        }
-        Ok(())
-    }
-
-    /// `allowed_roots`: where the cwd (lexically normal) leads, whether it
-    /// is there or not ([`real_location`]), must be inside one of them.
-    /// `asked` is the cwd as the caller wrote it, for the answer.
-    fn check_allowed_root(&self, cwd: &Path, asked: &Path) -> crate::error::Result<()> {
-        if self.allowed_roots.is_empty() {
-            return Ok(());
-        }
-        let inside = real_location(cwd).is_some_and(|real| {
-            self.allowed_roots
-                .iter()
-                .any(|root| std::fs::canonicalize(root).is_ok_and(|root| real.starts_with(root)))
-        });
-        if inside {
-            Ok(())
-        } else {
-            Err(crate::error::Error::Forbidden(format!(
-                "cwd {asked:?} is outside the agent's allowed_roots"
-            )))
-        }
-    }
-
-    /// Why the command cannot be run, or `None` if it looks runnable (by
-    /// the profile's `user`, when it names one): the program, and the
-    /// interpreter of a script (see [`crate::sys::runnable_by`]).
-    pub fn unavailable_reason(&self) -> Option<String> {
-        let user = match self.user.as_deref().map(crate::sys::lookup_user) {
-            Some(Ok(user)) => Some(user),
-            Some(Err(reason)) => return Some(reason),
-            None => None,
-        };
-        let environment = self.environment(user.as_ref());
-        let path = crate::process::spawn::path_of(&environment);
-        let program = match crate::sys::resolve_command(&self.command, path) {
-            Ok(program) => program,
-            Err(reason) => return Some(reason),
-        };
-        if let Err(reason) = crate::sys::runnable_by(&program, user.as_ref(), path) {
-            return Some(reason);
-        }
-        let kept = self.kept_capabilities();
-        let missing = match crate::sandbox::capabilities::CapSet::held() {
-            Ok(held) => kept.without(held),
-            Err(_) => kept,
-        };
-        (!missing.is_empty()).then(|| {
-            format!(
-                "its agents keep {} but the gateway does not hold it",
-                missing.names().join(", ")
-            )
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1141,11 +731,7 @@ startup_timeout = "5s"
             config.agents[0].permission_timeout,
             Some(Duration::from_secs(300))
         );
-        assert_eq!(
-            config.agents[0].on_timeout,
-            crate::permissions::OnTimeout::Cancel
-        );
-        assert!(config.agent("demo").unwrap().unavailable_reason().is_none());
+        assert_eq!(config.agents[0].on_timeout, profile::OnTimeout::Cancel);
         let mut with_default = config.clone();
         with_default.agent_user = Some("nobody".into());
         assert_eq!(
@@ -1391,13 +977,5 @@ startup_timeout = "5s"
         let text = format!("{GOOD}\n[[agents]]\nname = \"demo\"\ncommand = \"sh\"\n");
         let err = Config::parse(&text).unwrap().validate().unwrap_err();
         assert!(err.to_string().starts_with("agents[1].name"), "{err}");
-    }
-
-    #[test]
-    fn missing_commands_are_reported_unavailable() {
-        let mut config = Config::parse(GOOD).unwrap();
-        config.agents[0].command = "definitely-not-a-command-xyz".into();
-        let reason = config.agents[0].unavailable_reason().unwrap();
-        assert!(reason.contains("not found"), "{reason}");
     }
 }

@@ -1,9 +1,49 @@
 //! What the gateway asks of the operating system: finding an executable the
 //! way a shell would (and whether a user can run it, interpreter included),
 //! looking up the user an agent runs as, whether we are root, keeping other
-//! processes out of ours, and how the allocator returns memory.
+//! processes out of ours, and how the allocator returns memory; where the
+//! system keeps its programs ([`SYSTEM`], [`KERNEL_VIEWS`], a program's
+//! [`installation_of`]); Linux capabilities ([`capabilities`]).
+
+pub mod capabilities;
 
 use std::path::{Path, PathBuf};
+
+/// The system's own directories: its programs, libraries and settings
+/// (every box may read and run them).
+pub const SYSTEM: &[&str] = &[
+    "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/opt",
+];
+/// What programs read of themselves and of the machine (`/proc/self`, the
+/// CPU count, cgroup limits); another box's processes stay out of reach
+/// there too (Landlock forbids tracing them, and so reading their memory
+/// and environment).
+pub const KERNEL_VIEWS: &[&str] = &["/proc", "/sys"];
+/// Where a program is installed, as far as its path tells: its directory
+/// and, when that is a `bin`, the prefix above it (`/opt/x/bin/x` needs
+/// `/opt/x/lib`; `node_modules/.bin/x` needs `node_modules`). A symlinked
+/// program (`node_modules/.bin`, a virtualenv's `python`) counts at both
+/// ends: it is named here as given and as it resolves.
+pub fn installation_of(program: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut add = |program: &Path| {
+        let Some(dir) = program.parent().filter(|d| d != &Path::new("/")) else {
+            return;
+        };
+        let bin = dir.file_name().is_some_and(|n| n == "bin" || n == ".bin");
+        match dir.parent().filter(|p| bin && p != &Path::new("/")) {
+            Some(prefix) => found.push(prefix.to_path_buf()),
+            None => found.push(dir.to_path_buf()),
+        }
+    };
+    add(program);
+    if let Ok(real) = std::fs::canonicalize(program) {
+        if real != program {
+            add(&real);
+        }
+    }
+    found
+}
 
 /// Finds the executable a command names, the way a shell would.
 pub fn resolve_command(command: &str, path_override: Option<&str>) -> Result<PathBuf, String> {
@@ -505,6 +545,26 @@ pub fn nobody_if_root() -> Option<SystemUser> {
 mod tests {
     use super::*;
     use std::os::unix::fs::{symlink, PermissionsExt};
+
+    #[test]
+    fn a_programs_installation_is_its_directory_or_the_prefix_of_its_bin() {
+        assert_eq!(
+            installation_of(Path::new("/nonexistent/x/bin/agent")),
+            [PathBuf::from("/nonexistent/x")]
+        );
+        assert_eq!(
+            installation_of(Path::new("/nonexistent/app/node_modules/.bin/agent")),
+            [PathBuf::from("/nonexistent/app/node_modules")]
+        );
+        assert_eq!(
+            installation_of(Path::new("/nonexistent/tools/agent.sh")),
+            [PathBuf::from("/nonexistent/tools")]
+        );
+        // Never the whole file system.
+        assert!(installation_of(Path::new("/bin/sh"))
+            .iter()
+            .all(|p| p != Path::new("/")));
+    }
 
     fn mode(path: &Path, mode: u32) {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();

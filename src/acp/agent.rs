@@ -163,7 +163,7 @@ pub struct AgentPipes {
 
 impl AgentProcess {
     /// Starts the profile's command in `cwd`, as the profile's user, with
-    /// the profile's environment (see [`AgentProfile::environment`]) and in
+    /// the profile's environment (see [`crate::process::profile::environment`]) and in
     /// its conversation's box (`place`: its home, and the rules the agent is
     /// confined by between fork and exec, by the shim where it has one);
     /// under a shim where `shim` says how.
@@ -183,7 +183,7 @@ impl AgentProcess {
             ),
             None => None,
         };
-        let mut environment = profile.environment(user.as_ref());
+        let mut environment = crate::process::profile::environment(profile, user.as_ref());
         environment.extend(place.variables());
         let path = crate::process::spawn::path_of(&environment);
         let cannot_start =

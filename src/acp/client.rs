@@ -14,7 +14,8 @@ use agent_client_protocol_schema::v1 as acp;
 
 use super::agent::{describe_exit, AgentProcess};
 use super::error::{Error, Result};
-use super::rpc::{AnswerHold, Inbox, Incoming, RpcError, RpcPeer};
+use super::incoming::Incoming;
+use super::rpc::{AnswerHold, Inbox, RpcError, RpcPeer};
 use crate::config::AgentProfile;
 use crate::model::AgentReport;
 
@@ -562,7 +563,7 @@ fn from_json<T: serde::de::DeserializeOwned>(method: &str, value: Value) -> Resu
 fn is_history(msg: &Incoming) -> bool {
     let Incoming::Notification { method, params } = msg else {
         // A text chunk is a message chunk.
-        return matches!(msg, Incoming::TextChunk(_));
+        return matches!(msg, Incoming::Fast(_));
     };
     let kind = params
         .get("update")

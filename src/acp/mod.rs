@@ -6,13 +6,13 @@
 //! protocol layer's own [`Error`]. [`lazy_buf`] is the read buffer both
 //! ends of an agent's byte streams hold only while something is read.
 
-pub mod agent;
-pub mod chunk;
 pub mod client;
-pub mod error;
 pub mod incoming;
-pub mod lazy_buf;
-pub mod link;
+pub mod agent;
 pub mod rpc;
+pub mod link;
+pub mod chunk;
+pub mod lazy_buf;
+pub mod error;
 
 pub use error::{Error, Result};

@@ -3,10 +3,9 @@
 //! ACP agents speak JSON-RPC 2.0 on their stdio, one JSON message per line, and both sides
 //! send requests: we call `session/prompt`, the agent calls `session/request_permission`. This
 //! module turns an `AsyncRead`/`AsyncWrite` pair into an [`RpcPeer`] handle plus a stream of
-//! incoming messages, and knows nothing about ACP methods: the messages are handed on through
-//! the [`Inbound`] hook, which the ACP layer fills in ([`Incoming`], with its fast path for
-//! text chunks, see [`super::incoming`]; [`RpcPeer::spawn`] uses it), and what they mean is
-//! the session's.
+//! incoming messages ([`Incoming`]), and knows nothing about ACP, its methods or its types:
+//! the one thing the layer above adds is the fast path for its commonest lines, the
+//! [`Inbound`] hook (ACP's text chunks), and what the messages mean is the session's.
 //!
 //! # Design
 //!
@@ -46,10 +45,10 @@
 //! writer shuts its side down so the agent sees end of input), the incoming channel ends
 //! after the messages already queued, and [`RpcPeer::closed`] resolves.
 
-mod framing;
-pub(super) mod inbound;
-mod inbox;
 mod routing;
+mod inbound;
+mod framing;
+mod inbox;
 mod shared;
 #[cfg(test)]
 mod tests;
@@ -64,12 +63,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::trace;
 
-pub use self::inbound::{Inbound, IncomingRequest, Responder};
+pub use self::inbound::{Inbound, Incoming, IncomingRequest, Responder};
 pub use self::inbox::Inbox;
 pub use self::shared::{Processed, RpcError, INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND};
-/// The ACP reading of incoming messages, the one [`RpcPeer::spawn`] gives (re-exported: the
-/// channel's item type is looked for here).
-pub use super::incoming::Incoming;
 
 use self::framing::{encode, write_loop, LineReader, OutMessage};
 use self::routing::read_loop;
@@ -139,25 +135,15 @@ impl fmt::Debug for RpcPeer {
 impl RpcPeer {
     /// Starts the reader and writer tasks over `reader` and `writer` (typically an agent's
     /// stdout and stdin) and returns the handle plus the channel of incoming notifications
-    /// and requests, in the order they arrived, read as ACP messages ([`Incoming`]).
+    /// and requests, in the order they arrived, with what `I`'s fast path reads.
     ///
     /// The tasks end when the connection closes (see the module docs). Must be called from
     /// within a Tokio runtime.
-    pub fn spawn<R, W>(reader: R, writer: W, config: RpcConfig) -> (RpcPeer, Inbox<Incoming>)
-    where
-        R: AsyncRead + Unpin + Send + 'static,
-        W: AsyncWrite + Unpin + Send + 'static,
-    {
-        Self::spawn_with(reader, writer, config)
-    }
-
-    /// [`RpcPeer::spawn`] with incoming messages read as `I` says.
-    pub fn spawn_with<I, R, W>(reader: R, writer: W, config: RpcConfig) -> (RpcPeer, Inbox<I>)
-    where
-        I: Inbound,
-        R: AsyncRead + Unpin + Send + 'static,
-        W: AsyncWrite + Unpin + Send + 'static,
-    {
+    pub fn spawn<I: Inbound>(
+        reader: impl AsyncRead + Unpin + Send + 'static,
+        writer: impl AsyncWrite + Unpin + Send + 'static,
+        config: RpcConfig,
+    ) -> (RpcPeer, Inbox<Incoming<I>>) {
         let (out_tx, out_rx) = mpsc::unbounded_channel();
         let (closed_tx, _) = watch::channel(None);
         let shared = Arc::new(Shared {

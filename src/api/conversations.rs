@@ -27,6 +27,7 @@ use crate::model::{
     FileChange, Message, Page, Rule, ToolCall,
 };
 use crate::session::Setting;
+use crate::workspace::cwd::conversation_cwd;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -71,7 +72,7 @@ pub(super) fn agent_schema() -> utoipa::openapi::schema::Object {
         .build()
 }
 
-/// A request's conversation directory, as [`crate::config::AgentProfile::conversation_cwd`]
+/// A request's conversation directory, as [`crate::workspace::cwd::conversation_cwd`]
 /// takes it ([`limits::path`]).
 pub(super) fn cwd_schema() -> utoipa::openapi::schema::Object {
     use utoipa::openapi::schema::{SchemaType, Type};
@@ -115,7 +116,7 @@ async fn create(
         .config()
         .agent(&body.agent)
         .ok_or_else(|| Error::NotFound(format!("no agent named {:?}", body.agent)))?;
-    let cwd = profile.conversation_cwd(body.cwd.as_deref(), Some(&caller.user))?;
+    let cwd = conversation_cwd(&profile, body.cwd.as_deref(), Some(&caller.user))?;
     // Counted once the request would start an agent.
     state.auth().check_rate(&caller, Limited::Conversation)?;
     let now = model::now();

@@ -1,22 +1,22 @@
 //! The HTTP API: one router per resource, merged in [`router`]. The contract
 //! is `docs/api.md`; `openapi/openapi.yaml` describes it exactly.
 
+mod policies;
+mod ws;
+mod conversations;
+mod tokens;
+mod notifications;
+mod search;
+mod permissions;
 mod actions;
+mod extract;
+mod state;
+pub mod openapi;
+mod responses;
+mod page;
+pub mod yaml11;
 mod body;
 mod budget;
-mod conversations;
-mod extract;
-mod notifications;
-pub mod openapi;
-mod page;
-mod permissions;
-mod policies;
-mod responses;
-mod search;
-mod state;
-mod tokens;
-mod ws;
-pub mod yaml11;
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
@@ -235,14 +235,15 @@ async fn list_agents(Authed { state, .. }: Authed) -> Json<Page<Agent>> {
                 crate::sandbox::landlock::kernel_abi(),
             );
             // As a conversation's box, its own parts named.
-            let rules = a.box_rules(
+            let rules = crate::sandbox::profile::rules(
+                &a,
                 std::path::Path::new("{cwd}"),
                 &crate::sandbox::Home::at(std::path::Path::new("{home}")),
                 &config.state_dir(),
                 sandbox.tcp_ports_enforced == Some(true),
             );
             let sandbox = sandbox.granting(&rules);
-            let reason = a.unavailable_reason().or(refused);
+            let reason = crate::process::profile::unavailable_reason(&a).or(refused);
             Agent {
                 capabilities: a
                     .kept_capabilities()

@@ -19,6 +19,7 @@ use crate::model::{self, Action, PolicyRule};
 use crate::permissions::policy::input;
 use crate::permissions::policy::{tool_paths, Facts, Policies, Refused};
 use crate::store::PolicySet;
+use crate::workspace::cwd::conversation_cwd;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -234,7 +235,7 @@ async fn evaluate(
         ));
     }
     // Resolved as for a new conversation, so the two agree on paths.
-    let cwd = profile.conversation_cwd(body.cwd.as_deref(), Some(&caller.user))?;
+    let cwd = conversation_cwd(&profile, body.cwd.as_deref(), Some(&caller.user))?;
     let remembered = match body.conversation_id {
         Some(id) => {
             state.visible_conversation(&caller, id).await?;

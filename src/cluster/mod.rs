@@ -30,11 +30,11 @@
 //! by the node. What the nodes share is read and written through
 //! [`crate::store::cluster`].
 
-mod claims;
-mod commands;
-pub mod lock;
-mod relay;
 mod run;
+mod commands;
+mod claims;
+mod relay;
+pub mod lock;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

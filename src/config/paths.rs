@@ -1,6 +1,4 @@
-//! Paths the configuration works out: where the state goes when nothing
-//! says where ([`data_dir`]), and where a `cwd` a client asks for leads
-//! ([`lexically_normal`], [`real_location`]), whether it is there or not.
+//! Where the state goes when nothing says where ([`data_dir`]).
 
 use std::path::{Path, PathBuf};
 
@@ -25,13 +23,13 @@ pub fn data_dir() -> PathBuf {
             // directories, or this executable's installation (a gateway in
             // ~/.local/bin gets ~/.local).
             let exe = std::env::current_exe().ok();
-            let granted: Vec<PathBuf> = crate::sandbox::SYSTEM
+            let granted: Vec<PathBuf> = crate::sys::SYSTEM
                 .iter()
-                .chain(crate::sandbox::KERNEL_VIEWS)
+                .chain(crate::sys::KERNEL_VIEWS)
                 .map(PathBuf::from)
                 .chain(
                     exe.iter()
-                        .flat_map(|exe| crate::sandbox::installation_of(exe)),
+                        .flat_map(|exe| crate::sys::installation_of(exe)),
                 )
                 .collect();
             data_dir_from(
@@ -66,38 +64,4 @@ pub(super) fn data_dir_from(
     .map(|base| base.join("acp-gateway"))
     .find(|dir| usable(dir))
     .unwrap_or_else(|| PathBuf::from("data"))
-}
-
-/// `path` (absolute) with `.` and `..` taken away by name, as `cd -L` does:
-/// `/a/link/../b` is `/a/b` whatever `link` is.
-pub(super) fn lexically_normal(path: &Path) -> PathBuf {
-    let mut normal = PathBuf::new();
-    for part in path.components() {
-        match part {
-            std::path::Component::CurDir => {}
-            std::path::Component::ParentDir => {
-                normal.pop();
-            }
-            other => normal.push(other),
-        }
-    }
-    normal
-}
-
-/// Where `path` (absolute, lexically normal) leads, whether it is there or
-/// not: its longest leading part that is there, with symlinks resolved, then
-/// the rest as named. `None` where a part that is there cannot be resolved
-/// (a dangling or looping symlink): it is not known to lead anywhere.
-pub(super) fn real_location(path: &Path) -> Option<PathBuf> {
-    let mut there = path;
-    while there.symlink_metadata().is_err() {
-        there = there.parent()?;
-    }
-    let real = std::fs::canonicalize(there).ok()?;
-    let rest = path.strip_prefix(there).ok()?;
-    Some(if rest.as_os_str().is_empty() {
-        real
-    } else {
-        real.join(rest)
-    })
 }

@@ -109,8 +109,8 @@ macro_rules! log {
     };
 }
 
-mod options;
 mod protocol;
+mod options;
 mod scenarios;
 mod wire;
 

@@ -1,19 +1,21 @@
 //! The gateway's own objects as the API reference (`docs/api.md`) names
 //! them, one file per job: [`conversation`] (a conversation, its messages
 //! and tool calls), [`permission`] (requests, answers, rules, roles,
-//! policies), [`agent_report`] (what the agent reported about its
-//! session), [`event`] (the event log) and [`stamp`] (new ids, the time
-//! now). ACP objects inside them (updates, tool calls, content blocks,
-//! permission options) are kept as raw JSON, verbatim. Everything is
-//! re-exported here, as `crate::model::X`; the files import each other,
-//! never this one.
+//! policies), [`policy_input`] (what a policy rule may say, as the API and
+//! the config file take it), [`agent_report`] (what the agent reported
+//! about its session), [`event`] (the event log) and [`stamp`] (new ids,
+//! the time now). ACP objects inside them (updates, tool calls, content
+//! blocks, permission options) are kept as raw JSON, verbatim. Everything but
+//! [`policy_input`] is re-exported here, as `crate::model::X`; the files
+//! import each other, never this one.
 
 use serde::Serialize;
 
-pub mod agent_report;
-pub mod conversation;
 pub mod event;
+pub mod policy_input;
+pub mod conversation;
 pub mod permission;
+pub mod agent_report;
 pub mod stamp;
 
 pub use agent_report::*;

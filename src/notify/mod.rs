@@ -19,20 +19,20 @@
 //! This file holds only what those parts share: the body every channel
 //! carries, and the hand-over from the rules to the outbox.
 
+pub mod outbox;
 pub mod actions;
 pub mod fcm;
-pub mod fit;
-pub mod guard;
-pub mod http;
 pub mod notifier;
 pub mod ntfy;
-pub mod outbox;
-pub mod presence;
+pub mod webhook;
+pub mod guard;
+pub mod web_push;
+pub mod fit;
+pub mod http;
 pub mod render;
 pub mod rules;
+pub mod presence;
 pub mod vapid;
-pub mod web_push;
-pub mod webhook;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

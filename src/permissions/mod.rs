@@ -8,7 +8,6 @@ pub mod shell;
 
 use std::sync::{Arc, RwLock};
 
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
@@ -16,6 +15,7 @@ use crate::model::{Answer, PermissionRequest, PermissionStatus, PolicyRule};
 use crate::store::Store;
 use policy::{Action, Policies, Verdict};
 
+pub use crate::config::profile::OnTimeout;
 pub use policy::{keys_to_remember, ToolKey};
 
 /// Checks an answer against a request: the option must be one it offers
@@ -71,17 +71,6 @@ pub fn answer_without_agent(
         ));
     }
     answer_resolved(request, answer)
-}
-
-/// What a profile's `permission_timeout` answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnTimeout {
-    /// The request's `reject_once` option, or the cancelled outcome if it has none.
-    #[default]
-    Reject,
-    /// The cancelled outcome.
-    Cancel,
 }
 
 /// The answer a timed-out request gets.

@@ -28,7 +28,7 @@
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -36,22 +36,9 @@ use super::shell;
 use crate::model::{PolicyRule, RateLimit, Rule};
 use crate::ratelimit::SlidingWindow;
 
+pub use crate::config::profile::Mode;
+pub use crate::model::policy_input::{self as input, Refused};
 pub use crate::model::Action;
-
-pub mod input;
-
-/// A profile's shortcut over the rules.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Mode {
-    /// The rules decide; what they do not cover asks a person.
-    #[default]
-    Ask,
-    /// Every edit, delete, move and execute is denied.
-    ReadOnly,
-    /// Everything a rule does not deny is allowed.
-    Trusted,
-}
 
 /// A rule with its regexes compiled.
 #[derive(Debug, Clone)]
@@ -66,41 +53,11 @@ pub struct Policies {
     rules: Vec<Compiled>,
 }
 
-/// Why a list of rules is refused; the message names the rule and the field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refused {
-    /// A rule says what the API does not take (422).
-    #[error("{0}")]
-    Invalid(String),
-    /// A name used by an earlier rule (409 `duplicate_name`): each rule is
-    /// valid, the list is not, and no JSON Schema can say so.
-    #[error("{0}")]
-    DuplicateName(String),
-}
-
 impl Policies {
     /// Checks rules as the API and the config file take them (what the
-    /// OpenAPI document states, see [`input`]) and compiles them. A repeated
-    /// name is reported only for a list that is otherwise valid.
+    /// OpenAPI document states, see [`input`]) and compiles them.
     pub fn compile(rules: &[PolicyRule]) -> Result<Policies, Refused> {
-        if rules.len() > crate::limits::POLICY_MAX_RULES {
-            return Err(Refused::Invalid(format!(
-                "policies: at most {} rules",
-                crate::limits::POLICY_MAX_RULES
-            )));
-        }
-        let mut names = std::collections::HashSet::new();
-        let mut repeated = None;
-        for (i, rule) in rules.iter().enumerate() {
-            let at = format!("policies[{i}] ({:?})", rule.name);
-            input::check(&at, rule).map_err(Refused::Invalid)?;
-            if !names.insert(rule.name.as_str()) && repeated.is_none() {
-                repeated = Some(format!("{at}.name: used by an earlier rule"));
-            }
-        }
-        if let Some(repeated) = repeated {
-            return Err(Refused::DuplicateName(repeated));
-        }
+        input::check_rules(rules)?;
         Self::compile_stored(rules).map_err(Refused::Invalid)
     }
 

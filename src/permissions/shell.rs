@@ -35,13 +35,13 @@
 //! `programs.rs` knows which those are and how their options look, and
 //! `parts.rs` holds what the walk collects and carries.
 
-mod parts;
-mod programs;
+mod walk;
+mod wrappers;
 #[cfg(test)]
 mod tests;
-mod walk;
+mod programs;
+mod parts;
 mod words;
-mod wrappers;
 
 pub use self::parts::Part;
 pub use self::programs::runs_other_code;

@@ -21,48 +21,30 @@
 //!   terminal commands start with none (but those a profile keeps), and
 //!   with `no_new_privs`, whatever user they run as.
 //!
+//! A profile's boxes are built in [`profile`]: the profile as one user's
+//! conversations get it, and its agent's rules.
+//!
 //! Below the agent link and the workspace, which start the processes and
-//! reach the files; above only `sys`.
+//! reach the files; above the processes (a box's program is found in its
+//! agents' environment), the configuration and `sys`.
 
+pub mod profile;
+pub mod landlock;
 pub mod capabilities;
 pub mod homes;
-pub mod landlock;
 pub mod scripts;
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::config::profile::SandboxMode;
+pub use crate::sys::{installation_of, KERNEL_VIEWS, SYSTEM};
 pub use homes::Home;
-
-/// A profile's `sandbox`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum SandboxMode {
-    /// Confined where the kernel offers Landlock; where it does not, agents
-    /// run unconfined (with a warning at start).
-    #[default]
-    Auto,
-    /// Never unconfined: where the box cannot be made, the agent does not
-    /// start (the request gets 502 saying why).
-    Required,
-    /// No box and no home of the user's: agents run as they did before
-    /// sandboxes.
-    Off,
-}
 
 /// The first Landlock ABI that limits TCP connections.
 pub const NET_ABI: u32 = 4;
 
-/// What every box may read and run: the system.
-pub const SYSTEM: &[&str] = &[
-    "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/opt",
-];
-/// What programs read of themselves and of the machine (`/proc/self`, the
-/// CPU count, cgroup limits); another box's processes stay out of reach
-/// there too (Landlock forbids tracing them, and so reading their memory
-/// and environment).
-pub const KERNEL_VIEWS: &[&str] = &["/proc", "/sys"];
 /// The devices every box may read and write.
 pub const DEVICES: &[&str] = &[
     "/dev/null",
@@ -151,32 +133,6 @@ impl Rules {
             tcp_ports: inputs.allowed_tcp_ports.map(<[u16]>::to_vec),
         }
     }
-}
-
-/// Where a program is installed, as far as its path tells: its directory
-/// and, when that is a `bin`, the prefix above it (`/opt/x/bin/x` needs
-/// `/opt/x/lib`; `node_modules/.bin/x` needs `node_modules`). A symlinked
-/// program (`node_modules/.bin`, a virtualenv's `python`) counts at both
-/// ends: it is named here as given and as it resolves.
-pub fn installation_of(program: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut add = |program: &Path| {
-        let Some(dir) = program.parent().filter(|d| d != &Path::new("/")) else {
-            return;
-        };
-        let bin = dir.file_name().is_some_and(|n| n == "bin" || n == ".bin");
-        match dir.parent().filter(|p| bin && p != &Path::new("/")) {
-            Some(prefix) => found.push(prefix.to_path_buf()),
-            None => found.push(dir.to_path_buf()),
-        }
-    };
-    add(program);
-    if let Ok(real) = std::fs::canonicalize(program) {
-        if real != program {
-            add(&real);
-        }
-    }
-    found
 }
 
 /// Keeps the first of each path, and none that is beneath another kept one.
@@ -381,26 +337,6 @@ mod tests {
         assert!(!rules.read_only.iter().any(|p| p.starts_with("/tmp")));
         assert!(!rules.read_write.iter().any(|p| p == Path::new("/tmp")));
         assert_eq!(rules.tcp_ports, Some(vec![443]));
-    }
-
-    #[test]
-    fn a_programs_installation_is_its_directory_or_the_prefix_of_its_bin() {
-        assert_eq!(
-            installation_of(Path::new("/nonexistent/x/bin/agent")),
-            [PathBuf::from("/nonexistent/x")]
-        );
-        assert_eq!(
-            installation_of(Path::new("/nonexistent/app/node_modules/.bin/agent")),
-            [PathBuf::from("/nonexistent/app/node_modules")]
-        );
-        assert_eq!(
-            installation_of(Path::new("/nonexistent/tools/agent.sh")),
-            [PathBuf::from("/nonexistent/tools")]
-        );
-        // Never the whole file system.
-        assert!(installation_of(Path::new("/bin/sh"))
-            .iter()
-            .all(|p| p != Path::new("/")));
     }
 
     #[test]

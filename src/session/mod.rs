@@ -17,17 +17,17 @@
 //! until answered; [`journal`] is the single writer that commits, then
 //! publishes.
 
-pub mod answer;
-pub mod command;
-pub mod journal;
-pub mod pending;
 mod reattach;
-pub mod recover;
 mod route;
+pub mod answer;
+pub mod recover;
+pub mod task;
+pub mod journal;
+pub mod command;
+pub mod transcript;
+pub mod pending;
 pub mod served;
 mod spawn;
-pub mod task;
-pub mod transcript;
 
 use std::collections::HashMap;
 use std::future::Future;

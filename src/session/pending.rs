@@ -354,7 +354,8 @@ mod tests {
         use crate::acp::rpc::{RpcConfig, RpcPeer};
         let (ours, _theirs) = tokio::io::duplex(1024);
         let (reader, writer) = tokio::io::split(ours);
-        let (peer, _incoming) = RpcPeer::spawn(reader, writer, RpcConfig::default());
+        let (peer, _incoming) =
+            RpcPeer::spawn::<crate::acp::chunk::TextChunk>(reader, writer, RpcConfig::default());
         let request = PermissionRequest {
             id: model::new_id(),
             conversation_id: model::new_id(),

@@ -104,7 +104,7 @@ impl Sessions {
                 conversation.agent
             )));
         };
-        let profile = profile.for_user(conversation.owner.as_deref());
+        let profile = crate::sandbox::profile::for_user(profile, conversation.owner.as_deref());
         // Its terminals and files go in the box its agent is in.
         let place = place_of(&profile, &conversation, &self.inner.homes).map_err(|e| failed(&e))?;
         let Some(session_id) = conversation.acp_session_id.clone() else {

@@ -9,8 +9,9 @@ use uuid::Uuid;
 
 use crate::acp::agent::{AgentProcess, ShimSetup};
 use crate::acp::client::{AgentSession, Opened, Opening};
+use crate::acp::incoming::Incoming;
 use crate::acp::link::ShimControl;
-use crate::acp::rpc::{Inbox, Incoming, RpcConfig, RpcPeer};
+use crate::acp::rpc::{Inbox, RpcConfig, RpcPeer};
 use crate::config::AgentProfile;
 use crate::error::{Error, Result};
 use crate::model::{self, AgentReport, Conversation};
@@ -160,8 +161,8 @@ pub(super) async fn forget_process(store: &dyn Store, record: Option<&AgentProce
 
 /// The box of a conversation's agent (see [`crate::sandbox`]), its home
 /// (beneath `homes`) made where it is not yet; the profile is the one its
-/// owner gets ([`AgentProfile::for_user`]). `sandbox = "off"`: no box, no
-/// home of the user's. Where the box cannot be made (`required` on a kernel
+/// owner gets ([`crate::sandbox::profile::for_user`]). `sandbox = "off"`:
+/// no box, no home of the user's. Where the box cannot be made (`required` on a kernel
 /// without Landlock), the agent must not start: [`Error::AgentFailed`].
 pub(super) fn place_of(
     profile: &AgentProfile,
@@ -187,7 +188,8 @@ pub(super) fn place_of(
     // `homes` is beneath the state directory, which no box may hold.
     let state_dir = homes.parent().unwrap_or(homes);
     let rules = effective.enforced.then(|| {
-        profile.box_rules(
+        sandbox::profile::rules(
+            profile,
             std::path::Path::new(&conversation.cwd),
             &home,
             state_dir,

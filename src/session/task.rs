@@ -51,7 +51,8 @@ use super::spawn::{
 use super::transcript::Transcript;
 use crate::acp::agent::{AgentProcess, Cursor, ShimSetup};
 use crate::acp::client::{AgentSession, PromptCall, EXIT_AFTER_EOF};
-use crate::acp::rpc::{Inbox, Incoming, RpcError};
+use crate::acp::incoming::Incoming;
+use crate::acp::rpc::{Inbox, RpcError};
 use crate::config::{AgentProfile, ShutdownPlan};
 use crate::error::Result;
 use crate::model::{self, AgentReport, AgentState, AgentStatus, Conversation, ConversationStatus};
@@ -142,7 +143,7 @@ pub async fn start(
         on_shutdown,
         homes,
     } = params;
-    let profile = profile.for_user(conversation.owner.as_deref());
+    let profile = crate::sandbox::profile::for_user(&profile, conversation.owner.as_deref());
     let id = conversation.id;
     let span = tracing::info_span!(parent: None, "conversation", conversation_id = %id, agent = %profile.name);
     if !resume {
@@ -289,7 +290,7 @@ fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
     let user = agent_user(profile);
     let reachable = user.is_some() || profile.user.is_none();
     // Terminal commands get what the agent got (as its user, in its box).
-    let mut environment = profile.environment(user.as_ref());
+    let mut environment = crate::process::profile::environment(profile, user.as_ref());
     environment.extend(parts.place.variables());
     let served = Served::new(
         Workspace {

@@ -24,9 +24,9 @@
 //! command line. Its first line on stdout says it is ready (with the agent's
 //! pid) or why it could not start; it writes nothing else there.
 
-pub mod held;
-pub mod protocol;
 mod serve;
+pub mod protocol;
+pub mod held;
 
 use std::ffi::OsString;
 use std::path::PathBuf;

@@ -21,30 +21,31 @@
 //! The store is the only place that runs SQL: what gateway nodes sharing a
 //! database keep there is [`cluster`] ([`ClusterStore`], reached through
 //! [`Store`]'s [`Clustered::cluster`], on the store's own pool; Postgres
-//! only, in `cluster_pg.rs`). What was written before search existed is
+//! only, in `cluster_pg.rs`); what a database URL names is read by the
+//! config ([`Backend::of`]). What was written before search existed is
 //! indexed in the background by [`search_backlog`]; [`export`] copies a
 //! whole history from one store to another.
 
-mod backend;
-pub mod cluster;
 mod cluster_pg;
-pub mod conversations;
-pub mod events;
-pub mod export;
-pub mod messages;
-pub mod notify;
-mod page;
-pub mod permissions;
+pub mod sqlite;
 pub mod postgres;
+mod sql;
+pub mod export;
+pub mod search_backlog;
+mod backend;
+pub mod conversations;
+pub mod search;
+pub mod events;
+pub mod messages;
+pub mod permissions;
 pub mod processes;
 mod rows;
-pub mod search;
-pub mod search_backlog;
-mod sql;
-pub mod sqlite;
+mod page;
 pub mod tokens;
-mod url;
+pub mod notify;
+pub mod cluster;
 
+pub use crate::config::url::{redact_url, sqlite_file, Backend};
 pub use backend::{Batch, ConversationPatch, Lane, Resolution, Store};
 pub use cluster::{ClusterStore, Clustered};
 pub use notify::ActionToken;
@@ -55,7 +56,6 @@ pub use processes::{AgentLink, AgentProcessRecord};
 pub use search::{search_words, SEARCH_TEXT_MAX};
 pub use sqlite::SqliteStore;
 pub use tokens::{TokenInfo, TokenStore};
-pub use url::{redact_url, sqlite_file, Backend};
 
 /// Opens the store a database URL names (`postgres://…` or `sqlite://PATH`),
 /// creating the database if needed and applying its migrations.

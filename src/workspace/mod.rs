@@ -1,6 +1,7 @@
 //! What an agent reaches through the gateway rather than on its own, when
 //! its profile offers it: files (`fs/read_text_file`, `fs/write_text_file`,
-//! with `client_fs`) and terminals (`terminal/*`, with `client_terminal`).
+//! with `client_fs`) and terminals (`terminal/*`, with `client_terminal`);
+//! and the directory they are in, each conversation's ([`cwd`]).
 //!
 //! The gateway enforces the workspace itself: a file's path is resolved by
 //! the kernel beneath a descriptor of the conversation's cwd ([`beneath`]),
@@ -11,10 +12,11 @@
 //! and journals what comes out ([`crate::model::FileWritten`], terminal
 //! output).
 
-pub mod beneath;
+pub mod cwd;
 pub mod files;
-pub mod paths;
 pub mod terminals;
+pub mod beneath;
+pub mod paths;
 
 use std::path::{Path, PathBuf};
 

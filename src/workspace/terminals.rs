@@ -122,7 +122,7 @@ impl Drop for Terminals {
 
 impl Terminals {
     /// Output pieces go to `out`; commands start with `environment` (their
-    /// agent's: see [`crate::config::AgentProfile::environment`]) and what
+    /// agent's: see [`crate::process::profile::environment`]) and what
     /// their request adds.
     pub fn new(out: mpsc::Sender<TerminalOutput>, environment: Environment) -> Terminals {
         Terminals {

@@ -1,12 +1,19 @@
-//! The layout of `src/` keeps one direction: no file imports, directly or
-//! through others, a file that imports it back. This test reads every
-//! library file's paths (`crate::…`, `super::…`, `self::…`, and a parent's
-//! paths into its child modules), resolves each to the file that defines the
-//! module it names, and fails with the loop when the graph has one.
+//! The layout of `src/` keeps one direction. Every module's children are
+//! floors, in the order its file declares them (`src/lib.rs`'s `pub mod`
+//! list for the crate, a `mod.rs` or `name.rs` for a folder), the top floor
+//! first: a file may import what a later sibling of its own (or of an
+//! ancestor's) holds, never what an earlier one holds. And no file imports,
+//! directly or through others, a file that imports it back, counting a
+//! folder as one (so a module's own file and its children form no loop
+//! either). This test reads every library file's paths (`crate::…`,
+//! `super::…`, `self::…`, and a parent's paths into its child modules),
+//! resolves each to the file that defines the module it names, and fails
+//! with the import that runs back up, or the loop.
 //!
 //! Comments are not read (a doc link is no dependency); a module's `mod`
 //! declaration of its children is not an import, but a parent's `use` of a
-//! child is.
+//! child is. Test modules (`#[cfg(test)] mod …`) are no floors: only the
+//! loop checks read them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -332,6 +339,243 @@ fn find_loop(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> 
         }
     }
     None
+}
+
+/// Each module that has children: the file that declares them, and their
+/// names in the order it declares them, the top floor first.
+fn floors(files: &[File]) -> BTreeMap<Vec<String>, (String, Vec<String>)> {
+    files
+        .iter()
+        .map(|f| {
+            (
+                f.module.clone(),
+                (f.path.clone(), declared_children(&f.source)),
+            )
+        })
+        .filter(|(_, (_, children))| !children.is_empty())
+        .collect()
+}
+
+/// The modules a file declares at its top level (`mod name;`, `pub mod
+/// name;`, `pub(crate) mod name;` …), in order; test modules (under
+/// `#[cfg(test)]`) are left out.
+fn declared_children(source: &str) -> Vec<String> {
+    let mut children = Vec::new();
+    let mut for_tests = false;
+    for line in source.lines() {
+        if line.starts_with("#[") {
+            for_tests |= line.starts_with("#[cfg(test)]");
+            continue;
+        }
+        let mut rest = line;
+        if let Some(after) = rest.strip_prefix("pub") {
+            rest = match after.strip_prefix('(') {
+                Some(scoped) => scoped.split_once(')').map_or("", |(_, r)| r),
+                None => after,
+            }
+            .trim_start();
+        }
+        if let Some(name) = rest.strip_prefix("mod ").and_then(|r| r.strip_suffix(';')) {
+            if !for_tests {
+                children.push(name.trim().to_owned());
+            }
+        }
+        if !line.trim().is_empty() {
+            for_tests = false;
+        }
+    }
+    children
+}
+
+/// The length of the module path two files share, and the modules below
+/// it that hold each (`None`: the shared module's own file).
+fn split_at_shared<'a>(
+    a: &'a [String],
+    b: &'a [String],
+) -> (usize, Option<&'a String>, Option<&'a String>) {
+    let shared = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    (shared, a.get(shared), b.get(shared))
+}
+
+/// Every import from a file to one that a sibling declared above its own
+/// module holds (siblings of the file's or of an ancestor's): an import
+/// that runs back up, with why.
+fn imports_back_up(files: &[File], graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let module_of: BTreeMap<&str, &[String]> = files
+        .iter()
+        .map(|f| (f.path.as_str(), f.module.as_slice()))
+        .collect();
+    let floors = floors(files);
+    let mut found = Vec::new();
+    for (from, targets) in graph {
+        for to in targets {
+            let (shared, Some(here), Some(there)) =
+                split_at_shared(module_of[from.as_str()], module_of[to.as_str()])
+            else {
+                // A module's own file and what lies beneath it: the loop
+                // checks keep them one way.
+                continue;
+            };
+            let Some((declared_in, order)) = floors.get(&module_of[from.as_str()][..shared]) else {
+                continue;
+            };
+            let at = |name: &String| order.iter().position(|n| n == name);
+            if let (Some(i), Some(j)) = (at(here), at(there)) {
+                if i > j {
+                    found.push(format!(
+                        "{from} imports {to}, but {declared_in} declares `{there}` above `{here}`"
+                    ));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// For each module with children, the imports between its own file and
+/// its children, each child standing for every file beneath it (a folder
+/// is one room): `src/acp/` holds `src/acp/mod.rs`, `src/acp/rpc/` (for
+/// `rpc.rs` and `rpc/*`), `src/acp/chunk.rs` ….
+fn folder_graphs(
+    files: &[File],
+    graph: &BTreeMap<String, BTreeSet<String>>,
+) -> BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> {
+    let by_module: BTreeMap<&[String], &File> =
+        files.iter().map(|f| (f.module.as_slice(), f)).collect();
+    let module_of: BTreeMap<&str, &[String]> = files
+        .iter()
+        .map(|f| (f.path.as_str(), f.module.as_slice()))
+        .collect();
+    let has_children = |module: &[String]| {
+        files
+            .iter()
+            .any(|f| f.module.len() == module.len() + 1 && f.module.starts_with(module))
+    };
+    let room = |module: &[String]| -> String {
+        let path = &by_module[module].path;
+        if !has_children(module) || module.is_empty() {
+            return path.clone();
+        }
+        let dir = path
+            .strip_suffix("/mod.rs")
+            .or_else(|| path.strip_suffix(".rs"));
+        format!("{}/", dir.unwrap_or(path))
+    };
+    let mut folders: BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for (from, targets) in graph {
+        for to in targets {
+            let (a, b) = (module_of[from.as_str()], module_of[to.as_str()]);
+            let (shared, _, _) = split_at_shared(a, b);
+            let parent = &a[..shared];
+            let node = |m: &[String]| {
+                if m.len() == shared {
+                    by_module[m].path.clone()
+                } else {
+                    room(&m[..shared + 1])
+                }
+            };
+            let folder = folders.entry(parent.to_vec()).or_default();
+            folder.entry(node(b)).or_default();
+            folder.entry(node(a)).or_default().insert(node(b));
+        }
+    }
+    folders
+}
+
+#[test]
+fn every_import_points_down_the_floors_its_modules_are_declared_in() {
+    let files = library_files();
+    let found = imports_back_up(&files, &import_graph());
+    assert!(
+        found.is_empty(),
+        "imports that run back up ({}):\n{}",
+        found.len(),
+        found.join("\n")
+    );
+}
+
+#[test]
+fn no_folder_imports_itself_through_others() {
+    let files = library_files();
+    for (module, folder) in folder_graphs(&files, &import_graph()) {
+        if let Some(found) = find_loop(&folder) {
+            panic!(
+                "import loop inside `{}`: {}",
+                module.join("::"),
+                found.join(" -> ")
+            );
+        }
+    }
+}
+
+#[test]
+fn the_floors_are_read_from_the_declarations_and_an_import_up_is_found() {
+    let files = library_files();
+    let floors = floors(&files);
+    let (declared_in, crate_floors) = &floors[&Vec::new()];
+    assert_eq!(declared_in, "src/lib.rs");
+    assert_eq!(*crate_floors, top_level_modules());
+    assert_eq!(
+        declared_children("pub mod a;\n#[cfg(test)]\nmod tests;\npub(crate) mod b;\nmod c {\n}\n"),
+        ["a", "b"]
+    );
+    // An import from the bottom floor to the top one.
+    let mut graph = import_graph();
+    let top = files
+        .iter()
+        .find(|f| f.module.len() == 1 && f.module[0] == crate_floors[0])
+        .unwrap();
+    let bottom = files
+        .iter()
+        .find(|f| f.module.len() == 1 && f.module[0] == *crate_floors.last().unwrap())
+        .unwrap();
+    let before = imports_back_up(&files, &graph);
+    graph
+        .get_mut(&bottom.path)
+        .unwrap()
+        .insert(top.path.clone());
+    let found: Vec<String> = imports_back_up(&files, &graph)
+        .into_iter()
+        .filter(|f| !before.contains(f))
+        .collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].starts_with(&format!("{} imports {}", bottom.path, top.path)));
+    // A loop through a folder is one even when no file loops: `src/a/x.rs`
+    // imports `src/b.rs`, which imports `src/a/y.rs`.
+    let file = |path: &str, module: &[&str]| File {
+        path: path.into(),
+        module: module.iter().map(|m| m.to_string()).collect(),
+        source: String::new(),
+    };
+    let files = [
+        file("src/lib.rs", &[]),
+        file("src/a/mod.rs", &["a"]),
+        file("src/a/x.rs", &["a", "x"]),
+        file("src/a/y.rs", &["a", "y"]),
+        file("src/b.rs", &["b"]),
+    ];
+    let mut graph: BTreeMap<String, BTreeSet<String>> = files
+        .iter()
+        .map(|f| (f.path.clone(), BTreeSet::new()))
+        .collect();
+    graph
+        .get_mut("src/a/x.rs")
+        .unwrap()
+        .insert("src/b.rs".into());
+    graph
+        .get_mut("src/b.rs")
+        .unwrap()
+        .insert("src/a/y.rs".into());
+    assert!(find_loop(&graph).is_none());
+    let folders = folder_graphs(&files, &graph);
+    assert_eq!(
+        find_loop(&folders[&Vec::new()]),
+        Some(vec![
+            "src/a/".to_owned(),
+            "src/b.rs".to_owned(),
+            "src/a/".to_owned()
+        ])
+    );
 }
 
 #[test]

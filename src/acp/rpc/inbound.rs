@@ -1,5 +1,6 @@
-//! What the peer asks of us: the [`Inbound`] hook through which the layer above receives
-//! requests and notifications, and the [`Responder`] that answers each request exactly once.
+//! What the peer sends us that is not a response: an [`Incoming`] message (a notification, a
+//! request, or what the layer above's fast path read, the [`Inbound`] hook), and the
+//! [`Responder`] that answers each request exactly once.
 
 use std::fmt;
 use std::sync::Arc;
@@ -10,29 +11,46 @@ use tracing::{debug, warn};
 use super::framing::{encode, ErrorObject, OutResponse};
 use super::shared::{Shared, INTERNAL_ERROR, METHOD_NOT_FOUND};
 
-/// How the layer above wants the messages the peer sends that are not responses: the
-/// reader routes responses to their callers itself and hands everything else on as one
-/// `Self` each, in arrival order. This is where the protocol on top (ACP, see
-/// [`Incoming`](super::Incoming)) plugs in; the connection itself knows no method names.
+/// The fast path of the layer above for its commonest lines: the reader routes responses
+/// to their callers itself and hands everything else on as an [`Incoming`], in arrival
+/// order, the lines this reads as [`Incoming::Fast`]. This is where the protocol on top
+/// (ACP) plugs in; the connection itself knows no method names.
 pub trait Inbound: Send + Sized + 'static {
-    /// The fast path for the commonest lines, tried on each line (without its `\r\n`)
-    /// before any JSON tree is built, and borrowing it where it lies in the read buffer.
-    /// `None` sends the line down the general path: this decides only which way is
-    /// faster, never what is accepted.
+    /// Tried on each line (without its `\r\n`) before any JSON tree is built, and
+    /// borrowing it where it lies in the read buffer. `None` sends the line down the
+    /// general path: this decides only which way is faster, never what is accepted.
     fn read_fast(line: &[u8]) -> Option<Self>;
 
-    /// A message with a `method` and no `id`; `params` is `Value::Null` if it had none.
-    fn notification(method: String, params: Value) -> Self;
-
-    /// A message with a `method` and an `id`.
-    fn request(request: IncomingRequest) -> Self;
-
-    /// The request inside, if this is one (so that it can be refused when nobody is
-    /// listening); anything else comes back as it was.
-    fn into_request(self) -> Result<IncomingRequest, Self>;
-
-    /// The message's method, for logs.
+    /// The method of the message it read, for logs.
     fn method(&self) -> &str;
+}
+
+/// A message the peer sent us that is not a response to one of our requests.
+#[derive(Debug)]
+pub enum Incoming<F> {
+    /// A message with a `method` and no `id`; it gets no answer.
+    Notification {
+        /// The method name.
+        method: String,
+        /// The `params` as sent, or `Value::Null` if there were none.
+        params: Value,
+    },
+    /// A message with a `method` and an `id`; it must be answered through its
+    /// [`Responder`].
+    Request(IncomingRequest),
+    /// A line the fast path read ([`Inbound::read_fast`]).
+    Fast(F),
+}
+
+impl<F: Inbound> Incoming<F> {
+    /// The message's method, for logs.
+    pub fn method(&self) -> &str {
+        match self {
+            Incoming::Notification { method, .. } => method,
+            Incoming::Request(request) => &request.method,
+            Incoming::Fast(fast) => fast.method(),
+        }
+    }
 }
 
 /// A request the peer made of us. Answer it through `responder`, now or much later.

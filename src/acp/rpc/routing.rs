@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, trace, warn};
 
 use super::framing::{Line, LineReader};
-use super::inbound::{Inbound, IncomingRequest, Responder};
+use super::inbound::{Inbound, Incoming, IncomingRequest, Responder};
 use super::shared::{RpcError, Shared, INTERNAL_ERROR};
 
 /// How much of a skipped line goes into the log.
@@ -25,7 +25,7 @@ const SKIPS_LOGGED_EVERY: u64 = 10_000;
 pub(super) async fn read_loop<I, R>(
     shared: Arc<Shared>,
     mut lines: LineReader<R>,
-    incoming_tx: mpsc::Sender<(I, u64)>,
+    incoming_tx: mpsc::Sender<(Incoming<I>, u64)>,
 ) where
     I: Inbound,
     R: AsyncBufRead + Unpin,
@@ -79,7 +79,7 @@ pub(super) async fn read_loop<I, R>(
 /// What one line is, once read: for the incoming channel, or an answer to
 /// one of our requests.
 enum Routed<I> {
-    Incoming(I),
+    Incoming(Incoming<I>),
     Answer {
         id: Value,
         outcome: Result<Value, RpcError>,
@@ -92,7 +92,7 @@ struct Router<'a, I> {
     /// Lines skipped so far (see [`Router::skip`]).
     skipped: AtomicU64,
     /// `None` once the receiver is gone; from then on requests are refused.
-    incoming_tx: Option<mpsc::Sender<(I, u64)>>,
+    incoming_tx: Option<mpsc::Sender<(Incoming<I>, u64)>>,
 }
 
 impl<I: Inbound> Router<'_, I> {
@@ -103,7 +103,7 @@ impl<I: Inbound> Router<'_, I> {
     fn parse(&self, line: &[u8]) -> Option<Routed<I>> {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         if let Some(fast) = I::read_fast(line) {
-            return Some(Routed::Incoming(fast));
+            return Some(Routed::Incoming(Incoming::Fast(fast)));
         }
         if line.iter().all(u8::is_ascii_whitespace) {
             return None;
@@ -126,8 +126,10 @@ impl<I: Inbound> Router<'_, I> {
         };
         let incoming = match classify(object) {
             Ok(Message::Response { id, outcome }) => return Some(Routed::Answer { id, outcome }),
-            Ok(Message::Notification { method, params }) => I::notification(method, params),
-            Ok(Message::Request { id, method, params }) => I::request(IncomingRequest {
+            Ok(Message::Notification { method, params }) => {
+                Incoming::Notification { method, params }
+            }
+            Ok(Message::Request { id, method, params }) => Incoming::Request(IncomingRequest {
                 responder: Responder::new(id.clone(), method.clone(), Arc::clone(self.shared)),
                 id,
                 method,
@@ -144,7 +146,7 @@ impl<I: Inbound> Router<'_, I> {
     /// Hands on the message of the line that begins at `start`.
     async fn deliver(
         &mut self,
-        incoming: I,
+        incoming: Incoming<I>,
         start: u64,
         closed_rx: &mut watch::Receiver<Option<String>>,
     ) -> bool {
@@ -170,18 +172,18 @@ impl<I: Inbound> Router<'_, I> {
     }
 
     /// Disposes of a message nobody will receive (it is done with).
-    fn refuse(&self, incoming: I, start: u64) {
+    fn refuse(&self, incoming: Incoming<I>, start: u64) {
         self.shared.state().ledger.done(start);
         self.shared.moved_on.notify_one();
-        match incoming.into_request() {
-            Err(notification) => {
+        match incoming {
+            notification @ (Incoming::Notification { .. } | Incoming::Fast(_)) => {
                 debug!(
                     label = %self.shared.label,
                     method = %notification.method(),
                     "notification dropped: nobody is listening"
                 );
             }
-            Ok(request) => {
+            Incoming::Request(request) => {
                 debug!(
                     label = %self.shared.label,
                     id = %request.id,

@@ -16,6 +16,29 @@ use super::framing::{Line, LineReader};
 use super::routing::{classify, Message};
 use super::*;
 
+/// What these tests' own fast path reads: the lines of method `fast`, as
+/// `serde_json` writes them (their `params`), so that the hook is tried too.
+#[derive(Debug)]
+struct Fast(Value);
+
+/// How a `fast` notification's line starts.
+const FAST: &[u8] = br#"{"jsonrpc":"2.0","method":"fast","params":"#;
+
+impl Inbound for Fast {
+    fn read_fast(line: &[u8]) -> Option<Self> {
+        let params = line.strip_prefix(FAST)?.strip_suffix(b"}")?;
+        serde_json::from_slice(params).ok().map(Fast)
+    }
+
+    fn method(&self) -> &str {
+        "fast"
+    }
+}
+
+/// Messages as these tests read them: JSON-RPC with no protocol on top but
+/// their own fast path.
+type Incoming = super::Incoming<Fast>;
+
 /// Bounds every wait, so a broken test fails instead of hanging; never a measured delay.
 async fn within<F: std::future::Future>(future: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(10), future)
@@ -85,15 +108,15 @@ fn spawn_request(peer: &RpcPeer, method: &str) -> JoinHandle<Result<Value, RpcEr
     tokio::spawn(async move { peer.request(&method, json!({"asked": method})).await })
 }
 
-/// The next message, a fast-path text chunk as the notification it is.
+/// The next message, one the fast path read as the notification it is.
 async fn next_incoming(incoming: &mut Inbox<Incoming>) -> Incoming {
     match within(incoming.recv())
         .await
         .expect("incoming channel ended")
     {
-        Incoming::TextChunk(chunk) => Incoming::Notification {
-            method: "session/update".into(),
-            params: chunk.to_params(),
+        Incoming::Fast(Fast(params)) => Incoming::Notification {
+            method: "fast".into(),
+            params,
         },
         other => other,
     }
@@ -272,29 +295,22 @@ async fn notifications_and_requests_are_delivered_in_arrival_order_under_backpre
 }
 
 #[tokio::test]
-async fn text_chunks_take_the_fast_path_in_order_with_everything_else() {
+async fn what_the_fast_path_reads_comes_in_order_with_everything_else() {
     let (_peer, mut incoming, mut agent) = connect(RpcConfig::default());
-    let chunk = |text: &str| {
-        notification(
-            "session/update",
-            json!({"sessionId": "s", "update": {"sessionUpdate": "agent_message_chunk",
-                "content": {"type": "text", "text": text}}}),
-        )
-    };
-    agent.send(chunk("a")).await;
+    let fast = |text: &str| notification("fast", json!({"text": text}));
+    agent.send(fast("a")).await;
     agent
         .send(notification("session/update", json!({"n": 1})))
         .await;
     // Split across writes, so that it is assembled rather than read in place.
-    let line = serde_json::to_vec(&chunk("b")).unwrap();
+    let line = serde_json::to_vec(&fast("b")).unwrap();
     agent.send_raw(&line[..10]).await;
     agent.send_raw(&line[10..]).await;
     agent.send_raw(b"\n").await;
     for text in ["a", "", "b"] {
         match within(incoming.recv()).await.unwrap() {
-            Incoming::TextChunk(c) if !text.is_empty() => {
-                assert_eq!(c.text, text);
-                assert_eq!(c.session_id, "s");
+            Incoming::Fast(Fast(params)) if !text.is_empty() => {
+                assert_eq!(params, json!({"text": text}));
             }
             Incoming::Notification { params, .. } if text.is_empty() => {
                 assert_eq!(params, json!({"n": 1}));
@@ -613,7 +629,7 @@ impl AsyncWrite for BrokenPipe {
 #[tokio::test]
 async fn a_failed_write_closes_the_connection() {
     let (ours, _theirs) = tokio::io::duplex(1024);
-    let (peer, mut incoming) = RpcPeer::spawn(ours, BrokenPipe, RpcConfig::default());
+    let (peer, mut incoming) = RpcPeer::spawn::<Fast>(ours, BrokenPipe, RpcConfig::default());
     match within(peer.request("initialize", json!({}))).await {
         Err(RpcError::Closed(reason)) => assert!(reason.contains("write failed"), "{reason}"),
         other => panic!("expected Closed, got {other:?}"),
@@ -695,6 +711,7 @@ mod properties {
             Just(r#""method":"session/update","#.to_owned()),
             Just(r#""method":"session/request_permission","#.to_owned()),
             Just(r#""params":{"update":{"sessionUpdate":"agent_message_chunk"}}"#.to_owned()),
+            Just(r#"{"jsonrpc":"2.0","method":"fast","params":"#.to_owned()),
             Just(r#""result":{"stopReason":"end_turn"}"#.to_owned()),
             Just(r#""error":{"code":-32603,"message":"x"}"#.to_owned()),
             Just(r#""\u0000\ud800""#.to_owned()),

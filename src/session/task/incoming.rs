@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::Task;
 use crate::acp::client::EXIT_AFTER_EOF;
-use crate::acp::rpc::Incoming;
+use crate::acp::incoming::Incoming;
 use crate::error::Result;
 use crate::session::served::Write;
 
@@ -112,7 +112,7 @@ impl Task {
                 "$/cancel_request" => self.on_cancel_request(params).await?,
                 other => tracing::debug!(method = other, "ignoring notification"),
             },
-            Incoming::TextChunk(chunk) => {
+            Incoming::Fast(chunk) => {
                 let turn_id = self.turn_id();
                 self.transcript.text_chunk(chunk.kind, &chunk.text, turn_id);
                 self.journal.text_chunk(chunk.kind, &chunk.text, turn_id);

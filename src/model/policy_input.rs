@@ -23,7 +23,7 @@
 //!   `duplicate_name` (not 422: the body is valid, the list is not).
 //!
 //! Rules stored by an older version are not checked again
-//! (`Policies::compile_stored`).
+//! (`crate::permissions::policy::Policies::compile_stored`).
 
 use std::sync::LazyLock;
 
@@ -32,8 +32,8 @@ use utoipa::openapi::schema::{
     ArrayBuilder, KnownFormat, Object, ObjectBuilder, SchemaFormat, Type,
 };
 
+use super::permission::{Action, PolicyRule};
 use crate::limits;
-use crate::model::{Action, PolicyRule};
 
 /// A rule's name: no control character (Unicode `Cc`, what
 /// `char::is_control` says), and one character besides them that is not
@@ -113,9 +113,46 @@ pub fn command_regex(pattern: &str) -> Result<Regex, String> {
     Regex::new(pattern).map_err(|e| format!("invalid regex: {e}"))
 }
 
+/// Why a list of rules is refused; the message names the rule and the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// A rule says what the API does not take (422).
+    #[error("{0}")]
+    Invalid(String),
+    /// A name used by an earlier rule (409 `duplicate_name`): each rule is
+    /// valid, the list is not, and no JSON Schema can say so.
+    #[error("{0}")]
+    DuplicateName(String),
+}
+
+/// Checks rules as the API and the config file take them (what the OpenAPI
+/// document states). A repeated name is reported only for a list that is
+/// otherwise valid.
+pub fn check_rules(rules: &[PolicyRule]) -> Result<(), Refused> {
+    if rules.len() > limits::POLICY_MAX_RULES {
+        return Err(Refused::Invalid(format!(
+            "policies: at most {} rules",
+            limits::POLICY_MAX_RULES
+        )));
+    }
+    let mut names = std::collections::HashSet::new();
+    let mut repeated = None;
+    for (i, rule) in rules.iter().enumerate() {
+        let at = format!("policies[{i}] ({:?})", rule.name);
+        check(&at, rule).map_err(Refused::Invalid)?;
+        if !names.insert(rule.name.as_str()) && repeated.is_none() {
+            repeated = Some(format!("{at}.name: used by an earlier rule"));
+        }
+    }
+    match repeated {
+        Some(repeated) => Err(Refused::DuplicateName(repeated)),
+        None => Ok(()),
+    }
+}
+
 /// Checks one rule, `at` naming it in the message; all but the uniqueness
 /// of its name.
-pub(super) fn check(at: &str, rule: &PolicyRule) -> Result<(), String> {
+fn check(at: &str, rule: &PolicyRule) -> Result<(), String> {
     let chars = rule.name.chars().count();
     if chars > limits::POLICY_NAME_MAX_CHARS {
         return Err(format!(
@@ -326,14 +363,14 @@ mod tests {
                 format!("2{unit}3s"),
             ] {
                 assert!(is_window(&text), "{text}");
-                let window = crate::model::Window::parse(&text).unwrap();
+                let window = super::super::permission::Window::parse(&text).unwrap();
                 assert!(!window.duration().is_zero(), "{text}");
             }
         }
         // The largest sum the length allows does not overflow.
         let longest = "999999999y".repeat(6);
         assert!(is_window(&longest));
-        assert!(crate::model::Window::parse(&longest).is_ok());
+        assert!(super::super::permission::Window::parse(&longest).is_ok());
         for text in [
             "", "0s", "15", "1.5h", " 1m", "1m  2s", "2µs", "01m", "1 2s", "1x",
         ] {

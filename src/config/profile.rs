@@ -1,0 +1,299 @@
+//! An agent profile (`[[agents]]`): how to start one kind of agent, what its
+//! conversations may do and where, and the words its settings take
+//! ([`Mode`], [`OnTimeout`], [`SandboxMode`]). Data and its checks only:
+//! what a profile means is for the parts that use it (its processes'
+//! environment and whether they can start in `process`, its box and the
+//! profile as one user's conversations get it in `sandbox`, a
+//! conversation's directory in `workspace`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+
+use crate::sys::capabilities::CapSet;
+
+/// How to start one kind of agent.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentProfile {
+    /// Unique name, `[a-z0-9_-]+`.
+    pub name: String,
+    /// Human readable name.
+    pub title: Option<String>,
+    /// Program to run (looked up in `PATH` unless it contains a `/`).
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Variables set for the agent (and its terminal commands), on top of
+    /// the few it gets from the gateway's environment (`PATH`, `HOME`,
+    /// `LANG`, … see `crate::process::spawn::ALLOWED`).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Names of variables of the gateway's environment passed on to the
+    /// agent and its terminal commands as they are (e.g. an API key); none
+    /// other is.
+    #[serde(default)]
+    pub pass_env: Vec<String>,
+    /// Default working directory of its sessions (absolute).
+    pub cwd: Option<PathBuf>,
+    /// MCP servers passed in `session/new`, in ACP's `McpServer` shape
+    /// (checked when the config is loaded).
+    #[serde(default)]
+    pub mcp_servers: Vec<agent_client_protocol_schema::v1::McpServer>,
+    /// How long a permission request may wait for an answer (default: as
+    /// long as the agent waits).
+    #[serde(default, with = "humantime_serde")]
+    pub permission_timeout: Option<Duration>,
+    /// What a timed-out request is answered with: `reject` or `cancel`.
+    #[serde(default)]
+    pub on_timeout: OnTimeout,
+    /// `ask` (policies decide, the rest asks), `read_only` or `trusted`.
+    #[serde(default)]
+    pub mode: Mode,
+    /// The (unprivileged) system user the agent runs as.
+    pub user: Option<String>,
+    /// Directories a conversation's cwd must be inside (empty: anywhere).
+    #[serde(default)]
+    pub allowed_roots: Vec<PathBuf>,
+    /// How long `initialize` and `session/new` may take each.
+    #[serde(default = "default_startup_timeout", with = "humantime_serde")]
+    pub startup_timeout: Duration,
+    /// How long an agent may sit with no turn running and no permission
+    /// pending before it is stopped (`0s`: never); the next prompt starts it
+    /// again.
+    #[serde(default = "default_idle_timeout", with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// The ACP session mode a new session is put in (`session/set_mode`
+    /// after `session/new`), e.g. `plan`; not the permission `mode` above.
+    pub session_mode: Option<String>,
+    /// Session configuration options set after `session/new`
+    /// (`session/set_config_option`): option id → value (string or boolean).
+    #[serde(default)]
+    pub session_config: BTreeMap<String, serde_json::Value>,
+    /// The `authenticate` method used when the agent says it needs one.
+    pub auth_method: Option<String>,
+    /// Offer the agent `fs/read_text_file` and `fs/write_text_file`: files
+    /// inside the conversation's cwd, read and written by the gateway with
+    /// the agent's user's rights, each write published as `file_written`.
+    #[serde(default)]
+    pub client_fs: bool,
+    /// Offer the agent `terminal/*`: commands the gateway runs in the
+    /// conversation's cwd as the agent's user, under the operator's deny
+    /// policies, their output published as `terminal_output`.
+    #[serde(default)]
+    pub client_terminal: bool,
+    /// Each conversation's box (see `crate::sandbox`): `auto` (Landlock
+    /// where the kernel offers it), `required` (an agent never starts
+    /// unconfined) or `off`.
+    #[serde(default)]
+    pub sandbox: SandboxMode,
+    /// More paths its boxes may read and execute (absolute; `{user}` is the
+    /// conversation's owner).
+    #[serde(default)]
+    pub read_only_paths: Vec<PathBuf>,
+    /// More paths its boxes may read and write (absolute; `{user}` too).
+    #[serde(default)]
+    pub read_write_paths: Vec<PathBuf>,
+    /// The only TCP ports its agents may connect to (e.g. `[443]`), where
+    /// the kernel's Landlock can limit them (ABI 4); absent: any.
+    pub allowed_tcp_ports: Option<Vec<u16>>,
+    /// A directory each user's home for this profile is first made from
+    /// (credentials, settings), unless `sandbox = "off"`.
+    pub home_template: Option<PathBuf>,
+    /// The Linux capabilities its agents and their terminal commands keep
+    /// (e.g. `["CAP_NET_BIND_SERVICE"]`); every other is dropped, and by
+    /// default all are (see `crate::sandbox::capabilities`).
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+}
+
+/// A profile's shortcut over the rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// The rules decide; what they do not cover asks a person.
+    #[default]
+    Ask,
+    /// Every edit, delete, move and execute is denied.
+    ReadOnly,
+    /// Everything a rule does not deny is allowed.
+    Trusted,
+}
+
+/// What a profile's `permission_timeout` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTimeout {
+    /// The request's `reject_once` option, or the cancelled outcome if it has none.
+    #[default]
+    Reject,
+    /// The cancelled outcome.
+    Cancel,
+}
+
+/// A profile's `sandbox`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxMode {
+    /// Confined where the kernel offers Landlock; where it does not, agents
+    /// run unconfined (with a warning at start).
+    #[default]
+    Auto,
+    /// Never unconfined: where the box cannot be made, the agent does not
+    /// start (the request gets 502 saying why).
+    Required,
+    /// No box and no home of the user's: agents run as they did before
+    /// sandboxes.
+    Off,
+}
+
+fn default_startup_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+
+fn default_idle_timeout() -> Duration {
+    Duration::from_secs(30 * 60)
+}
+
+impl AgentProfile {
+    /// The scripted demo agent built into this executable
+    /// (`acp-gateway demo-agent`), so a gateway is useful with no setup.
+    pub fn builtin_demo() -> anyhow::Result<AgentProfile> {
+        let exe = std::env::current_exe().context("Failed to find the gateway's own executable")?;
+        Ok(AgentProfile {
+            name: "demo".into(),
+            title: Some("Demo agent".into()),
+            command: exe.to_string_lossy().into_owned(),
+            args: vec!["demo-agent".into(), "--chunk-delay-ms".into(), "40".into()],
+            env: BTreeMap::new(),
+            pass_env: Vec::new(),
+            cwd: None,
+            mcp_servers: Vec::new(),
+            permission_timeout: None,
+            on_timeout: Default::default(),
+            mode: Default::default(),
+            user: None,
+            allowed_roots: Vec::new(),
+            startup_timeout: default_startup_timeout(),
+            idle_timeout: default_idle_timeout(),
+            session_mode: None,
+            session_config: BTreeMap::new(),
+            auth_method: None,
+            client_fs: false,
+            client_terminal: false,
+            sandbox: Default::default(),
+            read_only_paths: Vec::new(),
+            read_write_paths: Vec::new(),
+            allowed_tcp_ports: None,
+            home_template: None,
+            capabilities: Vec::new(),
+        })
+    }
+
+    /// The capabilities its agents keep (validated with the config: an
+    /// unknown name keeps nothing).
+    pub fn kept_capabilities(&self) -> CapSet {
+        CapSet::parse(&self.capabilities).unwrap_or_default()
+    }
+
+    /// Whether this profile runs the demo agent built into this executable
+    /// (`acp-gateway demo-agent`): the gateway's own code, not an agent an
+    /// operator brought.
+    pub fn is_builtin_demo(&self) -> bool {
+        self.args.first().is_some_and(|arg| arg == "demo-agent")
+            && std::env::current_exe().is_ok_and(|exe| Path::new(&self.command) == exe)
+    }
+
+    /// Checks its `name` (`key` names the profile in the message).
+    pub(super) fn validate_name(&self, key: &str) -> anyhow::Result<()> {
+        if self.name.is_empty()
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+        {
+            bail!("{key}.name: {:?} must match [a-z0-9_-]+", self.name);
+        }
+        Ok(())
+    }
+
+    /// Checks what serde cannot (`key` names the profile in the message):
+    /// all but its name.
+    pub(super) fn validate(&self, key: &str) -> anyhow::Result<()> {
+        if self.command.trim().is_empty() {
+            bail!("{key}.command: must not be empty");
+        }
+        if let Some(cwd) = &self.cwd {
+            if !cwd.is_absolute() {
+                bail!("{key}.cwd: {:?} must be an absolute path", cwd);
+            }
+        }
+        for (j, name) in self.pass_env.iter().enumerate() {
+            if !is_variable_name(name) {
+                bail!("{key}.pass_env[{j}]: {name:?} is not an environment variable name");
+            }
+        }
+        for (name, value) in &self.env {
+            if !is_variable_name(name) {
+                bail!("{key}.env: {name:?} is not an environment variable name");
+            }
+            if value.contains('\0') {
+                bail!("{key}.env.{name}: must not contain a NUL character");
+            }
+        }
+        for (field, paths) in [
+            ("allowed_roots", &self.allowed_roots),
+            ("read_only_paths", &self.read_only_paths),
+            ("read_write_paths", &self.read_write_paths),
+        ] {
+            for (j, path) in paths.iter().enumerate() {
+                if !path.is_absolute() {
+                    bail!("{key}.{field}[{j}]: {path:?} must be an absolute path");
+                }
+            }
+        }
+        if let Some(template) = &self.home_template {
+            if !template.is_absolute() {
+                bail!("{key}.home_template: {template:?} must be an absolute path");
+            }
+        }
+        if let Err((j, why)) = CapSet::parse(&self.capabilities) {
+            bail!("{key}.capabilities[{j}]: {why}");
+        }
+        if let Some(ports) = &self.allowed_tcp_ports {
+            if ports.contains(&0) {
+                bail!("{key}.allowed_tcp_ports: 0 is not a port");
+            }
+        }
+        if let Some(user) = &self.user {
+            crate::sys::lookup_user(user).map_err(|e| anyhow::anyhow!("{key}.user: {e}"))?;
+        }
+        if self.permission_timeout.is_some_and(|t| t.is_zero()) {
+            bail!("{key}.permission_timeout: must be greater than zero");
+        }
+        if self.startup_timeout.is_zero() {
+            bail!("{key}.startup_timeout: must be greater than zero");
+        }
+        for (id, value) in &self.session_config {
+            if !(value.is_string() || value.is_boolean()) {
+                bail!("{key}.session_config.{id}: must be a string or a boolean");
+            }
+        }
+        if self.session_mode.as_deref().is_some_and(str::is_empty) {
+            bail!("{key}.session_mode: must not be empty (leave it out for the agent's default)");
+        }
+        Ok(())
+    }
+}
+
+/// `[A-Za-z_][A-Za-z0-9_]*`: what a shell accepts as a variable name.
+fn is_variable_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
