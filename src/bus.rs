@@ -40,10 +40,12 @@ pub struct Published {
 /// A cheap-to-clone handle to the fan-out.
 #[derive(Clone)]
 pub struct EventBus {
-    inner: Arc<Inner>,
+    inner: Arc<Channels>,
 }
 
-struct Inner {
+/// The broadcast channels every handle shares: one for all events, one per
+/// conversation with subscribers.
+struct Channels {
     global: broadcast::Sender<Arc<Published>>,
     per_conversation: Mutex<HashMap<Uuid, broadcast::Sender<Arc<Published>>>>,
     capacity: usize,
@@ -67,7 +69,7 @@ impl EventBus {
     /// has to catch up from the store.
     pub fn new(capacity: usize) -> Self {
         EventBus {
-            inner: Arc::new(Inner {
+            inner: Arc::new(Channels {
                 global: broadcast::channel(capacity * 4).0,
                 per_conversation: Mutex::new(HashMap::new()),
                 capacity,

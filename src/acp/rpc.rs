@@ -9,7 +9,7 @@
 //!
 //! # Design
 //!
-//! [`RpcPeer::spawn`] starts two tasks that share one `Arc<Shared>`:
+//! [`RpcPeer::spawn`] starts two tasks that share one `Arc<Connection>`:
 //!
 //! - **The reader** (`routing.rs`) owns the `AsyncRead`. It cuts the stream into lines of at
 //!   most [`RpcConfig::max_line_bytes`] (`framing.rs`: a longer line is dropped while it
@@ -69,7 +69,7 @@ pub use self::shared::{Processed, RpcError, INTERNAL_ERROR, INVALID_PARAMS, METH
 
 use self::framing::{encode, write_loop, LineReader, OutMessage};
 use self::routing::read_loop;
-use self::shared::{Ledger, Shared, State};
+use self::shared::{Connection, Ledger, State};
 
 /// Size of the reader's own buffer; lines longer than this are assembled across refills.
 /// Held only while the peer's bytes are being read: an idle agent costs none of it.
@@ -120,7 +120,7 @@ impl Default for RpcConfig {
 /// the receiver returned by [`RpcPeer::spawn`].
 #[derive(Clone)]
 pub struct RpcPeer {
-    shared: Arc<Shared>,
+    shared: Arc<Connection>,
 }
 
 impl fmt::Debug for RpcPeer {
@@ -146,7 +146,7 @@ impl RpcPeer {
     ) -> (RpcPeer, Inbox<Incoming<I>>) {
         let (out_tx, out_rx) = mpsc::unbounded_channel();
         let (closed_tx, _) = watch::channel(None);
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(Connection {
             label: config.label,
             next_id: AtomicU64::new(config.first_request_id),
             state: Mutex::new(State {
@@ -301,7 +301,7 @@ impl RpcPeer {
     /// Resolves with the reason once the connection is closed; at once if it already is.
     pub async fn closed(&self) -> String {
         let mut closed_rx = self.shared.closed_tx.subscribe();
-        // The sender lives in `Shared`, which `self` keeps alive, so this cannot fail.
+        // The sender lives in `Connection`, which `self` keeps alive, so this cannot fail.
         let reason = match closed_rx.wait_for(Option::is_some).await {
             Ok(reason) => reason.clone().unwrap_or_default(),
             Err(_) => "connection closed".to_owned(),
@@ -361,7 +361,7 @@ impl RpcPeer {
 
 /// See [`RpcPeer::hold_answer`]; dropping it lets the answer go.
 pub struct AnswerHold {
-    shared: Arc<Shared>,
+    shared: Arc<Connection>,
     id: u64,
 }
 
@@ -374,7 +374,7 @@ impl Drop for AnswerHold {
 /// Removes a request's waiter when the `request` future ends, however it ends; this is what
 /// cleans up after a caller whose future was dropped.
 struct PendingGuard<'a> {
-    shared: &'a Shared,
+    shared: &'a Connection,
     id: u64,
 }
 

@@ -44,11 +44,13 @@ pub const ROOM_WAIT: Duration = Duration::from_secs(5);
 /// A cheap-to-clone handle to the budget.
 #[derive(Clone, Debug)]
 pub struct SendBudget {
-    inner: Arc<Inner>,
+    inner: Arc<Budget>,
 }
 
+/// The budget itself, shared by every handle: the limits, what is held,
+/// and who waits for room.
 #[derive(Debug)]
-struct Inner {
+struct Budget {
     limit: usize,
     per_user: usize,
     /// One lock for every frame of every socket, held for a few map look-ups
@@ -119,7 +121,7 @@ impl SendBudget {
     /// most `per_user`.
     pub fn new(limit: usize, per_user: usize) -> SendBudget {
         SendBudget {
-            inner: Arc::new(Inner {
+            inner: Arc::new(Budget {
                 limit,
                 per_user,
                 state: Mutex::default(),

@@ -20,10 +20,12 @@ use crate::store::Store;
 /// Shared state of the API: cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
-    inner: Arc<Shared>,
+    inner: Arc<Services>,
 }
 
-struct Shared {
+/// What every handler reaches through [`AppState`]: the config, auth, the
+/// sessions, the sockets and the notifications.
+struct Services {
     config: Config,
     auth: Auth,
     sessions: Sessions,
@@ -44,7 +46,7 @@ impl AppState {
     pub fn new(config: Config, auth: Auth, sessions: Sessions, outbox: Arc<Outbox>) -> Self {
         let send_budget = SendBudget::new(config.ws_buffer_bytes, config.ws_buffer_per_user());
         AppState {
-            inner: Arc::new(Shared {
+            inner: Arc::new(Services {
                 send_budget,
                 config,
                 auth,

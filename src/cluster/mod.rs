@@ -55,10 +55,12 @@ use crate::store::{ClusterStore, Store};
 /// This node: cheap to clone.
 #[derive(Clone)]
 pub struct Node {
-    inner: Arc<Inner>,
+    inner: Arc<NodeState>,
 }
 
-struct Inner {
+/// What every handle to this node shares: who it is, its lease, and what it
+/// waits for and runs for the others.
+struct NodeState {
     id: Uuid,
     lease: Duration,
     /// Postgres: what the nodes share. `None` on SQLite.
@@ -119,7 +121,7 @@ impl Node {
         lease: Duration,
     ) -> anyhow::Result<Node> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let node = Inner {
+        let node = NodeState {
             id: Uuid::now_v7(),
             lease,
             shared: store.cluster(),

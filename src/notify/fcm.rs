@@ -34,10 +34,12 @@ pub const MAX_PAYLOAD: usize = 4000;
 /// A sender for one Firebase project; cheap to clone, one token cache.
 #[derive(Clone)]
 pub struct Fcm {
-    inner: Arc<Inner>,
+    inner: Arc<Project>,
 }
 
-struct Inner {
+/// One Firebase project: its service account, where to send, and the
+/// access token in use.
+struct Project {
     client: reqwest::Client,
     project_id: String,
     client_email: String,
@@ -116,7 +118,7 @@ impl Fcm {
         reqwest::Url::parse(&send_url)
             .with_context(|| format!("notifications.fcm.api_base {api_base:?} is not a URL"))?;
         Ok(Fcm {
-            inner: Arc::new(Inner {
+            inner: Arc::new(Project {
                 client,
                 project_id,
                 client_email,

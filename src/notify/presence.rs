@@ -20,16 +20,17 @@ pub struct PresenceChange {
 /// Present clients per user; cheap to clone.
 #[derive(Clone, Default)]
 pub struct Presence {
-    inner: Arc<Mutex<Inner>>,
+    inner: Arc<Mutex<Clients>>,
 }
 
+/// How many visible clients each user has, and who watches the changes.
 #[derive(Default)]
-struct Inner {
+struct Clients {
     clients: HashMap<String, usize>,
     watchers: Vec<mpsc::UnboundedSender<PresenceChange>>,
 }
 
-impl Inner {
+impl Clients {
     fn tell(&mut self, user: &str, present: bool) {
         let change = PresenceChange {
             user: user.to_owned(),

@@ -105,7 +105,7 @@ pub struct Root {
 /// Where a path leads: the directory that holds it (open, beneath the
 /// root), the directories missing in between (not made yet) and its name.
 #[derive(Debug)]
-pub struct Place {
+pub struct Destination {
     dir: OwnedFd,
     dir_path: PathBuf,
     missing: Vec<OsString>,
@@ -152,7 +152,7 @@ impl Root {
 
     /// Where `rel` leads: directories resolved beneath the root, a symlink
     /// in the last component followed while it stays beneath.
-    pub fn locate(&self, rel: &Path) -> Result<Place, Error> {
+    pub fn locate(&self, rel: &Path) -> Result<Destination, Error> {
         let mut rel = rel.to_path_buf();
         for _ in 0..=MAX_LINKS {
             let Some(Component::Normal(name)) = rel.components().next_back() else {
@@ -161,7 +161,7 @@ impl Root {
             let name = name.to_owned();
             let parent = rel.parent().unwrap_or(Path::new("")).to_path_buf();
             let (dir, dir_path, missing) = self.open_dir(&parent)?;
-            let place = Place {
+            let place = Destination {
                 dir,
                 dir_path,
                 missing,
@@ -363,7 +363,7 @@ fn only_names(missing: Vec<OsString>) -> Result<Vec<OsString>, Error> {
     Ok(names)
 }
 
-impl Place {
+impl Destination {
     /// Its real path: symlinks resolved, beneath the root.
     pub fn path(&self) -> PathBuf {
         let mut path = self.dir_path.clone();

@@ -16,7 +16,7 @@ use std::path::Path;
 use agent_client_protocol_schema::v1 as acp;
 use serde_json::{json, Value};
 
-use super::beneath::{self, Place, Resolver, Root};
+use super::beneath::{self, Destination, Resolver, Root};
 use super::{as_user, Refusal, Workspace};
 use crate::model::FileWritten;
 
@@ -112,7 +112,7 @@ fn open_in(
     root: &Root,
     path: &Path,
     gate: &dyn Fn(&Path) -> Result<(), Refusal>,
-) -> Result<(Place, Option<std::fs::File>), Refusal> {
+) -> Result<(Destination, Option<std::fs::File>), Refusal> {
     if !path.is_absolute() {
         return Err(Refusal::invalid(format!(
             "{} is not an absolute path",
@@ -308,7 +308,7 @@ fn write_in(
 /// Replaces the file at `place` with `content`: a new file beside it
 /// (created beneath the root, never through a symlink), renamed over it in
 /// the same directory. `mode`: the old file's, kept.
-fn replace(place: &Place, content: &[u8], mode: Option<u32>) -> std::io::Result<()> {
+fn replace(place: &Destination, content: &[u8], mode: Option<u32>) -> std::io::Result<()> {
     // A name too long for a directory entry is cut: the temporary name must
     // fit in one as well.
     let name = place.name().as_bytes();

@@ -11,7 +11,7 @@ use serde_json::Value;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use super::shared::Shared;
+use super::shared::Connection;
 
 /// Most messages written before one flush, so a steady stream still gets flushed regularly.
 const MAX_MESSAGES_PER_FLUSH: usize = 64;
@@ -60,7 +60,7 @@ pub(super) fn encode<T: Serialize>(message: &T) -> Vec<u8> {
 
 /// Writes queued messages until the connection closes or a write fails.
 pub(super) async fn write_loop<W>(
-    shared: Arc<Shared>,
+    shared: Arc<Connection>,
     mut writer: W,
     mut out_rx: mpsc::UnboundedReceiver<Vec<u8>>,
 ) where

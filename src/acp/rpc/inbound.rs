@@ -9,7 +9,7 @@ use serde_json::Value;
 use tracing::{debug, warn};
 
 use super::framing::{encode, ErrorObject, OutResponse};
-use super::shared::{Shared, INTERNAL_ERROR, METHOD_NOT_FOUND};
+use super::shared::{Connection, INTERNAL_ERROR, METHOD_NOT_FOUND};
 
 /// The fast path of the layer above for its commonest lines: the reader routes responses
 /// to their callers itself and hands everything else on as an [`Incoming`], in arrival
@@ -90,13 +90,13 @@ impl IncomingRequest {
 pub struct Responder {
     id: Value,
     method: String,
-    shared: Arc<Shared>,
+    shared: Arc<Connection>,
     answered: bool,
 }
 
 impl Responder {
     /// The responder for request `id` of `method`, not answered yet.
-    pub(super) fn new(id: Value, method: String, shared: Arc<Shared>) -> Self {
+    pub(super) fn new(id: Value, method: String, shared: Arc<Connection>) -> Self {
         Self {
             id,
             method,

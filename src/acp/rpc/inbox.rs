@@ -7,18 +7,18 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use super::shared::Shared;
+use super::shared::Connection;
 
 /// Incoming messages, in the order they arrived.
 pub struct Inbox<I> {
     rx: mpsc::Receiver<(I, u64)>,
-    shared: Arc<Shared>,
+    shared: Arc<Connection>,
     /// Where the message received last begins, until it is done with.
     in_hand: Option<u64>,
 }
 
 impl<I> Inbox<I> {
-    pub(super) fn new(rx: mpsc::Receiver<(I, u64)>, shared: Arc<Shared>) -> Inbox<I> {
+    pub(super) fn new(rx: mpsc::Receiver<(I, u64)>, shared: Arc<Connection>) -> Inbox<I> {
         Inbox {
             rx,
             shared,

@@ -12,7 +12,7 @@ use tracing::{debug, trace, warn};
 
 use super::framing::{Line, LineReader};
 use super::inbound::{Inbound, Incoming, IncomingRequest, Responder};
-use super::shared::{RpcError, Shared, INTERNAL_ERROR};
+use super::shared::{Connection, RpcError, INTERNAL_ERROR};
 
 /// How much of a skipped line goes into the log.
 const PREVIEW_BYTES: usize = 200;
@@ -23,7 +23,7 @@ const SKIPS_LOGGED_EVERY: u64 = 10_000;
 
 /// Reads and routes lines until the stream ends or the connection is closed elsewhere.
 pub(super) async fn read_loop<I, R>(
-    shared: Arc<Shared>,
+    shared: Arc<Connection>,
     mut lines: LineReader<R>,
     incoming_tx: mpsc::Sender<(Incoming<I>, u64)>,
 ) where
@@ -88,7 +88,7 @@ enum Routed<I> {
 
 /// Routes parsed lines from the reader to waiting callers or the incoming channel.
 struct Router<'a, I> {
-    shared: &'a Arc<Shared>,
+    shared: &'a Arc<Connection>,
     /// Lines skipped so far (see [`Router::skip`]).
     skipped: AtomicU64,
     /// `None` once the receiver is gone; from then on requests are refused.
@@ -302,7 +302,7 @@ fn preview(line: &[u8]) -> String {
     text
 }
 
-impl Shared {
+impl Connection {
     /// A line the reader dealt with by itself (nothing handed on) was read
     /// up to `end`: whoever acknowledges the stream is told.
     fn read_by_itself(&self, end: u64) {

@@ -40,7 +40,7 @@ pub enum RpcError {
 }
 
 /// What the handle, the tasks and every [`Responder`](super::Responder) share.
-pub(super) struct Shared {
+pub(super) struct Connection {
     pub(super) label: String,
     pub(super) next_id: AtomicU64,
     pub(super) state: Mutex<State>,
@@ -178,7 +178,7 @@ impl Ledger {
     }
 }
 
-impl Shared {
+impl Connection {
     pub(super) fn state(&self) -> MutexGuard<'_, State> {
         // Nothing panics while holding the lock, but if something ever does, the table is
         // still consistent, so keep going rather than poison every later call.
