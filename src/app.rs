@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::notify::notifier::Notifier;
 use crate::notify::Enqueue;
 use crate::permissions::PolicyHandle;
-use crate::session::journal::Sink;
+use crate::session::journal::Outlets;
 use crate::session::{self, Sessions};
 use crate::store::Backend;
 
@@ -66,7 +66,7 @@ impl Gateway {
             Backend::Sqlite => crate::cluster::lock::lock_sqlite(&url)?,
             Backend::Postgres => None,
         };
-        let sink = Sink {
+        let sink = Outlets {
             store: crate::store::open(&url).await?,
             bus: EventBus::new(config.event_buffer),
         };

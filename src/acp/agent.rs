@@ -26,7 +26,7 @@ use super::link::{self, Ending, ShimControl};
 use super::rpc::{Processed, RpcPeer};
 use crate::config::AgentProfile;
 use crate::process::child::{StderrTail, Supervised};
-use crate::sandbox::Place;
+use crate::sandbox::AgentBox;
 use crate::shim::Ready;
 
 /// How many stderr lines are kept for error reports.
@@ -61,7 +61,7 @@ impl ShimSetup {
         program: &Path,
         profile: &AgentProfile,
         user: Option<&crate::sys::SystemUser>,
-        place: &Place,
+        place: &AgentBox,
     ) -> anyhow::Result<Command> {
         let socket = self.socket(conversation_id);
         // A socket left by a shim that is gone.
@@ -172,7 +172,7 @@ impl AgentProcess {
         cwd: &Path,
         conversation_id: Uuid,
         shim: Option<&ShimSetup>,
-        place: &Place,
+        place: &AgentBox,
     ) -> anyhow::Result<(AgentProcess, AgentPipes)> {
         let user = match &profile.user {
             // Unprivileged: std drops the supplementary groups too when the

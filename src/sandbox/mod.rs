@@ -77,12 +77,12 @@ pub struct Rules {
 /// A conversation's box as its processes get it: the home its variables
 /// point to, and the rules they are confined by (`None`: unconfined).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Place {
+pub struct AgentBox {
     pub home: Option<Home>,
     pub rules: Option<Rules>,
 }
 
-impl Place {
+impl AgentBox {
     /// The variables that point a process to its home (none without).
     pub fn variables(&self) -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
         self.home.as_ref().map(Home::variables).unwrap_or_default()

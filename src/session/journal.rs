@@ -32,22 +32,23 @@ use crate::model::{
     EventBody, MessagePart, PermissionRequest, PermissionStatus, SessionUpdate, ToolCall,
     TurnEnded,
 };
-use crate::store::{AgentLink, Batch, ConversationPatch, Lane, Resolution, Store};
+use crate::store::{AgentLink, Batch, CommitQueue, ConversationPatch, Resolution, Store};
 use crate::telemetry;
 
 mod outage;
 mod storable;
 
-/// Shared services a journal writes to.
+/// Where a journal's events go: the store (committed), then the bus
+/// (published).
 #[derive(Clone)]
-pub struct Sink {
+pub struct Outlets {
     pub store: std::sync::Arc<dyn Store>,
     pub bus: EventBus,
 }
 
 /// See the module docs.
 pub struct Journal {
-    sink: Sink,
+    sink: Outlets,
     conversation_id: Uuid,
     last_seq: i64,
     status: ConversationStatus,
@@ -80,7 +81,7 @@ pub struct Journal {
     /// How many of its events the write-buffer gauge counts now.
     gauged: usize,
     /// Who waits for the next commit.
-    lane: Lane,
+    lane: CommitQueue,
     /// The owner epoch every write is conditional on (see
     /// [`crate::store::Batch::fence`]).
     fence: Option<i64>,
@@ -107,7 +108,7 @@ struct Outage {
 }
 
 impl Journal {
-    pub fn new(sink: Sink, conversation: &Conversation, turn_id: Option<Uuid>) -> Self {
+    pub fn new(sink: Outlets, conversation: &Conversation, turn_id: Option<Uuid>) -> Self {
         Journal {
             sink,
             conversation_id: conversation.id,
@@ -126,7 +127,7 @@ impl Journal {
             outage: None,
             published: conversation.last_seq,
             gauged: 0,
-            lane: Lane::Person,
+            lane: CommitQueue::Person,
             fence: None,
             link: None,
             committed_output: None,
@@ -187,7 +188,7 @@ impl Journal {
     /// Who waits for what is committed from now on: a person (the default:
     /// a journal works for a call) or, in a running session between
     /// commands, its agent.
-    pub fn serve(&mut self, lane: Lane) {
+    pub fn serve(&mut self, lane: CommitQueue) {
         self.lane = lane;
     }
 
@@ -624,7 +625,7 @@ mod tests {
 
     /// A journal of a new conversation in a SQLite database in `dir`, as a
     /// gateway starts one, and what it writes to.
-    pub(super) async fn journal_in(dir: &std::path::Path) -> (Journal, Sink) {
+    pub(super) async fn journal_in(dir: &std::path::Path) -> (Journal, Outlets) {
         let url = format!("sqlite://{}", dir.join("gateway.db").display());
         let store = crate::store::open(&url).await.unwrap();
         let conversation = Conversation {
@@ -642,7 +643,7 @@ mod tests {
             node_id: None,
         };
         store.insert_conversation(&conversation).await.unwrap();
-        let sink = Sink {
+        let sink = Outlets {
             store,
             bus: EventBus::new(16),
         };

@@ -47,17 +47,19 @@ use crate::permissions::PolicyHandle;
 use crate::store::Store;
 use command::Handle;
 pub use command::Setting;
-use journal::Sink;
+use journal::Outlets;
 use task::StartParams;
 
 /// The supervisor of every live conversation on this node: cheap to clone.
 #[derive(Clone)]
 pub struct Sessions {
-    inner: Arc<Shared>,
+    inner: Arc<Registry>,
 }
 
-struct Shared {
-    sink: Sink,
+/// The live conversations on this node and what every handle to the
+/// supervisor shares.
+struct Registry {
+    sink: Outlets,
     /// This gateway node, and the others on the same database.
     node: Node,
     policies: PolicyHandle,
@@ -91,7 +93,7 @@ struct Shared {
 
 impl Sessions {
     pub fn new(
-        sink: Sink,
+        sink: Outlets,
         node: Node,
         policies: PolicyHandle,
         config: &Config,
@@ -104,7 +106,7 @@ impl Sessions {
             .filter_map(|a| Some((a.name.clone(), config.agent(&a.name)?)))
             .collect();
         Sessions {
-            inner: Arc::new(Shared {
+            inner: Arc::new(Registry {
                 sink,
                 node,
                 policies,
@@ -127,7 +129,7 @@ impl Sessions {
         }
     }
 
-    pub fn sink(&self) -> &Sink {
+    pub fn sink(&self) -> &Outlets {
         &self.inner.sink
     }
 

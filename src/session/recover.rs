@@ -6,7 +6,7 @@
 use anyhow::Context;
 use uuid::Uuid;
 
-use super::journal::{Journal, Sink};
+use super::journal::{Journal, Outlets};
 use super::Sessions;
 use crate::cluster::Node;
 use crate::error::Result;
@@ -76,7 +76,7 @@ impl Sessions {
 /// Agents a previous run left under their shims on this machine are left
 /// alone here: their records are returned, for
 /// [`Sessions::reattach`](super::Sessions::reattach) to take them up again.
-pub async fn recover(sink: &Sink, node: &Node) -> anyhow::Result<Vec<AgentProcessRecord>> {
+pub async fn recover(sink: &Outlets, node: &Node) -> anyhow::Result<Vec<AgentProcessRecord>> {
     // The agents on record first: one recorded later belongs to a node that
     // claimed its conversation after `elsewhere` was read.
     let records = sink.store.list_agent_processes().await?;
@@ -137,7 +137,7 @@ pub async fn recover(sink: &Sink, node: &Node) -> anyhow::Result<Vec<AgentProces
 /// Ends what a conversation whose agent is gone had going: its pending
 /// requests expire and its turn ends with `detail`; it stays open.
 pub(super) async fn recover_conversation(
-    sink: &Sink,
+    sink: &Outlets,
     conversation: &Conversation,
     turn_id: Option<Uuid>,
     detail: &str,

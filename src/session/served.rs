@@ -32,8 +32,9 @@ pub struct Write {
     pub responder: Responder,
 }
 
-/// What a conversation serves its agent, and under which rules.
-pub struct Served {
+/// The client side of ACP a conversation serves its agent (files and
+/// terminals), and under which rules.
+pub struct ClientServices {
     workspace: Arc<Workspace>,
     terminals: Terminals,
     session_id: String,
@@ -42,7 +43,7 @@ pub struct Served {
     policies: PolicyHandle,
 }
 
-impl Served {
+impl ClientServices {
     /// Terminal output goes to `output`; terminal commands start with
     /// `environment` (their agent's).
     pub fn new(
@@ -53,8 +54,8 @@ impl Served {
         policies: PolicyHandle,
         output: mpsc::Sender<TerminalOutput>,
         environment: crate::process::spawn::Environment,
-    ) -> Served {
-        Served {
+    ) -> ClientServices {
+        ClientServices {
             workspace: Arc::new(workspace),
             terminals: Terminals::new(output, environment),
             session_id,
@@ -85,7 +86,7 @@ impl Served {
         self.terminals.ended()
     }
 
-    /// Serves one request the session found [`Served::serves`]. A write is
+    /// Serves one request the session found [`ClientServices::serves`]. A write is
     /// handed back, done, for the session to record and then answer; every
     /// other request is answered here (a wait for a terminal's exit, later,
     /// from a task of its own).
@@ -169,7 +170,7 @@ impl Served {
     }
 
     /// The refusal of a terminal the operator's policies deny (files are
-    /// judged by their [`Served::gate`]).
+    /// judged by their [`ClientServices::gate`]).
     async fn denied(
         &self,
         method: &str,

@@ -16,7 +16,7 @@ use crate::config::AgentProfile;
 use crate::error::{Error, Result};
 use crate::model::{self, AgentReport, Conversation};
 use crate::process::procs::Host;
-use crate::sandbox::Place;
+use crate::sandbox::AgentBox;
 use crate::store::{AgentLink, AgentProcessRecord, Store};
 
 /// How long an agent gets to exit after SIGTERM.
@@ -37,11 +37,11 @@ pub(super) struct Connected {
     pub(super) shim: Option<ShimControl>,
 }
 
-/// How an agent is housed: under a shim (where `shim` says how) or as our
-/// own child, and in which box.
-pub(super) struct Housing<'a> {
+/// What an agent is started inside: its shim (where `shim` says how; else
+/// it is our own child) and its box.
+pub(super) struct Enclosure<'a> {
     pub(super) shim: Option<&'a ShimSetup>,
-    pub(super) place: &'a Place,
+    pub(super) place: &'a AgentBox,
 }
 
 /// Spawns the process, records it, and opens the ACP session (loading
@@ -53,7 +53,7 @@ pub(super) async fn connect(
     state: &mut AgentReport,
     max_line_bytes: usize,
     store: &dyn Store,
-    Housing { shim, place }: Housing<'_>,
+    Enclosure { shim, place }: Enclosure<'_>,
 ) -> Result<Connected> {
     let cwd = PathBuf::from(&conversation.cwd);
     let (mut process, pipes) = AgentProcess::spawn(profile, &cwd, conversation.id, shim, place)
@@ -168,10 +168,10 @@ pub(super) fn place_of(
     profile: &AgentProfile,
     conversation: &Conversation,
     homes: &std::path::Path,
-) -> Result<Place> {
+) -> Result<AgentBox> {
     use crate::sandbox::{self, Home, SandboxMode};
     if profile.sandbox == SandboxMode::Off {
-        return Ok(Place::default());
+        return Ok(AgentBox::default());
     }
     let cannot =
         |why: String| Error::AgentFailed(format!("cannot box agent {:?}: {why}", profile.name));
@@ -196,7 +196,7 @@ pub(super) fn place_of(
             effective.tcp_ports_enforced == Some(true),
         )
     });
-    Ok(Place {
+    Ok(AgentBox {
         home: Some(home),
         rules,
     })

@@ -42,11 +42,11 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::command::{Command, Handle, Reply, Setting};
-use super::journal::{Journal, Sink};
+use super::journal::{Journal, Outlets};
 use super::pending::{Pending, WaitingRequests};
-use super::served::Served;
+use super::served::ClientServices;
 use super::spawn::{
-    agent_user, connect, first_link, place_of, Connected, Housing, TERMINATE_GRACE,
+    agent_user, connect, first_link, place_of, Connected, Enclosure, TERMINATE_GRACE,
 };
 use super::transcript::Transcript;
 use crate::acp::agent::{AgentProcess, Cursor, ShimSetup};
@@ -58,8 +58,8 @@ use crate::error::Result;
 use crate::model::{self, AgentReport, AgentState, AgentStatus, Conversation, ConversationStatus};
 use crate::permissions::policy::Mode;
 use crate::permissions::PolicyHandle;
-use crate::sandbox::Place;
-use crate::store::{AgentLink, AgentProcessRecord, Lane};
+use crate::sandbox::AgentBox;
+use crate::store::{AgentLink, AgentProcessRecord, CommitQueue};
 use crate::telemetry;
 use crate::workspace::terminals::TerminalOutput;
 use crate::workspace::Workspace;
@@ -90,7 +90,7 @@ pub type ExitCauses = Arc<Mutex<HashMap<Uuid, &'static str>>>;
 
 /// Everything needed to start a session.
 pub struct StartParams {
-    pub sink: Sink,
+    pub sink: Outlets,
     pub profile: AgentProfile,
     /// A new conversation, or (`resume`) one as stored whose agent is gone.
     pub conversation: Conversation,
@@ -163,7 +163,7 @@ pub async fn start(
             &mut state,
             max_line_bytes,
             journal.store(),
-            Housing {
+            Enclosure {
                 shim: shim.as_ref(),
                 place: &place,
             },
@@ -227,7 +227,7 @@ pub async fn start(
     journal.ride_out_outages(write_buffer_events);
     // From now on its commits are the agent's, except while serving a
     // command (see `Task::carry_out`).
-    journal.serve(Lane::Agent);
+    journal.serve(CommitQueue::Agent);
     conversation.status = journal.status();
     conversation.acp_session_id = Some(agent.session_id().to_owned());
     conversation.last_seq = journal.last_seq();
@@ -276,7 +276,7 @@ pub(super) struct Assembly<'a> {
     pub(super) shutdown_timeout: Duration,
     pub(super) on_shutdown: ShutdownPlan,
     /// The conversation's box.
-    pub(super) place: Place,
+    pub(super) place: AgentBox,
 }
 
 /// The task, and the handle that sends it commands.
@@ -292,7 +292,7 @@ fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
     // Terminal commands get what the agent got (as its user, in its box).
     let mut environment = crate::process::profile::environment(profile, user.as_ref());
     environment.extend(parts.place.variables());
-    let served = Served::new(
+    let served = ClientServices::new(
         Workspace {
             cwd: PathBuf::from(&conversation.cwd),
             allowed_roots: profile.allowed_roots.clone(),
@@ -394,7 +394,7 @@ struct Task {
     on_shutdown: ShutdownPlan,
     exits: ExitCauses,
     /// Files and terminals, where the profile offers them.
-    served: Served,
+    served: ClientServices,
     /// Output of the terminals `served` runs.
     terminal_output: mpsc::Receiver<TerminalOutput>,
 }
@@ -578,9 +578,9 @@ impl Task {
             }
             Step::Command(Some(command)) => {
                 // A person waits for its answer: its writes go first.
-                self.journal.serve(Lane::Person);
+                self.journal.serve(CommitQueue::Person);
                 let handled = self.handle_command(command).await;
-                self.journal.serve(Lane::Agent);
+                self.journal.serve(CommitQueue::Agent);
                 handled?;
             }
             Step::Changed(change, answer) => {

@@ -1,6 +1,6 @@
 //! What every backend offers: the [`Store`] trait, whose parts by job are
 //! its supertraits (each in its own file), and the values its appending
-//! writes take: a commit's [`Batch`] and the [`Lane`] it waits in, a
+//! writes take: a commit's [`Batch`] and the [`CommitQueue`] it waits in, a
 //! conversation's new state, a request's resolution.
 
 use async_trait::async_trait;
@@ -29,8 +29,8 @@ pub struct Batch {
     /// `last_seq` still moves up to the batch's events (see
     /// [`Store::commit`]).
     pub conversation: Option<ConversationPatch>,
-    /// Who waits for this commit (see [`Lane`]).
-    pub lane: Lane,
+    /// Who waits for this commit (see [`CommitQueue`]).
+    pub lane: CommitQueue,
     /// The owner epoch the writer claimed the conversation with: where the
     /// conversation's epoch is another now, nothing is written and the
     /// commit fails with [`crate::error::Error::Fenced`]. `None`: unfenced
@@ -51,7 +51,7 @@ pub struct Batch {
 /// or reordered within a conversation (its commits come from one task, one
 /// after the other).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Lane {
+pub enum CommitQueue {
     /// What an agent sent.
     #[default]
     Agent,
@@ -75,11 +75,11 @@ impl Lanes {
 
     /// Waits for a place in `lane` (at once for a person); held until the
     /// write is done.
-    pub async fn enter(&self, lane: Lane) -> Option<tokio::sync::SemaphorePermit<'_>> {
+    pub async fn enter(&self, lane: CommitQueue) -> Option<tokio::sync::SemaphorePermit<'_>> {
         match lane {
-            Lane::Person => None,
+            CommitQueue::Person => None,
             // Never closed.
-            Lane::Agent => self.agents.acquire().await.ok(),
+            CommitQueue::Agent => self.agents.acquire().await.ok(),
         }
     }
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use uuid::Uuid;
 
-use super::backend::{Batch, ConversationPatch, Lane, Store};
+use super::backend::{Batch, CommitQueue, ConversationPatch, Store};
 use super::permissions::PermissionFilter;
 use crate::error::Result;
 use crate::model::{Conversation, Event, EventBody, Message, MessagePart, MessageRole};
@@ -149,7 +149,7 @@ async fn copy_conversation(
             updated_at: conversation.updated_at,
             state: Some(conversation.state.clone()),
         }),
-        lane: Lane::Person,
+        lane: CommitQueue::Person,
     };
     // The row first (the rest refers to it), then everything in one transaction.
     if fresh {

@@ -46,7 +46,7 @@ pub mod notify;
 pub mod cluster;
 
 pub use crate::config::url::{redact_url, sqlite_file, Backend};
-pub use backend::{Batch, ConversationPatch, Lane, Resolution, Store};
+pub use backend::{Batch, CommitQueue, ConversationPatch, Resolution, Store};
 pub use cluster::{ClusterStore, Clustered};
 pub use notify::ActionToken;
 pub use page::{json_size, Bounded};

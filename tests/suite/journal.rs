@@ -6,7 +6,7 @@
 
 use acp_gateway::bus::EventBus;
 use acp_gateway::model::{self, ConversationStatus, Decision, PermissionRequest, PermissionStatus};
-use acp_gateway::session::journal::{Journal, Sink};
+use acp_gateway::session::journal::{Journal, Outlets};
 use acp_gateway::store::Resolution;
 use serde_json::{json, Value};
 use uuid::Uuid;
@@ -19,16 +19,16 @@ backend_tests!(
 );
 
 /// A store on `db` with one idle conversation.
-async fn one_conversation(db: &TestDb) -> (Sink, Uuid) {
+async fn one_conversation(db: &TestDb) -> (Outlets, Uuid) {
     let store = acp_gateway::store::open(&db.url).await.unwrap();
     let conversation = idle_conversation(Some("ann"));
     store.insert_conversation(&conversation).await.unwrap();
     let bus = EventBus::new(64);
-    (Sink { store, bus }, conversation.id)
+    (Outlets { store, bus }, conversation.id)
 }
 
 /// A journal as a gateway starts one: from the conversation as stored.
-async fn journal(sink: &Sink, id: Uuid) -> Journal {
+async fn journal(sink: &Outlets, id: Uuid) -> Journal {
     let conversation = sink.store.get_conversation(id).await.unwrap().unwrap();
     Journal::new(sink.clone(), &conversation, None)
 }
@@ -49,7 +49,7 @@ fn said(events: impl IntoIterator<Item = model::Event>) -> Vec<(i64, String)> {
         .collect()
 }
 
-async fn stored(sink: &Sink, id: Uuid) -> Vec<(i64, String)> {
+async fn stored(sink: &Outlets, id: Uuid) -> Vec<(i64, String)> {
     said(sink.store.list_events(id, 0, 100).await.unwrap())
 }
 

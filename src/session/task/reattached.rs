@@ -21,7 +21,7 @@ use crate::permissions::PolicyHandle;
 use crate::session::command::Handle;
 use crate::session::journal::Journal;
 use crate::session::pending::WaitingRequests;
-use crate::store::{AgentLink, AgentProcessRecord, Lane, Resolution};
+use crate::store::{AgentLink, AgentProcessRecord, CommitQueue, Resolution};
 
 /// What reattaching a conversation's session takes.
 pub struct Reattached<'a> {
@@ -46,7 +46,7 @@ pub struct Reattached<'a> {
     pub shutdown_timeout: std::time::Duration,
     pub on_shutdown: ShutdownPlan,
     /// The conversation's box (its terminals and files are in it too).
-    pub place: crate::sandbox::Place,
+    pub place: crate::sandbox::AgentBox,
 }
 
 /// Spawns the session task of a reattached agent.
@@ -78,7 +78,7 @@ pub async fn reattach(r: Reattached<'_>) -> Result<(Handle, tokio::task::JoinHan
     let agent = AgentSession::reattached(peer.clone(), r.session_id, r.link.can_close);
     let mut journal = r.journal;
     journal.ride_out_outages(r.write_buffer_events);
-    journal.serve(Lane::Agent);
+    journal.serve(CommitQueue::Agent);
     journal.link_to(r.link.clone());
     let shim_output = ShimOutput::new(Cursor::new(peer.clone(), control), &r.link);
     let (handle, mut task) = assemble(Assembly {
