@@ -92,26 +92,6 @@ async fn counter(gw: &TestGateway, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Every event of a conversation, paged.
-async fn all_events(gw: &TestGateway, id: &str) -> Vec<Value> {
-    let mut events = Vec::new();
-    let mut after = 0;
-    loop {
-        let (status, page) = gw
-            .get(&format!(
-                "/api/v1/conversations/{id}/events?after={after}&limit=1000"
-            ))
-            .await;
-        assert_eq!(status, 200, "{page}");
-        let items = page["items"].as_array().unwrap();
-        let Some(last) = items.last() else {
-            return events;
-        };
-        after = last["seq"].as_i64().unwrap();
-        events.extend(items.iter().cloned());
-    }
-}
-
 /// Every message of a conversation, paged.
 async fn all_messages(gw: &TestGateway, id: &str) -> Vec<Value> {
     let mut messages = Vec::new();
@@ -159,7 +139,7 @@ async fn stream_once(gw: &TestGateway, n: usize) -> Streamed {
     let expected = expected_text(n);
     let seen = streamed_text(&frames, "agent_message_chunk");
     assert!(seen == expected, "the WebSocket got every chunk, in order");
-    let events = all_events(gw, &id).await;
+    let events = gw.events(&id).await;
     assert_consecutive(&events, 0);
     let stored = streamed_text(&events, "agent_message_chunk");
     assert!(stored == expected, "the events stored hold every chunk");
