@@ -42,6 +42,7 @@ impl Sessions {
     /// committed (their events went out before).
     pub fn waiting_here(&self, can_see: impl Fn(Option<&str>) -> bool) -> Vec<PermissionRequest> {
         self.inner
+            .setup
             .waiting
             .lock()
             .unwrap()
@@ -69,7 +70,7 @@ impl Sessions {
     ) -> Result<PermissionRequest> {
         let missing = || Error::NotFound(format!("no permission request {id}"));
         let held = {
-            let waiting = self.inner.waiting.lock().unwrap();
+            let waiting = self.inner.setup.waiting.lock().unwrap();
             let held = waiting.get(&id);
             held.map(|w| (w.request.conversation_id, w.owner.clone()))
         };

@@ -59,19 +59,15 @@ pub struct Sessions {
 /// The live conversations on this node and what every handle to the
 /// supervisor shares.
 struct Registry {
-    sink: Outlets,
+    /// What each session task starts with: the outlets, the policies, the
+    /// one index of the requests waiting for a person on this node (see
+    /// [`pending`]), the shutdown token, where shims and homes go.
+    setup: task::Setup,
     /// This gateway node, and the others on the same database.
     node: Node,
-    policies: PolicyHandle,
     /// The agent profiles, by name, as conversations are started with them.
     profiles: HashMap<String, AgentProfile>,
-    max_line_bytes: usize,
-    shutdown_timeout: std::time::Duration,
-    write_buffer_events: usize,
     live: Mutex<HashMap<Uuid, Handle>>,
-    /// The one index of the requests waiting for a person on this node
-    /// (see [`pending`]).
-    waiting: pending::WaitingRequests,
     /// Held while a conversation's agent starts again, so that concurrent
     /// prompts never start two.
     starting: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
@@ -79,16 +75,7 @@ struct Registry {
     /// many are starting.
     limits: AgentLimits,
     admitting: Mutex<Admitting>,
-    exits: task::ExitCauses,
-    /// Cancelled when the gateway stops: every session closes its agent.
-    shutdown: CancellationToken,
     tasks: TaskTracker,
-    /// Where agents' shims go (`None`: agents are the gateway's own
-    /// children).
-    shim: Option<ShimSetup>,
-    on_shutdown: ShutdownPlan,
-    /// Where users' homes are made (`<state_dir>/homes`).
-    homes: std::path::PathBuf,
 }
 
 impl Sessions {
@@ -107,39 +94,41 @@ impl Sessions {
             .collect();
         Sessions {
             inner: Arc::new(Registry {
-                sink,
+                setup: task::Setup {
+                    sink,
+                    max_line_bytes: config.max_line_bytes,
+                    shutdown,
+                    shutdown_timeout: config.shutdown_timeout,
+                    on_shutdown: ShutdownPlan::new(config.on_shutdown),
+                    write_buffer_events: config.write_buffer_events,
+                    policies,
+                    exits: Default::default(),
+                    waiting: Default::default(),
+                    shim: shim_setup(config),
+                    homes: config.homes_dir(),
+                },
                 node,
-                policies,
                 profiles,
-                max_line_bytes: config.max_line_bytes,
-                shutdown_timeout: config.shutdown_timeout,
-                write_buffer_events: config.write_buffer_events,
                 live: Mutex::new(HashMap::new()),
-                waiting: Default::default(),
                 starting: Mutex::new(HashMap::new()),
                 limits: config.agent_limits(),
                 admitting: Mutex::new(Admitting::default()),
-                exits: Default::default(),
-                shutdown,
                 tasks,
-                shim: shim_setup(config),
-                on_shutdown: ShutdownPlan::new(config.on_shutdown),
-                homes: config.homes_dir(),
             }),
         }
     }
 
     pub fn sink(&self) -> &Outlets {
-        &self.inner.sink
+        &self.inner.setup.sink
     }
 
     pub fn store(&self) -> &dyn Store {
-        &*self.inner.sink.store
+        &*self.inner.setup.sink.store
     }
 
     /// What the coming stop does to the agents (see [`ShutdownPlan`]).
     pub fn shutdown_plan(&self) -> &ShutdownPlan {
-        &self.inner.on_shutdown
+        &self.inner.setup.on_shutdown
     }
 
     /// This gateway node.
@@ -149,7 +138,7 @@ impl Sessions {
 
     /// The operator policies in force.
     pub fn policies(&self) -> &PolicyHandle {
-        &self.inner.policies
+        &self.inner.setup.policies
     }
 
     /// How many agents run on this node.
@@ -196,21 +185,11 @@ impl Sessions {
         let id = conversation.id;
         let _slot = self.admit(conversation.owner.as_deref()).await?;
         let (handle, conversation, task) = task::start(StartParams {
-            sink: self.inner.sink.clone(),
+            setup: self.inner.setup.clone(),
             profile,
             conversation,
             resume,
-            max_line_bytes: self.inner.max_line_bytes,
-            shutdown: self.inner.shutdown.child_token(),
-            shutdown_timeout: self.inner.shutdown_timeout,
-            write_buffer_events: self.inner.write_buffer_events,
-            policies: self.inner.policies.clone(),
-            exits: self.inner.exits.clone(),
-            waiting: self.inner.waiting.clone(),
             fence,
-            shim: self.inner.shim.clone(),
-            on_shutdown: self.inner.on_shutdown.clone(),
-            homes: self.inner.homes.clone(),
         })
         .await?;
         self.register(id, handle.clone(), task);

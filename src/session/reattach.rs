@@ -71,7 +71,7 @@ impl Sessions {
                 }
             }
         }
-        if let Some(shim) = &self.inner.shim {
+        if let Some(shim) = &self.inner.setup.shim {
             self.stop_strays(&shim.dir).await;
         }
         Ok(())
@@ -106,7 +106,8 @@ impl Sessions {
         };
         let profile = crate::sandbox::profile::for_user(profile, conversation.owner.as_deref());
         // Its terminals and files go in the box its agent is in.
-        let place = place_of(&profile, &conversation, &self.inner.homes).map_err(|e| failed(&e))?;
+        let place =
+            place_of(&profile, &conversation, &self.inner.setup.homes).map_err(|e| failed(&e))?;
         let Some(session_id) = conversation.acp_session_id.clone() else {
             return Err(failed(&"its agent never opened a session"));
         };
@@ -137,8 +138,9 @@ impl Sessions {
             .await
             .map_err(|e| failed(&e))?;
         let journal =
-            Journal::new(self.inner.sink.clone(), &conversation, turn_id).fenced_at(fence);
+            Journal::new(self.inner.setup.sink.clone(), &conversation, turn_id).fenced_at(fence);
         let started = task::reattach(Reattached {
+            setup: self.inner.setup.clone(),
             journal,
             process,
             pipes,
@@ -149,14 +151,6 @@ impl Sessions {
             conversation: &conversation,
             turn_id,
             pending,
-            max_line_bytes: self.inner.max_line_bytes,
-            write_buffer_events: self.inner.write_buffer_events,
-            policies: self.inner.policies.clone(),
-            exits: self.inner.exits.clone(),
-            waiting: self.inner.waiting.clone(),
-            shutdown: self.inner.shutdown.child_token(),
-            shutdown_timeout: self.inner.shutdown_timeout,
-            on_shutdown: self.inner.on_shutdown.clone(),
             place,
         })
         .await;

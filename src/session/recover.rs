@@ -22,7 +22,7 @@ impl Sessions {
     /// left running here is killed, pending requests expire, a running turn
     /// ends.
     pub(super) async fn recover_taken(&self, id: Uuid, dead: Uuid) -> Result<()> {
-        let sink = &self.inner.sink;
+        let sink = &self.inner.setup.sink;
         if let Err(e) = kill_leftover_agents(&*sink.store, |c| c == id).await {
             tracing::warn!(conversation_id = %id, error = %e, "could not look for what the dead node's agent left");
         }

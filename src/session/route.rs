@@ -245,7 +245,7 @@ impl Sessions {
                         }
                         let conversation = self.stored(id).await?;
                         let mut journal =
-                            Journal::new(self.inner.sink.clone(), &conversation, None)
+                            Journal::new(self.inner.setup.sink.clone(), &conversation, None)
                                 .fenced_at(epoch);
                         journal.set_status(ConversationStatus::Closed);
                         journal.flush().await

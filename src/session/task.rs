@@ -16,7 +16,9 @@
 //! options), `turns` (prompts and their ends), `ending` (how the session
 //! ends and the agent goes); `output` holds what an agent's output under a
 //! shim needs kept (told to the journal before a commit, acknowledged to the
-//! shim after).
+//! shim after). Each job's own state is one field of the task, its part
+//! (`parts.rs`: `intake`, `turns`, `settings`, `requests`, `ending`); what
+//! every job uses is the task's own.
 
 mod ending;
 mod incoming;
@@ -25,11 +27,9 @@ mod permissions;
 pub(super) mod reattached;
 mod settings;
 mod turns;
+mod parts;
 
-use std::collections::HashMap;
-use std::future::Future;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::command::{Command, Handle, Reply, Setting};
+use super::command::{Command, Handle, Reply};
 use super::journal::{Journal, Outlets};
 use super::pending::{Pending, WaitingRequests};
 use super::served::ClientServices;
@@ -56,7 +56,6 @@ use crate::acp::rpc::{Inbox, RpcError};
 use crate::config::{AgentProfile, ShutdownPlan};
 use crate::error::Result;
 use crate::model::{self, AgentReport, AgentState, AgentStatus, Conversation, ConversationStatus};
-use crate::permissions::policy::Mode;
 use crate::permissions::PolicyHandle;
 use crate::sandbox::AgentBox;
 use crate::store::{AgentLink, AgentProcessRecord, CommitQueue};
@@ -64,6 +63,8 @@ use crate::telemetry;
 use crate::workspace::terminals::TerminalOutput;
 use crate::workspace::Workspace;
 use output::{output_moved_on, ShimOutput};
+pub use parts::ExitCauses;
+use parts::{Change, Ending, Intake, Requests, Settings, Turns};
 
 /// Most events committed in one batch while an agent streams.
 const MAX_BATCH_EVENTS: usize = 512;
@@ -73,33 +74,21 @@ const MAX_BATCH_TEXT: usize = 1 << 20;
 /// (a client sees it this much later at most).
 const BATCH_WINDOW: Duration = Duration::from_millis(10);
 
-/// A change of a setting sent to the agent, and whom to tell once it
-/// answered.
-struct Change {
-    setting: Setting,
-    changed_by: String,
-    reply: Reply<Result<()>>,
-}
-
-/// A change sent to the agent, resolving with its answer.
-type Changing = Pin<Box<dyn Future<Output = (Change, Result<Value>)> + Send>>;
-
-/// Why each conversation's agent last went away, for counting restarts by
-/// cause (none recorded: the gateway itself restarted).
-pub type ExitCauses = Arc<Mutex<HashMap<Uuid, &'static str>>>;
-
-/// Everything needed to start a session.
-pub struct StartParams {
+/// What every session task on this node starts with, whichever
+/// conversation it serves and however its agent came to be connected: the
+/// supervisor keeps one and hands each task a copy.
+#[derive(Clone)]
+pub struct Setup {
+    /// Where the conversation's commits go (the store, then the bus).
     pub sink: Outlets,
-    pub profile: AgentProfile,
-    /// A new conversation, or (`resume`) one as stored whose agent is gone.
-    pub conversation: Conversation,
-    pub resume: bool,
     pub max_line_bytes: usize,
-    /// Cancelled when the gateway stops: the session closes its agent.
+    /// Cancelled when the gateway stops: each session (through a child
+    /// token of its own) closes its agent.
     pub shutdown: CancellationToken,
     /// How long a running turn's agent gets to answer its cancel then.
     pub shutdown_timeout: Duration,
+    /// What the gateway's shutdown does to the agent.
+    pub on_shutdown: ShutdownPlan,
     /// Most events buffered while the database is unreachable.
     pub write_buffer_events: usize,
     /// The operator policies that may answer permission requests.
@@ -107,15 +96,22 @@ pub struct StartParams {
     pub exits: ExitCauses,
     /// This node's index of requests waiting for a person.
     pub waiting: WaitingRequests,
+    /// Where the agent's shim goes (`None`: the agent is our own child).
+    pub shim: Option<ShimSetup>,
+    /// Where users' homes are made (`<state_dir>/homes`).
+    pub homes: PathBuf,
+}
+
+/// What starting one conversation's session takes besides the [`Setup`].
+pub struct StartParams {
+    pub setup: Setup,
+    pub profile: AgentProfile,
+    /// A new conversation, or (`resume`) one as stored whose agent is gone.
+    pub conversation: Conversation,
+    pub resume: bool,
     /// The owner epoch this node claimed the conversation at (see
     /// [`crate::store::Batch::fence`]).
     pub fence: Option<i64>,
-    /// Where the agent's shim goes (`None`: the agent is our own child).
-    pub shim: Option<ShimSetup>,
-    /// What the gateway's shutdown does to the agent.
-    pub on_shutdown: ShutdownPlan,
-    /// Where users' homes are made (`<state_dir>/homes`).
-    pub homes: PathBuf,
 }
 
 /// Starts the agent, opens its ACP session, and spawns the session task.
@@ -127,44 +123,34 @@ pub async fn start(
     params: StartParams,
 ) -> Result<(Handle, Conversation, tokio::task::JoinHandle<()>)> {
     let StartParams {
-        sink,
+        setup,
         profile,
         mut conversation,
         resume,
-        max_line_bytes,
-        shutdown,
-        shutdown_timeout,
-        write_buffer_events,
-        policies,
-        exits,
-        waiting,
         fence,
-        shim,
-        on_shutdown,
-        homes,
     } = params;
     let profile = crate::sandbox::profile::for_user(&profile, conversation.owner.as_deref());
     let id = conversation.id;
     let span = tracing::info_span!(parent: None, "conversation", conversation_id = %id, agent = %profile.name);
     if !resume {
-        sink.store.insert_conversation(&conversation).await?;
+        setup.sink.store.insert_conversation(&conversation).await?;
     }
-    let mut journal = Journal::new(sink, &conversation, None).fenced_at(fence);
+    let mut journal = Journal::new(setup.sink.clone(), &conversation, None).fenced_at(fence);
     journal.append(AgentStatus::new(AgentState::Starting, None));
     journal.flush().await?;
 
     let earlier = conversation.acp_session_id.clone().filter(|_| resume);
     let mut state = conversation.state.clone();
-    let started = match place_of(&profile, &conversation, &homes) {
+    let started = match place_of(&profile, &conversation, &setup.homes) {
         Ok(place) => connect(
             &profile,
             &conversation,
             earlier.as_deref(),
             &mut state,
-            max_line_bytes,
+            setup.max_line_bytes,
             journal.store(),
             Enclosure {
-                shim: shim.as_ref(),
+                shim: setup.shim.as_ref(),
                 place: &place,
             },
         )
@@ -199,7 +185,7 @@ pub async fn start(
     if resume {
         tracing::info!(parent: &span, context = ?opened.context(), "agent started again");
         if let Some(context) = opened.context() {
-            let cause = exits.lock().unwrap().remove(&id).unwrap_or("restart");
+            let cause = setup.exits.lock().unwrap().remove(&id).unwrap_or("restart");
             telemetry::agent_restarted(context, cause);
         }
     }
@@ -224,7 +210,7 @@ pub async fn start(
     });
     journal.set_status(ConversationStatus::Idle);
     journal.flush().await?;
-    journal.ride_out_outages(write_buffer_events);
+    journal.ride_out_outages(setup.write_buffer_events);
     // From now on its commits are the agent's, except while serving a
     // command (see `Task::carry_out`).
     journal.serve(CommitQueue::Agent);
@@ -234,7 +220,9 @@ pub async fn start(
     conversation.updated_at = model::now();
     conversation.state = state.clone();
 
+    let shutdown = setup.shutdown.child_token();
     let (handle, task) = assemble(Assembly {
+        setup,
         journal,
         shim_output,
         process,
@@ -245,20 +233,16 @@ pub async fn start(
         profile,
         conversation: &conversation,
         state,
-        policies,
-        exits,
-        waiting,
-        shutdown_timeout,
-        on_shutdown,
         place,
     });
     let task = tokio::spawn(task.run(shutdown).instrument(span));
     Ok((handle, conversation, task))
 }
 
-/// What a session task is made of, however its agent came to be connected
-/// (started here, or reattached under its shim).
+/// What a session task is made of besides its [`Setup`], however its agent
+/// came to be connected (started here, or reattached under its shim).
 pub(super) struct Assembly<'a> {
+    pub(super) setup: Setup,
     pub(super) journal: Journal,
     /// Under a shim: its output, acknowledged once committed.
     shim_output: Option<ShimOutput>,
@@ -270,18 +254,13 @@ pub(super) struct Assembly<'a> {
     pub(super) profile: AgentProfile,
     pub(super) conversation: &'a Conversation,
     pub(super) state: AgentReport,
-    pub(super) policies: PolicyHandle,
-    pub(super) exits: ExitCauses,
-    pub(super) waiting: WaitingRequests,
-    pub(super) shutdown_timeout: Duration,
-    pub(super) on_shutdown: ShutdownPlan,
     /// The conversation's box.
     pub(super) place: AgentBox,
 }
 
 /// The task, and the handle that sends it commands.
 fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
-    let (profile, conversation) = (&parts.profile, parts.conversation);
+    let (profile, conversation, setup) = (&parts.profile, parts.conversation, parts.setup);
     let (tx, rx) = mpsc::channel(32);
     let idle = Arc::new(Mutex::new(Some(Instant::now())));
     let (output_tx, terminal_output) = mpsc::channel(64);
@@ -305,98 +284,74 @@ fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
         parts.agent.session_id().to_owned(),
         profile.name.clone(),
         profile.mode,
-        parts.policies.clone(),
+        setup.policies.clone(),
         output_tx,
         environment,
     );
     let owner = conversation.owner.as_deref().map(Arc::from);
     let task = Task {
-        idle: idle.clone(),
-        idle_timeout: Some(profile.idle_timeout).filter(|t| !t.is_zero()),
-        shutdown_timeout: parts.shutdown_timeout,
-        on_shutdown: parts.on_shutdown,
-        exits: parts.exits,
         journal: parts.journal,
         shim_output: parts.shim_output,
         process: parts.process,
-        record: parts.record,
         agent: parts.agent,
-        incoming: Some(parts.incoming),
-        early: parts.early,
         commands: rx,
-        profile_name: profile.name.clone(),
-        mode: profile.mode,
-        cwd: PathBuf::from(&conversation.cwd),
-        policies: parts.policies,
-        turn: None,
-        prompt: None,
-        pending: Pending::new(
-            profile.permission_timeout,
-            profile.on_timeout,
-            parts.waiting,
-            conversation.owner.clone(),
-        ),
         transcript: Transcript::default(),
-        state: parts.state,
-        changes: FuturesUnordered::new(),
-        call_timeout: profile.startup_timeout,
         served,
         terminal_output,
+        intake: Intake {
+            incoming: Some(parts.incoming),
+            early: parts.early,
+        },
+        turns: Turns::default(),
+        settings: Settings {
+            state: parts.state,
+            changes: FuturesUnordered::new(),
+            call_timeout: profile.startup_timeout,
+        },
+        requests: Requests {
+            pending: Pending::new(
+                profile.permission_timeout,
+                profile.on_timeout,
+                setup.waiting,
+                conversation.owner.clone(),
+            ),
+            policies: setup.policies,
+            profile_name: profile.name.clone(),
+            mode: profile.mode,
+            cwd: PathBuf::from(&conversation.cwd),
+        },
+        ending: Ending {
+            idle: idle.clone(),
+            idle_timeout: Some(profile.idle_timeout).filter(|t| !t.is_zero()),
+            shutdown_timeout: setup.shutdown_timeout,
+            on_shutdown: setup.on_shutdown,
+            exits: setup.exits,
+            record: parts.record,
+        },
     };
     (Handle { tx, owner, idle }, task)
 }
 
-/// A turn in progress.
-struct Turn {
-    id: Uuid,
-    cancel_requested: bool,
-    /// Carries `turn_id` into every log line of the turn.
-    span: tracing::Span,
-}
-
+/// One conversation's session: what every job uses, then each job's part
+/// (see `parts.rs`).
 struct Task {
     journal: Journal,
     /// The agent's output under a shim (`None`: the agent is our own child).
     shim_output: Option<ShimOutput>,
     process: AgentProcess,
-    /// Forgotten once the process is gone.
-    record: Option<AgentProcessRecord>,
     /// The agent's ACP session.
     agent: AgentSession,
-    /// `None` once the agent's stdout has closed.
-    incoming: Option<Inbox<Incoming>>,
-    /// What the agent sent while its session opened, applied first.
-    early: Vec<Incoming>,
     commands: mpsc::Receiver<Command>,
-    /// The profile's name, mode and the conversation's cwd, for the policies.
-    profile_name: String,
-    mode: Mode,
-    cwd: PathBuf,
-    policies: PolicyHandle,
-    turn: Option<Turn>,
-    /// The outstanding `session/prompt` request.
-    prompt: Option<PromptCall>,
-    pending: Pending,
     transcript: Transcript,
-    /// What the agent reports about its session.
-    state: AgentReport,
-    /// Setting changes the agent has not answered yet.
-    changes: FuturesUnordered<Changing>,
-    /// How long the agent may take to answer a change.
-    call_timeout: Duration,
-    /// Since when the agent has been idle, shared with the handle.
-    idle: Arc<Mutex<Option<Instant>>>,
-    /// Stop the agent after this long idle (`None`: never).
-    idle_timeout: Option<Duration>,
-    /// How long a cancelled turn may take to end when the gateway stops.
-    shutdown_timeout: Duration,
-    /// When the gateway stops: whether an agent under a shim is left running.
-    on_shutdown: ShutdownPlan,
-    exits: ExitCauses,
     /// Files and terminals, where the profile offers them.
     served: ClientServices,
     /// Output of the terminals `served` runs.
     terminal_output: mpsc::Receiver<TerminalOutput>,
+    intake: Intake,
+    turns: Turns,
+    settings: Settings,
+    requests: Requests,
+    ending: Ending,
 }
 
 /// What woke the session loop.
@@ -459,7 +414,9 @@ impl Task {
             Err(e) => Err(e),
         };
         let end = match end {
-            Ok(End::ShuttingDown) if self.on_shutdown.detaches() && self.process.is_shimmed() => {
+            Ok(End::ShuttingDown)
+                if self.ending.on_shutdown.detaches() && self.process.is_shimmed() =>
+            {
                 self.detach().await;
                 return;
             }
@@ -483,30 +440,31 @@ impl Task {
 
     async fn serve(&mut self, shutdown: &CancellationToken) -> Result<End> {
         loop {
-            let idle_since = self.idle_since();
+            let idle_since = self.ending.idle_since();
             // Unbiased: a fast-streaming agent must not starve the user's
             // commands (a cancel above all).
             // While the database is away and the buffer full, the agent's
             // output waits in its pipe (backpressure), nothing is dropped.
             let full = self.journal.is_full();
             let step = tokio::select! {
-                msg = next_incoming(&mut self.incoming), if !full => Step::Incoming(msg),
+                msg = next_incoming(&mut self.intake.incoming), if !full => Step::Incoming(msg),
                 _ = self.journal.retry_due() => Step::Retry,
                 _ = self.journal.window_closes(BATCH_WINDOW) => Step::Retry,
                 _ = output_moved_on(&self.shim_output) => Step::OutputMoved,
-                result = next_prompt_result(&mut self.prompt) => Step::Answered(result),
+                result = next_prompt_result(&mut self.turns.prompt) => Step::Answered(result),
                 _ = self.process.wait() => Step::Exited,
-                due = self.pending.due() => Step::Due(due),
+                due = self.requests.pending.due() => Step::Due(due),
                 cmd = self.commands.recv() => Step::Command(cmd),
-                Some((change, answer)) = self.changes.next(), if !self.changes.is_empty() => {
+                Some((change, answer)) = self.settings.changes.next(), if !self.settings.changes.is_empty() => {
                     Step::Changed(change, answer)
                 }
                 Some(output) = self.terminal_output.recv() => Step::Terminal(output),
                 _ = shutdown.cancelled() => return Ok(End::ShuttingDown),
-                _ = idle_for(idle_since, self.idle_timeout) => Step::IdleTooLong,
+                _ = idle_for(idle_since, self.ending.idle_timeout) => Step::IdleTooLong,
             };
             // Inside a turn, every log line says which.
             let span = self
+                .turns
                 .turn
                 .as_ref()
                 .map_or_else(tracing::Span::none, |t| t.span.clone());
@@ -536,7 +494,7 @@ impl Task {
                 }
             }
             Step::Incoming(None) => {
-                self.incoming = None;
+                self.stdout_closed();
                 self.take_prompt_answer().await?;
                 if tokio::time::timeout(EXIT_AFTER_EOF, self.process.wait())
                     .await
@@ -598,7 +556,7 @@ impl Task {
             Step::Command(None) => return Ok(Some(End::ClosedByUser { reply: None })),
             Step::IdleTooLong => {
                 let after = humantime_serde::re::humantime::format_duration(
-                    self.idle_timeout.unwrap_or_default(),
+                    self.ending.idle_timeout.unwrap_or_default(),
                 );
                 tracing::info!(%after, "stopping the idle agent");
                 return Ok(Some(End::Stopped {
@@ -610,45 +568,17 @@ impl Task {
         Ok(None)
     }
 
-    /// The agent answered its prompt before it went (the answer was read
-    /// with the rest of its output): the turn ends as it said.
-    async fn take_prompt_answer(&mut self) -> Result<()> {
-        use futures::FutureExt;
-        let answered = self
-            .prompt
-            .as_mut()
-            .and_then(|call| (&mut call.answer).now_or_never());
-        if let Some(result) = answered {
-            let call = self.prompt.take();
-            if !matches!(result, Err(RpcError::Closed(_))) {
-                self.end_turn(result);
-                // Let go of the answer now that the turn's end is in the
-                // batch (see `PromptCall`).
-                drop(call);
-                self.flush().await?;
-            }
-        }
-        Ok(())
-    }
-
     /// Whether the agent has no turn, no pending request and no setting
     /// change to answer.
     fn is_idle(&self) -> bool {
-        self.turn.is_none() && self.pending.is_empty() && self.changes.is_empty()
-    }
-
-    fn idle_since(&self) -> Option<Instant> {
-        *self.idle.lock().unwrap()
+        self.turns.turn.is_none()
+            && self.requests.pending.is_empty()
+            && self.settings.changes.is_empty()
     }
 
     /// Starts or ends the idle period after whatever just happened.
     fn note_idle(&self) {
-        let mut idle = self.idle.lock().unwrap();
-        match (self.is_idle(), *idle) {
-            (true, None) => *idle = Some(Instant::now()),
-            (false, Some(_)) => *idle = None,
-            _ => {}
-        }
+        self.ending.note_idle(self.is_idle());
     }
 
     /// Carries out a user's command, answering on the reply it carries.
@@ -718,16 +648,12 @@ impl Task {
     }
 
     fn status_now(&self) -> ConversationStatus {
-        if !self.pending.is_empty() {
+        if !self.requests.pending.is_empty() {
             ConversationStatus::AwaitingPermission
-        } else if self.turn.is_some() {
+        } else if self.turns.turn.is_some() {
             ConversationStatus::Running
         } else {
             ConversationStatus::Idle
         }
-    }
-
-    fn turn_id(&self) -> Option<Uuid> {
-        self.turn.as_ref().map(|t| t.id)
     }
 }

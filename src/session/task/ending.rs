@@ -2,13 +2,15 @@
 //! (idle, capacity, an error) or shuts down, or the agent goes by itself.
 //! Whatever the cause, its terminals stop, its turn ends, its requests are
 //! answered, and the agent is gone and forgotten before the task returns.
+//!
+//! Its part of the task is [`Ending`](super::parts::Ending).
 
 use std::time::Duration;
 
 use super::{next_incoming, next_prompt_result, End, Task};
 use crate::acp::agent::describe_exit;
 use crate::error::Result;
-use crate::model::{AgentState, AgentStatus, ConversationStatus, PermissionStatus, TurnEnded};
+use crate::model::{AgentState, AgentStatus, ConversationStatus, PermissionStatus};
 use crate::session::spawn::{forget_process, TERMINATE_GRACE};
 use crate::telemetry;
 
@@ -26,19 +28,19 @@ impl Task {
     /// `shutdown_timeout` to answer the prompt (applying what it sends
     /// meanwhile), so the turn ends as the agent ends it.
     pub(super) async fn wind_down(&mut self) -> Result<()> {
-        if self.turn.is_none() {
+        if self.turns.turn.is_none() {
             return Ok(());
         }
-        let deadline = tokio::time::Instant::now() + self.shutdown_timeout;
+        let deadline = tokio::time::Instant::now() + self.ending.shutdown_timeout;
         self.cancel_turn("the gateway is shutting down", Some(deadline))
             .await?;
-        while self.turn.is_some() {
+        while self.turns.turn.is_some() {
             tokio::select! {
-                result = next_prompt_result(&mut self.prompt) => {
+                result = next_prompt_result(&mut self.turns.prompt) => {
                     self.answered(result).await?;
                     break;
                 }
-                msg = next_incoming(&mut self.incoming) => match msg {
+                msg = next_incoming(&mut self.intake.incoming) => match msg {
                     Some(msg) => self.take_in(msg).await?,
                     None => break,
                 },
@@ -68,7 +70,7 @@ impl Task {
                     }
                     return Ok(());
                 }
-                msg = next_incoming(&mut self.incoming) => match msg {
+                msg = next_incoming(&mut self.intake.incoming) => match msg {
                     Some(msg) => self.take_in(msg).await?,
                     None => return Ok(()),
                 },
@@ -83,7 +85,8 @@ impl Task {
     /// Counts why the agent went, and remembers it for a restart's count.
     pub(super) fn exited(&self, cause: &'static str) {
         telemetry::agent_exited(cause);
-        self.exits
+        self.ending
+            .exits
             .lock()
             .unwrap()
             .insert(self.journal.conversation_id(), cause);
@@ -99,7 +102,7 @@ impl Task {
         let _ = tokio::time::timeout(TERMINALS_END, self.served.stop()).await;
         self.process.terminate(TERMINATE_GRACE).await;
         // The process record is this node's own: not the conversation's.
-        forget_process(self.journal.store(), self.record.take().as_ref()).await;
+        forget_process(self.journal.store(), self.ending.record.take().as_ref()).await;
     }
 
     /// The gateway stops and leaves the agent running under its shim for
@@ -110,10 +113,8 @@ impl Task {
     /// record stays: it is how the next start finds the shim.
     pub(super) async fn detach(mut self) {
         tracing::info!("leaving the agent running under its shim");
-        if let Some(incoming) = self.incoming.as_mut() {
-            incoming.done();
-        }
-        let deadline = tokio::time::Instant::now() + self.shutdown_timeout;
+        self.dealt_with();
+        let deadline = tokio::time::Instant::now() + self.ending.shutdown_timeout;
         self.flush_until(deadline).await;
         // No answer goes out from here on (a dropped request would be
         // answered "dropped" otherwise).
@@ -160,13 +161,10 @@ impl Task {
         };
         let closing = !detail.is_empty();
         if closing {
-            if let Some(turn) = self.turn.as_mut() {
-                // Politely first: the agent may still wrap up its updates.
-                turn.cancel_requested = true;
-                let _ = self.agent.cancel().await;
-            }
+            // Politely first: the agent may still wrap up its updates.
+            self.ask_to_cancel().await;
             if stop_reason == "cancelled" {
-                let deadline = tokio::time::Instant::now() + self.shutdown_timeout;
+                let deadline = tokio::time::Instant::now() + self.ending.shutdown_timeout;
                 self.resolve_all(PermissionStatus::Cancelled, &detail, Some(deadline))
                     .await?;
             }
@@ -206,23 +204,20 @@ impl Task {
         // What waits for an unreachable database is written first (the
         // requests' answers must come after it).
         let patience = if by_user || stop_reason == "cancelled" {
-            self.shutdown_timeout
+            self.ending.shutdown_timeout
         } else {
             OUTAGE_PATIENCE
         };
         let deadline = tokio::time::Instant::now() + patience;
         self.flush_until(deadline).await;
         // Reaped, and its group killed with it.
-        forget_process(self.journal.store(), self.record.take().as_ref()).await;
+        forget_process(self.journal.store(), self.ending.record.take().as_ref()).await;
         // Requests the agent can no longer receive an answer for.
         let reason = format!("the agent went away: {}", first_line(&detail));
         self.resolve_all(PermissionStatus::Expired, &reason, Some(deadline))
             .await?;
-        let turn_ended = self.turn.take().map(|turn| TurnEnded {
-            turn_id: turn.id,
-            stop_reason: stop_reason.to_owned(),
-            error: (stop_reason == "error").then(|| detail.clone()),
-        });
+        let error = (stop_reason == "error").then(|| detail.clone());
+        let turn_ended = self.turn_ended_without_answer(stop_reason, error);
         let agent = AgentStatus::new(agent_state, Some(detail));
         self.save_transcript();
         self.note_output();

@@ -3,6 +3,8 @@
 //! to whoever serves them, and what is queued in its stdout drained in
 //! order; under a shim, how far its output is dealt with, noted with each
 //! commit and acknowledged after it (see `output.rs`).
+//!
+//! Its part of the task is [`Intake`](super::parts::Intake).
 
 use serde_json::Value;
 
@@ -15,7 +17,7 @@ use crate::session::served::Write;
 impl Task {
     /// Applies what the agent sent while its session opened.
     pub(super) async fn apply_early(&mut self) -> Result<()> {
-        for msg in std::mem::take(&mut self.early) {
+        for msg in std::mem::take(&mut self.intake.early) {
             self.handle_incoming(msg).await?;
         }
         // The last of them, or one the opening dealt with, is in hand.
@@ -35,10 +37,15 @@ impl Task {
     /// takes over after a crash does not apply it again. Said right after
     /// the message is applied, before any commit (or a crash after that
     /// commit applies it twice), and never sooner (or it is lost).
-    fn dealt_with(&mut self) {
-        if let Some(incoming) = self.incoming.as_mut() {
+    pub(super) fn dealt_with(&mut self) {
+        if let Some(incoming) = self.intake.incoming.as_mut() {
             incoming.done();
         }
+    }
+
+    /// The agent's stdout closed: nothing more comes in.
+    pub(super) fn stdout_closed(&mut self) {
+        self.intake.incoming = None;
     }
 
     /// Before a commit: tells the journal how far the agent's output under
@@ -74,10 +81,10 @@ impl Task {
     /// reader reaches the end (bounded, in case a stray process holds the pipe).
     pub(super) async fn drain_until_closed(&mut self) -> Result<()> {
         let deadline = tokio::time::Instant::now() + EXIT_AFTER_EOF;
-        while let Some(rx) = self.incoming.as_mut() {
+        while let Some(rx) = self.intake.incoming.as_mut() {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some(msg)) => self.take_in(msg).await?,
-                Ok(None) | Err(_) => self.incoming = None,
+                Ok(None) | Err(_) => self.intake.incoming = None,
             }
             if self.commit_due() {
                 self.flush().await?;
@@ -90,7 +97,7 @@ impl Task {
     pub(super) async fn drain_incoming(&mut self, max: usize) -> Result<()> {
         let mut n = 0;
         while n < max && !self.journal.is_full() {
-            let Some(rx) = self.incoming.as_mut() else {
+            let Some(rx) = self.intake.incoming.as_mut() else {
                 break;
             };
             match rx.try_recv() {
@@ -113,7 +120,7 @@ impl Task {
                 other => tracing::debug!(method = other, "ignoring notification"),
             },
             Incoming::Fast(chunk) => {
-                let turn_id = self.turn_id();
+                let turn_id = self.turns.id();
                 self.transcript.text_chunk(chunk.kind, &chunk.text, turn_id);
                 self.journal.text_chunk(chunk.kind, &chunk.text, turn_id);
             }
@@ -155,10 +162,8 @@ impl Task {
             tracing::warn!("session/update without an update object; ignored");
             return;
         };
-        let turn_id = self.turn_id();
-        if self.state.apply_update(&update) {
-            self.journal.set_state(&self.state);
-        }
+        let turn_id = self.turns.id();
+        self.report_changed(&update);
         if self.transcript.apply(&update, turn_id) {
             self.journal.chunk(update, turn_id);
         } else {

@@ -2,6 +2,8 @@
 //! the remembered rules, else parked for a person; answered by a person, a
 //! timeout or the end of the session, or withdrawn by the agent. An answer
 //! is persisted first, then the agent hears it.
+//!
+//! Its part of the task is [`Requests`](super::parts::Requests).
 
 use std::time::Duration;
 
@@ -45,7 +47,7 @@ impl Task {
             );
             return Ok(());
         };
-        let turn_id = self.turn_id();
+        let turn_id = self.turns.id();
         // The request's toolCall is an update of a call the agent may have
         // announced before (Mistral Vibe sends only its id): what it says
         // goes into the call's record, and the request is stored, shown and
@@ -64,7 +66,12 @@ impl Task {
             created_at: model::now(),
         };
         tracing::info!(permission_id = %permission.id, "agent asks permission");
-        if self.turn.as_ref().is_some_and(|turn| turn.cancel_requested) {
+        if self
+            .turns
+            .turn
+            .as_ref()
+            .is_some_and(|turn| turn.cancel_requested)
+        {
             // It crossed the turn's cancel: answered as the requests waiting
             // when the cancel was sent were (the ACP cancel rule), neither
             // by a person nor by a policy.
@@ -79,8 +86,8 @@ impl Task {
         }
         // With the database away: the policies as last seen, no remembered
         // answers (a person is asked rather than anything assumed).
-        let policies = match self.policies.refresh(self.journal.store()).await {
-            Err(e) if e.is_outage() => self.policies.current(),
+        let policies = match self.requests.policies.refresh(self.journal.store()).await {
+            Err(e) if e.is_outage() => self.requests.policies.current(),
             other => other?,
         };
         let remembered = match self
@@ -94,16 +101,17 @@ impl Task {
         };
         // Its paths as they really are too: a symlink hides nothing from a
         // deny (the agent reaches them itself; this is as of now).
-        let given = policy::tool_paths(&permission.tool_call, &self.cwd);
+        let given = policy::tool_paths(&permission.tool_call, &self.requests.cwd);
         let real_paths = self.served.real_paths(given).await;
         let facts = Facts {
-            agent: &self.profile_name,
+            agent: &self.requests.profile_name,
             tool_call: &permission.tool_call,
-            cwd: &self.cwd,
-            mode: self.mode,
+            cwd: &self.requests.cwd,
+            mode: self.requests.mode,
             real_paths: &real_paths,
         };
         match self
+            .requests
             .pending
             .decide(&permission, &policies, &facts, &remembered)
         {
@@ -113,7 +121,7 @@ impl Task {
             }
             None => {
                 self.journal.add_permission_request(&permission, None);
-                self.pending.park(permission, request.responder);
+                self.requests.pending.park(permission, request.responder);
                 // Answered on this id after a restart too.
                 self.keep_rpc_ids();
                 self.journal.set_status(self.status_now());
@@ -143,9 +151,9 @@ impl Task {
 
     /// Answers the requests whose `permission_timeout` ran out.
     pub(super) async fn time_out(&mut self, due: Vec<Uuid>) -> Result<()> {
-        let reason = self.pending.timeout_reason();
+        let reason = self.requests.pending.timeout_reason();
         for id in due {
-            let Some(answer) = self.pending.expire(id) else {
+            let Some(answer) = self.requests.pending.expire(id) else {
                 continue;
             };
             let resolved = self
@@ -158,7 +166,10 @@ impl Task {
             match resolved {
                 Ok(_) => {}
                 // Answered once the database can record it.
-                Err(e) if e.is_outage() => self.pending.retry_later(id, Duration::from_secs(1)),
+                Err(e) if e.is_outage() => self
+                    .requests
+                    .pending
+                    .retry_later(id, Duration::from_secs(1)),
                 Err(e) => return Err(e),
             }
         }
@@ -170,7 +181,7 @@ impl Task {
         let Some(request_id) = params.get("requestId") else {
             return Ok(());
         };
-        if let Some(id) = self.pending.find_by_rpc_id(request_id) {
+        if let Some(id) = self.requests.pending.find_by_rpc_id(request_id) {
             let decision = Decision::new(
                 Answer::Cancelled,
                 "system".into(),
@@ -189,7 +200,7 @@ impl Task {
     /// until its resolution is committed, so a restart in between answers
     /// the agent again with the stored decision (see `Task::take_up`).
     pub(super) fn keep_rpc_ids(&mut self) {
-        let ids = self.pending.rpc_ids();
+        let ids = self.requests.pending.rpc_ids();
         if let Some(link) = self.journal.link_mut() {
             link.waiting = ids;
         }
@@ -204,7 +215,7 @@ impl Task {
         decision: Decision,
     ) -> Result<Resolved> {
         self.flush().await?;
-        let Some(parked) = self.pending.claim(id) else {
+        let Some(parked) = self.requests.pending.claim(id) else {
             return Ok(Resolved::NotHeld);
         };
         self.journal.set_status(self.status_now());
@@ -232,7 +243,7 @@ impl Task {
             Err(e) => {
                 // Not persisted: it is pending as before, so nothing is lost
                 // (its agent's id and its deadline with it).
-                self.pending.put_back(parked);
+                self.requests.pending.put_back(parked);
                 self.journal.set_status(self.status_now());
                 Err(e)
             }
@@ -252,7 +263,7 @@ impl Task {
         reason: &str,
         patience: Option<tokio::time::Instant>,
     ) -> Result<()> {
-        for id in self.pending.ids() {
+        for id in self.requests.pending.ids() {
             loop {
                 let decision =
                     Decision::new(Answer::Cancelled, "system".into(), Some(reason.to_owned()));
@@ -285,7 +296,7 @@ impl Task {
         decided_by: &str,
         via: Option<String>,
     ) -> Result<Option<PermissionRequest>> {
-        let Some(pending) = self.pending.get(id) else {
+        let Some(pending) = self.requests.pending.get(id) else {
             return Ok(None);
         };
         let status = validate_answer(&pending, &answer)?;

@@ -8,23 +8,24 @@
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::{assemble, Assembly, ExitCauses, ShimOutput, Task, Turn};
+use super::parts::Turn;
+use super::{assemble, Assembly, Setup, ShimOutput, Task};
 use crate::acp::agent::{AgentPipes, AgentProcess, Cursor};
 use crate::acp::client::AgentSession;
 use crate::acp::rpc::{RpcConfig, RpcPeer};
-use crate::config::{AgentProfile, ShutdownPlan};
+use crate::config::AgentProfile;
 use crate::error::{Error, Result};
 use crate::model::{
     Answer, Conversation, Decision, MessageRole, PermissionRequest, PermissionStatus,
 };
-use crate::permissions::PolicyHandle;
 use crate::session::command::Handle;
 use crate::session::journal::Journal;
-use crate::session::pending::WaitingRequests;
 use crate::store::{AgentLink, AgentProcessRecord, CommitQueue, Resolution};
 
-/// What reattaching a conversation's session takes.
+/// What reattaching one conversation's session takes besides the
+/// [`Setup`].
 pub struct Reattached<'a> {
+    pub setup: Setup,
     pub journal: Journal,
     pub process: AgentProcess,
     pub pipes: AgentPipes,
@@ -37,14 +38,6 @@ pub struct Reattached<'a> {
     pub turn_id: Option<Uuid>,
     /// The conversation's requests that wait, as stored.
     pub pending: Vec<PermissionRequest>,
-    pub max_line_bytes: usize,
-    pub write_buffer_events: usize,
-    pub policies: PolicyHandle,
-    pub exits: ExitCauses,
-    pub waiting: WaitingRequests,
-    pub shutdown: tokio_util::sync::CancellationToken,
-    pub shutdown_timeout: std::time::Duration,
-    pub on_shutdown: ShutdownPlan,
     /// The conversation's box (its terminals and files are in it too).
     pub place: crate::sandbox::AgentBox,
 }
@@ -62,7 +55,7 @@ pub async fn reattach(r: Reattached<'_>) -> Result<(Handle, tokio::task::JoinHan
         r.pipes.stdout,
         r.pipes.stdin,
         RpcConfig {
-            max_line_bytes: r.max_line_bytes,
+            max_line_bytes: r.setup.max_line_bytes,
             label: id.to_string(),
             start_position: r.pipes.output_from,
             // Where it picks up inside a line too long to use, the rest of
@@ -77,11 +70,13 @@ pub async fn reattach(r: Reattached<'_>) -> Result<(Handle, tokio::task::JoinHan
     );
     let agent = AgentSession::reattached(peer.clone(), r.session_id, r.link.can_close);
     let mut journal = r.journal;
-    journal.ride_out_outages(r.write_buffer_events);
+    journal.ride_out_outages(r.setup.write_buffer_events);
     journal.serve(CommitQueue::Agent);
     journal.link_to(r.link.clone());
     let shim_output = ShimOutput::new(Cursor::new(peer.clone(), control), &r.link);
+    let shutdown = r.setup.shutdown.child_token();
     let (handle, mut task) = assemble(Assembly {
+        setup: r.setup,
         journal,
         shim_output: Some(shim_output),
         process: r.process,
@@ -92,17 +87,12 @@ pub async fn reattach(r: Reattached<'_>) -> Result<(Handle, tokio::task::JoinHan
         profile: r.profile,
         conversation: r.conversation,
         state: r.conversation.state.clone(),
-        policies: r.policies,
-        exits: r.exits,
-        waiting: r.waiting,
-        shutdown_timeout: r.shutdown_timeout,
-        on_shutdown: r.on_shutdown,
         place: r.place,
     });
     task.take_up(r.turn_id, &r.link, r.pending, &peer)
         .instrument(span.clone())
         .await?;
-    let task = tokio::spawn(task.run(r.shutdown).instrument(span));
+    let task = tokio::spawn(task.run(shutdown).instrument(span));
     Ok((handle, task))
 }
 
@@ -130,13 +120,9 @@ impl Task {
                 .filter(|c| c.turn_id == Some(turn_id))
                 .collect();
             self.transcript.take_up(current, calls);
-            self.turn = Some(Turn {
-                id: turn_id,
-                cancel_requested: false,
-                span: tracing::info_span!("turn", %turn_id),
-            });
+            self.turns.turn = Some(Turn::new(turn_id));
             match link.prompt_request {
-                Some(request) => self.prompt = Some(self.agent.prompt_answer(request)),
+                Some(request) => self.turns.prompt = Some(self.agent.prompt_answer(request)),
                 // Never sent: nothing will end it.
                 None => self.end_turn(Err(crate::acp::rpc::RpcError::Closed(
                     "the gateway restarted before the prompt reached the agent".into(),
@@ -151,7 +137,7 @@ impl Task {
                 Some(rpc_id) => {
                     let responder =
                         peer.responder_for(rpc_id.clone(), "session/request_permission");
-                    self.pending.park_restored(request, responder);
+                    self.requests.pending.park_restored(request, responder);
                 }
                 None => unanswerable.push(request),
             }
@@ -161,7 +147,7 @@ impl Task {
         // its answer already ignores an answer to a request it no longer
         // waits for; one that had not would wait for ever).
         for (id, rpc_id) in &link.waiting {
-            if self.pending.get(*id).is_some() {
+            if self.requests.pending.get(*id).is_some() {
                 continue;
             }
             let resolved = self.journal.store().get_permission(*id).await?;

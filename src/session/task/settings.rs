@@ -1,11 +1,14 @@
 //! Session settings a user changes (the agent's mode, its configuration
 //! options): checked against what the agent offers, sent to it, and once it
 //! accepted, recorded in the conversation's state and an event.
+//!
+//! Its part of the task is [`Settings`](super::parts::Settings).
 
 use futures::stream::StreamExt;
 use serde_json::Value;
 
-use super::{Change, Task};
+use super::parts::Change;
+use super::Task;
 use crate::acp::client::EXIT_AFTER_EOF;
 use crate::acp::rpc::RpcError;
 use crate::error::{Error, Result};
@@ -19,17 +22,20 @@ impl Task {
     pub(super) fn change(&mut self, change: Change) {
         let request = match &change.setting {
             Setting::Mode(mode_id) => self
+                .settings
                 .state
                 .check_mode(mode_id)
                 .map(|()| ("session/set_mode", self.agent.set_mode(mode_id))),
-            Setting::ConfigOption { config_id, value } => {
-                self.state.config_request(config_id, value).map(|params| {
+            Setting::ConfigOption { config_id, value } => self
+                .settings
+                .state
+                .config_request(config_id, value)
+                .map(|params| {
                     (
                         "session/set_config_option",
                         self.agent.set_config_option(params),
                     )
-                })
-            }
+                }),
         };
         let (method, answer) = match request {
             Ok(request) => request,
@@ -39,8 +45,8 @@ impl Task {
             }
         };
         tracing::info!(setting = ?change.setting, changed_by = %change.changed_by, "changing a session setting");
-        let timeout = self.call_timeout;
-        self.changes.push(Box::pin(async move {
+        let timeout = self.settings.call_timeout;
+        self.settings.changes.push(Box::pin(async move {
             let answer = match tokio::time::timeout(timeout, answer).await {
                 Ok(Ok(answer)) => Ok(answer),
                 Ok(Err(RpcError::Remote { code, message, .. })) => Err(Error::AgentFailed(
@@ -77,17 +83,17 @@ impl Task {
         };
         match &setting {
             Setting::Mode(mode_id) => {
-                self.state.set_current_mode(mode_id);
+                self.settings.state.set_current_mode(mode_id);
                 self.journal.append(ModeChanged {
                     mode_id: mode_id.clone(),
                     changed_by: changed_by.clone(),
-                    modes: self.state.modes.clone(),
+                    modes: self.settings.state.modes.clone(),
                 });
             }
             Setting::ConfigOption { config_id, value } => {
                 match answer.get("configOptions").filter(|o| o.is_array()) {
                     Some(options) => {
-                        self.state.set_config_options(options.clone());
+                        self.settings.state.set_config_options(options.clone());
                     }
                     None => tracing::warn!(
                         "the agent answered session/set_config_option without configOptions"
@@ -97,11 +103,11 @@ impl Task {
                     config_id: config_id.clone(),
                     value: value.clone(),
                     changed_by: changed_by.clone(),
-                    config_options: self.state.config_options.clone(),
+                    config_options: self.settings.state.config_options.clone(),
                 });
             }
         }
-        self.journal.set_state(&self.state);
+        self.journal.set_state(&self.settings.state);
         let flushed = self.flush().await;
         reply.send(match &flushed {
             Ok(()) => Ok(()),
@@ -112,12 +118,20 @@ impl Task {
         flushed
     }
 
+    /// A `session/update` that reports the agent's modes, options or
+    /// commands changes the conversation's state.
+    pub(super) fn report_changed(&mut self, update: &Value) {
+        if self.settings.state.apply_update(update) {
+            self.journal.set_state(&self.settings.state);
+        }
+    }
+
     /// The agent is gone: the setting changes it was asked for are
     /// answered now, with its answer if it gave one, else the end of its
     /// connection.
     pub(super) async fn answer_changes_left(&mut self) -> Result<()> {
         while let Ok(Some((change, answer))) =
-            tokio::time::timeout(EXIT_AFTER_EOF, self.changes.next()).await
+            tokio::time::timeout(EXIT_AFTER_EOF, self.settings.changes.next()).await
         {
             self.changed(change, answer).await?;
         }

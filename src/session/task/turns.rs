@@ -1,28 +1,27 @@
 //! Turns: a prompt starts one, a cancel asks the agent to end it, and the
 //! agent's answer to `session/prompt` ends it.
+//!
+//! Its part of the task is [`Turns`](super::parts::Turns).
 
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{Task, Turn};
+use super::parts::Turn;
+use super::Task;
 use crate::acp::rpc::RpcError;
 use crate::error::{Error, Result};
 use crate::model::{self, PermissionStatus, TurnEnded, TurnStarted};
 
 impl Task {
     pub(super) async fn start_turn(&mut self, content: Vec<Value>) -> Result<Uuid> {
-        if self.turn.is_some() {
+        if self.turns.turn.is_some() {
             return Err(Error::conflict(
                 "turn_in_progress",
                 "a turn is already running; cancel it or wait for turn_ended",
             ));
         }
         let turn_id = model::new_id();
-        self.turn = Some(Turn {
-            id: turn_id,
-            cancel_requested: false,
-            span: tracing::info_span!("turn", %turn_id),
-        });
+        self.turns.turn = Some(Turn::new(turn_id));
         self.journal.set_turn(Some(turn_id));
         self.journal.append(TurnStarted {
             turn_id,
@@ -38,18 +37,18 @@ impl Task {
         self.transcript.user_prompt(turn_id, content, turn_started);
         self.journal.set_status(self.status_now());
         if let Err(e) = self.flush().await {
-            self.turn = None;
+            self.turns.turn = None;
             self.journal.set_turn(None);
             if let Some(link) = self.journal.link_mut() {
                 link.prompt_request = None;
             }
             return Err(e);
         }
-        if let Some(turn) = &self.turn {
+        if let Some(turn) = &self.turns.turn {
             turn.span
                 .in_scope(|| tracing::info!(%turn_id, "turn started"));
         }
-        self.prompt = Some(prompt);
+        self.turns.prompt = Some(prompt);
         Ok(turn_id)
     }
 
@@ -62,15 +61,38 @@ impl Task {
         reason: &str,
         patience: Option<tokio::time::Instant>,
     ) -> Result<()> {
-        let Some(turn) = self.turn.as_mut() else {
+        if !self.ask_to_cancel().await {
             return Ok(());
+        }
+        self.resolve_all(PermissionStatus::Cancelled, reason, patience)
+            .await
+    }
+
+    /// Sends `session/cancel` for the running turn, if there is one (and
+    /// says whether there was): the turn ends as the agent answers.
+    pub(super) async fn ask_to_cancel(&mut self) -> bool {
+        let Some(turn) = self.turns.turn.as_mut() else {
+            return false;
         };
         turn.cancel_requested = true;
         if let Err(e) = self.agent.cancel().await {
             tracing::warn!(error = %e, "could not send session/cancel");
         }
-        self.resolve_all(PermissionStatus::Cancelled, reason, patience)
-            .await
+        true
+    }
+
+    /// The running turn, ended without the agent's answer (its agent went):
+    /// the event that says how.
+    pub(super) fn turn_ended_without_answer(
+        &mut self,
+        stop_reason: &str,
+        error: Option<String>,
+    ) -> Option<TurnEnded> {
+        self.turns.turn.take().map(|turn| TurnEnded {
+            turn_id: turn.id,
+            stop_reason: stop_reason.to_owned(),
+            error,
+        })
     }
 
     /// The agent answered its prompt. Everything it sent before the answer
@@ -81,7 +103,7 @@ impl Task {
     /// acknowledge the answer to the agent's shim (see `PromptCall`). The
     /// turn ends even when applying the rest failed.
     pub(super) async fn answered(&mut self, result: Result<Value, RpcError>) -> Result<()> {
-        let call = self.prompt.take();
+        let call = self.turns.prompt.take();
         let drained = self.drain_incoming(usize::MAX).await;
         if !matches!(result, Err(RpcError::Closed(_))) {
             self.end_turn(result);
@@ -90,8 +112,32 @@ impl Task {
         drained
     }
 
+    /// The agent answered its prompt before it went (the answer was read
+    /// with the rest of its output): the turn ends as it said.
+    pub(super) async fn take_prompt_answer(&mut self) -> Result<()> {
+        use futures::FutureExt;
+        let answered = self
+            .turns
+            .prompt
+            .as_mut()
+            .and_then(|call| (&mut call.answer).now_or_never());
+        if let Some(result) = answered {
+            let call = self.turns.prompt.take();
+            if !matches!(result, Err(RpcError::Closed(_))) {
+                self.end_turn(result);
+                // Let go of the answer now that the turn's end is in the
+                // batch (see `PromptCall`).
+                drop(call);
+                self.flush().await?;
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn end_turn(&mut self, result: Result<Value, RpcError>) {
-        let Some(turn) = self.turn.take() else { return };
+        let Some(turn) = self.turns.turn.take() else {
+            return;
+        };
         let (stop_reason, error) = match result {
             Ok(value) => match value.get("stopReason").and_then(Value::as_str) {
                 Some(reason) => (reason.to_owned(), None),
