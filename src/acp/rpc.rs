@@ -67,7 +67,7 @@ pub use self::inbound::{Inbound, Incoming, IncomingRequest, Responder};
 pub use self::inbox::Inbox;
 pub use self::shared::{Processed, RpcError, INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND};
 
-use self::framing::{encode, write_loop, LineReader, OutMessage};
+use self::framing::{write_loop, LineReader, OutMessage};
 use self::routing::read_loop;
 use self::shared::{Connection, Ledger, State};
 
@@ -263,12 +263,12 @@ impl RpcPeer {
             shared: &self.shared,
             id,
         };
-        self.shared.enqueue(encode(&OutMessage {
+        self.shared.send(&OutMessage {
             jsonrpc: "2.0",
             id: Some(id),
             method,
             params,
-        }))?;
+        })?;
         trace!(label = %self.shared.label, id, method, "request sent");
         match rx.await {
             Ok(outcome) => outcome,
@@ -283,12 +283,12 @@ impl RpcPeer {
         if let Some(reason) = self.shared.closed_reason() {
             return Err(RpcError::Closed(reason));
         }
-        self.shared.enqueue(encode(&OutMessage {
+        self.shared.send(&OutMessage {
             jsonrpc: "2.0",
             id: None,
             method,
             params,
-        }))?;
+        })?;
         trace!(label = %self.shared.label, method, "notification sent");
         Ok(())
     }

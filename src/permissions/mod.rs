@@ -32,6 +32,29 @@ pub fn validate_answer(request: &PermissionRequest, answer: &Answer) -> Result<P
     }
 }
 
+/// What a person's answer does to a request: the status it resolves it
+/// with and, for an "always" option, what would be remembered.
+pub struct Judged {
+    pub status: PermissionStatus,
+    /// For an `*_always` option: its kind, and the keys of the rules to
+    /// remember, or why none are (they would cover more than was shown).
+    pub always: Option<(String, std::result::Result<Vec<ToolKey>, String>)>,
+}
+
+/// Checks a person's answer against a request (see [`validate_answer`])
+/// and reads what an "always" option would remember: from the call as the
+/// request showed it (merged with what the agent had said of it by then);
+/// what the agent said of the call since was not shown, and decides nothing.
+pub fn judge_answer(request: &PermissionRequest, answer: &Answer) -> Result<Judged> {
+    let status = validate_answer(request, answer)?;
+    let always = answer
+        .option_id()
+        .and_then(|o| option_kind(request, o))
+        .filter(|kind| kind.ends_with("_always"))
+        .map(|kind| (kind.to_owned(), keys_to_remember(&request.tool_call)));
+    Ok(Judged { status, always })
+}
+
 /// The reply to an answer for a request that is already resolved: the same
 /// answer again succeeds (a retrying phone), a different one is a conflict
 /// that carries the current request.

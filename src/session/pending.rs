@@ -18,9 +18,10 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::acp::rpc::Responder;
+use crate::error::Result;
 use crate::model::{Answer, Decision, PermissionRequest, PermissionStatus, Rule};
 use crate::permissions::policy::{Facts, Policies, RateLimiter};
-use crate::permissions::{automatic_answer, timeout_answer, OnTimeout};
+use crate::permissions::{automatic_answer, judge_answer, timeout_answer, Judged, OnTimeout};
 
 /// Each request waiting for a person, across the sessions of this node: an
 /// answer goes straight to its session (the request names its
@@ -139,18 +140,41 @@ impl Pending {
 
     /// Claims a request to answer it: it no longer waits, nor times out.
     pub fn claim(&mut self, id: Uuid) -> Option<Parked> {
-        let deadline = self.deadlines.take(id);
+        let (parked, ()) = self.claim_checked(id, |_| Ok(()))?.ok()?;
+        Some(parked)
+    }
+
+    /// Claims a request for a person's `answer`, judged against it first
+    /// (see [`judge_answer`]): a refused answer leaves it waiting as it was.
+    /// `None` when this session holds no request `id`.
+    pub fn claim_answered(
+        &mut self,
+        id: Uuid,
+        answer: &Answer,
+    ) -> Option<Result<(Parked, Judged)>> {
+        self.claim_checked(id, |request| judge_answer(request, answer))
+    }
+
+    /// Claims the request `id` if `check` lets it, with what `check` said.
+    fn claim_checked<T>(
+        &mut self,
+        id: Uuid,
+        check: impl FnOnce(&PermissionRequest) -> Result<T>,
+    ) -> Option<Result<(Parked, T)>> {
         let mut index = self.waiting.lock().unwrap();
-        if !index.get(&id).is_some_and(|w| self.is_mine(w)) {
-            return None;
-        }
+        let waiting = index.get(&id).filter(|w| self.is_mine(w))?;
+        let checked = match check(&waiting.request) {
+            Ok(checked) => checked,
+            Err(refused) => return Some(Err(refused)),
+        };
         let claimed = index.remove(&id)?;
-        Some(Parked {
+        let parked = Parked {
             request: claimed.request,
             responder: claimed.responder,
             owner: claimed.owner,
-            deadline,
-        })
+            deadline: self.deadlines.take(id),
+        };
+        Some(Ok((parked, checked)))
     }
 
     /// Returns a request whose answer could not be recorded: it is pending

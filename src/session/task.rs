@@ -594,7 +594,14 @@ impl Task {
                 decided_by,
                 via,
                 reply,
-            } => reply.send(self.answer(request, answer, &decided_by, via).await),
+            } => {
+                // What was buffered before the answer is committed before it.
+                let answered = match self.flush().await {
+                    Ok(()) => self.answer(request, answer, &decided_by, via).await,
+                    Err(e) => Err(e),
+                };
+                reply.send(answered)
+            }
             Command::Change {
                 setting,
                 changed_by,

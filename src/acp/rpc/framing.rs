@@ -1,6 +1,6 @@
-//! Lines on the wire: the writer task that turns queued messages into bytes (batched, one
-//! flush per batch), the shapes of the messages we send, and the [`LineReader`] that cuts the
-//! peer's byte stream into lines of bounded length.
+//! Lines on the wire: the writer task that writes the queued lines (batched, one flush per
+//! batch), the shapes of the messages we send, and the [`LineReader`] that cuts the peer's
+//! byte stream into lines of bounded length.
 
 use std::io;
 use std::sync::Arc;
@@ -47,15 +47,6 @@ pub(super) struct ErrorObject {
     pub(super) message: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) data: Option<Value>,
-}
-
-/// Serializes one outgoing message as a line.
-pub(super) fn encode<T: Serialize>(message: &T) -> Vec<u8> {
-    // Our message types hold only strings, numbers and `Value`s, whose maps have string keys,
-    // so serialization has no way to fail.
-    let mut bytes = serde_json::to_vec(message).expect("JSON-RPC messages always serialize");
-    bytes.push(b'\n');
-    bytes
 }
 
 /// Writes queued messages until the connection closes or a write fails.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use tracing::{debug, warn};
 
-use super::framing::{encode, ErrorObject, OutResponse};
+use super::framing::{ErrorObject, OutResponse};
 use super::shared::{Connection, INTERNAL_ERROR, METHOD_NOT_FOUND};
 
 /// The fast path of the layer above for its commonest lines: the reader routes responses
@@ -130,13 +130,13 @@ impl Responder {
             Ok(result) => (Some(result), None),
             Err(error) => (None, Some(error)),
         };
-        let bytes = encode(&OutResponse {
+        let response = OutResponse {
             jsonrpc: "2.0",
             id: &self.id,
             result,
             error,
-        });
-        if let Err(err) = self.shared.enqueue(bytes) {
+        };
+        if let Err(err) = self.shared.send(&response) {
             debug!(
                 label = %self.shared.label,
                 id = %self.id,

@@ -7,6 +7,7 @@ use std::mem;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tracing::debug;
@@ -219,8 +220,12 @@ impl Connection {
         }
     }
 
-    /// Queues one serialized message for the writer.
-    pub(super) fn enqueue(&self, bytes: Vec<u8>) -> Result<(), RpcError> {
+    /// Queues one outgoing message for the writer, serialized as a line.
+    pub(super) fn send<T: Serialize>(&self, message: &T) -> Result<(), RpcError> {
+        // Our message types hold only strings, numbers and `Value`s, whose maps have string
+        // keys, so serialization has no way to fail.
+        let mut bytes = serde_json::to_vec(message).expect("JSON-RPC messages always serialize");
+        bytes.push(b'\n');
         self.out_tx.send(bytes).map_err(|_| self.closed_error())
     }
 }

@@ -11,6 +11,13 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::Task;
+use crate::acp::rpc::{IncomingRequest, INVALID_PARAMS};
+use crate::error::{Error, Result};
+use crate::model::{self, Answer, Decision, PermissionRequest, PermissionStatus};
+use crate::permissions::policy::{self, Facts};
+use crate::permissions::{answer_resolved, Judged};
+use crate::session::pending::Parked;
+use crate::store::Resolution;
 
 /// What became of a request a session was to resolve.
 pub(super) enum Resolved {
@@ -26,13 +33,6 @@ pub(super) enum Resolved {
 /// How often an ending tries again to record an answer while the database
 /// is away.
 const SETTLE_RETRY: Duration = Duration::from_millis(200);
-use crate::acp::rpc::{IncomingRequest, INVALID_PARAMS};
-use crate::error::{Error, Result};
-use crate::model::Answer;
-use crate::model::{self, Decision, PermissionRequest, PermissionStatus};
-use crate::permissions::policy::{self, Facts};
-use crate::permissions::{answer_resolved, keys_to_remember, option_kind, validate_answer};
-use crate::store::Resolution;
 
 impl Task {
     pub(super) async fn on_permission_request(&mut self, request: IncomingRequest) -> Result<()> {
@@ -206,8 +206,8 @@ impl Task {
         }
     }
 
-    /// Decides a pending request: persisted first, then the agent is
-    /// answered, then `permission_resolved` is published.
+    /// Decides a pending request, once what is buffered before it is
+    /// committed (see [`Task::resolve_claimed`]).
     pub(super) async fn resolve(
         &mut self,
         id: Uuid,
@@ -218,6 +218,20 @@ impl Task {
         let Some(parked) = self.requests.pending.claim(id) else {
             return Ok(Resolved::NotHeld);
         };
+        self.resolve_claimed(parked, status, decision).await
+    }
+
+    /// Decides a request claimed from those pending, once what was buffered
+    /// before it is committed: persisted first, then the agent is answered,
+    /// then `permission_resolved` is published.
+    async fn resolve_claimed(
+        &mut self,
+        parked: Parked,
+        status: PermissionStatus,
+        decision: Decision,
+    ) -> Result<Resolved> {
+        let id = parked.request.id;
+        let result = decision.acp_result();
         self.journal.set_status(self.status_now());
         let resolution = Resolution {
             request: parked.request.clone(),
@@ -227,7 +241,7 @@ impl Task {
         match self.journal.resolve(&resolution).await {
             Ok(Some(request)) => {
                 self.keep_rpc_ids();
-                parked.responder.respond(decision.acp_result());
+                parked.responder.respond(result);
                 Ok(Resolved::Ours(request))
             }
             Ok(None) => {
@@ -288,7 +302,8 @@ impl Task {
 
     /// A user's answer to a request this session holds (`None`: it holds
     /// none with that id), checked against the options once, before it is
-    /// written. An "always" answer is remembered as rules.
+    /// written; what was buffered before it is committed already (see
+    /// `Task::handle_command`). An "always" answer is remembered as rules.
     pub(super) async fn answer(
         &mut self,
         id: Uuid,
@@ -296,21 +311,10 @@ impl Task {
         decided_by: &str,
         via: Option<String>,
     ) -> Result<Option<PermissionRequest>> {
-        let Some(pending) = self.requests.pending.get(id) else {
+        let Some(claimed) = self.requests.pending.claim_answered(id, &answer) else {
             return Ok(None);
         };
-        let status = validate_answer(&pending, &answer)?;
-        let always = answer
-            .option_id()
-            .and_then(|o| option_kind(&pending, o))
-            .filter(|kind| kind.ends_with("_always"))
-            .map(|kind| {
-                // The call as the request showed it (merged with what the
-                // agent had said of it by then): what it said of the call
-                // since was not shown, and decides nothing.
-                let keys = keys_to_remember(&pending.tool_call);
-                (kind.to_owned(), keys)
-            });
+        let (parked, Judged { status, always }) = claimed?;
         // An "always" that would cover more than the user saw is not
         // remembered; the answer applies to this request, and says why.
         let reason = match &always {
@@ -321,7 +325,7 @@ impl Task {
             via,
             ..Decision::new(answer.clone(), decided_by.to_owned(), reason)
         };
-        let request = match self.resolve(id, status, decision).await? {
+        let request = match self.resolve_claimed(parked, status, decision).await? {
             Resolved::Ours(request) => request,
             // Only an answer stored before ours is checked again: the same
             // one is a repeat, another a conflict.
