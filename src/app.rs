@@ -66,15 +66,15 @@ impl Gateway {
             Backend::Sqlite => crate::cluster::lock::lock_sqlite(&url)?,
             Backend::Postgres => None,
         };
-        let sink = Outlets {
+        let outlets = Outlets {
             store: crate::store::open(&url).await?,
             bus: EventBus::new(config.event_buffer),
         };
-        let node = Node::join(&*sink.store, lock, config.node_lease).await?;
+        let node = Node::join(&*outlets.store, lock, config.node_lease).await?;
         if let Some(announcer) = node.announcer() {
-            sink.bus.announce_to(announcer);
+            outlets.bus.announce_to(announcer);
         }
-        let shims = session::recover::recover(&sink, &node)
+        let shims = session::recover::recover(&outlets, &node)
             .await
             .context("Failed to recover conversations left by a previous run")?;
         // Read before binding: a certificate that cannot be used stops the
@@ -94,10 +94,10 @@ impl Gateway {
         let policies =
             PolicyHandle::new(config.policies.clone()).map_err(|e| anyhow::anyhow!(e))?;
         policies
-            .refresh(&*sink.store)
+            .refresh(&*outlets.store)
             .await
             .context("Failed to load the operator policies")?;
-        let auth_required = sink.store.any_active_token().await?;
+        let auth_required = outlets.store.any_active_token().await?;
         let addr = listener
             .local_addr()
             .context("Failed to read the bound address")?;
@@ -112,14 +112,14 @@ impl Gateway {
         );
         let outbox = std::sync::Arc::new(
             crate::notify::outbox::Outbox::new(
-                sink.store.clone(),
+                outlets.store.clone(),
                 &config.notifications,
                 node.id(),
             )
             .await?,
         );
         let sessions = Sessions::new(
-            sink,
+            outlets,
             node,
             policies,
             &config,
@@ -137,7 +137,7 @@ impl Gateway {
         let enqueue = enqueue.unwrap_or(outbox as Arc<dyn crate::notify::Enqueue>);
         let notifier = Some(Notifier {
             config: state.config().clone(),
-            store: state.sessions().sink().store.clone(),
+            store: state.sessions().outlets().store.clone(),
             bus: state.bus().clone(),
             node: state.sessions().node().clone(),
             presence: state.presence().clone(),
@@ -149,7 +149,7 @@ impl Gateway {
                 .clone()
                 .map(|base_url| {
                     Arc::new(crate::notify::actions::Minter {
-                        store: state.sessions().sink().store.clone(),
+                        store: state.sessions().outlets().store.clone(),
                         base_url,
                         ttl: state.config().notifications.action_ttl,
                     }) as Arc<dyn crate::notify::notifier::MintActions>
@@ -214,7 +214,7 @@ impl Gateway {
             self.tasks.spawn(notifier.run(self.shutdown.clone()));
         }
         self.tasks.spawn(crate::store::search_backlog::run(
-            self.state.sessions().sink().store.clone(),
+            self.state.sessions().outlets().store.clone(),
             self.shutdown.clone(),
         ));
         // Not tracked: it ends with the shutdown token; a last sweep follows
@@ -225,8 +225,8 @@ impl Gateway {
         // In the node's tasks: they end with the shutdown token, and are
         // waited for before the node leaves.
         node.start(
-            sessions.sink().store.clone(),
-            sessions.sink().bus.clone(),
+            sessions.outlets().store.clone(),
+            sessions.outlets().bus.clone(),
             std::sync::Arc::new(sessions),
             self.shutdown.clone(),
         );

@@ -61,7 +61,7 @@ impl ShimSetup {
         program: &Path,
         profile: &AgentProfile,
         user: Option<&crate::sys::SystemUser>,
-        place: &AgentBox,
+        agent_box: &AgentBox,
     ) -> anyhow::Result<Command> {
         let socket = self.socket(conversation_id);
         // A socket left by a shim that is gone.
@@ -79,7 +79,7 @@ impl ShimSetup {
             .arg(gateway_uid.to_string())
             .arg("--key-file")
             .arg(ShimSetup::make_key(&socket, user)?);
-        if let Some(rules) = &place.rules {
+        if let Some(rules) = &agent_box.rules {
             command
                 .arg("--sandbox")
                 .arg(serde_json::to_string(rules).context("a box's rules serialize")?);
@@ -164,7 +164,7 @@ pub struct AgentPipes {
 impl AgentProcess {
     /// Starts the profile's command in `cwd`, as the profile's user, with
     /// the profile's environment (see [`crate::process::profile::environment`]) and in
-    /// its conversation's box (`place`: its home, and the rules the agent is
+    /// its conversation's box (`agent_box`: its home, and the rules the agent is
     /// confined by between fork and exec, by the shim where it has one);
     /// under a shim where `shim` says how.
     pub async fn spawn(
@@ -172,7 +172,7 @@ impl AgentProcess {
         cwd: &Path,
         conversation_id: Uuid,
         shim: Option<&ShimSetup>,
-        place: &AgentBox,
+        agent_box: &AgentBox,
     ) -> anyhow::Result<(AgentProcess, AgentPipes)> {
         let user = match &profile.user {
             // Unprivileged: std drops the supplementary groups too when the
@@ -184,7 +184,7 @@ impl AgentProcess {
             None => None,
         };
         let mut environment = crate::process::profile::environment(profile, user.as_ref());
-        environment.extend(place.variables());
+        environment.extend(agent_box.variables());
         let path = crate::process::spawn::path_of(&environment);
         let cannot_start =
             |reason: String| anyhow::anyhow!("cannot start agent {:?}: {reason}", profile.name);
@@ -202,7 +202,9 @@ impl AgentProcess {
                 command.args(&profile.args);
                 command
             }
-            Some(shim) => shim.command(conversation_id, &program, profile, user.as_ref(), place)?,
+            Some(shim) => {
+                shim.command(conversation_id, &program, profile, user.as_ref(), agent_box)?
+            }
         };
         command
             .env_clear()
@@ -228,7 +230,7 @@ impl AgentProcess {
         )
         .map_err(|e| cannot_start(e.to_string()))?
         .on_child(&mut command);
-        if let (Some(rules), None) = (&place.rules, shim) {
+        if let (Some(rules), None) = (&agent_box.rules, shim) {
             crate::sandbox::landlock::Prepared::new(rules)
                 .map_err(|e| cannot_start(format!("cannot make its box: {e}")))?
                 .confine_child(&mut command);

@@ -95,7 +95,7 @@ impl AppState {
 
     /// Where committed events are published.
     pub fn bus(&self) -> &EventBus {
-        &self.inner.sessions.sink().bus
+        &self.inner.sessions.outlets().bus
     }
 
     /// Cancelled when WebSockets are to close (after the sessions ended at

@@ -8,7 +8,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use super::{Duties, Forwarded, Node};
+use super::{ClusterMember, Forwarded, Node};
 use crate::error::{Error, Problem, Result};
 use crate::store::cluster::SentCommand;
 use crate::store::ClusterStore;
@@ -86,12 +86,12 @@ impl Node {
     pub(super) async fn receive_commands(
         &self,
         shared: &Arc<dyn ClusterStore>,
-        duties: &Arc<dyn Duties>,
+        member: &Arc<dyn ClusterMember>,
     ) {
         match shared.waiting_commands(self.id()).await {
             Ok(ids) => {
                 for id in ids {
-                    self.spawn_command(shared, duties, id);
+                    self.spawn_command(shared, member, id);
                 }
             }
             Err(e) => tracing::warn!(error = %e, "could not look for commands sent to this node"),
@@ -102,12 +102,12 @@ impl Node {
     pub(super) fn spawn_command(
         &self,
         shared: &Arc<dyn ClusterStore>,
-        duties: &Arc<dyn Duties>,
+        member: &Arc<dyn ClusterMember>,
         id: Uuid,
     ) {
-        let (node, shared, duties) = (self.clone(), shared.clone(), duties.clone());
+        let (node, shared, member) = (self.clone(), shared.clone(), member.clone());
         self.inner.tasks.spawn(async move {
-            if let Err(e) = node.run_command(&*shared, &duties, id).await {
+            if let Err(e) = node.run_command(&*shared, &member, id).await {
                 tracing::warn!(command = %id, error = %e, "could not carry out a command from another node");
             }
         });
@@ -118,13 +118,13 @@ impl Node {
     async fn run_command(
         &self,
         shared: &dyn ClusterStore,
-        duties: &Arc<dyn Duties>,
+        member: &Arc<dyn ClusterMember>,
         id: Uuid,
     ) -> Result<()> {
         let Some((conversation, command)) = shared.mark_command_taken(id, self.id()).await? else {
             return Ok(());
         };
-        let answer = match duties.execute(conversation, command).await {
+        let answer = match member.execute(conversation, command).await {
             Ok(value) => serde_json::json!({"ok": value}),
             Err(problem) => serde_json::json!({"problem": problem}),
         };

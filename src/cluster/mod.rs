@@ -102,7 +102,7 @@ pub enum Forwarded {
 /// What a node does for the others: run the commands sent to it, and recover
 /// the conversations of dead nodes.
 #[async_trait::async_trait]
-pub trait Duties: Send + Sync + 'static {
+pub trait ClusterMember: Send + Sync + 'static {
     async fn execute(
         &self,
         conversation: Uuid,

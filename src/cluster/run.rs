@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::commands::{parse_answer_notice, parse_command_notice};
 use super::relay::{announce, parse_announced, relay, Relayed};
-use super::{Duties, Node};
+use super::{ClusterMember, Node};
 use crate::bus::EventBus;
 use crate::store::cluster::Channel;
 use crate::store::Store;
@@ -28,12 +28,12 @@ impl Node {
         &self,
         store: Arc<dyn Store>,
         bus: EventBus,
-        duties: Arc<dyn Duties>,
+        member: Arc<dyn ClusterMember>,
         shutdown: CancellationToken,
     ) {
         self.inner
             .tasks
-            .spawn(run(self.clone(), store, bus, duties, shutdown));
+            .spawn(run(self.clone(), store, bus, member, shutdown));
     }
 }
 
@@ -45,7 +45,7 @@ async fn run(
     node: Node,
     store: Arc<dyn Store>,
     bus: EventBus,
-    duties: Arc<dyn Duties>,
+    member: Arc<dyn ClusterMember>,
     shutdown: CancellationToken,
 ) {
     let Some(shared) = node.inner.shared.clone() else {
@@ -83,9 +83,9 @@ async fn run(
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {
                 node.renew(&*shared).await;
-                node.receive_commands(&shared, &duties).await;
-                let duties = duties.clone();
-                tasks.spawn(async move { duties.adopt_orphans().await });
+                node.receive_commands(&shared, &member).await;
+                let member = member.clone();
+                tasks.spawn(async move { member.adopt_orphans().await });
                 let _ = shared.delete_commands_older_than(COMMAND_RETENTION).await;
             }
             received = listener.recv() => match received {
@@ -99,7 +99,7 @@ async fn run(
                         }
                         Channel::Commands => {
                             if let Some(id) = parse_command_notice(payload, &me) {
-                                node.spawn_command(&shared, &duties, id);
+                                node.spawn_command(&shared, &member, id);
                             }
                         }
                         Channel::Answers => {
@@ -113,7 +113,7 @@ async fn run(
                 // meanwhile is looked up.
                 Ok(None) => {
                     tracing::warn!("lost the connection that listens to other nodes; reconnecting");
-                    node.receive_commands(&shared, &duties).await;
+                    node.receive_commands(&shared, &member).await;
                     let _ = relay_tx.send(Relayed::CatchUp);
                 }
                 Err(e) => {

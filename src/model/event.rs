@@ -12,11 +12,13 @@
 //! text made once for the store and the bus alike.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde::de::Error as _;
 use serde::ser::SerializeStruct;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::value::RawValue;
 use serde_json::Value;
 use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, OneOfBuilder, SchemaFormat, Type};
 use utoipa::openapi::{Ref, RefOr, Schema};
@@ -135,6 +137,26 @@ impl EventBody {
             };
         }
         Self::typed(kind, data)
+    }
+
+    /// [`EventBody::read`] of `data` as stored, its JSON text: an update
+    /// keeps that text and is sent on as stored, its JSON not made again.
+    pub fn read_stored(kind: &str, data: Box<RawValue>) -> EventBody {
+        let value = serde_json::from_str(data.get()).unwrap_or(Value::Null);
+        let body = Self::read(kind, value);
+        if let EventBody::SessionUpdate(update) = &body {
+            update.keep_json(Arc::from(data));
+        }
+        body
+    }
+
+    /// Makes the JSON text an update is sent and stored as now, so that
+    /// copies made from here on (the events published before their commit
+    /// while the database is away) share it rather than make it again.
+    pub fn make_json(&self) {
+        if let EventBody::SessionUpdate(update) = self {
+            update.make_json();
+        }
     }
 
     /// What a [`EventBody::Verbatim`] stand-in still says, typed where its
@@ -571,6 +593,25 @@ mod tests {
             at: AT.parse().unwrap(),
             body: body.into(),
         }
+    }
+
+    #[test]
+    fn an_update_read_from_the_store_is_sent_as_stored_and_other_events_as_made() {
+        // Spaced as no serialiser of ours writes it: the text sent is the
+        // one read, not one made again.
+        let stored = r#"{"turn_id": null, "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "hi"}}}"#;
+        let raw = RawValue::from_string(stored.to_owned()).unwrap();
+        let body = EventBody::read_stored(event_type::SESSION_UPDATE, raw);
+        assert!(matches!(body, EventBody::SessionUpdate(_)));
+        assert_eq!(serde_json::to_string(&body.data()).unwrap(), stored);
+        let ended = r#"{"turn_id": "01900000-0000-7000-8000-000000000002", "stop_reason": "end_turn", "error": null}"#;
+        let raw = RawValue::from_string(ended.to_owned()).unwrap();
+        let body = EventBody::read_stored(event_type::TURN_ENDED, raw);
+        assert!(matches!(body, EventBody::TurnEnded(_)));
+        assert_eq!(
+            serde_json::to_value(body.data()).unwrap(),
+            serde_json::from_str::<Value>(ended).unwrap()
+        );
     }
 
     fn request() -> PermissionRequest {

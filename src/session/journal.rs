@@ -48,7 +48,7 @@ pub struct Outlets {
 
 /// See the module docs.
 pub struct Journal {
-    sink: Outlets,
+    outlets: Outlets,
     conversation_id: Uuid,
     last_seq: i64,
     status: ConversationStatus,
@@ -108,9 +108,9 @@ struct Outage {
 }
 
 impl Journal {
-    pub fn new(sink: Outlets, conversation: &Conversation, turn_id: Option<Uuid>) -> Self {
+    pub fn new(outlets: Outlets, conversation: &Conversation, turn_id: Option<Uuid>) -> Self {
         Journal {
-            sink,
+            outlets,
             conversation_id: conversation.id,
             last_seq: conversation.last_seq,
             status: conversation.status,
@@ -198,7 +198,7 @@ impl Journal {
     }
 
     pub fn store(&self) -> &dyn Store {
-        &*self.sink.store
+        &*self.outlets.store
     }
 
     pub fn conversation_id(&self) -> Uuid {
@@ -445,7 +445,7 @@ impl Journal {
         loop {
             let started = std::time::Instant::now();
             let committed = self
-                .sink
+                .outlets
                 .store
                 .commit(self.conversation_id, &self.batch)
                 .await;
@@ -499,7 +499,7 @@ impl Journal {
         }
         if let Some(last) = events.last() {
             self.published = last.seq;
-            self.sink.bus.publish(self.owner.as_deref(), events);
+            self.outlets.bus.publish(self.owner.as_deref(), events);
         }
     }
 
@@ -532,7 +532,7 @@ impl Journal {
             let event = self.next_event(EventBody::PermissionResolved(resolution.resolved()));
             let patch = self.patch(event.seq);
             let resolved = self
-                .sink
+                .outlets
                 .store
                 .resolve_permission(resolution, event, &patch, self.fence)
                 .await;
@@ -540,7 +540,11 @@ impl Journal {
                 // Its seq is taken (this journal is behind what is stored:
                 // see `Journal::move_past`): once more, after it.
                 Err(e) if e.is_unique_violation() && !moved => {
-                    let newest = self.sink.store.last_event_seq(self.conversation_id).await?;
+                    let newest = self
+                        .outlets
+                        .store
+                        .last_event_seq(self.conversation_id)
+                        .await?;
                     moved = self.move_past(newest);
                     if !moved {
                         return Err(e);
@@ -555,7 +559,7 @@ impl Journal {
                 self.last_seq = event.seq;
                 self.published = event.seq;
                 self.committed();
-                self.sink.bus.publish(self.owner.as_deref(), [event]);
+                self.outlets.bus.publish(self.owner.as_deref(), [event]);
                 Ok(Some(request))
             }
             None => Ok(None),
@@ -643,11 +647,11 @@ mod tests {
             node_id: None,
         };
         store.insert_conversation(&conversation).await.unwrap();
-        let sink = Outlets {
+        let outlets = Outlets {
             store,
             bus: EventBus::new(16),
         };
-        (Journal::new(sink.clone(), &conversation, None), sink)
+        (Journal::new(outlets.clone(), &conversation, None), outlets)
     }
 
     fn at(to: u64) -> Processed {

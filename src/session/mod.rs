@@ -80,7 +80,7 @@ struct Registry {
 
 impl Sessions {
     pub fn new(
-        sink: Outlets,
+        outlets: Outlets,
         node: Node,
         policies: PolicyHandle,
         config: &Config,
@@ -95,7 +95,7 @@ impl Sessions {
         Sessions {
             inner: Arc::new(Registry {
                 setup: task::Setup {
-                    sink,
+                    outlets,
                     max_line_bytes: config.max_line_bytes,
                     shutdown,
                     shutdown_timeout: config.shutdown_timeout,
@@ -118,12 +118,12 @@ impl Sessions {
         }
     }
 
-    pub fn sink(&self) -> &Outlets {
-        &self.inner.setup.sink
+    pub fn outlets(&self) -> &Outlets {
+        &self.inner.setup.outlets
     }
 
     pub fn store(&self) -> &dyn Store {
-        &*self.inner.setup.sink.store
+        &*self.inner.setup.outlets.store
     }
 
     /// What the coming stop does to the agents (see [`ShutdownPlan`]).

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::journal::Journal;
 use super::recover::{kill_recorded, recover_conversation};
-use super::spawn::place_of;
+use super::spawn::agent_box_of;
 use super::task::reattached::{self as task, Reattached};
 use super::Sessions;
 use crate::acp::agent::{stop_shim, AgentProcess};
@@ -106,8 +106,8 @@ impl Sessions {
         };
         let profile = crate::sandbox::profile::for_user(profile, conversation.owner.as_deref());
         // Its terminals and files go in the box its agent is in.
-        let place =
-            place_of(&profile, &conversation, &self.inner.setup.homes).map_err(|e| failed(&e))?;
+        let agent_box = agent_box_of(&profile, &conversation, &self.inner.setup.homes)
+            .map_err(|e| failed(&e))?;
         let Some(session_id) = conversation.acp_session_id.clone() else {
             return Err(failed(&"its agent never opened a session"));
         };
@@ -138,7 +138,7 @@ impl Sessions {
             .await
             .map_err(|e| failed(&e))?;
         let journal =
-            Journal::new(self.inner.setup.sink.clone(), &conversation, turn_id).fenced_at(fence);
+            Journal::new(self.inner.setup.outlets.clone(), &conversation, turn_id).fenced_at(fence);
         let started = task::reattach(Reattached {
             setup: self.inner.setup.clone(),
             journal,
@@ -151,7 +151,7 @@ impl Sessions {
             conversation: &conversation,
             turn_id,
             pending,
-            place,
+            agent_box,
         })
         .await;
         match started {
@@ -196,7 +196,7 @@ impl Sessions {
             return Ok(());
         }
         recover_conversation(
-            self.sink(),
+            self.outlets(),
             &conversation,
             turn_id,
             "the gateway restarted; the agent's shim could not be reached",

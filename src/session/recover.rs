@@ -22,11 +22,11 @@ impl Sessions {
     /// left running here is killed, pending requests expire, a running turn
     /// ends.
     pub(super) async fn recover_taken(&self, id: Uuid, dead: Uuid) -> Result<()> {
-        let sink = &self.inner.setup.sink;
-        if let Err(e) = kill_leftover_agents(&*sink.store, |c| c == id).await {
+        let outlets = &self.inner.setup.outlets;
+        if let Err(e) = kill_leftover_agents(&*outlets.store, |c| c == id).await {
             tracing::warn!(conversation_id = %id, error = %e, "could not look for what the dead node's agent left");
         }
-        let turn_id = sink
+        let turn_id = outlets
             .store
             .live_conversations()
             .await?
@@ -36,7 +36,7 @@ impl Sessions {
         let conversation = self.stored(id).await?;
         tracing::info!(conversation_id = %id, dead_node = %dead, "recovering a conversation of a dead node");
         recover_conversation(
-            sink,
+            outlets,
             &conversation,
             turn_id,
             "the gateway node that ran the agent stopped; the agent process is gone",
@@ -76,10 +76,10 @@ impl Sessions {
 /// Agents a previous run left under their shims on this machine are left
 /// alone here: their records are returned, for
 /// [`Sessions::reattach`](super::Sessions::reattach) to take them up again.
-pub async fn recover(sink: &Outlets, node: &Node) -> anyhow::Result<Vec<AgentProcessRecord>> {
+pub async fn recover(outlets: &Outlets, node: &Node) -> anyhow::Result<Vec<AgentProcessRecord>> {
     // The agents on record first: one recorded later belongs to a node that
     // claimed its conversation after `elsewhere` was read.
-    let records = sink.store.list_agent_processes().await?;
+    let records = outlets.store.list_agent_processes().await?;
     // Dead nodes' conversations become this node's (unless another node
     // takes them first); then what live nodes run is known.
     let taken = node.claim_orphans().await?;
@@ -90,7 +90,7 @@ pub async fn recover(sink: &Outlets, node: &Node) -> anyhow::Result<Vec<AgentPro
             && Host::here().is_some_and(|h| h.sees(&r.boot_id, &r.pid_namespace))
     });
     let reattaching: Vec<Uuid> = shims.iter().map(|r| r.conversation_id).collect();
-    let had_agents = kill_recorded(&*sink.store, records, |c| {
+    let had_agents = kill_recorded(&*outlets.store, records, |c| {
         !elsewhere.contains(&c) && !reattaching.contains(&c)
     })
     .await
@@ -103,7 +103,7 @@ pub async fn recover(sink: &Outlets, node: &Node) -> anyhow::Result<Vec<AgentPro
             && (!node.is_shared() || c.node_id.is_none() || c.node_id == Some(node.id()))
     };
     let detail = "the gateway restarted; the agent process is gone";
-    let mut left: Vec<(Conversation, Option<Uuid>)> = sink
+    let mut left: Vec<(Conversation, Option<Uuid>)> = outlets
         .store
         .live_conversations()
         .await?
@@ -119,7 +119,7 @@ pub async fn recover(sink: &Outlets, node: &Node) -> anyhow::Result<Vec<AgentPro
         if left.iter().any(|(c, _)| c.id == id) {
             continue;
         }
-        if let Some(conversation) = sink.store.get_conversation(id).await? {
+        if let Some(conversation) = outlets.store.get_conversation(id).await? {
             if conversation.status == ConversationStatus::Idle && ours(&conversation) {
                 left.push((conversation, None));
             }
@@ -127,7 +127,7 @@ pub async fn recover(sink: &Outlets, node: &Node) -> anyhow::Result<Vec<AgentPro
     }
     for (conversation, turn_id) in left {
         tracing::info!(conversation_id = %conversation.id, "settling a conversation left by a previous run");
-        recover_conversation(sink, &conversation, turn_id, detail).await?;
+        recover_conversation(outlets, &conversation, turn_id, detail).await?;
     }
     // Nothing runs here yet: whatever this node took is anyone's again.
     node.release_all().await?;
@@ -137,13 +137,13 @@ pub async fn recover(sink: &Outlets, node: &Node) -> anyhow::Result<Vec<AgentPro
 /// Ends what a conversation whose agent is gone had going: its pending
 /// requests expire and its turn ends with `detail`; it stays open.
 pub(super) async fn recover_conversation(
-    sink: &Outlets,
+    outlets: &Outlets,
     conversation: &Conversation,
     turn_id: Option<Uuid>,
     detail: &str,
 ) -> Result<()> {
-    let mut journal = Journal::new(sink.clone(), conversation, turn_id);
-    let pending = sink
+    let mut journal = Journal::new(outlets.clone(), conversation, turn_id);
+    let pending = outlets
         .store
         .list_permissions(&PermissionFilter {
             pending_only: true,

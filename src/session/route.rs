@@ -1,7 +1,7 @@
 //! Where a conversation's command runs: on its live session here (starting
 //! its agent again first if it is gone), or on the gateway node that owns
 //! it (see [`crate::cluster`]), forwarded as a [`Command`]; and what this
-//! node does with the commands the others forward to it ([`Duties`]).
+//! node does with the commands the others forward to it ([`ClusterMember`]).
 
 use std::future::Future;
 
@@ -12,7 +12,7 @@ use super::answer::Answerer;
 use super::command::{Command, Handle, Setting};
 use super::journal::Journal;
 use super::Sessions;
-use crate::cluster::{Claim, Duties, Forwarded};
+use crate::cluster::{Claim, ClusterMember, Forwarded};
 use crate::error::{Error, Problem, Result};
 use crate::model::{Conversation, ConversationStatus};
 
@@ -245,7 +245,7 @@ impl Sessions {
                         }
                         let conversation = self.stored(id).await?;
                         let mut journal =
-                            Journal::new(self.inner.setup.sink.clone(), &conversation, None)
+                            Journal::new(self.inner.setup.outlets.clone(), &conversation, None)
                                 .fenced_at(epoch);
                         journal.set_status(ConversationStatus::Closed);
                         journal.flush().await
@@ -271,7 +271,7 @@ impl Sessions {
 
 /// What this node does for the others (see [`crate::cluster`]).
 #[async_trait::async_trait]
-impl Duties for Sessions {
+impl ClusterMember for Sessions {
     async fn execute(&self, conversation_id: Uuid, command: Value) -> Result<Value, Box<Problem>> {
         let run = async {
             let command: Command = decode(command)?;

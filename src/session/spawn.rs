@@ -41,7 +41,7 @@ pub(super) struct Connected {
 /// it is our own child) and its box.
 pub(super) struct Enclosure<'a> {
     pub(super) shim: Option<&'a ShimSetup>,
-    pub(super) place: &'a AgentBox,
+    pub(super) agent_box: &'a AgentBox,
 }
 
 /// Spawns the process, records it, and opens the ACP session (loading
@@ -53,10 +53,10 @@ pub(super) async fn connect(
     state: &mut AgentReport,
     max_line_bytes: usize,
     store: &dyn Store,
-    Enclosure { shim, place }: Enclosure<'_>,
+    Enclosure { shim, agent_box }: Enclosure<'_>,
 ) -> Result<Connected> {
     let cwd = PathBuf::from(&conversation.cwd);
-    let (mut process, pipes) = AgentProcess::spawn(profile, &cwd, conversation.id, shim, place)
+    let (mut process, pipes) = AgentProcess::spawn(profile, &cwd, conversation.id, shim, agent_box)
         .await
         .map_err(|e| Error::AgentFailed(format!("{e:#}")))?;
     // Before the handshake: a crash during it leaves an agent as well.
@@ -164,7 +164,7 @@ pub(super) async fn forget_process(store: &dyn Store, record: Option<&AgentProce
 /// owner gets ([`crate::sandbox::profile::for_user`]). `sandbox = "off"`:
 /// no box, no home of the user's. Where the box cannot be made (`required` on a kernel
 /// without Landlock), the agent must not start: [`Error::AgentFailed`].
-pub(super) fn place_of(
+pub(super) fn agent_box_of(
     profile: &AgentProfile,
     conversation: &Conversation,
     homes: &std::path::Path,

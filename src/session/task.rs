@@ -46,7 +46,7 @@ use super::journal::{Journal, Outlets};
 use super::pending::{Pending, WaitingRequests};
 use super::served::ClientServices;
 use super::spawn::{
-    agent_user, connect, first_link, place_of, Connected, Enclosure, TERMINATE_GRACE,
+    agent_box_of, agent_user, connect, first_link, Connected, Enclosure, TERMINATE_GRACE,
 };
 use super::transcript::Transcript;
 use crate::acp::agent::{AgentProcess, Cursor, ShimSetup};
@@ -80,7 +80,7 @@ const BATCH_WINDOW: Duration = Duration::from_millis(10);
 #[derive(Clone)]
 pub struct Setup {
     /// Where the conversation's commits go (the store, then the bus).
-    pub sink: Outlets,
+    pub outlets: Outlets,
     pub max_line_bytes: usize,
     /// Cancelled when the gateway stops: each session (through a child
     /// token of its own) closes its agent.
@@ -133,16 +133,20 @@ pub async fn start(
     let id = conversation.id;
     let span = tracing::info_span!(parent: None, "conversation", conversation_id = %id, agent = %profile.name);
     if !resume {
-        setup.sink.store.insert_conversation(&conversation).await?;
+        setup
+            .outlets
+            .store
+            .insert_conversation(&conversation)
+            .await?;
     }
-    let mut journal = Journal::new(setup.sink.clone(), &conversation, None).fenced_at(fence);
+    let mut journal = Journal::new(setup.outlets.clone(), &conversation, None).fenced_at(fence);
     journal.append(AgentStatus::new(AgentState::Starting, None));
     journal.flush().await?;
 
     let earlier = conversation.acp_session_id.clone().filter(|_| resume);
     let mut state = conversation.state.clone();
-    let started = match place_of(&profile, &conversation, &setup.homes) {
-        Ok(place) => connect(
+    let started = match agent_box_of(&profile, &conversation, &setup.homes) {
+        Ok(agent_box) => connect(
             &profile,
             &conversation,
             earlier.as_deref(),
@@ -151,12 +155,12 @@ pub async fn start(
             journal.store(),
             Enclosure {
                 shim: setup.shim.as_ref(),
-                place: &place,
+                agent_box: &agent_box,
             },
         )
         .instrument(span.clone())
         .await
-        .map(|connected| (connected, place)),
+        .map(|connected| (connected, agent_box)),
         Err(e) => Err(e),
     };
     let (
@@ -169,7 +173,7 @@ pub async fn start(
             early,
             shim,
         },
-        place,
+        agent_box,
     ) = match started {
         Ok(connected) => connected,
         Err(err) => {
@@ -233,7 +237,7 @@ pub async fn start(
         profile,
         conversation: &conversation,
         state,
-        place,
+        agent_box,
     });
     let task = tokio::spawn(task.run(shutdown).instrument(span));
     Ok((handle, conversation, task))
@@ -255,7 +259,7 @@ pub(super) struct Assembly<'a> {
     pub(super) conversation: &'a Conversation,
     pub(super) state: AgentReport,
     /// The conversation's box.
-    pub(super) place: AgentBox,
+    pub(super) agent_box: AgentBox,
 }
 
 /// The task, and the handle that sends it commands.
@@ -270,7 +274,7 @@ fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
     let reachable = user.is_some() || profile.user.is_none();
     // Terminal commands get what the agent got (as its user, in its box).
     let mut environment = crate::process::profile::environment(profile, user.as_ref());
-    environment.extend(parts.place.variables());
+    environment.extend(parts.agent_box.variables());
     let served = ClientServices::new(
         Workspace {
             cwd: PathBuf::from(&conversation.cwd),
@@ -278,7 +282,7 @@ fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
             user,
             files: profile.client_fs && reachable,
             terminals: profile.client_terminal && reachable,
-            sandbox: parts.place.rules.clone().map(Arc::new),
+            sandbox: parts.agent_box.rules.clone().map(Arc::new),
             capabilities: profile.kept_capabilities(),
         },
         parts.agent.session_id().to_owned(),

@@ -156,7 +156,7 @@ pub struct EventRow {
     #[sqlx(rename = "type")]
     kind: String,
     at: DateTime<Utc>,
-    data: Json<Value>,
+    data: Json<Box<serde_json::value::RawValue>>,
 }
 
 impl From<EventRow> for Event {
@@ -165,7 +165,7 @@ impl From<EventRow> for Event {
             seq: r.seq,
             conversation_id: r.conversation_id,
             at: r.at,
-            body: EventBody::read(&r.kind, r.data.0),
+            body: EventBody::read_stored(&r.kind, r.data.0),
         }
     }
 }

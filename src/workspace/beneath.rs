@@ -161,22 +161,22 @@ impl Root {
             let name = name.to_owned();
             let parent = rel.parent().unwrap_or(Path::new("")).to_path_buf();
             let (dir, dir_path, missing) = self.open_dir(&parent)?;
-            let place = Destination {
+            let destination = Destination {
                 dir,
                 dir_path,
                 missing,
                 name,
             };
-            if !place.missing.is_empty() {
-                return Ok(place);
+            if !destination.missing.is_empty() {
+                return Ok(destination);
             }
-            let fd = match place.probe() {
+            let fd = match destination.probe() {
                 Ok(Some(fd)) => fd,
-                Ok(None) => return Ok(place),
+                Ok(None) => return Ok(destination),
                 Err(e) => return Err(e.into()),
             };
             if file_type(fd.as_fd())? != libc::S_IFLNK {
-                return Ok(place);
+                return Ok(destination);
             }
             let target = PathBuf::from(OsString::from_vec(read_link(fd.as_fd())?));
             rel = if target.is_absolute() {
@@ -751,20 +751,22 @@ mod tests {
         let (_dir, work, _) = dirs();
         for resolver in Resolver::all() {
             let root = Root::open(&work, resolver).unwrap();
-            let mut place = root
+            let mut destination = root
                 .locate(Path::new(&format!("{resolver:?}/deep/er/f.txt")))
                 .unwrap();
-            assert!(place.open_regular().unwrap().is_none());
-            place.make_dirs().unwrap();
+            assert!(destination.open_regular().unwrap().is_none());
+            destination.make_dirs().unwrap();
             let temp = OsStr::new(".f.tmp");
-            std::io::Write::write_all(&mut place.create_beside(temp, 0o644).unwrap(), b"x")
+            std::io::Write::write_all(&mut destination.create_beside(temp, 0o644).unwrap(), b"x")
                 .unwrap();
-            place.rename_over(temp).unwrap();
+            destination.rename_over(temp).unwrap();
             let made = work.join(format!("{resolver:?}/deep/er/f.txt"));
-            assert_eq!(place.path(), made);
+            assert_eq!(destination.path(), made);
             assert_eq!(std::fs::read_to_string(&made).unwrap(), "x");
             // O_EXCL: never over something already there.
-            assert!(place.create_beside(OsStr::new("f.txt"), 0o644).is_err());
+            assert!(destination
+                .create_beside(OsStr::new("f.txt"), 0o644)
+                .is_err());
         }
     }
 

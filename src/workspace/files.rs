@@ -122,12 +122,12 @@ fn open_in(
     let refuse = |e| refusal(root, path, e);
     let rel = root.relative(path).map_err(refuse)?;
     for _ in 0..ATTEMPTS {
-        let place = root.locate(&rel).map_err(refuse)?;
-        gate(&place.path())?;
-        match place.open_regular() {
+        let destination = root.locate(&rel).map_err(refuse)?;
+        gate(&destination.path())?;
+        match destination.open_regular() {
             Err(beneath::Error::Unstable) => continue,
             Err(e) => return Err(refuse(e)),
-            Ok(file) => return Ok((place, file)),
+            Ok(file) => return Ok((destination, file)),
         }
     }
     Err(refuse(beneath::Error::Unstable))
@@ -266,8 +266,8 @@ fn write_in(
     content: &str,
     gate: &dyn Fn(&Path) -> Result<(), Refusal>,
 ) -> Result<FileWritten, Refusal> {
-    let (mut place, old) = open_in(root, path, gate)?;
-    let real = place.path();
+    let (mut destination, old) = open_in(root, path, gate)?;
+    let real = destination.path();
     let io = |e| Refusal::io(&real, e);
     let (previous, mode) = match old {
         Some(file) => {
@@ -291,8 +291,10 @@ fn write_in(
         }
         None => (Previous::None, None),
     };
-    place.make_dirs().map_err(|e| refusal(root, path, e))?;
-    replace(&place, content.as_bytes(), mode).map_err(io)?;
+    destination
+        .make_dirs()
+        .map_err(|e| refusal(root, path, e))?;
+    replace(&destination, content.as_bytes(), mode).map_err(io)?;
     let (diff, diff_too_large) = match previous {
         Previous::None => (unified_diff(&real, None, content), false),
         Previous::Text(old) => (unified_diff(&real, Some(&old), content), false),
@@ -305,18 +307,18 @@ fn write_in(
     })
 }
 
-/// Replaces the file at `place` with `content`: a new file beside it
+/// Replaces the file at `destination` with `content`: a new file beside it
 /// (created beneath the root, never through a symlink), renamed over it in
 /// the same directory. `mode`: the old file's, kept.
-fn replace(place: &Destination, content: &[u8], mode: Option<u32>) -> std::io::Result<()> {
+fn replace(destination: &Destination, content: &[u8], mode: Option<u32>) -> std::io::Result<()> {
     // A name too long for a directory entry is cut: the temporary name must
     // fit in one as well.
-    let name = place.name().as_bytes();
+    let name = destination.name().as_bytes();
     let mut temp = b".".to_vec();
     temp.extend_from_slice(&name[..name.len().min(100)]);
     temp.extend_from_slice(format!(".{}.acp-gateway", uuid::Uuid::now_v7().simple()).as_bytes());
     let temp = OsString::from(std::ffi::OsStr::from_bytes(&temp));
-    let mut file = place.create_beside(&temp, mode.unwrap_or(0o666))?;
+    let mut file = destination.create_beside(&temp, mode.unwrap_or(0o666))?;
     let written = (|| {
         file.write_all(content)?;
         if let Some(mode) = mode {
@@ -324,10 +326,10 @@ fn replace(place: &Destination, content: &[u8], mode: Option<u32>) -> std::io::R
             file.set_permissions(std::fs::Permissions::from_mode(mode))?;
         }
         file.sync_all()?;
-        place.rename_over(&temp)
+        destination.rename_over(&temp)
     })();
     if written.is_err() {
-        let _ = place.remove_beside(&temp);
+        let _ = destination.remove_beside(&temp);
     }
     written
 }

@@ -28,9 +28,9 @@ async fn one_conversation(db: &TestDb) -> (Outlets, Uuid) {
 }
 
 /// A journal as a gateway starts one: from the conversation as stored.
-async fn journal(sink: &Outlets, id: Uuid) -> Journal {
-    let conversation = sink.store.get_conversation(id).await.unwrap().unwrap();
-    Journal::new(sink.clone(), &conversation, None)
+async fn journal(outlets: &Outlets, id: Uuid) -> Journal {
+    let conversation = outlets.store.get_conversation(id).await.unwrap().unwrap();
+    Journal::new(outlets.clone(), &conversation, None)
 }
 
 fn thought(text: &str) -> Value {
@@ -49,8 +49,8 @@ fn said(events: impl IntoIterator<Item = model::Event>) -> Vec<(i64, String)> {
         .collect()
 }
 
-async fn stored(sink: &Outlets, id: Uuid) -> Vec<(i64, String)> {
-    said(sink.store.list_events(id, 0, 100).await.unwrap())
+async fn stored(outlets: &Outlets, id: Uuid) -> Vec<(i64, String)> {
+    said(outlets.store.list_events(id, 0, 100).await.unwrap())
 }
 
 /// Sets the conversation's `last_seq` back to `seq`, as an earlier run
@@ -78,7 +78,7 @@ fn said_pairs(pairs: &[(i64, &str)]) -> Vec<(i64, String)> {
 /// a crash or a lost connection alike), `last_seq` has kept up with the
 /// events stored all the same, and the next journal goes on after them.
 async fn a_refused_batch_keeps_last_seq_with_every_piece_stored(db: TestDb) {
-    let (sink, id) = one_conversation(&db).await;
+    let (outlets, id) = one_conversation(&db).await;
     // Refused: a thought saying POISON (so the batch goes piece by piece),
     // and any change of a conversation's status (its row, written last).
     db.execute(
@@ -96,20 +96,20 @@ async fn a_refused_batch_keeps_last_seq_with_every_piece_stored(db: TestDb) {
            begin select raise(abort, 'frozen'); end;",
     )
     .await;
-    let mut first = journal(&sink, id).await;
+    let mut first = journal(&outlets, id).await;
     for text in ["one", "POISON", "three"] {
         first.session_update(thought(text), None);
     }
     first.set_status(ConversationStatus::Running);
     first.flush().await.unwrap_err();
-    let kept = stored(&sink, id).await;
+    let kept = stored(&outlets, id).await;
     assert_eq!(
         kept.iter().map(|(seq, _)| *seq).collect::<Vec<_>>(),
         [1, 2, 3],
         "{kept:?}"
     );
     assert_eq!(kept[1].1, "session_update", "a stand-in: {kept:?}");
-    let row = sink.store.get_conversation(id).await.unwrap().unwrap();
+    let row = outlets.store.get_conversation(id).await.unwrap().unwrap();
     assert_eq!(row.last_seq, 3, "last_seq kept up with the pieces");
     assert_eq!(
         row.status,
@@ -122,11 +122,11 @@ async fn a_refused_batch_keeps_last_seq_with_every_piece_stored(db: TestDb) {
         "drop trigger frozen;",
     )
     .await;
-    let mut sub = sink.bus.subscribe(id);
-    let mut next = journal(&sink, id).await;
+    let mut sub = outlets.bus.subscribe(id);
+    let mut next = journal(&outlets, id).await;
     next.session_update(thought("four"), None);
     next.flush().await.unwrap();
-    assert_eq!(stored(&sink, id).await[3..], said_pairs(&[(4, "four")]));
+    assert_eq!(stored(&outlets, id).await[3..], said_pairs(&[(4, "four")]));
     assert_eq!(published(&mut sub), said_pairs(&[(4, "four")]));
 }
 
@@ -136,7 +136,7 @@ async fn a_refused_batch_keeps_last_seq_with_every_piece_stored(db: TestDb) {
 /// events and its resolutions are stored and published, none refused for
 /// a seq taken.
 async fn a_journal_behind_the_stored_events_goes_on_after_them(db: TestDb) {
-    let (sink, id) = one_conversation(&db).await;
+    let (outlets, id) = one_conversation(&db).await;
     let request = PermissionRequest {
         id: model::new_id(),
         conversation_id: id,
@@ -147,21 +147,21 @@ async fn a_journal_behind_the_stored_events_goes_on_after_them(db: TestDb) {
         decision: None,
         created_at: model::now(),
     };
-    let mut first = journal(&sink, id).await;
+    let mut first = journal(&outlets, id).await;
     first.session_update(thought("one"), None);
     first.add_permission_request(&request, None);
     first.session_update(thought("three"), None);
     first.flush().await.unwrap();
 
     behind(&db, 1).await;
-    let mut sub = sink.bus.subscribe(id);
-    let mut next = journal(&sink, id).await;
+    let mut sub = outlets.bus.subscribe(id);
+    let mut next = journal(&outlets, id).await;
     next.session_update(thought("four"), None);
     next.flush().await.unwrap();
     assert_eq!(published(&mut sub), said_pairs(&[(4, "four")]));
 
     behind(&db, 2).await;
-    let mut last = journal(&sink, id).await;
+    let mut last = journal(&outlets, id).await;
     let resolution = Resolution {
         request: request.clone(),
         status: PermissionStatus::Approved,
@@ -177,8 +177,8 @@ async fn a_journal_behind_the_stored_events_goes_on_after_them(db: TestDb) {
         (4, "four"),
         (5, "permission_resolved"),
     ]);
-    assert_eq!(stored(&sink, id).await, expected);
+    assert_eq!(stored(&outlets, id).await, expected);
     assert_eq!(published(&mut sub), expected[4..]);
-    let row = sink.store.get_conversation(id).await.unwrap().unwrap();
+    let row = outlets.store.get_conversation(id).await.unwrap().unwrap();
     assert_eq!(row.last_seq, 5);
 }

@@ -115,10 +115,26 @@ impl SessionUpdate {
 
     /// Serialises it as its JSON text, made once (see the module docs).
     pub(super) fn serialize_shared<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let json = self.json.0.get_or_init(|| {
+        RawValue::serialize(self.json(), s)
+    }
+
+    /// Its JSON text, made the first time it is asked for.
+    fn json(&self) -> &Arc<RawValue> {
+        self.json.0.get_or_init(|| {
             Arc::from(serde_json::value::to_raw_value(self).expect("an update serializes"))
-        });
-        RawValue::serialize(json, s)
+        })
+    }
+
+    /// Makes its JSON text now, so that copies made from here on share it
+    /// (see the module docs).
+    pub(super) fn make_json(&self) {
+        self.json();
+    }
+
+    /// Keeps `json`, the text this update was read from, as its JSON text:
+    /// it is sent on as stored, not made again.
+    pub(super) fn keep_json(&self, json: Arc<RawValue>) {
+        let _ = self.json.0.set(json);
     }
 
     /// The update, to change: the JSON made of it no longer holds.
@@ -220,6 +236,17 @@ mod tests {
             }
         }
         serde_json::to_string(&Shared(update)).unwrap()
+    }
+
+    #[test]
+    fn copies_made_once_its_json_is_made_share_that_text() {
+        let update = SessionUpdate::new(None, chunk("agent_message_chunk", "Hello"));
+        let before = update.clone();
+        update.make_json();
+        let after = update.clone();
+        assert!(before.json.0.get().is_none());
+        assert!(Arc::ptr_eq(update.json(), after.json.0.get().unwrap()));
+        assert_eq!(shared_text(&after), shared_text(&before));
     }
 
     #[test]

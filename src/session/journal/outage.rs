@@ -93,7 +93,7 @@ impl Journal {
 
     /// Whether the database answers a ping within a moment.
     async fn database_answers(&self) -> bool {
-        let ping = self.sink.store.ping();
+        let ping = self.outlets.store.ping();
         matches!(
             tokio::time::timeout(Duration::from_millis(250), ping).await,
             Ok(Ok(()))
@@ -108,11 +108,12 @@ impl Journal {
             .events
             .iter()
             .filter(|e| e.seq > self.published)
+            .inspect(|e| e.body.make_json())
             .cloned()
             .collect();
         if let Some(last) = fresh.last() {
             self.published = last.seq;
-            self.sink.bus.publish(self.owner.as_deref(), fresh);
+            self.outlets.bus.publish(self.owner.as_deref(), fresh);
         }
     }
 
@@ -126,9 +127,9 @@ impl Journal {
         let mut early = committed.iter().filter(|e| e.seq <= published);
         if let Some(first) = early.next() {
             let last = early.next_back().unwrap_or(first);
-            self.sink.bus.remind(self.owner.as_deref(), last);
+            self.outlets.bus.remind(self.owner.as_deref(), last);
             // Other nodes' sockets read them from the store, now they are there.
-            self.sink.bus.announce_committed(crate::bus::Announced {
+            self.outlets.bus.announce_committed(crate::bus::Announced {
                 conversation: first.conversation_id,
                 first: first.seq,
                 last: last.seq,

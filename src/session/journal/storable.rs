@@ -183,7 +183,10 @@ impl Journal {
             link: self.batch.link.take(),
             ..Batch::default()
         };
-        self.sink.store.commit(self.conversation_id, &patch).await?;
+        self.outlets
+            .store
+            .commit(self.conversation_id, &patch)
+            .await?;
         self.batch = Batch::default();
         self.committed();
         Ok(())
@@ -202,7 +205,7 @@ impl Journal {
         let event = &self.batch.events[0];
         let seq = event.seq;
         let stored = self
-            .sink
+            .outlets
             .store
             .list_events(self.conversation_id, seq - 1, 1)
             .await?
@@ -215,7 +218,11 @@ impl Journal {
                 return Ok(true);
             }
         }
-        let newest = self.sink.store.last_event_seq(self.conversation_id).await?;
+        let newest = self
+            .outlets
+            .store
+            .last_event_seq(self.conversation_id)
+            .await?;
         if self.move_past(newest) {
             return Ok(true);
         }
@@ -234,7 +241,12 @@ impl Journal {
         stand_ins: impl IntoIterator<Item = Batch>,
     ) -> Result<Option<Batch>> {
         piece.fence = self.fence;
-        let mut refused = match self.sink.store.commit(self.conversation_id, &piece).await {
+        let mut refused = match self
+            .outlets
+            .store
+            .commit(self.conversation_id, &piece)
+            .await
+        {
             Ok(()) => return Ok(Some(piece)),
             Err(e) if e.is_transient() || e.is_fenced() || e.is_unique_violation() => {
                 return Err(e)
@@ -246,7 +258,7 @@ impl Journal {
             tracing::warn!(conversation_id = %self.conversation_id, error = %refused,
                 "the database refused part of a batch; storing a stand-in");
             match self
-                .sink
+                .outlets
                 .store
                 .commit(self.conversation_id, &stand_in)
                 .await
@@ -277,9 +289,9 @@ mod tests {
     #[tokio::test]
     async fn events_a_lost_answer_left_stored_are_published_not_stored_again() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut journal, sink) = journal_in(dir.path()).await;
-        let (store, id) = (sink.store, journal.conversation_id());
-        let mut sub = sink.bus.subscribe(id);
+        let (mut journal, outlets) = journal_in(dir.path()).await;
+        let (store, id) = (outlets.store, journal.conversation_id());
+        let mut sub = outlets.bus.subscribe(id);
         journal.session_update(thought("a"), None);
         journal.session_update(thought("b"), None);
         let lost = Batch {

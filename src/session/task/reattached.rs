@@ -39,7 +39,7 @@ pub struct Reattached<'a> {
     /// The conversation's requests that wait, as stored.
     pub pending: Vec<PermissionRequest>,
     /// The conversation's box (its terminals and files are in it too).
-    pub place: crate::sandbox::AgentBox,
+    pub agent_box: crate::sandbox::AgentBox,
 }
 
 /// Spawns the session task of a reattached agent.
@@ -87,7 +87,7 @@ pub async fn reattach(r: Reattached<'_>) -> Result<(Handle, tokio::task::JoinHan
         profile: r.profile,
         conversation: r.conversation,
         state: r.conversation.state.clone(),
-        place: r.place,
+        agent_box: r.agent_box,
     });
     task.take_up(r.turn_id, &r.link, r.pending, &peer)
         .instrument(span.clone())
