@@ -8,8 +8,9 @@
 //! Data and its checks only, below every part it configures (of the crate
 //! it uses only `model` and `sys`): what a setting does is the part's that
 //! reads it. [`profile`] is an agent profile (`[[agents]]`),
-//! [`url`] what a database URL names, `paths.rs` the data directory used
-//! when nothing says where.
+//! [`url`] what a database URL names, [`addresses`] the addresses no
+//! outgoing connection may reach unless allowed, `paths.rs` the data
+//! directory used when nothing says where.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -21,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod profile;
 pub mod url;
+pub mod addresses;
 mod paths;
 
 pub use paths::data_dir;
@@ -663,7 +665,10 @@ impl Config {
     /// filled in where the profile names no user.
     pub fn agent(&self, name: &str) -> Option<AgentProfile> {
         let mut profile = self.agents.iter().find(|a| a.name == name)?.clone();
-        if profile.user.is_none() {
+        if profile.url.is_some() {
+            // A remote agent has no process here: no user, no box.
+            profile.sandbox = profile::SandboxMode::Off;
+        } else if profile.user.is_none() {
             profile.user = self.agent_user.clone();
         }
         Some(profile)

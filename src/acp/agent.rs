@@ -7,8 +7,10 @@
 //! under a shim ([`crate::shim`], reached through [`super::link`]), which
 //! owns it and lets it outlive the gateway: then its output comes from the
 //! shim's socket, positions and all, and a later gateway may reattach
-//! ([`AgentProcess::reattach`]). Above this, both look alike: two byte
-//! streams ([`AgentPipes`]) and a process to wait for or stop.
+//! ([`AgentProcess::reattach`]). A remote agent ([`super::remote`]) is no
+//! process of ours at all: its WebSocket is the link, and stopping it closes
+//! the connection. Above this, all three look alike: two byte streams
+//! ([`AgentPipes`]) and an agent to wait for or stop.
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -23,6 +25,7 @@ use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use super::link::{self, Ending, ShimControl};
+use super::remote::{Ended, RemoteControl};
 use super::rpc::{Processed, RpcPeer};
 use crate::config::AgentProfile;
 use crate::process::child::{StderrTail, Supervised};
@@ -132,6 +135,15 @@ enum Kind {
     /// The gateway's own child.
     Child(Supervised),
     Shim(ShimAgent),
+    Remote(RemoteAgent),
+}
+
+/// A remote agent: its connection, and how that ended.
+struct RemoteAgent {
+    control: RemoteControl,
+    /// Where it is (its url).
+    url: String,
+    ended: Option<(ExitStatus, Ended)>,
 }
 
 /// An agent under a shim.
@@ -296,6 +308,37 @@ impl AgentProcess {
         }
     }
 
+    /// Connects to the profile's remote agent (its `url`, within its
+    /// `startup_timeout`); frames longer than `max_line_bytes` end the
+    /// connection.
+    pub async fn connect(
+        profile: &AgentProfile,
+        max_line_bytes: usize,
+    ) -> anyhow::Result<(AgentProcess, AgentPipes)> {
+        let url = profile.url.clone().unwrap_or_default();
+        let link = super::remote::connect(profile, max_line_bytes, profile.startup_timeout)
+            .await
+            .with_context(|| format!("cannot reach agent {:?} at {url}", profile.name))?;
+        Ok((
+            AgentProcess {
+                kind: Kind::Remote(RemoteAgent {
+                    control: link.control,
+                    url,
+                    ended: None,
+                }),
+                stderr_tail: StderrTail::new(STDERR_TAIL_LINES),
+                stderr_task: None,
+            },
+            AgentPipes {
+                stdin: Box::new(link.input),
+                stdout: Box::new(link.output),
+                output_from: 0,
+                first_request_id: 0,
+                shim: None,
+            },
+        ))
+    }
+
     /// Reattaches to the shim at `socket` (started by an earlier gateway,
     /// whose pid and start time are `shim`), its output from `from`.
     pub async fn reattach(
@@ -394,6 +437,7 @@ impl AgentProcess {
         match &self.kind {
             Kind::Child(process) => process.identity(),
             Kind::Shim(shim) => shim.identity,
+            Kind::Remote(_) => None,
         }
     }
 
@@ -402,12 +446,27 @@ impl AgentProcess {
         match &self.kind {
             Kind::Child(process) => (process.pid(), process.identity().map(|(_, t)| t)),
             Kind::Shim(shim) => shim.agent,
+            Kind::Remote(_) => (0, None),
         }
     }
 
     /// Whether it runs under a shim.
     pub fn is_shimmed(&self) -> bool {
         matches!(self.kind, Kind::Shim(_))
+    }
+
+    /// How the agent ended (`status`, as [`AgentProcess::wait`] returned
+    /// it), for people: with its last stderr lines; for a remote agent, how
+    /// its connection ended.
+    pub fn describe_end(&self, status: ExitStatus) -> String {
+        match &self.kind {
+            Kind::Remote(RemoteAgent {
+                url,
+                ended: Some((_, how)),
+                ..
+            }) => format!("the connection to the remote agent at {url} was {how}"),
+            _ => describe_exit(status, &self.stderr_tail()),
+        }
     }
 
     /// The last lines the agent wrote to stderr, joined by newlines.
@@ -422,6 +481,13 @@ impl AgentProcess {
     pub async fn wait(&mut self) -> ExitStatus {
         match &mut self.kind {
             Kind::Child(process) => process.wait().await,
+            Kind::Remote(remote) => {
+                if let Some((status, _)) = &remote.ended {
+                    return *status;
+                }
+                let how = remote.control.ended().await;
+                remote.settle(how)
+            }
             Kind::Shim(shim) => {
                 if let Some(status) = shim.exit {
                     return status;
@@ -480,6 +546,13 @@ impl AgentProcess {
                 }
                 self.wait().await
             }
+            Kind::Remote(remote) => match &remote.ended {
+                Some((status, _)) => *status,
+                None => {
+                    let how = remote.control.close().await;
+                    remote.settle(how)
+                }
+            },
         };
         self.drain_stderr().await;
         status
@@ -512,10 +585,23 @@ impl AgentProcess {
                 ..
             }) => process.detach(),
             Kind::Shim(_) => {}
-            Kind::Child(_) => {
+            Kind::Child(_) | Kind::Remote(_) => {
                 self.terminate(grace).await;
             }
         }
+    }
+}
+
+impl RemoteAgent {
+    /// Keeps how its connection ended; what [`AgentProcess::wait`] says of
+    /// it: success when it was closed in order, code 1 when it was lost.
+    fn settle(&mut self, how: Ended) -> ExitStatus {
+        let status = match how {
+            Ended::Closed(_) => ExitStatus::from_raw(0),
+            Ended::Lost(_) => ExitStatus::from_raw(1 << 8),
+        };
+        self.ended = Some((status, how));
+        status
     }
 }
 

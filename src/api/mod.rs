@@ -196,7 +196,9 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
 struct Agent {
     name: String,
     title: String,
-    /// Whether its command can be found and run (by its user), in its box.
+    /// Whether its command can be found and run (by its user), in its box;
+    /// for a remote agent (`url`), whether it accepts a connection (and its
+    /// token) now.
     available: bool,
     unavailable_reason: Option<String>,
     /// How its conversations are boxed on this machine, and what the box
@@ -223,12 +225,24 @@ struct AgentList {
 )]
 async fn list_agents(Authed { state, .. }: Authed) -> Json<Page<Agent>> {
     let config = state.config();
-    let items = config
+    let profiles: Vec<_> = config
         .agents
         .iter()
         // As conversations start them: with the gateway-wide agent_user.
         .filter_map(|a| config.agent(&a.name))
-        .map(|a| {
+        .collect();
+    // Remote agents are reached now, all at once, each bounded.
+    let reachable = futures::future::join_all(profiles.iter().map(|a| async move {
+        match a.url {
+            Some(_) => crate::acp::remote::unavailable_reason(a, REMOTE_PROBE_WITHIN).await,
+            None => None,
+        }
+    }))
+    .await;
+    let items = profiles
+        .into_iter()
+        .zip(reachable)
+        .map(|(a, unreachable)| {
             let (sandbox, refused) = crate::sandbox::Effective::of(
                 a.sandbox,
                 a.allowed_tcp_ports.is_some(),
@@ -243,7 +257,9 @@ async fn list_agents(Authed { state, .. }: Authed) -> Json<Page<Agent>> {
                 sandbox.tcp_ports_enforced == Some(true),
             );
             let sandbox = sandbox.granting(&rules);
-            let reason = crate::process::profile::unavailable_reason(&a).or(refused);
+            let reason = crate::process::profile::unavailable_reason(&a)
+                .or(unreachable)
+                .or(refused);
             Agent {
                 capabilities: a
                     .kept_capabilities()
@@ -261,6 +277,9 @@ async fn list_agents(Authed { state, .. }: Authed) -> Json<Page<Agent>> {
         .collect();
     whole(items)
 }
+
+/// How long `GET /api/v1/agents` waits for a remote agent to answer.
+const REMOTE_PROBE_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Unknown paths: 404, but only for a caller who may call the API at all
 /// (without a valid token, 401 first, so the API's shape is not probed).

@@ -23,8 +23,25 @@ pub struct AgentProfile {
     pub name: String,
     /// Human readable name.
     pub title: Option<String>,
-    /// Program to run (looked up in `PATH` unless it contains a `/`).
+    /// Program to run (looked up in `PATH` unless it contains a `/`); empty
+    /// for a remote agent (`url`).
+    #[serde(default)]
     pub command: String,
+    /// A remote agent's ACP endpoint instead of a `command`: WebSocket,
+    /// `wss://host:port/acp` (`ws://` only with `allow_private`).
+    pub url: Option<String>,
+    /// A file holding the remote agent's bearer token (read at every
+    /// connection).
+    pub token_file: Option<PathBuf>,
+    /// The environment variable holding the remote agent's bearer token.
+    pub token_env: Option<String>,
+    /// More HTTP headers sent when connecting to the remote agent.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Lets the remote agent's `url` be plain `ws://` and reach private,
+    /// loopback and link-local addresses (this profile alone).
+    #[serde(default)]
+    pub allow_private: bool,
     #[serde(default)]
     pub args: Vec<String>,
     /// Variables set for the agent (and its terminal commands), on top of
@@ -167,6 +184,11 @@ impl AgentProfile {
             name: "demo".into(),
             title: Some("Demo agent".into()),
             command: exe.to_string_lossy().into_owned(),
+            url: None,
+            token_file: None,
+            token_env: None,
+            headers: BTreeMap::new(),
+            allow_private: false,
             args: vec!["demo-agent".into(), "--chunk-delay-ms".into(), "40".into()],
             env: BTreeMap::new(),
             pass_env: Vec::new(),
@@ -223,8 +245,18 @@ impl AgentProfile {
     /// Checks what serde cannot (`key` names the profile in the message):
     /// all but its name.
     pub(super) fn validate(&self, key: &str) -> anyhow::Result<()> {
-        if self.command.trim().is_empty() {
-            bail!("{key}.command: must not be empty");
+        match &self.url {
+            Some(url) => self.validate_remote(key, url)?,
+            None if self.command.trim().is_empty() => {
+                bail!("{key}.command: must not be empty (or give a remote agent's url)")
+            }
+            None => {
+                for field in ["token_file", "token_env", "headers", "allow_private"] {
+                    if self.remote_key_set(field) {
+                        bail!("{key}.{field}: only for a remote agent (url)");
+                    }
+                }
+            }
         }
         if let Some(cwd) = &self.cwd {
             if !cwd.is_absolute() {
@@ -286,6 +318,120 @@ impl AgentProfile {
             bail!("{key}.session_mode: must not be empty (leave it out for the agent's default)");
         }
         Ok(())
+    }
+}
+
+impl AgentProfile {
+    /// Checks a remote agent's keys: its `url` (WebSocket; plain `ws://`
+    /// and private addresses written as IPs only with `allow_private`), its
+    /// token and headers, and that no key of a spawned agent is set with it.
+    fn validate_remote(&self, key: &str, url: &str) -> anyhow::Result<()> {
+        let spawned_only = [
+            ("command", !self.command.is_empty()),
+            ("args", !self.args.is_empty()),
+            ("env", !self.env.is_empty()),
+            ("pass_env", !self.pass_env.is_empty()),
+            ("user", self.user.is_some()),
+            ("sandbox", self.sandbox != SandboxMode::Auto),
+            ("read_only_paths", !self.read_only_paths.is_empty()),
+            ("read_write_paths", !self.read_write_paths.is_empty()),
+            ("allowed_tcp_ports", self.allowed_tcp_ports.is_some()),
+            ("home_template", self.home_template.is_some()),
+            ("capabilities", !self.capabilities.is_empty()),
+            ("client_terminal", self.client_terminal),
+        ];
+        if let Some((field, _)) = spawned_only.iter().find(|(_, set)| *set) {
+            bail!(
+                "{key}.{field}: does not apply to a remote agent (url): it runs on its own \
+                 machine, outside the gateway's box, users and shims"
+            );
+        }
+        let parsed =
+            ::url::Url::parse(url).map_err(|e| anyhow::anyhow!("{key}.url: {url:?}: {e}"))?;
+        match parsed.scheme() {
+            "wss" => {}
+            "ws" if self.allow_private => {}
+            "ws" => bail!(
+                "{key}.url: plain ws:// is refused (use wss://, or set allow_private = true \
+                 for an agent on a private network)"
+            ),
+            "http" | "https" => bail!(
+                "{key}.url: ACP's Streamable HTTP transport is not supported yet: give the \
+                 agent's WebSocket endpoint (wss://…)"
+            ),
+            other => bail!("{key}.url: {other}:// is not a WebSocket URL (wss://…)"),
+        }
+        let host = match parsed.host() {
+            Some(host) => host,
+            None => bail!("{key}.url: {url:?} has no host"),
+        };
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            bail!("{key}.url: must not carry credentials (use token_file or token_env)");
+        }
+        let literal = match host {
+            ::url::Host::Ipv4(ip) => Some(std::net::IpAddr::V4(ip)),
+            ::url::Host::Ipv6(ip) => Some(std::net::IpAddr::V6(ip)),
+            ::url::Host::Domain(_) => None,
+        };
+        if let Some(ip) = literal.filter(|ip| super::addresses::is_forbidden(*ip)) {
+            if !self.allow_private {
+                bail!(
+                    "{key}.url: {ip} is a private, loopback or link-local address (set \
+                     allow_private = true to let this profile reach it)"
+                );
+            }
+        }
+        match (&self.token_file, &self.token_env) {
+            (Some(_), Some(_)) => bail!("{key}.token_file: give token_file or token_env, not both"),
+            // Read at every connection (a missing one makes the agent
+            // unavailable, saying why), not now.
+            (Some(file), None) if !file.is_absolute() => {
+                bail!("{key}.token_file: {file:?} must be an absolute path")
+            }
+            (None, Some(name)) if !is_variable_name(name) => {
+                bail!("{key}.token_env: {name:?} is not an environment variable name")
+            }
+            (Some(_), None) | (None, Some(_)) => {}
+            (None, None) => {}
+        }
+        for (name, value) in &self.headers {
+            let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+            if name.is_empty() || !name.chars().all(token) {
+                bail!("{key}.headers: {name:?} is not a header name");
+            }
+            if value.chars().any(|c| c.is_control() && c != '\t') {
+                bail!("{key}.headers.{name}: must not contain control characters");
+            }
+            if name.eq_ignore_ascii_case("authorization") {
+                bail!("{key}.headers.{name}: give the token with token_file or token_env");
+            }
+        }
+        Ok(())
+    }
+
+    /// The remote agent's bearer token, read now from its `token_file` or
+    /// `token_env` (`None` where it has neither).
+    pub fn remote_token(&self) -> anyhow::Result<Option<String>> {
+        if let Some(file) = &self.token_file {
+            return super::read_secret(file, "token_file").map(Some);
+        }
+        let Some(name) = &self.token_env else {
+            return Ok(None);
+        };
+        match std::env::var(name) {
+            Ok(value) if !value.trim().is_empty() => Ok(Some(value.trim().to_owned())),
+            _ => bail!("token_env: the variable {name} is not set"),
+        }
+    }
+
+    /// Whether one of the remote agent's keys is set.
+    fn remote_key_set(&self, field: &str) -> bool {
+        match field {
+            "token_file" => self.token_file.is_some(),
+            "token_env" => self.token_env.is_some(),
+            "headers" => !self.headers.is_empty(),
+            _ => self.allow_private,
+        }
     }
 }
 

@@ -19,7 +19,12 @@ pub fn environment(profile: &AgentProfile, user: Option<&SystemUser>) -> Environ
 /// (by the profile's `user`, when it names one): the program, and the
 /// interpreter of a script (see [`crate::sys::runnable_by`]), and the
 /// capabilities its agents keep, which the gateway must hold.
+/// A remote agent (`url`) has no command here: `None` (whether it can be
+/// reached is [`crate::acp::remote::unavailable_reason`]'s to say).
 pub fn unavailable_reason(profile: &AgentProfile) -> Option<String> {
+    if profile.url.is_some() {
+        return None;
+    }
     let user = match profile.user.as_deref().map(crate::sys::lookup_user) {
         Some(Ok(user)) => Some(user),
         Some(Err(reason)) => return Some(reason),

@@ -44,8 +44,9 @@ pub(super) struct Enclosure<'a> {
     pub(super) agent_box: &'a AgentBox,
 }
 
-/// Spawns the process, records it, and opens the ACP session (loading
-/// `earlier` where the agent can).
+/// Spawns the process and records it (or connects to the profile's remote
+/// agent: nothing to record), and opens the ACP session (loading `earlier`
+/// where the agent can).
 pub(super) async fn connect(
     profile: &AgentProfile,
     conversation: &Conversation,
@@ -56,12 +57,21 @@ pub(super) async fn connect(
     Enclosure { shim, agent_box }: Enclosure<'_>,
 ) -> Result<Connected> {
     let cwd = PathBuf::from(&conversation.cwd);
-    let (mut process, pipes) = AgentProcess::spawn(profile, &cwd, conversation.id, shim, agent_box)
-        .await
-        .map_err(|e| Error::AgentFailed(format!("{e:#}")))?;
+    let started = match profile.url {
+        // A remote agent: no process, no shim, no record.
+        Some(_) => AgentProcess::connect(profile, max_line_bytes).await,
+        None => AgentProcess::spawn(profile, &cwd, conversation.id, shim, agent_box).await,
+    };
+    let (mut process, pipes) = started.map_err(|e| Error::AgentFailed(format!("{e:#}")))?;
     // Before the handshake: a crash during it leaves an agent as well.
-    let socket = shim.map(|s| s.socket(conversation.id));
-    let record = match record_process(store, &process, conversation.id, socket).await {
+    let socket = shim
+        .filter(|_| pipes.shim.is_some())
+        .map(|s| s.socket(conversation.id));
+    let record = match profile.url {
+        Some(_) => Ok(None),
+        None => record_process(store, &process, conversation.id, socket).await,
+    };
+    let record = match record {
         Ok(record) => record,
         Err(err) => {
             process.terminate(TERMINATE_GRACE).await;

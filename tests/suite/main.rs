@@ -38,6 +38,7 @@ mod permission_lifecycle;
 mod permissions;
 mod policies;
 mod quick_start;
+mod remote_agents;
 mod restart;
 mod resume;
 mod sandbox;

@@ -8,7 +8,6 @@
 use std::time::Duration;
 
 use super::{next_incoming, next_prompt_result, End, Task};
-use crate::acp::agent::describe_exit;
 use crate::error::Result;
 use crate::model::{AgentState, AgentStatus, ConversationStatus, PermissionStatus};
 use crate::session::spawn::{forget_process, TERMINATE_GRACE};
@@ -186,7 +185,7 @@ impl Task {
         } else {
             let status = self.process.wait().await;
             self.process.drain_stderr().await;
-            let detail = describe_exit(status, &self.process.stderr_tail());
+            let detail = self.process.describe_end(status);
             tracing::warn!(%detail, "agent exited");
             self.exited(if status.success() {
                 "exited"

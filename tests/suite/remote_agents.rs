@@ -1,0 +1,407 @@
+//! Remote agents: a profile naming a `url` instead of a `command` reaches an
+//! agent that serves ACP over a WebSocket. Here that agent is the demo
+//! agent behind a small WebSocket server of the test's own (one demo agent
+//! process per connection, each text frame one line of its stdio, the
+//! bearer token checked), on loopback.
+
+use std::path::Path;
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::http::StatusCode;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::common::*;
+use acp_gateway::config::{AgentProfile, Config};
+
+/// The demo agent served over WebSocket ACP on loopback.
+struct AgentServer {
+    port: u16,
+    /// Ends the server and every connection at once, without a close frame
+    /// (as a dropped network or a killed server would).
+    stop: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl AgentServer {
+    /// On a free port, checking `token` where one is given.
+    async fn start(token: Option<&str>) -> AgentServer {
+        Self::on(0, token).await
+    }
+
+    async fn on(port: u16, token: Option<&str>) -> AgentServer {
+        let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let token = token.map(str::to_owned);
+        let (accepting, inner) = (stop.clone(), tasks.clone());
+        tasks.spawn(async move {
+            loop {
+                let tcp = tokio::select! {
+                    _ = accepting.cancelled() => return,
+                    accepted = listener.accept() => accepted.unwrap().0,
+                };
+                inner.spawn(serve_one(tcp, token.clone(), accepting.clone()));
+            }
+        });
+        AgentServer { port, stop, tasks }
+    }
+
+    fn url(&self) -> String {
+        format!("ws://127.0.0.1:{}/acp", self.port)
+    }
+
+    /// Drops every connection and kills every agent it started.
+    async fn kill(self) {
+        self.stop.cancel();
+        self.tasks.close();
+        tokio::time::timeout(WAIT, self.tasks.wait())
+            .await
+            .expect("the agent server stops");
+    }
+}
+
+/// One WebSocket connection: its own demo agent, frames to lines and back.
+async fn serve_one(tcp: tokio::net::TcpStream, token: Option<String>, stop: CancellationToken) {
+    // The handshake's callback type is tungstenite's.
+    #[allow(clippy::result_large_err)]
+    let check = |request: &Request, response: Response| -> Result<Response, ErrorResponse> {
+        let given = request
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        match &token {
+            Some(token) if given != Some(&format!("Bearer {token}")) => {
+                let mut refused = ErrorResponse::new(Some("bad token".into()));
+                *refused.status_mut() = StatusCode::UNAUTHORIZED;
+                Err(refused)
+            }
+            _ => Ok(response),
+        }
+    };
+    let Ok(ws) = tokio_tungstenite::accept_hdr_async(tcp, check).await else {
+        return;
+    };
+    let mut agent = tokio::process::Command::new(demo_agent_path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = agent.stdin.take().unwrap();
+    let mut stdout = BufReader::new(agent.stdout.take().unwrap()).lines();
+    let (mut sink, mut stream) = ws.split();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            frame = stream.next() => match frame {
+                Some(Ok(Message::Text(text))) => {
+                    let line = format!("{}\n", text.as_str());
+                    if stdin.write_all(line.as_bytes()).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
+                Some(Ok(_)) => {}
+            },
+            line = stdout.next_line() => match line {
+                Ok(Some(line)) => {
+                    if sink.send(Message::text(line)).await.is_err() {
+                        break;
+                    }
+                }
+                _ => {
+                    let _ = sink.close().await;
+                    break;
+                }
+            },
+        }
+    }
+    let _ = agent.kill().await;
+}
+
+/// A profile of the remote agent at `url` (loopback: `allow_private`),
+/// with the token in `token_file` where one is given.
+fn remote_profile(name: &str, url: &str, token_file: Option<&Path>) -> AgentProfile {
+    let mut agent: AgentProfile =
+        serde_json::from_value(json!({"name": name, "url": url, "allow_private": true})).unwrap();
+    agent.token_file = token_file.map(Path::to_path_buf);
+    agent.cwd = Some(std::env::temp_dir());
+    agent.startup_timeout = Duration::from_secs(20);
+    agent.idle_timeout = Duration::ZERO;
+    agent
+}
+
+/// A file holding `token`, in `dir`.
+fn token_file(dir: &Path, name: &str, token: &str) -> std::path::PathBuf {
+    let file = dir.join(name);
+    std::fs::write(&file, format!("{token}\n")).unwrap();
+    file
+}
+
+async fn a_remote_agent_streams_asks_permission_and_changes_modes(db: TestDb) {
+    let server = AgentServer::start(Some("s3cret")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = token_file(dir.path(), "token", "s3cret");
+    let mut config = Config::for_tests(
+        &db,
+        vec![remote_profile("remote", &server.url(), Some(&token))],
+    );
+    // A remote agent never runs under a shim, even where agents do.
+    config.agent_shims = true;
+    let gw = TestGateway::start_with(config).await;
+    let (id, mut ws) = gw.open_conversation("remote").await;
+
+    gw.prompt(&id, "hello").await;
+    let frames = ws.until_type("turn_ended").await;
+    assert!(frames
+        .iter()
+        .any(|e| e["type"] == "agent_status" && e["data"]["status"] == "ready"));
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+    assert_eq!(
+        streamed_text(&frames, "agent_message_chunk"),
+        "You said: hello"
+    );
+
+    gw.prompt(&id, "tool").await;
+    ws.until_type("permission_requested").await;
+    let (_, pending) = gw
+        .get(&format!("/api/v1/permissions?conversation_id={id}"))
+        .await;
+    let request = pending["items"][0]["id"].as_str().unwrap().to_owned();
+    let (status, answered) = gw
+        .post(
+            &format!("/api/v1/permissions/{request}/respond"),
+            json!({"option_id": "allow-once"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answered}");
+    assert_eq!(answered["status"], "approved");
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+    assert!(streamed_text(&frames, "agent_message_chunk").contains("Done."));
+
+    let (status, body) = gw.set_mode(&id, "plan").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = gw.set_option(&id, "model", json!("large")).await;
+    assert_eq!(status, 200, "{body}");
+    let conversation = gw.conversation(&id).await;
+    assert_eq!(
+        conversation["modes"]["currentModeId"], "plan",
+        "{conversation}"
+    );
+    assert_eq!(
+        conversation["config_options"][0]["currentValue"], "large",
+        "{conversation}"
+    );
+    // No process of the gateway's: nothing on record, no shim.
+    assert_eq!(agent_process_records(&db).await, vec![]);
+
+    // Closing the conversation closes the connection (the server's agent
+    // for it ends with it).
+    let (status, body) = gw.delete(&format!("/api/v1/conversations/{id}")).await;
+    assert_eq!(status, 204, "{body}");
+    let frames = ws.until_agent_gone().await;
+    assert_eq!(frames.last().unwrap()["data"]["status"], "exited");
+    server.kill().await;
+}
+
+async fn the_agents_list_says_whether_a_remote_agent_can_be_reached(db: TestDb) {
+    let server = AgentServer::start(Some("s3cret")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let right = token_file(dir.path(), "right", "s3cret");
+    let wrong = token_file(dir.path(), "wrong", "guess");
+    // A port nothing listens on.
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let closed_port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let mut private = remote_profile(
+        "private",
+        &format!("wss://localhost:{}/acp", server.port),
+        None,
+    );
+    private.allow_private = false;
+    let mut unset = remote_profile("unset", &server.url(), None);
+    unset.token_env = Some("ACP_GATEWAY_TEST_NO_SUCH_TOKEN".into());
+    let gw = TestGateway::start(
+        &db,
+        vec![
+            remote_profile("good", &server.url(), Some(&right)),
+            remote_profile("wrong-token", &server.url(), Some(&wrong)),
+            remote_profile(
+                "unreachable",
+                &format!("ws://127.0.0.1:{closed_port}/acp"),
+                None,
+            ),
+            private,
+            unset,
+        ],
+    )
+    .await;
+    let (status, list) = gw.get("/api/v1/agents").await;
+    assert_eq!(status, 200, "{list}");
+    let agent = |name: &str| {
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(agent("good")["available"], true, "{list}");
+    assert_eq!(agent("good")["unavailable_reason"], json!(null));
+    let said = |name: &str| {
+        let a = agent(name);
+        assert_eq!(a["available"], false, "{a}");
+        a["unavailable_reason"].as_str().unwrap().to_owned()
+    };
+    assert!(said("wrong-token").contains("refused the token"), "{list}");
+    assert!(said("unreachable").contains("cannot connect"), "{list}");
+    // localhost resolves to loopback: refused without allow_private.
+    assert!(said("private").contains("allow_private"), "{list}");
+    assert!(
+        said("unset").contains("ACP_GATEWAY_TEST_NO_SUCH_TOKEN is not set"),
+        "{list}"
+    );
+
+    // A conversation of the unreachable one fails to start, saying why.
+    let (status, problem) = gw
+        .post("/api/v1/conversations", json!({"agent": "wrong-token"}))
+        .await;
+    assert_eq!(status, 502, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("refused the token"),
+        "{problem}"
+    );
+    server.kill().await;
+}
+
+async fn a_dropped_connection_shows_agent_status_and_the_next_prompt_connects_again(db: TestDb) {
+    let server = AgentServer::start(None).await;
+    let port = server.port;
+    let gw = TestGateway::start(&db, vec![remote_profile("remote", &server.url(), None)]).await;
+    let (id, mut ws) = gw.open_conversation("remote").await;
+    gw.prompt(&id, "tool").await;
+    ws.until_type("permission_requested").await;
+
+    // The network goes: the server and its agents are gone at once.
+    server.kill().await;
+    let frames = ws.until_agent_gone().await;
+    let status = frames.last().unwrap();
+    assert_eq!(status["data"]["status"], "failed", "{status}");
+    let detail = status["data"]["detail"].as_str().unwrap();
+    assert!(detail.contains("was lost"), "{detail}");
+    // The request the agent can no longer take an answer for is resolved,
+    // saying so.
+    let resolved = frames
+        .iter()
+        .find(|e| e["type"] == "permission_resolved")
+        .unwrap();
+    assert_eq!(resolved["data"]["status"], "expired");
+    let ended = frames.iter().find(|e| e["type"] == "turn_ended").unwrap();
+    assert_eq!(ended["data"]["stop_reason"], "error");
+    let (_, conversation) = gw.get(&format!("/api/v1/conversations/{id}")).await;
+    assert_eq!(conversation["status"], "idle");
+
+    // While it is away, a prompt fails to start it and says why.
+    let (status, problem) = gw.try_prompt(&id, "hello").await;
+    assert_eq!(status, 502, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("cannot connect"),
+        "{problem}"
+    );
+
+    // Back on the same address: the next prompt connects again (the demo
+    // agent cannot load a session: a new one, the context reset).
+    let server = AgentServer::on(port, None).await;
+    gw.prompt(&id, "hello").await;
+    let frames = ws.until_type("turn_ended").await;
+    let ready = frames
+        .iter()
+        .find(|e| e["type"] == "agent_status" && e["data"]["status"] == "ready")
+        .unwrap();
+    assert_eq!(ready["data"]["context"], "reset");
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+    server.kill().await;
+}
+
+backend_tests!(
+    a_remote_agent_streams_asks_permission_and_changes_modes,
+    the_agents_list_says_whether_a_remote_agent_can_be_reached,
+    a_dropped_connection_shows_agent_status_and_the_next_prompt_connects_again,
+);
+
+/// The config error a profile's `keys` (TOML lines) make.
+fn refused(keys: &str) -> String {
+    let text = format!("[[agents]]\nname = \"remote\"\n{keys}\n");
+    let config = Config::parse(&text).expect("it parses");
+    match config.validate() {
+        Err(err) => format!("{err:#}"),
+        Ok(()) => panic!("accepted: {keys}"),
+    }
+}
+
+#[test]
+fn a_remote_profile_mixing_in_a_spawned_agents_keys_is_refused() {
+    let url = "url = \"wss://agents.example.com/acp\"\n";
+    for (key, line) in [
+        ("command", "command = \"sh\""),
+        ("sandbox", "sandbox = \"off\""),
+        ("user", "user = \"nobody\""),
+        ("pass_env", "pass_env = [\"HOME\"]"),
+        ("env", "env = { A = \"b\" }"),
+        ("client_terminal", "client_terminal = true"),
+    ] {
+        let err = refused(&format!("{url}{line}"));
+        assert!(err.contains(&format!("agents[0].{key}")), "{err}");
+        assert!(err.contains("does not apply to a remote agent"), "{err}");
+    }
+    // And a spawned agent's profile may not carry a remote one's keys.
+    let err = refused("command = \"sh\"\nallow_private = true");
+    assert!(
+        err.contains("agents[0].allow_private: only for a remote agent"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_remote_profiles_url_is_checked() {
+    for (url, says) in [
+        ("ws://agents.example.com/acp", "plain ws:// is refused"),
+        ("https://agents.example.com/acp", "Streamable HTTP"),
+        ("wss://10.0.0.5/acp", "allow_private = true"),
+        ("wss://[::1]:4000/acp", "allow_private = true"),
+        ("wss://169.254.169.254/acp", "allow_private = true"),
+        ("ftp://agents.example.com/", "not a WebSocket URL"),
+        ("not a url", "agents[0].url"),
+        ("wss://me:pw@agents.example.com/acp", "credentials"),
+    ] {
+        let err = refused(&format!("url = {url:?}"));
+        assert!(err.contains(says), "{url}: {err}");
+    }
+    // allow_private admits them.
+    let text =
+        "[[agents]]\nname = \"remote\"\nurl = \"ws://10.0.0.5:4000/acp\"\nallow_private = true\n";
+    Config::parse(text).unwrap().validate().unwrap();
+    let err = refused("url = \"wss://a.example.com/acp\"\ntoken_env = \"NOT-A-NAME\"");
+    assert!(err.contains("not an environment variable name"), "{err}");
+    let err = refused("url = \"wss://a.example.com/acp\"\ntoken_file = \"token\"");
+    assert!(err.contains("absolute path"), "{err}");
+    let err = refused("url = \"wss://a.example.com/acp\"\nheaders = { Authorization = \"x\" }");
+    assert!(err.contains("token_file or token_env"), "{err}");
+}
