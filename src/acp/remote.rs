@@ -102,7 +102,7 @@ pub async fn connect(
     let ws = tokio::time::timeout(within, open(profile, max_message_bytes))
         .await
         .map_err(|_| anyhow!("the remote agent did not answer within {within:?}"))??;
-    Ok(carry(ws))
+    Ok(carry(ws, profile.ping_interval))
 }
 
 /// Why the profile's remote agent cannot be reached now (a connection
@@ -247,8 +247,8 @@ async fn tls_over(
 }
 
 /// Starts the two tasks that carry the WebSocket's frames to and from the
-/// rpc layer's lines.
-fn carry(ws: WebSocketStream<Box<dyn Io>>) -> RemoteLink {
+/// rpc layer's lines, pinging every `ping` (unless zero).
+fn carry(ws: WebSocketStream<Box<dyn Io>>, ping: Duration) -> RemoteLink {
     let (to_rpc, output) = tokio::io::duplex(PIPE_BYTES);
     let (input, from_rpc) = tokio::io::duplex(PIPE_BYTES);
     let (ended_tx, ended) = watch::channel(None);
@@ -256,19 +256,27 @@ fn carry(ws: WebSocketStream<Box<dyn Io>>) -> RemoteLink {
     let stop = CancellationToken::new();
     let abandon = CancellationToken::new();
     let (sink, stream) = ws.split();
-    tokio::spawn(receive(
-        stream,
-        to_rpc,
-        ended_tx.clone(),
-        stop.clone(),
-        abandon.clone(),
-    ));
-    tokio::spawn(send(from_rpc, sink, ended_tx, stop.clone(), abandon));
+    let ends = Ends {
+        ended: ended_tx,
+        stop: stop.clone(),
+        abandon,
+    };
+    tokio::spawn(receive(stream, to_rpc, ends.clone(), ping));
+    tokio::spawn(send(from_rpc, sink, ends, ping));
     RemoteLink {
         input,
         output,
         control: RemoteControl { ended, stop },
     }
+}
+
+/// What both of a connection's tasks share: how it ended, the word to
+/// stop, and the word to stop waiting for the agent's answer to a close.
+#[derive(Clone)]
+struct Ends {
+    ended: Arc<watch::Sender<Option<Ended>>>,
+    stop: CancellationToken,
+    abandon: CancellationToken,
 }
 
 /// Says how the connection ended, once (the first word stays).
@@ -287,15 +295,23 @@ fn end(ended: &watch::Sender<Option<Ended>>, how: Ended) {
 async fn receive(
     mut stream: futures::stream::SplitStream<WebSocketStream<Box<dyn Io>>>,
     mut to_rpc: DuplexStream,
-    ended: Arc<watch::Sender<Option<Ended>>>,
-    stop: CancellationToken,
-    abandon: CancellationToken,
+    Ends {
+        ended,
+        stop,
+        abandon,
+    }: Ends,
+    ping: Duration,
 ) {
+    // Silent for three pings (not even a pong): the network is gone.
+    let silence = ping * 3;
     let how = loop {
         let next = tokio::select! {
             next = stream.next() => next,
             // The agent did not answer our close in time.
             _ = abandon.cancelled() => break Ended::Closed("by the gateway".into()),
+            _ = tokio::time::sleep(silence), if !ping.is_zero() => {
+                break Ended::Lost(format!("the agent said nothing for {silence:?}, not even a pong"));
+            }
         };
         let text = match next {
             None => break Ended::Lost("the connection closed without a close frame".into()),
@@ -342,17 +358,30 @@ fn as_line(mut text: String) -> String {
 async fn send(
     from_rpc: DuplexStream,
     mut sink: futures::stream::SplitSink<WebSocketStream<Box<dyn Io>>, Message>,
-    ended: Arc<watch::Sender<Option<Ended>>>,
-    stop: CancellationToken,
-    abandon: CancellationToken,
+    Ends {
+        ended,
+        stop,
+        abandon,
+    }: Ends,
+    ping: Duration,
 ) {
     let mut lines = BufReader::new(from_rpc);
     let mut line = Vec::new();
+    let mut pings = tokio::time::interval(ping.max(Duration::from_millis(1)));
+    pings.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         // `read_until` keeps what it read in `line` when cancelled.
         let read = tokio::select! {
             _ = stop.cancelled() => break,
             read = lines.read_until(b'\n', &mut line) => read,
+            _ = pings.tick(), if !ping.is_zero() => {
+                if let Err(e) = sink.send(Message::Ping(Default::default())).await {
+                    end(&ended, Ended::Lost(e.to_string()));
+                    stop.cancel();
+                    return;
+                }
+                continue;
+            }
         };
         match read {
             Ok(0) | Err(_) => break,

@@ -42,6 +42,10 @@ pub struct AgentProfile {
     /// loopback and link-local addresses (this profile alone).
     #[serde(default)]
     pub allow_private: bool,
+    /// How often a remote agent's connection is pinged; one that has said
+    /// nothing (not even a pong) for three of these is lost (`0s`: never).
+    #[serde(default = "default_ping_interval", with = "humantime_serde")]
+    pub ping_interval: Duration,
     #[serde(default)]
     pub args: Vec<String>,
     /// Variables set for the agent (and its terminal commands), on top of
@@ -171,6 +175,10 @@ fn default_startup_timeout() -> Duration {
     Duration::from_secs(60)
 }
 
+fn default_ping_interval() -> Duration {
+    Duration::from_secs(15)
+}
+
 fn default_idle_timeout() -> Duration {
     Duration::from_secs(30 * 60)
 }
@@ -189,6 +197,7 @@ impl AgentProfile {
             token_env: None,
             headers: BTreeMap::new(),
             allow_private: false,
+            ping_interval: default_ping_interval(),
             args: vec!["demo-agent".into(), "--chunk-delay-ms".into(), "40".into()],
             env: BTreeMap::new(),
             pass_env: Vec::new(),

@@ -26,6 +26,9 @@ struct AgentServer {
     /// Ends the server and every connection at once, without a close frame
     /// (as a dropped network or a killed server would).
     stop: CancellationToken,
+    /// Makes every connection fall silent (it reads and answers nothing,
+    /// pings included) but stay open: a network gone without a word.
+    silence: CancellationToken,
     tasks: TaskTracker,
 }
 
@@ -39,19 +42,30 @@ impl AgentServer {
         let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let stop = CancellationToken::new();
+        let silence = CancellationToken::new();
         let tasks = TaskTracker::new();
         let token = token.map(str::to_owned);
-        let (accepting, inner) = (stop.clone(), tasks.clone());
+        let (accepting, inner, silent) = (stop.clone(), tasks.clone(), silence.clone());
         tasks.spawn(async move {
             loop {
                 let tcp = tokio::select! {
                     _ = accepting.cancelled() => return,
                     accepted = listener.accept() => accepted.unwrap().0,
                 };
-                inner.spawn(serve_one(tcp, token.clone(), accepting.clone()));
+                inner.spawn(serve_one(
+                    tcp,
+                    token.clone(),
+                    accepting.clone(),
+                    silent.clone(),
+                ));
             }
         });
-        AgentServer { port, stop, tasks }
+        AgentServer {
+            port,
+            stop,
+            silence,
+            tasks,
+        }
     }
 
     fn url(&self) -> String {
@@ -69,7 +83,12 @@ impl AgentServer {
 }
 
 /// One WebSocket connection: its own demo agent, frames to lines and back.
-async fn serve_one(tcp: tokio::net::TcpStream, token: Option<String>, stop: CancellationToken) {
+async fn serve_one(
+    tcp: tokio::net::TcpStream,
+    token: Option<String>,
+    stop: CancellationToken,
+    silence: CancellationToken,
+) {
     // The handshake's callback type is tungstenite's.
     #[allow(clippy::result_large_err)]
     let check = |request: &Request, response: Response| -> Result<Response, ErrorResponse> {
@@ -102,6 +121,10 @@ async fn serve_one(tcp: tokio::net::TcpStream, token: Option<String>, stop: Canc
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
+            _ = silence.cancelled() => {
+                stop.cancelled().await;
+                break;
+            }
             frame = stream.next() => match frame {
                 Some(Ok(Message::Text(text))) => {
                     let line = format!("{}\n", text.as_str());
@@ -340,7 +363,28 @@ async fn a_dropped_connection_shows_agent_status_and_the_next_prompt_connects_ag
     server.kill().await;
 }
 
+async fn a_connection_gone_silent_is_lost_after_three_unanswered_pings(db: TestDb) {
+    let server = AgentServer::start(None).await;
+    let mut profile = remote_profile("remote", &server.url(), None);
+    profile.ping_interval = Duration::from_millis(200);
+    let gw = TestGateway::start(&db, vec![profile]).await;
+    let (id, mut ws) = gw.open_conversation("remote").await;
+    gw.prompt(&id, "hang").await;
+    ws.until_type("turn_started").await;
+    // The connection stays open, but nothing answers any more.
+    server.silence.cancel();
+    let frames = ws.until_agent_gone().await;
+    let status = frames.last().unwrap();
+    assert_eq!(status["data"]["status"], "failed", "{status}");
+    let detail = status["data"]["detail"].as_str().unwrap();
+    assert!(detail.contains("not even a pong"), "{detail}");
+    let ended = frames.iter().find(|e| e["type"] == "turn_ended").unwrap();
+    assert_eq!(ended["data"]["stop_reason"], "error");
+    server.kill().await;
+}
+
 backend_tests!(
+    a_connection_gone_silent_is_lost_after_three_unanswered_pings,
     a_remote_agent_streams_asks_permission_and_changes_modes,
     the_agents_list_says_whether_a_remote_agent_can_be_reached,
     a_dropped_connection_shows_agent_status_and_the_next_prompt_connects_again,
