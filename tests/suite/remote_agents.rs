@@ -68,6 +68,11 @@ impl AgentServer {
         }
     }
 
+    /// How many connections it serves now (its tasks but the accepting one).
+    fn connections(&self) -> usize {
+        self.tasks.len().saturating_sub(1)
+    }
+
     fn url(&self) -> String {
         format!("ws://127.0.0.1:{}/acp", self.port)
     }
@@ -383,7 +388,35 @@ async fn a_connection_gone_silent_is_lost_after_three_unanswered_pings(db: TestD
     server.kill().await;
 }
 
+async fn an_idle_remote_agent_is_stopped_by_closing_its_connection(db: TestDb) {
+    let server = AgentServer::start(None).await;
+    let mut profile = remote_profile("remote", &server.url(), None);
+    profile.idle_timeout = Duration::from_millis(300);
+    let gw = TestGateway::start(&db, vec![profile]).await;
+    let (id, mut ws) = gw.open_conversation("remote").await;
+    gw.prompt(&id, "hello").await;
+    ws.until_type("turn_ended").await;
+    assert_eq!(server.connections(), 1);
+    let frames = ws.until_agent_gone().await;
+    let status = frames.last().unwrap();
+    assert_eq!(status["data"]["status"], "exited", "{status}");
+    assert!(
+        status["data"]["detail"].as_str().unwrap().contains("idle"),
+        "{status}"
+    );
+    // The server saw its connection closed (and ended its agent).
+    eventually(WAIT, async || (server.connections() == 0).then_some(()))
+        .await
+        .expect("the connection is closed");
+    // The next prompt connects again.
+    gw.prompt(&id, "hello").await;
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+    server.kill().await;
+}
+
 backend_tests!(
+    an_idle_remote_agent_is_stopped_by_closing_its_connection,
     a_connection_gone_silent_is_lost_after_three_unanswered_pings,
     a_remote_agent_streams_asks_permission_and_changes_modes,
     the_agents_list_says_whether_a_remote_agent_can_be_reached,
