@@ -415,7 +415,29 @@ async fn an_idle_remote_agent_is_stopped_by_closing_its_connection(db: TestDb) {
     server.kill().await;
 }
 
+async fn a_message_over_max_line_bytes_ends_the_connection_saying_so(db: TestDb) {
+    let server = AgentServer::start(None).await;
+    let mut config = Config::for_tests(&db, vec![remote_profile("remote", &server.url(), None)]);
+    config.max_line_bytes = 64 * 1024;
+    let gw = TestGateway::start_with(config).await;
+    let (id, mut ws) = gw.open_conversation("remote").await;
+    gw.prompt(&id, "big 200000").await;
+    let frames = ws.until_agent_gone().await;
+    let status = frames.last().unwrap();
+    assert_eq!(status["data"]["status"], "failed", "{status}");
+    let detail = status["data"]["detail"].as_str().unwrap();
+    assert!(detail.contains("too long"), "{detail}");
+    let ended = frames.iter().find(|e| e["type"] == "turn_ended").unwrap();
+    assert_eq!(ended["data"]["stop_reason"], "error");
+    // The conversation goes on: the next prompt connects again.
+    gw.prompt(&id, "hello").await;
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+    server.kill().await;
+}
+
 backend_tests!(
+    a_message_over_max_line_bytes_ends_the_connection_saying_so,
     an_idle_remote_agent_is_stopped_by_closing_its_connection,
     a_connection_gone_silent_is_lost_after_three_unanswered_pings,
     a_remote_agent_streams_asks_permission_and_changes_modes,
@@ -481,4 +503,36 @@ fn a_remote_profiles_url_is_checked() {
     assert!(err.contains("absolute path"), "{err}");
     let err = refused("url = \"wss://a.example.com/acp\"\nheaders = { Authorization = \"x\" }");
     assert!(err.contains("token_file or token_env"), "{err}");
+}
+
+#[tokio::test]
+async fn the_gateway_refuses_to_start_with_a_remote_profile_naming_a_user() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gateway.toml");
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nstate_dir = {:?}\n\n[[agents]]\nname = \"remote\"\n\
+         url = \"wss://agents.example.com/acp\"\nuser = \"nobody\"\n",
+        dir.path().display().to_string()
+    );
+    std::fs::write(&config, text).unwrap();
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_acp-gateway"))
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .env(
+            "DATABASE_URL",
+            format!("sqlite://{}/db", dir.path().display()),
+        )
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(WAIT, run)
+        .await
+        .expect("it stops at once")
+        .unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("agents[0].user: does not apply to a remote agent"),
+        "{said}"
+    );
 }
