@@ -436,7 +436,26 @@ async fn a_message_over_max_line_bytes_ends_the_connection_saying_so(db: TestDb)
     server.kill().await;
 }
 
+async fn an_agent_closing_its_connection_mid_turn_ends_the_turn_and_says_so(db: TestDb) {
+    let server = AgentServer::start(None).await;
+    let gw = TestGateway::start(&db, vec![remote_profile("remote", &server.url(), None)]).await;
+    let (id, mut ws) = gw.open_conversation("remote").await;
+    // The demo agent exits mid-turn; its server closes the WebSocket in
+    // order (a close frame).
+    gw.prompt(&id, "crash").await;
+    let frames = ws.until_agent_gone().await;
+    let status = frames.last().unwrap();
+    assert_eq!(status["data"]["status"], "exited", "{status}");
+    let detail = status["data"]["detail"].as_str().unwrap();
+    assert!(detail.contains("was closed by the agent"), "{detail}");
+    let ended = frames.iter().find(|e| e["type"] == "turn_ended").unwrap();
+    assert_eq!(ended["data"]["stop_reason"], "error");
+    assert!(!streamed_text(&frames, "agent_message_chunk").is_empty());
+    server.kill().await;
+}
+
 backend_tests!(
+    an_agent_closing_its_connection_mid_turn_ends_the_turn_and_says_so,
     a_message_over_max_line_bytes_ends_the_connection_saying_so,
     an_idle_remote_agent_is_stopped_by_closing_its_connection,
     a_connection_gone_silent_is_lost_after_three_unanswered_pings,
