@@ -212,6 +212,12 @@ impl Sessions {
                     }
                 })
                 .await;
+            // A remote agent's lost connection is made again (see
+            // `reconnect`).
+            let lost = sessions.inner.setup.exits.lock().unwrap().get(&id) == Some(&"crashed");
+            if lost {
+                sessions.reconnect(id).await;
+            }
         });
     }
 

@@ -4,6 +4,7 @@
 //! node does with the commands the others forward to it ([`ClusterMember`]).
 
 use std::future::Future;
+use std::time::Duration;
 
 use serde_json::Value;
 use uuid::Uuid;
@@ -15,6 +16,11 @@ use super::Sessions;
 use crate::cluster::{Claim, ClusterMember, Forwarded};
 use crate::error::{Error, Problem, Result};
 use crate::model::{Conversation, ConversationStatus};
+
+/// How often a remote agent whose connection was lost is tried again.
+const RECONNECT_TRIES: u32 = 10;
+/// The longest wait between two of those tries.
+const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(30);
 
 impl Sessions {
     /// The live session of a conversation; one whose agent is gone (a
@@ -68,6 +74,49 @@ impl Sessions {
             }
         })
         .await
+    }
+
+    /// After a remote agent's connection was lost: connects again (and
+    /// resumes or loads its session, as a prompt would), RECONNECT_TRIES
+    /// times at most, one second after the loss and twice as long after
+    /// each failure (at most RECONNECT_MAX_DELAY); each try shows in the
+    /// conversation's `agent_status` (`starting`, then `ready` or
+    /// `failed`). Stops when the conversation is closed, started again
+    /// meanwhile (a prompt), or the gateway shuts down. Nothing for a
+    /// started agent that crashed: the next prompt starts it again.
+    pub(super) async fn reconnect(&self, id: Uuid) {
+        let remote = |conversation: &Conversation| {
+            self.inner
+                .profiles
+                .get(&conversation.agent)
+                .is_some_and(|p| p.url.is_some())
+        };
+        if !self.stored(id).await.is_ok_and(|c| remote(&c)) {
+            return;
+        }
+        let mut delay = Duration::from_secs(1);
+        for _ in 0..RECONNECT_TRIES {
+            tokio::select! {
+                _ = self.inner.setup.shutdown.cancelled() => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            if self.live(id).is_some() {
+                return;
+            }
+            let Ok(conversation) = self.stored(id).await else {
+                return;
+            };
+            if !remote(&conversation) || conversation.status == ConversationStatus::Closed {
+                return;
+            }
+            match self.attach(&conversation).await {
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::info!(conversation_id = %id, error = %e, "the remote agent is still away")
+                }
+            }
+            delay = (delay * 2).min(RECONNECT_MAX_DELAY);
+        }
     }
 
     /// Runs `command` on the conversation's live session, starting the

@@ -316,7 +316,7 @@ async fn the_agents_list_says_whether_a_remote_agent_can_be_reached(db: TestDb) 
     server.kill().await;
 }
 
-async fn a_dropped_connection_shows_agent_status_and_the_next_prompt_connects_again(db: TestDb) {
+async fn a_dropped_connection_shows_agent_status_and_the_gateway_connects_again(db: TestDb) {
     let server = AgentServer::start(None).await;
     let port = server.port;
     let gw = TestGateway::start(&db, vec![remote_profile("remote", &server.url(), None)]).await;
@@ -354,16 +354,16 @@ async fn a_dropped_connection_shows_agent_status_and_the_next_prompt_connects_ag
         "{problem}"
     );
 
-    // Back on the same address: the next prompt connects again (the demo
-    // agent cannot load a session: a new one, the context reset).
+    // Back on the same address: the gateway connects again by itself
+    // (the demo agent cannot load a session: a new one, the context reset).
     let server = AgentServer::on(port, None).await;
+    let frames = ws
+        .until(|e| e["type"] == "agent_status" && e["data"]["status"] == "ready")
+        .await;
+    assert_eq!(frames.last().unwrap()["data"]["context"], "reset");
+    assert_eq!(server.connections(), 1);
     gw.prompt(&id, "hello").await;
     let frames = ws.until_type("turn_ended").await;
-    let ready = frames
-        .iter()
-        .find(|e| e["type"] == "agent_status" && e["data"]["status"] == "ready")
-        .unwrap();
-    assert_eq!(ready["data"]["context"], "reset");
     assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
     server.kill().await;
 }
@@ -461,7 +461,7 @@ backend_tests!(
     a_connection_gone_silent_is_lost_after_three_unanswered_pings,
     a_remote_agent_streams_asks_permission_and_changes_modes,
     the_agents_list_says_whether_a_remote_agent_can_be_reached,
-    a_dropped_connection_shows_agent_status_and_the_next_prompt_connects_again,
+    a_dropped_connection_shows_agent_status_and_the_gateway_connects_again,
 );
 
 /// The config error a profile's `keys` (TOML lines) make.
