@@ -101,6 +101,12 @@ async fn serve_one(
             .headers()
             .get("authorization")
             .and_then(|v| v.to_str().ok());
+        // A header that proves the profile's `headers` are sent.
+        if request.headers().contains_key("x-refuse-me") {
+            let mut refused = ErrorResponse::new(Some("refused".into()));
+            *refused.status_mut() = StatusCode::FORBIDDEN;
+            return Err(refused);
+        }
         match &token {
             Some(token) if given != Some(&format!("Bearer {token}")) => {
                 let mut refused = ErrorResponse::new(Some("bad token".into()));
@@ -259,6 +265,8 @@ async fn the_agents_list_says_whether_a_remote_agent_can_be_reached(db: TestDb) 
     private.allow_private = false;
     let mut unset = remote_profile("unset", &server.url(), None);
     unset.token_env = Some("ACP_GATEWAY_TEST_NO_SUCH_TOKEN".into());
+    let mut headered = remote_profile("headered", &server.url(), Some(&right));
+    headered.headers.insert("X-Refuse-Me".into(), "yes".into());
     let gw = TestGateway::start(
         &db,
         vec![
@@ -271,6 +279,7 @@ async fn the_agents_list_says_whether_a_remote_agent_can_be_reached(db: TestDb) 
             ),
             private,
             unset,
+            headered,
         ],
     )
     .await;
