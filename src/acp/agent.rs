@@ -124,7 +124,8 @@ impl ShimSetup {
     }
 }
 
-/// A running agent subprocess.
+/// A running agent: a subprocess (of ours or under a shim), or a remote
+/// agent's connection.
 pub struct AgentProcess {
     kind: Kind,
     stderr_tail: StderrTail,
@@ -530,7 +531,8 @@ impl AgentProcess {
 
     /// Stops the agent: SIGTERM to it, its group and everything below it;
     /// after `grace`, the whole tree is killed. Under a shim, the shim does
-    /// that and ends.
+    /// that and ends. A remote agent's connection is closed (a close frame,
+    /// its answer awaited briefly).
     pub async fn terminate(&mut self, grace: Duration) -> ExitStatus {
         let status = match &mut self.kind {
             Kind::Child(process) => process.terminate(grace).await,
@@ -576,8 +578,8 @@ impl AgentProcess {
     }
 
     /// Leaves an agent under a shim running for the next gateway (ours is
-    /// going away); an agent of our own is stopped as by
-    /// [`AgentProcess::terminate`].
+    /// going away); an agent of our own, or a remote agent's connection, is
+    /// stopped as by [`AgentProcess::terminate`].
     pub async fn detach(mut self, grace: Duration) {
         match self.kind {
             Kind::Shim(ShimAgent {
