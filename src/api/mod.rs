@@ -231,11 +231,15 @@ async fn list_agents(Authed { state, .. }: Authed) -> Json<Page<Agent>> {
         // As conversations start them: with the gateway-wide agent_user.
         .filter_map(|a| config.agent(&a.name))
         .collect();
-    // Remote agents are reached now, all at once, each bounded.
-    let reachable = futures::future::join_all(profiles.iter().map(|a| async move {
-        match a.url {
-            Some(_) => crate::acp::remote::unavailable_reason(a, REMOTE_PROBE_WITHIN).await,
-            None => None,
+    // Remote agents are reached now (or were lately), all at once, each
+    // bounded.
+    let reachable = futures::future::join_all(profiles.iter().map(|a| {
+        let state = &state;
+        async move {
+            match a.url {
+                Some(_) => state.remote_unavailable(a).await,
+                None => None,
+            }
         }
     }))
     .await;
@@ -277,9 +281,6 @@ async fn list_agents(Authed { state, .. }: Authed) -> Json<Page<Agent>> {
         .collect();
     whole(items)
 }
-
-/// How long `GET /api/v1/agents` waits for a remote agent to answer.
-const REMOTE_PROBE_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Unknown paths: 404, but only for a caller who may call the API at all
 /// (without a valid token, 401 first, so the API's shape is not probed).

@@ -40,7 +40,24 @@ struct Services {
     outbox: Arc<Outbox>,
     /// Which users have a visible client (see [`crate::notify::presence`]).
     presence: crate::notify::presence::Presence,
+    /// What was last found of each remote agent's reachability.
+    remote_checks: RemoteChecks,
 }
+
+/// How long what `GET /api/v1/agents` found of a remote agent is
+/// remembered: asking often does not connect to it often.
+const REMOTE_CHECK_FRESH: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long `GET /api/v1/agents` waits for a remote agent to answer.
+const REMOTE_PROBE_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Whether each remote agent could be reached when last asked, and when
+/// that was (by profile name and url).
+#[derive(Default)]
+struct RemoteChecks(std::sync::Mutex<std::collections::HashMap<(String, String), RemoteCheck>>);
+
+/// When a remote agent was last asked, and why it could not be reached
+/// (`None`: it could).
+type RemoteCheck = (std::time::Instant, Option<String>);
 
 impl AppState {
     pub fn new(config: Config, auth: Auth, sessions: Sessions, outbox: Arc<Outbox>) -> Self {
@@ -55,6 +72,7 @@ impl AppState {
                 sockets: TaskTracker::new(),
                 outbox,
                 presence: Default::default(),
+                remote_checks: Default::default(),
             }),
         }
     }
@@ -62,6 +80,31 @@ impl AppState {
     /// Authentication and rate limits.
     pub fn auth(&self) -> &Auth {
         &self.inner.auth
+    }
+
+    /// Why the remote agent of `profile` cannot be reached (see
+    /// [`crate::acp::remote::unavailable_reason`]), as found within the
+    /// last REMOTE_CHECK_FRESH, else found now.
+    pub async fn remote_unavailable(
+        &self,
+        profile: &crate::config::AgentProfile,
+    ) -> Option<String> {
+        let key = (
+            profile.name.clone(),
+            profile.url.clone().unwrap_or_default(),
+        );
+        let checks = &self.inner.remote_checks.0;
+        if let Some((at, reason)) = checks.lock().unwrap().get(&key) {
+            if at.elapsed() < REMOTE_CHECK_FRESH {
+                return reason.clone();
+            }
+        }
+        let reason = crate::acp::remote::unavailable_reason(profile, REMOTE_PROBE_WITHIN).await;
+        checks
+            .lock()
+            .unwrap()
+            .insert(key, (std::time::Instant::now(), reason.clone()));
+        reason
     }
 
     /// Which users have a visible client.

@@ -30,6 +30,8 @@ struct AgentServer {
     /// pings included) but stay open: a network gone without a word.
     silence: CancellationToken,
     tasks: TaskTracker,
+    /// How many connections it has accepted.
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl AgentServer {
@@ -46,12 +48,15 @@ impl AgentServer {
         let tasks = TaskTracker::new();
         let token = token.map(str::to_owned);
         let (accepting, inner, silent) = (stop.clone(), tasks.clone(), silence.clone());
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = accepted.clone();
         tasks.spawn(async move {
             loop {
                 let tcp = tokio::select! {
                     _ = accepting.cancelled() => return,
-                    accepted = listener.accept() => accepted.unwrap().0,
+                    tcp = listener.accept() => tcp.unwrap().0,
                 };
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 inner.spawn(serve_one(
                     tcp,
                     token.clone(),
@@ -65,6 +70,7 @@ impl AgentServer {
             stop,
             silence,
             tasks,
+            accepted,
         }
     }
 
@@ -309,8 +315,18 @@ async fn the_agents_list_says_whether_a_remote_agent_can_be_reached(db: TestDb) 
         said("unset").contains("ACP_GATEWAY_TEST_NO_SUCH_TOKEN is not set"),
         "{list}"
     );
+    // The profile's headers are sent (this server refuses that one: 403).
+    assert!(said("headered").contains("HTTP 403"), "{list}");
+    // Asked again at once: what was found is remembered, nothing connects.
+    let accepted = server.accepted.load(std::sync::atomic::Ordering::SeqCst);
+    let (_, again) = gw.get("/api/v1/agents").await;
+    assert_eq!(again["items"], list["items"]);
+    assert_eq!(
+        server.accepted.load(std::sync::atomic::Ordering::SeqCst),
+        accepted
+    );
 
-    // A conversation of the unreachable one fails to start, saying why.
+    // A conversation of the one with the wrong token fails to start, saying why.
     let (status, problem) = gw
         .post("/api/v1/conversations", json!({"agent": "wrong-token"}))
         .await;
