@@ -511,6 +511,198 @@ async fn the_path_names_the_agent_and_connections_per_user_are_limited(db: TestD
     let _ = named.ws.stream.next().await;
 }
 
+/// The ACP client of the official TypeScript SDK
+/// (`tests/sdk-agents/acp-client.mjs`) over its WebSocket transport, driven
+/// by JSON lines; killed when dropped.
+struct SdkClient {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    next_id: i64,
+    /// What it printed that was not the answer waited for.
+    events: VecDeque<Value>,
+}
+
+impl SdkClient {
+    fn start(gw: &TestGateway) -> SdkClient {
+        use tokio::io::AsyncBufReadExt;
+        let script = sdk_agents_dir().join("acp-client.mjs");
+        let url = gw.url("/api/v1/acp").replacen("http://", "ws://", 1);
+        let mut child = tokio::process::Command::new("node")
+            .arg("--experimental-websocket")
+            .arg(script)
+            .arg(url)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("node runs");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        SdkClient {
+            child,
+            stdin,
+            stdout,
+            next_id: 1,
+            events: VecDeque::new(),
+        }
+    }
+
+    async fn command(&mut self, command: Value) {
+        use tokio::io::AsyncWriteExt;
+        let line = format!("{command}\n");
+        self.stdin.write_all(line.as_bytes()).await.unwrap();
+    }
+
+    async fn line(&mut self) -> Value {
+        let line = tokio::time::timeout(WAIT, self.stdout.next_line())
+            .await
+            .expect("the SDK client prints in time")
+            .unwrap()
+            .expect("the SDK client runs");
+        serde_json::from_str(&line).unwrap()
+    }
+
+    async fn send(&mut self, method: &str, params: Value) -> i64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.command(json!({"id": id, "call": method, "params": params}))
+            .await;
+        id
+    }
+
+    async fn answer(&mut self, id: i64) -> Value {
+        loop {
+            let line = self.line().await;
+            if line["id"] == id {
+                return line;
+            }
+            self.events.push_back(line);
+        }
+    }
+
+    async fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = self.send(method, params).await;
+        let answer = self.answer(id).await;
+        assert!(answer.get("error").is_none(), "{method}: {answer}");
+        answer["result"].clone()
+    }
+
+    /// The first event of `kind` not taken yet; the others stay in
+    /// `events`, in order.
+    async fn event(&mut self, kind: &str) -> Value {
+        if let Some(at) = self.events.iter().position(|e| e["event"] == kind) {
+            return self.events.remove(at).unwrap();
+        }
+        loop {
+            let line = self.line().await;
+            if line["event"] == kind {
+                return line;
+            }
+            self.events.push_back(line);
+        }
+    }
+
+    async fn close(mut self) {
+        self.command(json!({"close": true})).await;
+        let status = tokio::time::timeout(WAIT, self.child.wait()).await;
+        assert!(status.expect("the SDK client exits").unwrap().success());
+    }
+}
+
+async fn an_sdk_client_works_through_the_gateway_as_through_an_agent(db: TestDb) {
+    let gw = gateway(&db).await;
+    let mut sdk = SdkClient::start(&gw);
+    let init = sdk
+        .call(
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {}}),
+        )
+        .await;
+    assert_eq!(init["agentCapabilities"]["loadSession"], true, "{init}");
+    let created = sdk
+        .call(
+            "session/new",
+            json!({"cwd": std::env::temp_dir(), "mcpServers": []}),
+        )
+        .await;
+    let session = created["sessionId"].as_str().unwrap().to_owned();
+
+    // Two permission requests: the first answered from the SDK client, the
+    // second over REST while the client holds it too.
+    let prompt = sdk
+        .send("session/prompt", text_prompt(&session, "ask 2"))
+        .await;
+    let first = sdk.event("permission").await;
+    let option = first["params"]["options"][0]["optionId"].clone();
+    sdk.command(json!({"answer": first["requestId"], "optionId": option}))
+        .await;
+    let second = sdk.event("permission").await;
+    assert_ne!(second["requestId"], first["requestId"]);
+    let id = second["params"]["_meta"]["acpGateway"]["permissionId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, body) = gw
+        .post(
+            &format!("/api/v1/permissions/{id}/respond"),
+            json!({"option_id": option}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let withdrawn = sdk.event("cancelled").await;
+    assert_eq!(withdrawn["requestId"], second["requestId"]);
+    let ended = sdk.answer(prompt).await;
+    assert_eq!(ended["result"]["stopReason"], "end_turn", "{ended}");
+    let first_id = first["params"]["_meta"]["acpGateway"]["permissionId"]
+        .as_str()
+        .unwrap();
+    let (_, answered) = gw.get(&format!("/api/v1/permissions/{first_id}")).await;
+    assert_eq!(answered["decision"]["via"], "acp", "{answered}");
+    let seen: Vec<Value> = sdk
+        .events
+        .drain(..)
+        .filter(|e| e["event"] == "update")
+        .collect();
+    let seqs: Vec<i64> = seen
+        .iter()
+        .map(|e| e["params"]["_meta"]["acpGateway"]["seq"].as_i64().unwrap())
+        .collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    sdk.close().await;
+
+    // Another SDK client lists the session and loads it: the same updates.
+    let mut again = SdkClient::start(&gw);
+    again
+        .call(
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {}}),
+        )
+        .await;
+    let listed = again.call("session/list", json!({})).await;
+    assert_eq!(
+        listed["sessions"][0]["sessionId"],
+        session.as_str(),
+        "{listed}"
+    );
+    let loaded = again
+        .call(
+            "session/load",
+            json!({"sessionId": session, "cwd": std::env::temp_dir(), "mcpServers": []}),
+        )
+        .await;
+    assert!(loaded["_meta"]["acpGateway"]["cursor"].is_i64(), "{loaded}");
+    let replayed: Vec<i64> = again
+        .events
+        .drain(..)
+        .filter(|e| e["event"] == "update")
+        .filter(|e| e["params"]["update"]["sessionUpdate"] != "user_message_chunk")
+        .map(|e| e["params"]["_meta"]["acpGateway"]["seq"].as_i64().unwrap())
+        .collect();
+    assert_eq!(replayed, seqs);
+    again.close().await;
+}
+
 backend_tests!(
     a_session_streams_its_updates_in_order_and_the_prompt_ends_with_its_stop_reason,
     a_permission_request_is_answered_from_the_acp_client,
@@ -521,4 +713,5 @@ backend_tests!(
     close_detaches_the_client_and_the_conversation_stays,
     bad_input_gets_an_error_and_the_connection_goes_on,
     the_path_names_the_agent_and_connections_per_user_are_limited,
+    an_sdk_client_works_through_the_gateway_as_through_an_agent,
 );
