@@ -302,11 +302,11 @@ impl Conn {
         let conn = self.clone();
         let fut = run(self.clone(), id.clone());
         let id = id.clone();
-        tokio::spawn(async move {
+        tokio::spawn(self.state.track_socket(async move {
             if let Err(e) = fut.await {
                 conn.send(wire::gateway_error(&id, e)).await;
             }
-        });
+        }));
     }
 
     fn attachment(&self, session_id: Uuid) -> Result<Arc<Attachment>> {
@@ -324,9 +324,18 @@ impl Conn {
     }
 
     /// Attaches a conversation, answering `id` once caught up.
+    /// Attaches a conversation (again: then in place of the attachment it
+    /// had, whose waiting prompts it takes over).
     fn attach_now(&self, conversation: &Conversation, start: Start) {
-        let attachment = Attachment::start(&self.state, self.peer.clone(), conversation.id, start);
         let mut attached = self.attached.lock().unwrap();
+        let turns = attached.get(&conversation.id).map(|a| a.turns.clone());
+        let attachment = Attachment::start(
+            &self.state,
+            self.peer.clone(),
+            conversation.id,
+            start,
+            turns,
+        );
         attached.insert(conversation.id, Arc::new(attachment));
     }
 
@@ -468,7 +477,7 @@ impl Conn {
         let p: SessionParams = read_params(params)?;
         self.attachment(p.session_id)?;
         let conn = self.clone();
-        tokio::spawn(async move {
+        tokio::spawn(self.state.track_socket(async move {
             let cancelled = async {
                 let conversation = conn.conversation(p.session_id).await?;
                 conn.state.sessions().cancel(&conversation).await
@@ -476,7 +485,7 @@ impl Conn {
             if let Err(e) = cancelled.await {
                 tracing::debug!(conversation_id = %p.session_id, error = %e, "session/cancel failed");
             }
-        });
+        }));
         Ok(())
     }
 
@@ -508,7 +517,7 @@ impl Conn {
             }
         };
         let conn = self.clone();
-        tokio::spawn(async move {
+        tokio::spawn(self.state.track_socket(async move {
             let may_see = |owner: Option<&str>| conn.caller.can_see(owner);
             let who = Answerer {
                 decided_by: conn.caller.decided_by(),
@@ -518,7 +527,7 @@ impl Conn {
             if let Err(e) = conn.state.sessions().answer(request, &who, answer).await {
                 tracing::debug!(%conversation_id, %request, error = %e, "an ACP client's answer was refused");
             }
-        });
+        }));
     }
 }
 

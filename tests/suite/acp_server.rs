@@ -147,6 +147,20 @@ fn agent_text(frames: &[Value]) -> String {
         .collect()
 }
 
+/// The status a WebSocket handshake to `path` is refused with (`None`: it
+/// was accepted).
+async fn handshake_status(gw: &TestGateway, path: &str) -> Option<u16> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let url = gw.url(path).replacen("http://", "ws://", 1);
+    match tokio_tungstenite::connect_async(url.into_client_request().unwrap()).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            Some(response.status().as_u16())
+        }
+        Err(e) => panic!("the handshake failed: {e}"),
+        Ok(_) => None,
+    }
+}
+
 async fn gateway(db: &TestDb) -> TestGateway {
     TestGateway::start(db, vec![demo_profile("demo", &[])]).await
 }
@@ -460,8 +474,10 @@ async fn the_path_names_the_agent_and_connections_per_user_are_limited(db: TestD
     );
     config.acp_connections_per_user = 2;
     let gw = TestGateway::start_with(config).await;
-    let (status, _) = gw.get("/api/v1/acp/nosuch").await;
-    assert!(status == 404 || status == 400, "{status}");
+    // A handshake to an agent there is none of: 404; no handshake: 400.
+    let (status, _) = gw.get("/api/v1/acp/demo").await;
+    assert_eq!(status, 400);
+    assert_eq!(handshake_status(&gw, "/api/v1/acp/nosuch").await, Some(404));
     let mut acp = Acp::connect(&gw, "/api/v1/acp/other").await;
     acp.call("initialize", json!({"protocolVersion": 1})).await;
     let session = acp.new_session().await;
@@ -487,17 +503,7 @@ async fn the_path_names_the_agent_and_connections_per_user_are_limited(db: TestD
     // Two open: a third is refused before the upgrade.
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     let url = gw.url("/api/v1/acp").replacen("http://", "ws://", 1);
-    let refused =
-        tokio_tungstenite::connect_async(url.clone().into_client_request().unwrap()).await;
-    match refused {
-        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
-            assert_eq!(response.status(), 429)
-        }
-        other => panic!(
-            "a third connection was not refused: {:?}",
-            other.map(|_| ())
-        ),
-    }
+    assert_eq!(handshake_status(&gw, "/api/v1/acp").await, Some(429));
     drop(acp);
     // Nothing announces the slot's release: asked again until it is free.
     let mut freed = eventually(WAIT, async || {
@@ -703,6 +709,72 @@ async fn an_sdk_client_works_through_the_gateway_as_through_an_agent(db: TestDb)
     again.close().await;
 }
 
+async fn a_request_a_policy_decides_is_never_shown_and_a_waiting_one_is_shown_on_load(db: TestDb) {
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
+    config.policies = serde_json::from_value(json!([
+        {"name": "no rm", "kinds": ["execute"], "commands": ["^rm\\b"], "decision": "deny"}
+    ]))
+    .unwrap();
+    let gw = TestGateway::start_with(config).await;
+    let mut acp = Acp::open(&gw).await;
+    let session = acp.new_session().await;
+    let denied = acp
+        .call(
+            "session/prompt",
+            text_prompt(&session, "execute rm -rf build"),
+        )
+        .await;
+    assert!(denied["result"]["stopReason"].is_string(), "{denied}");
+    let stored = gw.events(&session).await;
+    assert!(stored.iter().any(|e| e["type"] == "permission_resolved"));
+    assert!(
+        acp.other
+            .iter()
+            .all(|f| f["method"] != "session/request_permission"),
+        "{:?}",
+        acp.other
+    );
+
+    // A request left waiting by a client that went away is shown to the
+    // client that loads the session, once its history is replayed.
+    let last = stored.last().unwrap()["seq"].as_i64().unwrap();
+    let mut events = gw.conversation_ws(&session, last).await;
+    acp.request("session/prompt", text_prompt(&session, "tool"))
+        .await;
+    let asked = acp
+        .until_method("session/request_permission")
+        .await
+        .pop()
+        .unwrap();
+    drop(acp);
+    let mut again = Acp::open(&gw).await;
+    let loaded = again
+        .call(
+            "session/load",
+            json!({"sessionId": session, "cwd": std::env::temp_dir()}),
+        )
+        .await;
+    assert!(loaded["result"].is_object(), "{loaded}");
+    let shown = again
+        .until_method("session/request_permission")
+        .await
+        .pop()
+        .unwrap();
+    assert_eq!(
+        shown["params"]["_meta"]["acpGateway"]["permissionId"],
+        asked["params"]["_meta"]["acpGateway"]["permissionId"]
+    );
+    let answer = json!({"jsonrpc": "2.0", "id": shown["id"], "result": {"outcome": {"outcome": "selected", "optionId": "allow-once"}}});
+    again.send_text(answer.to_string()).await;
+    let turn = events.until_type("turn_ended").await;
+    assert_eq!(turn.last().unwrap()["data"]["stop_reason"], "end_turn");
+    let resolved = turn
+        .iter()
+        .find(|e| e["type"] == "permission_resolved")
+        .unwrap();
+    assert_eq!(resolved["data"]["decision"]["via"], "acp", "{resolved}");
+}
+
 backend_tests!(
     a_session_streams_its_updates_in_order_and_the_prompt_ends_with_its_stop_reason,
     a_permission_request_is_answered_from_the_acp_client,
@@ -714,4 +786,5 @@ backend_tests!(
     bad_input_gets_an_error_and_the_connection_goes_on,
     the_path_names_the_agent_and_connections_per_user_are_limited,
     an_sdk_client_works_through_the_gateway_as_through_an_agent,
+    a_request_a_policy_decides_is_never_shown_and_a_waiting_one_is_shown_on_load,
 );

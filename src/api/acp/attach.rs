@@ -54,12 +54,6 @@ impl Peer {
         self.asked.lock().unwrap().remove(&id)
     }
 
-    /// Forgets the requests of a conversation (the client detached).
-    fn forget(&self, conversation_id: Uuid) {
-        let mut asked = self.asked.lock().unwrap();
-        asked.retain(|_, (c, _)| *c != conversation_id);
-    }
-
     async fn send(&self, text: String) -> Result<(), Gone> {
         self.out.send(text).await.map_err(|_| Gone)
     }
@@ -108,11 +102,19 @@ impl Attachment {
     /// a task of its own; `start.request` (id, result) is answered once the
     /// events after `start.after` were sent, with the cursor (the last seq
     /// sent) in the result's `_meta`.
-    pub fn start(state: &AppState, peer: Arc<Peer>, id: Uuid, start: Start) -> Attachment {
+    /// `turns` are those of an attachment it replaces (a session loaded
+    /// again), so that a prompt waiting there is still answered.
+    pub fn start(
+        state: &AppState,
+        peer: Arc<Peer>,
+        id: Uuid,
+        start: Start,
+        turns: Option<Arc<Mutex<Turns>>>,
+    ) -> Attachment {
         let sub = state.bus().subscribe(id);
-        let turns = Arc::new(Mutex::new(Turns::default()));
+        let turns = turns.unwrap_or_default();
         let stop = CancellationToken::new();
-        let forward = Forward {
+        let mut forward = Forward {
             state: state.clone(),
             peer,
             id,
@@ -122,14 +124,13 @@ impl Attachment {
             replayed_pending: HashSet::new(),
         };
         let stopped = stop.clone();
-        tokio::spawn(async move {
-            let peer = forward.peer.clone();
+        // Tracked with the sockets: a stopping gateway waits for it.
+        tokio::spawn(state.track_socket(async move {
             tokio::select! {
                 _ = forward.run(sub, start.history, start.request) => {}
                 _ = stopped.cancelled() => {}
             }
-            peer.forget(id);
-        });
+        }));
         Attachment { turns, stop }
     }
 
@@ -178,8 +179,19 @@ struct Forward {
     replayed_pending: HashSet<Uuid>,
 }
 
+impl Drop for Forward {
+    /// Detached: the client's answers to what it was shown are no longer
+    /// taken (another attachment of the same conversation shows its own).
+    fn drop(&mut self) {
+        let mut asked = self.peer.asked.lock().unwrap();
+        for rpc_id in self.shown.values() {
+            asked.remove(rpc_id);
+        }
+    }
+}
+
 impl Forward {
-    async fn run(mut self, mut sub: Subscription, history: bool, request: Option<(Value, Value)>) {
+    async fn run(&mut self, mut sub: Subscription, history: bool, request: Option<(Value, Value)>) {
         let caught_up = async {
             self.replay(None, history).await?;
             self.show_replayed_pending().await?;
