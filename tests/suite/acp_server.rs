@@ -478,6 +478,9 @@ async fn the_path_names_the_agent_and_connections_per_user_are_limited(db: TestD
     let (status, _) = gw.get("/api/v1/acp/demo").await;
     assert_eq!(status, 400);
     assert_eq!(handshake_status(&gw, "/api/v1/acp/nosuch").await, Some(404));
+    // ACP's Streamable HTTP transport is not served (yet).
+    let (status, _) = gw.post("/api/v1/acp", json!({"jsonrpc": "2.0"})).await;
+    assert_eq!(status, 405);
     let mut acp = Acp::connect(&gw, "/api/v1/acp/other").await;
     acp.call("initialize", json!({"protocolVersion": 1})).await;
     let session = acp.new_session().await;
@@ -775,6 +778,42 @@ async fn a_request_a_policy_decides_is_never_shown_and_a_waiting_one_is_shown_on
     assert_eq!(resolved["data"]["decision"]["via"], "acp", "{resolved}");
 }
 
+async fn a_connection_acts_as_its_tokens_user_and_ends_when_the_token_is_revoked(db: TestDb) {
+    let operator = cli_token(&db, "root-op", "operator");
+    let gw = gateway(&db).await;
+    let (alice, _) = gw.make_token(&operator, "alice", "user").await;
+    let (bob, bob_id) = gw.make_token(&operator, "bob", "user").await;
+    let alices = gw.with_token(&alice).create("demo").await;
+    assert_eq!(handshake_status(&gw, "/api/v1/acp").await, Some(401));
+
+    let mut acp = Acp::connect(&gw, &format!("/api/v1/acp?access_token={bob}")).await;
+    acp.call("initialize", json!({"protocolVersion": 1})).await;
+    let listed = acp.call("session/list", json!({})).await;
+    assert_eq!(listed["result"]["sessions"], json!([]), "{listed}");
+    let hidden = acp
+        .call("session/load", json!({"sessionId": alices, "cwd": "/"}))
+        .await;
+    assert_eq!(hidden["error"]["code"], -32602, "{hidden}");
+    let session = acp.new_session().await;
+    let (status, _) = gw
+        .with_token(&bob)
+        .get(&format!("/api/v1/conversations/{session}"))
+        .await;
+    assert_eq!(status, 200);
+    let (status, _) = gw
+        .with_token(&alice)
+        .get(&format!("/api/v1/conversations/{session}"))
+        .await;
+    assert_eq!(status, 404);
+
+    let (status, _) = gw
+        .delete_as(&format!("/api/v1/tokens/{bob_id}"), Some(&operator))
+        .await;
+    assert_eq!(status, 204);
+    let (_, code) = acp.ws.until_closed().await;
+    assert_eq!(code, 1008);
+}
+
 backend_tests!(
     a_session_streams_its_updates_in_order_and_the_prompt_ends_with_its_stop_reason,
     a_permission_request_is_answered_from_the_acp_client,
@@ -787,4 +826,5 @@ backend_tests!(
     the_path_names_the_agent_and_connections_per_user_are_limited,
     an_sdk_client_works_through_the_gateway_as_through_an_agent,
     a_request_a_policy_decides_is_never_shown_and_a_waiting_one_is_shown_on_load,
+    a_connection_acts_as_its_tokens_user_and_ends_when_the_token_is_revoked,
 );
