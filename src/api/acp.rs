@@ -143,6 +143,8 @@ struct Conn {
     /// The conversations it is attached to.
     attached: Mutex<HashMap<Uuid, Arc<Attachment>>>,
     initialized: AtomicBool,
+    /// The loop's own answers (see [`Conn::reply`]).
+    replies: mpsc::UnboundedSender<String>,
 }
 
 async fn serve(
@@ -154,6 +156,7 @@ async fn serve(
     mut socket: WebSocket,
 ) {
     let (out, mut queued) = mpsc::channel::<String>(OUT_QUEUE);
+    let (replies, mut replied) = mpsc::unbounded_channel::<String>();
     let shutdown = state.closing().clone();
     let conn = Arc::new(Conn {
         state,
@@ -162,28 +165,30 @@ async fn serve(
         peer: Arc::new(Peer::new(out)),
         attached: Mutex::new(HashMap::new()),
         initialized: AtomicBool::new(false),
+        replies,
     });
     let close = loop {
-        tokio::select! {
-            Some(text) = queued.recv() => {
-                let sent = tokio::time::timeout(SEND_TIMEOUT, socket.send(Message::Text(text.into())));
-                match sent.await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(_)) => break None,
-                    Err(_) => break Some((4008, "too slow")),
+        let text = tokio::select! {
+            Some(text) = replied.recv() => text,
+            Some(text) = queued.recv() => text,
+            incoming = socket.recv() => {
+                match incoming {
+                    Some(Ok(Message::Text(text))) => conn.clone().incoming(text.as_str()).await,
+                    Some(Ok(Message::Binary(_))) => {
+                        conn.reply(wire::error(&Value::Null, wire::INVALID_REQUEST, "text frames only"))
+                    }
+                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break None,
+                    Some(Ok(_)) => {}
                 }
+                continue;
             }
-            incoming = socket.recv() => match incoming {
-                Some(Ok(Message::Text(text))) => conn.clone().incoming(text.as_str()).await,
-                Some(Ok(Message::Binary(_))) => {
-                    let refused = wire::error(&Value::Null, wire::INVALID_REQUEST, "text frames only");
-                    conn.send(refused).await;
-                }
-                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break None,
-                Some(Ok(_)) => {}
-            },
             _ = revoked.cancelled() => break Some((1008, "token revoked or its role changed")),
             _ = shutdown.cancelled() => break Some((1001, "gateway shutting down")),
+        };
+        match tokio::time::timeout(SEND_TIMEOUT, socket.send(Message::Text(text.into()))).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => break None,
+            Err(_) => break Some((4008, "too slow")),
         }
     };
     // Detached; their turns go on.
@@ -202,9 +207,18 @@ async fn serve(
 }
 
 impl Conn {
+    /// Queues a frame from a task of its own (waiting while the client is
+    /// behind).
     async fn send(&self, text: String) {
         // Only fails once the connection is gone.
         let _ = self.peer.out.send(text).await;
+    }
+
+    /// Queues the connection loop's own answer: never waits, since the
+    /// loop is what empties the queues (a client that does not read is
+    /// closed by the loop's send timeout).
+    fn reply(&self, text: String) {
+        let _ = self.replies.send(text);
     }
 
     /// One text frame from the client. What waits on an agent runs in a
@@ -213,14 +227,10 @@ impl Conn {
         let limit = self.state.config().max_body_bytes;
         if text.len() > limit {
             let message = format!("message over {limit} bytes (max_body_bytes)");
-            return self
-                .send(wire::error(&Value::Null, wire::INVALID_REQUEST, &message))
-                .await;
+            return self.reply(wire::error(&Value::Null, wire::INVALID_REQUEST, &message));
         }
         match Incoming::parse(text) {
-            Incoming::Invalid { id, code, message } => {
-                self.send(wire::error(&id, code, &message)).await
-            }
+            Incoming::Invalid { id, code, message } => self.reply(wire::error(&id, code, &message)),
             Incoming::Response { id, outcome } => self.client_answered(id, outcome),
             Incoming::Notification { method, params } => {
                 if method == "session/cancel" {
@@ -233,7 +243,7 @@ impl Conn {
             }
             Incoming::Request { id, method, params } => {
                 if let Err(e) = self.clone().request(&id, &method, params).await {
-                    self.send(wire::gateway_error(&id, e)).await
+                    self.reply(wire::gateway_error(&id, e))
                 }
             }
         }
@@ -242,12 +252,12 @@ impl Conn {
     async fn request(self: Arc<Self>, id: &Value, method: &str, params: Value) -> Result<()> {
         if method == "initialize" {
             self.initialized.store(true, Ordering::Relaxed);
-            self.send(wire::result(id, initialize_result())).await;
+            self.reply(wire::result(id, initialize_result()));
             return Ok(());
         }
         if !self.initialized.load(Ordering::Relaxed) {
             let refused = wire::error(id, wire::INVALID_REQUEST, "initialize first");
-            self.send(refused).await;
+            self.reply(refused);
             return Ok(());
         }
         match method {
@@ -258,7 +268,7 @@ impl Conn {
                 let p: SessionParams = read_params(params)?;
                 let detached = self.attached.lock().unwrap().remove(&p.session_id);
                 detached.ok_or_else(|| unknown_session(p.session_id))?;
-                self.send(wire::result(id, json!({}))).await
+                self.reply(wire::result(id, json!({})))
             }
             "session/list" => self.list(id, params).await?,
             "session/prompt" => {
@@ -285,8 +295,7 @@ impl Conn {
             }
             _ => {
                 let message = format!("no method {method:?}");
-                self.send(wire::error(id, wire::METHOD_NOT_FOUND, &message))
-                    .await
+                self.reply(wire::error(id, wire::METHOD_NOT_FOUND, &message))
             }
         }
         Ok(())
@@ -439,7 +448,7 @@ impl Conn {
             })
             .collect();
         let result = json!({"sessions": sessions, "nextCursor": next});
-        self.send(wire::result(id, result)).await;
+        self.reply(wire::result(id, result));
         Ok(())
     }
 

@@ -814,6 +814,55 @@ async fn a_connection_acts_as_its_tokens_user_and_ends_when_the_token_is_revoked
     assert_eq!(code, 1008);
 }
 
+async fn a_long_replay_and_requests_sent_meanwhile_are_all_answered(db: TestDb) {
+    let gw = gateway(&db).await;
+    let session = gw.create("demo").await;
+    let mut events = gw.conversation_ws(&session, 0).await;
+    // Updates that do not merge: 300 tool calls, each failing once its
+    // request is cancelled.
+    gw.prompt(&session, "parallel 300").await;
+    for _ in 0..300 {
+        events.until_type("permission_requested").await;
+    }
+    let (status, _) = gw
+        .post(
+            &format!("/api/v1/conversations/{session}/cancel"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    events.until_type("turn_ended").await;
+    let stored = gw.events(&session).await;
+    let updates_stored = stored
+        .iter()
+        .filter(|e| e["type"] == "session_update")
+        .count();
+    // More than the connection queues for its client at once.
+    assert!(updates_stored > 300, "{updates_stored}");
+
+    let mut acp = Acp::open(&gw).await;
+    let load = acp
+        .request("session/load", json!({"sessionId": session, "cwd": "/"}))
+        .await;
+    // Requests sent before reading anything: each answered all the same.
+    let mut lists = Vec::new();
+    for _ in 0..5 {
+        lists.push(acp.request("session/list", json!({})).await);
+    }
+    for id in lists {
+        let listed = acp.response(id).await;
+        assert!(listed["result"]["sessions"].is_array(), "{listed}");
+    }
+    let loaded = acp.response(load).await;
+    assert!(
+        loaded["result"]["_meta"]["acpGateway"]["cursor"].is_i64(),
+        "{loaded}"
+    );
+    let replayed = updates(&acp.other.drain(..).collect::<Vec<_>>());
+    // Each stored update once, and the prompt.
+    assert_eq!(replayed.len(), updates_stored + 1);
+}
+
 backend_tests!(
     a_session_streams_its_updates_in_order_and_the_prompt_ends_with_its_stop_reason,
     a_permission_request_is_answered_from_the_acp_client,
@@ -827,4 +876,5 @@ backend_tests!(
     an_sdk_client_works_through_the_gateway_as_through_an_agent,
     a_request_a_policy_decides_is_never_shown_and_a_waiting_one_is_shown_on_load,
     a_connection_acts_as_its_tokens_user_and_ends_when_the_token_is_revoked,
+    a_long_replay_and_requests_sent_meanwhile_are_all_answered,
 );
