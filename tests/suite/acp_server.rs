@@ -863,6 +863,57 @@ async fn a_long_replay_and_requests_sent_meanwhile_are_all_answered(db: TestDb) 
     assert_eq!(replayed.len(), updates_stored + 1);
 }
 
+async fn modes_and_options_change_through_the_acp_client(db: TestDb) {
+    let gw = gateway(&db).await;
+    let mut acp = Acp::open(&gw).await;
+    let created = acp
+        .call(
+            "session/new",
+            json!({"cwd": std::env::temp_dir(), "mcpServers": []}),
+        )
+        .await;
+    let result = &created["result"];
+    assert_eq!(result["modes"]["currentModeId"], "default", "{created}");
+    assert!(result["configOptions"].is_array(), "{created}");
+    let session = result["sessionId"].as_str().unwrap().to_owned();
+
+    let changed = acp
+        .call(
+            "session/set_mode",
+            json!({"sessionId": session, "modeId": "plan"}),
+        )
+        .await;
+    assert!(changed["result"].is_object(), "{changed}");
+    let conversation = gw.conversation(&session).await;
+    assert_eq!(conversation["modes"]["currentModeId"], "plan");
+
+    let set = acp
+        .call(
+            "session/set_config_option",
+            json!({"sessionId": session, "configId": "model", "value": "large"}),
+        )
+        .await;
+    let model = set["result"]["configOptions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{set}"))
+        .iter()
+        .find(|o| o["id"] == "model")
+        .unwrap()
+        .clone();
+    assert_eq!(model["currentValue"], "large", "{set}");
+
+    // What the agent does not offer: the REST route's 409, as a gateway error.
+    let refused = acp
+        .call(
+            "session/set_mode",
+            json!({"sessionId": session, "modeId": "nope"}),
+        )
+        .await;
+    assert_eq!(refused["error"]["code"], -32000, "{refused}");
+    assert_eq!(refused["error"]["data"]["status"], 409, "{refused}");
+    assert_eq!(refused["error"]["data"]["code"], "not_offered", "{refused}");
+}
+
 backend_tests!(
     a_session_streams_its_updates_in_order_and_the_prompt_ends_with_its_stop_reason,
     a_permission_request_is_answered_from_the_acp_client,
@@ -877,4 +928,5 @@ backend_tests!(
     a_request_a_policy_decides_is_never_shown_and_a_waiting_one_is_shown_on_load,
     a_connection_acts_as_its_tokens_user_and_ends_when_the_token_is_revoked,
     a_long_replay_and_requests_sent_meanwhile_are_all_answered,
+    modes_and_options_change_through_the_acp_client,
 );
