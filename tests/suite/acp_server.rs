@@ -914,6 +914,46 @@ async fn modes_and_options_change_through_the_acp_client(db: TestDb) {
     assert_eq!(refused["error"]["data"]["code"], "not_offered", "{refused}");
 }
 
+async fn a_client_resuming_is_shown_the_request_that_waits(db: TestDb) {
+    let gw = gateway(&db).await;
+    let mut acp = Acp::open(&gw).await;
+    let session = acp.new_session().await;
+    let mut events = gw.conversation_ws(&session, 0).await;
+    acp.request("session/prompt", text_prompt(&session, "tool"))
+        .await;
+    let asked = acp
+        .until_method("session/request_permission")
+        .await
+        .pop()
+        .unwrap();
+    drop(acp);
+    let mut again = Acp::open(&gw).await;
+    let resumed = again
+        .call("session/resume", json!({"sessionId": session, "cwd": "/"}))
+        .await;
+    assert!(resumed["result"].is_object(), "{resumed}");
+    let shown = again
+        .until_method("session/request_permission")
+        .await
+        .pop()
+        .unwrap();
+    let id = &asked["params"]["_meta"]["acpGateway"]["permissionId"];
+    assert_eq!(&shown["params"]["_meta"]["acpGateway"]["permissionId"], id);
+    let answer = json!({"jsonrpc": "2.0", "id": shown["id"], "result": {"outcome": {"outcome": "selected", "optionId": "reject-once"}}});
+    again.send_text(answer.to_string()).await;
+    let turn = events.until_type("turn_ended").await;
+    let resolved = turn
+        .iter()
+        .find(|e| e["type"] == "permission_resolved")
+        .unwrap();
+    assert_eq!(resolved["data"]["status"], "rejected", "{resolved}");
+    // Shown once: no second request for it.
+    let more = again.until_method("session/update").await;
+    assert!(more
+        .iter()
+        .all(|f| f["method"] != "session/request_permission"));
+}
+
 backend_tests!(
     a_session_streams_its_updates_in_order_and_the_prompt_ends_with_its_stop_reason,
     a_permission_request_is_answered_from_the_acp_client,
@@ -929,4 +969,5 @@ backend_tests!(
     a_connection_acts_as_its_tokens_user_and_ends_when_the_token_is_revoked,
     a_long_replay_and_requests_sent_meanwhile_are_all_answered,
     modes_and_options_change_through_the_acp_client,
+    a_client_resuming_is_shown_the_request_that_waits,
 );

@@ -7,7 +7,7 @@
 //! resolved elsewhere, and the answer to a `session/prompt` of this client
 //! when its turn ends.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -22,6 +22,7 @@ use crate::api::state::AppState;
 use crate::bus::Subscription;
 use crate::error::Result;
 use crate::model::{Event, EventBody, PermissionStatus};
+use crate::store::PermissionFilter;
 
 /// Events read from the store per page while replaying.
 const REPLAY_PAGE: i64 = 500;
@@ -90,8 +91,8 @@ impl Drop for Attachment {
 pub struct Start {
     /// Send the events after this seq first (from the store).
     pub after: i64,
-    /// The events after `after` are history (`session/load`): a request
-    /// that waits in them is shown only once caught up, if it still waits.
+    /// The events after `after` are history (`session/load`): a turn that
+    /// ended there answers no prompt of this client.
     pub history: bool,
     /// The request to answer once caught up (its id and result).
     pub request: Option<(Value, Value)>,
@@ -99,10 +100,10 @@ pub struct Start {
 
 impl Attachment {
     /// Subscribes to the conversation's events now, and forwards them from
-    /// a task of its own; `start.request` (id, result) is answered once the
-    /// events after `start.after` were sent, with the cursor (the last seq
-    /// sent) in the result's `_meta`.
-    /// `turns` are those of an attachment it replaces (a session loaded
+    /// a task of its own; once the events after `start.after` were sent,
+    /// the requests that still wait are shown and `start.request` (id,
+    /// result) is answered, with the cursor (the seq of the last event
+    /// accounted for) in the result's `_meta`. `turns` are those of an attachment it replaces (a session loaded
     /// again), so that a prompt waiting there is still answered.
     pub fn start(
         state: &AppState,
@@ -121,13 +122,14 @@ impl Attachment {
             turns: turns.clone(),
             last: start.after,
             shown: HashMap::new(),
-            replayed_pending: HashSet::new(),
+            catching_up: true,
+            history: start.history,
         };
         let stopped = stop.clone();
         // Tracked with the sockets: a stopping gateway waits for it.
         tokio::spawn(state.track_socket(async move {
             tokio::select! {
-                _ = forward.run(sub, start.history, start.request) => {}
+                _ = forward.run(sub, start.request) => {}
                 _ = stopped.cancelled() => {}
             }
         }));
@@ -174,9 +176,10 @@ struct Forward {
     last: i64,
     /// Permission requests shown to the client: request → JSON-RPC id.
     shown: HashMap<Uuid, i64>,
-    /// Requests seen pending while replaying (shown once caught up, if
-    /// they still wait).
-    replayed_pending: HashSet<Uuid>,
+    /// Sending the events after the start's `after`, before going live.
+    catching_up: bool,
+    /// Those events are history (see [`Start::history`]).
+    history: bool,
 }
 
 impl Drop for Forward {
@@ -191,10 +194,11 @@ impl Drop for Forward {
 }
 
 impl Forward {
-    async fn run(&mut self, mut sub: Subscription, history: bool, request: Option<(Value, Value)>) {
+    async fn run(&mut self, mut sub: Subscription, request: Option<(Value, Value)>) {
         let caught_up = async {
-            self.replay(None, history).await?;
-            self.show_replayed_pending().await?;
+            self.replay(None).await?;
+            (self.catching_up, self.history) = (false, false);
+            self.show_waiting().await?;
             if let Some((id, mut result)) = request {
                 result["_meta"] = json!({"acpGateway": {"cursor": self.last}});
                 self.peer.send(wire::result(&id, result)).await?;
@@ -212,10 +216,10 @@ impl Forward {
                         continue;
                     }
                     if seq > self.last + 1 {
-                        self.replay(Some(seq), false).await
+                        self.replay(Some(seq)).await
                     } else {
                         match serde_json::from_str::<Event>(&published.json) {
-                            Ok(event) => self.event(event, false).await,
+                            Ok(event) => self.event(event).await,
                             Err(e) => {
                                 tracing::warn!(conversation_id = %self.id, error = %e, "an event did not read back");
                                 self.last = seq;
@@ -224,7 +228,7 @@ impl Forward {
                         }
                     }
                 }
-                Err(RecvError::Lagged(_)) => self.replay(None, false).await,
+                Err(RecvError::Lagged(_)) => self.replay(None).await,
                 Err(RecvError::Closed) => return,
             };
             if handled.is_err() {
@@ -234,7 +238,7 @@ impl Forward {
     }
 
     /// Handles the stored events after `last` up to `until` (or all).
-    async fn replay(&mut self, until: Option<i64>, history: bool) -> Result<(), Gone> {
+    async fn replay(&mut self, until: Option<i64>) -> Result<(), Gone> {
         let max_bytes = self.state.config().max_page_bytes;
         loop {
             let page = self
@@ -255,7 +259,7 @@ impl Forward {
                 if until.is_some_and(|u| event.seq > u) {
                     return Ok(());
                 }
-                self.event(event, history).await?;
+                self.event(event).await?;
             }
             if !more {
                 return Ok(());
@@ -264,7 +268,7 @@ impl Forward {
     }
 
     /// What one event means to the client.
-    async fn event(&mut self, event: Event, history: bool) -> Result<(), Gone> {
+    async fn event(&mut self, event: Event) -> Result<(), Gone> {
         self.last = event.seq;
         let seq = event.seq;
         match event.body {
@@ -289,7 +293,7 @@ impl Forward {
                 let waiting = {
                     let mut turns = self.turns.lock().unwrap();
                     let waiting = turns.waiting.remove(&ended.turn_id);
-                    if waiting.is_none() && !history {
+                    if waiting.is_none() && !self.history {
                         turns
                             .ended
                             .push_back((ended.turn_id, ended.stop_reason.clone()));
@@ -305,17 +309,16 @@ impl Forward {
                         .await?;
                 }
             }
+            // While catching up, what still waits is shown after (see
+            // `show_waiting`).
             EventBody::PermissionRequested(request)
-                if request.status == PermissionStatus::Pending =>
+                if request.status == PermissionStatus::Pending && !self.catching_up =>
             {
-                if history {
-                    self.replayed_pending.insert(request.id);
-                } else if self.still_pending(request.id).await {
+                if !self.shown.contains_key(&request.id) && self.still_pending(request.id).await {
                     self.show(&request).await?;
                 }
             }
             EventBody::PermissionResolved(request) => {
-                self.replayed_pending.remove(&request.id);
                 if let Some(rpc_id) = self.shown.remove(&request.id) {
                     // Still asked: the client did not answer it.
                     let asked = self.peer.asked.lock().unwrap().remove(&rpc_id);
@@ -352,14 +355,35 @@ impl Forward {
         }
     }
 
-    async fn show_replayed_pending(&mut self) -> Result<(), Gone> {
-        let mut ids: Vec<Uuid> = self.replayed_pending.drain().collect();
-        ids.sort();
-        for id in ids {
-            if let Ok(Some(request)) = self.state.store().get_permission(id).await {
-                if request.status == PermissionStatus::Pending {
-                    self.show(&request).await?;
-                }
+    /// Shows the conversation's requests that wait for a person and were
+    /// not shown yet: once caught up, those asked before (the store's, and
+    /// those waiting here that it does not hold yet, asked while the
+    /// database is away).
+    async fn show_waiting(&mut self) -> Result<(), Gone> {
+        let filter = PermissionFilter {
+            pending_only: true,
+            conversation_id: Some(self.id),
+            owner: None,
+        };
+        let mut waiting = match self.state.store().list_permissions(&filter).await {
+            Ok(waiting) => waiting,
+            Err(e) => {
+                tracing::warn!(conversation_id = %self.id, error = %e, "could not list the waiting requests");
+                Vec::new()
+            }
+        };
+        let here = self.state.sessions().waiting_here(|_| true);
+        for request in here {
+            if request.conversation_id == self.id && !waiting.iter().any(|w| w.id == request.id) {
+                waiting.push(request);
+            }
+        }
+        // Ids are UUIDv7: their order is the order of asking.
+        waiting.sort_by_key(|r| r.id);
+        for request in waiting {
+            if request.status == PermissionStatus::Pending && !self.shown.contains_key(&request.id)
+            {
+                self.show(&request).await?;
             }
         }
         Ok(())
