@@ -312,11 +312,12 @@ impl Forward {
             // While catching up, what still waits is shown after (see
             // `show_waiting`).
             EventBody::PermissionRequested(request)
-                if request.status == PermissionStatus::Pending && !self.catching_up =>
+                if request.status == PermissionStatus::Pending
+                    && !self.catching_up
+                    && !self.shown.contains_key(&request.id)
+                    && self.still_pending(request.id).await =>
             {
-                if !self.shown.contains_key(&request.id) && self.still_pending(request.id).await {
-                    self.show(&request).await?;
-                }
+                self.show(&request).await?;
             }
             EventBody::PermissionResolved(request) => {
                 if let Some(rpc_id) = self.shown.remove(&request.id) {
