@@ -50,6 +50,10 @@ pub struct Config {
     /// Largest accepted REST request body.
     #[serde(default = "default_max_body_bytes")]
     pub max_body_bytes: usize,
+    /// Most ACP client connections (`/api/v1/acp`) one user may hold open
+    /// at once; one more is refused (429).
+    #[serde(default = "default_acp_connections_per_user")]
+    pub acp_connections_per_user: usize,
     /// How many live events a WebSocket subscriber may fall behind before it
     /// catches up from the database instead.
     #[serde(default = "default_event_buffer")]
@@ -345,6 +349,9 @@ fn default_max_line_bytes() -> usize {
 }
 fn default_max_body_bytes() -> usize {
     8 * 1024 * 1024
+}
+fn default_acp_connections_per_user() -> usize {
+    8
 }
 fn default_event_buffer() -> usize {
     1024

@@ -108,22 +108,42 @@ async fn create(
     Authed { state, caller }: Authed,
     AppJson(body): AppJson<CreateBody>,
 ) -> Result<impl IntoResponse> {
-    limits::agent_name("agent", &body.agent)?;
-    if let Some(title) = &body.title {
+    let conversation = start_conversation(
+        &state,
+        &caller,
+        &body.agent,
+        body.title,
+        body.cwd.as_deref(),
+    )
+    .await?;
+    Ok((StatusCode::CREATED, Json(conversation)))
+}
+
+/// Starts a conversation of `caller`'s with the profile `agent`: what
+/// `POST /api/v1/conversations` does, and an ACP client's `session/new`.
+pub(super) async fn start_conversation(
+    state: &AppState,
+    caller: &Caller,
+    agent: &str,
+    title: Option<String>,
+    cwd: Option<&str>,
+) -> Result<Conversation> {
+    limits::agent_name("agent", agent)?;
+    if let Some(title) = &title {
         limits::line("title", title, limits::TITLE_MAX_CHARS)?;
     }
     let profile = state
         .config()
-        .agent(&body.agent)
-        .ok_or_else(|| Error::NotFound(format!("no agent named {:?}", body.agent)))?;
-    let cwd = conversation_cwd(&profile, body.cwd.as_deref(), Some(&caller.user))?;
+        .agent(agent)
+        .ok_or_else(|| Error::NotFound(format!("no agent named {agent:?}")))?;
+    let cwd = conversation_cwd(&profile, cwd, Some(&caller.user))?;
     // Counted once the request would start an agent.
-    state.auth().check_rate(&caller, Limited::Conversation)?;
+    state.auth().check_rate(caller, Limited::Conversation)?;
     let now = model::now();
     let conversation = Conversation {
         id: model::new_id(),
         agent: profile.name.clone(),
-        title: body.title,
+        title,
         cwd: cwd.to_string_lossy().into_owned(),
         status: ConversationStatus::Starting,
         acp_session_id: None,
@@ -134,8 +154,7 @@ async fn create(
         state: Default::default(),
         node_id: None,
     };
-    let conversation = state.sessions().start(profile, conversation).await?;
-    Ok((StatusCode::CREATED, Json(conversation)))
+    state.sessions().start(profile, conversation).await
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -264,23 +283,28 @@ impl<'de> Deserialize<'de> for PromptBody {
 
 impl PromptBody {
     fn content(self) -> Result<Vec<Value>> {
-        let content = match self {
+        prompt_content(match self {
             PromptBody::Text(TextPrompt { text }) => vec![json!({"type": "text", "text": text})],
             PromptBody::Content(ContentPrompt { content }) => content,
-        };
-        if content.is_empty() {
-            return Err(Error::Unprocessable("content must not be empty".into()));
-        }
-        limits::count("content", content.len(), limits::PROMPT_MAX_BLOCKS)?;
-        for (i, block) in content.iter().enumerate() {
-            if block.get("type").and_then(Value::as_str).is_none() {
-                return Err(Error::Unprocessable(format!(
-                    "content[{i}] must be an ACP ContentBlock with a string \"type\""
-                )));
-            }
-        }
-        Ok(content)
+        })
     }
+}
+
+/// A prompt's ACP content blocks, checked as every prompt is (over REST or
+/// from an ACP client): 1 to 1000 blocks, each with a string `type`.
+pub(super) fn prompt_content(content: Vec<Value>) -> Result<Vec<Value>> {
+    if content.is_empty() {
+        return Err(Error::Unprocessable("content must not be empty".into()));
+    }
+    limits::count("content", content.len(), limits::PROMPT_MAX_BLOCKS)?;
+    for (i, block) in content.iter().enumerate() {
+        if block.get("type").and_then(Value::as_str).is_none() {
+            return Err(Error::Unprocessable(format!(
+                "content[{i}] must be an ACP ContentBlock with a string \"type\""
+            )));
+        }
+    }
+    Ok(content)
 }
 
 /// The turn a prompt started.

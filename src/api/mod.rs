@@ -1,6 +1,7 @@
 //! The HTTP API: one router per resource, merged in [`router`]. The contract
 //! is `docs/api.md`; `openapi/openapi.yaml` describes it exactly.
 
+mod acp;
 mod policies;
 mod ws;
 mod conversations;
@@ -54,6 +55,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .merge(tokens::router())
         .merge(notifications::router())
         .merge(ws::router())
+        .merge(acp::router())
 }
 
 /// The OpenAPI document of the whole API (what `openapi/openapi.yaml` holds).

@@ -43,6 +43,7 @@ use crate::store::TokenInfo;
         (name = "permissions", description = "The agents' permission requests and their answers"),
         (name = "policies", description = "Operator rules that answer permission requests"),
         (name = "tokens", description = "Bearer tokens and users (operators only)"),
+        (name = "acp", description = "The gateway as an ACP agent: ACP clients (IDEs, SDK clients) over WebSocket"),
         (name = "notifications", description = "Where a user is notified, what was delivered, and answering a permission request from a notification (single-use action URLs, no bearer token)"),
     )
 )]

@@ -42,6 +42,26 @@ struct Services {
     presence: crate::notify::presence::Presence,
     /// What was last found of each remote agent's reachability.
     remote_checks: RemoteChecks,
+    /// Open ACP client connections per user.
+    acp_connections: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+}
+
+/// One of a user's ACP client connections, counted while it is held.
+pub struct AcpSlot {
+    state: AppState,
+    user: String,
+}
+
+impl Drop for AcpSlot {
+    fn drop(&mut self) {
+        let mut open = self.state.inner.acp_connections.lock().unwrap();
+        if let Some(n) = open.get_mut(&self.user) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.user);
+            }
+        }
+    }
 }
 
 /// How long what `GET /api/v1/agents` found of a remote agent is
@@ -73,11 +93,33 @@ impl AppState {
                 outbox,
                 presence: Default::default(),
                 remote_checks: Default::default(),
+                acp_connections: Default::default(),
             }),
         }
     }
 
     /// Authentication and rate limits.
+    /// A slot for one more ACP client connection of `user`, unless they
+    /// hold `acp_connections_per_user` already (429).
+    pub fn acp_slot(&self, user: &str) -> Result<AcpSlot> {
+        let limit = self.config().acp_connections_per_user;
+        let mut open = self.inner.acp_connections.lock().unwrap();
+        let n = open.entry(user.to_owned()).or_default();
+        if *n >= limit {
+            return Err(Error::TooManyRequests {
+                detail: format!(
+                    "at most {limit} ACP connections per user (acp_connections_per_user)"
+                ),
+                retry_after: 1,
+            });
+        }
+        *n += 1;
+        Ok(AcpSlot {
+            state: self.clone(),
+            user: user.to_owned(),
+        })
+    }
+
     pub fn auth(&self) -> &Auth {
         &self.inner.auth
     }

@@ -83,7 +83,7 @@ struct WsQuery {
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 #[allow(dead_code)]
-struct TokenQuery {
+pub(super) struct TokenQuery {
     /// The bearer token, for clients that cannot set a header (or use the
     /// `bearer.<token>` subprotocol).
     access_token: Option<String>,
@@ -94,7 +94,7 @@ struct TokenQuery {
 #[derive(IntoParams)]
 #[into_params(parameter_in = Header)]
 #[allow(dead_code)]
-struct HandshakeHeaders {
+pub(super) struct HandshakeHeaders {
     /// Holds the token `Upgrade` (any case), alone or among others.
     #[param(
         rename = "Connection",
@@ -117,7 +117,15 @@ struct HandshakeHeaders {
 
 /// A WebSocket handshake: what [`HandshakeHeaders`] states, or a problem
 /// document (400 `not_a_websocket_handshake`) saying which header is not.
-struct Handshake(WebSocketUpgrade);
+pub(super) struct Handshake(WebSocketUpgrade);
+
+impl Handshake {
+    /// Accepts messages (and frames) of at most `bytes`; a larger one ends
+    /// the connection (1009).
+    pub(super) fn max_message_size(self, bytes: usize) -> Handshake {
+        Handshake(self.0.max_message_size(bytes).max_frame_size(bytes))
+    }
+}
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Handshake {
     type Rejection = Error;
@@ -164,7 +172,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Handshake {
 
 /// A `bearer.<token>` subprotocol the client offered: a browser only accepts
 /// the connection if the server selects it.
-struct BearerProtocol(Option<String>);
+pub(super) struct BearerProtocol(Option<String>);
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for BearerProtocol {
     type Rejection = std::convert::Infallible;
@@ -181,7 +189,7 @@ impl BearerProtocol {
     /// Accepts the upgrade (selecting the client's `bearer.<token>`
     /// subprotocol, if it offered one) and serves the socket, tracked for
     /// shutdown.
-    fn serve<F>(
+    pub(super) fn serve<F>(
         self,
         Handshake(upgrade): Handshake,
         state: AppState,

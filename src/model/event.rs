@@ -627,14 +627,23 @@ mod tests {
         }
     }
 
+    /// The envelope of an event's JSON, up to its `data`.
+    fn head(seq: i64, kind: &str) -> String {
+        format!(
+            r#"{{"seq":{seq},"conversation_id":"{CONVERSATION}","type":"{kind}","at":"{AT}","data":"#
+        )
+    }
+
     /// Each type's JSON, exactly as clients have always received it.
     fn pinned() -> Vec<(Event, String)> {
+        let mut all = pinned_turn();
+        all.extend(pinned_since_agent_status());
+        all
+    }
+
+    /// [`pinned`] of a turn: its start, updates, a permission request, its end.
+    fn pinned_turn() -> Vec<(Event, String)> {
         let turn: Uuid = TURN.parse().unwrap();
-        let head = |seq: i64, kind: &str| {
-            format!(
-                r#"{{"seq":{seq},"conversation_id":"{CONVERSATION}","type":"{kind}","at":"{AT}","data":"#
-            )
-        };
         let resolved = PermissionRequest {
             status: PermissionStatus::Approved,
             decision: Some(Decision {
@@ -718,6 +727,12 @@ mod tests {
                     head(6, "turn_ended")
                 ),
             ),
+        ]
+    }
+
+    /// [`pinned`] from the agent's status on: its settings, files, terminals.
+    fn pinned_since_agent_status() -> Vec<(Event, String)> {
+        vec![
             (
                 event(
                     7,
