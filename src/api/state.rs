@@ -98,7 +98,6 @@ impl AppState {
         }
     }
 
-    /// Authentication and rate limits.
     /// A slot for one more ACP client connection of `user`, unless they
     /// hold `acp_connections_per_user` already (429).
     pub fn acp_slot(&self, user: &str) -> Result<AcpSlot> {
@@ -120,6 +119,7 @@ impl AppState {
         })
     }
 
+    /// Authentication and rate limits.
     pub fn auth(&self) -> &Auth {
         &self.inner.auth
     }
