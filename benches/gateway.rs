@@ -14,6 +14,14 @@
 //! - the same agent's output read by a client on the official Rust ACP SDK
 //!   that only parses it, and by a bare line counter (what the agent alone
 //!   writes), as references for the streaming rate;
+//! - acp: the same turns read by an ACP client over WebSocket at
+//!   `/api/v1/acp` (`initialize`, `session/new`, `session/prompt`, every
+//!   `session/update` until the prompt's answer), printed beside the
+//!   streaming and reference rates of the same run (see `gateway/acp.rs`);
+//! - remote: the demo agent spawned by the gateway against the same agent
+//!   served over WebSocket on loopback (a profile with `url`): creating a
+//!   conversation, a one-chunk turn's round trip and the streaming rate
+//!   (see `gateway/remote.rs`);
 //! - approvals, WebSocket fan-out, idle conversations and creating one (see
 //!   `gateway/load.rs`);
 //! - on Postgres, two nodes: the rate and the added latency on the node that
@@ -35,9 +43,11 @@
 //! (`sqlite,postgres`), and those named in `gateway/load.rs`;
 //! BENCH_REFERENCE=off skips the references (to profile the gateway alone).
 //! BENCH_ONLY picks scenarios (comma-separated: `reference`, `streaming`,
-//! `approvals`, `fanout`, `idle`, `cluster`, `notifications`, `shim`,
+//! `acp`, `remote`, `approvals`, `fanout`, `idle`, `cluster`, `notifications`, `shim`,
 //! `restart`, `sandbox`, `flood`; all when unset), e.g. `BENCH_ONLY=notifications cargo bench --bench gateway`.
 
+#[path = "gateway/acp.rs"]
+mod acp;
 #[path = "gateway/cluster.rs"]
 mod cluster;
 #[path = "../tests/common/mod.rs"]
@@ -50,6 +60,8 @@ mod load;
 mod notify;
 #[path = "gateway/reference.rs"]
 mod reference;
+#[path = "gateway/remote.rs"]
+mod remote;
 #[path = "gateway/restart.rs"]
 mod restart;
 #[path = "gateway/sandbox.rs"]
@@ -118,10 +130,10 @@ struct Streamed {
     rows: f64,
 }
 
-/// One turn of `n` small chunks, timed; then checks that every byte
-/// arrived on the WebSocket and is stored, in order.
-async fn stream_once(gw: &TestGateway, n: usize) -> Streamed {
-    let id = gw.create_conversation("demo").await["id"]
+/// One turn of `n` small chunks of a conversation of `agent`, timed; then
+/// checks that every byte arrived on the WebSocket and is stored, in order.
+async fn stream_once(gw: &TestGateway, agent: &str, n: usize) -> Streamed {
+    let id = gw.create_conversation(agent).await["id"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -207,8 +219,23 @@ async fn main() {
             },
             other => panic!("BENCH_BACKENDS: unknown backend {other}"),
         };
-        if selected("streaming") {
-            streaming(backend, &db, &sizes, (reference_size, sdk_rate)).await;
+        let rest_rates = if selected("streaming") {
+            streaming(backend, &db, &sizes, (reference_size, sdk_rate)).await
+        } else {
+            Vec::new()
+        };
+        if selected("acp") {
+            acp::run(
+                backend,
+                &db,
+                &sizes,
+                &rest_rates,
+                (reference_size, sdk_rate),
+            )
+            .await;
+        }
+        if selected("remote") {
+            remote::run(backend, &db).await;
         }
         load::run(backend, &db).await;
         if backend == "postgres" && selected("cluster") {
@@ -236,13 +263,13 @@ async fn streaming(
     db: &TestDb,
     sizes: &[usize],
     (ref_size, sdk_rate): (usize, f64),
-) {
+) -> Vec<(usize, f64)> {
     // A conversation per run, all from one caller.
     let mut config = Config::for_tests(db, vec![demo_profile("demo", &[])]);
     config.rate_limits.conversations_per_minute = 1_000_000;
     let gw = TestGateway::start_with(config).await;
     // Warm up (the first agent started and the first commits cost more).
-    stream_once(&gw, 10_000).await;
+    stream_once(&gw, "demo", 10_000).await;
     let mut times = Vec::new();
     let runs = env_or("BENCH_RUNS", 3).max(1);
     for &n in sizes {
@@ -250,7 +277,7 @@ async fn streaming(
         // at the mercy of whatever else the machine does.
         let mut all = Vec::new();
         for _ in 0..runs {
-            all.push(stream_once(&gw, n).await);
+            all.push(stream_once(&gw, "demo", n).await);
         }
         all.sort_by(|a, b| a.secs.total_cmp(&b.secs));
         let spread: Vec<String> = all.iter().map(|r| format!("{:.3}", r.secs)).collect();
@@ -286,4 +313,8 @@ async fn streaming(
         }
     }
     gw.stop().await;
+    times
+        .iter()
+        .map(|&(n, secs)| (n, n as f64 / secs))
+        .collect()
 }
