@@ -3,18 +3,21 @@
 //! over WebSocket on loopback (profile `remote`: `url` and
 //! `allow_private = true`) by a small server of the bench's own, on a thread
 //! and runtime of its own: one demo agent process per connection, each text
-//! frame one line of its stdio. For each: the time to create a conversation
+//! frame one line of its stdio (the lines the agent has written by then sent
+//! in one write). For each: the time to create a conversation
 //! (`POST /api/v1/conversations`, which answers once the agent's session is
 //! open), the round trip of a one-chunk turn (prompt → `turn_ended` on the
 //! conversation's WebSocket), and the streaming rate of a `long N` turn.
 
 use std::time::{Duration, Instant};
 
-use futures::{SinkExt, StreamExt};
+use futures::stream::SplitSink;
+use futures::{FutureExt, SinkExt, StreamExt};
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::TcpListener;
 use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -101,7 +104,7 @@ async fn serve_one(tcp: tokio::net::TcpStream, stop: CancellationToken) {
             },
             line = stdout.next_line() => match line {
                 Ok(Some(line)) => {
-                    if sink.send(Message::text(line)).await.is_err() {
+                    if send_ready(&mut sink, &mut stdout, line).await.is_err() {
                         break;
                     }
                 }
@@ -113,6 +116,35 @@ async fn serve_one(tcp: tokio::net::TcpStream, stop: CancellationToken) {
     // Killing an agent that already left is harmless; `kill` also reaps it.
     let _ = agent.kill().await;
 }
+
+/// Sends `line` and every further line the agent has already written (up
+/// to [`BATCH`]) as frames, then flushes once: a write per burst, not per
+/// line. Err when the connection or the agent's stdout is gone (the lines
+/// read by then are sent).
+async fn send_ready(
+    sink: &mut SplitSink<WebSocketStream<tokio::net::TcpStream>, Message>,
+    stdout: &mut Lines<BufReader<tokio::process::ChildStdout>>,
+    line: String,
+) -> Result<(), ()> {
+    sink.feed(Message::text(line)).await.map_err(drop)?;
+    let mut more = Ok(());
+    for _ in 1..BATCH {
+        // `next_line` is cancel safe: a line not ready yet is not lost.
+        match stdout.next_line().now_or_never() {
+            Some(Ok(Some(line))) => sink.feed(Message::text(line)).await.map_err(drop)?,
+            Some(_) => {
+                more = Err(());
+                break;
+            }
+            None => break,
+        }
+    }
+    sink.flush().await.map_err(drop)?;
+    more
+}
+
+/// Most lines sent in one write.
+const BATCH: usize = 1024;
 
 /// The profile of the agent served at `url`.
 fn remote_profile(url: &str) -> AgentProfile {
