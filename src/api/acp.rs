@@ -9,6 +9,11 @@
 //! client sees of each attached conversation is its event log, turned into
 //! ACP by [`attach`]. `fs/*` and `terminal/*` stay the gateway's: they are
 //! served to the agent, never forwarded to the client.
+//!
+//! Two transports carry a connection ([`conn::Conn`], which takes the
+//! client's messages as text and gives its own as text): the WebSocket
+//! here, and ACP's Streamable HTTP ([`http`]: POSTed messages, one GET
+//! event stream per connection, DELETE) on the same paths.
 
 mod http;
 mod conn;
@@ -22,8 +27,10 @@ use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::Extension;
+use serde::Serialize;
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
-use utoipa::IntoParams;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::extract::{AppPath, Authed};
@@ -64,12 +71,42 @@ struct AgentPath {
 struct HttpHeaders {
     /// The connection (from `initialize`'s answer); required on every
     /// message but `initialize`, and on `GET` streams and `DELETE`.
-    #[param(rename = "Acp-Connection-Id")]
+    #[param(rename = "Acp-Connection-Id", nullable = false)]
     connection: Option<String>,
     /// The session a message is about: accepted, not read (the message's
     /// `params.sessionId` is what counts).
-    #[param(rename = "Acp-Session-Id")]
+    #[param(rename = "Acp-Session-Id", nullable = false)]
     session: Option<String>,
+}
+
+/// The message a POST without `Acp-Connection-Id` sends: `initialize`.
+/// Any other JSON-RPC 2.0 message of ACP is sent with `Acp-Connection-Id`
+/// (one without it is refused with 400).
+#[derive(Serialize, ToSchema)]
+#[schema(as = AcpHttpMessage)]
+#[allow(dead_code)]
+struct InitializeMessage {
+    jsonrpc: JsonRpcVersion,
+    /// The request's id, answered in the response.
+    id: i64,
+    method: InitializeMethod,
+    /// `initialize`'s params (protocolVersion, clientCapabilities, …).
+    #[schema(value_type = Option<Object>)]
+    params: Option<Value>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+enum JsonRpcVersion {
+    #[serde(rename = "2.0")]
+    V2,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+enum InitializeMethod {
+    #[serde(rename = "initialize")]
+    Initialize,
 }
 
 /// The `GET` event stream's header (documentation).
@@ -79,7 +116,7 @@ struct HttpHeaders {
 struct StreamHeaders {
     /// Asks for the connection's event stream (Streamable HTTP) instead of
     /// a WebSocket; then `Accept` must allow `text/event-stream` (406).
-    #[param(rename = "Acp-Connection-Id")]
+    #[param(rename = "Acp-Connection-Id", nullable = false)]
     connection: Option<String>,
 }
 
@@ -123,7 +160,7 @@ async fn acp_default(
 #[utoipa::path(
     post, operation_id = "acpHttpPost", path = "/api/v1/acp", tag = "acp",
     params(TokenQuery, HttpHeaders),
-    request_body(content = Value, content_type = "application/json", description = "One JSON-RPC 2.0 message"),
+    request_body(content = InitializeMessage, content_type = "application/json", description = "One JSON-RPC 2.0 message: `initialize` without `Acp-Connection-Id`, any other with it; a batch (array) is refused with 501"),
     responses(
         (status = 200, description = "`initialize`'s answer; the new connection's id in `Acp-Connection-Id`", body = Value,
             headers(("Acp-Connection-Id" = String, description = "The new connection"))),
@@ -200,7 +237,7 @@ async fn acp_agent(
 #[utoipa::path(
     post, operation_id = "acpAgentHttpPost", path = "/api/v1/acp/{agent}", tag = "acp",
     params(AgentPath, TokenQuery, HttpHeaders),
-    request_body(content = Value, content_type = "application/json", description = "One JSON-RPC 2.0 message"),
+    request_body(content = InitializeMessage, content_type = "application/json", description = "One JSON-RPC 2.0 message: `initialize` without `Acp-Connection-Id`, any other with it; a batch (array) is refused with 501"),
     responses(
         (status = 200, description = "`initialize`'s answer; the new connection's id in `Acp-Connection-Id`", body = Value,
             headers(("Acp-Connection-Id" = String, description = "The new connection"))),
