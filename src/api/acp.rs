@@ -79,6 +79,16 @@ struct HttpHeaders {
     session: Option<String>,
 }
 
+/// `DELETE`'s header (documentation).
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)]
+struct DeleteHeaders {
+    /// The connection to end.
+    #[param(rename = "Acp-Connection-Id")]
+    connection: String,
+}
+
 /// The message a POST without `Acp-Connection-Id` sends: `initialize`.
 /// Any other JSON-RPC 2.0 message of ACP is sent with `Acp-Connection-Id`
 /// (one without it is refused with 400).
@@ -187,7 +197,7 @@ async fn acp_post(
 /// conversations (and turns) go on.
 #[utoipa::path(
     delete, operation_id = "acpHttpDelete", path = "/api/v1/acp", tag = "acp",
-    params(TokenQuery, HttpHeaders),
+    params(TokenQuery, DeleteHeaders),
     responses(
         (status = 204, description = "Ended"),
         (status = 400, description = "`Acp-Connection-Id` missing (`malformed_json`)"),
@@ -265,7 +275,7 @@ async fn acp_agent_post(
 /// As `DELETE /api/v1/acp`.
 #[utoipa::path(
     delete, operation_id = "acpAgentHttpDelete", path = "/api/v1/acp/{agent}", tag = "acp",
-    params(AgentPath, TokenQuery, HttpHeaders),
+    params(AgentPath, TokenQuery, DeleteHeaders),
     responses(
         (status = 204, description = "Ended"),
         (status = 400, description = "`Acp-Connection-Id` missing (`malformed_json`)"),

@@ -74,11 +74,21 @@ impl HttpConns {
 }
 
 /// Whether a `GET` asks for a connection's event stream rather than a
-/// WebSocket: no `Upgrade`, and an `Acp-Connection-Id` or an `Accept`
-/// naming `text/event-stream`.
+/// WebSocket: none of the WebSocket handshake's headers (`Upgrade`,
+/// `Sec-WebSocket-Key`, `Sec-WebSocket-Version`, `Connection: upgrade`),
+/// and an `Acp-Connection-Id` or an `Accept` naming `text/event-stream`.
 pub fn wants_stream(headers: &HeaderMap) -> bool {
-    !headers.contains_key(header::UPGRADE)
-        && (headers.contains_key(CONNECTION_ID) || accepts_event_stream(headers))
+    let upgrading = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    let handshake = upgrading
+        || headers.contains_key(header::UPGRADE)
+        || headers.contains_key(header::SEC_WEBSOCKET_KEY)
+        || headers.contains_key(header::SEC_WEBSOCKET_VERSION);
+    !handshake && (headers.contains_key(CONNECTION_ID) || accepts_event_stream(headers))
 }
 
 fn accepts_event_stream(headers: &HeaderMap) -> bool {
