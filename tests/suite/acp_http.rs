@@ -46,7 +46,7 @@ struct Events {
 }
 
 impl Events {
-    async fn open(gw: &TestGateway, conn: &str) -> Events {
+    async fn open(gw: &Client, conn: &str) -> Events {
         let response = stream_request(gw, conn, "text/event-stream").await;
         assert_eq!(response.status(), 200);
         Events {
@@ -96,7 +96,7 @@ impl Events {
     }
 }
 
-async fn stream_request(gw: &TestGateway, conn: &str, accept: &str) -> reqwest::Response {
+async fn stream_request(gw: &Client, conn: &str, accept: &str) -> reqwest::Response {
     gw.http
         .get(gw.url("/api/v1/acp"))
         .header(CONNECTION, conn)
@@ -319,11 +319,13 @@ async fn every_refusal_has_its_status_and_messages_wait_for_the_stream(db: TestD
     assert_eq!(status(nameless), 400);
 }
 
-async fn a_connection_is_its_tokens_users_and_the_token_may_be_a_query(db: TestDb) {
+async fn a_connection_is_its_tokens_users_the_token_may_be_a_query_and_revoking_it_ends_it(
+    db: TestDb,
+) {
     let operator = cli_token(&db, "root-op", "operator");
     let gw = gateway(&db).await;
     let (alice, _) = gw.make_token(&operator, "alice", "user").await;
-    let (bob, _) = gw.make_token(&operator, "bob", "user").await;
+    let (bob, bob_id) = gw.make_token(&operator, "bob", "user").await;
     let init = request(0, "initialize", json!({"protocolVersion": 1}));
     // No token: 401.
     let response = post(&gw, "/api/v1/acp", None, init.clone()).await;
@@ -363,10 +365,26 @@ async fn a_connection_is_its_tokens_users_and_the_token_may_be_a_query(db: TestD
         .await
         .unwrap();
     assert_eq!(response.status(), 204);
+
+    // A revoked token ends its connections: the stream ends.
+    let response = as_bob
+        .http
+        .post(gw.url("/api/v1/acp"))
+        .json(&init)
+        .send()
+        .await
+        .unwrap();
+    let conn = response.headers()[CONNECTION].to_str().unwrap().to_owned();
+    let mut events = Events::open(&as_bob, &conn).await;
+    let (status, _) = gw
+        .delete_as(&format!("/api/v1/tokens/{bob_id}"), Some(&operator))
+        .await;
+    assert_eq!(status, 204);
+    assert!(events.next().await.is_none());
 }
 
 backend_tests!(
     a_prompt_streams_on_the_get_stream_and_a_permission_is_answered_by_post,
     every_refusal_has_its_status_and_messages_wait_for_the_stream,
-    a_connection_is_its_tokens_users_and_the_token_may_be_a_query,
+    a_connection_is_its_tokens_users_the_token_may_be_a_query_and_revoking_it_ends_it,
 );
