@@ -44,7 +44,7 @@ pub struct Conn {
     /// The conversations it is attached to.
     attached: Mutex<HashMap<Uuid, Arc<Attachment>>>,
     initialized: AtomicBool,
-    /// The loop's own answers (see [`Conn::reply`]).
+    /// Its own answers, to the messages it takes (see [`Conn::reply`]).
     replies: mpsc::UnboundedSender<String>,
 }
 
@@ -115,9 +115,11 @@ impl Conn {
         let _ = self.peer.out.send(text).await;
     }
 
-    /// Queues the connection loop's own answer: never waits, since the
-    /// loop is what empties the queues (a client that does not read is
-    /// closed by the loop's send timeout).
+    /// Queues the connection's own answer to a message it takes: never
+    /// waits, since the transport that hands it messages is what empties
+    /// the queues (the WebSocket closes a client that does not read within
+    /// its send timeout; Streamable HTTP holds them until a stream opens
+    /// or the connection ends).
     fn reply(&self, text: String) {
         let _ = self.replies.send(text);
     }
