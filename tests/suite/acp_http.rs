@@ -383,7 +383,31 @@ async fn a_connection_is_its_tokens_users_the_token_may_be_a_query_and_revoking_
     assert!(events.next().await.is_none());
 }
 
+async fn an_idle_connection_is_ended_and_frees_its_place(db: TestDb) {
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
+    config.acp_connections_per_user = 1;
+    config.acp_http_idle_secs = 1;
+    // The polls below count as connections: no rate limit is to end them.
+    config.rate_limits.connections_per_minute = 100_000;
+    let gw = TestGateway::start_with(config).await;
+    let (_, idle) = initialize(&gw, "/api/v1/acp").await;
+    // No stream and no POST: ended after acp_http_idle_secs, which frees
+    // the user's one place (asked with initialize until it is free).
+    let init = request(0, "initialize", json!({"protocolVersion": 1}));
+    let next = eventually(WAIT, async || {
+        let response = post(&gw, "/api/v1/acp", None, init.clone()).await;
+        (response.status() == 200).then_some(response)
+    })
+    .await
+    .expect("an idle connection is ended");
+    assert!(next.headers().contains_key(CONNECTION));
+    let list = request(1, "session/list", json!({}));
+    let ended = post(&gw, "/api/v1/acp", Some(&idle), list).await;
+    assert_eq!(ended.status(), 404);
+}
+
 backend_tests!(
+    an_idle_connection_is_ended_and_frees_its_place,
     a_prompt_streams_on_the_get_stream_and_a_permission_is_answered_by_post,
     every_refusal_has_its_status_and_messages_wait_for_the_stream,
     a_connection_is_its_tokens_users_the_token_may_be_a_query_and_revoking_it_ends_it,

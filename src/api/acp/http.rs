@@ -4,7 +4,7 @@
 //! later message names that id and is answered 202, what the connection
 //! sends (responses, notifications, requests) going out on the
 //! connection's one `GET` event stream. `DELETE` ends a connection; so does
-//! [`IDLE`] without a stream or a POST. The JSON-RPC is the connection's
+//! `acp_http_idle_secs` without a stream or a POST. The JSON-RPC is the connection's
 //! ([`Conn`]); this file only moves text.
 
 use std::collections::HashMap;
@@ -29,8 +29,6 @@ use crate::error::{Error, Result};
 
 /// The header naming a connection.
 pub const CONNECTION_ID: &str = "acp-connection-id";
-/// A connection with no open stream and no POST for this long is ended.
-pub const IDLE: Duration = Duration::from_secs(300);
 
 /// The open connections of this transport, by id.
 #[derive(Clone, Default)]
@@ -169,14 +167,9 @@ async fn open(
         ended: CancellationToken::new(),
     });
     conns.0.lock().unwrap().insert(id, http.clone());
-    let watch = watch(
-        conns.clone(),
-        id,
-        http,
-        revoked,
-        state.closing().clone(),
-        slot,
-    );
+    let idle = Duration::from_secs(state.config().acp_http_idle_secs);
+    let ending = (revoked, state.closing().clone());
+    let watch = watch(conns.clone(), id, http, idle, ending, slot);
     tokio::spawn(state.track_socket(watch));
     let mut response = (
         [(
@@ -191,19 +184,19 @@ async fn open(
     Ok(response)
 }
 
-/// Ends the connection when it is deleted, idle for [`IDLE`], its token
-/// revoked or the gateway shutting down; holds its place in the per-user
-/// limit until then.
+/// Ends the connection when it is deleted, `idle` without a stream or a
+/// POST, its token revoked or the gateway shutting down (`ending`); holds
+/// its place in the per-user limit until then.
 async fn watch(
     conns: HttpConns,
     id: Uuid,
     http: Arc<HttpConn>,
-    revoked: CancellationToken,
-    closing: CancellationToken,
+    idle: Duration,
+    (revoked, closing): (CancellationToken, CancellationToken),
     _slot: AcpSlot,
 ) {
     loop {
-        let idle_at = *http.touched.lock().unwrap() + IDLE;
+        let idle_at = *http.touched.lock().unwrap() + idle;
         tokio::select! {
             _ = http.ended.cancelled() => break,
             _ = revoked.cancelled() => break,
@@ -211,7 +204,7 @@ async fn watch(
             _ = tokio::time::sleep_until(idle_at.into()) => {
                 let streaming = http.outgoing.lock().unwrap().is_none();
                 let touched = *http.touched.lock().unwrap();
-                if !streaming && touched.elapsed() >= IDLE {
+                if !streaming && touched.elapsed() >= idle {
                     break;
                 }
                 if streaming {
