@@ -54,6 +54,10 @@ pub struct Config {
     /// at once; one more is refused (429).
     #[serde(default = "default_acp_connections_per_user")]
     pub acp_connections_per_user: usize,
+    /// Seconds an ACP Streamable HTTP connection may go with no event
+    /// stream open and no POST before it is ended.
+    #[serde(default = "default_acp_http_idle_secs")]
+    pub acp_http_idle_secs: u64,
     /// How many live events a WebSocket subscriber may fall behind before it
     /// catches up from the database instead.
     #[serde(default = "default_event_buffer")]
@@ -352,6 +356,9 @@ fn default_max_body_bytes() -> usize {
 }
 fn default_acp_connections_per_user() -> usize {
     8
+}
+fn default_acp_http_idle_secs() -> u64 {
+    300
 }
 fn default_event_buffer() -> usize {
     1024

@@ -35,6 +35,12 @@ pub enum Error {
     UnsupportedMediaType(String),
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// No representation the request's `Accept` allows.
+    #[error("{0}")]
+    NotAcceptable(String),
+    /// A request the gateway understands but does not serve.
+    #[error("{0}")]
+    NotImplemented(String),
     /// Well-formed input of the wrong shape.
     #[error("{0}")]
     Unprocessable(String),
@@ -164,6 +170,8 @@ impl Error {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }
             Error::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            Error::NotAcceptable(_) => (StatusCode::NOT_ACCEPTABLE, "not_acceptable"),
+            Error::NotImplemented(_) => (StatusCode::NOT_IMPLEMENTED, "not_implemented"),
             Error::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request"),
             Error::Conflict { code, .. } => (StatusCode::CONFLICT, code),
             Error::Fenced(_) => (StatusCode::CONFLICT, "conversation_moved"),

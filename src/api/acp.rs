@@ -9,58 +9,50 @@
 //! client sees of each attached conversation is its event log, turned into
 //! ACP by [`attach`]. `fs/*` and `terminal/*` stay the gateway's: they are
 //! served to the agent, never forwarded to the client.
+//!
+//! Two transports carry a connection ([`conn::Conn`], which takes the
+//! client's messages as text and gives its own as text): the WebSocket
+//! here, and ACP's Streamable HTTP ([`http`]: POSTed messages, one GET
+//! event stream per connection, DELETE) on the same paths.
 
+mod http;
+mod conn;
 mod attach;
 mod wire;
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::body::Bytes;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use axum::http::HeaderMap;
 use axum::response::Response;
-use serde::de::DeserializeOwned;
-use serde::Deserialize;
-use serde_json::{json, Value};
-use tokio::sync::mpsc;
+use axum::Extension;
+use serde::Serialize;
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
-use utoipa::IntoParams;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
-use uuid::Uuid;
 
-use super::conversations::{prompt_content, start_conversation};
 use super::extract::{AppPath, Authed};
 use super::responses::WebSocketRefused;
 use super::state::{AcpSlot, AppState};
 use super::ws::{BearerProtocol, Handshake, HandshakeHeaders, TokenQuery};
 use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
-use crate::limits;
-use crate::model::{Answer, Conversation};
-use crate::session::answer::Answerer;
-use crate::session::Setting;
-use attach::{Attachment, Peer, Start};
-use wire::Incoming;
+use conn::Conn;
+use http::HttpConns;
 
-/// The ACP protocol version this gateway speaks.
-const PROTOCOL_VERSION: u64 = 1;
 /// Messages up to this many bytes over `max_body_bytes` are read and
 /// refused with an error response; a larger one ends the connection (1009).
 const OVERSIZE_SLACK: usize = 1024 * 1024;
-/// Frames queued for the client before the gateway waits for it.
-const OUT_QUEUE: usize = 256;
 /// A client that takes longer than this to accept one frame is closed.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
-/// The `_meta` key under which the gateway reads and writes its own members.
-const META_KEY: &str = "acpGateway";
-/// `session/list`'s page size.
-const LIST_PAGE: i64 = 50;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(acp_default))
-        .routes(routes!(acp_agent))
+        .routes(routes!(acp_default, acp_post, acp_delete))
+        .routes(routes!(acp_agent, acp_agent_post, acp_agent_delete))
+        .layer(Extension(HttpConns::default()))
 }
 
 /// The agent profile a path names (documentation of the parameter).
@@ -72,50 +64,240 @@ struct AgentPath {
     agent: String,
 }
 
+/// The Streamable HTTP transport's headers (documentation).
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)]
+struct HttpHeaders {
+    /// The connection (from `initialize`'s answer); required on every
+    /// message but `initialize`, and on `GET` streams and `DELETE`.
+    #[param(rename = "Acp-Connection-Id", nullable = false)]
+    connection: Option<String>,
+    /// The session a message is about: accepted, not read (the message's
+    /// `params.sessionId` is what counts).
+    #[param(rename = "Acp-Session-Id", nullable = false)]
+    session: Option<String>,
+}
+
+/// `DELETE`'s header (documentation).
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)]
+struct DeleteHeaders {
+    /// The connection to end.
+    #[param(rename = "Acp-Connection-Id")]
+    connection: String,
+}
+
+/// The message a POST without `Acp-Connection-Id` sends: `initialize`.
+/// Any other JSON-RPC 2.0 message of ACP is sent with `Acp-Connection-Id`
+/// (one without it is refused with 400).
+#[derive(Serialize, ToSchema)]
+#[schema(as = AcpHttpMessage)]
+#[allow(dead_code)]
+struct InitializeMessage {
+    jsonrpc: JsonRpcVersion,
+    /// The request's id, answered in the response.
+    id: i64,
+    method: InitializeMethod,
+    /// `initialize`'s params (protocolVersion, clientCapabilities, …).
+    #[schema(value_type = Option<Object>)]
+    params: Option<Value>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+enum JsonRpcVersion {
+    #[serde(rename = "2.0")]
+    V2,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+enum InitializeMethod {
+    #[serde(rename = "initialize")]
+    Initialize,
+}
+
+/// The `GET` event stream's header (documentation).
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)]
+struct StreamHeaders {
+    /// Asks for the connection's event stream (Streamable HTTP) instead of
+    /// a WebSocket; then `Accept` must allow `text/event-stream` (406).
+    #[param(rename = "Acp-Connection-Id", nullable = false)]
+    connection: Option<String>,
+}
+
 /// Upgrades to an ACP connection: the gateway is the agent, the caller's
 /// client speaks JSON-RPC 2.0 in text frames, `initialize` first. A
 /// `session/new` names its agent profile in
-/// `_meta.acpGateway.agent`, else gets the first configured profile. See
+/// `_meta.acpGateway.agent`, else gets the first configured profile.
+/// Without `Upgrade`, with `Acp-Connection-Id` (or `Accept:
+/// text/event-stream`): that Streamable HTTP connection's event stream. See
 /// `docs/api.md`, ACP clients.
 #[utoipa::path(
     get, operation_id = "acpClient", path = "/api/v1/acp", tag = "acp",
-    params(TokenQuery, HandshakeHeaders),
+    params(TokenQuery, HandshakeHeaders, StreamHeaders),
     responses(
         (status = 101, description = "Switching to WebSocket; then ACP (JSON-RPC 2.0), one message per text frame"),
+        (status = 200, description = "The connection's event stream: every message the gateway sends it, one per `data:` event", content_type = "text/event-stream", body = String),
         WebSocketRefused,
+        (status = 404, description = "No such Streamable HTTP connection of the caller's (unknown or ended)"),
+        (status = 406, description = "A stream whose `Accept` does not allow `text/event-stream` (`not_acceptable`)"),
+        (status = 409, description = "The connection's event stream is already open (`acp_stream_open`)"),
         (status = 422, description = "Invalid query"),
     )
 )]
 async fn acp_default(
     Authed { state, caller }: Authed,
+    Extension(conns): Extension<HttpConns>,
+    headers: HeaderMap,
     protocol: BearerProtocol,
-    upgrade: Handshake,
+    upgrade: std::result::Result<Handshake, Error>,
 ) -> Result<Response> {
-    open(state, caller, None, protocol, upgrade)
+    if http::wants_stream(&headers) {
+        return http::stream(&conns, &caller, &headers);
+    }
+    open(state, caller, None, protocol, upgrade?)
+}
+
+/// Sends one ACP message over Streamable HTTP: `initialize` (without
+/// `Acp-Connection-Id`) opens a connection and is answered here; any other
+/// message names its connection and is answered 202, its answer going out
+/// on the connection's event stream (`GET`).
+#[utoipa::path(
+    post, operation_id = "acpHttpPost", path = "/api/v1/acp", tag = "acp",
+    params(TokenQuery, HttpHeaders),
+    request_body(content = InitializeMessage, content_type = "application/json", description = "One JSON-RPC 2.0 message: `initialize` without `Acp-Connection-Id`, any other with it; a batch (array) is refused with 501"),
+    responses(
+        (status = 200, description = "`initialize`'s answer; the new connection's id in `Acp-Connection-Id`", body = Value,
+            headers(("Acp-Connection-Id" = String, description = "The new connection"))),
+        (status = 202, description = "Taken; what answers it goes out on the event stream"),
+        (status = 400, description = "Not one JSON-RPC message (`malformed_json`), or `Acp-Connection-Id` missing"),
+        (status = 404, description = "No such connection of the caller's (unknown, ended or deleted), or no such agent profile"),
+        (status = 413, description = "The body is over `max_body_bytes` (`payload_too_large`)"),
+        (status = 415, description = "The body is not `application/json` (`unsupported_media_type`)"),
+        (status = 422, description = "Invalid query"),
+        (status = 429, description = "Too many ACP connections of this user, or connections opened (`Retry-After`)"),
+        (status = 501, description = "A JSON-RPC batch (`not_implemented`)"),
+    )
+)]
+async fn acp_post(
+    Authed { state, caller }: Authed,
+    Extension(conns): Extension<HttpConns>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    http::post(&conns, state, caller, None, &headers, body).await
+}
+
+/// Ends a Streamable HTTP connection: its sessions are detached, their
+/// conversations (and turns) go on.
+#[utoipa::path(
+    delete, operation_id = "acpHttpDelete", path = "/api/v1/acp", tag = "acp",
+    params(TokenQuery, DeleteHeaders),
+    responses(
+        (status = 204, description = "Ended"),
+        (status = 400, description = "`Acp-Connection-Id` missing (`malformed_json`)"),
+        (status = 404, description = "No such connection of the caller's"),
+        (status = 422, description = "Invalid query"),
+    )
+)]
+async fn acp_delete(
+    Authed { caller, .. }: Authed,
+    Extension(conns): Extension<HttpConns>,
+    headers: HeaderMap,
+) -> Result<Response> {
+    http::delete(&conns, &caller, &headers)
 }
 
 /// Upgrades to an ACP connection whose new sessions run the agent profile
-/// `{agent}` (as `/api/v1/acp` otherwise).
+/// `{agent}` (as `/api/v1/acp` otherwise, the event stream included).
 #[utoipa::path(
     get, operation_id = "acpAgentClient", path = "/api/v1/acp/{agent}", tag = "acp",
-    params(AgentPath, TokenQuery, HandshakeHeaders),
+    params(AgentPath, TokenQuery, HandshakeHeaders, StreamHeaders),
     responses(
         (status = 101, description = "Switching to WebSocket; then ACP (JSON-RPC 2.0), one message per text frame"),
+        (status = 200, description = "The connection's event stream: every message the gateway sends it, one per `data:` event", content_type = "text/event-stream", body = String),
         WebSocketRefused,
-        (status = 404, description = "No such agent profile"),
+        (status = 404, description = "No such agent profile, or no such Streamable HTTP connection of the caller's"),
+        (status = 406, description = "A stream whose `Accept` does not allow `text/event-stream` (`not_acceptable`)"),
+        (status = 409, description = "The connection's event stream is already open (`acp_stream_open`)"),
         (status = 422, description = "Invalid query"),
     )
 )]
 async fn acp_agent(
     Authed { state, caller }: Authed,
+    Extension(conns): Extension<HttpConns>,
     AppPath(agent): AppPath<String>,
+    headers: HeaderMap,
     protocol: BearerProtocol,
-    upgrade: Handshake,
+    upgrade: std::result::Result<Handshake, Error>,
 ) -> Result<Response> {
-    if state.config().agent(&agent).is_none() {
+    known_agent(&state, &agent)?;
+    if http::wants_stream(&headers) {
+        return http::stream(&conns, &caller, &headers);
+    }
+    open(state, caller, Some(agent), protocol, upgrade?)
+}
+
+/// As `POST /api/v1/acp`, a new connection's sessions running `{agent}`.
+#[utoipa::path(
+    post, operation_id = "acpAgentHttpPost", path = "/api/v1/acp/{agent}", tag = "acp",
+    params(AgentPath, TokenQuery, HttpHeaders),
+    request_body(content = InitializeMessage, content_type = "application/json", description = "One JSON-RPC 2.0 message: `initialize` without `Acp-Connection-Id`, any other with it; a batch (array) is refused with 501"),
+    responses(
+        (status = 200, description = "`initialize`'s answer; the new connection's id in `Acp-Connection-Id`", body = Value,
+            headers(("Acp-Connection-Id" = String, description = "The new connection"))),
+        (status = 202, description = "Taken; what answers it goes out on the event stream"),
+        (status = 400, description = "Not one JSON-RPC message (`malformed_json`), or `Acp-Connection-Id` missing"),
+        (status = 404, description = "No such agent profile, or no such connection of the caller's (unknown, ended or deleted)"),
+        (status = 413, description = "The body is over `max_body_bytes` (`payload_too_large`)"),
+        (status = 415, description = "The body is not `application/json` (`unsupported_media_type`)"),
+        (status = 422, description = "Invalid query"),
+        (status = 429, description = "Too many ACP connections of this user, or connections opened (`Retry-After`)"),
+        (status = 501, description = "A JSON-RPC batch (`not_implemented`)"),
+    )
+)]
+async fn acp_agent_post(
+    Authed { state, caller }: Authed,
+    Extension(conns): Extension<HttpConns>,
+    AppPath(agent): AppPath<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    known_agent(&state, &agent)?;
+    http::post(&conns, state, caller, Some(agent), &headers, body).await
+}
+
+/// As `DELETE /api/v1/acp`.
+#[utoipa::path(
+    delete, operation_id = "acpAgentHttpDelete", path = "/api/v1/acp/{agent}", tag = "acp",
+    params(AgentPath, TokenQuery, DeleteHeaders),
+    responses(
+        (status = 204, description = "Ended"),
+        (status = 400, description = "`Acp-Connection-Id` missing (`malformed_json`)"),
+        (status = 404, description = "No such agent profile, or no such connection of the caller's"),
+        (status = 422, description = "Invalid query"),
+    )
+)]
+async fn acp_agent_delete(
+    Authed { state, caller }: Authed,
+    Extension(conns): Extension<HttpConns>,
+    AppPath(agent): AppPath<String>,
+    headers: HeaderMap,
+) -> Result<Response> {
+    known_agent(&state, &agent)?;
+    http::delete(&conns, &caller, &headers)
+}
+
+fn known_agent(state: &AppState, agent: &str) -> Result<()> {
+    if state.config().agent(agent).is_none() {
         return Err(Error::NotFound(format!("no agent named {agent:?}")));
     }
-    open(state, caller, Some(agent), protocol, upgrade)
+    Ok(())
 }
 
 fn open(
@@ -133,20 +315,6 @@ fn open(
     Ok(protocol.serve(upgrade, state, run))
 }
 
-/// One client's connection.
-struct Conn {
-    state: AppState,
-    caller: Caller,
-    /// The profile of its new sessions, when the path names one.
-    agent: Option<String>,
-    peer: Arc<Peer>,
-    /// The conversations it is attached to.
-    attached: Mutex<HashMap<Uuid, Arc<Attachment>>>,
-    initialized: AtomicBool,
-    /// The loop's own answers (see [`Conn::reply`]).
-    replies: mpsc::UnboundedSender<String>,
-}
-
 async fn serve(
     state: AppState,
     caller: Caller,
@@ -155,28 +323,15 @@ async fn serve(
     _slot: AcpSlot,
     mut socket: WebSocket,
 ) {
-    let (out, mut queued) = mpsc::channel::<String>(OUT_QUEUE);
-    let (replies, mut replied) = mpsc::unbounded_channel::<String>();
     let shutdown = state.closing().clone();
-    let conn = Arc::new(Conn {
-        state,
-        caller,
-        agent,
-        peer: Arc::new(Peer::new(out)),
-        attached: Mutex::new(HashMap::new()),
-        initialized: AtomicBool::new(false),
-        replies,
-    });
+    let (conn, mut outgoing) = Conn::open(state, caller, agent);
     let close = loop {
         let text = tokio::select! {
-            Some(text) = replied.recv() => text,
-            Some(text) = queued.recv() => text,
+            Some(text) = outgoing.recv() => text,
             incoming = socket.recv() => {
                 match incoming {
                     Some(Ok(Message::Text(text))) => conn.clone().incoming(text.as_str()).await,
-                    Some(Ok(Message::Binary(_))) => {
-                        conn.reply(wire::error(&Value::Null, wire::INVALID_REQUEST, "text frames only"))
-                    }
+                    Some(Ok(Message::Binary(_))) => conn.refuse_binary(),
                     Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break None,
                     Some(Ok(_)) => {}
                 }
@@ -192,7 +347,7 @@ async fn serve(
         }
     };
     // Detached; their turns go on.
-    conn.attached.lock().unwrap().clear();
+    conn.detach_all();
     if let Some((code, reason)) = close {
         let frame = CloseFrame {
             code,
@@ -204,428 +359,4 @@ async fn serve(
         )
         .await;
     }
-}
-
-impl Conn {
-    /// Queues a frame from a task of its own (waiting while the client is
-    /// behind).
-    async fn send(&self, text: String) {
-        // Only fails once the connection is gone.
-        let _ = self.peer.out.send(text).await;
-    }
-
-    /// Queues the connection loop's own answer: never waits, since the
-    /// loop is what empties the queues (a client that does not read is
-    /// closed by the loop's send timeout).
-    fn reply(&self, text: String) {
-        let _ = self.replies.send(text);
-    }
-
-    /// One text frame from the client. What waits on an agent runs in a
-    /// task of its own; the rest here, in the order the client sent it.
-    async fn incoming(self: Arc<Self>, text: &str) {
-        let limit = self.state.config().max_body_bytes;
-        if text.len() > limit {
-            let message = format!("message over {limit} bytes (max_body_bytes)");
-            return self.reply(wire::error(&Value::Null, wire::INVALID_REQUEST, &message));
-        }
-        match Incoming::parse(text) {
-            Incoming::Invalid { id, code, message } => self.reply(wire::error(&id, code, &message)),
-            Incoming::Response { id, outcome } => self.client_answered(id, outcome),
-            Incoming::Notification { method, params } => {
-                if method == "session/cancel" {
-                    if let Err(e) = self.cancel(params) {
-                        tracing::debug!(error = %e, "session/cancel refused");
-                    }
-                } else {
-                    tracing::debug!(%method, "notification ignored");
-                }
-            }
-            Incoming::Request { id, method, params } => {
-                if let Err(e) = self.clone().request(&id, &method, params).await {
-                    self.reply(wire::gateway_error(&id, e))
-                }
-            }
-        }
-    }
-
-    async fn request(self: Arc<Self>, id: &Value, method: &str, params: Value) -> Result<()> {
-        if method == "initialize" {
-            self.initialized.store(true, Ordering::Relaxed);
-            self.reply(wire::result(id, initialize_result()));
-            return Ok(());
-        }
-        if !self.initialized.load(Ordering::Relaxed) {
-            let refused = wire::error(id, wire::INVALID_REQUEST, "initialize first");
-            self.reply(refused);
-            return Ok(());
-        }
-        match method {
-            "session/new" => self.spawn(id, |conn, id| conn.new_session(id, params)),
-            "session/load" => self.attach(id, params, true).await?,
-            "session/resume" => self.attach(id, params, false).await?,
-            "session/close" => {
-                let p: SessionParams = read_params(params)?;
-                let detached = self.attached.lock().unwrap().remove(&p.session_id);
-                detached.ok_or_else(|| unknown_session(p.session_id))?;
-                self.reply(wire::result(id, json!({})))
-            }
-            "session/list" => self.list(id, params).await?,
-            "session/prompt" => {
-                let p: PromptParams = read_params(params)?;
-                let attachment = self.attachment(p.session_id)?;
-                self.spawn(id, move |conn, id| conn.prompt(id, attachment, p))
-            }
-            "session/set_mode" => {
-                let p: ModeParams = read_params(params)?;
-                limits::id("modeId", &p.mode_id, limits::SETTING_ID_MAX_CHARS)?;
-                self.attachment(p.session_id)?;
-                let setting = Setting::Mode(p.mode_id);
-                self.spawn(id, move |conn, id| conn.change(id, p.session_id, setting))
-            }
-            "session/set_config_option" => {
-                let p: OptionParams = read_params(params)?;
-                limits::id("configId", &p.config_id, limits::SETTING_ID_MAX_CHARS)?;
-                self.attachment(p.session_id)?;
-                let setting = Setting::ConfigOption {
-                    config_id: p.config_id,
-                    value: p.value,
-                };
-                self.spawn(id, move |conn, id| conn.change(id, p.session_id, setting))
-            }
-            _ => {
-                let message = format!("no method {method:?}");
-                self.reply(wire::error(id, wire::METHOD_NOT_FOUND, &message))
-            }
-        }
-        Ok(())
-    }
-
-    /// Runs what waits on an agent in a task of its own; its error is the
-    /// request's error response.
-    fn spawn<F, Fut>(self: &Arc<Self>, id: &Value, run: F)
-    where
-        F: FnOnce(Arc<Conn>, Value) -> Fut,
-        Fut: std::future::Future<Output = Result<()>> + Send + 'static,
-    {
-        let conn = self.clone();
-        let fut = run(self.clone(), id.clone());
-        let id = id.clone();
-        tokio::spawn(self.state.track_socket(async move {
-            if let Err(e) = fut.await {
-                conn.send(wire::gateway_error(&id, e)).await;
-            }
-        }));
-    }
-
-    fn attachment(&self, session_id: Uuid) -> Result<Arc<Attachment>> {
-        let attached = self.attached.lock().unwrap();
-        attached
-            .get(&session_id)
-            .cloned()
-            .ok_or_else(|| unknown_session(session_id))
-    }
-
-    /// The conversation as the caller may see it now.
-    async fn conversation(&self, id: Uuid) -> Result<Conversation> {
-        let found = self.state.visible_conversation(&self.caller, id).await;
-        found.map_err(|_| unknown_session(id))
-    }
-
-    /// Attaches a conversation, answering `id` once caught up.
-    /// Attaches a conversation (again: then in place of the attachment it
-    /// had, whose waiting prompts it takes over).
-    fn attach_now(&self, conversation: &Conversation, start: Start) {
-        let mut attached = self.attached.lock().unwrap();
-        let turns = attached.get(&conversation.id).map(|a| a.turns.clone());
-        let attachment = Attachment::start(
-            &self.state,
-            self.peer.clone(),
-            conversation.id,
-            start,
-            turns,
-        );
-        attached.insert(conversation.id, Arc::new(attachment));
-    }
-
-    async fn new_session(self: Arc<Self>, id: Value, params: Value) -> Result<()> {
-        let p: NewParams = read_params(params)?;
-        let named = p.meta.as_ref().and_then(|m| m.get(META_KEY)?.get("agent"));
-        let named = match named {
-            None => None,
-            Some(Value::String(agent)) => Some(agent.clone()),
-            Some(_) => {
-                return Err(Error::Unprocessable(format!(
-                    "_meta.{META_KEY}.agent must be a string"
-                )))
-            }
-        };
-        let agent = match (&self.agent, named) {
-            (Some(path), Some(named)) if *path != named => {
-                return Err(Error::Unprocessable(format!(
-                    "this connection serves the agent {path:?}, not {named:?}"
-                )))
-            }
-            (Some(path), _) => path.clone(),
-            (None, Some(named)) => named,
-            (None, None) => self
-                .state
-                .config()
-                .agents
-                .first()
-                .map(|a| a.name.clone())
-                .ok_or_else(|| Error::NotFound("no agent profile is configured".into()))?,
-        };
-        let conversation =
-            start_conversation(&self.state, &self.caller, &agent, None, Some(&p.cwd)).await?;
-        let mut result = settings(&conversation);
-        result["sessionId"] = json!(conversation.id);
-        let start = Start {
-            after: conversation.last_seq,
-            history: false,
-            request: Some((id, result)),
-        };
-        self.attach_now(&conversation, start);
-        Ok(())
-    }
-
-    /// `session/load` (history replayed first) or `session/resume`.
-    async fn attach(&self, id: &Value, params: Value, load: bool) -> Result<()> {
-        let p: SessionParams = read_params(params)?;
-        let conversation = self.conversation(p.session_id).await?;
-        let cursor = p.meta.as_ref().and_then(|m| m.get(META_KEY)?.get("cursor"));
-        let cursor = match cursor {
-            None => None,
-            Some(c) => Some(c.as_i64().filter(|c| *c >= 0).ok_or_else(|| {
-                Error::Unprocessable(format!("_meta.{META_KEY}.cursor must be a seq (>= 0)"))
-            })?),
-        };
-        let after = match (cursor, load) {
-            (Some(cursor), _) => cursor,
-            (None, true) => 0,
-            (None, false) => conversation.last_seq,
-        };
-        let start = Start {
-            after,
-            history: load,
-            request: Some((id.clone(), settings(&conversation))),
-        };
-        self.attach_now(&conversation, start);
-        Ok(())
-    }
-
-    async fn list(&self, id: &Value, params: Value) -> Result<()> {
-        let p: ListParams = read_params(params)?;
-        let before = match p.cursor.as_deref() {
-            None => None,
-            Some(c) => Some(
-                Uuid::parse_str(c)
-                    .map_err(|_| Error::Unprocessable(format!("cursor {c:?} is not a cursor")))?,
-            ),
-        };
-        let owner = self.caller.owner_filter();
-        let mut items = self
-            .state
-            .store()
-            .list_conversations(LIST_PAGE + 1, before, owner.as_deref())
-            .await?;
-        let more = items.len() as i64 > LIST_PAGE;
-        items.truncate(LIST_PAGE as usize);
-        let next = more
-            .then(|| items.last().map(|c| c.id.to_string()))
-            .flatten();
-        let sessions: Vec<Value> = items
-            .into_iter()
-            .map(|c| {
-                let view = serde_json::to_value(&c).expect("conversations serialize");
-                json!({
-                    "sessionId": c.id,
-                    "cwd": c.cwd,
-                    "title": view.get("title"),
-                    "updatedAt": c.updated_at,
-                    "_meta": {META_KEY: {"agent": c.agent, "status": view.get("status")}},
-                })
-            })
-            .collect();
-        let result = json!({"sessions": sessions, "nextCursor": next});
-        self.reply(wire::result(id, result));
-        Ok(())
-    }
-
-    async fn prompt(
-        self: Arc<Self>,
-        id: Value,
-        attachment: Arc<Attachment>,
-        p: PromptParams,
-    ) -> Result<()> {
-        let content = prompt_content(p.prompt)?;
-        self.state
-            .auth()
-            .check_rate(&self.caller, Limited::Prompt)?;
-        let conversation = self.conversation(p.session_id).await?;
-        attachment.prompting(&content);
-        let turn = match self
-            .state
-            .sessions()
-            .prompt(&conversation, content.clone())
-            .await
-        {
-            Ok(turn) => turn,
-            Err(e) => {
-                attachment.not_prompted(&content);
-                return Err(e);
-            }
-        };
-        if let Some(answer) = attachment.await_turn(turn, id) {
-            self.send(answer).await;
-        }
-        Ok(())
-    }
-
-    fn cancel(self: &Arc<Self>, params: Value) -> Result<()> {
-        let p: SessionParams = read_params(params)?;
-        self.attachment(p.session_id)?;
-        let conn = self.clone();
-        tokio::spawn(self.state.track_socket(async move {
-            let cancelled = async {
-                let conversation = conn.conversation(p.session_id).await?;
-                conn.state.sessions().cancel(&conversation).await
-            };
-            if let Err(e) = cancelled.await {
-                tracing::debug!(conversation_id = %p.session_id, error = %e, "session/cancel failed");
-            }
-        }));
-        Ok(())
-    }
-
-    async fn change(self: Arc<Self>, id: Value, session_id: Uuid, setting: Setting) -> Result<()> {
-        let conversation = self.conversation(session_id).await?;
-        let sessions = self.state.sessions();
-        sessions
-            .change(&conversation, setting, self.caller.decided_by())
-            .await?;
-        let conversation = self.conversation(session_id).await?;
-        let settings = settings(&conversation);
-        let result = json!({"configOptions": settings.get("configOptions")});
-        self.send(wire::result(&id, result)).await;
-        Ok(())
-    }
-
-    /// The client's answer to a request of the gateway's: a permission
-    /// request's, taken by the one road for answers.
-    fn client_answered(self: &Arc<Self>, id: Value, outcome: std::result::Result<Value, Value>) {
-        let Some((conversation_id, request)) = self.peer.answered(&id) else {
-            tracing::debug!(%id, "a response to no request of this connection, ignored");
-            return;
-        };
-        let answer = match outcome.map(|r| permission_answer(&r)) {
-            Ok(Some(answer)) => answer,
-            Ok(None) | Err(_) => {
-                tracing::debug!(%conversation_id, %request, "the client did not answer a permission request");
-                return;
-            }
-        };
-        let conn = self.clone();
-        tokio::spawn(self.state.track_socket(async move {
-            let may_see = |owner: Option<&str>| conn.caller.can_see(owner);
-            let who = Answerer {
-                decided_by: conn.caller.decided_by(),
-                via: Some("acp".into()),
-                may_see: Some(&may_see),
-            };
-            if let Err(e) = conn.state.sessions().answer(request, &who, answer).await {
-                tracing::debug!(%conversation_id, %request, error = %e, "an ACP client's answer was refused");
-            }
-        }));
-    }
-}
-
-/// What `initialize` answers: what the gateway serves of ACP.
-fn initialize_result() -> Value {
-    json!({
-        "protocolVersion": PROTOCOL_VERSION,
-        "agentCapabilities": {
-            "loadSession": true,
-            "promptCapabilities": {"image": false, "audio": false, "embeddedContext": false},
-            "mcpCapabilities": {"http": false, "sse": false},
-            "sessionCapabilities": {"list": {}, "resume": {}, "close": {}},
-        },
-        "authMethods": [],
-        "agentInfo": {"name": "acp-gateway", "version": env!("CARGO_PKG_VERSION")},
-    })
-}
-
-/// A conversation's modes and configuration options, as ACP names them.
-fn settings(conversation: &Conversation) -> Value {
-    let view = serde_json::to_value(conversation).expect("conversations serialize");
-    json!({"modes": view.get("modes"), "configOptions": view.get("config_options")})
-}
-
-/// The answer a `session/request_permission` result gives.
-fn permission_answer(result: &Value) -> Option<Answer> {
-    let outcome = result.get("outcome")?;
-    match outcome.get("outcome")?.as_str()? {
-        "selected" => Some(Answer::Option(
-            outcome.get("optionId")?.as_str()?.to_owned(),
-        )),
-        "cancelled" => Some(Answer::Cancelled),
-        _ => None,
-    }
-}
-
-fn unknown_session(id: Uuid) -> Error {
-    Error::NotFound(format!("no session {id} on this connection"))
-}
-
-/// The params as `T`: absent params are an empty object.
-fn read_params<T: DeserializeOwned>(params: Value) -> Result<T> {
-    let params = match params {
-        Value::Null => json!({}),
-        params => params,
-    };
-    serde_json::from_value(params).map_err(|e| Error::Unprocessable(format!("invalid params: {e}")))
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct NewParams {
-    cwd: String,
-    #[serde(rename = "_meta")]
-    meta: Option<Value>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct SessionParams {
-    session_id: Uuid,
-    #[serde(rename = "_meta")]
-    meta: Option<Value>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct PromptParams {
-    session_id: Uuid,
-    prompt: Vec<Value>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ModeParams {
-    session_id: Uuid,
-    mode_id: String,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct OptionParams {
-    session_id: Uuid,
-    config_id: String,
-    value: Value,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct ListParams {
-    cursor: Option<String>,
 }

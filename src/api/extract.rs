@@ -101,8 +101,9 @@ impl FromRequestParts<AppState> for Operator {
 }
 
 /// The token a request presents: the `Authorization` header, or, on a
-/// WebSocket upgrade only (browsers cannot set headers there),
-/// `?access_token=` or the `bearer.<token>` subprotocol.
+/// WebSocket upgrade or a request to the ACP front door only (browsers
+/// cannot set headers on a WebSocket), `?access_token=` or the
+/// `bearer.<token>` subprotocol.
 fn presented_token(parts: &Parts) -> Option<String> {
     if let Some(value) = parts.headers.get(axum::http::header::AUTHORIZATION) {
         let value = value.to_str().ok()?;
@@ -111,7 +112,7 @@ fn presented_token(parts: &Parts) -> Option<String> {
             .eq_ignore_ascii_case("bearer")
             .then(|| token.trim().to_owned());
     }
-    if !is_websocket_upgrade(parts) {
+    if !is_websocket_upgrade(parts) && !is_acp_path(parts) {
         return None;
     }
     if let Some(query) = parts.uri.query() {
@@ -122,6 +123,16 @@ fn presented_token(parts: &Parts) -> Option<String> {
         }
     }
     bearer_subprotocol(parts).map(|(token, _)| token)
+}
+
+/// A request to the ACP front door (`/api/v1/acp`, `/api/v1/acp/{agent}`),
+/// whose Streamable HTTP transport takes the token as its WebSocket does.
+fn is_acp_path(parts: &Parts) -> bool {
+    let path = parts.uri.path();
+    path == "/api/v1/acp"
+        || path
+            .strip_prefix("/api/v1/acp/")
+            .is_some_and(|a| !a.contains('/'))
 }
 
 /// A `GET` asking to upgrade to a WebSocket.

@@ -173,7 +173,8 @@ pub struct Problem {
     /// `agent_failed`, `agent_timeout`, `at_capacity`, `database_unavailable`,
     /// `unavailable`, `gone`, `internal_error`, `not_offered`,
     /// `not_a_websocket_handshake`, `not_configured`, `unresolvable_host`,
-    /// `too_many_targets`.
+    /// `too_many_targets`, `not_acceptable`, `not_implemented`,
+    /// `acp_stream_open`.
     #[schema(example = "not_found")]
     code: String,
     /// With `already_resolved`: the request as it stands.

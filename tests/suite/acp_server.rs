@@ -478,9 +478,9 @@ async fn the_path_names_the_agent_and_connections_per_user_are_limited(db: TestD
     let (status, _) = gw.get("/api/v1/acp/demo").await;
     assert_eq!(status, 400);
     assert_eq!(handshake_status(&gw, "/api/v1/acp/nosuch").await, Some(404));
-    // ACP's Streamable HTTP transport is not served (yet).
+    // Not a JSON-RPC message for the Streamable HTTP transport: 400.
     let (status, _) = gw.post("/api/v1/acp", json!({"jsonrpc": "2.0"})).await;
-    assert_eq!(status, 405);
+    assert_eq!(status, 400);
     let mut acp = Acp::connect(&gw, "/api/v1/acp/other").await;
     acp.call("initialize", json!({"protocolVersion": 1})).await;
     let session = acp.new_session().await;

@@ -9,6 +9,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod acp_http;
 mod acp_server;
 mod agents;
 mod api_errors;
