@@ -393,7 +393,7 @@ async fn load_after_a_disconnect_replays_the_history_then_goes_on_live(db: TestD
     assert_eq!(next["params"]["_meta"]["acpGateway"]["seq"], cursor + 1);
 }
 
-async fn close_detaches_the_client_and_the_conversation_stays(db: TestDb) {
+async fn close_detaches_the_client_and_delete_closes_the_conversation(db: TestDb) {
     let gw = gateway(&db).await;
     let mut acp = Acp::open(&gw).await;
     let session = acp.new_session().await;
@@ -406,6 +406,15 @@ async fn close_detaches_the_client_and_the_conversation_stays(db: TestDb) {
         .await;
     assert_eq!(refused["error"]["code"], -32602, "{refused}");
     assert_ne!(gw.conversation(&session).await["status"], "closed");
+    let deleted = acp
+        .call("session/delete", json!({"sessionId": session}))
+        .await;
+    assert_eq!(deleted["result"], json!({}), "{deleted}");
+    assert_eq!(gw.conversation(&session).await["status"], "closed");
+    let unknown = acp
+        .call("session/delete", json!({"sessionId": uuid::Uuid::now_v7()}))
+        .await;
+    assert_eq!(unknown["error"]["code"], -32602, "{unknown}");
 }
 
 async fn bad_input_gets_an_error_and_the_connection_goes_on(db: TestDb) {
@@ -961,7 +970,7 @@ backend_tests!(
     a_prompt_sent_over_rest_reaches_the_acp_client_as_user_message_chunks,
     cancel_ends_the_running_turn_cancelled,
     load_after_a_disconnect_replays_the_history_then_goes_on_live,
-    close_detaches_the_client_and_the_conversation_stays,
+    close_detaches_the_client_and_delete_closes_the_conversation,
     bad_input_gets_an_error_and_the_connection_goes_on,
     the_path_names_the_agent_and_connections_per_user_are_limited,
     an_sdk_client_works_through_the_gateway_as_through_an_agent,

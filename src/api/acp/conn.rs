@@ -173,6 +173,11 @@ impl Conn {
                 detached.ok_or_else(|| unknown_session(p.session_id))?;
                 self.reply(wire::result(id, json!({})))
             }
+            "session/delete" => {
+                let p: SessionParams = read_params(params)?;
+                let conversation = self.conversation(p.session_id).await?;
+                self.spawn(id, move |conn, id| conn.delete(id, conversation))
+            }
             "session/list" => self.list(id, params).await?,
             "session/prompt" => {
                 let p: PromptParams = read_params(params)?;
@@ -249,6 +254,16 @@ impl Conn {
             turns,
         );
         attached.insert(conversation.id, Arc::new(attachment));
+    }
+
+    /// `session/delete`: the conversation is closed as
+    /// `DELETE /api/v1/conversations/{id}` closes it (its history stays),
+    /// and this client detached from it.
+    async fn delete(self: Arc<Self>, id: Value, conversation: Conversation) -> Result<()> {
+        self.state.sessions().close(&conversation).await?;
+        self.attached.lock().unwrap().remove(&conversation.id);
+        self.reply(wire::result(&id, json!({})));
+        Ok(())
     }
 
     async fn new_session(self: Arc<Self>, id: Value, params: Value) -> Result<()> {
@@ -451,7 +466,7 @@ fn initialize_result() -> Value {
             "loadSession": true,
             "promptCapabilities": {"image": false, "audio": false, "embeddedContext": false},
             "mcpCapabilities": {"http": false, "sse": false},
-            "sessionCapabilities": {"list": {}, "resume": {}, "close": {}},
+            "sessionCapabilities": {"list": {}, "resume": {}, "close": {}, "delete": {}},
         },
         "authMethods": [],
         "agentInfo": {"name": "acp-gateway", "version": env!("CARGO_PKG_VERSION")},
