@@ -700,6 +700,8 @@ async fn a_photo_and_a_file_attached_reach_the_agent() {
     browser
         .run(json!({"do": "upload", "label": "Attach", "paths": [photo, notes]}))
         .await;
+    // The page reads the files before it lists them (both at once).
+    browser.wait("ul.attached li:nth-child(2) .name").await;
     assert_eq!(
         browser.texts("ul.attached .name").await,
         ["icon-192.png", "notes.md"]
@@ -744,6 +746,7 @@ async fn a_photo_and_a_file_attached_reach_the_agent() {
     browser
         .run(json!({"do": "upload", "label": "Attach", "paths": [big]}))
         .await;
+    browser.wait("ul.attached li .name").await;
     browser.fill("Message", "too much").await;
     browser.click("button", "Send").await;
     browser.wait("form.prompt p.error").await;
