@@ -9,7 +9,7 @@
 //! layer. Closing the link sends `DELETE`.
 //!
 //! The client is pinned to the addresses the guard admitted
-//! ([`super::target`]), follows no redirect and uses no proxy. Whether an
+//! ([`super::guard::target`]), follows no redirect and uses no proxy. Whether an
 //! agent can be reached ([`probe`]) is asked with a `GET` that names no
 //! connection: it starts nothing on the agent; an agent answers it 400
 //! (reachable, the token taken) or 401/403 (the token refused).
@@ -25,7 +25,8 @@ use serde::Deserialize;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream};
 use tokio::sync::mpsc;
 
-use super::{as_line, target, Ended, Ends, RemoteLink, CLOSE_WITHIN, PIPE_BYTES};
+use super::guard::target;
+use super::shared::{as_line, Ended, Ends, RemoteLink, CLOSE_WITHIN, PIPE_BYTES};
 use crate::config::AgentProfile;
 
 /// The header naming a connection.
@@ -71,7 +72,7 @@ impl Peer {
             .tcp_nodelay(true)
             .resolve_to_addrs(&target.name, &target.addresses);
         if target.tls {
-            builder = builder.use_preconfigured_tls(super::tls_config(profile)?);
+            builder = builder.use_preconfigured_tls(super::guard::tls_config(profile)?);
         }
         let client = builder.build().context("cannot make an HTTP client")?;
         Ok(Peer {

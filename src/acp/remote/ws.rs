@@ -2,7 +2,7 @@
 //! each text frame is one JSON-RPC message, here one line for the rpc
 //! layer. `ws://`/`wss://` urls, and `https://` ones with `transport =
 //! "websocket"` (upgraded over TLS). The connection is made to the
-//! addresses the guard admitted ([`super::target`]).
+//! addresses the guard admitted ([`super::guard::target`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,7 +18,8 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_tungstenite::WebSocketStream;
 
-use super::{as_line, end, target, Ended, Ends, RemoteLink, CLOSE_WITHIN, PIPE_BYTES, PROBE_BYTES};
+use super::guard::target;
+use super::shared::{as_line, end, Ended, Ends, RemoteLink, CLOSE_WITHIN, PIPE_BYTES, PROBE_BYTES};
 use crate::config::AgentProfile;
 
 /// A byte stream of either kind (plain TCP, or TLS over it).
@@ -118,13 +119,13 @@ async fn connect_any(addresses: &[SocketAddr], name: &str) -> anyhow::Result<Tcp
 }
 
 /// TLS over `tcp` to `name`, checked as the profile's TLS checks
-/// ([`super::tls_config`]).
+/// ([`super::guard::tls_config`]).
 async fn tls_over(
     profile: &AgentProfile,
     tcp: TcpStream,
     name: &str,
 ) -> anyhow::Result<tokio_rustls::client::TlsStream<TcpStream>> {
-    let config = super::tls_config(profile)?;
+    let config = super::guard::tls_config(profile)?;
     let server = rustls::pki_types::ServerName::try_from(name.to_owned())
         .with_context(|| format!("{name} is not a TLS server name"))?;
     tokio_rustls::TlsConnector::from(Arc::new(config))
