@@ -55,8 +55,9 @@ pub struct AgentProfile {
     /// loopback and link-local addresses (this profile alone).
     #[serde(default)]
     pub allow_private: bool,
-    /// How often a remote agent's connection is pinged; one that has said
+    /// How often a remote agent's WebSocket is pinged; one that has said
     /// nothing (not even a pong) for three of these is lost (`0s`: never).
+    /// Over Streamable HTTP: the connections' TCP keepalive time.
     #[serde(default = "default_ping_interval", with = "humantime_serde")]
     pub ping_interval: Duration,
     #[serde(default)]

@@ -71,6 +71,11 @@ impl Peer {
             .no_proxy()
             .tcp_nodelay(true)
             .resolve_to_addrs(&target.name, &target.addresses);
+        // An event stream has no pings of its own: the kernel's keepalive
+        // finds a peer gone without a word (slowly).
+        if !profile.ping_interval.is_zero() {
+            builder = builder.tcp_keepalive(profile.ping_interval);
+        }
         if target.tls {
             builder = builder.use_preconfigured_tls(super::guard::tls_config(profile)?);
         }
@@ -205,9 +210,8 @@ struct Carrier {
     /// The agent's messages for the rpc layer, one a line.
     lines: mpsc::Sender<String>,
     ends: Ends,
-    /// The agent's requests not yet answered: their id (as JSON) → the
-    /// session they are about.
-    sessions: Arc<Mutex<HashMap<String, String>>>,
+    /// The sessions of the agent's requests not yet answered.
+    sessions: Arc<Sessions>,
     max: usize,
 }
 
@@ -350,7 +354,7 @@ impl Carrier {
     /// session each of its requests is about.
     async fn pass_on(&self, messages: Vec<String>) -> Result<(), Ended> {
         for message in messages {
-            self.remember(&message);
+            self.sessions.remember(&message);
             if self.lines.send(as_line(message)).await.is_err() {
                 return Err(Ended::Closed("by the gateway (it stopped reading)".into()));
             }
@@ -361,7 +365,7 @@ impl Carrier {
     /// One later line, POSTed on the connection; what its answer's body
     /// carries is read apart (an agent may hold it open).
     async fn post(&self, line: String, connection: &str) -> Result<(), Ended> {
-        let about = self.session_of(&line);
+        let about = self.sessions.of(&line);
         let request_id = request_id(&line);
         let response = self
             .peer
@@ -448,9 +452,15 @@ impl Carrier {
         }
         Ok(())
     }
+}
 
-    /// Keeps the session an agent's request is about, for the answer's
-    /// `Acp-Session-Id`.
+/// The sessions of the agent's requests not yet answered, by request id
+/// (as JSON), for the answers' `Acp-Session-Id`.
+#[derive(Default)]
+struct Sessions(Mutex<HashMap<String, String>>);
+
+impl Sessions {
+    /// Keeps the session an agent's request is about.
     fn remember(&self, message: &str) {
         if !message.contains("\"sessionId\"") {
             return;
@@ -460,7 +470,7 @@ impl Carrier {
         };
         let session = peek.session();
         if let (Some(id), Some(_), Some(session)) = (peek.id, peek.method, session) {
-            let mut sessions = self.sessions.lock().unwrap();
+            let mut sessions = self.0.lock().unwrap();
             if sessions.len() >= REMEMBERED_REQUESTS {
                 sessions.clear();
             }
@@ -470,13 +480,13 @@ impl Carrier {
 
     /// The session a line of ours is about: its `params.sessionId`, or for
     /// an answer, the session of the request it answers.
-    fn session_of(&self, line: &str) -> Option<String> {
+    fn of(&self, line: &str) -> Option<String> {
         let peek = serde_json::from_str::<Peek>(line).ok()?;
         if peek.method.is_some() {
             return peek.session();
         }
         let id = peek.id?;
-        self.sessions.lock().unwrap().remove(&id.to_string())
+        self.0.lock().unwrap().remove(&id.to_string())
     }
 }
 
@@ -638,6 +648,29 @@ mod tests {
         // A line that never ends is refused too.
         let mut events = Events::new(10);
         assert!(events.push(&[b'x'; 64]).is_err());
+    }
+
+    #[test]
+    fn a_message_about_a_session_names_it_and_so_does_the_answer_to_a_request() {
+        let sessions = Sessions::default();
+        let prompt =
+            r#"{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":"s1"}}"#;
+        assert_eq!(sessions.of(prompt), Some("s1".into()));
+        assert_eq!(
+            sessions.of(r#"{"jsonrpc":"2.0","id":0,"method":"initialize"}"#),
+            None
+        );
+        // The agent asks about session s2; our answer names it, once.
+        sessions.remember(
+            r#"{"jsonrpc":"2.0","id":"r-7","method":"session/request_permission","params":{"sessionId":"s2"}}"#,
+        );
+        let answer = r#"{"jsonrpc":"2.0","id":"r-7","result":{"outcome":{"outcome":"cancelled"}}}"#;
+        assert_eq!(sessions.of(answer), Some("s2".into()));
+        assert_eq!(sessions.of(answer), None);
+        // A notification is no request to answer.
+        sessions
+            .remember(r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s2"}}"#);
+        assert!(sessions.0.lock().unwrap().is_empty());
     }
 
     #[test]
