@@ -11,8 +11,7 @@ use super::command::Command;
 use super::Sessions;
 use crate::error::{Error, Result};
 use crate::model::{Answer, PermissionRequest, PermissionStatus};
-use crate::permissions::{answer_without_agent, validate_answer};
-use crate::session::task::agent_away;
+use crate::permissions::{agent_away, answer_without_agent, validate_answer};
 
 /// Whether someone may see a conversation with this owner.
 pub type MaySee<'a> = &'a (dyn Fn(Option<&str>) -> bool + Sync);

@@ -65,7 +65,6 @@ use crate::workspace::Workspace;
 use output::{output_moved_on, ShimOutput};
 pub use parts::ExitCauses;
 use parts::{Change, Ending, Intake, Requests, Settings, Turns};
-pub(crate) use permissions::agent_away;
 
 /// Most events committed in one batch while an agent streams.
 const MAX_BATCH_EVENTS: usize = 512;

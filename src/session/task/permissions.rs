@@ -16,7 +16,7 @@ use crate::acp::rpc::{IncomingRequest, INVALID_PARAMS};
 use crate::error::{Error, Result};
 use crate::model::{self, Answer, Decision, PermissionRequest, PermissionStatus};
 use crate::permissions::policy::{self, Facts};
-use crate::permissions::{answer_resolved, Judged};
+use crate::permissions::{agent_away, answer_resolved, Judged};
 use crate::session::pending::Parked;
 use crate::store::{PermissionFilter, Resolution};
 
@@ -36,17 +36,7 @@ pub(super) enum Resolved {
 const SETTLE_RETRY: Duration = Duration::from_millis(200);
 /// How long a remote agent back after a lost connection has to ask again
 /// what it asked before (see [`Task::take_up_held`]).
-pub(crate) const ASK_AGAIN_WITHIN: Duration = Duration::from_secs(10);
-
-/// An answer to a request whose remote agent is away, or back but has not
-/// asked again yet: 409, and the request stays pending.
-pub(crate) fn agent_away() -> Error {
-    Error::conflict(
-        "agent_away",
-        "the remote agent's connection was lost; this request can be answered once the agent \
-         is back and asks again (it stays pending until then, or expires if the agent forgot it)",
-    )
-}
+const ASK_AGAIN_WITHIN: Duration = Duration::from_secs(10);
 
 impl Task {
     pub(super) async fn on_permission_request(&mut self, request: IncomingRequest) -> Result<()> {
