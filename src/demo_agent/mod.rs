@@ -81,6 +81,11 @@
 //!   anything else, like agents that log to stdout by mistake.
 //! * `--scenario WORD`: play scenario WORD (`echo` names the default one) for every prompt;
 //!   the whole prompt text becomes its arguments.
+//! * `--resumable`: offer `session/resume` (`sessionCapabilities.resume`): a session this
+//!   process knows is answered with its modes and options, then every request of the
+//!   session still waiting for its answer (a permission request) is sent again, on its own
+//!   id, for a client that lost the connection it first went out on (an answer to either
+//!   counts); an unknown session gets -32602. Without the flag, `session/resume` is -32601.
 //! * `--help`: print the usage.
 //!
 //! Each of `--fail-on`, `--hang-on` and `--exit-on` may be given several times, and also

@@ -41,6 +41,7 @@ mod permissions;
 mod policies;
 mod quick_start;
 mod remote_agents;
+mod remote_reconnect;
 mod restart;
 mod resume;
 mod sandbox;
