@@ -40,6 +40,7 @@ mod permission_lifecycle;
 mod permissions;
 mod policies;
 mod quick_start;
+mod qwen_serve;
 mod remote_agents;
 mod restart;
 mod resume;
