@@ -27,6 +27,7 @@ mod docs;
 mod export;
 mod floods;
 mod hostile_input;
+mod ide_story;
 mod isolation;
 mod journal;
 mod keep_alive;
