@@ -200,14 +200,19 @@ impl QwenServe {
         let home = tempfile::tempdir().unwrap();
         let workspace = tempfile::tempdir().unwrap();
         // OpenAI-compatible auth, from the environment below; the default
-        // approval mode asks before a shell command runs.
+        // approval mode asks before a shell command runs; nothing reaches
+        // beyond loopback (no update check, statistics or telemetry).
         let settings = home.path().join(".qwen");
         std::fs::create_dir_all(&settings).unwrap();
-        std::fs::write(
-            settings.join("settings.json"),
-            json!({"security": {"auth": {"selectedType": "openai"}}, "tools": {"approvalMode": "default"}, "$version": 4}).to_string(),
-        )
-        .unwrap();
+        let settings_json = json!({
+            "$version": 4,
+            "security": {"auth": {"selectedType": "openai"}},
+            "tools": {"approvalMode": "default"},
+            "general": {"enableAutoUpdate": false},
+            "privacy": {"usageStatisticsEnabled": false},
+            "telemetry": {"enabled": false},
+        });
+        std::fs::write(settings.join("settings.json"), settings_json.to_string()).unwrap();
         // A free port, chosen here (qwen takes the number, not a listener).
         let port = {
             let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
