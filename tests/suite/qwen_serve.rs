@@ -178,8 +178,8 @@ fn completion(body: &Value) -> String {
 }
 
 /// `qwen serve` on a port of the test's choosing, in a process group of its
-/// own that is killed (all of it) when this is dropped, a failed test
-/// included.
+/// own; it and everything it started are killed by `kill`, or when this is
+/// dropped (a failed test).
 struct QwenServe {
     child: tokio::process::Child,
     pgid: i32,
@@ -188,6 +188,8 @@ struct QwenServe {
     _home: tempfile::TempDir,
     /// What it printed (stdout and stderr), for a failure's message.
     log: Arc<Mutex<Vec<String>>>,
+    /// Its lines as they come (closed once both its streams end).
+    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
     /// Killed and waited for: nothing left to do when dropped (its pid may
     /// be another process's by then).
     ended: bool,
@@ -197,6 +199,14 @@ impl QwenServe {
     /// Started and listening on `/acp`; `token` makes it require that
     /// bearer token on every route.
     async fn start(bin: &Path, model: &FakeModel, token: Option<&str>) -> QwenServe {
+        let mut serve = QwenServe::spawn(bin, model, token);
+        if let Err(log) = serve.ready().await {
+            panic!("qwen serve is not ready in time; it printed:\n{log}");
+        }
+        serve
+    }
+
+    fn spawn(bin: &Path, model: &FakeModel, token: Option<&str>) -> QwenServe {
         let home = tempfile::tempdir().unwrap();
         let workspace = tempfile::tempdir().unwrap();
         // OpenAI-compatible auth, from the environment below; the default
@@ -213,7 +223,8 @@ impl QwenServe {
             "telemetry": {"enabled": false},
         });
         std::fs::write(settings.join("settings.json"), settings_json.to_string()).unwrap();
-        // A free port, chosen here (qwen takes the number, not a listener).
+        // A free port, chosen here (qwen takes a number, not a listener;
+        // see `ready` for one taken meanwhile).
         let port = {
             let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             probe.local_addr().unwrap().port()
@@ -249,33 +260,51 @@ impl QwenServe {
         let mut child = command.spawn().expect("qwen serve starts");
         let pgid = child.id().unwrap() as i32;
         let log = Arc::new(Mutex::new(Vec::new()));
-        let (ready_tx, mut ready) = tokio::sync::mpsc::unbounded_channel();
-        let stdout = child.stdout.take().unwrap();
-        let stderr = child.stderr.take().unwrap();
-        for lines in [
-            Box::pin(read_lines(stdout, log.clone(), ready_tx.clone()))
-                as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
-            Box::pin(read_lines(stderr, log.clone(), ready_tx)),
-        ] {
-            tokio::spawn(lines);
-        }
-        let serve = QwenServe {
+        let (lines_tx, lines) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(read_lines(
+            child.stdout.take().unwrap(),
+            log.clone(),
+            lines_tx.clone(),
+        ));
+        tokio::spawn(read_lines(
+            child.stderr.take().unwrap(),
+            log.clone(),
+            lines_tx,
+        ));
+        QwenServe {
             child,
             pgid,
             port,
             workspace,
             _home: home,
             log,
+            lines,
             ended: false,
-        };
-        // Ready once it says its WebSocket transport is on.
-        let waited = tokio::time::timeout(Duration::from_secs(60), ready.recv()).await;
-        assert!(
-            matches!(waited, Ok(Some(()))),
-            "qwen serve is ready in time; it printed:\n{}",
-            serve.log_text()
-        );
-        serve
+        }
+    }
+
+    /// Waits until it says its WebSocket transport is on, taking the port
+    /// it says it listens on (the one chosen, or the next free one after
+    /// it: qwen moves on when the port was taken meanwhile); what it
+    /// printed if it ends first or takes too long.
+    async fn ready(&mut self) -> Result<(), String> {
+        const LISTENING: &str = "qwen serve listening on http://127.0.0.1:";
+        // Its stdout and stderr each say one: in either order here.
+        let (mut listening, mut enabled) = (false, false);
+        while !(listening && enabled) {
+            let Ok(Some(line)) =
+                tokio::time::timeout(Duration::from_secs(60), self.lines.recv()).await
+            else {
+                return Err(self.log_text());
+            };
+            if let Some(rest) = line.strip_prefix(LISTENING) {
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                self.port = digits.parse().map_err(|_| self.log_text())?;
+                listening = true;
+            }
+            enabled |= line.contains("/acp WebSocket transport enabled");
+        }
+        Ok(())
     }
 
     fn url(&self) -> String {
@@ -404,18 +433,16 @@ fn tree_and_groups(root: i32) -> Vec<i32> {
     }
 }
 
-/// Collects the lines of one of qwen's streams and says when it is ready.
+/// Collects the lines of one of qwen's streams, and passes each on.
 async fn read_lines(
     stream: impl tokio::io::AsyncRead + Unpin,
     log: Arc<Mutex<Vec<String>>>,
-    ready: tokio::sync::mpsc::UnboundedSender<()>,
+    lines_tx: tokio::sync::mpsc::UnboundedSender<String>,
 ) {
     let mut lines = BufReader::new(stream).lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        if line.contains("/acp WebSocket transport enabled") {
-            let _ = ready.send(());
-        }
-        log.lock().unwrap().push(line);
+        log.lock().unwrap().push(line.clone());
+        let _ = lines_tx.send(line);
     }
 }
 
