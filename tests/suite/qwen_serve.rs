@@ -223,6 +223,8 @@ impl QwenServe {
             "telemetry": {"enabled": false},
         });
         std::fs::write(settings.join("settings.json"), settings_json.to_string()).unwrap();
+        let tmp = home.path().join("tmp");
+        std::fs::create_dir(&tmp).unwrap();
         // A free port, chosen here (qwen takes a number, not a listener;
         // see `ready` for one taken meanwhile).
         let port = {
@@ -243,6 +245,8 @@ impl QwenServe {
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("HOME", home.path())
+            // Its sockets' directory too, which a killed qwen cannot remove.
+            .env("TMPDIR", &tmp)
             .env("OPENAI_API_KEY", "sk-fake")
             .env("OPENAI_BASE_URL", model.base_url())
             .env("OPENAI_MODEL", "fake-model")
