@@ -118,7 +118,7 @@ impl Acp {
     }
 }
 
-fn text_prompt(session: &str, text: &str) -> Value {
+pub(crate) fn text_prompt(session: &str, text: &str) -> Value {
     json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]})
 }
 
@@ -532,20 +532,26 @@ async fn the_path_names_the_agent_and_connections_per_user_are_limited(db: TestD
 /// The ACP client of the official TypeScript SDK
 /// (`tests/sdk-agents/acp-client.mjs`) over its WebSocket transport, driven
 /// by JSON lines; killed when dropped.
-struct SdkClient {
+pub(crate) struct SdkClient {
     child: tokio::process::Child,
     stdin: tokio::process::ChildStdin,
     stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
     next_id: i64,
     /// What it printed that was not the answer waited for.
-    events: VecDeque<Value>,
+    pub(crate) events: VecDeque<Value>,
 }
 
 impl SdkClient {
     fn start(gw: &TestGateway) -> SdkClient {
+        SdkClient::start_at(gw, "/api/v1/acp")
+    }
+
+    /// Connected to the gateway's `path` (`/api/v1/acp` or
+    /// `/api/v1/acp/{agent}`).
+    pub(crate) fn start_at(gw: &TestGateway, path: &str) -> SdkClient {
         use tokio::io::AsyncBufReadExt;
         let script = sdk_agents_dir().join("acp-client.mjs");
-        let url = gw.url("/api/v1/acp").replacen("http://", "ws://", 1);
+        let url = gw.url(path).replacen("http://", "ws://", 1);
         let mut child = tokio::process::Command::new("node")
             .arg("--experimental-websocket")
             .arg(script)
@@ -581,7 +587,7 @@ impl SdkClient {
         serde_json::from_str(&line).unwrap()
     }
 
-    async fn send(&mut self, method: &str, params: Value) -> i64 {
+    pub(crate) async fn send(&mut self, method: &str, params: Value) -> i64 {
         let id = self.next_id;
         self.next_id += 1;
         self.command(json!({"id": id, "call": method, "params": params}))
@@ -589,7 +595,7 @@ impl SdkClient {
         id
     }
 
-    async fn answer(&mut self, id: i64) -> Value {
+    pub(crate) async fn answer(&mut self, id: i64) -> Value {
         loop {
             let line = self.line().await;
             if line["id"] == id {
@@ -599,7 +605,7 @@ impl SdkClient {
         }
     }
 
-    async fn call(&mut self, method: &str, params: Value) -> Value {
+    pub(crate) async fn call(&mut self, method: &str, params: Value) -> Value {
         let id = self.send(method, params).await;
         let answer = self.answer(id).await;
         assert!(answer.get("error").is_none(), "{method}: {answer}");
@@ -608,7 +614,7 @@ impl SdkClient {
 
     /// The first event of `kind` not taken yet; the others stay in
     /// `events`, in order.
-    async fn event(&mut self, kind: &str) -> Value {
+    pub(crate) async fn event(&mut self, kind: &str) -> Value {
         if let Some(at) = self.events.iter().position(|e| e["event"] == kind) {
             return self.events.remove(at).unwrap();
         }
@@ -621,7 +627,7 @@ impl SdkClient {
         }
     }
 
-    async fn close(mut self) {
+    pub(crate) async fn close(mut self) {
         self.command(json!({"close": true})).await;
         let status = tokio::time::timeout(WAIT, self.child.wait()).await;
         assert!(status.expect("the SDK client exits").unwrap().success());
