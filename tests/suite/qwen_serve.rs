@@ -184,8 +184,9 @@ struct QwenServe {
     child: tokio::process::Child,
     pgid: i32,
     port: u16,
-    workspace: tempfile::TempDir,
-    _home: tempfile::TempDir,
+    workspace: Arc<tempfile::TempDir>,
+    home: Arc<tempfile::TempDir>,
+    token: Option<String>,
     /// What it printed (stdout and stderr), for a failure's message.
     log: Arc<Mutex<Vec<String>>>,
     /// Its lines as they come (closed once both its streams end).
@@ -231,6 +232,20 @@ impl QwenServe {
             let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             probe.local_addr().unwrap().port()
         };
+        QwenServe::spawn_in(bin, model, token, Arc::new(home), Arc::new(workspace), port)
+    }
+
+    /// Starts it with `home` (its settings and what it records of its
+    /// sessions) and `workspace`, on `port`.
+    fn spawn_in(
+        bin: &Path,
+        model: &FakeModel,
+        token: Option<&str>,
+        home: Arc<tempfile::TempDir>,
+        workspace: Arc<tempfile::TempDir>,
+        port: u16,
+    ) -> QwenServe {
+        let tmp = home.path().join("tmp");
         let mut command = tokio::process::Command::new(bin);
         command
             .args([
@@ -280,7 +295,8 @@ impl QwenServe {
             pgid,
             port,
             workspace,
-            _home: home,
+            home,
+            token: token.map(str::to_owned),
             log,
             lines,
             ended: false,
@@ -342,6 +358,20 @@ impl QwenServe {
             }
         }
         panic!("qwen's processes keep multiplying: {frozen:?}");
+    }
+
+    /// Kills it (as [`QwenServe::kill`]) and starts it again on the same
+    /// port, home and workspace: what it recorded of its sessions is there.
+    async fn restart(self, bin: &Path, model: &FakeModel) -> QwenServe {
+        let (home, workspace) = (self.home.clone(), self.workspace.clone());
+        let (port, token) = (self.port, self.token.clone());
+        self.kill().await;
+        let mut serve = QwenServe::spawn_in(bin, model, token.as_deref(), home, workspace, port);
+        if let Err(log) = serve.ready().await {
+            panic!("qwen serve is not ready in time again; it printed:\n{log}");
+        }
+        assert_eq!(serve.port, port, "qwen serve is back on its port");
+        serve
     }
 
     /// Kills it and everything it started, and waits until each has ended.
@@ -620,7 +650,86 @@ async fn the_agents_list_says_qwen_is_available_or_refuses_the_token(db: TestDb)
     model.stop().await;
 }
 
+/// qwen serve killed mid-turn, while its permission request waits, and
+/// started again on its port: the gateway connects again by itself and
+/// has qwen load the conversation's session (what qwen recorded of it);
+/// the request, which the new qwen does not ask again, expires saying
+/// why; and the next turn's model request carries the earlier turns.
+async fn qwen_serve_restarted_mid_turn_is_connected_again_and_loads_the_session(db: TestDb) {
+    let Some(bin) = qwen_bin() else { return };
+    let model = FakeModel::start().await;
+    let qwen = QwenServe::start(&bin, &model, None).await;
+    let config = Config::for_tests(
+        &db,
+        vec![qwen_profile(
+            "qwen",
+            &qwen.url(),
+            qwen.workspace.path(),
+            None,
+        )],
+    );
+    let gw = TestGateway::start_with(config).await;
+    let (id, mut ws) = gw.open_conversation("qwen").await;
+    gw.prompt(&id, "Say hello").await;
+    ws.until_type("turn_ended").await;
+    gw.prompt(&id, "Please run SHELL<<echo never > never.txt>>")
+        .await;
+    let asked = ws.until_type("permission_requested").await;
+    let request = asked.last().unwrap()["data"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let qwen = qwen.restart(&bin, &model).await;
+    let frames = ws
+        .until_within(Duration::from_secs(60), |e| {
+            e["type"] == "agent_status" && e["data"]["status"] == "ready"
+        })
+        .await;
+    let ended = frames.iter().find(|e| e["type"] == "turn_ended").unwrap();
+    assert_eq!(ended["data"]["stop_reason"], "error", "{frames:#?}");
+    assert_eq!(
+        frames.last().unwrap()["data"]["context"],
+        "loaded",
+        "{frames:#?}\n{}",
+        qwen.log_text()
+    );
+    // The new qwen does not wait for the answer: the request expires.
+    let frames = ws
+        .until_type_within("permission_resolved", Duration::from_secs(40))
+        .await;
+    let resolved = frames.last().unwrap();
+    assert_eq!(resolved["data"]["id"], request.as_str());
+    assert_eq!(resolved["data"]["status"], "expired", "{resolved}");
+    assert!(!qwen.workspace.path().join("never.txt").exists());
+
+    // The session goes on with what it said before.
+    let asked_before = model.requests.lock().unwrap().len();
+    gw.prompt(&id, "Say hello again").await;
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(
+        frames.last().unwrap()["data"]["stop_reason"],
+        "end_turn",
+        "{frames:#?}\n{}",
+        qwen.log_text()
+    );
+    let requests = model.requests.lock().unwrap().clone();
+    let this_turn = &requests[asked_before..];
+    assert!(
+        this_turn.iter().any(|r| {
+            let said = r["messages"].to_string();
+            said.contains("Say hello again") && said.contains("Say hello\"")
+        }),
+        "the model hears the earlier turn: {this_turn:#?}"
+    );
+
+    gw.stop().await;
+    qwen.kill().await;
+    model.stop().await;
+}
+
 backend_tests!(
+    qwen_serve_restarted_mid_turn_is_connected_again_and_loads_the_session,
     qwen_serve_streams_and_asks_permission_answered_over_rest,
     the_agents_list_says_qwen_is_available_or_refuses_the_token,
 );
