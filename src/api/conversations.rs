@@ -156,7 +156,10 @@ pub(super) async fn start_conversation(
         state: Default::default(),
         node_id: None,
     };
-    state.sessions().start(profile, conversation, client_mcp).await
+    state
+        .sessions()
+        .start(profile, conversation, client_mcp)
+        .await
 }
 
 #[derive(Deserialize, IntoParams)]

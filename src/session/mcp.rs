@@ -12,7 +12,6 @@ use std::sync::Mutex;
 use agent_client_protocol_schema::v1::McpServer;
 use uuid::Uuid;
 
-use super::Sessions;
 use crate::config::AgentProfile;
 
 /// Each conversation's client MCP servers.
@@ -62,23 +61,5 @@ impl ClientMcp {
 
     pub(super) fn forget(&self, id: Uuid) {
         self.0.lock().unwrap().remove(&id);
-    }
-}
-
-impl Sessions {
-    /// Gives the conversation `id`'s agent the client's MCP `servers` (its
-    /// profile must let them through; the caller checks): kept for each
-    /// start of its agent. A running agent that was started without them
-    /// is stopped if it is idle, so that the next prompt starts it with
-    /// them; whether the agent has them or gets them at its next start
-    /// (false: it is busy with a turn, and keeps its own until it stops).
-    pub async fn give_client_mcp_servers(&self, id: Uuid, servers: Vec<McpServer>) -> bool {
-        if self.inner.client_mcp.give(id, servers) {
-            return true;
-        }
-        match self.live(id) {
-            None => true,
-            Some(session) => session.release().await,
-        }
     }
 }

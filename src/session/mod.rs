@@ -158,6 +158,26 @@ impl Sessions {
         live.get(&id).filter(|h| !h.is_closed()).cloned()
     }
 
+    /// Gives the conversation `id`'s agent the client's MCP `servers` (its
+    /// profile must let them through; the caller checks): kept for each
+    /// start of its agent. A running agent that was started without them
+    /// is stopped if it is idle, so that the next prompt starts it with
+    /// them; whether the agent has them or gets them at its next start
+    /// (false: it is busy with a turn, and keeps its own until it stops).
+    pub async fn give_client_mcp_servers(
+        &self,
+        id: Uuid,
+        servers: Vec<agent_client_protocol_schema::v1::McpServer>,
+    ) -> bool {
+        if self.inner.client_mcp.give(id, servers) {
+            return true;
+        }
+        match self.live(id) {
+            None => true,
+            Some(session) => session.release().await,
+        }
+    }
+
     /// Starts a new `conversation`'s agent with `profile` and its session
     /// task (see [`task::start`]); the conversation as stored once it is
     /// ready. `client_mcp`: MCP servers an ACP client gives it (see

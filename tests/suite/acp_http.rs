@@ -448,7 +448,13 @@ async fn a_dropped_stream_opened_again_with_last_event_id_misses_nothing_and_rep
 
     // A turn of 30 chunks 50 ms apart; the stream drops after a few.
     let prompt = json!({"sessionId": session, "prompt": [{"type": "text", "text": "slow 30"}]});
-    post(&gw, "/api/v1/acp", Some(&conn), request(2, "session/prompt", prompt)).await;
+    post(
+        &gw,
+        "/api/v1/acp",
+        Some(&conn),
+        request(2, "session/prompt", prompt),
+    )
+    .await;
     let mut seen: Vec<(u64, Value)> = Vec::new();
     while seen.len() < 5 {
         let message = events.message().await;
@@ -504,12 +510,20 @@ async fn a_dropped_stream_opened_again_with_last_event_id_misses_nothing_and_rep
     .unwrap();
     assert_eq!(never.status(), 400);
 
-    // Over a thousand events while no stream is open: those after an old
-    // id are gone, and the answer says which.
-    let prompt = json!({"sessionId": session, "prompt": [{"type": "text", "text": "long 1100"}]});
-    post(&gw, "/api/v1/acp", Some(&conn), request(3, "session/prompt", prompt)).await;
+    // Over a thousand events after it: those after an old id are gone,
+    // and the answer says which.
+    for id in 100..1101 {
+        let listed = post(
+            &gw,
+            "/api/v1/acp",
+            Some(&conn),
+            request(id, "session/list", json!({})),
+        );
+        assert_eq!(listed.await.status(), 202);
+    }
     let mut events = Events::of(resume_request(&gw, &conn, &last.to_string()).await);
-    events.until_response(3).await;
+    let lists = events.until_response(1100).await;
+    assert_eq!(lists.len(), 1001);
     let newest = events.last_id.unwrap();
     drop(events);
     assert!(newest - last > 1000, "{last} then {newest}");
@@ -523,7 +537,10 @@ async fn a_dropped_stream_opened_again_with_last_event_id_misses_nothing_and_rep
     assert_eq!(gone["status"], 409, "{gone}");
     assert_eq!(gone["code"], "acp_events_gone", "{gone}");
     let detail = gone["detail"].as_str().unwrap();
-    assert!(detail.contains(&format!("events {} to", last + 1)), "{detail}");
+    assert!(
+        detail.contains(&format!("events {} to", last + 1)),
+        "{detail}"
+    );
     // The newest are still there: an exact reconnect still works.
     let resumed = eventually(WAIT, async || {
         let response = resume_request(&gw, &conn, &(newest - 1).to_string()).await;
@@ -533,7 +550,7 @@ async fn a_dropped_stream_opened_again_with_last_event_id_misses_nothing_and_rep
     .unwrap();
     let mut events = Events::of(resumed);
     let again = events.message().await;
-    assert_eq!((events.last_id, &again["id"]), (Some(newest), &json!(3)));
+    assert_eq!((events.last_id, &again["id"]), (Some(newest), &json!(1100)));
 }
 
 backend_tests!(

@@ -16,9 +16,7 @@ use serde_json::{json, Value};
 
 async fn initialize(gw: &TestGateway, path: &str) -> (Acp, Value) {
     let mut acp = Acp::connect(gw, path).await;
-    let init = acp
-        .call("initialize", json!({"protocolVersion": 1}))
-        .await;
+    let init = acp.call("initialize", json!({"protocolVersion": 1})).await;
     (acp, init["result"].clone())
 }
 
@@ -38,7 +36,10 @@ async fn initialize_answers_the_profiles_prompt_capabilities_and_refuses_a_block
     let capabilities = &init["agentCapabilities"]["promptCapabilities"];
     assert_eq!(*capabilities, all, "{init}");
     assert_eq!(init["_meta"]["acpGateway"]["agent"], "demo");
-    assert_eq!(init["_meta"]["acpGateway"]["promptCapabilitiesFrom"], "gateway");
+    assert_eq!(
+        init["_meta"]["acpGateway"]["promptCapabilitiesFrom"],
+        "gateway"
+    );
     let running = gw.get("/api/v1/conversations").await.1["items"].clone();
     assert_eq!(running, json!([]), "initialize started nothing");
 
@@ -86,15 +87,27 @@ async fn initialize_answers_the_profiles_prompt_capabilities_and_refuses_a_block
 
     // Learned now: the next initialize answers what the agent said.
     let (_, init) = initialize(&gw, "/api/v1/acp/demo").await;
-    assert_eq!(init["agentCapabilities"]["promptCapabilities"], none, "{init}");
-    assert_eq!(init["_meta"]["acpGateway"]["promptCapabilitiesFrom"], "agent");
+    assert_eq!(
+        init["agentCapabilities"]["promptCapabilities"], none,
+        "{init}"
+    );
+    assert_eq!(
+        init["_meta"]["acpGateway"]["promptCapabilitiesFrom"],
+        "agent"
+    );
     // Without a profile in the path: the default (first) profile's, named.
     let (_, init) = initialize(&gw, "/api/v1/acp").await;
-    assert_eq!(init["agentCapabilities"]["promptCapabilities"], none, "{init}");
+    assert_eq!(
+        init["agentCapabilities"]["promptCapabilities"], none,
+        "{init}"
+    );
     assert_eq!(init["_meta"]["acpGateway"]["agent"], "demo");
     // A profile none of whose agents has started: the gateway's again.
     let (_, init) = initialize(&gw, "/api/v1/acp/other").await;
-    assert_eq!(init["agentCapabilities"]["promptCapabilities"], all, "{init}");
+    assert_eq!(
+        init["agentCapabilities"]["promptCapabilities"], all,
+        "{init}"
+    );
     assert_eq!(init["_meta"]["acpGateway"]["agent"], "other");
 }
 
@@ -113,7 +126,11 @@ async fn session_list_keeps_only_the_exact_cwd_and_pages_as_before(db: TestDb) {
     // 59 in a (two pages of 50), 4 in b (one), none in a's parent.
     let (in_a, pages) = listed(&mut acp, a).await;
     assert_eq!((in_a.len(), pages), (59, 2));
-    assert_eq!(in_a.iter().collect::<HashSet<_>>().len(), 59, "no duplicate");
+    assert_eq!(
+        in_a.iter().collect::<HashSet<_>>().len(),
+        59,
+        "no duplicate"
+    );
     let (in_b, pages) = listed(&mut acp, b).await;
     assert_eq!((in_b.len(), pages), (4, 1));
     let (in_parent, _) = listed(&mut acp, "/srv/work").await;
@@ -159,7 +176,9 @@ fn mcp_server(name: &str) -> Value {
 }
 
 async fn mcp_names(acp: &mut Acp, session: &str) -> String {
-    let ended = acp.call("session/prompt", text_prompt(session, "mcp")).await;
+    let ended = acp
+        .call("session/prompt", text_prompt(session, "mcp"))
+        .await;
     assert_eq!(ended["result"]["stopReason"], "end_turn", "{ended}");
     let frames: Vec<Value> = acp.other.drain(..).collect();
     agent_text(&frames)
@@ -182,14 +201,18 @@ async fn a_clients_mcp_servers_reach_the_agent_only_where_the_profile_lets_them(
         .await;
     let said = &created["result"]["_meta"]["acpGateway"]["mcpServers"];
     assert_eq!(said["passed"], false, "{created}");
-    assert!(said["detail"].as_str().unwrap().contains("client_mcp_servers"));
+    assert!(said["detail"]
+        .as_str()
+        .unwrap()
+        .contains("client_mcp_servers"));
     let session = created["result"]["sessionId"].as_str().unwrap().to_owned();
     assert_eq!(mcp_names(&mut acp, &session).await, "mcp servers: none");
     // None given: nothing said.
     let created = acp
         .call("session/new", json!({"cwd": cwd, "mcpServers": []}))
         .await;
-    assert!(created["result"]["_meta"].is_null(), "{created}");
+    let said = &created["result"]["_meta"]["acpGateway"]["mcpServers"];
+    assert!(said.is_null(), "{created}");
 
     // On: given to the agent beside the profile's, as given.
     let (mut acp, _) = initialize(&gw, "/api/v1/acp/open").await;
@@ -237,7 +260,10 @@ async fn a_clients_mcp_servers_reach_the_agent_only_where_the_profile_lets_them(
             json!({"sessionId": id, "cwd": cwd, "mcpServers": [mcp_server("ide-two")]}),
         )
         .await;
-    assert_eq!(loaded["result"]["_meta"]["acpGateway"]["mcpServers"]["passed"], true);
+    assert_eq!(
+        loaded["result"]["_meta"]["acpGateway"]["mcpServers"]["passed"],
+        true
+    );
     let frames: Vec<Value> = acp.other.drain(..).collect();
     assert!(!frames.is_empty(), "the history was replayed");
 

@@ -295,9 +295,15 @@ impl Conn {
                 .ok_or_else(|| Error::NotFound("no agent profile is configured".into()))?,
         };
         let (servers, said) = self.client_mcp_servers(&agent, p.mcp_servers)?;
-        let conversation =
-            start_conversation(&self.state, &self.caller, &agent, None, Some(&p.cwd), servers)
-                .await?;
+        let conversation = start_conversation(
+            &self.state,
+            &self.caller,
+            &agent,
+            None,
+            Some(&p.cwd),
+            servers,
+        )
+        .await?;
         let mut result = settings(&conversation);
         result["sessionId"] = json!(conversation.id);
         if let Some(said) = said {
@@ -392,7 +398,9 @@ impl Conn {
         let (servers, mut said) = self.client_mcp_servers(&conversation.agent, p.mcp_servers)?;
         if self.lets_mcp_through(&conversation.agent) {
             let sessions = self.state.sessions();
-            let given = sessions.give_client_mcp_servers(conversation.id, servers).await;
+            let given = sessions
+                .give_client_mcp_servers(conversation.id, servers)
+                .await;
             if !given {
                 said = Some(json!({
                     "passed": false,
