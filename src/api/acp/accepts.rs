@@ -64,11 +64,11 @@ mod tests {
         assert_eq!(problem.status, 422);
         assert!(problem.detail.contains("prompt[1]"), "{}", problem.detail);
         assert!(problem.detail.contains("promptCapabilities.image"));
-        let err = check(&[resource.clone()], Some(&none), "demo").unwrap_err();
+        let err = check(std::slice::from_ref(&resource), Some(&none), "demo").unwrap_err();
         assert!(err.problem().detail.contains("embeddedContext"));
         let images = json!({"image": true});
-        check(&[image.clone()], Some(&images), "demo").unwrap();
-        assert!(check(&[resource.clone()], Some(&images), "demo").is_err());
+        check(std::slice::from_ref(&image), Some(&images), "demo").unwrap();
+        assert!(check(std::slice::from_ref(&resource), Some(&images), "demo").is_err());
         // Not known yet: the gateway takes it, as its REST prompts do.
         check(&[image, resource], None, "demo").unwrap();
         check(&[text], Some(&gateway_accepts()), "demo").unwrap();
