@@ -111,6 +111,39 @@ async fn initialize_answers_the_profiles_prompt_capabilities_and_refuses_a_block
     assert_eq!(init["_meta"]["acpGateway"]["agent"], "other");
 }
 
+async fn an_agent_that_takes_images_is_sent_them_and_initialize_says_so(db: TestDb) {
+    let mut seeing = node_sdk_profile("seeing");
+    seeing
+        .env
+        .insert("ACP_TEST_AGENT_IMAGES".into(), "1".into());
+    let gw = TestGateway::start(&db, vec![seeing]).await;
+    let (mut acp, _) = initialize(&gw, "/api/v1/acp/seeing").await;
+    let session = acp.new_session().await;
+    let image = json!({"type": "image", "mimeType": "image/png", "data": "iVBORw0KGgo="});
+    let resource = json!({"type": "resource", "resource": {"uri": "file:///a.txt", "text": "a"}});
+    let ended = acp
+        .call(
+            "session/prompt",
+            json!({"sessionId": session, "prompt": [{"type": "text", "text": "see"}, image, resource]}),
+        )
+        .await;
+    assert_eq!(ended["result"]["stopReason"], "end_turn", "{ended}");
+    let (_, init) = initialize(&gw, "/api/v1/acp/seeing").await;
+    assert_eq!(
+        init["agentCapabilities"]["promptCapabilities"],
+        json!({"image": true, "audio": false, "embeddedContext": true}),
+        "{init}"
+    );
+    let audio = json!({"type": "audio", "mimeType": "audio/wav", "data": "UklGRg=="});
+    let refused = acp
+        .call(
+            "session/prompt",
+            json!({"sessionId": session, "prompt": [audio]}),
+        )
+        .await;
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+}
+
 async fn session_list_keeps_only_the_exact_cwd_and_pages_as_before(db: TestDb) {
     let (a, b) = ("/srv/work/app", "/srv/work/app2");
     {
@@ -286,6 +319,7 @@ async fn a_clients_mcp_servers_reach_the_agent_only_where_the_profile_lets_them(
 }
 
 backend_tests!(
+    an_agent_that_takes_images_is_sent_them_and_initialize_says_so,
     initialize_answers_the_profiles_prompt_capabilities_and_refuses_a_block_its_agent_does_not_take,
     session_list_keeps_only_the_exact_cwd_and_pages_as_before,
     a_clients_mcp_servers_reach_the_agent_only_where_the_profile_lets_them,
