@@ -98,6 +98,8 @@ enum ContentBlock {
 /// A session created by `session/new`.
 struct Session {
     cwd: PathBuf,
+    /// The names of the MCP servers it was given.
+    mcp_servers: Vec<String>,
     /// Set while a turn runs; sending `true` asks the turn to stop.
     cancel: Option<watch::Sender<bool>>,
     mode: &'static str,
@@ -343,7 +345,10 @@ impl Agent {
             params.cwd.display(),
             params.mcp_servers.len()
         );
+        let names = params.mcp_servers.iter();
+        let names = names.filter_map(|s| Some(s.get("name")?.as_str()?.to_owned()));
         let session = Session {
+            mcp_servers: names.collect(),
             cwd: params.cwd,
             cancel: None,
             mode: MODES[0].0,
@@ -461,6 +466,7 @@ impl Agent {
             chunk_delay: self.options.chunk_delay,
             session_id: params.session_id,
             cwd: session.cwd.clone(),
+            mcp_servers: session.mcp_servers.clone(),
             text: text.clone(),
             cancelled,
             stdin_closed: self.stdin_closed.subscribe(),

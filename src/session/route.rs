@@ -42,7 +42,8 @@ impl Sessions {
             if conversation.status == ConversationStatus::Closed {
                 return Err(not_live(&conversation));
             }
-            let profile = self.inner.profiles.get(&conversation.agent).cloned();
+            let profile = self.inner.profiles.get(&conversation.agent);
+            let profile = profile.map(|p| self.inner.client_mcp.profile(id, p));
             let profile = profile.ok_or_else(|| {
                 Error::conflict(
                     "agent_unavailable",
@@ -315,6 +316,7 @@ impl Sessions {
     /// its turn and requests), here or on the node that runs it; one without
     /// an agent is just marked closed.
     pub async fn close(&self, conversation: &Conversation) -> Result<()> {
+        self.inner.client_mcp.forget(conversation.id);
         if let Some(session) = self.live(conversation.id) {
             session.close().await;
             return Ok(());

@@ -16,15 +16,15 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 
 /// An ACP client: requests with ids of its own, and what the gateway sent
 /// besides the responses (notifications and requests), in order.
-struct Acp {
-    ws: Ws,
+pub(crate) struct Acp {
+    pub(crate) ws: Ws,
     next_id: i64,
     /// Frames that were not the response waited for.
-    other: VecDeque<Value>,
+    pub(crate) other: VecDeque<Value>,
 }
 
 impl Acp {
-    async fn connect(gw: &TestGateway, path: &str) -> Acp {
+    pub(crate) async fn connect(gw: &TestGateway, path: &str) -> Acp {
         let ws = gw.ws(path).await;
         Acp {
             ws,
@@ -34,7 +34,7 @@ impl Acp {
     }
 
     /// Connected and initialized.
-    async fn open(gw: &TestGateway) -> Acp {
+    pub(crate) async fn open(gw: &TestGateway) -> Acp {
         let mut acp = Acp::connect(gw, "/api/v1/acp").await;
         let init = acp
             .call(
@@ -46,7 +46,7 @@ impl Acp {
         acp
     }
 
-    async fn send_text(&mut self, text: String) {
+    pub(crate) async fn send_text(&mut self, text: String) {
         self.ws
             .stream
             .send(WsMessage::Text(text.into()))
@@ -54,7 +54,7 @@ impl Acp {
             .unwrap();
     }
 
-    async fn request(&mut self, method: &str, params: Value) -> i64 {
+    pub(crate) async fn request(&mut self, method: &str, params: Value) -> i64 {
         let id = self.next_id;
         self.next_id += 1;
         let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
@@ -62,19 +62,19 @@ impl Acp {
         id
     }
 
-    async fn notify(&mut self, method: &str, params: Value) {
+    pub(crate) async fn notify(&mut self, method: &str, params: Value) {
         let message = json!({"jsonrpc": "2.0", "method": method, "params": params});
         self.send_text(message.to_string()).await;
     }
 
     /// Sends a request and waits for its response (whole: `result` or
     /// `error`); what came before it is kept in `other`.
-    async fn call(&mut self, method: &str, params: Value) -> Value {
+    pub(crate) async fn call(&mut self, method: &str, params: Value) -> Value {
         let id = self.request(method, params).await;
         self.response(id).await
     }
 
-    async fn response(&mut self, id: i64) -> Value {
+    pub(crate) async fn response(&mut self, id: i64) -> Value {
         loop {
             let frame = self.ws.next().await;
             if frame.get("method").is_none() && frame["id"] == id {
@@ -86,7 +86,7 @@ impl Acp {
 
     /// The next frame that is not a response to one of this client's
     /// requests.
-    async fn next_other(&mut self) -> Value {
+    pub(crate) async fn next_other(&mut self) -> Value {
         if let Some(frame) = self.other.pop_front() {
             return frame;
         }
@@ -94,7 +94,7 @@ impl Acp {
     }
 
     /// Frames until one with this method (that one last).
-    async fn until_method(&mut self, method: &str) -> Vec<Value> {
+    pub(crate) async fn until_method(&mut self, method: &str) -> Vec<Value> {
         let mut seen = Vec::new();
         loop {
             let frame = self.next_other().await;
@@ -106,7 +106,7 @@ impl Acp {
         }
     }
 
-    async fn new_session(&mut self) -> String {
+    pub(crate) async fn new_session(&mut self) -> String {
         let cwd = std::env::temp_dir();
         let created = self
             .call("session/new", json!({"cwd": cwd, "mcpServers": []}))
@@ -139,7 +139,7 @@ fn updates(frames: &[Value]) -> Vec<(String, i64)> {
         .collect()
 }
 
-fn agent_text(frames: &[Value]) -> String {
+pub(crate) fn agent_text(frames: &[Value]) -> String {
     frames
         .iter()
         .filter(|f| f["params"]["update"]["sessionUpdate"] == "agent_message_chunk")

@@ -11,6 +11,7 @@ mod common;
 
 mod acp_http;
 mod acp_server;
+mod acp_sessions;
 mod agents;
 mod api_errors;
 mod architecture;
