@@ -131,6 +131,11 @@ impl Gateway {
             .reattach(shims)
             .await
             .context("Failed to reattach to the agents a previous run left running")?;
+        // Remote agents whose requests wait are connected again.
+        sessions
+            .reconnect_remote_agents()
+            .await
+            .context("Failed to look for remote agents' pending requests")?;
         let state = AppState::new(config, auth, sessions, outbox.clone());
         // What the rules find due goes to the outbox (a test may record it
         // instead).

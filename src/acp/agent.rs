@@ -456,6 +456,18 @@ impl AgentProcess {
         matches!(self.kind, Kind::Shim(_))
     }
 
+    /// Whether it is a remote agent whose connection was lost (not closed
+    /// in order): the agent may still hold its session, and its requests.
+    pub fn connection_lost(&self) -> bool {
+        matches!(
+            &self.kind,
+            Kind::Remote(RemoteAgent {
+                ended: Some((_, Ended::Lost(_))),
+                ..
+            })
+        )
+    }
+
     /// How the agent ended (`status`, as [`AgentProcess::wait`] returned
     /// it), for people: with its last stderr lines; for a remote agent, how
     /// its connection ended.

@@ -17,6 +17,7 @@
 
 mod http;
 mod conn;
+mod accepts;
 mod attach;
 mod wire;
 
@@ -128,6 +129,12 @@ struct StreamHeaders {
     /// a WebSocket; then `Accept` must allow `text/event-stream` (406).
     #[param(rename = "Acp-Connection-Id", nullable = false)]
     connection: Option<String>,
+    /// The `id` of the last event a dropped stream of the connection
+    /// delivered: the events after it are sent first, each once, in order
+    /// (400 `malformed_json` when not a number or never sent; 409
+    /// `acp_events_gone` when some are no longer kept).
+    #[param(rename = "Last-Event-ID", nullable = false)]
+    last_event_id: Option<u64>,
 }
 
 /// Upgrades to an ACP connection: the gateway is the agent, the caller's
@@ -142,11 +149,11 @@ struct StreamHeaders {
     params(TokenQuery, HandshakeHeaders, StreamHeaders),
     responses(
         (status = 101, description = "Switching to WebSocket; then ACP (JSON-RPC 2.0), one message per text frame"),
-        (status = 200, description = "The connection's event stream: every message the gateway sends it, one per `data:` event", content_type = "text/event-stream", body = String),
+        (status = 200, description = "The connection's event stream: every message the gateway sends it, one per `data:` event with an `id` (1, 2, … on the connection)", content_type = "text/event-stream", body = String),
         WebSocketRefused,
         (status = 404, description = "No such Streamable HTTP connection of the caller's (unknown or ended)"),
         (status = 406, description = "A stream whose `Accept` does not allow `text/event-stream` (`not_acceptable`)"),
-        (status = 409, description = "The connection's event stream is already open (`acp_stream_open`)"),
+        (status = 409, description = "The connection's event stream is already open (`acp_stream_open`), or events after `Last-Event-ID` are no longer kept (`acp_events_gone`)"),
         (status = 422, description = "Invalid query"),
     )
 )]
@@ -220,11 +227,11 @@ async fn acp_delete(
     params(AgentPath, TokenQuery, HandshakeHeaders, StreamHeaders),
     responses(
         (status = 101, description = "Switching to WebSocket; then ACP (JSON-RPC 2.0), one message per text frame"),
-        (status = 200, description = "The connection's event stream: every message the gateway sends it, one per `data:` event", content_type = "text/event-stream", body = String),
+        (status = 200, description = "The connection's event stream: every message the gateway sends it, one per `data:` event with an `id` (1, 2, … on the connection)", content_type = "text/event-stream", body = String),
         WebSocketRefused,
         (status = 404, description = "No such agent profile, or no such Streamable HTTP connection of the caller's"),
         (status = 406, description = "A stream whose `Accept` does not allow `text/event-stream` (`not_acceptable`)"),
-        (status = 409, description = "The connection's event stream is already open (`acp_stream_open`)"),
+        (status = 409, description = "The connection's event stream is already open (`acp_stream_open`), or events after `Last-Event-ID` are no longer kept (`acp_events_gone`)"),
         (status = 422, description = "Invalid query"),
     )
 )]

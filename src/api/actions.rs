@@ -222,7 +222,7 @@ fn escape(text: &str) -> String {
     responses(
         (status = 200, description = "Answered", body = PermissionRequest),
         (status = 404, description = "No such action (not one the gateway sent, or expired and swept)"),
-        (status = 409, description = "`already_resolved` (member `request`): someone answered first; or `agent_gone`"),
+        (status = 409, description = "`already_resolved` (member `request`): someone answered first; `agent_gone`; or `agent_away` (a remote agent whose connection was lost has not asked again yet: try later)"),
         (status = 410, description = "Used, expired, its request gone, or its user removed"),
         TooManyFailedLookups,
     )

@@ -114,6 +114,7 @@ async fn create(
         &body.agent,
         body.title,
         body.cwd.as_deref(),
+        Vec::new(),
     )
     .await?;
     Ok((StatusCode::CREATED, Json(conversation)))
@@ -127,6 +128,7 @@ pub(super) async fn start_conversation(
     agent: &str,
     title: Option<String>,
     cwd: Option<&str>,
+    client_mcp: Vec<agent_client_protocol_schema::v1::McpServer>,
 ) -> Result<Conversation> {
     limits::agent_name("agent", agent)?;
     if let Some(title) = &title {
@@ -154,7 +156,10 @@ pub(super) async fn start_conversation(
         state: Default::default(),
         node_id: None,
     };
-    state.sessions().start(profile, conversation).await
+    state
+        .sessions()
+        .start(profile, conversation, client_mcp)
+        .await
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -185,7 +190,7 @@ async fn list(
     let owner = caller.owner_filter();
     let items = state
         .store()
-        .list_conversations(limit + 1, before, owner.as_deref())
+        .list_conversations(limit + 1, before, owner.as_deref(), None)
         .await?;
     Ok(Json(cut(items, limit, |c| c.id.to_string())))
 }

@@ -169,7 +169,7 @@ pub struct Problem {
     /// Stable, snake_case: `malformed_json`, `unsupported_media_type`,
     /// `payload_too_large`, `invalid_request`, `not_found`, `unauthorized`,
     /// `forbidden`, `rate_limited`, `turn_in_progress`, `conversation_closed`,
-    /// `agent_unavailable`, `already_resolved`, `agent_gone`, `duplicate_name`,
+    /// `agent_unavailable`, `already_resolved`, `agent_gone`, `agent_away`, `duplicate_name`,
     /// `agent_failed`, `agent_timeout`, `at_capacity`, `database_unavailable`,
     /// `unavailable`, `gone`, `internal_error`, `not_offered`,
     /// `not_a_websocket_handshake`, `not_configured`, `unresolvable_host`,

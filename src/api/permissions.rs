@@ -160,7 +160,7 @@ impl RespondBody {
     responses(
         (status = 200, description = "Answered", body = PermissionRequest),
         (status = 404, description = "No such request"),
-        (status = 409, description = "`already_resolved` otherwise (member `request`) or `agent_gone`"),
+        (status = 409, description = "`already_resolved` otherwise (member `request`), `agent_gone`, or `agent_away` (a remote agent whose connection was lost has not asked again yet: try later)"),
         (status = 422, description = "Not exactly one of option_id and outcome, or not of their type"),
         (status = 503, description = "The database is unreachable; try again"),
     )

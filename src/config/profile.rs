@@ -120,6 +120,12 @@ pub struct AgentProfile {
     /// policies, their output published as `terminal_output`.
     #[serde(default)]
     pub client_terminal: bool,
+    /// Let an ACP client's (an IDE's) `mcpServers` of `session/new`, `load`
+    /// and `resume` through to the agent, beside `mcp_servers`. Off by
+    /// default: a stdio MCP server is a command the agent runs on the
+    /// gateway's machine without asking anyone.
+    #[serde(default)]
+    pub client_mcp_servers: bool,
     /// Each conversation's box (see `crate::sandbox`): `auto` (Landlock
     /// where the kernel offers it), `required` (an agent never starts
     /// unconfined) or `off`.
@@ -241,6 +247,7 @@ impl AgentProfile {
             auth_method: None,
             client_fs: false,
             client_terminal: false,
+            client_mcp_servers: false,
             sandbox: Default::default(),
             read_only_paths: Vec::new(),
             read_write_paths: Vec::new(),

@@ -62,6 +62,7 @@
 //! | `sneak` | asks permission for an `execute` call titled `Tidy up` with no command, and while it waits updates the call with `rm -rf build`; says `answer: <outcome>` | `end_turn` |
 //! | `hasty` | answers the prompt and at once asks permission to read `notes.txt` (the answer to that is ignored) | `end_turn` |
 //! | `stderr` | five lines on stderr, then a message chunk | `end_turn` |
+//! | `mcp` | says `mcp servers: <name>, <name>` (or `mcp servers: none`): the names of the MCP servers `session/new` gave the session | `end_turn` |
 //! | `probe <path>` | really opens `<cwd>/<path>` (default the cwd) for reading, then for appending (nothing is written), and says `read <path>: ok` (or the error) and `write <path>: ok` (or the error) in one message chunk: what its box lets it touch | `end_turn` |
 //!
 //! Tool call ids are `call_1`, `call_2`, … unique within the process. Numeric arguments that
@@ -81,6 +82,11 @@
 //!   anything else, like agents that log to stdout by mistake.
 //! * `--scenario WORD`: play scenario WORD (`echo` names the default one) for every prompt;
 //!   the whole prompt text becomes its arguments.
+//! * `--resumable`: offer `session/resume` (`sessionCapabilities.resume`): a session this
+//!   process knows is answered with its modes and options, then every request of the
+//!   session still waiting for its answer (a permission request) is sent again, on its own
+//!   id, for a client that lost the connection it first went out on (an answer to either
+//!   counts); an unknown session gets -32602. Without the flag, `session/resume` is -32601.
 //! * `--help`: print the usage.
 //!
 //! Each of `--fail-on`, `--hang-on` and `--exit-on` may be given several times, and also

@@ -7,7 +7,7 @@ use super::scenarios::Scenario;
 
 pub(super) const USAGE: &str = "\
 usage: acp-demo-agent [--chunk-delay-ms N] [--fail-on METHOD] [--hang-on METHOD]
-                      [--exit-on METHOD] [--stdout-banner] [--scenario WORD]
+                      [--exit-on METHOD] [--stdout-banner] [--scenario WORD] [--resumable]
 A scripted ACP agent speaking JSON-RPC on stdin/stdout. The first word of each prompt picks
 a scenario: tool, write, execute, codex, gemini, read, edit, parallel, plan, long, slow, crash, garbage,
 unknown, hang, child, refuse, error, withdraw, stderr; any other text is echoed.";
@@ -35,6 +35,8 @@ pub(super) struct Options {
     pub(super) stdout_banner: bool,
     /// Play this scenario for every prompt instead of looking at the first word.
     pub(super) scenario: Option<Scenario>,
+    /// Offer `session/resume`, asking again what still waits for an answer.
+    pub(super) resumable: bool,
 }
 
 impl Options {
@@ -81,6 +83,7 @@ impl Options {
                     options.scenario = Some(scenario);
                 }
                 "--stdout-banner" if inline_value.is_none() => options.stdout_banner = true,
+                "--resumable" if inline_value.is_none() => options.resumable = true,
                 "-h" | "--help" => return Err(ArgsError::Help),
                 _ => {
                     return Err(ArgsError::Invalid(format!(

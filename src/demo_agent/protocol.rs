@@ -98,6 +98,8 @@ enum ContentBlock {
 /// A session created by `session/new`.
 struct Session {
     cwd: PathBuf,
+    /// The names of the MCP servers it was given.
+    mcp_servers: Vec<String>,
     /// Set while a turn runs; sending `true` asks the turn to stop.
     cancel: Option<watch::Sender<bool>>,
     mode: &'static str,
@@ -236,7 +238,7 @@ impl Agent {
             ))
         } else {
             match method.as_str() {
-                "initialize" => Ok(initialize_result()),
+                "initialize" => Ok(initialize_result(self.options.resumable)),
                 "session/new" => self.new_session(params),
                 "session/set_mode" => self.set_mode(params).await,
                 "session/set_config_option" => self.set_config_option(params),
@@ -268,6 +270,19 @@ impl Agent {
                     }
                     Err(err) => Err(err),
                 },
+                "session/resume" if self.options.resumable => {
+                    let reply = self.resume_session(params);
+                    let session_id = reply.as_ref().ok().map(|(id, _)| id.clone());
+                    self.wire
+                        .send(response(id, reply.map(|(_, result)| result)))
+                        .await;
+                    // What still waits for the client's answer is asked
+                    // again on this connection (the last one went).
+                    if let Some(session_id) = session_id {
+                        self.wire.ask_again(&session_id).await;
+                    }
+                    return;
+                }
                 _ => Err(RpcError::new(
                     METHOD_NOT_FOUND,
                     format!("Method not found: {method}"),
@@ -275,6 +290,30 @@ impl Agent {
             }
         };
         self.wire.send(response(id, reply)).await;
+    }
+
+    /// Handles `session/resume` (with `--resumable`): a session this
+    /// process knows answers its modes and options; an unknown one,
+    /// -32602.
+    fn resume_session(&self, params: Value) -> Result<(String, Value), RpcError> {
+        let session_id = params
+            .get("sessionId")
+            .and_then(Value::as_str)
+            .ok_or_else(|| RpcError::new(INVALID_PARAMS, "session/resume: sessionId is missing"))?
+            .to_owned();
+        let sessions = self.sessions.lock().unwrap();
+        let session = sessions.get(&session_id).ok_or_else(|| {
+            RpcError::new(
+                INVALID_PARAMS,
+                format!("session/resume: unknown session {session_id}"),
+            )
+        })?;
+        log!("resuming session {session_id}");
+        let result = json!({
+            "modes": session.modes(),
+            "configOptions": session.config_options(),
+        });
+        Ok((session_id, result))
     }
 
     /// Acts on a notification from the client; unknown ones are ignored, as ACP requires.
@@ -306,7 +345,10 @@ impl Agent {
             params.cwd.display(),
             params.mcp_servers.len()
         );
+        let names = params.mcp_servers.iter();
+        let names = names.filter_map(|s| Some(s.get("name")?.as_str()?.to_owned()));
         let session = Session {
+            mcp_servers: names.collect(),
             cwd: params.cwd,
             cancel: None,
             mode: MODES[0].0,
@@ -424,6 +466,7 @@ impl Agent {
             chunk_delay: self.options.chunk_delay,
             session_id: params.session_id,
             cwd: session.cwd.clone(),
+            mcp_servers: session.mcp_servers.clone(),
             text: text.clone(),
             cancelled,
             stdin_closed: self.stdin_closed.subscribe(),
@@ -457,13 +500,17 @@ impl Agent {
 }
 
 /// The result of `initialize`.
-fn initialize_result() -> Value {
+fn initialize_result(resumable: bool) -> Value {
+    let mut capabilities = json!({
+        "loadSession": false,
+        "promptCapabilities": {"image": false, "audio": false, "embeddedContext": false},
+    });
+    if resumable {
+        capabilities["sessionCapabilities"] = json!({"resume": {}});
+    }
     json!({
         "protocolVersion": PROTOCOL_VERSION,
-        "agentCapabilities": {
-            "loadSession": false,
-            "promptCapabilities": {"image": false, "audio": false, "embeddedContext": false},
-        },
+        "agentCapabilities": capabilities,
         "authMethods": [],
         "agentInfo": {"name": "acp-demo-agent", "version": "0.1.0"},
     })

@@ -76,6 +76,7 @@ pub(super) enum Scenario {
     Hasty,
     Stderr,
     Probe,
+    Mcp,
 }
 
 impl Scenario {
@@ -110,6 +111,7 @@ impl Scenario {
             "hasty" => Self::Hasty,
             "stderr" => Self::Stderr,
             "probe" => Self::Probe,
+            "mcp" => Self::Mcp,
             _ => return None,
         })
     }
@@ -231,6 +233,8 @@ pub(super) struct Turn {
     pub(super) chunk_delay: Duration,
     pub(super) session_id: String,
     pub(super) cwd: PathBuf,
+    /// The names of the MCP servers `session/new` gave the session.
+    pub(super) mcp_servers: Vec<String>,
     /// The prompt's text blocks, joined by newlines.
     pub(super) text: String,
     /// Becomes `true` on `session/cancel`.
@@ -304,6 +308,7 @@ impl Turn {
             Scenario::Hasty => self.hasty().await,
             Scenario::Stderr => self.stderr().await,
             Scenario::Probe => self.probe(args).await,
+            Scenario::Mcp => self.mcp().await,
         }
     }
 
@@ -322,6 +327,17 @@ impl Turn {
         let shown = path.display();
         self.say(&format!("read {shown}: {read}\nwrite {shown}: {write}"))
             .await?;
+        Ok(TurnEnd::Stop(END_TURN))
+    }
+
+    /// Scenario `mcp`: the names of the session's MCP servers.
+    async fn mcp(&self) -> Result<TurnEnd, Cancelled> {
+        let names = if self.mcp_servers.is_empty() {
+            "none".to_owned()
+        } else {
+            self.mcp_servers.join(", ")
+        };
+        self.say(&format!("mcp servers: {names}")).await?;
         Ok(TurnEnd::Stop(END_TURN))
     }
 

@@ -88,6 +88,9 @@ pub(super) struct Wire {
     /// Requests the agent sent and awaits answers for. `None` once stdin has closed, since no
     /// answer can come any more: dropping the senders wakes every waiter.
     pending: Mutex<Option<HashMap<u64, oneshot::Sender<Reply>>>>,
+    /// Each request that awaits its answer, as sent (to ask it again on a
+    /// resumed session's new connection).
+    sent: Mutex<HashMap<u64, Value>>,
 }
 
 impl Wire {
@@ -96,6 +99,7 @@ impl Wire {
             outbox,
             next_request_id: AtomicU64::new(0),
             pending: Mutex::new(Some(HashMap::new())),
+            sent: Mutex::new(HashMap::new()),
         }
     }
 
@@ -106,6 +110,9 @@ impl Wire {
 
     /// Hands an answer to the task waiting for it.
     pub(super) fn route_reply(&self, id: &Value, reply: Reply) {
+        if let Some(id) = id.as_u64() {
+            self.sent.lock().unwrap().remove(&id);
+        }
         let waiter = id.as_u64().and_then(|id| {
             self.pending
                 .lock()
@@ -133,9 +140,27 @@ impl Wire {
         if let Some(pending) = self.pending.lock().unwrap().as_mut() {
             pending.insert(id, waiter);
         }
-        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
-            .await;
+        let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        self.sent.lock().unwrap().insert(id, message.clone());
+        self.send(message).await;
         (id, answer)
+    }
+
+    /// Sends again, on their ids, the requests of `session_id` that still
+    /// await their answers, oldest first.
+    pub(super) async fn ask_again(&self, session_id: &str) {
+        let mut again: Vec<(u64, Value)> = {
+            let sent = self.sent.lock().unwrap();
+            sent.iter()
+                .filter(|(_, m)| m["params"]["sessionId"].as_str() == Some(session_id))
+                .map(|(id, m)| (*id, m.clone()))
+                .collect()
+        };
+        again.sort_by_key(|(id, _)| *id);
+        for (id, message) in again {
+            log!("asking again request {id}");
+            self.send(message).await;
+        }
     }
 
     /// An id for a request of the agent's.
@@ -145,6 +170,7 @@ impl Wire {
 
     /// Stops waiting for the answer to a request.
     pub(super) fn forget(&self, id: u64) {
+        self.sent.lock().unwrap().remove(&id);
         if let Some(pending) = self.pending.lock().unwrap().as_mut() {
             pending.remove(&id);
         }

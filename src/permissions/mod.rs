@@ -96,6 +96,16 @@ pub fn answer_without_agent(
     answer_resolved(request, answer)
 }
 
+/// An answer to a request whose remote agent is away, or back but has not
+/// asked again yet: 409, and the request stays pending.
+pub fn agent_away() -> Error {
+    Error::conflict(
+        "agent_away",
+        "the remote agent's connection was lost; this request can be answered once the agent \
+         is back and asks again (it stays pending until then, or expires if the agent forgot it)",
+    )
+}
+
 /// The answer a timed-out request gets.
 pub fn timeout_answer(request: &PermissionRequest, on_timeout: OnTimeout) -> Answer {
     match on_timeout {

@@ -11,7 +11,7 @@ use super::command::Command;
 use super::Sessions;
 use crate::error::{Error, Result};
 use crate::model::{Answer, PermissionRequest, PermissionStatus};
-use crate::permissions::answer_without_agent;
+use crate::permissions::{agent_away, answer_without_agent, validate_answer};
 
 /// Whether someone may see a conversation with this owner.
 pub type MaySee<'a> = &'a (dyn Fn(Option<&str>) -> bool + Sync);
@@ -56,7 +56,8 @@ impl Sessions {
     /// agent hears it, then `permission_resolved` is published. The answer
     /// given again is a success; another after the first is 409
     /// `already_resolved`; one for a request no live agent holds, 409
-    /// `agent_gone`.
+    /// `agent_gone` (`agent_away` where a remote agent's connection was
+    /// lost and it may ask again once it is back).
     ///
     /// A request waiting in a live session here is answered without
     /// reading the database (the common case); otherwise the stored request
@@ -120,7 +121,23 @@ impl Sessions {
                 return answered;
             }
         }
+        // Left pending by a remote agent whose connection was lost: it may
+        // ask again once it is back.
+        if self.remote_agent_of(conversation_id).await {
+            validate_answer(&request, &answer)?;
+            return Err(agent_away());
+        }
         answer_without_agent(request, &answer)
+    }
+
+    /// Whether the conversation's agent is a remote one (its profile has a
+    /// `url`).
+    async fn remote_agent_of(&self, conversation_id: Uuid) -> bool {
+        let Ok(conversation) = self.stored(conversation_id).await else {
+            return false;
+        };
+        let profile = self.inner.profiles.get(&conversation.agent);
+        profile.is_some_and(|p| p.url.is_some())
     }
 
     /// Has the live session of `conversation_id` on this node answer `id`;

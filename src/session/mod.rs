@@ -12,11 +12,13 @@
 //! [`recover`] recovers what a previous run or a dead node left behind;
 //! `reattach` takes up the agents a previous run left under their shims;
 //! [`task`] is one conversation's `select!` loop, taking [`command`]s;
-//! `spawn` starts its agent; [`transcript`] (pure) turns chunks into
+//! `spawn` starts its agent; `mcp` keeps the MCP servers an ACP client
+//! gave a conversation, for each start of its agent; [`transcript`] (pure) turns chunks into
 //! messages and tool-call states; [`pending`] holds permission requests
 //! until answered; [`journal`] is the single writer that commits, then
 //! publishes.
 
+mod mcp;
 mod reattach;
 mod route;
 pub mod answer;
@@ -76,6 +78,8 @@ struct Registry {
     limits: AgentLimits,
     admitting: Mutex<Admitting>,
     tasks: TaskTracker,
+    /// The MCP servers ACP clients gave conversations (see [`mcp`]).
+    client_mcp: mcp::ClientMcp,
 }
 
 impl Sessions {
@@ -114,6 +118,7 @@ impl Sessions {
                 limits: config.agent_limits(),
                 admitting: Mutex::new(Admitting::default()),
                 tasks,
+                client_mcp: Default::default(),
             }),
         }
     }
@@ -153,15 +158,39 @@ impl Sessions {
         live.get(&id).filter(|h| !h.is_closed()).cloned()
     }
 
+    /// Gives the conversation `id`'s agent the client's MCP `servers` (its
+    /// profile must let them through; the caller checks): kept for each
+    /// start of its agent. A running agent that was started without them
+    /// is stopped if it is idle, so that the next prompt starts it with
+    /// them; whether the agent has them or gets them at its next start
+    /// (false: it is busy with a turn, and keeps its own until it stops).
+    pub async fn give_client_mcp_servers(
+        &self,
+        id: Uuid,
+        servers: Vec<agent_client_protocol_schema::v1::McpServer>,
+    ) -> bool {
+        if self.inner.client_mcp.give(id, servers) {
+            return true;
+        }
+        match self.live(id) {
+            None => true,
+            Some(session) => session.release().await,
+        }
+    }
+
     /// Starts a new `conversation`'s agent with `profile` and its session
     /// task (see [`task::start`]); the conversation as stored once it is
-    /// ready.
+    /// ready. `client_mcp`: MCP servers an ACP client gives it (see
+    /// [`mcp`]), beside the profile's.
     pub async fn start(
         &self,
         profile: AgentProfile,
         mut conversation: Conversation,
+        client_mcp: Vec<agent_client_protocol_schema::v1::McpServer>,
     ) -> Result<Conversation> {
         let id = conversation.id;
+        self.inner.client_mcp.give(id, client_mcp);
+        let profile = self.inner.client_mcp.profile(id, &profile);
         // Owned from the start: no other node takes it for left behind.
         conversation.node_id = Some(self.inner.node.id());
         // Its first owner, at the epoch a new conversation has.
@@ -169,6 +198,7 @@ impl Sessions {
         match self.launch(profile, conversation, false, fence).await {
             Ok((_, conversation)) => Ok(conversation),
             Err(e) => {
+                self.inner.client_mcp.forget(id);
                 self.inner.node.release(id).await;
                 Err(e)
             }

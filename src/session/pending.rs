@@ -63,6 +63,10 @@ pub struct Pending {
     limiter: RateLimiter,
     timeout: Option<Duration>,
     on_timeout: OnTimeout,
+    /// Requests a remote agent asked before its connection was lost, held
+    /// until it asks again on the new one (or its time to do so runs out):
+    /// stored as pending, but with no way to answer the agent yet.
+    held: HashMap<Uuid, PermissionRequest>,
 }
 
 impl Pending {
@@ -83,6 +87,7 @@ impl Pending {
             limiter: RateLimiter::default(),
             timeout,
             on_timeout,
+            held: HashMap::new(),
         }
     }
 
@@ -136,6 +141,37 @@ impl Pending {
         if let Some(timeout) = timeout {
             self.deadlines.set(id, timeout.saturating_sub(waited));
         }
+    }
+
+    /// Holds a request a remote agent asked before its connection was
+    /// lost, until it asks again (see [`Pending::asked_again`]); after
+    /// `within`, [`Pending::due`] returns it for [`Pending::take_held`].
+    pub fn hold(&mut self, request: PermissionRequest, within: Duration) {
+        self.deadlines.set(request.id, within);
+        self.held.insert(request.id, request);
+    }
+
+    /// Whether `id` is held, waiting for its agent to ask again.
+    pub fn is_held(&self, id: Uuid) -> bool {
+        self.held.contains_key(&id)
+    }
+
+    /// The held request for the tool call `tool_call_id` (the agent asks
+    /// again): it is no longer held, and no longer due.
+    pub fn asked_again(&mut self, tool_call_id: &str) -> Option<PermissionRequest> {
+        let id = self
+            .held
+            .values()
+            .filter(|r| r.tool_call.get("toolCallId").and_then(Value::as_str) == Some(tool_call_id))
+            .map(|r| r.id)
+            .min()?;
+        self.deadlines.remove(id);
+        self.held.remove(&id)
+    }
+
+    /// Takes the held request `id` (its agent did not ask again in time).
+    pub fn take_held(&mut self, id: Uuid) -> Option<PermissionRequest> {
+        self.held.remove(&id)
     }
 
     /// Claims a request to answer it: it no longer waits, nor times out.

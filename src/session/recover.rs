@@ -143,22 +143,7 @@ pub(super) async fn recover_conversation(
     detail: &str,
 ) -> Result<()> {
     let mut journal = Journal::new(outlets.clone(), conversation, turn_id);
-    let pending = outlets
-        .store
-        .list_permissions(&PermissionFilter {
-            pending_only: true,
-            conversation_id: Some(conversation.id),
-            owner: None,
-        })
-        .await?;
-    for request in pending {
-        let resolution = Resolution {
-            request,
-            status: PermissionStatus::Expired,
-            decision: Decision::new(None, "system".into(), Some(detail.into())),
-        };
-        journal.resolve(&resolution).await?;
-    }
+    settle_pending(&mut journal, PermissionStatus::Expired, detail).await?;
     let turn_ended = turn_id.map(|turn_id| TurnEnded {
         turn_id,
         stop_reason: "error".into(),
@@ -246,4 +231,30 @@ pub(super) async fn kill_recorded(
         store.forget_agent_process(&record).await?;
     }
     Ok(conversations)
+}
+
+/// Resolves the conversation's pending requests (as stored) with `status`
+/// and `detail`, where no agent will hear their answers.
+pub(super) async fn settle_pending(
+    journal: &mut Journal,
+    status: PermissionStatus,
+    detail: &str,
+) -> Result<()> {
+    let pending = journal
+        .store()
+        .list_permissions(&PermissionFilter {
+            pending_only: true,
+            conversation_id: Some(journal.conversation_id()),
+            owner: None,
+        })
+        .await?;
+    for request in pending {
+        let resolution = Resolution {
+            request,
+            status,
+            decision: Decision::new(None, "system".into(), Some(detail.into())),
+        };
+        journal.resolve(&resolution).await?;
+    }
+    Ok(())
 }

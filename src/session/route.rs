@@ -12,10 +12,11 @@ use uuid::Uuid;
 use super::answer::Answerer;
 use super::command::{Command, Handle, Setting};
 use super::journal::Journal;
+use super::recover::settle_pending;
 use super::Sessions;
 use crate::cluster::{Claim, ClusterMember, Forwarded};
 use crate::error::{Error, Problem, Result};
-use crate::model::{Conversation, ConversationStatus};
+use crate::model::{Conversation, ConversationStatus, PermissionStatus};
 
 /// How often a remote agent whose connection was lost is tried again.
 const RECONNECT_TRIES: u32 = 10;
@@ -41,7 +42,8 @@ impl Sessions {
             if conversation.status == ConversationStatus::Closed {
                 return Err(not_live(&conversation));
             }
-            let profile = self.inner.profiles.get(&conversation.agent).cloned();
+            let profile = self.inner.profiles.get(&conversation.agent);
+            let profile = profile.map(|p| self.inner.client_mcp.profile(id, p));
             let profile = profile.ok_or_else(|| {
                 Error::conflict(
                     "agent_unavailable",
@@ -117,6 +119,54 @@ impl Sessions {
             }
             delay = (delay * 2).min(RECONNECT_MAX_DELAY);
         }
+        // The requests it left pending will not be answered.
+        let detail = format!(
+            "the remote agent's connection was lost and it did not come back in \
+             {RECONNECT_TRIES} tries"
+        );
+        let settled = self
+            .gated(id, async {
+                if self.live(id).is_some() || self.runs_elsewhere(id).await?.is_some() {
+                    return Ok(());
+                }
+                let conversation = self.stored(id).await?;
+                let mut journal =
+                    Journal::new(self.inner.setup.outlets.clone(), &conversation, None);
+                settle_pending(&mut journal, PermissionStatus::Expired, &detail).await?;
+                journal.flush().await
+            })
+            .await;
+        if let Err(e) = settled {
+            tracing::warn!(conversation_id = %id, error = %e, "could not expire what the remote agent left pending");
+        }
+    }
+
+    /// At start: the conversations whose remote agents' connections an
+    /// earlier run lost with requests pending (or which that run's end
+    /// cut) are connected again, as [`Sessions::reconnect`] does after a
+    /// loss: the agent's server may have kept the session and still ask.
+    pub async fn reconnect_remote_agents(&self) -> Result<()> {
+        let pending = self
+            .store()
+            .list_permissions(&crate::store::PermissionFilter {
+                pending_only: true,
+                conversation_id: None,
+                owner: None,
+            })
+            .await?;
+        let mut ids: Vec<Uuid> = pending.iter().map(|r| r.conversation_id).collect();
+        ids.sort();
+        ids.dedup();
+        for id in ids {
+            if self.live(id).is_some() {
+                continue;
+            }
+            let sessions = self.clone();
+            self.inner
+                .tasks
+                .spawn(async move { sessions.reconnect(id).await });
+        }
+        Ok(())
     }
 
     /// Runs `command` on the conversation's live session, starting the
@@ -266,6 +316,7 @@ impl Sessions {
     /// its turn and requests), here or on the node that runs it; one without
     /// an agent is just marked closed.
     pub async fn close(&self, conversation: &Conversation) -> Result<()> {
+        self.inner.client_mcp.forget(conversation.id);
         if let Some(session) = self.live(conversation.id) {
             session.close().await;
             return Ok(());
@@ -296,6 +347,13 @@ impl Sessions {
                         let mut journal =
                             Journal::new(self.inner.setup.outlets.clone(), &conversation, None)
                                 .fenced_at(epoch);
+                        // Left pending by a remote agent that is away.
+                        settle_pending(
+                            &mut journal,
+                            PermissionStatus::Cancelled,
+                            "conversation closed",
+                        )
+                        .await?;
                         journal.set_status(ConversationStatus::Closed);
                         journal.flush().await
                     }

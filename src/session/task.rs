@@ -225,7 +225,8 @@ pub async fn start(
     conversation.state = state.clone();
 
     let shutdown = setup.shutdown.child_token();
-    let (handle, task) = assemble(Assembly {
+    let remote = profile.url.is_some();
+    let (handle, mut task) = assemble(Assembly {
         setup,
         journal,
         shim_output,
@@ -239,6 +240,14 @@ pub async fn start(
         state,
         agent_box,
     });
+    // Before what the agent sent while opening is applied: it may ask
+    // again there.
+    if resume && remote {
+        let held = task.take_up_held(opened).instrument(span.clone()).await;
+        if let Err(e) = held {
+            tracing::warn!(parent: &span, error = %e, "could not take up the requests the remote agent asked before");
+        }
+    }
     let task = tokio::spawn(task.run(shutdown).instrument(span));
     Ok((handle, conversation, task))
 }

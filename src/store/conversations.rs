@@ -17,13 +17,18 @@ pub trait ConversationStore: Send + Sync {
     async fn insert_conversation(&self, conversation: &Conversation) -> Result<()>;
     async fn get_conversation(&self, id: Uuid) -> Result<Option<Conversation>>;
     /// Newest first; `before` is the last id of the previous page; `owner`
-    /// limits the list to one user's conversations.
+    /// limits the list to one user's conversations, `cwd` to those whose
+    /// working directory is exactly that path.
     async fn list_conversations(
         &self,
         limit: i64,
         before: Option<Uuid>,
         owner: Option<&str>,
+        cwd: Option<&str>,
     ) -> Result<Vec<Conversation>>;
+    /// The ACP `promptCapabilities` the newest conversation of the agent
+    /// profile `agent` whose agent answered `initialize` recorded.
+    async fn agent_prompt_capabilities(&self, agent: &str) -> Result<Option<serde_json::Value>>;
     /// Conversations whose status says they were busy with their agent
     /// (starting, running a turn, awaiting a permission), each with the turn
     /// it was running.
@@ -85,20 +90,44 @@ macro_rules! impl_conversation_store {
                     limit: i64,
                     before: Option<Uuid>,
                     owner: Option<&str>,
+                    cwd: Option<&str>,
                 ) -> Result<Vec<Conversation>> {
                     sqlx::query_as::<_, ConversationRow>(
                         "select * from conversations
                          where ($1 is null or id < $1) and ($3 is null or owner = $3)
+                           and ($4 is null or cwd = $4)
                          order by id desc limit $2",
                     )
                     .bind(before)
                     .bind(limit)
                     .bind(owner)
+                    .bind(cwd)
                     .fetch_all(&self.pool)
                     .await?
                     .into_iter()
                     .map(ConversationRow::into_conversation)
                     .collect()
+                }
+
+                async fn agent_prompt_capabilities(
+                    &self,
+                    agent: &str,
+                ) -> Result<Option<serde_json::Value>> {
+                    // A few of the newest: one whose agent never started
+                    // recorded none.
+                    let states: Vec<(Option<sqlx::types::Json<serde_json::Value>>,)> =
+                        sqlx::query_as(
+                            "select agent_state from conversations
+                             where agent = $1 and agent_state is not null
+                             order by id desc limit 20",
+                        )
+                        .bind(agent)
+                        .fetch_all(&self.pool)
+                        .await?;
+                    Ok(states.into_iter().find_map(|(state,)| {
+                        let capabilities = state?.0.get("prompt_capabilities")?.clone();
+                        capabilities.is_object().then_some(capabilities)
+                    }))
                 }
 
                 async fn live_conversations(&self) -> Result<Vec<(Conversation, Option<Uuid>)>> {

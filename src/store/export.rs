@@ -48,7 +48,7 @@ pub async fn copy_all(from: &dyn Store, to: &dyn Store) -> Result<CopyStats> {
     let mut stats = CopyStats::default();
     let mut cursor = None;
     loop {
-        let page = from.list_conversations(PAGE, cursor, None).await?;
+        let page = from.list_conversations(PAGE, cursor, None, None).await?;
         let Some(last) = page.last() else { break };
         cursor = Some(last.id);
         for conversation in &page {

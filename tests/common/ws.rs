@@ -65,7 +65,11 @@ impl Ws {
 
     /// Reads frames, each within `bound`, until one matches: all frames
     /// read, the match last.
-    async fn until_within(&mut self, bound: Duration, pred: impl Fn(&Value) -> bool) -> Vec<Value> {
+    pub async fn until_within(
+        &mut self,
+        bound: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Vec<Value> {
         let mut seen = Vec::new();
         loop {
             let frame = self.next_within(bound).await;

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Installs the dependencies of the SDK test agents in this directory:
-#   node_modules/  from package.json + package-lock.json (npm ci)
-#   .venv/         a python3 venv with requirements.txt
+# Installs the dependencies of the SDK test agents in this directory, and the
+# real agents of ../real-agents:
+#   node_modules/       from package.json + package-lock.json (npm ci)
+#   .venv/              a python3 venv with requirements.txt
+#   ../real-agents/node_modules/
+#                       qwen serve (@qwen-code/qwen-code), from its package.json
+#                       + package-lock.json (the lock must not change)
 #
 # Usage: tests/sdk-agents/install.sh [--force]     (from any cwd)
 #
@@ -15,11 +19,12 @@ set -euo pipefail
 src="${BASH_SOURCE[0]}"
 [[ $src == */* ]] || src="./$src"
 DIR="$(cd "${src%/*}" && pwd)"
+REAL="$(cd "$DIR/../real-agents" && pwd)"
 FORCE=0
 case "${1:-}" in
   --force) FORCE=1 ;;
   "") ;;
-  -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
   *) echo "install.sh: unknown argument: $1 (use --force or nothing)" >&2; exit 2 ;;
 esac
 
@@ -36,10 +41,11 @@ fi
 
 hash_of() { cat "$@" | sha256sum | cut -d' ' -f1; }
 
-NODE_STAMP_FILE="$DIR/node_modules/.acp-gateway-install-stamp"
 VENV_STAMP_FILE="$DIR/.venv/.acp-gateway-install-stamp"
 
-node_stamp() { hash_of "$DIR/package.json" "$DIR/package-lock.json"; }
+# The stamp of a node_modules in $1, and the one its inputs make.
+node_stamp_file() { echo "$1/node_modules/.acp-gateway-install-stamp"; }
+node_stamp() { hash_of "$1/package.json" "$1/package-lock.json"; }
 venv_stamp() {
   # The venv links to the interpreter it was made with: rebuild if python3 changes.
   local py
@@ -47,13 +53,17 @@ venv_stamp() {
   { cat "$DIR/requirements.txt"; echo "$py"; } | sha256sum | cut -d' ' -f1
 }
 
-node_ok() { [[ $FORCE == 0 && -f $NODE_STAMP_FILE && "$(cat "$NODE_STAMP_FILE")" == "$(node_stamp)" ]]; }
+node_ok() {
+  local stamp
+  stamp="$(node_stamp_file "$1")"
+  [[ $FORCE == 0 && -f $stamp && "$(cat "$stamp")" == "$(node_stamp "$1")" ]]
+}
 venv_ok() { [[ $FORCE == 0 && -f $VENV_STAMP_FILE && -x $DIR/.venv/bin/python && "$(cat "$VENV_STAMP_FILE")" == "$(venv_stamp)" ]]; }
 
 # Fast path, without the lock: stamps are written last, so a matching stamp
 # means a finished install.
-if node_ok && venv_ok; then
-  say "already installed (node_modules and .venv up to date)"
+if node_ok "$DIR" && node_ok "$REAL" && venv_ok; then
+  say "already installed (node_modules, .venv and real-agents/node_modules up to date)"
   exit 0
 fi
 
@@ -68,27 +78,38 @@ else
   say "warning: flock not found; concurrent installs are not serialized"
 fi
 
+# npm ci in $1 (a directory with package.json + package-lock.json); with
+# $2 = install, `npm install` on the same lock, which must come out unchanged:
+# qwen's clipboard package names binaries for other platforms that the
+# registry does not serve, which npm install skips as the optional packages
+# they are but npm ci refuses as missing from the lock.
 install_node() {
-  if node_ok; then
-    say "node_modules up to date (npm ci skipped)"
+  local dir="$1" how="${2:-ci}" name
+  name="$(basename "$dir")/node_modules"
+  if node_ok "$dir"; then
+    say "$name up to date (npm ci skipped)"
     return
   fi
-  say "installing node_modules with npm ci ($(node --version), npm $(npm --version 2>/dev/null))"
+  say "installing $name with npm $how ($(node --version), npm $(npm --version 2>/dev/null))"
   local tmp
-  tmp="$(mktemp -d "$DIR/.install-tmp.XXXXXX")"
-  cp "$DIR/package.json" "$DIR/package-lock.json" "$tmp/"
-  if ! (cd "$tmp" && npm ci --no-audit --no-fund --loglevel=error) >&2; then
+  tmp="$(mktemp -d "$dir/.install-tmp.XXXXXX")"
+  cp "$dir/package.json" "$dir/package-lock.json" "$tmp/"
+  if ! (cd "$tmp" && npm "$how" --no-audit --no-fund --loglevel=error) >&2; then
     rm -rf "$tmp"
-    die "npm ci failed (see output above)"
+    die "npm $how in $dir failed (see output above)"
   fi
-  node_stamp >"$tmp/node_modules/.acp-gateway-install-stamp"
+  if ! cmp -s "$dir/package-lock.json" "$tmp/package-lock.json"; then
+    rm -rf "$tmp"
+    die "npm $how in $dir changed package-lock.json: it is out of date with package.json (update it with npm install there)"
+  fi
+  node_stamp "$dir" >"$(node_stamp_file "$tmp")"
   # Swap into place: move the old tree aside first (rename is atomic), then drop it.
-  if [[ -e $DIR/node_modules ]]; then
-    mv "$DIR/node_modules" "$tmp/node_modules.old"
+  if [[ -e $dir/node_modules ]]; then
+    mv "$dir/node_modules" "$tmp/node_modules.old"
   fi
-  mv "$tmp/node_modules" "$DIR/node_modules"
+  mv "$tmp/node_modules" "$dir/node_modules"
   rm -rf "$tmp"
-  say "node_modules installed"
+  say "$name installed"
 }
 
 install_venv() {
@@ -110,6 +131,9 @@ install_venv() {
   say ".venv installed"
 }
 
-install_node
+install_node "$DIR"
 install_venv
-say "done: node $DIR/node-agent.mjs | $DIR/.venv/bin/python $DIR/python_agent.py"
+install_node "$REAL" install
+"$REAL/node_modules/.bin/qwen" --version >/dev/null 2>&1 \
+  || die "qwen (installed in $REAL/node_modules) does not run: $REAL/node_modules/.bin/qwen --version fails"
+say "done: node $DIR/node-agent.mjs | $DIR/.venv/bin/python $DIR/python_agent.py | $REAL/node_modules/.bin/qwen serve"

@@ -4,7 +4,8 @@
 //! later message is answered 202 and what answers it comes on the
 //! connection's one event stream, in order; a permission request shown
 //! there is answered by POSTing the response; every refusal has its
-//! status; a deleted connection is gone.
+//! status; a deleted connection is gone; a stream that drops is opened
+//! again with `Last-Event-ID` and misses nothing, twice nothing.
 
 use crate::common::*;
 use acp_gateway::config::Config;
@@ -43,15 +44,22 @@ async fn initialize(gw: &TestGateway, path: &str) -> (Value, String) {
 struct Events {
     response: reqwest::Response,
     buffer: String,
+    /// The `id` of the last event read.
+    last_id: Option<u64>,
 }
 
 impl Events {
     async fn open(gw: &Client, conn: &str) -> Events {
         let response = stream_request(gw, conn, "text/event-stream").await;
         assert_eq!(response.status(), 200);
+        Events::of(response)
+    }
+
+    fn of(response: reqwest::Response) -> Events {
         Events {
             response,
             buffer: String::new(),
+            last_id: None,
         }
     }
 
@@ -66,6 +74,8 @@ impl Events {
                     .map(|d| d.strip_prefix(' ').unwrap_or(d))
                     .collect();
                 if !data.is_empty() {
+                    let id = block.lines().find_map(|l| l.strip_prefix("id:"));
+                    self.last_id = id.map(|id| id.trim().parse().unwrap());
                     return Some(serde_json::from_str(&data.join("\n")).unwrap());
                 }
                 continue;
@@ -101,6 +111,18 @@ async fn stream_request(gw: &Client, conn: &str, accept: &str) -> reqwest::Respo
         .get(gw.url("/api/v1/acp"))
         .header(CONNECTION, conn)
         .header("Accept", accept)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// A stream request naming the last event a dropped stream delivered.
+async fn resume_request(gw: &Client, conn: &str, last_event_id: &str) -> reqwest::Response {
+    gw.http
+        .get(gw.url("/api/v1/acp"))
+        .header(CONNECTION, conn)
+        .header("Accept", "text/event-stream")
+        .header("Last-Event-ID", last_event_id)
         .send()
         .await
         .unwrap()
@@ -406,7 +428,133 @@ async fn an_idle_connection_is_ended_and_frees_its_place(db: TestDb) {
     assert_eq!(ended.status(), 404);
 }
 
+async fn a_dropped_stream_opened_again_with_last_event_id_misses_nothing_and_repeats_nothing(
+    db: TestDb,
+) {
+    let gw = gateway(&db).await;
+    let (_, conn) = initialize(&gw, "/api/v1/acp").await;
+    let mut events = Events::open(&gw, &conn).await;
+    let cwd = std::env::temp_dir();
+    post(
+        &gw,
+        "/api/v1/acp",
+        Some(&conn),
+        request(1, "session/new", json!({"cwd": cwd})),
+    )
+    .await;
+    let created = events.until_response(1).await;
+    let session = created.last().unwrap()["result"]["sessionId"].clone();
+    assert_eq!(events.last_id, Some(1), "ids count from 1");
+
+    // A turn of 30 chunks 50 ms apart; the stream drops after a few.
+    let prompt = json!({"sessionId": session, "prompt": [{"type": "text", "text": "slow 30"}]});
+    post(
+        &gw,
+        "/api/v1/acp",
+        Some(&conn),
+        request(2, "session/prompt", prompt),
+    )
+    .await;
+    let mut seen: Vec<(u64, Value)> = Vec::new();
+    while seen.len() < 5 {
+        let message = events.message().await;
+        seen.push((events.last_id.unwrap(), message));
+    }
+    let last = events.last_id.unwrap();
+    drop(events);
+
+    // Opened again while the turn goes on (409 until the gateway has seen
+    // the first one go): what came after `last` first.
+    let response = eventually(WAIT, async || {
+        let response = resume_request(&gw, &conn, &last.to_string()).await;
+        (response.status() != 409).then_some(response)
+    })
+    .await
+    .expect("a dropped stream frees its connection's");
+    assert_eq!(response.status(), 200);
+    let mut events = Events::of(response);
+    loop {
+        let message = events.message().await;
+        let done = message.get("method").is_none() && message["id"] == 2;
+        seen.push((events.last_id.unwrap(), message));
+        if done {
+            break;
+        }
+    }
+    let ids: Vec<u64> = seen.iter().map(|(id, _)| *id).collect();
+    let expected: Vec<u64> = (2..2 + ids.len() as u64).collect();
+    assert_eq!(ids, expected, "no gap, no duplicate");
+    let messages: Vec<Value> = seen.into_iter().map(|(_, m)| m).collect();
+    assert_eq!(messages.last().unwrap()["result"]["stopReason"], "end_turn");
+    let seqs = updates(&messages);
+    assert!(seqs.windows(2).all(|w| w[0].1 < w[1].1), "{seqs:?}");
+    let text: String = messages
+        .iter()
+        .filter(|m| m["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
+        .filter_map(|m| m["params"]["update"]["content"]["text"].as_str())
+        .collect();
+    let all: String = (0..30).map(|i| format!("s{i} ")).collect();
+    assert_eq!(text, all);
+
+    // Refused, the stream open or not: a Last-Event-ID that is no number.
+    let bad = resume_request(&gw, &conn, "seven").await;
+    assert_eq!(bad.status(), 400);
+    let last = events.last_id.unwrap();
+    drop(events);
+    // An id never sent: 400.
+    let never = eventually(WAIT, async || {
+        let response = resume_request(&gw, &conn, &(last + 100).to_string()).await;
+        (response.status() != 409).then_some(response)
+    })
+    .await
+    .unwrap();
+    assert_eq!(never.status(), 400);
+
+    // Over a thousand events after it: those after an old id are gone,
+    // and the answer says which.
+    for id in 100..1101 {
+        let listed = post(
+            &gw,
+            "/api/v1/acp",
+            Some(&conn),
+            request(id, "session/list", json!({})),
+        );
+        assert_eq!(listed.await.status(), 202);
+    }
+    let mut events = Events::of(resume_request(&gw, &conn, &last.to_string()).await);
+    let lists = events.until_response(1100).await;
+    assert_eq!(lists.len(), 1001);
+    let newest = events.last_id.unwrap();
+    drop(events);
+    assert!(newest - last > 1000, "{last} then {newest}");
+    let gone = eventually(WAIT, async || {
+        let response = resume_request(&gw, &conn, &last.to_string()).await;
+        let problem: Value = response.json().await.ok()?;
+        (problem["code"] != "acp_stream_open").then_some(problem)
+    })
+    .await
+    .unwrap();
+    assert_eq!(gone["status"], 409, "{gone}");
+    assert_eq!(gone["code"], "acp_events_gone", "{gone}");
+    let detail = gone["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(&format!("events {} to", last + 1)),
+        "{detail}"
+    );
+    // The newest are still there: an exact reconnect still works.
+    let resumed = eventually(WAIT, async || {
+        let response = resume_request(&gw, &conn, &(newest - 1).to_string()).await;
+        (response.status() == 200).then_some(response)
+    })
+    .await
+    .unwrap();
+    let mut events = Events::of(resumed);
+    let again = events.message().await;
+    assert_eq!((events.last_id, &again["id"]), (Some(newest), &json!(1100)));
+}
+
 backend_tests!(
+    a_dropped_stream_opened_again_with_last_event_id_misses_nothing_and_repeats_nothing,
     an_idle_connection_is_ended_and_frees_its_place,
     a_prompt_streams_on_the_get_stream_and_a_permission_is_answered_by_post,
     every_refusal_has_its_status_and_messages_wait_for_the_stream,

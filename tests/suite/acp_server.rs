@@ -16,15 +16,15 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 
 /// An ACP client: requests with ids of its own, and what the gateway sent
 /// besides the responses (notifications and requests), in order.
-struct Acp {
-    ws: Ws,
+pub(crate) struct Acp {
+    pub(crate) ws: Ws,
     next_id: i64,
     /// Frames that were not the response waited for.
-    other: VecDeque<Value>,
+    pub(crate) other: VecDeque<Value>,
 }
 
 impl Acp {
-    async fn connect(gw: &TestGateway, path: &str) -> Acp {
+    pub(crate) async fn connect(gw: &TestGateway, path: &str) -> Acp {
         let ws = gw.ws(path).await;
         Acp {
             ws,
@@ -34,7 +34,7 @@ impl Acp {
     }
 
     /// Connected and initialized.
-    async fn open(gw: &TestGateway) -> Acp {
+    pub(crate) async fn open(gw: &TestGateway) -> Acp {
         let mut acp = Acp::connect(gw, "/api/v1/acp").await;
         let init = acp
             .call(
@@ -46,7 +46,7 @@ impl Acp {
         acp
     }
 
-    async fn send_text(&mut self, text: String) {
+    pub(crate) async fn send_text(&mut self, text: String) {
         self.ws
             .stream
             .send(WsMessage::Text(text.into()))
@@ -54,7 +54,7 @@ impl Acp {
             .unwrap();
     }
 
-    async fn request(&mut self, method: &str, params: Value) -> i64 {
+    pub(crate) async fn request(&mut self, method: &str, params: Value) -> i64 {
         let id = self.next_id;
         self.next_id += 1;
         let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
@@ -62,19 +62,19 @@ impl Acp {
         id
     }
 
-    async fn notify(&mut self, method: &str, params: Value) {
+    pub(crate) async fn notify(&mut self, method: &str, params: Value) {
         let message = json!({"jsonrpc": "2.0", "method": method, "params": params});
         self.send_text(message.to_string()).await;
     }
 
     /// Sends a request and waits for its response (whole: `result` or
     /// `error`); what came before it is kept in `other`.
-    async fn call(&mut self, method: &str, params: Value) -> Value {
+    pub(crate) async fn call(&mut self, method: &str, params: Value) -> Value {
         let id = self.request(method, params).await;
         self.response(id).await
     }
 
-    async fn response(&mut self, id: i64) -> Value {
+    pub(crate) async fn response(&mut self, id: i64) -> Value {
         loop {
             let frame = self.ws.next().await;
             if frame.get("method").is_none() && frame["id"] == id {
@@ -86,7 +86,7 @@ impl Acp {
 
     /// The next frame that is not a response to one of this client's
     /// requests.
-    async fn next_other(&mut self) -> Value {
+    pub(crate) async fn next_other(&mut self) -> Value {
         if let Some(frame) = self.other.pop_front() {
             return frame;
         }
@@ -94,7 +94,7 @@ impl Acp {
     }
 
     /// Frames until one with this method (that one last).
-    async fn until_method(&mut self, method: &str) -> Vec<Value> {
+    pub(crate) async fn until_method(&mut self, method: &str) -> Vec<Value> {
         let mut seen = Vec::new();
         loop {
             let frame = self.next_other().await;
@@ -106,7 +106,7 @@ impl Acp {
         }
     }
 
-    async fn new_session(&mut self) -> String {
+    pub(crate) async fn new_session(&mut self) -> String {
         let cwd = std::env::temp_dir();
         let created = self
             .call("session/new", json!({"cwd": cwd, "mcpServers": []}))
@@ -118,7 +118,7 @@ impl Acp {
     }
 }
 
-fn text_prompt(session: &str, text: &str) -> Value {
+pub(crate) fn text_prompt(session: &str, text: &str) -> Value {
     json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]})
 }
 
@@ -139,7 +139,7 @@ fn updates(frames: &[Value]) -> Vec<(String, i64)> {
         .collect()
 }
 
-fn agent_text(frames: &[Value]) -> String {
+pub(crate) fn agent_text(frames: &[Value]) -> String {
     frames
         .iter()
         .filter(|f| f["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
@@ -532,20 +532,26 @@ async fn the_path_names_the_agent_and_connections_per_user_are_limited(db: TestD
 /// The ACP client of the official TypeScript SDK
 /// (`tests/sdk-agents/acp-client.mjs`) over its WebSocket transport, driven
 /// by JSON lines; killed when dropped.
-struct SdkClient {
+pub(crate) struct SdkClient {
     child: tokio::process::Child,
     stdin: tokio::process::ChildStdin,
     stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
     next_id: i64,
     /// What it printed that was not the answer waited for.
-    events: VecDeque<Value>,
+    pub(crate) events: VecDeque<Value>,
 }
 
 impl SdkClient {
     fn start(gw: &TestGateway) -> SdkClient {
+        SdkClient::start_at(gw, "/api/v1/acp")
+    }
+
+    /// Connected to the gateway's `path` (`/api/v1/acp` or
+    /// `/api/v1/acp/{agent}`).
+    pub(crate) fn start_at(gw: &TestGateway, path: &str) -> SdkClient {
         use tokio::io::AsyncBufReadExt;
         let script = sdk_agents_dir().join("acp-client.mjs");
-        let url = gw.url("/api/v1/acp").replacen("http://", "ws://", 1);
+        let url = gw.url(path).replacen("http://", "ws://", 1);
         let mut child = tokio::process::Command::new("node")
             .arg("--experimental-websocket")
             .arg(script)
@@ -581,7 +587,7 @@ impl SdkClient {
         serde_json::from_str(&line).unwrap()
     }
 
-    async fn send(&mut self, method: &str, params: Value) -> i64 {
+    pub(crate) async fn send(&mut self, method: &str, params: Value) -> i64 {
         let id = self.next_id;
         self.next_id += 1;
         self.command(json!({"id": id, "call": method, "params": params}))
@@ -589,7 +595,7 @@ impl SdkClient {
         id
     }
 
-    async fn answer(&mut self, id: i64) -> Value {
+    pub(crate) async fn answer(&mut self, id: i64) -> Value {
         loop {
             let line = self.line().await;
             if line["id"] == id {
@@ -599,7 +605,7 @@ impl SdkClient {
         }
     }
 
-    async fn call(&mut self, method: &str, params: Value) -> Value {
+    pub(crate) async fn call(&mut self, method: &str, params: Value) -> Value {
         let id = self.send(method, params).await;
         let answer = self.answer(id).await;
         assert!(answer.get("error").is_none(), "{method}: {answer}");
@@ -608,7 +614,7 @@ impl SdkClient {
 
     /// The first event of `kind` not taken yet; the others stay in
     /// `events`, in order.
-    async fn event(&mut self, kind: &str) -> Value {
+    pub(crate) async fn event(&mut self, kind: &str) -> Value {
         if let Some(at) = self.events.iter().position(|e| e["event"] == kind) {
             return self.events.remove(at).unwrap();
         }
@@ -621,7 +627,7 @@ impl SdkClient {
         }
     }
 
-    async fn close(mut self) {
+    pub(crate) async fn close(mut self) {
         self.command(json!({"close": true})).await;
         let status = tokio::time::timeout(WAIT, self.child.wait()).await;
         assert!(status.expect("the SDK client exits").unwrap().success());

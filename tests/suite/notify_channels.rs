@@ -28,7 +28,7 @@ use uuid::Uuid;
 pub(crate) struct Service {
     child: Child,
     /// The JSON line it printed when it listened.
-    hello: Value,
+    pub(crate) hello: Value,
     pub(crate) base: String,
 }
 
@@ -68,7 +68,7 @@ impl Service {
         service
     }
 
-    async fn seen(&self) -> Value {
+    pub(crate) async fn seen(&self) -> Value {
         reqwest::get(format!("{}/seen", self.base))
             .await
             .unwrap()
@@ -443,7 +443,7 @@ async fn fcm_does_not_call_a_404_that_is_no_fcm_error_gone() {
 // WebSocket used to follow the conversation never says it is visible).
 
 /// Where the gateway says it is reached: action URLs start with it.
-const BASE: &str = "https://gateway.example";
+pub(crate) const BASE: &str = "https://gateway.example";
 /// The demo agent's scenario asking to run a command (its tool call
 /// carries `rawInput.command`, so the detail rules have something to keep
 /// or leave out).
@@ -451,7 +451,7 @@ const PROMPT: &str = "execute echo notified";
 
 /// A gateway with the demo agent, admitting targets on loopback, notifying
 /// a request 100 ms after it is made.
-fn notifying_config(db: &TestDb) -> Config {
+pub(crate) fn notifying_config(db: &TestDb) -> Config {
     let mut config = Config::for_tests(db, vec![crate::common::demo_profile("demo", &[])]);
     config.notifications.allow_private_targets = true;
     config.notifications.grace = Duration::from_millis(100);
@@ -460,7 +460,7 @@ fn notifying_config(db: &TestDb) -> Config {
 }
 
 /// Creates a target (no tokens: as the anonymous user); its id.
-async fn create_target(gw: &TestGateway, body: Value) -> String {
+pub(crate) async fn create_target(gw: &TestGateway, body: Value) -> String {
     let (status, created) = gw
         .call("POST", "/api/v1/notification-targets", Some(body))
         .await;
@@ -490,7 +490,7 @@ async fn listed_targets(gw: &TestGateway) -> std::collections::HashMap<String, V
 
 /// The next attempts of `event` the outbox records, one per target in
 /// `targets`, by target id.
-async fn attempts_of(
+pub(crate) async fn attempts_of(
     watch: &mut tokio::sync::broadcast::Receiver<AttemptRecord>,
     event: &str,
     targets: &[&str],
@@ -543,7 +543,7 @@ async fn answer_through(
 }
 
 /// What the push stand-in decrypted of each push it admitted, as JSON.
-fn decrypted_bodies(seen: &Value) -> Vec<(Value, Value)> {
+pub(crate) fn decrypted_bodies(seen: &Value) -> Vec<(Value, Value)> {
     seen.as_array()
         .unwrap()
         .iter()
@@ -558,7 +558,7 @@ fn decrypted_bodies(seen: &Value) -> Vec<(Value, Value)> {
 }
 
 /// The gateway's VAPID public key, as a browser gets it to subscribe.
-async fn vapid_public_key(gw: &TestGateway) -> String {
+pub(crate) async fn vapid_public_key(gw: &TestGateway) -> String {
     let (status, key) = gw
         .call("GET", "/api/v1/notifications/vapid-public-key", None)
         .await;

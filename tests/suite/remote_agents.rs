@@ -170,7 +170,7 @@ async fn serve_one(
 
 /// A profile of the remote agent at `url` (loopback: `allow_private`),
 /// with the token in `token_file` where one is given.
-fn remote_profile(name: &str, url: &str, token_file: Option<&Path>) -> AgentProfile {
+pub(super) fn remote_profile(name: &str, url: &str, token_file: Option<&Path>) -> AgentProfile {
     let mut agent: AgentProfile =
         serde_json::from_value(json!({"name": name, "url": url, "allow_private": true})).unwrap();
     agent.token_file = token_file.map(Path::to_path_buf);
@@ -356,13 +356,22 @@ async fn a_dropped_connection_shows_agent_status_and_the_gateway_connects_again(
     assert_eq!(status["data"]["status"], "failed", "{status}");
     let detail = status["data"]["detail"].as_str().unwrap();
     assert!(detail.contains("was lost"), "{detail}");
-    // The request the agent can no longer take an answer for is resolved,
-    // saying so.
-    let resolved = frames
-        .iter()
-        .find(|e| e["type"] == "permission_resolved")
-        .unwrap();
-    assert_eq!(resolved["data"]["status"], "expired");
+    // The request stays pending (the agent may come back still asking),
+    // and is not answerable while it is away.
+    assert!(!frames.iter().any(|e| e["type"] == "permission_resolved"));
+    let (_, pending) = gw
+        .get(&format!("/api/v1/permissions?conversation_id={id}"))
+        .await;
+    let request = pending["items"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(pending["items"][0]["status"], "pending", "{pending}");
+    let (status, problem) = gw
+        .post(
+            &format!("/api/v1/permissions/{request}/respond"),
+            json!({"option_id": "allow-once"}),
+        )
+        .await;
+    assert_eq!(status, 409, "{problem}");
+    assert_eq!(problem["code"], "agent_away", "{problem}");
     let ended = frames.iter().find(|e| e["type"] == "turn_ended").unwrap();
     assert_eq!(ended["data"]["stop_reason"], "error");
     let (_, conversation) = gw.get(&format!("/api/v1/conversations/{id}")).await;
@@ -387,6 +396,13 @@ async fn a_dropped_connection_shows_agent_status_and_the_gateway_connects_again(
         .await;
     assert_eq!(frames.last().unwrap()["data"]["context"], "reset");
     assert_eq!(server.connections(), 1);
+    // A new session knows nothing of the request: it expires, saying why.
+    let frames = ws.until_type("permission_resolved").await;
+    let resolved = frames.last().unwrap();
+    assert_eq!(resolved["data"]["id"], request.as_str());
+    assert_eq!(resolved["data"]["status"], "expired");
+    let why = resolved["data"]["decision"]["reason"].as_str().unwrap();
+    assert!(why.contains("without its earlier session"), "{why}");
     gw.prompt(&id, "hello").await;
     let frames = ws.until_type("turn_ended").await;
     assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");

@@ -200,7 +200,7 @@ impl Forward {
             (self.catching_up, self.history) = (false, false);
             self.show_waiting().await?;
             if let Some((id, mut result)) = request {
-                result["_meta"] = json!({"acpGateway": {"cursor": self.last}});
+                result["_meta"]["acpGateway"]["cursor"] = json!(self.last);
                 self.peer.send(wire::result(&id, result)).await?;
             }
             Ok::<(), Gone>(())

@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
+use super::accepts;
 use super::attach::{Attachment, Peer, Start};
 use super::wire::{self, Incoming};
 use crate::api::conversations::{prompt_content, start_conversation};
@@ -23,6 +24,7 @@ use crate::limits;
 use crate::model::{Answer, Conversation};
 use crate::session::answer::Answerer;
 use crate::session::Setting;
+use agent_client_protocol_schema::v1::McpServer;
 
 /// The ACP protocol version this gateway speaks.
 const PROTOCOL_VERSION: u64 = 1;
@@ -33,6 +35,8 @@ const OUT_QUEUE: usize = 256;
 const META_KEY: &str = "acpGateway";
 /// `session/list`'s page size.
 const LIST_PAGE: i64 = 50;
+/// Most MCP servers a client may give a session.
+const MCP_SERVERS_MAX: usize = 100;
 
 /// One client's connection.
 pub struct Conn {
@@ -154,8 +158,9 @@ impl Conn {
 
     async fn request(self: Arc<Self>, id: &Value, method: &str, params: Value) -> Result<()> {
         if method == "initialize" {
+            let result = self.initialize_result().await?;
             self.initialized.store(true, Ordering::Relaxed);
-            self.reply(wire::result(id, initialize_result()));
+            self.reply(wire::result(id, result));
             return Ok(());
         }
         if !self.initialized.load(Ordering::Relaxed) {
@@ -284,20 +289,26 @@ impl Conn {
                     "this connection serves the agent {path:?}, not {named:?}"
                 )))
             }
-            (Some(path), _) => path.clone(),
-            (None, Some(named)) => named,
-            (None, None) => self
-                .state
-                .config()
-                .agents
-                .first()
-                .map(|a| a.name.clone())
+            (_, Some(named)) => named,
+            (_, None) => self
+                .default_agent()
                 .ok_or_else(|| Error::NotFound("no agent profile is configured".into()))?,
         };
-        let conversation =
-            start_conversation(&self.state, &self.caller, &agent, None, Some(&p.cwd)).await?;
+        let (servers, said) = self.client_mcp_servers(&agent, p.mcp_servers)?;
+        let conversation = start_conversation(
+            &self.state,
+            &self.caller,
+            &agent,
+            None,
+            Some(&p.cwd),
+            servers,
+        )
+        .await?;
         let mut result = settings(&conversation);
         result["sessionId"] = json!(conversation.id);
+        if let Some(said) = said {
+            result["_meta"] = json!({META_KEY: {"mcpServers": said}});
+        }
         let start = Start {
             after: conversation.last_seq,
             history: false,
@@ -307,10 +318,97 @@ impl Conn {
         Ok(())
     }
 
+    /// The profile of a new session that names none: the path's, else the
+    /// first configured.
+    fn default_agent(&self) -> Option<String> {
+        let first = || self.state.config().agents.first().map(|a| a.name.clone());
+        self.agent.clone().or_else(first)
+    }
+
+    /// What `initialize` answers: what the gateway serves of ACP, and as
+    /// `promptCapabilities` what a new session's agent (the path's
+    /// profile, else the default one, named in `_meta`) said it accepts
+    /// the last time one of that profile started; until one has, what the
+    /// gateway accepts (everything), a prompt block the session's agent
+    /// turns out not to accept then being refused (`-32602`).
+    async fn initialize_result(&self) -> Result<Value> {
+        let agent = self.default_agent();
+        let known = match &agent {
+            Some(agent) => {
+                let store = self.state.store();
+                store.agent_prompt_capabilities(agent).await?
+            }
+            None => None,
+        };
+        let from = if known.is_some() { "agent" } else { "gateway" };
+        let prompt = known.unwrap_or_else(accepts::gateway_accepts);
+        Ok(json!({
+            "protocolVersion": PROTOCOL_VERSION,
+            "agentCapabilities": {
+                "loadSession": true,
+                "promptCapabilities": prompt,
+                "mcpCapabilities": {"http": false, "sse": false},
+                "sessionCapabilities": {"list": {}, "resume": {}, "close": {}, "delete": {}},
+            },
+            "authMethods": [],
+            "agentInfo": {"name": "acp-gateway", "version": env!("CARGO_PKG_VERSION")},
+            "_meta": {META_KEY: {"agent": agent, "promptCapabilitiesFrom": from}},
+        }))
+    }
+
+    /// Whether the profile `agent` lets a client's MCP servers through
+    /// (`client_mcp_servers`).
+    fn lets_mcp_through(&self, agent: &str) -> bool {
+        let profile = self.state.config().agent(agent);
+        profile.is_some_and(|p| p.client_mcp_servers)
+    }
+
+    /// The client's `mcpServers` for a session of the profile `agent`: as
+    /// given where the profile lets them through, else none; and what
+    /// `_meta` says of them (nothing when none were given).
+    fn client_mcp_servers(
+        &self,
+        agent: &str,
+        given: Option<Value>,
+    ) -> Result<(Vec<McpServer>, Option<Value>)> {
+        let servers: Vec<McpServer> = match given {
+            None | Some(Value::Null) => Vec::new(),
+            Some(given) => serde_json::from_value(given).map_err(|e| {
+                Error::Unprocessable(format!("mcpServers: not ACP McpServers: {e}"))
+            })?,
+        };
+        limits::count("mcpServers", servers.len(), MCP_SERVERS_MAX)?;
+        if servers.is_empty() {
+            return Ok((servers, None));
+        }
+        if !self.lets_mcp_through(agent) {
+            let detail = format!(
+                "the agent profile {agent:?} does not let a client's MCP servers through \
+                 (client_mcp_servers is off): its agent runs without them"
+            );
+            return Ok((Vec::new(), Some(json!({"passed": false, "detail": detail}))));
+        }
+        Ok((servers, Some(json!({"passed": true}))))
+    }
+
     /// `session/load` (history replayed first) or `session/resume`.
     async fn attach(&self, id: &Value, params: Value, load: bool) -> Result<()> {
         let p: SessionParams = read_params(params)?;
         let conversation = self.conversation(p.session_id).await?;
+        let (servers, mut said) = self.client_mcp_servers(&conversation.agent, p.mcp_servers)?;
+        if self.lets_mcp_through(&conversation.agent) {
+            let sessions = self.state.sessions();
+            let given = sessions
+                .give_client_mcp_servers(conversation.id, servers)
+                .await;
+            if !given {
+                said = Some(json!({
+                    "passed": false,
+                    "detail": "the session's agent is busy with a turn: it gets them when it \
+                               next starts (stopped when idle, started again by a prompt)",
+                }));
+            }
+        }
         let cursor = p.meta.as_ref().and_then(|m| m.get(META_KEY)?.get("cursor"));
         let cursor = match cursor {
             None => None,
@@ -323,10 +421,14 @@ impl Conn {
             (None, true) => 0,
             (None, false) => conversation.last_seq,
         };
+        let mut result = settings(&conversation);
+        if let Some(said) = said {
+            result["_meta"] = json!({META_KEY: {"mcpServers": said}});
+        }
         let start = Start {
             after,
             history: load,
-            request: Some((id.clone(), settings(&conversation))),
+            request: Some((id.clone(), result)),
         };
         self.attach_now(&conversation, start);
         Ok(())
@@ -341,11 +443,14 @@ impl Conn {
                     .map_err(|_| Error::Unprocessable(format!("cursor {c:?} is not a cursor")))?,
             ),
         };
+        if let Some(cwd) = &p.cwd {
+            limits::path("cwd", cwd, limits::CWD_MAX_CHARS)?;
+        }
         let owner = self.caller.owner_filter();
         let mut items = self
             .state
             .store()
-            .list_conversations(LIST_PAGE + 1, before, owner.as_deref())
+            .list_conversations(LIST_PAGE + 1, before, owner.as_deref(), p.cwd.as_deref())
             .await?;
         let more = items.len() as i64 > LIST_PAGE;
         items.truncate(LIST_PAGE as usize);
@@ -381,6 +486,8 @@ impl Conn {
             .auth()
             .check_rate(&self.caller, Limited::Prompt)?;
         let conversation = self.conversation(p.session_id).await?;
+        let known = conversation.state.prompt_capabilities.as_ref();
+        accepts::check(&content, known, &conversation.agent)?;
         attachment.prompting(&content);
         let turn = match self
             .state
@@ -458,21 +565,6 @@ impl Conn {
     }
 }
 
-/// What `initialize` answers: what the gateway serves of ACP.
-fn initialize_result() -> Value {
-    json!({
-        "protocolVersion": PROTOCOL_VERSION,
-        "agentCapabilities": {
-            "loadSession": true,
-            "promptCapabilities": {"image": false, "audio": false, "embeddedContext": false},
-            "mcpCapabilities": {"http": false, "sse": false},
-            "sessionCapabilities": {"list": {}, "resume": {}, "close": {}, "delete": {}},
-        },
-        "authMethods": [],
-        "agentInfo": {"name": "acp-gateway", "version": env!("CARGO_PKG_VERSION")},
-    })
-}
-
 /// A conversation's modes and configuration options, as ACP names them.
 fn settings(conversation: &Conversation) -> Value {
     let view = serde_json::to_value(conversation).expect("conversations serialize");
@@ -508,6 +600,7 @@ fn read_params<T: DeserializeOwned>(params: Value) -> Result<T> {
 #[serde(rename_all = "camelCase")]
 struct NewParams {
     cwd: String,
+    mcp_servers: Option<Value>,
     #[serde(rename = "_meta")]
     meta: Option<Value>,
 }
@@ -516,6 +609,8 @@ struct NewParams {
 #[serde(rename_all = "camelCase")]
 struct SessionParams {
     session_id: Uuid,
+    /// `session/load`'s and `session/resume`'s.
+    mcp_servers: Option<Value>,
     #[serde(rename = "_meta")]
     meta: Option<Value>,
 }
@@ -546,4 +641,6 @@ struct OptionParams {
 #[serde(rename_all = "camelCase")]
 struct ListParams {
     cursor: Option<String>,
+    /// Only the sessions whose working directory is exactly this path.
+    cwd: Option<String>,
 }

@@ -6,8 +6,14 @@
 //! connection's one `GET` event stream. `DELETE` ends a connection; so does
 //! `acp_http_idle_secs` without a stream or a POST. The JSON-RPC is the connection's
 //! ([`Conn`]); this file only moves text.
+//!
+//! Each event a stream sends has an `id` (1, 2, … per connection), and the
+//! connection keeps the last ones it sent ([`REPLAY_MAX_EVENTS`],
+//! [`REPLAY_MAX_BYTES`]): a client whose stream dropped opens another with
+//! `Last-Event-ID` and is sent what came after that id first, each once and
+//! in order; 409 `acp_events_gone` when some of that is no longer kept.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,6 +35,12 @@ use crate::error::{Error, Result};
 
 /// The header naming a connection.
 pub const CONNECTION_ID: &str = "acp-connection-id";
+/// The header a reconnecting event stream names the last event it got with.
+const LAST_EVENT_ID: &str = "last-event-id";
+/// Most events a connection keeps to send again after a stream drops.
+pub const REPLAY_MAX_EVENTS: usize = 1000;
+/// Most bytes of them (the newest event is kept whatever its size).
+pub const REPLAY_MAX_BYTES: usize = 8 * 1024 * 1024;
 
 /// The open connections of this transport, by id.
 #[derive(Clone, Default)]
@@ -45,6 +57,67 @@ pub struct HttpConn {
     /// The last POST, or when the last stream closed.
     touched: Mutex<Instant>,
     ended: CancellationToken,
+    /// The events its streams sent, the newest kept.
+    sent: Mutex<Sent>,
+}
+
+/// The events a connection's streams sent: ids, and the newest kept for a
+/// stream that opens again with `Last-Event-ID`.
+#[derive(Default)]
+struct Sent {
+    /// The id of the last event sent (0: none yet).
+    last: u64,
+    kept: VecDeque<(u64, Arc<str>)>,
+    bytes: usize,
+}
+
+impl Sent {
+    /// Gives `text` the next id and keeps it (dropping the oldest kept
+    /// beyond the bounds).
+    fn push(&mut self, text: Arc<str>) -> u64 {
+        self.last += 1;
+        self.bytes += text.len();
+        self.kept.push_back((self.last, text));
+        while self.kept.len() > 1
+            && (self.kept.len() > REPLAY_MAX_EVENTS || self.bytes > REPLAY_MAX_BYTES)
+        {
+            if let Some((_, dropped)) = self.kept.pop_front() {
+                self.bytes -= dropped.len();
+            }
+        }
+        self.last
+    }
+
+    /// The events sent after `seen`, oldest first; an error when `seen` was
+    /// never sent or some of those after it are no longer kept.
+    fn after(&self, seen: u64) -> Result<VecDeque<(u64, Arc<str>)>> {
+        if seen > self.last {
+            return Err(Error::BadRequest(format!(
+                "Last-Event-ID {seen}: this connection has sent {} events",
+                self.last
+            )));
+        }
+        let oldest = self.kept.front().map_or(self.last + 1, |(id, _)| *id);
+        if seen + 1 < oldest {
+            return Err(Error::Conflict {
+                code: "acp_events_gone",
+                detail: format!(
+                    "events {} to {} after Last-Event-ID {seen} are no longer kept \
+                     (a connection keeps its last {REPLAY_MAX_EVENTS} events, \
+                     {REPLAY_MAX_BYTES} bytes at most): load the sessions again",
+                    seen + 1,
+                    oldest - 1
+                ),
+                extra: None,
+            });
+        }
+        Ok(self
+            .kept
+            .iter()
+            .filter(|(id, _)| *id > seen)
+            .cloned()
+            .collect())
+    }
 }
 
 impl HttpConns {
@@ -165,6 +238,7 @@ async fn open(
         outgoing: Mutex::new(Some(outgoing)),
         touched: Mutex::new(Instant::now()),
         ended: CancellationToken::new(),
+        sent: Mutex::default(),
     });
     conns.0.lock().unwrap().insert(id, http.clone());
     let idle = Duration::from_secs(state.config().acp_http_idle_secs);
@@ -233,7 +307,8 @@ pub fn delete(conns: &HttpConns, caller: &Caller, headers: &HeaderMap) -> Result
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// `GET`: the connection's event stream; 409 while another is open.
+/// `GET`: the connection's event stream; 409 while another is open. With
+/// `Last-Event-ID`, what was sent after that event comes first.
 pub fn stream(conns: &HttpConns, caller: &Caller, headers: &HeaderMap) -> Result<Response> {
     if !accepts_event_stream(headers) {
         return Err(Error::NotAcceptable(
@@ -241,6 +316,18 @@ pub fn stream(conns: &HttpConns, caller: &Caller, headers: &HeaderMap) -> Result
         ));
     }
     let http = conns.named(caller, headers)?;
+    let seen = match headers.get(LAST_EVENT_ID) {
+        None => None,
+        Some(value) => Some(
+            value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| {
+                    Error::BadRequest("Last-Event-ID must be an event's id (a number)".into())
+                })?,
+        ),
+    };
     let Some(outgoing) = http.outgoing.lock().unwrap().take() else {
         return Err(Error::Conflict {
             code: "acp_stream_open",
@@ -248,10 +335,16 @@ pub fn stream(conns: &HttpConns, caller: &Caller, headers: &HeaderMap) -> Result
             extra: None,
         });
     };
-    let held = Held {
+    // Held from here: only this stream adds to what was sent.
+    // Given back if refused below.
+    let mut held = Held {
         http,
         outgoing: Some(outgoing),
+        replay: VecDeque::new(),
     };
+    if let Some(seen) = seen {
+        held.replay = held.http.sent.lock().unwrap().after(seen)?;
+    }
     Ok(Sse::new(events(held))
         .keep_alive(KeepAlive::default())
         .into_response())
@@ -261,6 +354,8 @@ pub fn stream(conns: &HttpConns, caller: &Caller, headers: &HeaderMap) -> Result
 struct Held {
     http: Arc<HttpConn>,
     outgoing: Option<Outgoing>,
+    /// Sent before, to send again first.
+    replay: VecDeque<(u64, Arc<str>)>,
 }
 
 impl Drop for Held {
@@ -273,11 +368,54 @@ impl Drop for Held {
 fn events(held: Held) -> impl Stream<Item = std::result::Result<Event, Infallible>> {
     futures::stream::unfold(held, |mut held| async move {
         let ended = held.http.ended.clone();
+        if ended.is_cancelled() {
+            return None;
+        }
+        if let Some((id, text)) = held.replay.pop_front() {
+            return Some((Ok(event(id, &text)), held));
+        }
         let outgoing = held.outgoing.as_mut()?;
         let text = tokio::select! {
             text = outgoing.recv() => text?,
             _ = ended.cancelled() => return None,
         };
-        Some((Ok(Event::default().data(text)), held))
+        // Kept before it is sent: a stream that drops meanwhile loses none.
+        let text: Arc<str> = text.into();
+        let id = held.http.sent.lock().unwrap().push(text.clone());
+        Some((Ok(event(id, &text)), held))
     })
+}
+
+fn event(id: u64, text: &str) -> Event {
+    Event::default().id(id.to_string()).data(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_was_sent_after_an_id_is_given_once_or_its_gap_named() {
+        let mut sent = Sent::default();
+        assert!(sent.after(0).unwrap().is_empty());
+        for i in 0..(REPLAY_MAX_EVENTS + 5) {
+            let id = sent.push(Arc::from(format!("m{i}")));
+            assert_eq!(id, i as u64 + 1);
+        }
+        assert_eq!(sent.kept.len(), REPLAY_MAX_EVENTS);
+        let last = sent.last;
+        assert!(sent.after(last).unwrap().is_empty());
+        let tail: Vec<u64> = sent.after(last - 2).unwrap().iter().map(|e| e.0).collect();
+        assert_eq!(tail, vec![last - 1, last]);
+        // The oldest kept is 6: after 5 all is there, after 4 event 5 is gone.
+        assert_eq!(sent.after(5).unwrap().len(), REPLAY_MAX_EVENTS);
+        let gone = sent.after(4).unwrap_err().problem();
+        assert_eq!((gone.status, gone.code.as_str()), (409, "acp_events_gone"));
+        assert!(gone.detail.contains("events 5 to 5"), "{}", gone.detail);
+        assert_eq!(sent.after(last + 1).unwrap_err().problem().status, 400);
+        // Bytes bound too, the newest kept whatever its size.
+        sent.push(Arc::from("x".repeat(REPLAY_MAX_BYTES + 1)));
+        assert_eq!(sent.kept.len(), 1);
+        assert_eq!(sent.after(sent.last - 1).unwrap().len(), 1);
+    }
 }

@@ -211,10 +211,20 @@ impl Task {
         self.flush_until(deadline).await;
         // Reaped, and its group killed with it.
         forget_process(self.journal.store(), self.ending.record.take().as_ref()).await;
-        // Requests the agent can no longer receive an answer for.
-        let reason = format!("the agent went away: {}", first_line(&detail));
-        self.resolve_all(PermissionStatus::Expired, &reason, Some(deadline))
-            .await?;
+        // Requests the agent can no longer receive an answer for; except
+        // where a remote agent's connection was lost: the agent may still
+        // hold its session and them, so they stay pending until it is back
+        // and asks again (see `Task::take_up_held`).
+        if !closing && self.process.connection_lost() {
+            let held = self.requests.pending.ids().len();
+            if held > 0 {
+                tracing::info!(held, "requests wait for the remote agent to come back");
+            }
+        } else {
+            let reason = format!("the agent went away: {}", first_line(&detail));
+            self.resolve_all(PermissionStatus::Expired, &reason, Some(deadline))
+                .await?;
+        }
         let error = (stop_reason == "error").then(|| detail.clone());
         let turn_ended = self.turn_ended_without_answer(stop_reason, error);
         let agent = AgentStatus::new(agent_state, Some(detail));

@@ -11,13 +11,14 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::Task;
+use crate::acp::client::Opened;
 use crate::acp::rpc::{IncomingRequest, INVALID_PARAMS};
 use crate::error::{Error, Result};
 use crate::model::{self, Answer, Decision, PermissionRequest, PermissionStatus};
 use crate::permissions::policy::{self, Facts};
-use crate::permissions::{answer_resolved, Judged};
+use crate::permissions::{agent_away, answer_resolved, Judged};
 use crate::session::pending::Parked;
-use crate::store::Resolution;
+use crate::store::{PermissionFilter, Resolution};
 
 /// What became of a request a session was to resolve.
 pub(super) enum Resolved {
@@ -33,6 +34,9 @@ pub(super) enum Resolved {
 /// How often an ending tries again to record an answer while the database
 /// is away.
 const SETTLE_RETRY: Duration = Duration::from_millis(200);
+/// How long a remote agent back after a lost connection has to ask again
+/// what it asked before (see [`Task::take_up_held`]).
+const ASK_AGAIN_WITHIN: Duration = Duration::from_secs(10);
 
 impl Task {
     pub(super) async fn on_permission_request(&mut self, request: IncomingRequest) -> Result<()> {
@@ -55,6 +59,16 @@ impl Task {
         // judged.
         self.transcript.apply_tool_call_update(&tool_call, turn_id);
         let tool_call = self.transcript.known_tool_call(&tool_call);
+        // A remote agent back after a lost connection asks again what it
+        // asked before: the request people see already, answerable now.
+        let call_id = tool_call.get("toolCallId").and_then(Value::as_str);
+        if let Some(held) = call_id.and_then(|id| self.requests.pending.asked_again(id)) {
+            tracing::info!(permission_id = %held.id, "the remote agent asks again since it is back");
+            self.requests.pending.park_restored(held, request.responder);
+            self.keep_rpc_ids();
+            self.journal.set_status(self.status_now());
+            return Ok(());
+        }
         let permission = PermissionRequest {
             id: model::new_id(),
             conversation_id: self.journal.conversation_id(),
@@ -153,6 +167,15 @@ impl Task {
     pub(super) async fn time_out(&mut self, due: Vec<Uuid>) -> Result<()> {
         let reason = self.requests.pending.timeout_reason();
         for id in due {
+            if let Some(held) = self.requests.pending.take_held(id) {
+                let why = format!(
+                    "the remote agent came back but did not ask again within {}s, so it no \
+                     longer waits for this answer",
+                    ASK_AGAIN_WITHIN.as_secs()
+                );
+                self.expire_held(held, &why).await?;
+                continue;
+            }
             let Some(answer) = self.requests.pending.expire(id) else {
                 continue;
             };
@@ -311,6 +334,9 @@ impl Task {
         decided_by: &str,
         via: Option<String>,
     ) -> Result<Option<PermissionRequest>> {
+        if self.requests.pending.is_held(id) {
+            return Err(agent_away());
+        }
         let Some(claimed) = self.requests.pending.claim_answered(id, &answer) else {
             return Ok(None);
         };
@@ -357,5 +383,46 @@ impl Task {
             None => {}
         }
         Ok(Some(request))
+    }
+
+    /// A remote agent connected again after a lost connection (`opened`
+    /// says how its session came back): the requests it asked before,
+    /// still pending, wait for it to ask again for [`ASK_AGAIN_WITHIN`]
+    /// where it resumed or loaded its session; where it could not, it
+    /// forgot them, and they expire now.
+    pub(super) async fn take_up_held(&mut self, opened: Opened) -> Result<()> {
+        let store = self.journal.store();
+        let pending = store
+            .list_permissions(&PermissionFilter {
+                pending_only: true,
+                conversation_id: Some(self.journal.conversation_id()),
+                owner: None,
+            })
+            .await?;
+        let remembers = matches!(opened, Opened::Resumed | Opened::Loaded);
+        for request in pending {
+            if remembers {
+                tracing::info!(permission_id = %request.id, "waiting for the remote agent to ask again");
+                self.requests.pending.hold(request, ASK_AGAIN_WITHIN);
+            } else {
+                let why = "the remote agent came back without its earlier session, so it no \
+                           longer waits for this answer";
+                self.expire_held(request, why).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolves a held request `expired`: its agent will not hear an
+    /// answer to it.
+    async fn expire_held(&mut self, request: PermissionRequest, why: &str) -> Result<()> {
+        tracing::info!(permission_id = %request.id, "{why}");
+        let resolution = Resolution {
+            request,
+            status: PermissionStatus::Expired,
+            decision: Decision::new(Answer::Cancelled, "system".into(), Some(why.into())),
+        };
+        self.journal.resolve(&resolution).await?;
+        self.flush().await
     }
 }
