@@ -4,7 +4,8 @@
 //! id in `Acp-Connection-Id`; then the connection's one `GET` event stream
 //! (`Accept: text/event-stream`) is opened, and every later line is POSTed
 //! with that id (and `Acp-Session-Id` where the message is about a
-//! session). What the agent sends (on the stream, or in the body of a
+//! session; before the first such POST, the session's own event stream
+//! is asked for, as the RFD's later revision has it). What the agent sends (on the stream, or in the body of a
 //! POST's answer, JSON or an event stream) becomes lines for the rpc
 //! layer. Closing the link sends `DELETE`.
 //!
@@ -14,7 +15,7 @@
 //! connection: it starts nothing on the agent; an agent answers it 400
 //! (reachable, the token taken) or 401/403 (the token refused).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -181,6 +182,7 @@ pub(super) async fn connect(
         lines,
         ends,
         sessions: Arc::default(),
+        streams: Arc::default(),
         max: max_message_bytes,
     };
     tokio::spawn(carrier.send(from_rpc));
@@ -212,6 +214,8 @@ struct Carrier {
     ends: Ends,
     /// The sessions of the agent's requests not yet answered.
     sessions: Arc<Sessions>,
+    /// The sessions whose own event stream was asked for.
+    streams: Arc<Mutex<HashSet<String>>>,
     max: usize,
 }
 
@@ -312,14 +316,48 @@ impl Carrier {
                 )))
             }
         };
-        tokio::spawn(self.clone().receive(stream));
+        tokio::spawn(self.clone().receive(stream, true));
         Ok(connection)
     }
 
-    /// The connection's event stream, each message a line for the rpc
-    /// layer; it ending ends the connection: in order when the agent ends
-    /// it, lost when the network fails.
-    async fn receive(self, mut stream: reqwest::Response) {
+    /// Opens `session`'s own event stream the first time a message about
+    /// it is POSTed (the RFD's revision of 2026-05: a session's updates,
+    /// requests and answers come on a `GET` naming the connection and
+    /// the session). An agent that serves only the connection's stream
+    /// (this gateway's front door answers 409) sends everything there:
+    /// a refusal is taken as that.
+    async fn open_session_stream(&self, connection: &str, session: &str) -> Result<(), Ended> {
+        if !self.streams.lock().unwrap().insert(session.to_owned()) {
+            return Ok(());
+        }
+        let stream = self
+            .peer
+            .client
+            .get(self.peer.url.clone())
+            .header(ACCEPT, "text/event-stream")
+            .header(CONNECTION_ID, connection)
+            .header(SESSION_ID, session)
+            .send()
+            .await
+            .map_err(|e| {
+                Ended::Lost(format!(
+                    "{:#}",
+                    anyhow::Error::new(e).context("a session's event stream could not be opened")
+                ))
+            })?;
+        if stream.status().is_success() {
+            tokio::spawn(self.clone().receive(stream, false));
+        } else {
+            tracing::debug!(status = %stream.status(), "no event stream of the session's own: the connection's carries it");
+        }
+        Ok(())
+    }
+
+    /// An event stream (the connection's, or a session's), each message a
+    /// line for the rpc layer. The connection's ending ends the
+    /// connection: in order when the agent ends it, lost when the network
+    /// fails; a session's ending in order ends only that stream.
+    async fn receive(self, mut stream: reqwest::Response, connection: bool) {
         let stop = self.ends.stop.clone();
         let mut events = Events::new(self.max);
         let how = loop {
@@ -330,6 +368,7 @@ impl Carrier {
             };
             let bytes = match chunk {
                 Ok(Some(bytes)) => bytes,
+                Ok(None) if !connection => return,
                 Ok(None) => break Ended::Closed("by the agent (it ended the event stream)".into()),
                 Err(e) => {
                     break Ended::Lost(format!(
@@ -366,6 +405,9 @@ impl Carrier {
     /// carries is read apart (an agent may hold it open).
     async fn post(&self, line: String, connection: &str) -> Result<(), Ended> {
         let about = self.sessions.of(&line);
+        if let Some(session) = &about {
+            self.open_session_stream(connection, session).await?;
+        }
         let request_id = request_id(&line);
         let response = self
             .peer
