@@ -26,7 +26,7 @@ pub mod addresses;
 mod paths;
 
 pub use paths::data_dir;
-pub use profile::AgentProfile;
+pub use profile::{AgentProfile, Transport};
 
 /// The default config file looked up in the working directory.
 pub const DEFAULT_CONFIG_FILE: &str = "acp-gateway.toml";

@@ -544,7 +544,7 @@ impl AgentProcess {
     /// Stops the agent: SIGTERM to it, its group and everything below it;
     /// after `grace`, the whole tree is killed. Under a shim, the shim does
     /// that and ends. A remote agent's connection is closed (a close frame,
-    /// its answer awaited briefly).
+    /// or a Streamable HTTP `DELETE`; its answer awaited briefly).
     pub async fn terminate(&mut self, grace: Duration) -> ExitStatus {
         let status = match &mut self.kind {
             Kind::Child(process) => process.terminate(grace).await,

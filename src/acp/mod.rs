@@ -1,6 +1,7 @@
 //! The protocol side: JSON-RPC framing and multiplexing ([`rpc`]), agent
 //! processes ([`agent`]), the gateway's end of a shim's socket
-//! ([`link`]) and of a remote agent's WebSocket ([`remote`]), the ACP reading of what an agent sends
+//! ([`link`]) and of a remote agent's connection ([`remote`]: WebSocket or
+//! Streamable HTTP), the ACP reading of what an agent sends
 //! ([`incoming`], with the text-chunk fast path in [`chunk`]), and the
 //! typed ACP client session on top ([`client`]), which fails with the
 //! protocol layer's own [`Error`]. [`lazy_buf`] is the read buffer both

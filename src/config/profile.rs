@@ -13,6 +13,9 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+
 use crate::sys::capabilities::CapSet;
 
 /// How to start one kind of agent.
@@ -27,9 +30,19 @@ pub struct AgentProfile {
     /// for a remote agent (`url`).
     #[serde(default)]
     pub command: String,
-    /// A remote agent's ACP endpoint instead of a `command`: WebSocket,
-    /// `wss://host:port/acp` (`ws://` only with `allow_private`).
+    /// A remote agent's ACP endpoint instead of a `command`:
+    /// `wss://host:port/acp` (WebSocket) or `https://host:port/acp`
+    /// (Streamable HTTP); `ws://` and `http://` only with `allow_private`.
     pub url: Option<String>,
+    /// How a remote agent is spoken to: `websocket` or `http` (Streamable
+    /// HTTP); by default what the `url`'s scheme says (`ws(s)://`:
+    /// WebSocket, `http(s)://`: Streamable HTTP). `websocket` with an
+    /// `https://` url upgrades that url to a WebSocket over TLS.
+    pub transport: Option<Transport>,
+    /// A PEM file of certificates this profile's remote agent's TLS is
+    /// also checked against (beside the web's root certificates), read at
+    /// every connection.
+    pub ca_file: Option<PathBuf>,
     /// A file holding the remote agent's bearer token (read at every
     /// connection).
     pub token_file: Option<PathBuf>,
@@ -42,8 +55,9 @@ pub struct AgentProfile {
     /// loopback and link-local addresses (this profile alone).
     #[serde(default)]
     pub allow_private: bool,
-    /// How often a remote agent's connection is pinged; one that has said
+    /// How often a remote agent's WebSocket is pinged; one that has said
     /// nothing (not even a pong) for three of these is lost (`0s`: never).
+    /// Over Streamable HTTP: the connections' TCP keepalive time.
     #[serde(default = "default_ping_interval", with = "humantime_serde")]
     pub ping_interval: Duration,
     #[serde(default)]
@@ -137,6 +151,16 @@ pub struct AgentProfile {
     pub capabilities: Vec<String>,
 }
 
+/// A remote agent's `transport`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transport {
+    /// One JSON-RPC message per text frame of a WebSocket.
+    Websocket,
+    /// ACP's Streamable HTTP: POSTed messages, one GET event stream.
+    Http,
+}
+
 /// A profile's shortcut over the rules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -199,6 +223,8 @@ impl AgentProfile {
             title: Some("Demo agent".into()),
             command: exe.to_string_lossy().into_owned(),
             url: None,
+            transport: None,
+            ca_file: None,
             token_file: None,
             token_env: None,
             headers: BTreeMap::new(),
@@ -267,7 +293,14 @@ impl AgentProfile {
                 bail!("{key}.command: must not be empty (or give a remote agent's url)")
             }
             None => {
-                for field in ["token_file", "token_env", "headers", "allow_private"] {
+                for field in [
+                    "transport",
+                    "ca_file",
+                    "token_file",
+                    "token_env",
+                    "headers",
+                    "allow_private",
+                ] {
                     if self.remote_key_set(field) {
                         bail!("{key}.{field}: only for a remote agent (url)");
                     }
@@ -338,9 +371,10 @@ impl AgentProfile {
 }
 
 impl AgentProfile {
-    /// Checks a remote agent's keys: its `url` (WebSocket; plain `ws://`
-    /// and private addresses written as IPs only with `allow_private`), its
-    /// token and headers, and that no key of a spawned agent is set with it.
+    /// Checks a remote agent's keys: its `url` (WebSocket or Streamable
+    /// HTTP; plain `ws://`/`http://` and private addresses written as IPs
+    /// only with `allow_private`), its `transport`, `ca_file`, token and
+    /// headers, and that no key of a spawned agent is set with it.
     fn validate_remote(&self, key: &str, url: &str) -> anyhow::Result<()> {
         let spawned_only = [
             ("command", !self.command.is_empty()),
@@ -364,18 +398,24 @@ impl AgentProfile {
         }
         let parsed =
             ::url::Url::parse(url).map_err(|e| anyhow::anyhow!("{key}.url: {url:?}: {e}"))?;
-        match parsed.scheme() {
-            "wss" => {}
-            "ws" if self.allow_private => {}
-            "ws" => bail!(
-                "{key}.url: plain ws:// is refused (use wss://, or set allow_private = true \
-                 for an agent on a private network)"
-            ),
-            "http" | "https" => bail!(
-                "{key}.url: ACP's Streamable HTTP transport is not supported yet: give the \
-                 agent's WebSocket endpoint (wss://…)"
-            ),
-            other => bail!("{key}.url: {other}:// is not a WebSocket URL (wss://…)"),
+        let scheme = parsed.scheme();
+        if !["ws", "wss", "http", "https"].contains(&scheme) {
+            bail!(
+                "{key}.url: {scheme}:// is not a remote agent's URL (wss://… for a WebSocket, \
+                 https://… for Streamable HTTP)"
+            );
+        }
+        if self.transport == Some(Transport::Http) && scheme.starts_with("ws") {
+            bail!(
+                "{key}.transport: \"http\" (Streamable HTTP) needs an http(s):// url, not \
+                 {scheme}://"
+            );
+        }
+        if (scheme == "ws" || scheme == "http") && !self.allow_private {
+            bail!(
+                "{key}.url: plain {scheme}:// is refused (use {scheme}s://, or set \
+                 allow_private = true for an agent on a private network)"
+            );
         }
         let host = match parsed.host() {
             Some(host) => host,
@@ -410,6 +450,11 @@ impl AgentProfile {
             (Some(_), None) | (None, Some(_)) => {}
             (None, None) => {}
         }
+        // Read at every connection (one that cannot be read makes the agent
+        // unavailable, saying why), as the token is.
+        if let Some(file) = self.ca_file.as_ref().filter(|f| !f.is_absolute()) {
+            bail!("{key}.ca_file: {file:?} must be an absolute path");
+        }
         for (name, value) in &self.headers {
             let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
             if name.is_empty() || !name.chars().all(token) {
@@ -440,15 +485,51 @@ impl AgentProfile {
         }
     }
 
+    /// The transport a remote agent is spoken to over: its `transport`, else
+    /// what its `url`'s scheme says (`None` for a spawned agent).
+    pub fn remote_transport(&self) -> Option<Transport> {
+        let url = self.url.as_deref()?;
+        Some(self.transport.unwrap_or(
+            if url.starts_with("http://") || url.starts_with("https://") {
+                Transport::Http
+            } else {
+                Transport::Websocket
+            },
+        ))
+    }
+
+    /// The certificates of its `ca_file`, read now (none without one).
+    pub fn extra_roots(&self) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+        match &self.ca_file {
+            Some(file) => read_ca_file(file).map_err(|e| anyhow::anyhow!("ca_file: {e:#}")),
+            None => Ok(Vec::new()),
+        }
+    }
+
     /// Whether one of the remote agent's keys is set.
     fn remote_key_set(&self, field: &str) -> bool {
         match field {
             "token_file" => self.token_file.is_some(),
             "token_env" => self.token_env.is_some(),
             "headers" => !self.headers.is_empty(),
+            "transport" => self.transport.is_some(),
+            "ca_file" => self.ca_file.is_some(),
             _ => self.allow_private,
         }
     }
+}
+
+/// The PEM certificates in `file`: an error naming it when it cannot be
+/// read or holds none.
+fn read_ca_file(file: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+    let text = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let certificates = CertificateDer::pem_slice_iter(&text)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("{} is not PEM: {e}", file.display()))?;
+    if certificates.is_empty() {
+        bail!("{} holds no PEM certificate", file.display());
+    }
+    Ok(certificates)
 }
 
 /// `[A-Za-z_][A-Za-z0-9_]*`: what a shell accepts as a variable name.

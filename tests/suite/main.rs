@@ -44,6 +44,7 @@ mod policies;
 mod quick_start;
 mod qwen_serve;
 mod remote_agents;
+mod remote_http;
 mod remote_reconnect;
 mod restart;
 mod resume;

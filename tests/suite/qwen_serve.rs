@@ -1,7 +1,8 @@
 //! A real agent that serves ACP over the network: `qwen serve` (npm
 //! `@qwen-code/qwen-code`, pinned in `tests/real-agents/`, installed by
 //! `tests/sdk-agents/install.sh`), reached by the gateway through a remote
-//! profile `url = "ws://127.0.0.1:PORT/acp"`. Its model is a scripted fake of
+//! profile `url = "ws://127.0.0.1:PORT/acp"` (or `http://…`, Streamable
+//! HTTP, with its session-scoped event streams). Its model is a scripted fake of
 //! the OpenAI Chat Completions API on loopback (streamed answers, a tool call
 //! when the prompt asks for one), so the whole turn runs offline.
 //!
@@ -331,6 +332,11 @@ impl QwenServe {
         format!("ws://127.0.0.1:{}/acp", self.port)
     }
 
+    /// The same endpoint, spoken to over Streamable HTTP.
+    fn http_url(&self) -> String {
+        format!("http://127.0.0.1:{}/acp", self.port)
+    }
+
     fn log_text(&self) -> String {
         self.log.lock().unwrap().join("\n")
     }
@@ -503,6 +509,16 @@ fn token_file(dir: &Path, name: &str, token: &str) -> PathBuf {
 /// then a shell command qwen asks permission for, parked in the gateway,
 /// answered over REST: the command runs and the turn ends `end_turn`.
 async fn qwen_serve_streams_and_asks_permission_answered_over_rest(db: TestDb) {
+    streams_and_asks_permission(db, QwenServe::url).await
+}
+
+/// The same over ACP's Streamable HTTP (POSTs, the connection's GET event
+/// stream) instead of the WebSocket.
+async fn qwen_serve_over_streamable_http_streams_and_asks_permission(db: TestDb) {
+    streams_and_asks_permission(db, QwenServe::http_url).await
+}
+
+async fn streams_and_asks_permission(db: TestDb, url: fn(&QwenServe) -> String) {
     let Some(bin) = qwen_bin() else { return };
     let model = FakeModel::start().await;
     let qwen = QwenServe::start(&bin, &model, None).await;
@@ -510,7 +526,7 @@ async fn qwen_serve_streams_and_asks_permission_answered_over_rest(db: TestDb) {
         &db,
         vec![qwen_profile(
             "qwen",
-            &qwen.url(),
+            &url(&qwen),
             qwen.workspace.path(),
             None,
         )],
@@ -618,6 +634,8 @@ async fn the_agents_list_says_qwen_is_available_or_refuses_the_token(db: TestDb)
             qwen_profile("qwen", &qwen.url(), cwd, Some(&right)),
             qwen_profile("qwen-wrong-token", &qwen.url(), cwd, Some(&wrong)),
             qwen_profile("qwen-no-token", &qwen.url(), cwd, None),
+            qwen_profile("qwen-http", &qwen.http_url(), cwd, Some(&right)),
+            qwen_profile("qwen-http-wrong-token", &qwen.http_url(), cwd, Some(&wrong)),
         ],
     )
     .await;
@@ -639,7 +657,8 @@ async fn the_agents_list_says_qwen_is_available_or_refuses_the_token(db: TestDb)
         qwen.log_text()
     );
     assert_eq!(agent("qwen")["unavailable_reason"], json!(null));
-    for refused in ["qwen-wrong-token", "qwen-no-token"] {
+    assert_eq!(agent("qwen-http")["available"], true, "{list}");
+    for refused in ["qwen-wrong-token", "qwen-no-token", "qwen-http-wrong-token"] {
         let a = agent(refused);
         assert_eq!(a["available"], false, "{a}");
         let reason = a["unavailable_reason"].as_str().unwrap();
@@ -731,5 +750,6 @@ async fn qwen_serve_restarted_mid_turn_is_connected_again_and_loads_the_session(
 backend_tests!(
     qwen_serve_restarted_mid_turn_is_connected_again_and_loads_the_session,
     qwen_serve_streams_and_asks_permission_answered_over_rest,
+    qwen_serve_over_streamable_http_streams_and_asks_permission,
     the_agents_list_says_qwen_is_available_or_refuses_the_token,
 );

@@ -542,11 +542,12 @@ fn a_remote_profile_mixing_in_a_spawned_agents_keys_is_refused() {
 fn a_remote_profiles_url_is_checked() {
     for (url, says) in [
         ("ws://agents.example.com/acp", "plain ws:// is refused"),
-        ("https://agents.example.com/acp", "Streamable HTTP"),
+        ("http://agents.example.com/acp", "plain http:// is refused"),
+        ("https://10.0.0.5/acp", "allow_private = true"),
         ("wss://10.0.0.5/acp", "allow_private = true"),
         ("wss://[::1]:4000/acp", "allow_private = true"),
         ("wss://169.254.169.254/acp", "allow_private = true"),
-        ("ftp://agents.example.com/", "not a WebSocket URL"),
+        ("ftp://agents.example.com/", "not a remote agent's URL"),
         ("not a url", "agents[0].url"),
         ("wss://me:pw@agents.example.com/acp", "credentials"),
     ] {
