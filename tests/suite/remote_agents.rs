@@ -506,7 +506,7 @@ backend_tests!(
 );
 
 /// The config error a profile's `keys` (TOML lines) make.
-fn refused(keys: &str) -> String {
+pub(super) fn refused(keys: &str) -> String {
     let text = format!("[[agents]]\nname = \"remote\"\n{keys}\n");
     let config = Config::parse(&text).expect("it parses");
     match config.validate() {

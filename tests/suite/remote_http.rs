@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::remote_agents::refused;
 use crate::common::*;
 use acp_gateway::config::{AgentProfile, Config, TlsFiles, Transport};
 
@@ -464,16 +465,6 @@ backend_tests!(
     a_dropped_http_connection_shows_agent_status_and_the_gateway_connects_again,
     a_message_over_max_line_bytes_ends_the_http_connection_saying_so,
 );
-
-/// The config error a profile's `keys` (TOML lines) make.
-fn refused(keys: &str) -> String {
-    let text = format!("[[agents]]\nname = \"remote\"\n{keys}\n");
-    let config = Config::parse(&text).expect("it parses");
-    match config.validate() {
-        Err(err) => format!("{err:#}"),
-        Ok(()) => panic!("accepted: {keys}"),
-    }
-}
 
 #[test]
 fn the_transport_follows_the_scheme_unless_named() {

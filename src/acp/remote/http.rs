@@ -20,14 +20,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
+use reqwest::header::{ACCEPT, CONTENT_TYPE};
 use reqwest::StatusCode;
 use serde::Deserialize;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream};
 use tokio::sync::mpsc;
 
 use super::guard::target;
-use super::shared::{as_line, Ended, Ends, RemoteLink, CLOSE_WITHIN, PIPE_BYTES};
+use super::shared::{as_line, request_headers, Ended, Ends, RemoteLink, CLOSE_WITHIN, PIPE_BYTES};
 use crate::config::AgentProfile;
 
 /// The header naming a connection.
@@ -52,20 +52,7 @@ struct Peer {
 impl Peer {
     async fn new(profile: &AgentProfile) -> anyhow::Result<Peer> {
         let target = target(profile).await?;
-        let mut headers = HeaderMap::new();
-        for (key, value) in &profile.headers {
-            let key = HeaderName::from_bytes(key.as_bytes()).context("bad header name")?;
-            headers.insert(
-                key,
-                HeaderValue::from_str(value).context("bad header value")?,
-            );
-        }
-        if let Some(token) = profile.remote_token()? {
-            let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
-                .context("the token is not a valid header value")?;
-            value.set_sensitive(true);
-            headers.insert(AUTHORIZATION, value);
-        }
+        let headers = request_headers(profile)?;
         let mut builder = reqwest::Client::builder()
             .default_headers(headers)
             .redirect(reqwest::redirect::Policy::none())

@@ -6,9 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION};
 use tokio::io::DuplexStream;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+
+use crate::config::AgentProfile;
 
 /// How many bytes each direction's pipe between the connection and the
 /// rpc layer holds.
@@ -129,6 +133,26 @@ pub(super) fn as_line(mut text: String) -> String {
     }
     text.push('\n');
     text
+}
+
+/// The headers every request to the profile's remote agent carries: its
+/// `headers`, and its bearer token (marked sensitive: never logged).
+pub(super) fn request_headers(profile: &AgentProfile) -> anyhow::Result<HeaderMap> {
+    let mut headers = HeaderMap::new();
+    for (key, value) in &profile.headers {
+        let key = HeaderName::from_bytes(key.as_bytes()).context("bad header name")?;
+        headers.insert(
+            key,
+            HeaderValue::from_str(value).context("bad header value")?,
+        );
+    }
+    if let Some(token) = profile.remote_token()? {
+        let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
+            .context("the token is not a valid header value")?;
+        value.set_sensitive(true);
+        headers.insert(AUTHORIZATION, value);
+    }
+    Ok(headers)
 }
 
 #[cfg(test)]

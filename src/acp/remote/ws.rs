@@ -13,13 +13,14 @@ use futures::{SinkExt, StreamExt};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::{HeaderName, HeaderValue};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_tungstenite::WebSocketStream;
 
 use super::guard::target;
-use super::shared::{as_line, end, Ended, Ends, RemoteLink, CLOSE_WITHIN, PIPE_BYTES, PROBE_BYTES};
+use super::shared::{
+    as_line, end, request_headers, Ended, Ends, RemoteLink, CLOSE_WITHIN, PIPE_BYTES, PROBE_BYTES,
+};
 use crate::config::AgentProfile;
 
 /// A byte stream of either kind (plain TCP, or TLS over it).
@@ -74,19 +75,7 @@ async fn open(
             .map_err(|()| anyhow!("cannot make {url} a WebSocket URL"))?;
     }
     let mut request = url.as_str().into_client_request().context("bad url")?;
-    let headers = request.headers_mut();
-    for (key, value) in &profile.headers {
-        let key = HeaderName::from_bytes(key.as_bytes()).context("bad header name")?;
-        headers.insert(
-            key,
-            HeaderValue::from_str(value).context("bad header value")?,
-        );
-    }
-    if let Some(token) = profile.remote_token()? {
-        let value = HeaderValue::from_str(&format!("Bearer {token}"))
-            .context("the token is not a valid header value")?;
-        headers.insert("authorization", value);
-    }
+    request.headers_mut().extend(request_headers(profile)?);
     let config = WebSocketConfig::default()
         .max_message_size(Some(max_message_bytes))
         .max_frame_size(Some(max_message_bytes));
