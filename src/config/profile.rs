@@ -60,6 +60,11 @@ pub struct AgentProfile {
     /// Over Streamable HTTP: the connections' TCP keepalive time.
     #[serde(default = "default_ping_interval", with = "humantime_serde")]
     pub ping_interval: Duration,
+    /// How many times the gateway tries, by itself, to connect again to a
+    /// remote agent whose connection was lost (1 s after the loss, then
+    /// twice as long after each failure, at most 30 s; default 10; `0`:
+    /// not at all, the next prompt connects again).
+    pub reconnect_tries: Option<u32>,
     #[serde(default)]
     pub args: Vec<String>,
     /// Variables set for the agent (and its terminal commands), on top of
@@ -230,6 +235,7 @@ impl AgentProfile {
             headers: BTreeMap::new(),
             allow_private: false,
             ping_interval: default_ping_interval(),
+            reconnect_tries: None,
             args: vec!["demo-agent".into(), "--chunk-delay-ms".into(), "40".into()],
             env: BTreeMap::new(),
             pass_env: Vec::new(),
@@ -300,6 +306,7 @@ impl AgentProfile {
                     "token_env",
                     "headers",
                     "allow_private",
+                    "reconnect_tries",
                 ] {
                     if self.remote_key_set(field) {
                         bail!("{key}.{field}: only for a remote agent (url)");
@@ -514,6 +521,7 @@ impl AgentProfile {
             "headers" => !self.headers.is_empty(),
             "transport" => self.transport.is_some(),
             "ca_file" => self.ca_file.is_some(),
+            "reconnect_tries" => self.reconnect_tries.is_some(),
             _ => self.allow_private,
         }
     }

@@ -18,7 +18,8 @@ use crate::cluster::{Claim, ClusterMember, Forwarded};
 use crate::error::{Error, Problem, Result};
 use crate::model::{Conversation, ConversationStatus, PermissionStatus};
 
-/// How often a remote agent whose connection was lost is tried again.
+/// How often a remote agent whose connection was lost is tried again,
+/// unless its profile's `reconnect_tries` says otherwise.
 const RECONNECT_TRIES: u32 = 10;
 /// The longest wait between two of those tries.
 const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(30);
@@ -93,11 +94,20 @@ impl Sessions {
                 .get(&conversation.agent)
                 .is_some_and(|p| p.url.is_some())
         };
-        if !self.stored(id).await.is_ok_and(|c| remote(&c)) {
+        let Ok(conversation) = self.stored(id).await else {
+            return;
+        };
+        if !remote(&conversation) {
             return;
         }
+        let tries = self
+            .inner
+            .profiles
+            .get(&conversation.agent)
+            .and_then(|p| p.reconnect_tries)
+            .unwrap_or(RECONNECT_TRIES);
         let mut delay = Duration::from_secs(1);
-        for _ in 0..RECONNECT_TRIES {
+        for _ in 0..tries {
             tokio::select! {
                 _ = self.inner.setup.shutdown.cancelled() => return,
                 _ = tokio::time::sleep(delay) => {}
@@ -120,10 +130,14 @@ impl Sessions {
             delay = (delay * 2).min(RECONNECT_MAX_DELAY);
         }
         // The requests it left pending will not be answered.
-        let detail = format!(
-            "the remote agent's connection was lost and it did not come back in \
-             {RECONNECT_TRIES} tries"
-        );
+        let detail = match tries {
+            0 => "the remote agent's connection was lost (reconnect_tries = 0)".to_owned(),
+            1 => "the remote agent's connection was lost and it did not come back in 1 try"
+                .to_owned(),
+            n => format!(
+                "the remote agent's connection was lost and it did not come back in {n} tries"
+            ),
+        };
         let settled = self
             .gated(id, async {
                 if self.live(id).is_some() || self.runs_elsewhere(id).await?.is_some() {

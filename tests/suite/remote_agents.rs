@@ -536,6 +536,11 @@ fn a_remote_profile_mixing_in_a_spawned_agents_keys_is_refused() {
         err.contains("agents[0].allow_private: only for a remote agent"),
         "{err}"
     );
+    let err = refused("command = \"sh\"\nreconnect_tries = 3");
+    assert!(
+        err.contains("agents[0].reconnect_tries: only for a remote agent"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -298,6 +298,24 @@ async fn closing_the_conversation_while_the_agent_is_away_cancels_its_request(db
     server.kill().await;
 }
 
+async fn a_request_whose_agent_never_comes_back_expires_after_the_last_try(db: TestDb) {
+    let server = ResumableServer::start(false).await;
+    let mut profile = remote_profile("remote", &server.url(), None);
+    profile.reconnect_tries = Some(1);
+    let gw = TestGateway::start(&db, vec![profile]).await;
+    let (id, mut ws) = gw.open_conversation("remote").await;
+    server.set_away(true);
+    let request = cut_while_asking(&gw, &server, &id, &mut ws).await;
+    // One try, a second after the loss, fails: the gateway gives up.
+    let frames = ws.until_type("permission_resolved").await;
+    let resolved = frames.last().unwrap();
+    assert_eq!(resolved["data"]["id"], request.as_str());
+    assert_eq!(resolved["data"]["status"], "expired", "{resolved}");
+    let why = resolved["data"]["decision"]["reason"].as_str().unwrap();
+    assert!(why.contains("did not come back in 1 try"), "{why}");
+    server.kill().await;
+}
+
 async fn a_request_the_agent_does_not_ask_again_once_back_expires_saying_why(db: TestDb) {
     let server = ResumableServer::start(true).await;
     let gw = TestGateway::start(&db, vec![remote_profile("remote", &server.url(), None)]).await;
@@ -330,4 +348,5 @@ backend_tests!(
     a_request_the_agent_does_not_ask_again_once_back_expires_saying_why,
     a_gateway_restarted_while_the_agent_was_away_connects_again_and_the_request_waits,
     closing_the_conversation_while_the_agent_is_away_cancels_its_request,
+    a_request_whose_agent_never_comes_back_expires_after_the_last_try,
 );
