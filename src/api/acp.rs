@@ -132,9 +132,10 @@ struct StreamHeaders {
     /// The `id` of the last event a dropped stream of the connection
     /// delivered: the events after it are sent first, each once, in order
     /// (400 `malformed_json` when not a number or never sent; 409
-    /// `acp_events_gone` when some are no longer kept).
-    #[param(rename = "Last-Event-ID", nullable = false)]
-    last_event_id: Option<u64>,
+    /// `acp_events_gone` when some are no longer kept). A WebSocket
+    /// starts afresh: there it is ignored (400 when not a number).
+    #[param(rename = "Last-Event-ID", nullable = false, pattern = "^[0-9]+$")]
+    last_event_id: Option<String>,
 }
 
 /// Upgrades to an ACP connection: the gateway is the agent, the caller's
@@ -167,6 +168,7 @@ async fn acp_default(
     if http::wants_stream(&headers) {
         return http::stream(&conns, &caller, &headers);
     }
+    not_resumed(&headers)?;
     open(state, caller, None, protocol, upgrade?)
 }
 
@@ -247,6 +249,7 @@ async fn acp_agent(
     if http::wants_stream(&headers) {
         return http::stream(&conns, &caller, &headers);
     }
+    not_resumed(&headers)?;
     open(state, caller, Some(agent), protocol, upgrade?)
 }
 
@@ -305,6 +308,20 @@ fn known_agent(state: &AppState, agent: &str) -> Result<()> {
         return Err(Error::NotFound(format!("no agent named {agent:?}")));
     }
     Ok(())
+}
+
+/// A WebSocket starts afresh: a `Last-Event-ID` (the event stream's) on
+/// its handshake is ignored, but one that is not an event's id (a number)
+/// is refused as on the event stream (400).
+fn not_resumed(headers: &HeaderMap) -> Result<()> {
+    let given = headers.get(axum::http::header::HeaderName::from_static("last-event-id"));
+    let well_formed = |v: &str| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit());
+    match given.map(|v| v.to_str().map(well_formed)) {
+        None | Some(Ok(true)) => Ok(()),
+        Some(_) => Err(Error::BadRequest(
+            "Last-Event-ID must be an event's id (a number)".into(),
+        )),
+    }
 }
 
 fn open(

@@ -405,6 +405,37 @@ async fn a_connection_is_its_tokens_users_the_token_may_be_a_query_and_revoking_
     assert!(events.next().await.is_none());
 }
 
+/// `Last-Event-ID` belongs to the event stream: a WebSocket handshake
+/// carrying one that is not a number is refused (400), a number is ignored
+/// (a WebSocket starts afresh).
+async fn a_websocket_handshake_ignores_a_last_event_id_and_refuses_a_malformed_one(db: TestDb) {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let gw = gateway(&db).await;
+    let handshake = |last_event_id: &str| {
+        let url = gw.url("/api/v1/acp").replacen("http://", "ws://", 1);
+        let mut request = url.into_client_request().unwrap();
+        let headers = request.headers_mut();
+        headers.insert("last-event-id", last_event_id.parse().unwrap());
+        if let Some(token) = &gw.token {
+            headers.insert("authorization", format!("Bearer {token}").parse().unwrap());
+        }
+        request
+    };
+    match tokio_tungstenite::connect_async(handshake("abc")).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status(), 400)
+        }
+        other => panic!(
+            "a malformed Last-Event-ID is refused: {:?}",
+            other.map(|_| ())
+        ),
+    }
+    let (mut ws, _) = tokio_tungstenite::connect_async(handshake("7"))
+        .await
+        .expect("a number is ignored");
+    ws.close(None).await.unwrap();
+}
+
 async fn an_idle_connection_is_ended_and_frees_its_place(db: TestDb) {
     let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
     config.acp_connections_per_user = 1;
@@ -559,4 +590,5 @@ backend_tests!(
     a_prompt_streams_on_the_get_stream_and_a_permission_is_answered_by_post,
     every_refusal_has_its_status_and_messages_wait_for_the_stream,
     a_connection_is_its_tokens_users_the_token_may_be_a_query_and_revoking_it_ends_it,
+    a_websocket_handshake_ignores_a_last_event_id_and_refuses_a_malformed_one,
 );
