@@ -67,9 +67,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             acp_gateway::sys::return_large_allocations_to_the_system();
             let config = acp_gateway::Config::load(config.as_deref())?;
+            // Listened for before the gateway says where it listens: a
+            // signal sent once it has said so is never missed.
+            use anyhow::Context;
+            use tokio::signal::unix::{signal, SignalKind};
+            let term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+            let interrupt = signal(SignalKind::interrupt()).context("SIGINT handler")?;
             let gateway = acp_gateway::Gateway::build(config).await?;
             let plan = gateway.shutdown_plan();
-            gateway.run(shutdown_signal(plan)).await
+            gateway.run(shutdown_signal(term, interrupt, plan)).await
         }
         Cmd::Migrate { config } => cli::migrate(config.as_deref()).await,
         Cmd::Export { config, to } => cli::export(config.as_deref(), &to).await,
@@ -81,11 +87,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 /// Resolves on SIGTERM (a service manager's stop: `on_shutdown` decides)
 /// or SIGINT (Ctrl-C at a terminal: the person wants everything stopped,
 /// agents included).
-async fn shutdown_signal(plan: acp_gateway::config::ShutdownPlan) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+async fn shutdown_signal(
+    mut term: tokio::signal::unix::Signal,
+    mut interrupt: tokio::signal::unix::Signal,
+    plan: acp_gateway::config::ShutdownPlan,
+) {
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {
+        _ = interrupt.recv() => {
             plan.cancel();
             tracing::info!("stopping (SIGINT: turns are cancelled and agents stopped)");
         }
