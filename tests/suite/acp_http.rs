@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 const CONNECTION: &str = "Acp-Connection-Id";
 
 /// A POST of `body` (JSON) to `path`, on connection `conn` if given.
-async fn post(gw: &TestGateway, path: &str, conn: Option<&str>, body: Value) -> reqwest::Response {
+async fn post(gw: &Client, path: &str, conn: Option<&str>, body: Value) -> reqwest::Response {
     let mut request = gw.http.post(gw.url(path)).json(&body);
     if let Some(conn) = conn {
         request = request.header(CONNECTION, conn);
@@ -360,24 +360,10 @@ async fn a_connection_is_its_tokens_users_the_token_may_be_a_query_and_revoking_
     // Another user's connection is no connection of theirs: 404.
     let list = request(1, "session/list", json!({}));
     let as_alice = gw.with_token(&alice);
-    let response = as_alice
-        .http
-        .post(gw.url("/api/v1/acp"))
-        .header(CONNECTION, &conn)
-        .json(&list)
-        .send()
-        .await
-        .unwrap();
+    let response = post(&as_alice, "/api/v1/acp", Some(&conn), list.clone()).await;
     assert_eq!(response.status(), 404);
     let as_bob = gw.with_token(&bob);
-    let response = as_bob
-        .http
-        .post(gw.url("/api/v1/acp"))
-        .header(CONNECTION, &conn)
-        .json(&list)
-        .send()
-        .await
-        .unwrap();
+    let response = post(&as_bob, "/api/v1/acp", Some(&conn), list.clone()).await;
     assert_eq!(response.status(), 202);
     let response = as_bob
         .http
@@ -389,13 +375,7 @@ async fn a_connection_is_its_tokens_users_the_token_may_be_a_query_and_revoking_
     assert_eq!(response.status(), 204);
 
     // A revoked token ends its connections: the stream ends.
-    let response = as_bob
-        .http
-        .post(gw.url("/api/v1/acp"))
-        .json(&init)
-        .send()
-        .await
-        .unwrap();
+    let response = post(&as_bob, "/api/v1/acp", None, init.clone()).await;
     let conn = response.headers()[CONNECTION].to_str().unwrap().to_owned();
     let mut events = Events::open(&as_bob, &conn).await;
     let (status, _) = gw

@@ -531,16 +531,16 @@ fn a_remote_profile_mixing_in_a_spawned_agents_keys_is_refused() {
         assert!(err.contains("does not apply to a remote agent"), "{err}");
     }
     // And a spawned agent's profile may not carry a remote one's keys.
-    let err = refused("command = \"sh\"\nallow_private = true");
-    assert!(
-        err.contains("agents[0].allow_private: only for a remote agent"),
-        "{err}"
-    );
-    let err = refused("command = \"sh\"\nreconnect_tries = 3");
-    assert!(
-        err.contains("agents[0].reconnect_tries: only for a remote agent"),
-        "{err}"
-    );
+    for (key, line) in [
+        ("allow_private", "allow_private = true"),
+        ("reconnect_tries", "reconnect_tries = 3"),
+        ("ca_file", "ca_file = \"/etc/ssl/ca.pem\""),
+        ("transport", "transport = \"http\""),
+    ] {
+        let err = refused(&format!("command = \"sh\"\n{line}"));
+        let says = format!("agents[0].{key}: only for a remote agent");
+        assert!(err.contains(&says), "{err}");
+    }
 }
 
 #[test]

@@ -500,16 +500,6 @@ fn a_ca_file_is_for_a_remote_agent_and_read_at_each_connection() {
     let err = refused("url = \"https://agents.example.com/acp\"\nca_file = \"ca.pem\"");
     assert!(err.contains("agents[0].ca_file"), "{err}");
     assert!(err.contains("absolute path"), "{err}");
-    let err = refused("command = \"sh\"\nca_file = \"/etc/ssl/ca.pem\"");
-    assert!(
-        err.contains("agents[0].ca_file: only for a remote agent"),
-        "{err}"
-    );
-    let err = refused("command = \"sh\"\ntransport = \"http\"");
-    assert!(
-        err.contains("agents[0].transport: only for a remote agent"),
-        "{err}"
-    );
 
     // Read when connecting: what cannot be used says which file.
     let dir = tempfile::tempdir().unwrap();
