@@ -18,7 +18,8 @@ use serde_json::{json, Value};
 
 use super::acp_server::{text_prompt, SdkClient};
 use super::notify_channels::{
-    attempts_of, create_target, decrypted_bodies, notifying_config, vapid_public_key, Service, BASE,
+    attempts_of, decrypted_bodies, notifying_config, vapid_public_key, web_push_target, Service,
+    BASE,
 };
 use crate::common::*;
 
@@ -85,17 +86,7 @@ async fn an_ide_task_answered_from_the_phone_goes_on_and_is_reopened_the_next_da
     let gw = TestGateway::start_with(notifying_config(&db)).await;
     // The phone: a browser's Web Push subscription at a push service.
     let push_service = Service::start("push_service.py", &[&vapid_public_key(&gw).await]);
-    let phone = create_target(
-        &gw,
-        json!({
-            "kind": "web_push",
-            "subscription": {
-                "endpoint": format!("{}/push/ok", push_service.base),
-                "keys": {"p256dh": push_service.hello["p256dh"], "auth": push_service.hello["auth"]},
-            },
-        }),
-    )
-    .await;
+    let phone = web_push_target(&gw, &push_service).await;
     let mut pushes = gw.outbox.watch();
 
     // At the desk: the IDE starts a task that needs a permission.

@@ -460,6 +460,22 @@ pub(crate) fn notifying_config(db: &TestDb) -> Config {
 }
 
 /// Creates a target (no tokens: as the anonymous user); its id.
+/// A Web Push target whose subscription is at `push_service` (its
+/// `/push/ok` endpoint, with the keys it made); the target's id.
+pub(crate) async fn web_push_target(gw: &TestGateway, push_service: &Service) -> String {
+    create_target(
+        gw,
+        json!({
+            "kind": "web_push",
+            "subscription": {
+                "endpoint": format!("{}/push/ok", push_service.base),
+                "keys": {"p256dh": push_service.hello["p256dh"], "auth": push_service.hello["auth"]},
+            },
+        }),
+    )
+    .await
+}
+
 pub(crate) async fn create_target(gw: &TestGateway, body: Value) -> String {
     let (status, created) = gw
         .call("POST", "/api/v1/notification-targets", Some(body))
@@ -792,17 +808,7 @@ async fn a_five_thousand_character_title_arrives_shortened_on_web_push_and_fcm(d
     let (config, fcm_service, _dir) = fcm_notifying_config(&db);
     let gw = TestGateway::start_with(config).await;
     let push_service = Service::start("push_service.py", &[&vapid_public_key(&gw).await]);
-    let push = create_target(
-        &gw,
-        json!({
-            "kind": "web_push",
-            "subscription": {
-                "endpoint": format!("{}/push/ok", push_service.base),
-                "keys": {"p256dh": push_service.hello["p256dh"], "auth": push_service.hello["auth"]},
-            },
-        }),
-    )
-    .await;
+    let push = web_push_target(&gw, &push_service).await;
     let device = create_target(&gw, json!({"kind": "fcm", "device_token": "device-long"})).await;
     let mut watch = gw.outbox.watch();
 
