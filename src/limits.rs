@@ -24,6 +24,8 @@ pub const POLICY_NAME_MAX_CHARS: usize = 100;
 pub const POLICY_MAX_RULES: usize = 1000;
 /// A session mode id, configuration option id or value, in characters.
 pub const SETTING_ID_MAX_CHARS: usize = 200;
+/// A reason a person gives with an answer, in characters.
+pub const REASON_MAX_CHARS: usize = 2000;
 
 /// [`line`]'s rule as a JSON Schema pattern (no C0 or C1 control
 /// character, as [`char::is_control`]).
@@ -40,6 +42,25 @@ pub fn line(field: &str, value: &str, max: usize) -> Result<()> {
     if value.chars().any(char::is_control) {
         return Err(Error::Unprocessable(format!(
             "{field} must not contain control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// Text a person typed, over lines: at most `max` characters, no control
+/// characters but newlines and tabs.
+pub fn text(field: &str, value: &str, max: usize) -> Result<()> {
+    if value.chars().count() > max {
+        return Err(Error::Unprocessable(format!(
+            "{field} must be at most {max} characters"
+        )));
+    }
+    if value
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+    {
+        return Err(Error::Unprocessable(format!(
+            "{field} must not contain control characters other than newlines and tabs"
         )));
     }
     Ok(())

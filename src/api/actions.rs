@@ -262,6 +262,8 @@ async fn answer(
     let who = Answerer {
         decided_by: format!("user:{}", row.user_name),
         via: Some("notification".to_owned()),
+        reason: None,
+        steer: false,
         may_see: Some(&may_see),
     };
     let answer = Answer::Option(row.option_id.clone());

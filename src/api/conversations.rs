@@ -26,6 +26,7 @@ use crate::model::{
     self, event_type, Conversation, ConversationStatus, ConversationView, Event, EventBody,
     FileChange, Message, Page, Rule, ToolCall,
 };
+use crate::session::command::{Prompted, WhileRunning};
 use crate::session::Setting;
 use crate::workspace::cwd::conversation_cwd;
 
@@ -155,6 +156,7 @@ pub(super) async fn start_conversation(
         owner: Some(caller.user.clone()),
         state: Default::default(),
         node_id: None,
+        queue: Vec::new(),
     };
     state
         .sessions()
@@ -265,6 +267,14 @@ enum PromptBody {
 #[serde(deny_unknown_fields)]
 struct TextPrompt {
     text: String,
+    /// While a turn runs: queue the prompt (the default) or refuse it
+    /// (`false`: 409 `turn_in_progress`).
+    #[serde(default)]
+    queue: Option<bool>,
+    /// Cancel the running turn and send this prompt next, ahead of the
+    /// queue (default `false`).
+    #[serde(default)]
+    steer: Option<bool>,
 }
 
 /// A prompt of ACP content blocks.
@@ -274,6 +284,14 @@ struct ContentPrompt {
     /// 1 to 1000 blocks, each with a string `type`.
     #[schema(value_type = Vec<ContentBlock>, min_items = 1, max_items = 1000)]
     content: Vec<Value>,
+    /// While a turn runs: queue the prompt (the default) or refuse it
+    /// (`false`: 409 `turn_in_progress`).
+    #[serde(default)]
+    queue: Option<bool>,
+    /// Cancel the running turn and send this prompt next, ahead of the
+    /// queue (default `false`).
+    #[serde(default)]
+    steer: Option<bool>,
 }
 
 impl<'de> Deserialize<'de> for PromptBody {
@@ -287,11 +305,39 @@ impl<'de> Deserialize<'de> for PromptBody {
 }
 
 impl PromptBody {
-    fn content(self) -> Result<Vec<Value>> {
-        prompt_content(match self {
-            PromptBody::Text(TextPrompt { text }) => vec![json!({"type": "text", "text": text})],
-            PromptBody::Content(ContentPrompt { content }) => content,
-        })
+    /// Its content, checked, and what it does while a turn runs.
+    fn read(self) -> Result<(Vec<Value>, WhileRunning)> {
+        let (content, queue, steer) = match self {
+            PromptBody::Text(TextPrompt { text, queue, steer }) => {
+                (vec![json!({"type": "text", "text": text})], queue, steer)
+            }
+            PromptBody::Content(ContentPrompt {
+                content,
+                queue,
+                steer,
+            }) => (content, queue, steer),
+        };
+        let while_running = match (steer, queue) {
+            (Some(true), _) => WhileRunning::Steer,
+            (_, Some(false)) => WhileRunning::Refuse,
+            _ => WhileRunning::Queue,
+        };
+        Ok((prompt_content(content)?, while_running))
+    }
+}
+
+/// A prompt's content as a queued prompt's edit gives it (see `queue.rs`).
+pub(super) fn edited_content(
+    text: Option<String>,
+    content: Option<Vec<Value>>,
+) -> Result<Option<Vec<Value>>> {
+    match (text, content) {
+        (Some(_), Some(_)) => Err(Error::Unprocessable(
+            "give at most one of text or content".into(),
+        )),
+        (Some(text), None) => Ok(Some(vec![json!({"type": "text", "text": text})])),
+        (None, Some(content)) => prompt_content(content).map(Some),
+        (None, None) => Ok(None),
     }
 }
 
@@ -312,22 +358,60 @@ pub(super) fn prompt_content(content: Vec<Value>) -> Result<Vec<Value>> {
     Ok(content)
 }
 
+/// What became of a prompt: a turn started, or (while one runs) it was
+/// queued.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+#[schema(as = PromptAccepted)]
+enum Accepted {
+    Started(Started),
+    Queued(Queued),
+}
+
 /// The turn a prompt started.
 #[derive(Serialize, ToSchema)]
-struct TurnId {
+#[schema(as = TurnStartedAnswer)]
+pub(super) struct Started {
+    /// `false`.
+    queued: bool,
     turn_id: Uuid,
 }
 
+impl Started {
+    pub(super) fn new(turn_id: Uuid) -> Started {
+        Started {
+            queued: false,
+            turn_id,
+        }
+    }
+}
+
+/// A prompt queued while a turn runs.
+#[derive(Serialize, ToSchema)]
+#[schema(as = PromptQueuedAnswer)]
+struct Queued {
+    /// `true`.
+    queued: bool,
+    /// The queued prompt's id (`…/queue/{prompt_id}`), which is also the id
+    /// of the turn it starts.
+    id: Uuid,
+    /// Its place in the queue: 0 starts next.
+    position: usize,
+}
+
 /// Starts a turn; it streams as events. An agent that has gone is started
-/// again first.
+/// again first. While a turn runs, the prompt is queued (202 with
+/// `"queued": true`; it starts when that turn ends with `end_turn`), or
+/// refused with `"queue": false`, or (`"steer": true`) sent next: the
+/// running turn is cancelled.
 #[utoipa::path(
     post, operation_id = "prompt", path = "/api/v1/conversations/{id}/prompts", tag = "conversations",
     params(ConversationPath),
     request_body = PromptBody,
     responses(
-        (status = 202, description = "The turn started", body = TurnId),
+        (status = 202, description = "The turn started, or the prompt was queued", body = Accepted),
         NoConversation,
-        (status = 409, description = "`turn_in_progress`, `conversation_closed` or `agent_unavailable`"),
+        (status = 409, description = "`turn_in_progress` (with `\"queue\": false`), `queue_full`, `conversation_closed` or `agent_unavailable`"),
         (status = 422, description = "Invalid prompt"),
         (status = 429, description = "Too many prompts for the token, or the agent has to be started again and all the agents the owner may run are busy (`max_agents_per_user`); `Retry-After`"),
         (status = 502, description = "The agent could not be started again"),
@@ -343,10 +427,21 @@ async fn prompt(
     }: Visible<Conversation>,
     AppJson(body): AppJson<PromptBody>,
 ) -> Result<impl IntoResponse> {
-    let content = body.content()?;
+    let (content, while_running) = body.read()?;
     state.auth().check_rate(&caller, Limited::Prompt)?;
-    let turn_id = state.sessions().prompt(&item, content).await?;
-    Ok((StatusCode::ACCEPTED, Json(TurnId { turn_id })))
+    let prompted = state
+        .sessions()
+        .prompt(&item, content, while_running, Some(caller.decided_by()))
+        .await?;
+    let accepted = match prompted {
+        Prompted::Started(turn_id) => Accepted::Started(Started::new(turn_id)),
+        Prompted::Queued { id, position } => Accepted::Queued(Queued {
+            queued: true,
+            id,
+            position,
+        }),
+    };
+    Ok((StatusCode::ACCEPTED, Json(accepted)))
 }
 
 /// Cancels the running turn (`session/cancel`; its pending permission

@@ -4,6 +4,7 @@
 mod acp;
 mod policies;
 mod ws;
+mod queue;
 mod conversations;
 mod tokens;
 mod notifications;
@@ -49,6 +50,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(openapi_json))
         .merge(actions::router())
         .merge(conversations::router())
+        .merge(queue::router())
         .merge(search::router())
         .merge(permissions::router())
         .merge(policies::router())

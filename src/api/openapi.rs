@@ -10,7 +10,7 @@ use utoipa::openapi::{Content, RefOr};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::model::{
-    ConversationView, Event, FileChange, Message, PermissionRequest, Rule, ToolCall,
+    ConversationView, Event, FileChange, Message, PermissionRequest, QueuedPrompt, Rule, ToolCall,
 };
 use crate::store::TokenInfo;
 
@@ -220,6 +220,10 @@ list!(
 list!(
     /// Remembered answers, oldest first.
     RuleList, Rule
+);
+list!(
+    /// A conversation's queued prompts, the next first.
+    QueuedPromptList, QueuedPrompt
 );
 list!(
     /// Permission requests, oldest first.

@@ -12,6 +12,7 @@ use super::page::whole;
 use super::state::AppState;
 use crate::auth::Caller;
 use crate::error::{Error, Result};
+use crate::limits;
 use crate::model::Answer;
 use crate::model::{Page, PermissionRequest};
 use crate::session::answer::Answerer;
@@ -111,6 +112,16 @@ struct OptionAnswer {
     /// One of the request's `options[].optionId` (another is 409
     /// `not_offered`).
     option_id: String,
+    /// Why, in the person's words (at most 2000 characters): stored with
+    /// the decision, and told to the agent as the first queued prompt, which
+    /// starts when the turn ends.
+    #[serde(default)]
+    #[schema(max_length = 2000)]
+    reason: Option<String>,
+    /// Tell the agent the reason at once: the running turn is cancelled
+    /// after the answer (needs `reason`; default `false`).
+    #[serde(default)]
+    steer: Option<bool>,
 }
 
 /// No option: the ACP `cancelled` outcome.
@@ -119,6 +130,16 @@ struct OptionAnswer {
 #[schema(as = PermissionOutcomeAnswer)]
 struct OutcomeAnswer {
     outcome: Outcome,
+    /// Why, in the person's words (at most 2000 characters): stored with
+    /// the decision, and told to the agent as the first queued prompt, which
+    /// starts when the turn ends.
+    #[serde(default)]
+    #[schema(max_length = 2000)]
+    reason: Option<String>,
+    /// Tell the agent the reason at once: the running turn is cancelled
+    /// after the answer (needs `reason`; default `false`).
+    #[serde(default)]
+    steer: Option<bool>,
 }
 
 /// The only outcome a user gives without an option.
@@ -139,15 +160,40 @@ impl<'de> Deserialize<'de> for RespondBody {
 }
 
 impl RespondBody {
-    /// The answer the body gives (its shape is only the document's).
-    fn answer(self) -> Answer {
-        match self {
-            RespondBody::Option(OptionAnswer { option_id }) => Answer::Option(option_id),
+    /// The answer the body gives (its shape is only the document's), and
+    /// the reason given with it, checked, and whether it steers.
+    fn answer(self) -> Result<(Answer, Option<String>, bool)> {
+        let (answer, reason, steer) = match self {
+            RespondBody::Option(OptionAnswer {
+                option_id,
+                reason,
+                steer,
+            }) => (Answer::Option(option_id), reason, steer),
             RespondBody::Outcome(OutcomeAnswer {
                 outcome: Outcome::Cancelled,
-            }) => Answer::Cancelled,
+                reason,
+                steer,
+            }) => (Answer::Cancelled, reason, steer),
+        };
+        let reason = answer_reason(reason)?;
+        if steer == Some(true) && reason.is_none() {
+            return Err(Error::Unprocessable(
+                "steer needs a reason: it sends the reason to the agent at once".into(),
+            ));
         }
+        Ok((answer, reason, steer == Some(true)))
     }
+}
+
+/// A reason given with an answer: at most [`limits::REASON_MAX_CHARS`]
+/// characters, newlines allowed but no other control characters; blank is
+/// none.
+pub(super) fn answer_reason(reason: Option<String>) -> Result<Option<String>> {
+    let Some(reason) = reason.filter(|r| !r.trim().is_empty()) else {
+        return Ok(None);
+    };
+    limits::text("reason", &reason, limits::REASON_MAX_CHARS)?;
+    Ok(Some(reason))
 }
 
 /// Answers a pending request: persisted, then the agent is answered, then
@@ -170,12 +216,15 @@ async fn respond(
     AppPath(id): AppPath<Uuid>,
     AppJson(body): AppJson<RespondBody>,
 ) -> Result<Json<PermissionRequest>> {
+    let (answer, reason, steer) = body.answer()?;
     let may_see = |owner: Option<&str>| caller.can_see(owner);
     let who = Answerer {
         decided_by: caller.decided_by(),
         via: None,
+        reason,
+        steer,
         may_see: Some(&may_see),
     };
-    let answered = state.sessions().answer(id, &who, body.answer()).await?;
+    let answered = state.sessions().answer(id, &who, answer).await?;
     Ok(Json(answered))
 }

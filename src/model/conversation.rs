@@ -10,6 +10,7 @@ use uuid::Uuid;
 use super::agent_report::{
     AgentReport, AvailableCommand, PromptCapabilities, SessionConfigOption, SessionModeState, Usage,
 };
+use super::queue::QueuedPrompt;
 
 /// Lifecycle of a conversation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -78,6 +79,9 @@ pub struct Conversation {
     /// The gateway node whose agent runs it (see [`crate::cluster`]); not
     /// part of the API object.
     pub node_id: Option<Uuid>,
+    /// Prompts waiting for the running turn to end (see
+    /// [`super::queue`]); not part of the API object (`…/queue` is).
+    pub queue: Vec<QueuedPrompt>,
 }
 
 /// A conversation: one ACP session with one agent profile, plus its
@@ -393,6 +397,7 @@ mod tests {
             owner: Some("alice".into()),
             state: offered(),
             node_id: None,
+            queue: Vec::new(),
         };
         c.state.title = Some("Agent's".into());
         let shown = serde_json::to_value(&c).unwrap();

@@ -27,6 +27,7 @@ use uuid::Uuid;
 
 use super::agent_report::SettingValue;
 use super::permission::PermissionRequest;
+use super::queue::{QueueChanged, QueueHeld};
 
 mod session_update;
 
@@ -56,6 +57,8 @@ pub mod event_type {
     pub const CONFIG_OPTION_CHANGED: &str = "config_option_changed";
     pub const FILE_WRITTEN: &str = "file_written";
     pub const TERMINAL_OUTPUT: &str = "terminal_output";
+    pub const QUEUE_CHANGED: &str = "queue_changed";
+    pub const QUEUE_HELD: &str = "queue_held";
 }
 
 /// What an event says happened: its `type`, and its `data` typed.
@@ -85,6 +88,12 @@ pub enum EventBody {
     /// `terminal_output`: output of a command the agent runs through
     /// `terminal/create` (profiles with `client_terminal`).
     TerminalOutput(TerminalOutput),
+    /// `queue_changed`: a prompt was queued, edited, moved, removed or
+    /// started; the whole queue now.
+    QueueChanged(QueueChanged),
+    /// `queue_held`: a turn ended other than with `end_turn` while prompts
+    /// were queued; they wait for a person.
+    QueueHeld(QueueHeld),
     /// An event whose `data` is not its type's shape, kept verbatim: a
     /// stand-in for one the database refused (`data.unstorable` says why),
     /// or one read back in a shape this gateway does not know. Not in the
@@ -116,6 +125,8 @@ impl EventBody {
             EventBody::ConfigOptionChanged(_) => CONFIG_OPTION_CHANGED,
             EventBody::FileWritten(_) => FILE_WRITTEN,
             EventBody::TerminalOutput(_) => TERMINAL_OUTPUT,
+            EventBody::QueueChanged(_) => QUEUE_CHANGED,
+            EventBody::QueueHeld(_) => QUEUE_HELD,
             EventBody::Verbatim { kind, .. } => kind,
         }
     }
@@ -204,6 +215,8 @@ impl EventBody {
             CONFIG_OPTION_CHANGED => parse(data, EventBody::ConfigOptionChanged, kind),
             FILE_WRITTEN => parse(data, EventBody::FileWritten, kind),
             TERMINAL_OUTPUT => parse(data, EventBody::TerminalOutput, kind),
+            QUEUE_CHANGED => parse(data, EventBody::QueueChanged, kind),
+            QUEUE_HELD => parse(data, EventBody::QueueHeld, kind),
             _ => EventBody::Verbatim {
                 kind: kind.to_owned(),
                 data,
@@ -227,6 +240,8 @@ impl Serialize for EventBodyData<'_> {
             EventBody::ConfigOptionChanged(d) => d.serialize(s),
             EventBody::FileWritten(d) => d.serialize(s),
             EventBody::TerminalOutput(d) => d.serialize(s),
+            EventBody::QueueChanged(d) => d.serialize(s),
+            EventBody::QueueHeld(d) => d.serialize(s),
             EventBody::Verbatim { data, .. } => data.serialize(s),
         }
     }
@@ -286,7 +301,9 @@ body_from!(
     ModeChanged,
     ConfigOptionChanged,
     FileWritten,
-    TerminalOutput
+    TerminalOutput,
+    QueueChanged,
+    QueueHeld
 );
 
 /// `turn_started`: a prompt was accepted.
@@ -437,7 +454,7 @@ struct Documented {
 }
 
 /// The events as the OpenAPI document shows them, one schema per type.
-const DOCUMENTED: [Documented; 10] = {
+const DOCUMENTED: [Documented; 12] = {
     use event_type::*;
     [
         Documented {
@@ -499,6 +516,18 @@ const DOCUMENTED: [Documented; 10] = {
             kind: TERMINAL_OUTPUT,
             description: "`terminal_output`: output of a command the agent runs through\n`terminal/create` (profiles with `client_terminal`).",
             data: component::<TerminalOutput>,
+        },
+        Documented {
+            name: "QueueChanged",
+            kind: QUEUE_CHANGED,
+            description: "`queue_changed`: a prompt was queued, edited, moved, removed or\nstarted; the whole queue now.",
+            data: component::<QueueChanged>,
+        },
+        Documented {
+            name: "QueueHeld",
+            kind: QUEUE_HELD,
+            description: "`queue_held`: a turn ended other than with `end_turn` while prompts\nwere queued; they wait for a person.",
+            data: component::<QueueHeld>,
         },
     ]
 };

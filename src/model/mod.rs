@@ -1,7 +1,7 @@
 //! The gateway's own objects as the API reference (`docs/api.md`) names
 //! them, one file per job: [`conversation`] (a conversation, its messages
 //! and tool calls), [`permission`] (requests, answers, rules, roles,
-//! policies), [`policy_input`] (what a policy rule may say, as the API and
+//! policies), [`queue`] (prompts waiting for the running turn), [`policy_input`] (what a policy rule may say, as the API and
 //! the config file take it), [`agent_report`] (what the agent reported
 //! about its session), [`event`] (the event log) and [`stamp`] (new ids,
 //! the time now). ACP objects inside them (updates, tool calls, content
@@ -15,6 +15,7 @@ pub mod event;
 pub mod policy_input;
 pub mod conversation;
 pub mod permission;
+pub mod queue;
 pub mod agent_report;
 pub mod stamp;
 
@@ -22,6 +23,7 @@ pub use agent_report::*;
 pub use conversation::*;
 pub use event::*;
 pub use permission::*;
+pub use queue::*;
 pub use stamp::*;
 
 /// A list in the contract's shape: one page of items, and the cursor of

@@ -108,7 +108,9 @@ pub struct Decision {
     /// `user:<name>`, `policy:<rule name>` or `system`.
     #[schema(example = "user:alice")]
     pub decided_by: String,
-    /// Why, when the gateway or a policy decided.
+    /// Why: the person's own words where they gave a reason with their
+    /// answer; else why the gateway or a policy decided (or a note on an
+    /// "always" answer not remembered).
     pub reason: Option<String>,
     pub decided_at: DateTime<Utc>,
     /// How a person's answer came: `notification` (an action URL); absent

@@ -7,7 +7,7 @@
 
 use uuid::Uuid;
 
-use super::command::Command;
+use super::command::{AnswerNote, Command};
 use super::Sessions;
 use crate::error::{Error, Result};
 use crate::model::{Answer, PermissionRequest, PermissionStatus};
@@ -22,6 +22,10 @@ pub struct Answerer<'a> {
     pub decided_by: String,
     /// How the answer came (`notification`), if not over the API.
     pub via: Option<String>,
+    /// Why, in their words (stored with the decision, told to the agent).
+    pub reason: Option<String>,
+    /// The reason is told at once: the running turn is cancelled.
+    pub steer: bool,
     /// Whether they may see a conversation with this owner (a request they
     /// may not see is 404, as if it did not exist); `None`: whoever handed
     /// the answer on checked it (another node).
@@ -29,6 +33,15 @@ pub struct Answerer<'a> {
 }
 
 impl Answerer<'_> {
+    /// What they said besides the option.
+    fn note(&self) -> AnswerNote {
+        AnswerNote {
+            via: self.via.clone(),
+            reason: self.reason.clone(),
+            steer: self.steer,
+        }
+    }
+
     fn sees(&self, owner: Option<&str>) -> bool {
         self.may_see.is_none_or(|may_see| may_see(owner))
     }
@@ -115,6 +128,8 @@ impl Sessions {
                 answer: answer.clone(),
                 decided_by: who.decided_by.clone(),
                 via: who.via.clone(),
+                reason: who.reason.clone(),
+                steer: who.steer,
                 reply: Default::default(),
             };
             if let Some(answered) = self.forward(conversation_id, node, &remote).await? {
@@ -150,7 +165,7 @@ impl Sessions {
         answer: &Answer,
     ) -> Option<Result<PermissionRequest>> {
         let session = self.live(conversation_id)?;
-        let asked = session.answer(id, answer.clone(), who.decided_by.clone(), who.via.clone());
+        let asked = session.answer(id, answer.clone(), who.decided_by.clone(), who.note());
         asked.await?.transpose()
     }
 }

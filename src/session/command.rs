@@ -13,8 +13,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use super::queue::QueueEdit;
 use crate::error::Result;
-use crate::model::{AgentReport, Answer, PermissionRequest};
+use crate::model::{AgentReport, Answer, PermissionRequest, QueueChanged};
 
 /// A command for a conversation, as the task gets it and as one node sends
 /// it to another (`{"kind": "prompt", …}`). Each carries its own reply, of
@@ -23,9 +24,31 @@ use crate::model::{AgentReport, Answer, PermissionRequest};
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Command {
-    /// Start a turn with this content; the reply is the new turn's id.
+    /// Start a turn with this content, or (while one runs) queue it as
+    /// `while_running` says; the reply says which.
     Prompt {
         content: Vec<Value>,
+        /// Absent from a node of an earlier version: refused while a turn
+        /// runs, as it did.
+        #[serde(default, skip_serializing_if = "WhileRunning::is_refuse")]
+        while_running: WhileRunning,
+        /// Who sent it (`user:<name>`), recorded with a queued prompt.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<String>,
+        #[serde(skip)]
+        reply: Reply<Result<Prompted>>,
+    },
+    /// A person's change to a queued prompt; the reply is what the
+    /// `queue_changed` event says.
+    Queue {
+        edit: QueueEdit,
+        by: String,
+        #[serde(skip)]
+        reply: Reply<Result<QueueChanged>>,
+    },
+    /// Start the first queued prompt now (a queue held after a turn that
+    /// did not end with `end_turn`); the reply is the new turn's id.
+    Resume {
         #[serde(skip)]
         reply: Reply<Result<Uuid>>,
     },
@@ -48,6 +71,13 @@ pub enum Command {
         /// How the answer came (`notification`), if not over the API.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         via: Option<String>,
+        /// Why, in the person's words: stored with the decision and told to
+        /// the agent as a prompt.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        /// The reason is sent at once: the running turn is cancelled.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        steer: bool,
         #[serde(skip)]
         reply: Reply<Result<Option<PermissionRequest>>>,
     },
@@ -111,6 +141,44 @@ impl<T> std::fmt::Debug for Reply<T> {
     }
 }
 
+/// What a prompt sent while a turn runs does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WhileRunning {
+    /// Refused: 409 `turn_in_progress`.
+    #[default]
+    Refuse,
+    /// Queued: it starts when the running turn ends with `end_turn`.
+    Queue,
+    /// The running turn is cancelled and this prompt starts next.
+    Steer,
+}
+
+impl WhileRunning {
+    fn is_refuse(&self) -> bool {
+        *self == WhileRunning::Refuse
+    }
+}
+
+/// What became of a prompt: a turn started (its id; the form a node of an
+/// earlier version answers with), or it was queued.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Prompted {
+    Started(Uuid),
+    Queued { id: Uuid, position: usize },
+}
+
+/// A person's answer to a permission request, besides the option: how it
+/// came and what they said with it.
+#[derive(Debug, Clone, Default)]
+pub struct AnswerNote {
+    /// How the answer came (`notification`), if not over the API.
+    pub via: Option<String>,
+    pub reason: Option<String>,
+    pub steer: bool,
+}
+
 /// A session setting a user asks the agent to change.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Setting {
@@ -156,9 +224,31 @@ impl Handle {
         rx.await.ok()
     }
 
-    /// Starts a turn; returns its id once `turn_started` is committed.
-    pub async fn prompt(&self, content: Vec<Value>) -> Option<Result<Uuid>> {
-        self.ask(|reply| Command::Prompt { content, reply }).await
+    /// Starts a turn (its id once `turn_started` is committed), or queues
+    /// the prompt while one runs as `while_running` says.
+    pub async fn prompt(
+        &self,
+        content: Vec<Value>,
+        while_running: WhileRunning,
+        by: Option<String>,
+    ) -> Option<Result<Prompted>> {
+        self.ask(|reply| Command::Prompt {
+            content,
+            while_running,
+            by,
+            reply,
+        })
+        .await
+    }
+
+    /// Changes a queued prompt.
+    pub async fn edit_queue(&self, edit: QueueEdit, by: String) -> Option<Result<QueueChanged>> {
+        self.ask(|reply| Command::Queue { edit, by, reply }).await
+    }
+
+    /// Starts the first queued prompt now.
+    pub async fn resume_queue(&self) -> Option<Result<Uuid>> {
+        self.ask(|reply| Command::Resume { reply }).await
     }
 
     /// Cancels the running turn, if any.
@@ -173,13 +263,15 @@ impl Handle {
         request: Uuid,
         answer: Answer,
         decided_by: String,
-        via: Option<String>,
+        note: AnswerNote,
     ) -> Option<Result<Option<PermissionRequest>>> {
         self.ask(|reply| Command::Respond {
             request,
             answer,
             decided_by,
-            via,
+            via: note.via,
+            reason: note.reason,
+            steer: note.steer,
             reply,
         })
         .await
@@ -242,9 +334,36 @@ mod tests {
             (
                 Command::Prompt {
                     content: vec![json!({"type": "text", "text": "hi"})],
+                    while_running: WhileRunning::Refuse,
+                    by: None,
                     reply: Reply::none(),
                 },
                 json!({"kind": "prompt", "content": [{"type": "text", "text": "hi"}]}),
+            ),
+            (
+                Command::Prompt {
+                    content: vec![json!({"type": "text", "text": "hi"})],
+                    while_running: WhileRunning::Steer,
+                    by: Some("user:alice".into()),
+                    reply: Reply::none(),
+                },
+                json!({"kind": "prompt", "content": [{"type": "text", "text": "hi"}],
+                       "while_running": "steer", "by": "user:alice"}),
+            ),
+            (
+                Command::Queue {
+                    edit: QueueEdit::Remove { prompt: request },
+                    by: "user:alice".into(),
+                    reply: Reply::none(),
+                },
+                json!({"kind": "queue", "edit": {"edit": "remove", "prompt": REQUEST},
+                       "by": "user:alice"}),
+            ),
+            (
+                Command::Resume {
+                    reply: Reply::none(),
+                },
+                json!({"kind": "resume"}),
             ),
             (
                 Command::Cancel {
@@ -264,6 +383,8 @@ mod tests {
                     answer: Answer::Option("allow_once".into()),
                     decided_by: "alice".into(),
                     via: None,
+                    reason: None,
+                    steer: false,
                     reply: Reply::none(),
                 },
                 json!({"kind": "respond", "request": REQUEST,
@@ -275,10 +396,25 @@ mod tests {
                     answer: Answer::Cancelled,
                     decided_by: "bob".into(),
                     via: Some("notification".into()),
+                    reason: None,
+                    steer: false,
                     reply: Reply::none(),
                 },
                 json!({"kind": "respond", "request": REQUEST, "answer": "Cancelled",
                        "decided_by": "bob", "via": "notification"}),
+            ),
+            (
+                Command::Respond {
+                    request,
+                    answer: Answer::Option("no".into()),
+                    decided_by: "bob".into(),
+                    via: None,
+                    reason: Some("wrong file".into()),
+                    steer: true,
+                    reply: Reply::none(),
+                },
+                json!({"kind": "respond", "request": REQUEST, "answer": {"Option": "no"},
+                       "decided_by": "bob", "reason": "wrong file", "steer": true}),
             ),
             (
                 Command::Change {

@@ -29,8 +29,8 @@ use crate::bus::EventBus;
 use crate::error::Result;
 use crate::model::{
     self, AgentReport, AgentStatus, ChunkKind, Conversation, ConversationStatus, Decision, Event,
-    EventBody, MessagePart, PermissionRequest, PermissionStatus, SessionUpdate, ToolCall,
-    TurnEnded,
+    EventBody, MessagePart, PermissionRequest, PermissionStatus, QueuedPrompt, SessionUpdate,
+    ToolCall, TurnEnded,
 };
 use crate::store::{AgentLink, Batch, CommitQueue, ConversationPatch, Resolution, Store};
 use crate::telemetry;
@@ -57,6 +57,8 @@ pub struct Journal {
     /// What the agent reports about its session, when that changed since
     /// the last commit.
     state: Option<AgentReport>,
+    /// The prompt queue, once it changed (written with the next commit).
+    queue: Option<Vec<QueuedPrompt>>,
     /// The conversation's owner, carried along with published events.
     owner: Option<String>,
     /// What has not been committed yet.
@@ -117,6 +119,7 @@ impl Journal {
             acp_session_id: conversation.acp_session_id.clone(),
             turn_id,
             state: None,
+            queue: None,
             owner: conversation.owner.clone(),
             batch: Batch::default(),
             dirty: false,
@@ -371,6 +374,12 @@ impl Journal {
         self.changed(false);
     }
 
+    /// Records the prompt queue as it is now.
+    pub fn set_queue(&mut self, queue: &[QueuedPrompt]) {
+        self.queue = Some(queue.to_vec());
+        self.changed(true);
+    }
+
     fn changed(&mut self, urgent: bool) {
         self.dirty = true;
         self.urgent |= urgent;
@@ -385,6 +394,7 @@ impl Journal {
         self.buffered_since = None;
         self.buffered_text = 0;
         self.state = None;
+        self.queue = None;
     }
 
     fn patch(&self, last_seq: i64) -> ConversationPatch {
@@ -395,6 +405,7 @@ impl Journal {
             current_turn_id: self.turn_id,
             updated_at: model::now(),
             state: self.state.clone(),
+            queue: self.queue.clone(),
         }
     }
 
@@ -645,6 +656,7 @@ mod tests {
             owner: None,
             state: Default::default(),
             node_id: None,
+            queue: Vec::new(),
         };
         store.insert_conversation(&conversation).await.unwrap();
         let outlets = Outlets {

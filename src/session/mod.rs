@@ -14,7 +14,8 @@
 //! [`task`] is one conversation's `select!` loop, taking [`command`]s;
 //! `spawn` starts its agent; `mcp` keeps the MCP servers an ACP client
 //! gave a conversation, for each start of its agent; [`transcript`] (pure) turns chunks into
-//! messages and tool-call states; [`pending`] holds permission requests
+//! messages and tool-call states; [`queue`] (pure) the prompts waiting for
+//! the running turn; [`pending`] holds permission requests
 //! until answered; [`journal`] is the single writer that commits, then
 //! publishes.
 
@@ -27,6 +28,7 @@ pub mod task;
 pub mod journal;
 pub mod command;
 pub mod transcript;
+pub mod queue;
 pub mod pending;
 pub mod served;
 mod spawn;

@@ -6,17 +6,19 @@
 use std::future::Future;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use serde_json::Value;
 use uuid::Uuid;
 
 use super::answer::Answerer;
-use super::command::{Command, Handle, Setting};
+use super::command::{Command, Handle, Prompted, Setting, WhileRunning};
 use super::journal::Journal;
+use super::queue::{self, QueueEdit};
 use super::recover::settle_pending;
 use super::Sessions;
 use crate::cluster::{Claim, ClusterMember, Forwarded};
 use crate::error::{Error, Problem, Result};
-use crate::model::{Conversation, ConversationStatus, PermissionStatus};
+use crate::model::{Conversation, ConversationStatus, PermissionStatus, QueueChanged};
 
 /// How often a remote agent whose connection was lost is tried again,
 /// unless its profile's `reconnect_tries` says otherwise.
@@ -254,19 +256,99 @@ impl Sessions {
         self.inner.node.runs_elsewhere(conversation_id).await
     }
 
-    /// Starts a turn, starting the agent again first if it is gone; the
-    /// turn's id once `turn_started` is committed.
-    pub async fn prompt(&self, conversation: &Conversation, content: Vec<Value>) -> Result<Uuid> {
+    /// Starts a turn, starting the agent again first if it is gone (the
+    /// turn's id once `turn_started` is committed); while one runs, the
+    /// prompt is refused, queued or steers, as `while_running` says.
+    pub async fn prompt(
+        &self,
+        conversation: &Conversation,
+        content: Vec<Value>,
+        while_running: WhileRunning,
+        by: Option<String>,
+    ) -> Result<Prompted> {
         let remote = Command::Prompt {
             content: content.clone(),
+            while_running,
+            by: by.clone(),
             reply: Default::default(),
         };
         self.on_live(
             conversation,
             |session| {
-                let content = content.clone();
-                async move { session.prompt(content).await }
+                let (content, by) = (content.clone(), by.clone());
+                async move { session.prompt(content, while_running, by).await }
             },
+            remote,
+        )
+        .await
+    }
+
+    /// A person's change to one of the conversation's queued prompts: made
+    /// by its live session (here or on the node that runs it), else to the
+    /// stored queue (no agent runs, so nothing starts meanwhile). A prompt
+    /// that no longer waits is 404, or 409 `already_started` where it
+    /// started a turn.
+    pub async fn edit_queue(
+        &self,
+        conversation: &Conversation,
+        edit: QueueEdit,
+        by: String,
+    ) -> Result<QueueChanged> {
+        let prompt = edit.prompt();
+        let remote = Command::Queue {
+            edit: edit.clone(),
+            by: by.clone(),
+            reply: Default::default(),
+        };
+        let session = |session: Handle| {
+            let (edit, by) = (edit.clone(), by.clone());
+            async move { session.edit_queue(edit, by).await }
+        };
+        let changed = self
+            .unattended(conversation, session, remote, |journal, stored| {
+                let (edit, by) = (edit.clone(), by.clone());
+                Box::pin(async move {
+                    let mut queue = stored.queue;
+                    let changed = queue::apply(&mut queue, edit, &by)?;
+                    journal.append(changed.clone());
+                    journal.set_queue(&queue);
+                    journal.flush().await?;
+                    Ok(changed)
+                })
+            })
+            .await;
+        match changed {
+            Err(Error::NotFound(why)) => {
+                let started = self.store().turn_exists(conversation.id, prompt).await?;
+                Err(match started {
+                    true => Error::conflict(
+                        "already_started",
+                        format!("the queued prompt {prompt} has started (turn {prompt})"),
+                    ),
+                    false => Error::NotFound(why),
+                })
+            }
+            changed => changed,
+        }
+    }
+
+    /// Starts the first queued prompt now, starting the agent again first
+    /// if it is gone; the new turn's id.
+    pub async fn resume_queue(&self, conversation: &Conversation) -> Result<Uuid> {
+        if self.live(conversation.id).is_none()
+            && self.runs_elsewhere(conversation.id).await?.is_none()
+        {
+            let stored = self.stored(conversation.id).await?;
+            if stored.queue.is_empty() {
+                return Err(Error::conflict("queue_empty", "no prompt is queued"));
+            }
+        }
+        let remote = Command::Resume {
+            reply: Default::default(),
+        };
+        self.on_live(
+            conversation,
+            |session| async move { session.resume_queue().await },
             remote,
         )
         .await
@@ -331,62 +413,93 @@ impl Sessions {
     /// an agent is just marked closed.
     pub async fn close(&self, conversation: &Conversation) -> Result<()> {
         self.inner.client_mcp.forget(conversation.id);
-        if let Some(session) = self.live(conversation.id) {
+        if conversation.status == ConversationStatus::Closed && self.live(conversation.id).is_none()
+        {
+            return Ok(());
+        }
+        let remote = Command::Close {
+            reply: Default::default(),
+        };
+        let session = |session: Handle| async move {
+            // Answered once the agent is gone (`None`: it was going).
             session.close().await;
-            return Ok(());
-        }
-        if conversation.status == ConversationStatus::Closed {
-            return Ok(());
-        }
+            Some(Ok(()))
+        };
+        self.unattended(conversation, session, remote, |journal, _| {
+            Box::pin(async move {
+                // Left pending by a remote agent that is away.
+                settle_pending(journal, PermissionStatus::Cancelled, "conversation closed").await?;
+                journal.set_status(ConversationStatus::Closed);
+                journal.flush().await
+            })
+        })
+        .await
+    }
+
+    /// Runs a command that needs no agent: on the conversation's live
+    /// session (`command`), here or on the node that runs it (`remote`);
+    /// else here on what is stored (`write`, with a journal fenced at the
+    /// claim this takes, under the gate a start takes too, so no session
+    /// starts meanwhile), without starting its agent.
+    async fn unattended<T, F, Fut, W>(
+        &self,
+        conversation: &Conversation,
+        command: F,
+        remote: Command,
+        write: W,
+    ) -> Result<T>
+    where
+        F: Fn(Handle) -> Fut,
+        Fut: Future<Output = Option<Result<T>>>,
+        T: serde::de::DeserializeOwned,
+        W: for<'j> Fn(&'j mut Journal, Conversation) -> BoxFuture<'j, Result<T>>,
+    {
         let id = conversation.id;
+        // A few rounds: a session may start or end, or a node die, just then.
         for _ in 0..3 {
-            // Claimed under the gate a start takes too: a session started
-            // here meanwhile holds the epoch it claimed, not an older one.
-            let closed_here = self
+            if let Some(session) = self.live(id) {
+                if let Some(result) = command(session.clone()).await {
+                    return result;
+                }
+                session.ended().await;
+                continue;
+            }
+            let here = self
                 .gated(id, async {
-                    if let Some(session) = self.live(id) {
+                    if self.live(id).is_some() {
                         // Started here meanwhile.
-                        session.close().await;
-                        return Ok(None);
+                        return Ok(Unattended::Again);
                     }
                     let (took_from, epoch) = match self.inner.node.claim(id).await? {
-                        Claim::Elsewhere(node) => return Ok(Some(node)),
+                        Claim::Elsewhere(node) => return Ok(Unattended::Elsewhere(node)),
                         Claim::Mine { took_from, epoch } => (took_from, epoch),
                     };
-                    let closed = async {
+                    let written = async {
                         if let Some(dead) = took_from {
                             self.recover_taken(id, dead).await?;
                         }
-                        let conversation = self.stored(id).await?;
+                        let stored = self.stored(id).await?;
                         let mut journal =
-                            Journal::new(self.inner.setup.outlets.clone(), &conversation, None)
+                            Journal::new(self.inner.setup.outlets.clone(), &stored, None)
                                 .fenced_at(epoch);
-                        // Left pending by a remote agent that is away.
-                        settle_pending(
-                            &mut journal,
-                            PermissionStatus::Cancelled,
-                            "conversation closed",
-                        )
-                        .await?;
-                        journal.set_status(ConversationStatus::Closed);
-                        journal.flush().await
+                        write(&mut journal, stored).await
                     }
                     .await;
                     self.inner.node.release(id).await;
-                    closed.map(|()| None)
+                    written.map(Unattended::Done)
                 })
                 .await?;
-            let Some(node) = closed_here else {
-                return Ok(());
-            };
-            let close = Command::Close {
-                reply: Default::default(),
-            };
-            if let Some(answer) = self.forward(id, node, &close).await? {
-                return answer;
+            match here {
+                Unattended::Done(done) => return Ok(done),
+                Unattended::Again => {}
+                Unattended::Elsewhere(node) => {
+                    if let Some(answer) = self.forward(id, node, &remote).await? {
+                        return answer;
+                    }
+                }
             }
         }
-        Err(not_live(&self.stored(conversation.id).await?))
+        Err(not_live(&self.stored(id).await?))
     }
 }
 
@@ -398,8 +511,22 @@ impl ClusterMember for Sessions {
             let command: Command = decode(command)?;
             let conversation = self.stored(conversation_id).await?;
             Ok::<Value, Error>(match command {
-                Command::Prompt { content, .. } => {
-                    serde_json::to_value(self.prompt(&conversation, content).await?)
+                Command::Prompt {
+                    content,
+                    while_running,
+                    by,
+                    ..
+                } => serde_json::to_value(
+                    self.prompt(&conversation, content, while_running, by)
+                        .await?,
+                )
+                .expect("ids serialize"),
+                Command::Queue { edit, by, .. } => {
+                    serde_json::to_value(self.edit_queue(&conversation, edit, by).await?)
+                        .expect("queues serialize")
+                }
+                Command::Resume { .. } => {
+                    serde_json::to_value(self.resume_queue(&conversation).await?)
                         .expect("ids serialize")
                 }
                 Command::Cancel { .. } => {
@@ -415,12 +542,16 @@ impl ClusterMember for Sessions {
                     answer,
                     decided_by,
                     via,
+                    reason,
+                    steer,
                     ..
                 } => {
                     // The node that sent it checked who may answer.
                     let who = Answerer {
                         decided_by,
                         via,
+                        reason,
+                        steer,
                         may_see: None,
                     };
                     serde_json::to_value(self.answer(request, &who, answer).await?)
@@ -450,6 +581,16 @@ impl ClusterMember for Sessions {
             tracing::warn!(error = %e, "could not recover the conversations of a dead node");
         }
     }
+}
+
+/// What became of a command with no live session to run it (see
+/// [`Sessions::unattended`]).
+enum Unattended<T> {
+    Done(T),
+    /// A session started here meanwhile: it runs the command.
+    Again,
+    /// A live node other than this one runs the conversation.
+    Elsewhere(Uuid),
 }
 
 /// Where a conversation's agent runs.

@@ -24,6 +24,7 @@ mod ending;
 mod incoming;
 mod output;
 mod permissions;
+mod queue;
 pub(super) mod reattached;
 mod settings;
 mod turns;
@@ -41,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::command::{Command, Handle, Reply};
+use super::command::{AnswerNote, Command, Handle, Reply};
 use super::journal::{Journal, Outlets};
 use super::pending::{Pending, WaitingRequests};
 use super::served::ClientServices;
@@ -64,7 +65,7 @@ use crate::workspace::terminals::TerminalOutput;
 use crate::workspace::Workspace;
 use output::{output_moved_on, ShimOutput};
 pub use parts::ExitCauses;
-use parts::{Change, Ending, Intake, Requests, Settings, Turns};
+use parts::{Change, Ending, Intake, Queue, Requests, Settings, Turns};
 
 /// Most events committed in one batch while an agent streams.
 const MAX_BATCH_EVENTS: usize = 512;
@@ -316,6 +317,9 @@ fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
             early: parts.early,
         },
         turns: Turns::default(),
+        queue: Queue {
+            prompts: conversation.queue.clone(),
+        },
         settings: Settings {
             state: parts.state,
             changes: FuturesUnordered::new(),
@@ -362,6 +366,7 @@ struct Task {
     terminal_output: mpsc::Receiver<TerminalOutput>,
     intake: Intake,
     turns: Turns,
+    queue: Queue,
     settings: Settings,
     requests: Requests,
     ending: Ending,
@@ -520,8 +525,11 @@ impl Task {
             }
             Step::Answered(result) => {
                 let ends = !matches!(result, Err(RpcError::Closed(_)));
-                self.answered(result).await?;
+                let ended = self.answered(result).await?;
                 if ends {
+                    // The next queued prompt starts in the commit that
+                    // ends this turn.
+                    self.after_turn(ended).await?;
                     self.flush().await?;
                 }
             }
@@ -597,7 +605,14 @@ impl Task {
     /// Carries out a user's command, answering on the reply it carries.
     async fn handle_command(&mut self, command: Command) -> Result<()> {
         match command {
-            Command::Prompt { content, reply } => reply.send(self.start_turn(content).await),
+            Command::Prompt {
+                content,
+                while_running,
+                by,
+                reply,
+            } => reply.send(self.take_prompt(content, while_running, by).await),
+            Command::Queue { edit, by, reply } => reply.send(self.edit_queue(edit, &by).await),
+            Command::Resume { reply } => reply.send(self.resume_queue().await),
             Command::Cancel { reply } => {
                 reply.send(self.cancel_turn("turn cancelled", None).await);
             }
@@ -606,11 +621,14 @@ impl Task {
                 answer,
                 decided_by,
                 via,
+                reason,
+                steer,
                 reply,
             } => {
                 // What was buffered before the answer is committed before it.
+                let note = AnswerNote { via, reason, steer };
                 let answered = match self.flush().await {
-                    Ok(()) => self.answer(request, answer, &decided_by, via).await,
+                    Ok(()) => self.answer(request, answer, &decided_by, note).await,
                     Err(e) => Err(e),
                 };
                 reply.send(answered)

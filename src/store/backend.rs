@@ -11,7 +11,7 @@ use super::processes::AgentLink;
 use crate::error::Result;
 use crate::model::{
     AgentReport, ConversationStatus, Decision, Event, MessagePart, PermissionRequest,
-    PermissionStatus, ToolCall,
+    PermissionStatus, QueuedPrompt, ToolCall,
 };
 
 /// What one commit changes in a conversation.
@@ -114,6 +114,8 @@ pub struct ConversationPatch {
     pub updated_at: DateTime<Utc>,
     /// What the agent reports about its session, when that changed.
     pub state: Option<AgentReport>,
+    /// The prompt queue, when that changed.
+    pub queue: Option<Vec<QueuedPrompt>>,
 }
 
 /// A decision on a pending permission request, applied only if it is still

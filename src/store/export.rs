@@ -148,6 +148,7 @@ async fn copy_conversation(
             current_turn_id: turn,
             updated_at: conversation.updated_at,
             state: Some(conversation.state.clone()),
+            queue: Some(conversation.queue.clone()),
         }),
         lane: CommitQueue::Person,
     };

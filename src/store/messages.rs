@@ -30,6 +30,9 @@ pub trait MessageStore: Send + Sync {
     /// The conversation's newest message (its content left empty) and the
     /// number of its next part, if it has any.
     async fn last_message(&self, conversation_id: Uuid) -> Result<Option<(Message, i32)>>;
+    /// Whether the conversation has had the turn `turn_id` (its prompt is
+    /// stored with it).
+    async fn turn_exists(&self, conversation_id: Uuid, turn_id: Uuid) -> Result<bool>;
     async fn list_tool_calls(&self, conversation_id: Uuid) -> Result<Vec<ToolCall>>;
 }
 
@@ -125,6 +128,17 @@ macro_rules! impl_message_store {
                     .fetch(&self.pool);
                     join_parts(&mut page, parts).await?;
                     Ok(page)
+                }
+
+                async fn turn_exists(&self, conversation_id: Uuid, turn_id: Uuid) -> Result<bool> {
+                    let found: Option<i32> = sqlx::query_scalar(
+                        "select 1 from messages where conversation_id = $1 and turn_id = $2 limit 1",
+                    )
+                    .bind(conversation_id)
+                    .bind(turn_id)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                    Ok(found.is_some())
                 }
 
                 async fn last_message(

@@ -213,7 +213,8 @@ async fn write_batch(pool: &PgPool, conversation_id: Uuid, batch: &Batch) -> Res
         "
          ), moved as (
             update conversations set status = $39, acp_session_id = $40, last_seq = $41,
-              current_turn_id = $42, updated_at = $43, agent_state = coalesce($44, agent_state)
+              current_turn_id = $42, updated_at = $43, agent_state = coalesce($44, agent_state),
+              prompt_queue = coalesce($46, prompt_queue)
             where id = $1 and $38 and (select go from go)
          ), kept_up as (
             update conversations set last_seq = (select max(seq) from unnest($11::bigint[]) seq)
@@ -275,7 +276,8 @@ async fn write_batch(pool: &PgPool, conversation_id: Uuid, batch: &Batch) -> Res
     .bind(patch.and_then(|p| p.current_turn_id))
     .bind(patch.map(|p| p.updated_at))
     .bind(patch.and_then(|p| p.state.as_ref().map(JsonText::of)))
-    .bind(batch.link.as_ref().map(JsonText::of));
+    .bind(batch.link.as_ref().map(JsonText::of))
+    .bind(patch.and_then(|p| p.queue.as_ref().map(JsonText::of)));
     let written: bool = query
         .try_map(|row: sqlx::postgres::PgRow| sqlx::Row::try_get(&row, 0))
         .fetch_one(pool)
@@ -356,7 +358,7 @@ async fn resolve_at_once(
     let query = sqlx::query(
         "with fenced as (
             select id from conversations
-            where id = $4 and owner_epoch = coalesce($19, owner_epoch)
+            where id = $4 and owner_epoch = coalesce($20, owner_epoch)
             for update
          ), resolved as (
             update permission_requests set status = $2, decision = $3
@@ -370,7 +372,8 @@ async fn resolve_at_once(
             select $4, $9, $10, $11, $12 from resolved
          ), moved as (
             update conversations set status = $13, acp_session_id = $14, last_seq = $15,
-              current_turn_id = $16, updated_at = $17, agent_state = coalesce($18, agent_state)
+              current_turn_id = $16, updated_at = $17, agent_state = coalesce($18, agent_state),
+              prompt_queue = coalesce($19, prompt_queue)
             where id = $4 and exists (select 1 from resolved)
          )
          select exists (select 1 from resolved)",

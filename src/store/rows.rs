@@ -113,6 +113,7 @@ pub struct ConversationRow {
     owner: Option<String>,
     agent_state: Option<Json<Value>>,
     node_id: Option<Uuid>,
+    prompt_queue: Option<Json<Value>>,
 }
 
 impl ConversationRow {
@@ -139,6 +140,15 @@ impl ConversationRow {
                     .and_then(|Json(v)| serde_json::from_value(v).ok())
                     .unwrap_or_default(),
                 node_id: self.node_id,
+                // Written by this gateway; one it cannot read is no queue
+                // (never lost silently: see the log).
+                queue: match self.prompt_queue {
+                    None => Vec::new(),
+                    Some(Json(v)) => serde_json::from_value(v).unwrap_or_else(|e| {
+                        tracing::error!(conversation_id = %self.id, error = %e, "unreadable prompt queue");
+                        Vec::new()
+                    }),
+                },
             },
             self.current_turn_id,
         ))

@@ -69,8 +69,9 @@ macro_rules! shared_writes {
             Ok(())
         }
 
-        /// Binds a patch's six columns (status, acp_session_id, last_seq,
-        /// current_turn_id, updated_at, agent_state), in that order.
+        /// Binds a patch's seven columns (status, acp_session_id, last_seq,
+        /// current_turn_id, updated_at, agent_state, prompt_queue), in that
+        /// order.
         fn bind_patch<'q>(
             query: sqlx::query::Query<'q, Db, <Db as sqlx::Database>::Arguments<'q>>,
             patch: &'q $crate::store::backend::ConversationPatch,
@@ -83,6 +84,7 @@ macro_rules! shared_writes {
                 .bind(patch.current_turn_id)
                 .bind(patch.updated_at)
                 .bind(patch.state.as_ref().map(JsonText::of))
+                .bind(patch.queue.as_ref().map(JsonText::of))
         }
 
         async fn update_conversation(
@@ -92,7 +94,8 @@ macro_rules! shared_writes {
         ) -> $crate::error::Result<()> {
             let query = sqlx::query(
                 "update conversations set status = $2, acp_session_id = $3, last_seq = $4,
-                   current_turn_id = $5, updated_at = $6, agent_state = coalesce($7, agent_state)
+                   current_turn_id = $5, updated_at = $6, agent_state = coalesce($7, agent_state),
+                   prompt_queue = coalesce($8, prompt_queue)
                  where id = $1",
             )
             .bind(conversation_id);

@@ -189,6 +189,7 @@ pub fn idle_conversation(owner: Option<&str>) -> acp_gateway::model::Conversatio
         owner: owner.map(str::to_owned),
         state: Default::default(),
         node_id: None,
+        queue: Vec::new(),
     }
 }
 

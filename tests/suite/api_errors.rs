@@ -147,10 +147,11 @@ async fn conversation_input_is_validated(db: TestDb) {
 async fn a_prompt_while_a_turn_runs_gets_409_turn_in_progress(db: TestDb) {
     let (gw, id, mut ws) = demo_conversation(&db).await;
     gw.prompt(&id, "hang").await;
+    // Refused where the client asks not to queue it.
     let (status, problem) = gw
         .post(
             &format!("/api/v1/conversations/{id}/prompts"),
-            json!({"text": "again"}),
+            json!({"text": "again", "queue": false}),
         )
         .await;
     assert_eq!(status, 409);

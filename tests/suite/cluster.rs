@@ -347,7 +347,13 @@ async fn a_prompt_a_cancel_and_a_delete_sent_to_another_node_reach_the_agent() {
     assert_eq!(agents_running(&a).await, 1);
     assert_eq!(agents_running(&b).await, 0);
     // A second prompt through B meets the running turn, as on A.
-    let (status, busy) = b.try_prompt(&id, "hello").await;
+    let (status, busy) = b
+        .call(
+            "POST",
+            &format!("/api/v1/conversations/{id}/prompts"),
+            Some(json!({"text": "hello", "queue": false})),
+        )
+        .await;
     assert_eq!(status, 409, "{busy}");
     assert_eq!(busy["code"], "turn_in_progress");
 

@@ -71,6 +71,7 @@ fn writes(conversation: Uuid, ids: &Ids) -> Vec<Batch> {
         current_turn_id: Some(ids.turn),
         updated_at: ids.at,
         state: None,
+        queue: None,
     };
     let link = |to| AgentLink {
         output_to: to,

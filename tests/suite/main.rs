@@ -56,6 +56,7 @@ mod session_settings;
 mod shim;
 mod shutdown;
 mod spending;
+mod steering;
 mod tls;
 mod turns;
 mod web_client;

@@ -495,6 +495,7 @@ fn running_patch(seq: i64) -> acp_gateway::store::ConversationPatch {
         current_turn_id: None,
         updated_at: acp_gateway::model::now(),
         state: None,
+        queue: None,
     }
 }
 

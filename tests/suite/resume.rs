@@ -153,8 +153,8 @@ async fn concurrent_prompts_start_one_agent(db: TestDb) {
     kill_agent(&db, &id, &mut ws).await;
     let path = format!("/api/v1/conversations/{id}/prompts");
     let (a, b) = tokio::join!(
-        gw.post(&path, json!({"text": "slow 5"})),
-        gw.post(&path, json!({"text": "slow 5"}))
+        gw.post(&path, json!({"text": "slow 5", "queue": false})),
+        gw.post(&path, json!({"text": "slow 5", "queue": false}))
     );
     let mut statuses = [a.0, b.0];
     statuses.sort();

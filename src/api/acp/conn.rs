@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::limits;
 use crate::model::{Answer, Conversation};
 use crate::session::answer::Answerer;
+use crate::session::command::{Prompted, WhileRunning};
 use crate::session::Setting;
 use agent_client_protocol_schema::v1::McpServer;
 
@@ -492,10 +493,20 @@ impl Conn {
         let turn = match self
             .state
             .sessions()
-            .prompt(&conversation, content.clone())
+            .prompt(
+                &conversation,
+                content.clone(),
+                WhileRunning::Refuse,
+                Some(self.caller.decided_by()),
+            )
             .await
         {
-            Ok(turn) => turn,
+            Ok(Prompted::Started(turn)) => turn,
+            // Never while refused.
+            Ok(Prompted::Queued { .. }) => {
+                attachment.not_prompted(&content);
+                return Err(Error::Internal(anyhow::anyhow!("an ACP prompt was queued")));
+            }
             Err(e) => {
                 attachment.not_prompted(&content);
                 return Err(e);
@@ -556,6 +567,8 @@ impl Conn {
             let who = Answerer {
                 decided_by: conn.caller.decided_by(),
                 via: Some("acp".into()),
+                reason: None,
+                steer: false,
                 may_see: Some(&may_see),
             };
             if let Err(e) = conn.state.sessions().answer(request, &who, answer).await {

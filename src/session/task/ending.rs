@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use super::parts::Ended;
 use super::{next_incoming, next_prompt_result, End, Task};
 use crate::error::Result;
 use crate::model::{AgentState, AgentStatus, ConversationStatus, PermissionStatus};
@@ -36,7 +37,10 @@ impl Task {
         while self.turns.turn.is_some() {
             tokio::select! {
                 result = next_prompt_result(&mut self.turns.prompt) => {
-                    self.answered(result).await?;
+                    // Nothing more starts: the queue holds.
+                    if let Some(ended) = self.answered(result).await? {
+                        self.hold_queue(&ended);
+                    }
                     break;
                 }
                 msg = next_incoming(&mut self.intake.incoming) => match msg {
@@ -227,13 +231,20 @@ impl Task {
         }
         let error = (stop_reason == "error").then(|| detail.clone());
         let turn_ended = self.turn_ended_without_answer(stop_reason, error);
+        let held = turn_ended.as_ref().map(|t| Ended {
+            turn_id: t.turn_id,
+            stop_reason: t.stop_reason.clone(),
+        });
         let agent = AgentStatus::new(agent_state, Some(detail));
         self.save_transcript();
         self.note_output();
-        let gone = self
-            .journal
-            .agent_gone(turn_ended, agent, final_status)
-            .await;
+        if let Some(turn_ended) = turn_ended {
+            self.journal.append(turn_ended);
+        }
+        if let Some(ended) = held {
+            self.hold_queue(&ended);
+        }
+        let gone = self.journal.agent_gone(None, agent, final_status).await;
         self.acknowledge();
         gone?;
         // Nothing held in memory may go with the task.

@@ -25,7 +25,7 @@ use crate::acp::incoming::Incoming;
 use crate::acp::rpc::Inbox;
 use crate::config::ShutdownPlan;
 use crate::error::Result;
-use crate::model::AgentReport;
+use crate::model::{AgentReport, QueuedPrompt};
 use crate::permissions::policy::Mode;
 use crate::permissions::PolicyHandle;
 use crate::session::command::{Reply, Setting};
@@ -56,6 +56,18 @@ impl Turns {
     pub(super) fn id(&self) -> Option<Uuid> {
         self.turn.as_ref().map(|t| t.id)
     }
+}
+
+/// How a turn ended, for what comes after it (`queue.rs`).
+pub(super) struct Ended {
+    pub(super) turn_id: Uuid,
+    pub(super) stop_reason: String,
+}
+
+/// The prompts waiting for the running turn to end (`queue.rs`).
+#[derive(Default)]
+pub(super) struct Queue {
+    pub(super) prompts: Vec<QueuedPrompt>,
 }
 
 /// A turn in progress.

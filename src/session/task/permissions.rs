@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::model::{self, Answer, Decision, PermissionRequest, PermissionStatus};
 use crate::permissions::policy::{self, Facts};
 use crate::permissions::{agent_away, answer_resolved, Judged};
+use crate::session::command::AnswerNote;
 use crate::session::pending::Parked;
 use crate::store::{PermissionFilter, Resolution};
 
@@ -327,12 +328,14 @@ impl Task {
     /// none with that id), checked against the options once, before it is
     /// written; what was buffered before it is committed already (see
     /// `Task::handle_command`). An "always" answer is remembered as rules.
+    /// A reason the person gave is stored with the decision and told to the
+    /// agent (see `Task::tell_reason`).
     pub(super) async fn answer(
         &mut self,
         id: Uuid,
         answer: Answer,
         decided_by: &str,
-        via: Option<String>,
+        note: AnswerNote,
     ) -> Result<Option<PermissionRequest>> {
         if self.requests.pending.is_held(id) {
             return Err(agent_away());
@@ -343,16 +346,30 @@ impl Task {
         let (parked, Judged { status, always }) = claimed?;
         // An "always" that would cover more than the user saw is not
         // remembered; the answer applies to this request, and says why.
-        let reason = match &always {
+        let not_remembered = match &always {
             Some((_, Err(why))) => Some(format!("not remembered: {why}")),
             _ => None,
         };
+        let reason = match (&note.reason, not_remembered) {
+            (Some(said), Some(note)) => Some(format!("{said} ({note})")),
+            (said, note) => said.clone().or(note),
+        };
         let decision = Decision {
-            via,
+            via: note.via,
             ..Decision::new(answer.clone(), decided_by.to_owned(), reason)
         };
         let request = match self.resolve_claimed(parked, status, decision).await? {
-            Resolved::Ours(request) => request,
+            Resolved::Ours(request) => {
+                // The answer is recorded (and the reason with it) whatever
+                // becomes of telling the agent.
+                if let Some(said) = &note.reason {
+                    let told = self.tell_reason(&request, said, decided_by, note.steer);
+                    if let Err(e) = told.await {
+                        tracing::warn!(permission_id = %id, error = %e, "could not queue the reason for the agent");
+                    }
+                }
+                request
+            }
             // Only an answer stored before ours is checked again: the same
             // one is a repeat, another a conflict.
             Resolved::Already(Some(request)) => answer_resolved(request, &answer)?,

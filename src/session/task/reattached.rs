@@ -124,9 +124,14 @@ impl Task {
             match link.prompt_request {
                 Some(request) => self.turns.prompt = Some(self.agent.prompt_answer(request)),
                 // Never sent: nothing will end it.
-                None => self.end_turn(Err(crate::acp::rpc::RpcError::Closed(
-                    "the gateway restarted before the prompt reached the agent".into(),
-                ))),
+                None => {
+                    let ended = self.end_turn(Err(crate::acp::rpc::RpcError::Closed(
+                        "the gateway restarted before the prompt reached the agent".into(),
+                    )));
+                    if let Some(ended) = ended {
+                        self.hold_queue(&ended);
+                    }
+                }
             }
         }
         // The requests that wait go on waiting, answered on the agent's

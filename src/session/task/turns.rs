@@ -6,21 +6,17 @@
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::parts::Turn;
+use super::parts::{Ended, Turn};
 use super::Task;
 use crate::acp::rpc::RpcError;
-use crate::error::{Error, Result};
-use crate::model::{self, PermissionStatus, TurnEnded, TurnStarted};
+use crate::error::Result;
+use crate::model::{PermissionStatus, TurnEnded, TurnStarted};
 
 impl Task {
-    pub(super) async fn start_turn(&mut self, content: Vec<Value>) -> Result<Uuid> {
-        if self.turns.turn.is_some() {
-            return Err(Error::conflict(
-                "turn_in_progress",
-                "a turn is already running; cancel it or wait for turn_ended",
-            ));
-        }
-        let turn_id = model::new_id();
+    /// Starts the turn `turn_id` (no other runs: see `queue.rs`); its id
+    /// once `turn_started` is committed.
+    pub(super) async fn start_turn(&mut self, turn_id: Uuid, content: Vec<Value>) -> Result<Uuid> {
+        debug_assert!(self.turns.turn.is_none());
         self.turns.turn = Some(Turn::new(turn_id));
         self.journal.set_turn(Some(turn_id));
         self.journal.append(TurnStarted {
@@ -102,18 +98,24 @@ impl Task {
     /// end is in the batch: a commit while the rest is applied must not
     /// acknowledge the answer to the agent's shim (see `PromptCall`). The
     /// turn ends even when applying the rest failed.
-    pub(super) async fn answered(&mut self, result: Result<Value, RpcError>) -> Result<()> {
+    /// How it ended, where it did.
+    pub(super) async fn answered(
+        &mut self,
+        result: Result<Value, RpcError>,
+    ) -> Result<Option<Ended>> {
         let call = self.turns.prompt.take();
         let drained = self.drain_incoming(usize::MAX).await;
-        if !matches!(result, Err(RpcError::Closed(_))) {
-            self.end_turn(result);
-        }
+        let ended = match result {
+            Err(RpcError::Closed(_)) => None,
+            result => self.end_turn(result),
+        };
         drop(call);
-        drained
+        drained.map(|()| ended)
     }
 
     /// The agent answered its prompt before it went (the answer was read
-    /// with the rest of its output): the turn ends as it said.
+    /// with the rest of its output): the turn ends as it said (and the
+    /// queue, if any, holds: the agent is going).
     pub(super) async fn take_prompt_answer(&mut self) -> Result<()> {
         use futures::FutureExt;
         let answered = self
@@ -124,7 +126,9 @@ impl Task {
         if let Some(result) = answered {
             let call = self.turns.prompt.take();
             if !matches!(result, Err(RpcError::Closed(_))) {
-                self.end_turn(result);
+                if let Some(ended) = self.end_turn(result) {
+                    self.hold_queue(&ended);
+                }
                 // Let go of the answer now that the turn's end is in the
                 // batch (see `PromptCall`).
                 drop(call);
@@ -134,10 +138,9 @@ impl Task {
         Ok(())
     }
 
-    pub(super) fn end_turn(&mut self, result: Result<Value, RpcError>) {
-        let Some(turn) = self.turns.turn.take() else {
-            return;
-        };
+    /// Ends the running turn as the agent's answer says; how it ended.
+    pub(super) fn end_turn(&mut self, result: Result<Value, RpcError>) -> Option<Ended> {
+        let turn = self.turns.turn.take()?;
         let (stop_reason, error) = match result {
             Ok(value) => match value.get("stopReason").and_then(Value::as_str) {
                 Some(reason) => (reason.to_owned(), None),
@@ -156,7 +159,7 @@ impl Task {
         tracing::info!(turn_id = %turn.id, %stop_reason, "turn ended");
         self.journal.append(TurnEnded {
             turn_id: turn.id,
-            stop_reason,
+            stop_reason: stop_reason.clone(),
             error,
         });
         self.journal.set_turn(None);
@@ -164,5 +167,9 @@ impl Task {
             link.prompt_request = None;
         }
         self.journal.set_status(self.status_now());
+        Some(Ended {
+            turn_id: turn.id,
+            stop_reason,
+        })
     }
 }
