@@ -50,17 +50,21 @@ pub enum NotificationEvent {
     TurnEnded,
     /// The agent could not start, or died during a turn.
     AgentFailed,
+    /// Prompts were queued and the turn ended other than with `end_turn`:
+    /// they wait for a person.
+    QueueHeld,
     /// `POST /api/v1/notification-targets/{id}/test`.
     Test,
 }
 
 impl NotificationEvent {
     /// The events a target gets when it names none.
-    pub const ALL: [NotificationEvent; 4] = [
+    pub const ALL: [NotificationEvent; 5] = [
         NotificationEvent::PermissionWaiting,
         NotificationEvent::PermissionReminder,
         NotificationEvent::TurnEnded,
         NotificationEvent::AgentFailed,
+        NotificationEvent::QueueHeld,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -69,6 +73,7 @@ impl NotificationEvent {
             Self::PermissionReminder => "permission_reminder",
             Self::TurnEnded => "turn_ended",
             Self::AgentFailed => "agent_failed",
+            Self::QueueHeld => "queue_held",
             Self::Test => "test",
         }
     }

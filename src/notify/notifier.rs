@@ -40,7 +40,7 @@ use crate::config::Config;
 use crate::error::Result;
 use crate::model::{
     event_type, AgentState, AgentStatus, Conversation, Event, EventBody, MessageRole,
-    PermissionRequest, TurnEnded, TurnStarted,
+    PermissionRequest, QueueHeld, TurnEnded, TurnStarted,
 };
 use crate::store::{PermissionFilter, Store};
 
@@ -373,6 +373,20 @@ impl Notifier {
                     now,
                 )
             }
+            EventBody::QueueHeld(QueueHeld {
+                turn_id: turn,
+                stop_reason,
+                queued,
+            }) => state.rules.observe(
+                Fact::QueueHeld {
+                    conversation,
+                    user,
+                    turn,
+                    stop_reason,
+                    queued,
+                },
+                now,
+            ),
             EventBody::TurnEnded(TurnEnded {
                 turn_id: turn,
                 stop_reason,
@@ -474,6 +488,26 @@ impl Notifier {
                     0,
                 )
             }
+            Due::QueueHeld {
+                conversation,
+                turn,
+                stop_reason,
+                queued,
+                ..
+            } => (
+                NotificationEvent::QueueHeld,
+                Some(*conversation),
+                None,
+                Some(TurnRef {
+                    id: *turn,
+                    stop_reason: Some(stop_reason.clone()),
+                    summary: Some(match queued {
+                        1 => "1 queued prompt waits".to_owned(),
+                        n => format!("{n} queued prompts wait"),
+                    }),
+                }),
+                *queued,
+            ),
             Due::AgentFailed {
                 conversation,
                 turn,
@@ -585,26 +619,26 @@ fn parse(json: &str) -> Option<Event> {
         kind: std::borrow::Cow<'a, str>,
     }
     let head: Head = serde_json::from_str(json).ok()?;
-    match &*head.kind {
-        event_type::PERMISSION_REQUESTED
-        | event_type::PERMISSION_RESOLVED
-        | event_type::TURN_STARTED
-        | event_type::TURN_ENDED
-        | event_type::AGENT_STATUS => serde_json::from_str(json).ok(),
-        _ => None,
-    }
+    rules_look_at(&head.kind)
+        .then(|| serde_json::from_str(json).ok())
+        .flatten()
 }
 
 /// Whether the rules look at an event of this kind at all (chunks, mode
 /// changes and terminal output they do not).
 fn concerns_the_rules(body: &EventBody) -> bool {
+    rules_look_at(body.kind())
+}
+
+fn rules_look_at(kind: &str) -> bool {
     matches!(
-        body.kind(),
+        kind,
         event_type::PERMISSION_REQUESTED
             | event_type::PERMISSION_RESOLVED
             | event_type::TURN_STARTED
             | event_type::TURN_ENDED
             | event_type::AGENT_STATUS
+            | event_type::QUEUE_HELD
     )
 }
 

@@ -81,6 +81,15 @@ pub fn message(topic: &str, n: &Notification) -> Value {
             vec!["warning"],
             4,
         ),
+        NotificationEvent::QueueHeld => (
+            format!("Queue paused: {place}"),
+            n.turn
+                .as_ref()
+                .and_then(|t| t.summary.clone())
+                .unwrap_or_else(|| "Queued prompts wait.".into()),
+            vec!["pause_button"],
+            3,
+        ),
         NotificationEvent::Test => (
             "acp-gateway".to_owned(),
             "A test notification: this target works.".to_owned(),

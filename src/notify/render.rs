@@ -87,6 +87,19 @@ pub fn headline(notification: &Notification) -> (String, String) {
             };
             (format!("Agent failed: {place}"), body)
         }
+        NotificationEvent::QueueHeld => {
+            let turn = notification.turn.as_ref();
+            let why = turn
+                .and_then(|t| t.stop_reason.as_deref())
+                .map_or("stopped".to_owned(), |r| r.replace('_', " "));
+            let waiting = turn
+                .and_then(|t| t.summary.as_deref())
+                .unwrap_or("queued prompts wait");
+            (
+                format!("Queue paused: {place}"),
+                format!("{agent}'s turn ended ({why}); {waiting}. Resume or send a new prompt."),
+            )
+        }
         NotificationEvent::Test => (
             "Test notification".to_string(),
             "acp-gateway can reach this device".to_string(),

@@ -13,6 +13,8 @@
 //! - `turn_ended`: a turn that ran at least `min_turn` ended, owner away.
 //! - `agent_failed`: the agent could not start, or died during a turn,
 //!   owner away.
+//! - `queue_held`: a turn ended other than with `end_turn` while prompts
+//!   were queued (they wait for a person), owner away.
 //!
 //! Nothing while the owner is present, nothing twice for the same key.
 
@@ -62,6 +64,14 @@ pub enum Fact {
         at: DateTime<Utc>,
         stop_reason: String,
     },
+    /// The turn `turn` ended (`stop_reason`) with `queued` prompts waiting.
+    QueueHeld {
+        conversation: Uuid,
+        user: String,
+        turn: Uuid,
+        stop_reason: String,
+        queued: u32,
+    },
     /// The agent could not start, or died during a turn; `seq` is the
     /// event's (a failure outside a turn is told by it).
     AgentFailed {
@@ -98,6 +108,13 @@ pub enum Due {
         turn: Option<Uuid>,
         detail: Option<String>,
     },
+    QueueHeld {
+        user: String,
+        conversation: Uuid,
+        turn: Uuid,
+        stop_reason: String,
+        queued: u32,
+    },
 }
 
 impl Due {
@@ -110,6 +127,7 @@ impl Due {
                 .collect(),
             Due::Reminder { request, .. } => vec![format!("permission_reminder:{request}")],
             Due::TurnEnded { turn, .. } => vec![format!("turn_ended:{turn}")],
+            Due::QueueHeld { turn, .. } => vec![format!("queue_held:{turn}")],
             Due::AgentFailed {
                 conversation,
                 seq,
@@ -127,7 +145,8 @@ impl Due {
             Due::Waiting { user, .. }
             | Due::Reminder { user, .. }
             | Due::TurnEnded { user, .. }
-            | Due::AgentFailed { user, .. } => user,
+            | Due::AgentFailed { user, .. }
+            | Due::QueueHeld { user, .. } => user,
         }
     }
 }
@@ -245,6 +264,24 @@ impl Rules {
                     conversation,
                     turn,
                     stop_reason,
+                })
+            }
+            Fact::QueueHeld {
+                conversation,
+                user,
+                turn,
+                stop_reason,
+                queued,
+            } => {
+                if self.is_present(&user) {
+                    return Vec::new();
+                }
+                self.once(Due::QueueHeld {
+                    user,
+                    conversation,
+                    turn,
+                    stop_reason,
+                    queued,
                 })
             }
             Fact::AgentFailed {
@@ -577,5 +614,28 @@ mod tests {
         let mut other = super::Rules::new(rules.settings);
         presence(&mut other, "alice", true, 0);
         assert!(failed(&mut other).is_empty());
+    }
+
+    #[test]
+    fn a_held_queue_is_due_once_while_away_and_not_while_present() {
+        let mut rules = rules();
+        let (c, turn) = (Uuid::now_v7(), Uuid::now_v7());
+        let held = |rules: &mut Rules, turn| {
+            rules.observe(
+                Fact::QueueHeld {
+                    conversation: c,
+                    user: "alice".into(),
+                    turn,
+                    stop_reason: "cancelled".into(),
+                    queued: 2,
+                },
+                t(0),
+            )
+        };
+        let due = held(&mut rules, turn);
+        assert_eq!(due[0].keys(), vec![format!("queue_held:{turn}")]);
+        assert!(held(&mut rules, turn).is_empty());
+        presence(&mut rules, "alice", true, 0);
+        assert!(held(&mut rules, Uuid::now_v7()).is_empty());
     }
 }

@@ -354,7 +354,58 @@ async fn after_a_restart_nothing_of_before_is_notified_again(db: TestDb) {
     gw.stop().await;
 }
 
+async fn a_queue_held_while_away_is_notified_and_not_while_present(db: TestDb) {
+    let (gw, mut notified) = start(config(&db, vec![demo_profile("demo", &[])])).await;
+    let (conversation, mut ws) = gw.open_conversation("demo").await;
+    let turn = gw.prompt(&conversation, "hang").await;
+    let path = format!("/api/v1/conversations/{conversation}/prompts");
+    for text in ["hello one", "hello two"] {
+        let (status, _) = gw.post(&path, json!({"text": text})).await;
+        assert_eq!(status, 202);
+    }
+    gw.cancel_turn(&mut ws, &conversation).await;
+    ws.until_type("queue_held").await;
+    // The cancelled turn may have been long enough to be told too.
+    let got = loop {
+        let got = notified.next().await;
+        if got.body.event != NotificationEvent::TurnEnded {
+            break got;
+        }
+    };
+    assert_eq!(got.body.event, NotificationEvent::QueueHeld);
+    assert_eq!(got.keys, [format!("queue_held:{turn}")]);
+    assert_eq!(got.body.count, 2);
+    let t = got.body.turn.as_ref().unwrap();
+    assert_eq!(t.stop_reason.as_deref(), Some("cancelled"));
+    assert_eq!(t.summary.as_deref(), Some("2 queued prompts wait"));
+    // While the owner looks, nothing (a request asked while away after it
+    // is the sentinel).
+    say_presence(&mut ws, true).await;
+    let (status, resumed) = gw
+        .post(
+            &format!("/api/v1/conversations/{conversation}/queue/resume"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 202, "{resumed}");
+    // Both queued prompts run, one after the other.
+    ws.until_type("turn_ended").await;
+    ws.until_type("turn_ended").await;
+    for text in ["hang", "hello three"] {
+        let (status, _) = gw.post(&path, json!({"text": text})).await;
+        assert_eq!(status, 202);
+    }
+    gw.cancel_turn(&mut ws, &conversation).await;
+    ws.until_type("queue_held").await;
+    say_presence(&mut ws, false).await;
+    let (_, sentinel) = pending_request(&gw).await;
+    let next = notified.next().await;
+    assert_eq!(next.keys, [format!("permission_waiting:{}", id(&sentinel))]);
+    gw.stop().await;
+}
+
 backend_tests!(
+    a_queue_held_while_away_is_notified_and_not_while_present,
     after_a_restart_nothing_of_before_is_notified_again,
     an_agent_that_could_not_start_is_notified,
     a_notification_that_could_not_be_handed_over_is_tried_again,

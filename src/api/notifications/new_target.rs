@@ -384,14 +384,16 @@ pub enum EventName {
     PermissionReminder,
     TurnEnded,
     AgentFailed,
+    QueueHeld,
 }
 
 impl EventName {
-    const ALL: [EventName; 4] = [
+    const ALL: [EventName; 5] = [
         EventName::PermissionWaiting,
         EventName::PermissionReminder,
         EventName::TurnEnded,
         EventName::AgentFailed,
+        EventName::QueueHeld,
     ];
 
     pub fn event(self) -> NotificationEvent {
@@ -400,6 +402,7 @@ impl EventName {
             EventName::PermissionReminder => NotificationEvent::PermissionReminder,
             EventName::TurnEnded => NotificationEvent::TurnEnded,
             EventName::AgentFailed => NotificationEvent::AgentFailed,
+            EventName::QueueHeld => NotificationEvent::QueueHeld,
         }
     }
 
@@ -422,7 +425,7 @@ impl<'de> Deserialize<'de> for Events {
             EventName::named(name).ok_or_else(|| {
                 D::Error::custom(format_args!(
                     "names {name:?}: not one of permission_waiting, permission_reminder, \
-                     turn_ended, agent_failed"
+                     turn_ended, agent_failed, queue_held"
                 ))
             })
         });
