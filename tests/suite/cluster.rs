@@ -281,6 +281,70 @@ async fn a_permission_answered_on_another_node_reaches_the_agent() {
 }
 
 #[tokio::test]
+async fn prompts_queued_edited_and_steered_on_another_node_reach_the_queue_of_the_node_that_runs_it(
+) {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let (a, b) = two_nodes(&db, &[demo_profile("demo", &[])]);
+    let id = a.create("demo").await;
+    let mut on_a = a.conversation_ws(&id, 0).await;
+    a.prompt(&id, "tool").await;
+    let request = requested(&mut on_a).await;
+    let prompts = format!("/api/v1/conversations/{id}/prompts");
+    let (status, queued) = b
+        .call("POST", &prompts, Some(json!({"text": "hello via b"})))
+        .await;
+    assert_eq!(status, 202, "{queued}");
+    assert_eq!(
+        (queued["queued"].clone(), queued["position"].clone()),
+        (json!(true), json!(0))
+    );
+    let one = format!(
+        "/api/v1/conversations/{id}/queue/{}",
+        queued["id"].as_str().unwrap()
+    );
+    let (status, list) = b
+        .call("PATCH", &one, Some(json!({"text": "hello edited on b"})))
+        .await;
+    assert_eq!(status, 200, "{list}");
+    let (status, list) = b
+        .call("GET", &format!("/api/v1/conversations/{id}/queue"), None)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(list["items"][0]["content"][0]["text"], "hello edited on b");
+    // A reason given on B, steering: the turn on A is cancelled and the
+    // reason goes first, then the queue.
+    let reject = option_of(&request, "reject_once");
+    let (status, answered) = b
+        .call(
+            "POST",
+            &format!(
+                "/api/v1/permissions/{}/respond",
+                request["id"].as_str().unwrap()
+            ),
+            Some(json!({"option_id": reject, "reason": "not that file", "steer": true})),
+        )
+        .await;
+    assert_eq!(status, 200, "{answered}");
+    assert_eq!(answered["decision"]["reason"], "not that file");
+    let started = |text: &'static str| {
+        move |e: &Value| {
+            e["type"] == "turn_started"
+                && e["data"]["content"][0]["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains(text))
+        }
+    };
+    on_a.until(started("Their reason: not that file")).await;
+    let frames = on_a.until(started("hello edited on b")).await;
+    let first = frames.iter().find(|e| e["type"] == "turn_started").unwrap();
+    assert_eq!(first["data"]["turn_id"], queued["id"]);
+    on_a.until_type("turn_ended").await;
+    assert_eq!(agents_running(&b).await, 0);
+}
+
+#[tokio::test]
 async fn answers_racing_on_two_nodes_have_exactly_one_winner() {
     let Some(db) = TestDb::postgres().await else {
         return;
