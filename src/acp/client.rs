@@ -128,7 +128,13 @@ impl AgentSession {
             .fs(acp::FileSystemCapabilities::new()
                 .read_text_file(profile.client_fs)
                 .write_text_file(profile.client_fs))
-            .terminal(profile.client_terminal);
+            .terminal(profile.client_terminal)
+            // A person answers the agent's questions (forms and URLs).
+            .elicitation(
+                acp::ElicitationCapabilities::new()
+                    .form(acp::ElicitationFormCapabilities::new())
+                    .url(acp::ElicitationUrlCapabilities::new()),
+            );
         let init = acp::InitializeRequest::new(acp_schema::ProtocolVersion::V1)
             .client_capabilities(offered)
             .client_info(acp::Implementation::new(

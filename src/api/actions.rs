@@ -21,6 +21,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use super::responses::TooManyFailedLookups;
 use super::state::AppState;
 use crate::error::{Error, Result};
+use crate::model::WaitingKind;
 use crate::model::{Answer, PermissionRequest, PermissionStatus};
 use crate::notify::actions::well_formed;
 use crate::permissions::already_resolved;
@@ -264,6 +265,7 @@ async fn answer(
         via: Some("notification".to_owned()),
         reason: None,
         steer: false,
+        kind: Some(WaitingKind::Permission),
         may_see: Some(&may_see),
     };
     let answer = Answer::Option(row.option_id.clone());

@@ -5,6 +5,7 @@ mod acp;
 mod policies;
 mod ws;
 mod queue;
+mod questions;
 mod conversations;
 mod tokens;
 mod notifications;
@@ -53,6 +54,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .merge(queue::router())
         .merge(search::router())
         .merge(permissions::router())
+        .merge(questions::router())
         .merge(policies::router())
         .merge(tokens::router())
         .merge(notifications::router())

@@ -10,7 +10,8 @@ use utoipa::openapi::{Content, RefOr};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::model::{
-    ConversationView, Event, FileChange, Message, PermissionRequest, QueuedPrompt, Rule, ToolCall,
+    ConversationView, Event, FileChange, Message, PermissionRequest, Question, QueuedPrompt, Rule,
+    ToolCall,
 };
 use crate::store::TokenInfo;
 
@@ -41,6 +42,7 @@ use crate::store::TokenInfo;
         (name = "settings", description = "What an agent reports about its session, and changing it"),
         (name = "events", description = "The event log, over REST and WebSocket"),
         (name = "permissions", description = "The agents' permission requests and their answers"),
+        (name = "questions", description = "The agents' questions to a person (ACP elicitation) and their answers"),
         (name = "policies", description = "Operator rules that answer permission requests"),
         (name = "tokens", description = "Bearer tokens and users (operators only)"),
         (name = "acp", description = "The gateway as an ACP agent: ACP clients (IDEs, SDK clients) over WebSocket"),
@@ -228,6 +230,10 @@ list!(
 list!(
     /// Permission requests, oldest first.
     PermissionRequestList, PermissionRequest
+);
+list!(
+    /// The agents' questions, oldest first.
+    QuestionList, Question
 );
 list!(
     /// Tokens, oldest first.

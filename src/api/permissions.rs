@@ -14,6 +14,7 @@ use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::model::Answer;
+use crate::model::WaitingKind;
 use crate::model::{Page, PermissionRequest};
 use crate::session::answer::Answerer;
 use crate::store::PermissionFilter;
@@ -27,19 +28,19 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 #[derive(Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
-enum StatusFilter {
+pub(super) enum StatusFilter {
     Pending,
     All,
 }
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-struct ListQuery {
+pub(super) struct ListQuery {
     /// `pending` (the default) or `all`.
     #[param(inline)]
-    status: Option<StatusFilter>,
+    pub(super) status: Option<StatusFilter>,
     /// Only this conversation's requests.
-    conversation_id: Option<Uuid>,
+    pub(super) conversation_id: Option<Uuid>,
 }
 
 /// Permission requests the caller can see, oldest first: the permission
@@ -60,6 +61,7 @@ async fn list(
         pending_only: !matches!(q.status, Some(StatusFilter::All)),
         conversation_id: q.conversation_id,
         owner: caller.owner_filter(),
+        kind: Some(WaitingKind::Permission),
     };
     let items = state.store().list_permissions(&filter).await?;
     Ok(whole(items))
@@ -86,6 +88,7 @@ impl Find for PermissionRequest {
             .store()
             .get_permission(id)
             .await?
+            .filter(|r| r.kind == WaitingKind::Permission)
             .ok_or_else(missing)?;
         state
             .visible_conversation(caller, request.conversation_id)
@@ -223,6 +226,7 @@ async fn respond(
         via: None,
         reason,
         steer,
+        kind: Some(WaitingKind::Permission),
         may_see: Some(&may_see),
     };
     let answered = state.sessions().answer(id, &who, answer).await?;

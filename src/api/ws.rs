@@ -31,7 +31,7 @@ use super::responses::{NoConversation, WebSocketRefused};
 use super::state::AppState;
 use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
-use crate::model::Conversation;
+use crate::model::{Conversation, Question, WaitingKind};
 use crate::notify::presence::PresenceClient;
 use crate::store::PermissionFilter;
 use crate::telemetry;
@@ -519,6 +519,7 @@ async fn serve_inbox(
                 pending_only: true,
                 conversation_id: None,
                 owner: caller.owner_filter(),
+                kind: None,
             })
             .await?;
         // With those waiting here that the database does not hold yet:
@@ -536,7 +537,17 @@ async fn serve_inbox(
             // Ids are UUIDv7: their order is the order of creation.
             pending.sort_by_key(|r| r.id);
         }
-        let snapshot = json!({"type": "snapshot", "pending_permissions": pending});
+        // One list of what waits, in two kinds: permission requests, and
+        // the agents' questions (as questions show).
+        let (questions, permissions): (Vec<_>, Vec<_>) = pending
+            .into_iter()
+            .partition(|r| r.kind == WaitingKind::Question);
+        let questions: Vec<Question> = questions.iter().map(Question::from).collect();
+        let snapshot = json!({
+            "type": "snapshot",
+            "pending_permissions": permissions,
+            "pending_questions": questions,
+        });
         send(budget, &mut socket, snapshot.to_string()).await?;
         loop {
             tokio::select! {

@@ -26,7 +26,8 @@ use utoipa::{PartialSchema, ToSchema};
 use uuid::Uuid;
 
 use super::agent_report::SettingValue;
-use super::permission::PermissionRequest;
+use super::permission::{PermissionRequest, WaitingKind};
+use super::question::Question;
 use super::queue::{QueueChanged, QueueHeld};
 
 mod session_update;
@@ -59,6 +60,8 @@ pub mod event_type {
     pub const TERMINAL_OUTPUT: &str = "terminal_output";
     pub const QUEUE_CHANGED: &str = "queue_changed";
     pub const QUEUE_HELD: &str = "queue_held";
+    pub const QUESTION_ASKED: &str = "question_asked";
+    pub const QUESTION_RESOLVED: &str = "question_resolved";
 }
 
 /// What an event says happened: its `type`, and its `data` typed.
@@ -94,6 +97,11 @@ pub enum EventBody {
     /// `queue_held`: a turn ended other than with `end_turn` while prompts
     /// were queued; they wait for a person.
     QueueHeld(QueueHeld),
+    /// `question_asked`: the agent asks a person a question (ACP
+    /// elicitation); the question as stored.
+    QuestionAsked(Question),
+    /// `question_resolved`: the question with its answer.
+    QuestionResolved(Question),
     /// An event whose `data` is not its type's shape, kept verbatim: a
     /// stand-in for one the database refused (`data.unstorable` says why),
     /// or one read back in a shape this gateway does not know. Not in the
@@ -111,6 +119,22 @@ impl Event {
 }
 
 impl EventBody {
+    /// `permission_requested`, or `question_asked` for a question.
+    pub fn asked(request: PermissionRequest) -> EventBody {
+        match request.kind {
+            WaitingKind::Permission => EventBody::PermissionRequested(request),
+            WaitingKind::Question => EventBody::QuestionAsked(Question::from(&request)),
+        }
+    }
+
+    /// `permission_resolved`, or `question_resolved` for a question.
+    pub fn resolved(request: PermissionRequest) -> EventBody {
+        match request.kind {
+            WaitingKind::Permission => EventBody::PermissionResolved(request),
+            WaitingKind::Question => EventBody::QuestionResolved(Question::from(&request)),
+        }
+    }
+
     /// The event's `type`.
     pub fn kind(&self) -> &str {
         use event_type::*;
@@ -127,6 +151,8 @@ impl EventBody {
             EventBody::TerminalOutput(_) => TERMINAL_OUTPUT,
             EventBody::QueueChanged(_) => QUEUE_CHANGED,
             EventBody::QueueHeld(_) => QUEUE_HELD,
+            EventBody::QuestionAsked(_) => QUESTION_ASKED,
+            EventBody::QuestionResolved(_) => QUESTION_RESOLVED,
             EventBody::Verbatim { kind, .. } => kind,
         }
     }
@@ -217,6 +243,8 @@ impl EventBody {
             TERMINAL_OUTPUT => parse(data, EventBody::TerminalOutput, kind),
             QUEUE_CHANGED => parse(data, EventBody::QueueChanged, kind),
             QUEUE_HELD => parse(data, EventBody::QueueHeld, kind),
+            QUESTION_ASKED => parse(data, EventBody::QuestionAsked, kind),
+            QUESTION_RESOLVED => parse(data, EventBody::QuestionResolved, kind),
             _ => EventBody::Verbatim {
                 kind: kind.to_owned(),
                 data,
@@ -242,6 +270,7 @@ impl Serialize for EventBodyData<'_> {
             EventBody::TerminalOutput(d) => d.serialize(s),
             EventBody::QueueChanged(d) => d.serialize(s),
             EventBody::QueueHeld(d) => d.serialize(s),
+            EventBody::QuestionAsked(d) | EventBody::QuestionResolved(d) => d.serialize(s),
             EventBody::Verbatim { data, .. } => data.serialize(s),
         }
     }
@@ -454,7 +483,7 @@ struct Documented {
 }
 
 /// The events as the OpenAPI document shows them, one schema per type.
-const DOCUMENTED: [Documented; 12] = {
+const DOCUMENTED: [Documented; 14] = {
     use event_type::*;
     [
         Documented {
@@ -528,6 +557,18 @@ const DOCUMENTED: [Documented; 12] = {
             kind: QUEUE_HELD,
             description: "`queue_held`: a turn ended other than with `end_turn` while prompts\nwere queued; they wait for a person.",
             data: component::<QueueHeld>,
+        },
+        Documented {
+            name: "QuestionAsked",
+            kind: QUESTION_ASKED,
+            description: "`question_asked`: the agent asks a person a question (ACP\nelicitation); the question as stored.",
+            data: component::<Question>,
+        },
+        Documented {
+            name: "QuestionResolved",
+            kind: QUESTION_RESOLVED,
+            description: "`question_resolved`: the question with its answer.",
+            data: component::<Question>,
         },
     ]
 };
@@ -653,6 +694,7 @@ mod tests {
             status: PermissionStatus::Pending,
             decision: None,
             created_at: AT.parse().unwrap(),
+            kind: Default::default(),
         }
     }
 
@@ -682,6 +724,7 @@ mod tests {
                 reason: None,
                 decided_at: AT.parse().unwrap(),
                 via: None,
+                content: None,
             }),
             ..request()
         };

@@ -14,6 +14,7 @@ use serde::Serialize;
 pub mod event;
 pub mod policy_input;
 pub mod conversation;
+pub mod question;
 pub mod permission;
 pub mod queue;
 pub mod agent_report;
@@ -23,6 +24,7 @@ pub use agent_report::*;
 pub use conversation::*;
 pub use event::*;
 pub use permission::*;
+pub use question::*;
 pub use queue::*;
 pub use stamp::*;
 

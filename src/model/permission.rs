@@ -53,10 +53,17 @@ impl PermissionStatus {
 /// [`Decision`] records it, and [`Answer::acp_result`] is what the agent
 /// receives. Its serde form (`{"Option": "<id>"}` or `"Cancelled"`) is what
 /// gateway nodes send each other in a forwarded command, so it never changes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Answer {
     Option(String),
     Cancelled,
+    /// A person's reply to an agent's question (ACP elicitation): `accept`
+    /// (with the content asked for), `decline` or `cancel`.
+    Reply {
+        action: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        content: Option<Value>,
+    },
 }
 
 impl Answer {
@@ -64,26 +71,79 @@ impl Answer {
     pub fn option_id(&self) -> Option<&str> {
         match self {
             Answer::Option(id) => Some(id),
-            Answer::Cancelled => None,
+            Answer::Cancelled | Answer::Reply { .. } => None,
         }
     }
 
-    /// The ACP outcome: `selected` or `cancelled`.
-    pub fn outcome(&self) -> &'static str {
+    /// The ACP outcome: `selected` or `cancelled`; a reply's action.
+    pub fn outcome(&self) -> &str {
         match self {
             Answer::Option(_) => "selected",
             Answer::Cancelled => "cancelled",
+            Answer::Reply { action, .. } => action,
         }
     }
 
-    /// The ACP result of `session/request_permission` that the agent
-    /// receives.
-    pub fn acp_result(&self) -> Value {
-        match self {
-            Answer::Option(option_id) => {
+    /// The ACP result the agent receives for a request of `kind`: of
+    /// `session/request_permission` (`{"outcome"}`), or of
+    /// `elicitation/create` (`{"action", "content"?}`; no answer but a
+    /// reply is `cancel`).
+    pub fn acp_result(&self, kind: WaitingKind) -> Value {
+        match (kind, self) {
+            (WaitingKind::Question, Answer::Reply { action, content }) => match content {
+                Some(content) if action == "accept" => {
+                    serde_json::json!({"action": action, "content": content})
+                }
+                _ => serde_json::json!({"action": action}),
+            },
+            (WaitingKind::Question, _) => serde_json::json!({"action": "cancel"}),
+            (WaitingKind::Permission, Answer::Option(option_id)) => {
                 serde_json::json!({"outcome": {"outcome": "selected", "optionId": option_id}})
             }
-            Answer::Cancelled => serde_json::json!({"outcome": {"outcome": "cancelled"}}),
+            (WaitingKind::Permission, _) => {
+                serde_json::json!({"outcome": {"outcome": "cancelled"}})
+            }
+        }
+    }
+}
+
+/// What waits for a person's answer: an agent's permission request, or its
+/// question (ACP `elicitation/create`). Both are held, stored, notified and
+/// answered the same way; a question's `tool_call` holds the agent's
+/// `elicitation/create` parameters and it has no options.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitingKind {
+    #[default]
+    Permission,
+    Question,
+}
+
+impl WaitingKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitingKind::Permission => "permission",
+            WaitingKind::Question => "question",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<WaitingKind> {
+        match s {
+            "permission" => Some(WaitingKind::Permission),
+            "question" => Some(WaitingKind::Question),
+            _ => None,
+        }
+    }
+
+    pub fn is_permission(&self) -> bool {
+        *self == WaitingKind::Permission
+    }
+
+    /// The ACP method the agent asks with.
+    pub fn method(self) -> &'static str {
+        match self {
+            WaitingKind::Permission => "session/request_permission",
+            WaitingKind::Question => "elicitation/create",
         }
     }
 }
@@ -118,6 +178,10 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false, example = "notification")]
     pub via: Option<String>,
+    /// A question's accepted content (absent for permission requests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(ignore)]
+    pub content: Option<Value>,
 }
 
 impl Decision {
@@ -132,20 +196,29 @@ impl Decision {
             reason,
             decided_at: now(),
             via: None,
+            content: match answer {
+                Answer::Reply { content, .. } => content,
+                _ => None,
+            },
         }
     }
 
-    /// The answer it records (an option only with the `selected` outcome).
+    /// The answer it records (an option only with the `selected` outcome;
+    /// a reply with a question's action).
     pub fn answer(&self) -> Answer {
-        match &self.option_id {
-            Some(option_id) if self.outcome == "selected" => Answer::Option(option_id.clone()),
+        match (&self.option_id, self.outcome.as_str()) {
+            (Some(option_id), "selected") => Answer::Option(option_id.clone()),
+            (None, action @ ("accept" | "decline" | "cancel")) => Answer::Reply {
+                action: action.to_owned(),
+                content: self.content.clone(),
+            },
             _ => Answer::Cancelled,
         }
     }
 
-    /// The ACP result sent back to the agent.
-    pub fn acp_result(&self) -> Value {
-        self.answer().acp_result()
+    /// The ACP result sent back to the agent for a request of `kind`.
+    pub fn acp_result(&self, kind: WaitingKind) -> Value {
+        self.answer().acp_result(kind)
     }
 }
 
@@ -164,6 +237,11 @@ pub struct PermissionRequest {
     pub status: PermissionStatus,
     pub decision: Option<Decision>,
     pub created_at: DateTime<Utc>,
+    /// A permission request, or an agent's question (not part of a
+    /// permission request's API object; a question's is [`Question`]).
+    #[serde(default, skip_serializing_if = "WaitingKind::is_permission")]
+    #[schema(ignore)]
+    pub kind: WaitingKind,
 }
 
 impl PermissionRequest {

@@ -40,7 +40,7 @@ use crate::config::Config;
 use crate::error::Result;
 use crate::model::{
     event_type, AgentState, AgentStatus, Conversation, Event, EventBody, MessageRole,
-    PermissionRequest, QueueHeld, TurnEnded, TurnStarted,
+    PermissionRequest, QueueHeld, TurnEnded, TurnStarted, WaitingKind,
 };
 use crate::store::{PermissionFilter, Store};
 
@@ -217,6 +217,7 @@ impl Notifier {
                 pending_only: true,
                 conversation_id: None,
                 owner: None,
+                kind: None,
             })
             .await
         {
@@ -341,6 +342,12 @@ impl Notifier {
                 Some(body) => body,
                 None => return Vec::new(),
             },
+            body => body,
+        };
+        // A question waits, and is notified, as a permission request does.
+        let body = match body {
+            EventBody::QuestionAsked(q) => EventBody::PermissionRequested(q.into()),
+            EventBody::QuestionResolved(q) => EventBody::PermissionResolved(q.into()),
             body => body,
         };
         match body {
@@ -602,6 +609,15 @@ pub fn request_ref(request: &PermissionRequest) -> RequestRef {
             ),
             _ => None,
         });
+    if request.kind == WaitingKind::Question {
+        // What the agent asks, as the title; its kind says it is a question.
+        return RequestRef {
+            id: request.id,
+            title: text("message"),
+            kind: Some("question".into()),
+            command: None,
+        };
+    }
     RequestRef {
         id: request.id,
         title: text("title"),
@@ -639,6 +655,8 @@ fn rules_look_at(kind: &str) -> bool {
             | event_type::TURN_ENDED
             | event_type::AGENT_STATUS
             | event_type::QUEUE_HELD
+            | event_type::QUESTION_ASKED
+            | event_type::QUESTION_RESOLVED
     )
 }
 
@@ -647,7 +665,7 @@ fn rules_look_at(kind: &str) -> bool {
 fn needs_conversation(body: &EventBody) -> bool {
     matches!(
         body.kind(),
-        event_type::PERMISSION_REQUESTED | event_type::TURN_STARTED
+        event_type::PERMISSION_REQUESTED | event_type::QUESTION_ASKED | event_type::TURN_STARTED
     )
 }
 

@@ -60,8 +60,11 @@ pub fn message(topic: &str, n: &Notification) -> Value {
             if n.count > 1 {
                 text.push_str(&format!("\n(+{} more)", n.count - 1));
             }
+            let question = n.count <= 1
+                && n.request.as_ref().and_then(|r| r.kind.as_deref()) == Some("question");
             let title = match n.event {
                 NotificationEvent::PermissionReminder => format!("Still waiting: {place}"),
+                _ if question => format!("Question: {place}"),
                 _ => format!("Permission needed: {place}"),
             };
             (title, text, vec!["lock"], 4)

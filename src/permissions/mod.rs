@@ -4,6 +4,7 @@
 //! [`policy`], on the shell splitter [`shell`]; the session applies all of it.
 
 pub mod policy;
+pub mod question;
 pub mod shell;
 
 use std::sync::{Arc, RwLock};
@@ -11,7 +12,9 @@ use std::sync::{Arc, RwLock};
 use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
-use crate::model::{Answer, PermissionRequest, PermissionStatus, PolicyRule};
+use crate::model::{
+    Answer, PermissionRequest, PermissionStatus, PolicyRule, Question, WaitingKind,
+};
 use crate::store::Store;
 use policy::{Action, Policies, Verdict};
 
@@ -19,16 +22,60 @@ pub use crate::config::profile::OnTimeout;
 pub use policy::{keys_to_remember, ToolKey};
 
 /// Checks an answer against a request: the option must be one it offers
-/// (else 409 `not_offered`: the document cannot know the options).
+/// (else 409 `not_offered`: the document cannot know the options); a
+/// question's reply must be `accept` with content that matches the schema
+/// it asked with (else 422 naming each field), `decline` or `cancel`.
 pub fn validate_answer(request: &PermissionRequest, answer: &Answer) -> Result<PermissionStatus> {
-    match answer {
-        Answer::Cancelled => Ok(PermissionStatus::Cancelled),
-        Answer::Option(id) => request.status_for_option(id).ok_or_else(|| {
-            Error::conflict(
-                "not_offered",
-                format!("option_id {id:?} is not one of the request's options"),
-            )
-        }),
+    match (request.kind, answer) {
+        (_, Answer::Cancelled) => Ok(PermissionStatus::Cancelled),
+        (WaitingKind::Permission, Answer::Option(id)) => {
+            request.status_for_option(id).ok_or_else(|| {
+                Error::conflict(
+                    "not_offered",
+                    format!("option_id {id:?} is not one of the request's options"),
+                )
+            })
+        }
+        (WaitingKind::Permission, Answer::Reply { .. }) => Err(Error::Unprocessable(
+            "a permission request is answered with option_id or outcome".into(),
+        )),
+        (WaitingKind::Question, Answer::Option(_)) => Err(Error::Unprocessable(
+            "a question is answered with action (accept, decline or cancel)".into(),
+        )),
+        (WaitingKind::Question, Answer::Reply { action, content }) => {
+            if action != "accept" && content.is_some() {
+                return Err(Error::Unprocessable(
+                    "content goes only with action accept".into(),
+                ));
+            }
+            match action.as_str() {
+                "accept" => {
+                    check_reply(request, content.as_ref())?;
+                    Ok(PermissionStatus::Approved)
+                }
+                "decline" => Ok(PermissionStatus::Rejected),
+                "cancel" => Ok(PermissionStatus::Cancelled),
+                other => Err(Error::Unprocessable(format!(
+                    "action must be accept, decline or cancel, not {other:?}"
+                ))),
+            }
+        }
+    }
+}
+
+/// An accepted question's content against the schema it asked with (a
+/// form; a URL question takes none).
+fn check_reply(request: &PermissionRequest, content: Option<&Value>) -> Result<()> {
+    match request.tool_call.get("requestedSchema") {
+        Some(schema) => {
+            let empty = json!({});
+            question::check_content(schema, content.unwrap_or(&empty))
+                .map_err(|wrong| Error::Unprocessable(wrong.join("; ")))
+        }
+        None if content.is_some() => Err(Error::Unprocessable(
+            "content goes only with a question in form mode".into(),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -68,6 +115,18 @@ pub fn answer_resolved(request: PermissionRequest, answer: &Answer) -> Result<Pe
 /// 409 `already_resolved`: someone answered `request` first; the conflict
 /// carries it as it is now.
 pub fn already_resolved(request: PermissionRequest) -> Error {
+    if request.kind == WaitingKind::Question {
+        let question = Question::from(&request);
+        return Error::Conflict {
+            code: "already_resolved",
+            detail: format!(
+                "question {} is already {}",
+                request.id,
+                request.status.as_str()
+            ),
+            extra: Some(json!({ "question": question })),
+        };
+    }
     Error::Conflict {
         code: "already_resolved",
         detail: format!(
@@ -241,6 +300,7 @@ mod tests {
             status: PermissionStatus::Pending,
             decision: None,
             created_at: model::now(),
+            kind: Default::default(),
         }
     }
 

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::command::{AnswerNote, Command};
 use super::Sessions;
 use crate::error::{Error, Result};
-use crate::model::{Answer, PermissionRequest, PermissionStatus};
+use crate::model::{Answer, PermissionRequest, PermissionStatus, WaitingKind};
 use crate::permissions::{agent_away, answer_without_agent, validate_answer};
 
 /// Whether someone may see a conversation with this owner.
@@ -26,6 +26,10 @@ pub struct Answerer<'a> {
     pub reason: Option<String>,
     /// The reason is told at once: the running turn is cancelled.
     pub steer: bool,
+    /// What they answer: a permission request or a question (one of the
+    /// other kind is 404, as if it did not exist); `None`: either (another
+    /// node checked).
+    pub kind: Option<WaitingKind>,
     /// Whether they may see a conversation with this owner (a request they
     /// may not see is 404, as if it did not exist); `None`: whoever handed
     /// the answer on checked it (another node).
@@ -44,6 +48,11 @@ impl Answerer<'_> {
 
     fn sees(&self, owner: Option<&str>) -> bool {
         self.may_see.is_none_or(|may_see| may_see(owner))
+    }
+
+    /// Whether they answer an item of `kind`.
+    fn answers(&self, kind: WaitingKind) -> bool {
+        self.kind.is_none_or(|k| k == kind)
     }
 }
 
@@ -82,15 +91,18 @@ impl Sessions {
         who: &Answerer<'_>,
         answer: Answer,
     ) -> Result<PermissionRequest> {
-        let missing = || Error::NotFound(format!("no permission request {id}"));
+        let missing = || match who.kind {
+            Some(WaitingKind::Question) => Error::NotFound(format!("no question {id}")),
+            _ => Error::NotFound(format!("no permission request {id}")),
+        };
         let held = {
             let waiting = self.inner.setup.waiting.lock().unwrap();
             let held = waiting.get(&id);
-            held.map(|w| (w.request.conversation_id, w.owner.clone()))
+            held.map(|w| (w.request.conversation_id, w.owner.clone(), w.request.kind))
         };
         let mut asked_here = false;
-        if let Some((conversation_id, owner)) = held {
-            if !who.sees(owner.as_deref()) {
+        if let Some((conversation_id, owner, kind)) = held {
+            if !who.sees(owner.as_deref()) || !who.answers(kind) {
                 return Err(missing());
             }
             if let Some(answered) = self.answer_here(conversation_id, id, who, &answer).await {
@@ -101,6 +113,9 @@ impl Sessions {
         // Answered or withdrawn meanwhile, not held here, or its session
         // ending: the stored request tells.
         let request = self.store().get_permission(id).await?.ok_or_else(missing)?;
+        if !who.answers(request.kind) {
+            return Err(missing());
+        }
         if who.may_see.is_some() {
             let conversation = self.store().get_conversation(request.conversation_id);
             let owner = conversation.await?.ok_or_else(missing)?.owner;

@@ -309,7 +309,7 @@ impl Journal {
         request: &PermissionRequest,
         decided: Option<(PermissionStatus, Decision)>,
     ) {
-        self.event(EventBody::PermissionRequested(request.clone()));
+        self.event(EventBody::asked(request.clone()));
         self.urgent = true;
         match decided {
             None => self.batch.new_permissions.push(request.clone()),
@@ -320,7 +320,7 @@ impl Journal {
                     ..request.clone()
                 };
                 self.batch.new_permissions.push(resolved.clone());
-                self.event(EventBody::PermissionResolved(resolved));
+                self.event(EventBody::resolved(resolved));
             }
         }
     }
@@ -540,7 +540,7 @@ impl Journal {
         let mut moved = false;
         let resolved = loop {
             // The store fills in the request as it resolved it.
-            let event = self.next_event(EventBody::PermissionResolved(resolution.resolved()));
+            let event = self.next_event(EventBody::resolved(resolution.resolved()));
             let patch = self.patch(event.seq);
             let resolved = self
                 .outlets

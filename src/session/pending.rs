@@ -425,6 +425,7 @@ mod tests {
             status: PermissionStatus::Pending,
             decision: None,
             created_at: model::now(),
+            kind: Default::default(),
         };
         let id = request.id;
         let mut pending = Pending::new(Some(timeout), OnTimeout::Reject, Default::default(), None);

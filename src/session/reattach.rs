@@ -134,6 +134,7 @@ impl Sessions {
                 pending_only: true,
                 conversation_id: Some(id),
                 owner: None,
+                kind: None,
             })
             .await
             .map_err(|e| failed(&e))?;

@@ -246,6 +246,7 @@ pub(super) async fn settle_pending(
             pending_only: true,
             conversation_id: Some(journal.conversation_id()),
             owner: None,
+            kind: None,
         })
         .await?;
     for request in pending {

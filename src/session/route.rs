@@ -168,6 +168,7 @@ impl Sessions {
                 pending_only: true,
                 conversation_id: None,
                 owner: None,
+                kind: None,
             })
             .await?;
         let mut ids: Vec<Uuid> = pending.iter().map(|r| r.conversation_id).collect();
@@ -552,6 +553,7 @@ impl ClusterMember for Sessions {
                         via,
                         reason,
                         steer,
+                        kind: None,
                         may_see: None,
                     };
                     serde_json::to_value(self.answer(request, &who, answer).await?)

@@ -139,6 +139,7 @@ async fn copy_conversation(
                 pending_only: false,
                 conversation_id: Some(id),
                 owner: None,
+                kind: None,
             })
             .await?,
         conversation: Some(ConversationPatch {

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::error::Result;
-use crate::model::{PermissionRequest, Rule};
+use crate::model::{PermissionRequest, Rule, WaitingKind};
 
 /// Which permission requests to list.
 #[derive(Debug, Clone, Default)]
@@ -20,6 +20,8 @@ pub struct PermissionFilter {
     pub conversation_id: Option<Uuid>,
     /// Only requests of this user's conversations.
     pub owner: Option<String>,
+    /// Only permission requests, or only questions (`None`: both).
+    pub kind: Option<WaitingKind>,
 }
 
 /// A list of operator policies and who set it.
@@ -81,7 +83,7 @@ macro_rules! impl_permission_store {
             use uuid::Uuid;
 
             use $crate::error::Result;
-            use $crate::model::{PermissionRequest, Rule};
+            use $crate::model::{PermissionRequest, Rule, WaitingKind};
             use $crate::store::permissions::{PermissionFilter, PolicySet, PolicySetRow};
             use $crate::store::rows::{text_col, JsonText, PermissionRow, RuleRow};
 
@@ -109,11 +111,13 @@ macro_rules! impl_permission_store {
                          where ($1 = false or p.status = 'pending')
                            and ($2 is null or p.conversation_id = $2)
                            and ($3 is null or c.owner = $3)
+                           and ($4 is null or p.kind = $4)
                          order by p.id",
                     )
                     .bind(filter.pending_only)
                     .bind(filter.conversation_id)
                     .bind(&filter.owner)
+                    .bind(filter.kind.map(WaitingKind::as_str))
                     .fetch_all(&self.pool)
                     .await?
                     .into_iter()

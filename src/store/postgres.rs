@@ -174,9 +174,9 @@ async fn write_batch(pool: &PgPool, conversation_id: Uuid, batch: &Batch) -> Res
             select $2::bigint is null or exists (select 1 from fenced) as go
          ), asked as (
             insert into permission_requests (id, conversation_id, turn_id, tool_call, options,
-              status, decision, created_at)
+              status, decision, created_at, kind)
             select * from unnest($3::uuid[], $4::uuid[], $5::uuid[], $6::json[], $7::json[],
-              $8::text[], $9::json[], $10::timestamptz[])
+              $8::text[], $9::json[], $10::timestamptz[], $47::text[])
             where (select go from go)
          ), announced as (
             insert into events (conversation_id, seq, type, at, data)
@@ -277,7 +277,8 @@ async fn write_batch(pool: &PgPool, conversation_id: Uuid, batch: &Batch) -> Res
     .bind(patch.map(|p| p.updated_at))
     .bind(patch.and_then(|p| p.state.as_ref().map(JsonText::of)))
     .bind(batch.link.as_ref().map(JsonText::of))
-    .bind(patch.and_then(|p| p.queue.as_ref().map(JsonText::of)));
+    .bind(patch.and_then(|p| p.queue.as_ref().map(JsonText::of)))
+    .bind(col(asks, |p| p.kind.as_str()));
     let written: bool = query
         .try_map(|row: sqlx::postgres::PgRow| sqlx::Row::try_get(&row, 0))
         .fetch_one(pool)
@@ -352,7 +353,7 @@ async fn resolve_at_once(
 ) -> Result<Option<Event>> {
     let request = &resolution.request;
     let event = Event {
-        body: EventBody::PermissionResolved(resolution.resolved()),
+        body: EventBody::resolved(resolution.resolved()),
         ..event.clone()
     };
     let query = sqlx::query(

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::model::Rule;
 use crate::model::{
     Conversation, ConversationStatus, Decision, Event, EventBody, Message, MessageRole,
-    PermissionRequest, PermissionStatus, ToolCall,
+    PermissionRequest, PermissionStatus, ToolCall, WaitingKind,
 };
 
 /// A JSON document bound as its text: Postgres `json` (not `jsonb`, which
@@ -262,6 +262,7 @@ pub struct PermissionRow {
     status: String,
     decision: Option<Json<Decision>>,
     created_at: DateTime<Utc>,
+    kind: String,
 }
 
 impl TryFrom<PermissionRow> for PermissionRequest {
@@ -277,6 +278,7 @@ impl TryFrom<PermissionRow> for PermissionRequest {
                 .ok_or_else(|| bad("permission status", &r.status))?,
             decision: r.decision.map(|j| j.0),
             created_at: r.created_at,
+            kind: WaitingKind::parse(&r.kind).ok_or_else(|| bad("waiting item kind", &r.kind))?,
         })
     }
 }

@@ -194,7 +194,7 @@ macro_rules! impl_store {
                         return Ok(None);
                     };
                     let request = PermissionRequest::try_from(row)?;
-                    event.body = $crate::model::EventBody::PermissionResolved(request.clone());
+                    event.body = $crate::model::EventBody::resolved(request.clone());
                     insert_event(&mut tx, event.conversation_id, &event).await?;
                     update_conversation(&mut tx, event.conversation_id, patch).await?;
                     tx.commit().await?;

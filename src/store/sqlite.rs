@@ -171,8 +171,8 @@ async fn write_batch(writer: &SqlitePool, conversation_id: Uuid, batch: &Batch) 
 async fn insert_permission(tx: &mut SqliteConnection, p: &PermissionRequest) -> Result<()> {
     sqlx::query(
         "insert into permission_requests (id, conversation_id, turn_id,
-           tool_call, options, status, decision, created_at)
-         values ($1, $2, $3, $4, $5, $6, $7, $8)",
+           tool_call, options, status, decision, created_at, kind)
+         values ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
     .bind(p.id)
     .bind(p.conversation_id)
@@ -182,6 +182,7 @@ async fn insert_permission(tx: &mut SqliteConnection, p: &PermissionRequest) -> 
     .bind(p.status.as_str())
     .bind(p.decision.as_ref().map(JsonText::of))
     .bind(p.created_at)
+    .bind(p.kind.as_str())
     .execute(tx)
     .await?;
     Ok(())

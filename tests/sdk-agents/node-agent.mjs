@@ -33,6 +33,13 @@
 //            standing for the terminalId the last terminal/create answered;
 //            one agent_message_chunk per call: a JSON line {"method", "result"}
 //            or {"method", "error": {"code", "message"}}
+//   question <json> -> elicitation/create with {sessionId, ...<json>} (a
+//            form or URL question); one agent_message_chunk: the answer as
+//            JSON ({"action", "content"?}, or {"error": {"code", "message"}});
+//            with "complete": true in <json>, for a URL question, it also
+//            sends elicitation/complete {elicitationId} right after asking
+//            (the interaction done elsewhere); stopReason end_turn, or
+//            cancelled if session/cancel arrived
 //   probe <json> -> <json> is an array of steps the agent does itself (not
 //            through the gateway): ["read", path], ["write", path, text],
 //            ["list", dir], ["run", program, ...args] (its stdout),
@@ -306,6 +313,26 @@ async function probeStep([what, ...args]) {
     default:
       throw Object.assign(new Error(`unknown probe step ${what}`), { code: "EINVAL" });
   }
+}
+
+/** The `question` scenario: the agent asks a person (ACP elicitation). */
+async function questionTurn(client, sessionId, json, turn) {
+  const { complete, ...params } = JSON.parse(json);
+  const asked = client.request(acp.methods.client.elicitation.create, { sessionId, ...params });
+  if (complete) {
+    await client.notify(acp.methods.client.elicitation.complete, {
+      elicitationId: params.elicitationId,
+    });
+  }
+  let said;
+  try {
+    said = await asked;
+  } catch (e) {
+    said = { error: { code: e.code, message: e.message } };
+  }
+  log("elicitation answer:", JSON.stringify(said));
+  await client.notify(acp.methods.client.session.update, chunk(sessionId, JSON.stringify(said)));
+  return turn.cancelled ? "cancelled" : "end_turn";
 }
 
 /** The `probe` scenario: what the agent itself can reach. */
@@ -602,6 +629,8 @@ const app = acp
         stopReason = await gatedTurn(client, sessionId, n, turn);
       } else if (firstWord === "calls") {
         stopReason = await callsTurn(client, sessionId, text.trim().slice("calls".length));
+      } else if (firstWord === "question") {
+        stopReason = await questionTurn(client, sessionId, text.trim().slice("question".length), turn);
       } else if (firstWord === "probe") {
         stopReason = await probeTurn(client, sessionId, text.trim().slice("probe".length));
       } else if (firstWord === "capabilities") {

@@ -107,6 +107,7 @@ fn writes(conversation: Uuid, ids: &Ids) -> Vec<Batch> {
                 status: PermissionStatus::Pending,
                 decision: None,
                 created_at: ids.at,
+                kind: Default::default(),
             }],
             conversation: Some(patch(3)),
             link: Some(link(30)),

@@ -146,6 +146,7 @@ async fn a_journal_behind_the_stored_events_goes_on_after_them(db: TestDb) {
         status: PermissionStatus::Pending,
         decision: None,
         created_at: model::now(),
+        kind: Default::default(),
     };
     let mut first = journal(&outlets, id).await;
     first.session_update(thought("one"), None);

@@ -41,6 +41,7 @@ mod operability;
 mod permission_lifecycle;
 mod permissions;
 mod policies;
+mod questions;
 mod quick_start;
 mod qwen_serve;
 mod remote_agents;

@@ -404,7 +404,29 @@ async fn a_queue_held_while_away_is_notified_and_not_while_present(db: TestDb) {
     gw.stop().await;
 }
 
+async fn an_agents_question_is_notified_with_its_message(db: TestDb) {
+    let (gw, mut notified) = start(config(&db, vec![node_sdk_profile("node")])).await;
+    let (conversation, mut ws) = gw.open_conversation("node").await;
+    let form = json!({"mode": "form", "message": "Deploy to production?",
+        "requestedSchema": {"properties": {"go": {"type": "boolean"}}}});
+    gw.prompt(&conversation, &format!("question {form}")).await;
+    let frames = ws.until_type("question_asked").await;
+    let question = frames.last().unwrap()["data"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let got = notified.next().await;
+    assert_eq!(got.body.event, NotificationEvent::PermissionWaiting);
+    assert_eq!(got.keys, [format!("permission_waiting:{question}")]);
+    let request = got.body.request.as_ref().unwrap();
+    assert_eq!(request.id.to_string(), question);
+    assert_eq!(request.title.as_deref(), Some("Deploy to production?"));
+    assert_eq!(request.kind.as_deref(), Some("question"));
+    gw.stop().await;
+}
+
 backend_tests!(
+    an_agents_question_is_notified_with_its_message,
     a_queue_held_while_away_is_notified_and_not_while_present,
     after_a_restart_nothing_of_before_is_notified_again,
     an_agent_that_could_not_start_is_notified,

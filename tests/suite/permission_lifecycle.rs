@@ -483,6 +483,7 @@ fn pending_request(conversation_id: uuid::Uuid) -> acp_gateway::model::Permissio
         status: PermissionStatus::Pending,
         decision: None,
         created_at: model::now(),
+        kind: Default::default(),
     }
 }
 

@@ -27,6 +27,7 @@ backend_tests!(
     a_closed_conversations_shim_is_stopped_when_the_gateway_starts,
     a_deleted_conversations_shim_is_stopped_when_the_gateway_starts,
     a_shim_no_record_names_is_stopped_when_the_gateway_starts,
+    a_question_pending_through_a_crash_is_answered_on_its_own_id_after_it,
 );
 
 fn agents() -> Vec<acp_gateway::config::AgentProfile> {
@@ -181,6 +182,36 @@ async fn a_request_pending_through_a_crash_is_answered_on_its_own_id_after_it(db
     let call = &calls["items"][0];
     assert_eq!(call["title"], "Write ask-0.txt", "{calls}");
     assert_eq!(call["status"], "completed", "{calls}");
+}
+
+async fn a_question_pending_through_a_crash_is_answered_on_its_own_id_after_it(db: TestDb) {
+    let agents = vec![crate::common::node_sdk_profile("node")];
+    let gw = GatewayProcess::start(&db, &agents);
+    let id = gw.create("node").await;
+    let mut ws = gw.conversation_ws(&id, 0).await;
+    let form = json!({"mode": "form", "message": "Go on?",
+        "requestedSchema": {"properties": {"go": {"type": "boolean"}}, "required": ["go"]}});
+    gw.prompt(&id, &format!("question {form}")).await;
+    let seen = ws.until_type("question_asked").await;
+    let question = seen.last().unwrap()["data"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let pid = agent_pid(&db, &id).await;
+    gw.kill();
+
+    let gw = GatewayProcess::start(&db, &agents);
+    let (_, current) = gw.get(&format!("/api/v1/questions/{question}")).await;
+    assert_eq!(current["status"], "pending", "{current}");
+    let respond = format!("/api/v1/questions/{question}/respond");
+    let answer = json!({"action": "accept", "content": {"go": true}});
+    let (status, body) = gw.post(&respond, answer).await;
+    assert_eq!(status, 200, "{body}");
+    let (all, ended) = read_on(&gw, &id, seen).await;
+    let said: Value = serde_json::from_str(&streamed_text(&all, "agent_message_chunk")).unwrap();
+    assert_eq!(said, json!({"action": "accept", "content": {"go": true}}));
+    assert_eq!(ended["data"]["stop_reason"], "end_turn");
+    assert_eq!(agent_pid(&db, &id).await, pid);
 }
 
 async fn an_answer_committed_just_before_a_crash_still_reaches_the_agent(db: TestDb) {

@@ -365,6 +365,7 @@ impl Forward {
             pending_only: true,
             conversation_id: Some(self.id),
             owner: None,
+            kind: None,
         };
         let mut waiting = match self.state.store().list_permissions(&filter).await {
             Ok(waiting) => waiting,

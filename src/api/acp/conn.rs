@@ -21,6 +21,7 @@ use crate::api::state::AppState;
 use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
 use crate::limits;
+use crate::model::WaitingKind;
 use crate::model::{Answer, Conversation};
 use crate::session::answer::Answerer;
 use crate::session::command::{Prompted, WhileRunning};
@@ -569,6 +570,7 @@ impl Conn {
                 via: Some("acp".into()),
                 reason: None,
                 steer: false,
+                kind: Some(WaitingKind::Permission),
                 may_see: Some(&may_see),
             };
             if let Err(e) = conn.state.sessions().answer(request, &who, answer).await {

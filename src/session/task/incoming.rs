@@ -117,6 +117,9 @@ impl Task {
             Incoming::Notification { method, params } => match method.as_str() {
                 "session/update" => self.on_update(params),
                 "$/cancel_request" => self.on_cancel_request(params).await?,
+                "elicitation/complete" | "notifications/elicitation/complete" => {
+                    self.on_question_complete(params).await?
+                }
                 other => tracing::debug!(method = other, "ignoring notification"),
             },
             Incoming::Fast(chunk) => {
@@ -126,6 +129,7 @@ impl Task {
             }
             Incoming::Request(request) => match request.method.as_str() {
                 "session/request_permission" => self.on_permission_request(request).await?,
+                "elicitation/create" => self.on_question(request).await?,
                 method if self.served.serves(method) => {
                     if let Some(write) = self.served.handle(request, self.journal.store()).await? {
                         self.record_write(write).await?;

@@ -14,8 +14,9 @@ use super::Task;
 use crate::acp::client::Opened;
 use crate::acp::rpc::{IncomingRequest, INVALID_PARAMS};
 use crate::error::{Error, Result};
-use crate::model::{self, Answer, Decision, PermissionRequest, PermissionStatus};
+use crate::model::{self, Answer, Decision, PermissionRequest, PermissionStatus, WaitingKind};
 use crate::permissions::policy::{self, Facts};
+use crate::permissions::question;
 use crate::permissions::{agent_away, answer_resolved, Judged};
 use crate::session::command::AnswerNote;
 use crate::session::pending::Parked;
@@ -79,6 +80,7 @@ impl Task {
             status: PermissionStatus::Pending,
             decision: None,
             created_at: model::now(),
+            kind: Default::default(),
         };
         tracing::info!(permission_id = %permission.id, "agent asks permission");
         if self
@@ -145,6 +147,107 @@ impl Task {
         Ok(())
     }
 
+    /// The agent asks a person a question (`elicitation/create`): held
+    /// like a permission request (same timeout, cancel rule and answers'
+    /// road), never answered by a policy. A form whose schema is not of
+    /// ACP's restricted subset, or a mode this gateway does not know, is
+    /// refused.
+    pub(super) async fn on_question(&mut self, request: IncomingRequest) -> Result<()> {
+        let mut params = request.params.clone();
+        let refused = match params.get("mode").and_then(Value::as_str) {
+            _ if !params.get("message").is_some_and(Value::is_string) => {
+                Some("elicitation/create needs a message (string)".to_owned())
+            }
+            Some("form") => params
+                .get("requestedSchema")
+                .map_or(Err("a form needs a requestedSchema".to_owned()), |s| {
+                    question::check_schema(s)
+                })
+                .err(),
+            Some("url") => {
+                let url = params.get("url").and_then(Value::as_str);
+                let id = params.get("elicitationId").and_then(Value::as_str);
+                match (url.map(url::Url::parse), id) {
+                    (Some(Ok(u)), Some(_)) if matches!(u.scheme(), "https" | "http") => None,
+                    _ => {
+                        Some("a URL question needs an http(s) url and an elicitationId".to_owned())
+                    }
+                }
+            }
+            other => Some(format!(
+                "elicitation mode {other:?} is not supported (form or url)"
+            )),
+        };
+        if let Some(why) = refused {
+            request.responder.respond_error(INVALID_PARAMS, &why, None);
+            return Ok(());
+        }
+        if let Some(params) = params.as_object_mut() {
+            params.remove("sessionId");
+            params.remove("_meta");
+        }
+        let question = PermissionRequest {
+            id: model::new_id(),
+            conversation_id: self.journal.conversation_id(),
+            turn_id: self.turns.id(),
+            tool_call: params,
+            options: Vec::new(),
+            status: PermissionStatus::Pending,
+            decision: None,
+            created_at: model::now(),
+            kind: WaitingKind::Question,
+        };
+        tracing::info!(question_id = %question.id, "agent asks a question");
+        if self
+            .turns
+            .turn
+            .as_ref()
+            .is_some_and(|turn| turn.cancel_requested)
+        {
+            let decision = Decision::new(
+                Answer::Cancelled,
+                "system".into(),
+                Some("asked after the turn was cancelled".into()),
+            );
+            return self
+                .answer_at_once(request, question, PermissionStatus::Cancelled, decision)
+                .await;
+        }
+        self.journal.add_permission_request(&question, None);
+        self.requests.pending.park(question, request.responder);
+        self.keep_rpc_ids();
+        self.journal.set_status(self.status_now());
+        Ok(())
+    }
+
+    /// The agent says a URL question's interaction is complete: one still
+    /// waiting is answered `accept` (the person did what it asked, where
+    /// the URL led); one answered already stays as it is.
+    pub(super) async fn on_question_complete(&mut self, params: Value) -> Result<()> {
+        let Some(elicitation) = params.get("elicitationId").and_then(Value::as_str) else {
+            return Ok(());
+        };
+        let waiting = self.requests.pending.ids().into_iter().find(|id| {
+            self.requests.pending.get(*id).is_some_and(|q| {
+                q.kind == WaitingKind::Question
+                    && q.tool_call.get("elicitationId").and_then(Value::as_str) == Some(elicitation)
+            })
+        });
+        let Some(id) = waiting else {
+            tracing::debug!(elicitation, "completion of a question no longer waiting");
+            return Ok(());
+        };
+        let answer = Answer::Reply {
+            action: "accept".into(),
+            content: None,
+        };
+        let why = "the agent says the interaction at the URL is complete";
+        let decision = Decision::new(answer, "system".into(), Some(why.into()));
+        self.resolve(id, PermissionStatus::Approved, decision)
+            .await
+            .map(drop)
+    }
+
     /// Answers a request as it arrives (by policy, or cancelled): requested
     /// and resolved are committed together and both published, so the
     /// audit trail shows what was decided without a person, and why.
@@ -155,7 +258,7 @@ impl Task {
         status: PermissionStatus,
         decision: Decision,
     ) -> Result<()> {
-        let result = decision.acp_result();
+        let result = decision.acp_result(permission.kind);
         self.journal
             .add_permission_request(&permission, Some((status, decision)));
         // The request stays in hand until answered (see `record_write`).
@@ -255,7 +358,8 @@ impl Task {
         decision: Decision,
     ) -> Result<Resolved> {
         let id = parked.request.id;
-        let result = decision.acp_result();
+        let kind = parked.request.kind;
+        let result = decision.acp_result(kind);
         self.journal.set_status(self.status_now());
         let resolution = Resolution {
             request: parked.request.clone(),
@@ -274,7 +378,7 @@ impl Task {
                 // store is the arbiter): answer the agent with what won.
                 let current = self.journal.store().get_permission(id).await?;
                 if let Some(d) = current.as_ref().and_then(|c| c.decision.as_ref()) {
-                    parked.responder.respond(d.acp_result());
+                    parked.responder.respond(d.acp_result(kind));
                 }
                 Ok(Resolved::Already(current))
             }
@@ -414,6 +518,7 @@ impl Task {
                 pending_only: true,
                 conversation_id: Some(self.journal.conversation_id()),
                 owner: None,
+                kind: None,
             })
             .await?;
         let remembers = matches!(opened, Opened::Resumed | Opened::Loaded);

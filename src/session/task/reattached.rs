@@ -140,8 +140,7 @@ impl Task {
         for request in pending {
             match link.waiting.get(&request.id) {
                 Some(rpc_id) => {
-                    let responder =
-                        peer.responder_for(rpc_id.clone(), "session/request_permission");
+                    let responder = peer.responder_for(rpc_id.clone(), request.kind.method());
                     self.requests.pending.park_restored(request, responder);
                 }
                 None => unanswerable.push(request),
@@ -156,10 +155,11 @@ impl Task {
                 continue;
             }
             let resolved = self.journal.store().get_permission(*id).await?;
-            if let Some(decision) = resolved.and_then(|r| r.decision) {
+            let Some(resolved) = resolved else { continue };
+            if let Some(decision) = &resolved.decision {
                 tracing::info!(permission_id = %id, "answering the agent again after the restart");
-                peer.responder_for(rpc_id.clone(), "session/request_permission")
-                    .respond(decision.acp_result());
+                peer.responder_for(rpc_id.clone(), resolved.kind.method())
+                    .respond(decision.acp_result(resolved.kind));
             }
         }
         self.keep_rpc_ids();
