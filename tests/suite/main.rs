@@ -60,5 +60,6 @@ mod steering;
 mod tls;
 mod turns;
 mod web_client;
+mod web_steering;
 mod websocket;
 mod workspace;
