@@ -313,13 +313,10 @@ async fn a_reason_given_with_a_rejection_is_stored_and_reaches_the_agent_after_t
         .await;
     assert_eq!(status, 200, "{answered}");
     assert_eq!(answered["decision"]["reason"], "wrong file:\nuse notes.txt");
-    assert_eq!(
-        answered["decision"]["decided_by"]
-            .as_str()
-            .unwrap()
-            .starts_with("user:"),
-        true
-    );
+    assert!(answered["decision"]["decided_by"]
+        .as_str()
+        .unwrap()
+        .starts_with("user:"));
     // Wherever the decision is shown.
     let (_, shown) = gw.get(&format!("/api/v1/permissions/{request}")).await;
     assert_eq!(shown["decision"]["reason"], "wrong file:\nuse notes.txt");
