@@ -583,9 +583,8 @@ class ConversationView {
     this.queueList = h("ol.queue-items", { id: "queue", "aria-label": "Queued prompts" });
     // A div, so that "form.prompt p.error" stays the prompt box's own message.
     this.queueError = h("div.error", { id: "queue-error", role: "alert", hidden: true });
-    this.queueHead = h("h2", {}, "Queued");
+    this.queueHead = h("h2", { id: "queue-head" }, "Queued");
     this.queuePanel = h("section.queue", { "aria-labelledby": "queue-head", hidden: true }, this.queueHead, this.queueList);
-    this.queueHead.id = "queue-head";
     this.heldText = h("span");
     this.heldPanel = h(
       "div.held",

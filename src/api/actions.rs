@@ -22,6 +22,7 @@ use serde::Deserialize;
 use utoipa::ToSchema;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::openapi::Problem;
 use super::permissions::answer_reason;
 use super::responses::TooManyFailedLookups;
 use super::state::AppState;
@@ -323,7 +324,7 @@ async fn body_reason(request: Request, form: bool) -> Result<Option<String>> {
 /// given. The token is used whatever comes of it, once the body is read:
 /// a body refused (a reason too long) answers nothing and leaves the token
 /// as it was. A form post (the action page's) gets a page, whatever comes
-/// of it, with the status below.
+/// of it, with the status below (as `text/html`).
 #[utoipa::path(
     post, operation_id = "answerAction", path = "/api/v1/actions/{token}", tag = "notifications",
     security(()),
@@ -340,13 +341,25 @@ async fn body_reason(request: Request, form: bool) -> Result<Option<String>> {
             (PermissionRequest = "application/json"),
             (String = "text/html"),
         )),
-        (status = 404, description = "No such action (not one the gateway sent, or expired and swept)"),
-        (status = 409, description = "`already_resolved` (member `request`): someone answered first; `agent_gone`; or `agent_away` (a remote agent whose connection was lost has not asked again yet: try later)"),
-        (status = 410, description = "Used, expired, its request gone, or its user removed"),
-        (status = 413, description = "A body over 64 KiB"),
+        (status = 404, description = "No such action (not one the gateway sent, or expired and swept)", content(
+            (Problem = "application/problem+json"), (String = "text/html"),
+        )),
+        (status = 409, description = "`already_resolved` (member `request`): someone answered first; `agent_gone`; or `agent_away` (a remote agent whose connection was lost has not asked again yet: try later)", content(
+            (Problem = "application/problem+json"), (String = "text/html"),
+        )),
+        (status = 410, description = "Used, expired, its request gone, or its user removed", content(
+            (Problem = "application/problem+json"), (String = "text/html"),
+        )),
+        (status = 413, description = "A body over 64 KiB", content(
+            (Problem = "application/problem+json"), (String = "text/html"),
+        )),
         (status = 415, description = "A body that is neither JSON nor a form"),
-        (status = 422, description = "A bad reason (over 2000 characters, or control characters other than newlines and tabs) or a body of other members: nothing is answered, and the token can still be used (as after a 400, 413 or 415)"),
-        TooManyFailedLookups,
+        (status = 422, description = "A bad reason (over 2000 characters, or control characters other than newlines and tabs) or a body of other members: nothing is answered, and the token can still be used (as after a 400, 413 or 415)", content(
+            (Problem = "application/problem+json"), (String = "text/html"),
+        )),
+        (status = 429, description = "The token is not usable and this address failed 20 lookups in the last minute (`Retry-After`); a usable token still answers", content(
+            (Problem = "application/problem+json"), (String = "text/html"),
+        )),
     )
 )]
 async fn answer(
