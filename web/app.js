@@ -583,7 +583,7 @@ class ConversationView {
     this.queueList = h("ol.queue-items", { id: "queue", "aria-label": "Queued prompts" });
     // A div, so that "form.prompt p.error" stays the prompt box's own message.
     this.queueError = h("div.error", { id: "queue-error", role: "alert", hidden: true });
-    this.queueHead = h("h2", { id: "queue-head" }, "Queued");
+    this.queueHead = h("h2", { id: "queue-head", tabindex: -1 }, "Queued");
     this.queuePanel = h("section.queue", { "aria-labelledby": "queue-head", hidden: true }, this.queueHead, this.queueList);
     this.heldText = h("span");
     this.heldPanel = h(
@@ -839,10 +839,22 @@ class ConversationView {
       this.queueError.textContent = "The prompt you were editing has started (or was removed): it is no longer queued.";
       this.queueError.hidden = false;
     }
+    // A keyboard's place is kept: the same button of the same prompt (or
+    // its first), else the queue's heading (not the prompt box: on a phone
+    // that would bring up the keyboard).
+    const active = document.activeElement;
+    const focused = this.queueList.contains(active) && active.tagName === "BUTTON"
+      ? { id: active.closest("li")?.dataset.promptId, name: active.textContent }
+      : null;
     fill(
       this.queueList,
       queue.map((prompt, i) => (this.editing?.id === prompt.id ? this.editing.li : this.queued(prompt, i))),
     );
+    if (focused) {
+      const li = [...this.queueList.children].find((el) => el.dataset.promptId === focused.id);
+      const buttons = li ? [...li.querySelectorAll("button")] : [];
+      (buttons.find((b) => b.textContent === focused.name) ?? buttons[0] ?? this.queueHead).focus({ preventScroll: true });
+    }
     this.queueHead.textContent = `Queued (${queue.length})`;
     this.queuePanel.hidden = queue.length === 0;
     this.showHeld();
