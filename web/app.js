@@ -907,6 +907,15 @@ class ConversationView {
         this.showQueue(this.queue);
       }
     };
+    const keep = () => {
+      this.editing = null;
+      this.showQueue(this.queue);
+    };
+    // As in the prompt box: Ctrl+Enter saves; Escape keeps it as it was.
+    box.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) save();
+      if (event.key === "Escape") keep();
+    });
     fill(
       li,
       h("label", { for: id }, "Edit the queued prompt"),
@@ -914,17 +923,7 @@ class ConversationView {
       h(
         "div.row",
         {},
-        h(
-          "button.quiet",
-          {
-            type: "button",
-            onclick: () => {
-              this.editing = null;
-              this.showQueue(this.queue);
-            },
-          },
-          "Keep as it was",
-        ),
+        h("button.quiet", { type: "button", onclick: keep }, "Keep as it was"),
         h("button.primary", { type: "button", onclick: save }, "Save"),
       ),
     );
