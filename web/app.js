@@ -219,16 +219,33 @@ function whenUnauthorizedNow() {
   location.hash = "#/sign-in";
 }
 
-/** Answers a request from its card; the card says what happened. */
+/**
+ * Answers a request from its card, with the reason written there (if any,
+ * and at once where "Tell the agent now" is ticked); the card says what
+ * happened.
+ */
 async function answer(request, optionId, card) {
   const buttons = card.querySelectorAll("button");
   const error = card.querySelector(".error");
-  for (const button of buttons) button.disabled = true;
+  const body = { option_id: optionId };
+  const why = card.querySelector("textarea.reason");
+  const now = card.querySelector("input.steer");
+  if (why && why.value.trim()) body.reason = why.value;
+  if (now?.checked) body.steer = true;
   error.hidden = true;
+  if (body.steer && !body.reason) {
+    error.textContent = "Write a reason to tell the agent now, or untick that.";
+    error.hidden = false;
+    return;
+  }
+  if (body.reason && [...body.reason].length > REASON_MAX) {
+    error.textContent = `A reason is at most ${REASON_MAX} characters.`;
+    error.hidden = false;
+    return;
+  }
+  for (const button of buttons) button.disabled = true;
   try {
-    const resolved = await api("POST", `/api/v1/permissions/${request.id}/respond`, {
-      option_id: optionId,
-    });
+    const resolved = await api("POST", `/api/v1/permissions/${request.id}/respond`, body);
     settle(card, resolved);
   } catch (e) {
     if (e instanceof ApiError && e.code === "already_resolved" && e.problem?.request) {
@@ -243,11 +260,11 @@ async function answer(request, optionId, card) {
   }
 }
 
-/** A card whose request is answered: its buttons go, the answer shows. */
+/** A card whose request is answered: its buttons go, the answer shows, with its reason. */
 function settle(card, resolved) {
   // What was asked stays in the tool call's own card: this one shrinks to
   // the question and its answer.
-  for (const detail of card.querySelectorAll(".options, .facts, .locations, pre")) detail.remove();
+  for (const detail of card.querySelectorAll(".options, .facts, .locations, pre, .why, .add-reason")) detail.remove();
   card.classList.add("resolved");
   const said = resolved ? `Answered: ${decisionText(resolved)}` : "Answered elsewhere";
   let note = card.querySelector(".decision");
@@ -256,7 +273,20 @@ function settle(card, resolved) {
     card.append(note);
   }
   note.textContent = said;
+  const reason = resolved?.decision?.reason;
+  let because = card.querySelector(".decision-reason");
+  if (reason && !because) {
+    because = h("p.decision-reason");
+    note.after(because);
+  }
+  if (because) {
+    because.hidden = !reason;
+    fill(because, h("span.label", {}, "Reason: "), reason ?? "");
+  }
 }
+
+/** At most this many characters in a reason given with an answer (the API's bound). */
+const REASON_MAX = 2000;
 
 // ---------------------------------------------------------- conversations
 
@@ -539,6 +569,29 @@ class ConversationView {
       placeholder: "Message the agent (Ctrl+Enter sends)",
     });
     this.send = h("button.primary", { type: "submit" }, "Send");
+    // While a turn runs: what is sent waits in the queue; "Send now" steers
+    // (cancels the turn and goes first).
+    this.steer = h(
+      "button",
+      { type: "button", id: "send-now", hidden: true, onclick: () => this.submit(null, true) },
+      "Send now",
+    );
+    this.queue = []; // the queued prompts, the next first
+    this.queueSeen = 0; // queue_changed events handled (a GET answered after one is stale)
+    this.held = null; // the queue_held event's data while the queue waits for a person
+    this.editing = null; // the queued prompt being edited: {id, li}
+    this.queueList = h("ol.queue-items", { id: "queue", "aria-label": "Queued prompts" });
+    // A div, so that "form.prompt p.error" stays the prompt box's own message.
+    this.queueError = h("div.error", { id: "queue-error", role: "alert", hidden: true });
+    this.queueHead = h("h2", { id: "queue-head", tabindex: -1 }, "Queued");
+    this.queuePanel = h("section.queue", { "aria-labelledby": "queue-head", hidden: true }, this.queueHead, this.queueList);
+    this.heldText = h("span");
+    this.heldPanel = h(
+      "div.held",
+      { role: "status", hidden: true },
+      this.heldText,
+      h("button", { type: "button", id: "resume", onclick: () => this.resumeQueue() }, "Resume"),
+    );
     // Photos and files to send with the next prompt.
     this.attachments = [];
     this.capabilities = {};
@@ -556,9 +609,12 @@ class ConversationView {
       { onsubmit: (event) => this.submit(event) },
       h("label.sr", { for: "prompt" }, "Message"),
       this.suggestions,
+      this.heldPanel,
+      this.queuePanel,
+      this.queueError,
       this.attached,
       this.prompt,
-      h("div.actions", {}, this.picker, attach, this.cancel, this.send),
+      h("div.actions", {}, this.picker, attach, this.cancel, this.steer, this.send),
       this.error,
     );
     this.prompt.addEventListener("keydown", (event) => {
@@ -582,6 +638,7 @@ class ConversationView {
     };
     window.addEventListener("scroll", this.onScroll, { passive: true });
     this.refresh();
+    this.loadQueue();
     this.live = new Live({
       path: (after) => `/api/v1/conversations/${id}/ws?after=${after}`,
       onFrame: (event) => this.event(event),
@@ -712,7 +769,6 @@ class ConversationView {
       ),
     );
     this.suggestions.hidden = matching.length === 0;
-    this.prompt.setAttribute("aria-expanded", String(matching.length > 0));
   }
 
   showStatus(status) {
@@ -720,17 +776,31 @@ class ConversationView {
     this.status.textContent = status.replace("_", " ");
     this.prompt.disabled = status === "closed" || status === "failed";
     this.send.disabled = this.prompt.disabled;
+    this.steer.disabled = this.prompt.disabled;
   }
 
-  async submit(event) {
-    event.preventDefault();
+  /** Whether a turn runs: what is typed then waits in the queue, or steers ("Send now"). */
+  showRunning(running) {
+    this.steer.hidden = !running;
+    this.prompt.placeholder = running
+      ? "The agent is working: what you send waits in the queue"
+      : "Message the agent (Ctrl+Enter sends)";
+  }
+
+  /**
+   * Sends the prompt box: it starts a turn, or (a turn running) waits in
+   * the queue; with `steer` it cancels the running turn and goes first.
+   */
+  async submit(event, steer = false) {
+    event?.preventDefault();
     const text = this.prompt.value;
     if (!text.trim() && this.attachments.length === 0) return;
-    this.send.disabled = true;
+    this.send.disabled = this.steer.disabled = true;
     this.error.hidden = true;
     const body = this.attachments.length
       ? { content: [...(text.trim() ? [{ type: "text", text }] : []), ...this.attachments.map((a) => a.block)] }
       : { text };
+    if (steer) body.steer = true;
     try {
       await api("POST", `/api/v1/conversations/${this.id}/prompts`, body);
       this.prompt.value = "";
@@ -743,7 +813,188 @@ class ConversationView {
           : problemText(e);
       this.error.hidden = false;
     } finally {
-      this.send.disabled = false;
+      this.send.disabled = this.steer.disabled = false;
+    }
+  }
+
+  /** The queue as it is now (the events follow it from there). */
+  async loadQueue() {
+    const seen = this.queueSeen;
+    try {
+      const list = await api("GET", `/api/v1/conversations/${this.id}/queue`);
+      // An event since has the queue as it is later.
+      if (this.queueSeen === seen) this.showQueue(list.items ?? []);
+    } catch {
+      // The conversation's own load says what is wrong.
+    }
+  }
+
+  /** Shows `queue` (the whole of it, the next first) above the prompt box. */
+  showQueue(queue) {
+    this.queue = queue;
+    const ids = new Set(queue.map((p) => p.id));
+    if (this.editing && !ids.has(this.editing.id)) {
+      // Started, or removed elsewhere, while it was being edited.
+      this.editing = null;
+      this.queueError.textContent = "The prompt you were editing has started (or was removed): it is no longer queued.";
+      this.queueError.hidden = false;
+    }
+    // A keyboard's place is kept: the same button of the same prompt (or
+    // its first), else the queue's heading (not the prompt box: on a phone
+    // that would bring up the keyboard).
+    const active = document.activeElement;
+    const focused = this.queueList.contains(active) && active.tagName === "BUTTON"
+      ? { id: active.closest("li")?.dataset.promptId, name: active.textContent }
+      : null;
+    fill(
+      this.queueList,
+      queue.map((prompt, i) => (this.editing?.id === prompt.id ? this.editing.li : this.queued(prompt, i))),
+    );
+    if (focused) {
+      const li = [...this.queueList.children].find((el) => el.dataset.promptId === focused.id);
+      const buttons = li ? [...li.querySelectorAll("button")] : [];
+      (buttons.find((b) => b.textContent === focused.name) ?? buttons[0] ?? this.queueHead).focus({ preventScroll: true });
+    }
+    this.queueHead.textContent = `Queued (${queue.length})`;
+    this.queuePanel.hidden = queue.length === 0;
+    this.showHeld();
+  }
+
+  /** One queued prompt: its text, and Up, Top, Edit and Remove. */
+  queued(prompt, i) {
+    const text = contentText(prompt.content);
+    const short = text.length > 40 ? `${text.slice(0, 40)}…` : text;
+    const editable = (prompt.content ?? []).every((b) => b?.type === "text");
+    const li = h("li.queued", { dataset: { promptId: prompt.id } });
+    const button = (label, attrs) => h("button.quiet", { type: "button", "aria-label": `${label}: ${short}`, ...attrs }, label);
+    fill(
+      li,
+      prompt.reason_for ? h("p.meta", {}, "Your reason, for the agent") : null,
+      prompt.steer ? h("p.meta", {}, "Next: the turn is being stopped") : null,
+      h("p.text", {}, promptContent(prompt.content)),
+      h(
+        "div.row",
+        {},
+        i > 0 ? button("Up", { onclick: () => this.moveQueued(prompt, i - 1) }) : null,
+        i > 1 ? button("Top", { onclick: () => this.moveQueued(prompt, 0) }) : null,
+        editable ? button("Edit", { onclick: () => this.editQueued(prompt, li, text) }) : null,
+        h(
+          "button.quiet.danger",
+          { type: "button", "aria-label": `Remove: ${short}`, onclick: () => this.removeQueued(prompt) },
+          "Remove",
+        ),
+      ),
+    );
+    return li;
+  }
+
+  /** Turns a queued prompt's entry into a box to edit its text, saved with PATCH. */
+  editQueued(prompt, li, text) {
+    if (this.editing) {
+      // One at a time: the other goes back as it was.
+      this.editing = null;
+      this.showQueue(this.queue);
+      li = this.queueList.querySelector(`[data-prompt-id="${prompt.id}"]`) ?? li;
+    }
+    const id = `queue-edit-${prompt.id}`;
+    const box = h("textarea", { id, rows: 2 });
+    box.value = text;
+    const save = async () => {
+      if (!box.value.trim()) return;
+      const ok = await this.changeQueued("PATCH", prompt, { text: box.value });
+      if (ok) {
+        this.editing = null;
+        this.showQueue(this.queue);
+      }
+    };
+    const keep = () => {
+      this.editing = null;
+      this.showQueue(this.queue);
+    };
+    // As in the prompt box: Ctrl+Enter saves; Escape keeps it as it was.
+    box.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) save();
+      if (event.key === "Escape") keep();
+    });
+    fill(
+      li,
+      h("label", { for: id }, "Edit the queued prompt"),
+      box,
+      h(
+        "div.row",
+        {},
+        h("button.quiet", { type: "button", onclick: keep }, "Keep as it was"),
+        h("button.primary", { type: "button", onclick: save }, "Save"),
+      ),
+    );
+    this.editing = { id: prompt.id, li };
+    box.focus();
+  }
+
+  moveQueued(prompt, position) {
+    return this.changeQueued("PATCH", prompt, { position });
+  }
+
+  removeQueued(prompt) {
+    return this.changeQueued("DELETE", prompt);
+  }
+
+  /**
+   * Edits, moves or removes a queued prompt; the queue_changed event shows
+   * the outcome. One that started meanwhile is said plainly.
+   */
+  async changeQueued(method, prompt, body) {
+    this.queueError.hidden = true;
+    try {
+      await api(method, `/api/v1/conversations/${this.id}/queue/${prompt.id}`, body);
+      return true;
+    } catch (e) {
+      this.queueError.textContent =
+        e instanceof ApiError && e.code === "already_started"
+          ? "That prompt has already started: it can no longer be changed."
+          : e instanceof ApiError && e.status === 404
+            ? "That prompt is no longer queued."
+            : problemText(e);
+      this.queueError.hidden = false;
+      if (e instanceof ApiError && (e.code === "already_started" || e.status === 404)) {
+        this.editing = null;
+        this.loadQueue();
+      }
+      return false;
+    }
+  }
+
+  /** Whether the queue waits for a person (after a turn that did not end with end_turn). */
+  showHeld() {
+    const waiting = this.held && this.queue.length > 0;
+    this.heldPanel.hidden = !waiting;
+    if (!waiting) return;
+    const why = this.held.stop_reason ? ` (the turn ended: ${String(this.held.stop_reason).replace(/_/g, " ")})` : "";
+    const n = this.queue.length;
+    this.heldText.textContent = `The queue is paused${why}. ${n} ${n === 1 ? "prompt waits" : "prompts wait"}.`;
+  }
+
+  async resumeQueue() {
+    const resume = this.heldPanel.querySelector("button");
+    resume.disabled = true;
+    this.queueError.hidden = true;
+    try {
+      await api("POST", `/api/v1/conversations/${this.id}/queue/resume`, {});
+      this.held = null;
+      this.showHeld();
+    } catch (e) {
+      if (e instanceof ApiError && e.code === "queue_empty") {
+        this.held = null;
+        this.showQueue([]);
+      } else {
+        this.queueError.textContent =
+          e instanceof ApiError && e.code === "turn_in_progress"
+            ? "A turn is running: the queue goes on when it ends."
+            : problemText(e);
+        this.queueError.hidden = false;
+      }
+    } finally {
+      resume.disabled = false;
     }
   }
 
@@ -853,6 +1104,10 @@ class ConversationView {
         this.turn = data.turn_id;
         this.cancel.disabled = false;
         this.showStatus("running");
+        this.showRunning(true);
+        // The queue goes on (a held one after this turn ends with end_turn).
+        this.held = null;
+        this.showHeld();
         fill(this.message("user", data.turn_id), promptContent(data.content));
         this.open = null;
         break;
@@ -870,6 +1125,7 @@ class ConversationView {
       case "turn_ended": {
         this.turn = null;
         this.cancel.disabled = true;
+        this.showRunning(false);
         const why = data.stop_reason === "end_turn" ? "Done" : `Ended: ${data.stop_reason}`;
         this.add(h("p.turn-end", {}, data.error ? `${why} — ${data.error}` : why));
         this.refresh();
@@ -894,6 +1150,14 @@ class ConversationView {
         break;
       case "terminal_output":
         this.terminalOutput(data);
+        break;
+      case "queue_changed":
+        this.queueSeen++;
+        this.showQueue(Array.isArray(data.queue) ? data.queue : []);
+        break;
+      case "queue_held":
+        this.held = data;
+        this.showHeld();
         break;
       default:
         break;

@@ -143,6 +143,44 @@ export function decisionText(request) {
 }
 
 /**
+ * "Add a reason": a box (closed until asked for) for why the person answers
+ * as they do, sent with the answer (`reason`) and told to the agent when its
+ * turn ends, or at once ("Tell the agent now": `steer`).
+ */
+function reasonBox(request) {
+  const id = `reason-${request.id}`;
+  const text = h("textarea.reason", { id, name: "reason", rows: 2, maxlength: 2000, "aria-describedby": `${id}-hint` });
+  const now = h("input.steer", { type: "checkbox", id: `${id}-now` });
+  // What was said about an earlier try goes once the person changes it.
+  const clear = () => box.closest(".card")?.querySelector(".error")?.setAttribute("hidden", "");
+  text.addEventListener("input", clear);
+  now.addEventListener("change", clear);
+  const box = h(
+    "div.why",
+    { id: `${id}-box`, hidden: true },
+    h("label", { for: id }, "Reason"),
+    h("p.hint", { id: `${id}-hint` }, "Optional. The agent is told it when its turn ends."),
+    text,
+    h("div.check", {}, now, h("label", { for: `${id}-now` }, "Tell the agent now (stops its turn)")),
+  );
+  const toggle = h(
+    "button.quiet.add-reason",
+    {
+      type: "button",
+      "aria-expanded": "false",
+      "aria-controls": `${id}-box`,
+      onclick: () => {
+        box.hidden = !box.hidden;
+        toggle.setAttribute("aria-expanded", String(!box.hidden));
+        if (!box.hidden) text.focus();
+      },
+    },
+    "Add a reason",
+  );
+  return [toggle, box];
+}
+
+/**
  * A permission request as a card: what the agent wants to do and one
  * button per option the agent offered, labelled with its name exactly.
  * `answer(request, optionId)` is called on a tap.
@@ -168,6 +206,7 @@ export function permissionCard(request, answer, { conversation } = {}) {
       : null,
     h("h2", {}, toolCall.title ?? "The agent asks permission"),
     toolCallBody({ ...toolCall, status: undefined }),
+    reasonBox(request),
     h("div.options", {}, buttons),
     h("p.error", { role: "alert", hidden: true }),
   );

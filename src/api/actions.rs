@@ -4,9 +4,11 @@
 //! reachable with it.
 //!
 //! `POST` answers through the same path as `POST …/respond`, audited as
-//! `decided_by: "user:<name>"` with `via: "notification"`. `GET` only shows a
-//! page with one button that posts, so link previewers and mail scanners
-//! that fetch URLs answer nothing.
+//! `decided_by: "user:<name>"` with `via: "notification"`, with the person's
+//! `reason` where they gave one (JSON, or the page's form field). `GET` only
+//! shows a page with one button that posts (and, for a reject, a box for the
+//! reason), so link previewers and mail scanners that fetch URLs answer
+//! nothing. A form post (the page's) is answered with a page too.
 
 use std::net::SocketAddr;
 use std::sync::{Mutex, OnceLock};
@@ -16,8 +18,12 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use serde::Deserialize;
+use utoipa::ToSchema;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
+use super::openapi::Problem;
+use super::permissions::answer_reason;
 use super::responses::TooManyFailedLookups;
 use super::state::AppState;
 use crate::error::{Error, Result};
@@ -40,6 +46,10 @@ const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 /// The page's policy: no script, no style, a form that posts here only.
 const PAGE_CSP: &str =
     "default-src 'none'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'";
+
+/// The most a `POST`'s body may hold: a reason of [`crate::limits::REASON_MAX_CHARS`]
+/// characters, each percent-encoded, fits with room to spare.
+const MAX_BODY_BYTES: usize = 64 * 1024;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(show, answer))
@@ -110,6 +120,15 @@ async fn lookup(
     Ok(Some((row, request, removed)))
 }
 
+/// Whether the option is one that refuses (`reject_once`, `reject_always`).
+fn is_reject(request: &PermissionRequest, option_id: &str) -> bool {
+    request
+        .option(option_id)
+        .and_then(|o| o.get("kind"))
+        .and_then(|k| k.as_str())
+        .is_some_and(|k| k.starts_with("reject"))
+}
+
 fn option_name(request: &PermissionRequest, option_id: &str) -> String {
     request
         .option(option_id)
@@ -168,8 +187,19 @@ async fn show(
         .get("title")
         .and_then(|t| t.as_str())
         .unwrap_or("A tool call");
+    // A reject may say why: the agent is told (see `answer`).
+    let reason = if is_reject(&request, &row.option_id) {
+        format!(
+            "<p><label for=\"reason\">Why (optional; the agent is told)</label><br>\
+             <textarea id=\"reason\" name=\"reason\" rows=\"4\" cols=\"32\" \
+             maxlength=\"{max}\"></textarea></p>",
+            max = crate::limits::REASON_MAX_CHARS
+        )
+    } else {
+        String::new()
+    };
     let body = format!(
-        "<p>{}</p><form method=\"post\"><button type=\"submit\">{}</button></form>",
+        "<p>{}</p><form method=\"post\">{reason}<button type=\"submit\">{}</button></form>",
         escape(title),
         escape(&option_name(&request, &row.option_id)),
     );
@@ -213,31 +243,161 @@ fn escape(text: &str) -> String {
         .replace('\'', "&#39;")
 }
 
+/// What a `POST` may carry: nothing, or the person's reason (JSON, or the
+/// action page's form field `reason`).
+#[derive(Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = ActionAnswer)]
+struct ActionBody {
+    /// Why, in the person's words (at most 2000 characters; newlines and
+    /// tabs allowed, no other control characters; blank is none): stored as
+    /// the decision's `reason` and told to the agent, as `reason` in
+    /// `POST …/permissions/{id}/respond` is. A form's line ends (CR LF) count
+    /// as newlines.
+    #[serde(default)]
+    #[schema(max_length = 2000)]
+    reason: Option<String>,
+}
+
+/// Whether the request is a form post (the action page's).
+fn is_form(request: &Request) -> bool {
+    request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("application/x-www-form-urlencoded")
+        })
+}
+
+/// The body's reason, as given: none for an empty body or JSON `null`.
+async fn body_reason(request: Request, form: bool) -> Result<Option<String>> {
+    let json = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            let v = v.trim_start().to_ascii_lowercase();
+            v.starts_with("application/json") || v.starts_with("application/problem+json")
+        });
+    let bytes = axum::body::to_bytes(request.into_body(), MAX_BODY_BYTES)
+        .await
+        .map_err(|_| {
+            Error::PayloadTooLarge(format!(
+                "an action's body holds at most {MAX_BODY_BYTES} bytes"
+            ))
+        })?;
+    let body: ActionBody = if form {
+        let mut body = ActionBody::default();
+        for (name, value) in url::form_urlencoded::parse(&bytes) {
+            if name != "reason" || body.reason.is_some() {
+                return Err(Error::Unprocessable(format!(
+                    "the form holds one field, reason: not {name}"
+                )));
+            }
+            // A browser sends a textarea's line ends as CR LF.
+            body.reason = Some(value.replace("\r\n", "\n"));
+        }
+        body
+    } else if bytes.iter().all(u8::is_ascii_whitespace) {
+        ActionBody::default()
+    } else if json != Some(false) {
+        serde_json::from_slice::<Option<ActionBody>>(&bytes)
+            .map_err(|e| match e.classify() {
+                serde_json::error::Category::Data => {
+                    Error::Unprocessable(format!("the body is not an answer: {e}"))
+                }
+                _ => Error::BadRequest(format!("the body is not JSON: {e}")),
+            })?
+            .unwrap_or_default()
+    } else {
+        return Err(Error::UnsupportedMediaType(
+            "an action's body is JSON or a form (application/x-www-form-urlencoded)".into(),
+        ));
+    };
+    Ok(body.reason)
+}
+
 /// Answers the request with the token's option, once: audited as
-/// `decided_by: "user:<name>"`, `via: "notification"`. The token is used
-/// whatever comes of it.
+/// `decided_by: "user:<name>"`, `via: "notification"`, with the reason
+/// given. The token is used whatever comes of it, once the body is read:
+/// a body refused (a reason too long) answers nothing and leaves the token
+/// as it was. A form post (the action page's) gets a page, whatever comes
+/// of it, with the status below (as `text/html`).
 #[utoipa::path(
     post, operation_id = "answerAction", path = "/api/v1/actions/{token}", tag = "notifications",
     security(()),
     params(("token" = String, Path, description = "The action URL's token", pattern = "^[A-Za-z0-9_-]{43}$")),
+    request_body(
+        description = "Optional: no body (or JSON `null`) answers without a reason",
+        content(
+            (Option<ActionBody> = "application/json"),
+            (Option<ActionBody> = "application/x-www-form-urlencoded"),
+        ),
+    ),
     responses(
-        (status = 200, description = "Answered", body = PermissionRequest),
-        (status = 404, description = "No such action (not one the gateway sent, or expired and swept)"),
-        (status = 409, description = "`already_resolved` (member `request`): someone answered first; `agent_gone`; or `agent_away` (a remote agent whose connection was lost has not asked again yet: try later)"),
-        (status = 410, description = "Used, expired, its request gone, or its user removed"),
-        TooManyFailedLookups,
+        (status = 200, description = "Answered (a form post gets a page saying so)", content(
+            (PermissionRequest = "application/json"),
+            (String = "text/html"),
+        )),
+        (status = 404, description = "No such action (not one the gateway sent, or expired and swept)", content(
+            (Problem = "application/problem+json"), (String = "text/html"),
+        )),
+        (status = 409, description = "`already_resolved` (member `request`): someone answered first; `agent_gone`; or `agent_away` (a remote agent whose connection was lost has not asked again yet: try later)", content(
+            (Problem = "application/problem+json"), (String = "text/html"),
+        )),
+        (status = 410, description = "Used, expired, its request gone, or its user removed", content(
+            (Problem = "application/problem+json"), (String = "text/html"),
+        )),
+        (status = 413, description = "A body over 64 KiB", content(
+            (Problem = "application/problem+json"), (String = "text/html"),
+        )),
+        (status = 415, description = "A body that is neither JSON nor a form"),
+        (status = 422, description = "A bad reason (over 2000 characters, or control characters other than newlines and tabs) or a body of other members: nothing is answered, and the token can still be used (as after a 400, 413 or 415)", content(
+            (Problem = "application/problem+json"), (String = "text/html"),
+        )),
+        (status = 429, description = "The token is not usable and this address failed 20 lookups in the last minute (`Retry-After`); a usable token still answers", content(
+            (Problem = "application/problem+json"), (String = "text/html"),
+        )),
     )
 )]
 async fn answer(
     State(state): State<AppState>,
     axum::extract::Path(token): axum::extract::Path<String>,
     request: Request,
-) -> Result<Json<PermissionRequest>> {
+) -> Result<Response> {
+    let form = is_form(&request);
+    let answered = answer_with(&state, &token, request, form).await;
+    if !form {
+        return answered.map(|(a, _)| Json(a).into_response());
+    }
+    Ok(match answered {
+        Ok((request, with_reason)) => answered_page(&request, with_reason),
+        Err(error) => error_page(error),
+    })
+}
+
+async fn answer_with(
+    state: &AppState,
+    token: &str,
+    request: Request,
+    form: bool,
+) -> Result<(PermissionRequest, bool)> {
     let client = client(&request);
-    if !well_formed(&token) {
+    if !well_formed(token) {
         return Err(unknown(client));
     }
-    let hash = crate::auth::hash_token(&token);
+    let reason = body_reason(request, form).await?;
+    let hash = crate::auth::hash_token(token);
+    // The reason is checked once the token is known (an unknown one is 404
+    // whatever came with it), and before it is used: a bad one answers
+    // nothing and leaves the token as it was.
+    if state.store().find_action_token(&hash).await?.is_none() {
+        return Err(unknown(client));
+    }
+    let reason = answer_reason(reason)?;
     let now = crate::model::now();
     let Some((row, first)) = state.store().use_action_token(&hash, now).await? else {
         return Err(unknown(client));
@@ -260,10 +420,11 @@ async fn answer(
     }
     let user = row.user_name.clone();
     let may_see = move |owner: Option<&str>| owner == Some(user.as_str());
+    let with_reason = reason.is_some();
     let who = Answerer {
         decided_by: format!("user:{}", row.user_name),
         via: Some("notification".to_owned()),
-        reason: None,
+        reason,
         steer: false,
         kind: Some(WaitingKind::Permission),
         may_see: Some(&may_see),
@@ -273,7 +434,59 @@ async fn answer(
     // The same answer given another way first reads back as success from
     // the shared road: only ours counts as this action's.
     match &answered.decision {
-        Some(d) if d.via.as_deref() == Some("notification") => Ok(Json(answered)),
+        Some(d) if d.via.as_deref() == Some("notification") => Ok((answered, with_reason)),
         _ => Err(already_resolved(answered)),
     }
+}
+
+/// The page a form post gets once it answered.
+fn answered_page(request: &PermissionRequest, with_reason: bool) -> Response {
+    let title = request
+        .tool_call
+        .get("title")
+        .and_then(|t| t.as_str())
+        .unwrap_or("A tool call");
+    let decision = request.decision.as_ref();
+    let option = decision
+        .and_then(|d| d.option_id.as_deref())
+        .map(|id| option_name(request, id))
+        .unwrap_or_else(|| request.status.as_str().to_owned());
+    let mut body = format!("<p>{}: {}.</p>", escape(title), escape(&option));
+    if let Some(reason) = decision
+        .and_then(|d| d.reason.as_deref())
+        .filter(|_| with_reason)
+    {
+        body.push_str(&format!(
+            "<p>Your reason: {}</p><p>The agent is told it when its turn ends.</p>",
+            escape(reason)
+        ));
+    }
+    page(StatusCode::OK, "Answered", &body)
+}
+
+/// The page a form post gets when nothing was answered: what went wrong,
+/// with the status (and `Retry-After`) the API gives.
+fn error_page(error: Error) -> Response {
+    let problem = error.problem();
+    let status = StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let (heading, advice) = match (status.as_u16(), problem.code.as_str()) {
+        (404, _) => ("No such action", "This link is not one the gateway sent, or it expired long ago."),
+        (410, _) => ("This action is no longer available", "It was used already, it expired, or the request was answered."),
+        (409, "already_resolved") => ("Already answered", "Someone answered this request first."),
+        (422, _) | (413, _) => ("Nothing was answered", "Go back, shorten or correct the reason, and send it again: this action can still be used."),
+        (429, _) => ("Too many tries", "Wait a minute and try again."),
+        _ => ("Nothing was answered", "Try again, or answer in the app."),
+    };
+    let detail = if status.is_server_error() {
+        String::new()
+    } else {
+        format!("<p>{}</p>", escape(&problem.detail))
+    };
+    let mut response = page(status, heading, &format!("{detail}<p>{advice}</p>"));
+    if let Some(wait) = problem.retry_after {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(wait));
+    }
+    response
 }

@@ -61,5 +61,6 @@ mod steering;
 mod tls;
 mod turns;
 mod web_client;
+mod web_steering;
 mod websocket;
 mod workspace;

@@ -304,6 +304,132 @@ async fn a_usable_action_answers_from_an_address_over_the_failure_limit(db: Test
     gw.stop().await;
 }
 
+/// Posts `body` as the action page's form does (`application/x-www-form-urlencoded`):
+/// the status and the page answered.
+async fn post_form(gw: &TestGateway, path: &str, body: &str) -> (u16, String) {
+    let resp = gw
+        .http
+        .post(gw.url(path))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let html = resp.text().await.unwrap();
+    (status, html)
+}
+
+async fn page_of(gw: &TestGateway, path: &str) -> String {
+    let resp = gw.http.get(gw.url(path)).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.text().await.unwrap()
+}
+
+async fn status_of(gw: &TestGateway, request: &Value) -> Value {
+    let id = request["id"].as_str().unwrap();
+    gw.get(&format!("/api/v1/permissions/{id}")).await.1
+}
+
+async fn a_reason_given_on_the_reject_page_is_stored_and_the_agent_is_told(db: TestDb) {
+    let (gw, mut ws, request, notified) = waiting(&db).await;
+    let reject = path(action(&notified, "reject-once"));
+    // The reject's page has a box for the reason inside its form; an
+    // allow's page has none.
+    let html = page_of(&gw, &reject).await;
+    assert!(
+        html.contains("<textarea id=\"reason\" name=\"reason\""),
+        "{html}"
+    );
+    assert!(html.contains("maxlength=\"2000\""), "{html}");
+    let form = &html[html.find("<form").unwrap()..html.find("</form>").unwrap()];
+    assert!(form.contains("<textarea"), "{form}");
+    assert!(!html.contains("<script"), "{html}");
+    let allow = page_of(&gw, &path(action(&notified, "allow-once"))).await;
+    assert!(!allow.contains("<textarea"), "{allow}");
+
+    // Too long: a page that says so, nothing answered, the token still good.
+    let (status, page) = post_form(&gw, &reject, &format!("reason={}", "x".repeat(2001))).await;
+    assert_eq!(status, 422, "{page}");
+    assert!(page.contains("Nothing was answered"), "{page}");
+    assert!(page.contains("at most 2000 characters"), "{page}");
+    assert_eq!(status_of(&gw, &request).await["status"], "pending");
+    // Another field than the reason: the same.
+    let (status, _) = post_form(&gw, &reject, "option_id=allow-once").await;
+    assert_eq!(status, 422);
+    assert_eq!(status_of(&gw, &request).await["status"], "pending");
+
+    // As a browser sends it: percent-encoded, its line end CR LF.
+    let (status, page) = post_form(&gw, &reject, "reason=wrong+file%3A%0D%0Ause+notes.txt").await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("<h1>Answered</h1>"), "{page}");
+    assert!(
+        page.contains("Your reason: wrong file:\nuse notes.txt"),
+        "{page}"
+    );
+    let stored = status_of(&gw, &request).await;
+    assert_eq!(stored["status"], "rejected");
+    assert_eq!(stored["decision"]["option_id"], "reject-once");
+    assert_eq!(stored["decision"]["via"], "notification");
+    assert_eq!(stored["decision"]["reason"], "wrong file:\nuse notes.txt");
+
+    // The turn ends as the agent ends it; the next turn tells it why.
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+    let told = "The user refused your request to run \"Write hello.txt\" (\"Reject\"). Their reason: wrong file:\nuse notes.txt";
+    let frames = ws
+        .until(|e| e["type"] == "turn_started" && e["data"]["content"][0]["text"] == told)
+        .await;
+    let turn = frames.last().unwrap()["data"]["turn_id"].clone();
+    let frames = ws
+        .until(|e| e["type"] == "turn_ended" && e["data"]["turn_id"] == turn)
+        .await;
+    let said = streamed_text(&frames, "agent_message_chunk");
+    assert!(said.contains("Their reason: wrong file"), "{said}");
+    // Used: the page says so. (From an address of its own: failed lookups
+    // are counted per address across this process's gateways.)
+    let own = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 5]))
+        .build()
+        .unwrap();
+    let resp = own
+        .post(gw.url(&reject))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("reason=again")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 410);
+    let page = resp.text().await.unwrap();
+    assert!(page.contains("no longer available"), "{page}");
+    gw.stop().await;
+}
+
+async fn an_actions_json_body_may_carry_a_reason_and_a_bad_one_answers_nothing(db: TestDb) {
+    let (gw, mut ws, request, notified) = waiting(&db).await;
+    let reject = path(action(&notified, "reject-always"));
+    for body in [
+        json!({"reason": "y".repeat(2001)}),
+        json!({"reason": "bell\u{7}"}),
+        json!({"reason": 42}),
+        json!({"reason": "fine", "steer": true}),
+    ] {
+        let (status, problem) = gw.post(&reject, body.clone()).await;
+        assert_eq!(status, 422, "{body}: {problem}");
+        assert_eq!(problem["code"], "invalid_request", "{problem}");
+    }
+    let (status, problem) = gw.post_raw(&reject, "text/plain", "because").await;
+    assert_eq!(status, 415, "{problem}");
+    assert_eq!(status_of(&gw, &request).await["status"], "pending");
+    let (status, answered) = gw.post(&reject, json!({"reason": "not that file"})).await;
+    assert_eq!(status, 200, "{answered}");
+    assert_eq!(answered["status"], "rejected");
+    assert_eq!(answered["decision"]["reason"], "not that file");
+    assert_eq!(answered["decision"]["via"], "notification");
+    ws.until_type("turn_ended").await;
+    gw.stop().await;
+}
+
 backend_tests!(
     an_expired_action_is_gone_and_swept,
     a_users_action_answers_as_them_and_ends_when_they_are_removed,
@@ -311,4 +437,6 @@ backend_tests!(
     get_shows_a_page_and_answers_nothing,
     an_action_racing_a_respond_has_exactly_one_winner,
     a_usable_action_answers_from_an_address_over_the_failure_limit,
+    a_reason_given_on_the_reject_page_is_stored_and_the_agent_is_told,
+    an_actions_json_body_may_carry_a_reason_and_a_bad_one_answers_nothing,
 );

@@ -23,7 +23,7 @@ fn web_tests_dir() -> PathBuf {
 }
 
 /// A headless Chromium on the gateway, through the driver's proxy.
-struct Browser {
+pub(crate) struct Browser {
     _child: Child,
     stdin: ChildStdin,
     lines: Lines<BufReader<ChildStdout>>,
@@ -105,7 +105,7 @@ impl Browser {
     }
 
     /// Runs one command; the test fails if it does.
-    async fn run(&mut self, command: Value) -> Value {
+    pub(crate) async fn run(&mut self, command: Value) -> Value {
         let mut line = command.to_string();
         line.push('\n');
         self.stdin.write_all(line.as_bytes()).await.unwrap();
@@ -115,48 +115,48 @@ impl Browser {
     }
 
     /// Opens a conversation's page and sends `text` from its prompt box.
-    async fn send_prompt(&mut self, conversation: &str, text: &str) {
+    pub(crate) async fn send_prompt(&mut self, conversation: &str, text: &str) {
         self.goto(&format!("/#/c/{conversation}")).await;
         self.wait("#prompt").await;
         self.fill("Message", text).await;
         self.click("button", "Send").await;
     }
 
-    async fn goto(&mut self, path: &str) {
+    pub(crate) async fn goto(&mut self, path: &str) {
         self.run(json!({"do": "goto", "path": path})).await;
     }
 
-    async fn click(&mut self, role: &str, name: &str) {
+    pub(crate) async fn click(&mut self, role: &str, name: &str) {
         self.run(json!({"do": "click", "role": role, "name": name}))
             .await;
     }
 
-    async fn fill(&mut self, label: &str, value: &str) {
+    pub(crate) async fn fill(&mut self, label: &str, value: &str) {
         self.run(json!({"do": "fill", "label": label, "value": value}))
             .await;
     }
 
-    async fn wait(&mut self, selector: &str) {
+    pub(crate) async fn wait(&mut self, selector: &str) {
         self.run(json!({"do": "wait", "selector": selector})).await;
     }
 
-    async fn wait_for_text(&mut self, selector: &str, text: &str) {
+    pub(crate) async fn wait_for_text(&mut self, selector: &str, text: &str) {
         self.run(json!({"do": "wait", "selector": selector, "text": text}))
             .await;
     }
 
-    async fn wait_gone(&mut self, selector: &str) {
+    pub(crate) async fn wait_gone(&mut self, selector: &str) {
         self.run(json!({"do": "wait", "selector": selector, "state": "detached"}))
             .await;
     }
 
-    async fn texts(&mut self, selector: &str) -> Vec<String> {
+    pub(crate) async fn texts(&mut self, selector: &str) -> Vec<String> {
         let texts = self.run(json!({"do": "texts", "selector": selector})).await;
         serde_json::from_value(texts).unwrap()
     }
 
     /// The whole page, or (`full` false) what the screen shows.
-    async fn screenshot(&mut self, name: &str, full: bool) -> PathBuf {
+    pub(crate) async fn screenshot(&mut self, name: &str, full: bool) -> PathBuf {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-screenshots");
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join(name);
@@ -167,7 +167,7 @@ impl Browser {
     }
 
     /// Closes the browser; the page must not have thrown or logged errors.
-    async fn close(&mut self) {
+    pub(crate) async fn close(&mut self) {
         let errors = self.run(json!({"do": "errors"})).await;
         assert_eq!(errors, json!([]), "the page reported errors");
         self.run(json!({"do": "close"})).await;
@@ -204,15 +204,15 @@ fn work_dir() -> (tempfile::TempDir, PathBuf) {
 /// browser on it; `None` where no browser can run here. Borrow its parts
 /// (`let Scene { gw, browser, .. } = &mut scene;`): it keeps the directory
 /// and the database alive.
-struct Scene {
-    gw: TestGateway,
-    work: PathBuf,
-    browser: Browser,
+pub(crate) struct Scene {
+    pub(crate) gw: TestGateway,
+    pub(crate) work: PathBuf,
+    pub(crate) browser: Browser,
     _dir: tempfile::TempDir,
     _db: TestDb,
 }
 
-async fn scene() -> Option<Scene> {
+pub(crate) async fn scene() -> Option<Scene> {
     let db = db().await;
     let (dir, work) = work_dir();
     let gw = gateway(&db, &work).await;
@@ -281,8 +281,9 @@ async fn a_turn_with_an_approval_answered_from_the_inbox() {
         .iter()
         .map(|o| o["name"].clone())
         .collect();
+    // (Beside them, "Add a reason": see web_steering.)
     let buttons = browser
-        .run(json!({"do": "names", "selector": "article.permission", "role": "button"}))
+        .run(json!({"do": "names", "selector": "article.permission .options", "role": "button"}))
         .await;
     assert_eq!(buttons, json!(offered));
     assert_eq!(buttons, json!(["Allow once", "Always allow", "Reject"]));

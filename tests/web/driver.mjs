@@ -31,6 +31,10 @@
 //   global {name}               the page's window[name] (null where unset): a flag hostile
 //                               content would set if it ran
 //   cut / restore               the network
+//   hold_events / release_events  the page's WebSockets get nothing from the gateway (what
+//                               comes is kept) until released (then all of it, in order);
+//                               its HTTP requests go on
+//   width                       the page's {client, scroll} width (scroll > client: it scrolls sideways)
 //   screenshot {path, full?}    the whole page (or, with full: false, the screen), as PNG
 //   errors                      what the page logged as errors, and its uncaught exceptions
 //   upstream {url}              the gateway new connections go to (GATEWAY may be left out at start)
@@ -55,6 +59,10 @@ let gateway = new URL(process.env.GATEWAY ?? "http://127.0.0.1:9");
 // ---------------------------------------------------------------- the proxy
 const sockets = new Set();
 let cut = false;
+// While events are held: what the gateway sends on WebSocket connections
+// (those whose first request is an upgrade), kept to be sent on release.
+let holding = false;
+const held = [];
 const proxy = net.createServer((client) => {
   if (cut) return client.destroy();
   const upstream = net.connect(Number(gateway.port), gateway.hostname);
@@ -63,8 +71,15 @@ const proxy = net.createServer((client) => {
     s.on("close", () => sockets.delete(s));
     s.on("error", () => {});
   }
-  client.pipe(upstream);
-  upstream.pipe(client);
+  let websocket = null;
+  client.on("data", (chunk) => {
+    websocket ??= /^GET [^\r\n]*\r\n[\s\S]*upgrade: websocket/i.test(chunk.toString("latin1"));
+    upstream.write(chunk);
+  });
+  upstream.on("data", (chunk) => {
+    if (holding && websocket) held.push([client, chunk]);
+    else client.write(chunk);
+  });
   client.on("close", () => upstream.destroy());
   upstream.on("close", () => client.destroy());
 });
@@ -186,6 +201,18 @@ const commands = {
   restore: () => {
     cut = false;
   },
+  hold_events: () => {
+    holding = true;
+  },
+  release_events: () => {
+    holding = false;
+    for (const [client, chunk] of held.splice(0)) if (!client.destroyed) client.write(chunk);
+  },
+  width: () =>
+    page.evaluate(() => ({
+      client: document.documentElement.clientWidth,
+      scroll: document.documentElement.scrollWidth,
+    })),
   screenshot: ({ path, full }) => page.screenshot({ path, fullPage: full ?? true }).then(() => null),
   errors: () => errors,
   upstream: ({ url }) => {
