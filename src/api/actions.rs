@@ -255,7 +255,10 @@ struct ActionBody {
     /// `POST …/permissions/{id}/respond` is. A form's line ends (CR LF) count
     /// as newlines.
     #[serde(default)]
-    #[schema(max_length = 2000)]
+    #[schema(
+        max_length = 2000,
+        pattern = "^[^\\u0000-\\u0008\\u000b-\\u001f\\u007f-\\u009f]*$"
+    )]
     reason: Option<String>,
 }
 

@@ -119,10 +119,14 @@ struct OptionAnswer {
     /// the decision, and told to the agent as the first queued prompt, which
     /// starts when the turn ends.
     #[serde(default)]
-    #[schema(max_length = 2000)]
+    #[schema(
+        max_length = 2000,
+        pattern = "^[^\\u0000-\\u0008\\u000b-\\u001f\\u007f-\\u009f]*$"
+    )]
     reason: Option<String>,
     /// Tell the agent the reason at once: the running turn is cancelled
-    /// after the answer (needs `reason`; default `false`).
+    /// after the answer (default `false`; without a reason there is
+    /// nothing to tell, and it does nothing).
     #[serde(default)]
     steer: Option<bool>,
 }
@@ -137,10 +141,14 @@ struct OutcomeAnswer {
     /// the decision, and told to the agent as the first queued prompt, which
     /// starts when the turn ends.
     #[serde(default)]
-    #[schema(max_length = 2000)]
+    #[schema(
+        max_length = 2000,
+        pattern = "^[^\\u0000-\\u0008\\u000b-\\u001f\\u007f-\\u009f]*$"
+    )]
     reason: Option<String>,
     /// Tell the agent the reason at once: the running turn is cancelled
-    /// after the answer (needs `reason`; default `false`).
+    /// after the answer (default `false`; without a reason there is
+    /// nothing to tell, and it does nothing).
     #[serde(default)]
     steer: Option<bool>,
 }
@@ -179,12 +187,8 @@ impl RespondBody {
             }) => (Answer::Cancelled, reason, steer),
         };
         let reason = answer_reason(reason)?;
-        if steer == Some(true) && reason.is_none() {
-            return Err(Error::Unprocessable(
-                "steer needs a reason: it sends the reason to the agent at once".into(),
-            ));
-        }
-        Ok((answer, reason, steer == Some(true)))
+        let steer = steer == Some(true) && reason.is_some();
+        Ok((answer, reason, steer))
     }
 }
 

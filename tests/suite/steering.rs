@@ -385,7 +385,6 @@ async fn bad_reasons_are_refused_and_answer_nothing(db: TestDb) {
     for body in [
         json!({"option_id": "reject-once", "reason": long}),
         json!({"option_id": "reject-once", "reason": "bell\u{7}"}),
-        json!({"option_id": "reject-once", "steer": true}),
         json!({"option_id": "reject-once", "reason": 42}),
     ] {
         let (status, problem) = gw.post(&respond, body.clone()).await;
