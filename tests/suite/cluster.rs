@@ -345,6 +345,53 @@ async fn prompts_queued_edited_and_steered_on_another_node_reach_the_queue_of_th
 }
 
 #[tokio::test]
+async fn a_question_asked_on_one_node_is_in_the_others_inbox_and_answered_there() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let (a, b) = two_nodes(&db, &[node_sdk_profile("node")]);
+    let id = a.create("node").await;
+    let mut on_a = a.conversation_ws(&id, 0).await;
+    let mut inbox_b = b.ws("/api/v1/ws").await;
+    assert_eq!(inbox_b.next().await["type"], "snapshot");
+    let form = json!({"mode": "form", "message": "How many?",
+        "requestedSchema": {"properties": {"n": {"type": "integer", "maximum": 3}}, "required": ["n"]}});
+    a.prompt(&id, &format!("question {form}")).await;
+    let frames = inbox_b.until_type("question_asked").await;
+    let question = frames.last().unwrap()["data"].clone();
+    let respond = format!(
+        "/api/v1/questions/{}/respond",
+        question["id"].as_str().unwrap()
+    );
+    // Checked on B as on A.
+    let (status, problem) = b
+        .call(
+            "POST",
+            &respond,
+            Some(json!({"action": "accept", "content": {"n": 7}})),
+        )
+        .await;
+    assert_eq!(status, 422, "{problem}");
+    assert!(problem["detail"].as_str().unwrap().contains("content.n"));
+    let (status, answered) = b
+        .call(
+            "POST",
+            &respond,
+            Some(json!({"action": "accept", "content": {"n": 2}})),
+        )
+        .await;
+    assert_eq!(status, 200, "{answered}");
+    assert_eq!(answered["status"], "accepted");
+    let frames = on_a.until_type("turn_ended").await;
+    let said = streamed_text(&frames, "agent_message_chunk");
+    assert_eq!(
+        serde_json::from_str::<Value>(&said).unwrap(),
+        json!({"action": "accept", "content": {"n": 2}})
+    );
+    assert_eq!(agents_running(&b).await, 0);
+}
+
+#[tokio::test]
 async fn answers_racing_on_two_nodes_have_exactly_one_winner() {
     let Some(db) = TestDb::postgres().await else {
         return;
