@@ -17,7 +17,7 @@ use super::error::{Error, Result};
 use super::incoming::Incoming;
 use super::rpc::{AnswerHold, Inbox, RpcError, RpcPeer};
 use crate::config::AgentProfile;
-use crate::model::AgentReport;
+use crate::model::{AgentReport, SessionOffers};
 
 /// How long we wait for the process after its stdout closed.
 pub const EXIT_AFTER_EOF: Duration = Duration::from_secs(3);
@@ -39,6 +39,10 @@ pub struct PromptCall {
 
 /// ACP's `auth_required` error code.
 const AUTH_REQUIRED: i64 = -32000;
+/// ACP's `resource_not_found` error code (an unknown session).
+const RESOURCE_NOT_FOUND: i64 = -32002;
+/// JSON-RPC's `invalid_params` (some agents' answer to an unknown session).
+const INVALID_PARAMS: i64 = -32602;
 
 /// An open ACP session with an agent.
 pub struct AgentSession {
@@ -46,6 +50,26 @@ pub struct AgentSession {
     session_id: String,
     /// Whether the agent takes `session/close`.
     can_close: bool,
+}
+
+/// What a session is opened for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Open<'a> {
+    /// A new session (`session/new`).
+    New,
+    /// The conversation's earlier session (its id): restored where the
+    /// agent can, else a new session ([`Opened::Reset`]).
+    Restore(&'a str),
+    /// An agent session begun elsewhere (its id), taken over: `session/load`
+    /// (its history replayed, and kept for the conversation) where the agent
+    /// offers it, else `session/resume`. Never a new session instead: an
+    /// agent that offers neither fails with [`Error::NotSupported`], one that
+    /// does not know the session with [`Error::NoSession`].
+    Adopt(&'a str),
+    /// A new session forked from the agent's session of this id
+    /// (`session/fork`); an agent that does not offer it fails with
+    /// [`Error::NotSupported`].
+    Fork(&'a str),
 }
 
 /// How a session came to be open.
@@ -61,6 +85,8 @@ pub enum Opened {
     /// cannot restore it (neither `session/resume` nor `loadSession`, or it
     /// refused), so it forgot the earlier turns.
     Reset,
+    /// `session/fork` made the session from another.
+    Forked,
 }
 
 impl Opened {
@@ -68,12 +94,24 @@ impl Opened {
     /// whenever the agent restored the session (by either method).
     pub fn context(self) -> Option<&'static str> {
         match self {
-            Opened::New => None,
+            Opened::New | Opened::Forked => None,
             Opened::Resumed | Opened::Loaded => Some("loaded"),
             Opened::Reset => Some("reset"),
         }
     }
 }
+
+/// One page of an agent's sessions (`session/list`): each an ACP
+/// `SessionInfo`, verbatim, and the cursor of the next page.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionPage {
+    pub sessions: Vec<Value>,
+    pub next_cursor: Option<String>,
+}
+
+/// Most pages of `session/list` looked through for the session an
+/// adoption names.
+const ADOPT_LIST_PAGES: usize = 20;
 
 /// An open session and what came with it.
 pub struct Opening {
@@ -84,8 +122,9 @@ pub struct Opening {
 }
 
 impl AgentSession {
-    /// `initialize`, then, to resume `earlier` (the session id a
-    /// conversation had), `session/resume` where the agent offers it, else
+    /// `initialize`, then what `how` asks (see [`Open`]): to resume an
+    /// earlier session (the id a conversation had), `session/resume` where
+    /// the agent offers it, else
     /// `session/load` where it offers that, else (or when it refuses)
     /// `session/new` in `cwd` with the profile's MCP servers. A new session
     /// is then put in the profile's `session_mode` and `session_config`. An
@@ -108,7 +147,7 @@ impl AgentSession {
         process: &mut AgentProcess,
         profile: &AgentProfile,
         cwd: &str,
-        earlier: Option<&str>,
+        how: Open<'_>,
         state: &mut AgentReport,
         incoming: &mut Inbox<Incoming>,
     ) -> Result<Opening> {
@@ -122,45 +161,71 @@ impl AgentSession {
             auth_method: profile.auth_method.as_deref(),
             authenticated: false,
         };
-        // Files and terminals only where the profile offers them; the
-        // methods of those it does not are answered "method not found".
-        let offered = acp::ClientCapabilities::default()
-            .fs(acp::FileSystemCapabilities::new()
-                .read_text_file(profile.client_fs)
-                .write_text_file(profile.client_fs))
-            .terminal(profile.client_terminal);
-        let init = acp::InitializeRequest::new(acp_schema::ProtocolVersion::V1)
-            .client_capabilities(offered)
-            .client_info(acp::Implementation::new(
-                "acp-gateway",
-                env!("CARGO_PKG_VERSION"),
-            ));
-        let init = shake
-            .call("initialize", to_json(&init), Replay::Keep)
-            .await?;
-        let init = shake.accepted("initialize", init)?;
-        shake.auth_methods = auth_methods(&init);
-        let init: acp::InitializeResponse = from_json("initialize", init)?;
-        if init.protocol_version != acp_schema::ProtocolVersion::V1 {
-            return Err(Error::Failed(format!(
-                "agent speaks ACP protocol version {}, the gateway speaks 1",
-                to_json(&init.protocol_version)
-            )));
-        }
+        let (init, offers) = shake.initialize(profile).await?;
         let capabilities = &init.agent_capabilities;
         state.prompt_capabilities = Some(to_json(&capabilities.prompt_capabilities));
-        let can_close = capabilities.session_capabilities.close.is_some();
+        state.session_capabilities = Some(to_json(&offers));
+        let can_close = offers.close;
         let session = |session_id: String| AgentSession {
             peer: peer.clone(),
             session_id,
             can_close,
         };
+        let earlier = match how {
+            Open::New => None,
+            Open::Restore(earlier) => Some(earlier),
+            Open::Adopt(adopted) => {
+                let (session_id, opened) =
+                    shake.adopt(profile, cwd, adopted, offers, state).await?;
+                return Ok(Opening {
+                    session: session(session_id),
+                    opened,
+                    early: shake.kept,
+                });
+            }
+            Open::Fork(source) => {
+                if !offers.fork {
+                    return Err(Error::NotSupported(
+                        "the agent does not offer session/fork \
+                         (agentCapabilities.sessionCapabilities.fork)"
+                            .into(),
+                    ));
+                }
+                let params = json!({
+                    "sessionId": source,
+                    "cwd": cwd,
+                    "mcpServers": profile.mcp_servers,
+                });
+                let answer = shake
+                    .call_authenticated("session/fork", params, Replay::Keep)
+                    .await?;
+                let answer = shake.accepted("session/fork", answer)?;
+                let session_id = answer
+                    .get("sessionId")
+                    .and_then(Value::as_str)
+                    .filter(|id| !id.is_empty())
+                    .ok_or_else(|| {
+                        Error::Failed("agent answered session/fork without a sessionId".into())
+                    })?
+                    .to_owned();
+                state.apply_opened(&answer, true);
+                return Ok(Opening {
+                    session: session(session_id),
+                    opened: Opened::Forked,
+                    early: shake.kept,
+                });
+            }
+        };
         if let Some(earlier) = earlier {
-            let resume = capabilities.session_capabilities.resume.is_some();
             let ways = [
-                (resume, "session/resume", Replay::Keep, Opened::Resumed),
                 (
-                    capabilities.load_session,
+                    offers.resume,
+                    "session/resume",
+                    Replay::Keep,
+                    Opened::Resumed,
+                ),
+                (
+                    offers.load,
                     "session/load",
                     Replay::DropHistory,
                     Opened::Loaded,
@@ -220,6 +285,38 @@ impl AgentSession {
             opened,
             early: shake.kept,
         })
+    }
+
+    /// `initialize`, then one page of the agent's sessions (`session/list`,
+    /// filtered by `cwd` where given, from `cursor`). An agent that does not
+    /// offer `session/list` fails with [`Error::NotSupported`]. Nothing is
+    /// opened: the caller ends the agent.
+    pub async fn list_sessions(
+        peer: RpcPeer,
+        process: &mut AgentProcess,
+        profile: &AgentProfile,
+        cwd: Option<&str>,
+        cursor: Option<&str>,
+        incoming: &mut Inbox<Incoming>,
+    ) -> Result<SessionPage> {
+        let mut shake = Handshake {
+            peer: &peer,
+            process,
+            timeout: profile.startup_timeout,
+            incoming,
+            kept: Vec::new(),
+            auth_methods: Vec::new(),
+            auth_method: profile.auth_method.as_deref(),
+            authenticated: false,
+        };
+        let (_, offers) = shake.initialize(profile).await?;
+        if !offers.list {
+            return Err(Error::NotSupported(
+                "the agent does not offer session/list (agentCapabilities.sessionCapabilities.list)"
+                    .into(),
+            ));
+        }
+        shake.list(cwd, cursor).await
     }
 
     /// The agent's id for the session.
@@ -388,6 +485,146 @@ impl Handshake<'_> {
         }
     }
 
+    /// `initialize`, with the client capabilities the profile offers: the
+    /// agent's answer, and what it offers for sessions.
+    async fn initialize(
+        &mut self,
+        profile: &AgentProfile,
+    ) -> Result<(acp::InitializeResponse, SessionOffers)> {
+        // Files and terminals only where the profile offers them; the
+        // methods of those it does not are answered "method not found".
+        let offered = acp::ClientCapabilities::default()
+            .fs(acp::FileSystemCapabilities::new()
+                .read_text_file(profile.client_fs)
+                .write_text_file(profile.client_fs))
+            .terminal(profile.client_terminal);
+        let init = acp::InitializeRequest::new(acp_schema::ProtocolVersion::V1)
+            .client_capabilities(offered)
+            .client_info(acp::Implementation::new(
+                "acp-gateway",
+                env!("CARGO_PKG_VERSION"),
+            ));
+        let init = self
+            .call("initialize", to_json(&init), Replay::Keep)
+            .await?;
+        let init = self.accepted("initialize", init)?;
+        self.auth_methods = auth_methods(&init);
+        let offers = session_offers(&init);
+        let init: acp::InitializeResponse = from_json("initialize", init)?;
+        if init.protocol_version != acp_schema::ProtocolVersion::V1 {
+            return Err(Error::Failed(format!(
+                "agent speaks ACP protocol version {}, the gateway speaks 1",
+                to_json(&init.protocol_version)
+            )));
+        }
+        Ok((init, offers))
+    }
+
+    /// One page of `session/list` (`cwd` and `cursor` as given).
+    async fn list(&mut self, cwd: Option<&str>, cursor: Option<&str>) -> Result<SessionPage> {
+        let mut params = json!({});
+        if let Some(cwd) = cwd {
+            params["cwd"] = json!(cwd);
+        }
+        if let Some(cursor) = cursor {
+            params["cursor"] = json!(cursor);
+        }
+        let answer = self
+            .call_authenticated("session/list", params, Replay::Keep)
+            .await?;
+        let answer = self.accepted("session/list", answer)?;
+        let sessions = answer
+            .get("sessions")
+            .and_then(Value::as_array)
+            .ok_or_else(|| Error::Failed("agent answered session/list without sessions".into()))?
+            .iter()
+            // A session without an id or cwd is of no use to anyone.
+            .filter(|s| {
+                s.get("sessionId").and_then(Value::as_str).is_some()
+                    && s.get("cwd").and_then(Value::as_str).is_some()
+            })
+            .cloned()
+            .collect();
+        let next_cursor = answer
+            .get("nextCursor")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        Ok(SessionPage {
+            sessions,
+            next_cursor,
+        })
+    }
+
+    /// Takes over the agent's session `adopted` (see [`Open::Adopt`]):
+    /// where the agent lists its sessions, it must be among those listed
+    /// for `cwd` (its title then becomes the report's); then `session/load`
+    /// with its history kept, else `session/resume`.
+    async fn adopt(
+        &mut self,
+        profile: &AgentProfile,
+        cwd: &str,
+        adopted: &str,
+        offers: SessionOffers,
+        state: &mut AgentReport,
+    ) -> Result<(String, Opened)> {
+        let unknown = || {
+            Error::NoSession(format!(
+                "the agent has no session {adopted:?} in {cwd} for this user"
+            ))
+        };
+        if !offers.load && !offers.resume {
+            return Err(Error::NotSupported(
+                "the agent offers neither session/load nor session/resume: its sessions \
+                 cannot be taken over"
+                    .into(),
+            ));
+        }
+        if offers.list {
+            let mut cursor: Option<String> = None;
+            let mut found = None;
+            for _ in 0..ADOPT_LIST_PAGES {
+                let page = self.list(Some(cwd), cursor.as_deref()).await?;
+                found = page
+                    .sessions
+                    .into_iter()
+                    .find(|s| s.get("sessionId").and_then(Value::as_str) == Some(adopted));
+                cursor = page.next_cursor;
+                if found.is_some() || cursor.is_none() {
+                    break;
+                }
+            }
+            let found = found.ok_or_else(unknown)?;
+            if let Some(title) = found.get("title").and_then(Value::as_str) {
+                state.title = Some(title.chars().take(500).collect());
+            }
+        }
+        let params = json!({
+            "sessionId": adopted,
+            "cwd": cwd,
+            "mcpServers": profile.mcp_servers,
+        });
+        let (method, opened) = match offers.load {
+            true => ("session/load", Opened::Loaded),
+            false => ("session/resume", Opened::Resumed),
+        };
+        // Its history is the conversation's news: kept, to be applied.
+        match self
+            .call_authenticated(method, params, Replay::Keep)
+            .await?
+        {
+            Ok(result) => {
+                state.apply_opened(&result, true);
+                Ok((adopted.to_owned(), opened))
+            }
+            Err(refused) if matches!(refused.code, RESOURCE_NOT_FOUND | INVALID_PARAMS) => {
+                tracing::info!(%method, code = refused.code, message = %refused.message,
+                    "the agent does not know the session to adopt");
+                Err(unknown())
+            }
+            Err(refused) => Err(self.accepted(method, Err(refused)).unwrap_err()),
+        }
+    }
+
     /// Like [`Handshake::call`], but an agent that answers `auth_required`
     /// is authenticated with the profile's `auth_method` and asked again
     /// (once); without one it offers, the error names the methods it offers.
@@ -542,6 +779,28 @@ fn auth_methods(init: &Value) -> Vec<AuthMethod> {
             Some(AuthMethod { id, name, terminal })
         })
         .collect()
+}
+
+/// What `initialize`'s answer offers for sessions (read leniently: an
+/// object, even `{}`, offers; anything else does not).
+fn session_offers(init: &Value) -> SessionOffers {
+    let capabilities = init.get("agentCapabilities");
+    let session = capabilities.and_then(|c| c.get("sessionCapabilities"));
+    let offers = |key: &str| {
+        session
+            .and_then(|s| s.get(key))
+            .is_some_and(Value::is_object)
+    };
+    SessionOffers {
+        load: capabilities
+            .and_then(|c| c.get("loadSession"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        resume: offers("resume"),
+        list: offers("list"),
+        fork: offers("fork"),
+        close: offers("close"),
+    }
 }
 
 fn to_json(value: &impl serde::Serialize) -> Value {

@@ -645,6 +645,8 @@ mod tests {
             owner: None,
             state: Default::default(),
             node_id: None,
+            forked_from: None,
+            adopted_session: None,
         };
         store.insert_conversation(&conversation).await.unwrap();
         let outlets = Outlets {

@@ -50,7 +50,7 @@ use super::spawn::{
 };
 use super::transcript::Transcript;
 use crate::acp::agent::{AgentProcess, Cursor, ShimSetup};
-use crate::acp::client::{AgentSession, PromptCall, EXIT_AFTER_EOF};
+use crate::acp::client::{AgentSession, Open, PromptCall, EXIT_AFTER_EOF};
 use crate::acp::incoming::Incoming;
 use crate::acp::rpc::{Inbox, RpcError};
 use crate::config::{AgentProfile, ShutdownPlan};
@@ -112,11 +112,40 @@ pub struct StartParams {
     /// The owner epoch this node claimed the conversation at (see
     /// [`crate::store::Batch::fence`]).
     pub fence: Option<i64>,
+    /// How a new conversation begins (not `resume`).
+    pub origin: Origin,
+}
+
+/// How a new conversation begins.
+#[derive(Debug, Default)]
+pub enum Origin {
+    /// A new agent session (`session/new`).
+    #[default]
+    Plain,
+    /// Forked: the agent session forked (`session/fork`) and the history the
+    /// new conversation holds from the first (copied, with new ids).
+    Fork {
+        source_session: String,
+        messages: Vec<model::Message>,
+        tool_calls: Vec<model::ToolCall>,
+    },
+    /// Taking over the agent session its `adopted_session` names
+    /// (`session/load`, its history replayed into it, or `session/resume`).
+    Adopt,
+}
+
+impl Origin {
+    /// Whether a conversation that fails to begin so is removed (nothing of
+    /// it is left: the caller is told why) rather than kept as `failed`.
+    fn leaves_nothing(&self) -> bool {
+        !matches!(self, Origin::Plain)
+    }
 }
 
 /// Starts the agent, opens its ACP session, and spawns the session task.
 /// A new conversation is persisted whatever happens, with its
-/// `agent_status` events; on failure its status is `failed`. A resumed one
+/// `agent_status` events; on failure its status is `failed` (a fork or an
+/// adoption that fails is removed instead). A resumed one
 /// (`resume`) keeps its status when the agent fails to start again, so a
 /// later prompt can try again; its `agent_status` says why.
 pub async fn start(
@@ -128,6 +157,7 @@ pub async fn start(
         mut conversation,
         resume,
         fence,
+        origin,
     } = params;
     let profile = crate::sandbox::profile::for_user(&profile, conversation.owner.as_deref());
     let id = conversation.id;
@@ -140,16 +170,39 @@ pub async fn start(
             .await?;
     }
     let mut journal = Journal::new(setup.outlets.clone(), &conversation, None).fenced_at(fence);
+    if let Origin::Fork {
+        messages,
+        tool_calls,
+        ..
+    } = &origin
+    {
+        copy_history(&mut journal, messages, tool_calls);
+    }
     journal.append(AgentStatus::new(AgentState::Starting, None));
-    journal.flush().await?;
+    if let Err(e) = journal.flush().await {
+        if origin.leaves_nothing() {
+            forget_conversation(journal.store(), id).await;
+        }
+        return Err(e);
+    }
 
     let earlier = conversation.acp_session_id.clone().filter(|_| resume);
+    let how = match (&earlier, &origin) {
+        (Some(earlier), _) => Open::Restore(earlier),
+        (None, _) if resume => Open::New,
+        (None, Origin::Plain) => Open::New,
+        (None, Origin::Fork { source_session, .. }) => Open::Fork(source_session),
+        (None, Origin::Adopt) => match &conversation.adopted_session {
+            Some(adopted) => Open::Adopt(adopted),
+            None => Open::New,
+        },
+    };
     let mut state = conversation.state.clone();
     let started = match agent_box_of(&profile, &conversation, &setup.homes) {
         Ok(agent_box) => connect(
             &profile,
             &conversation,
-            earlier.as_deref(),
+            how,
             &mut state,
             setup.max_line_bytes,
             journal.store(),
@@ -176,6 +229,11 @@ pub async fn start(
         agent_box,
     ) = match started {
         Ok(connected) => connected,
+        Err(err) if origin.leaves_nothing() => {
+            tracing::info!(parent: &span, error = %err, "the fork or adoption failed: the conversation is removed");
+            forget_conversation(journal.store(), id).await;
+            return Err(err);
+        }
         Err(err) => {
             tracing::warn!(parent: &span, error = %err, "agent failed to start");
             journal.append(AgentStatus::new(AgentState::Failed, Some(err.to_string())));
@@ -250,6 +308,36 @@ pub async fn start(
     }
     let task = tokio::spawn(task.run(shutdown).instrument(span));
     Ok((handle, conversation, task))
+}
+
+/// Puts a fork's copied history in its first commit: each message whole,
+/// as one part, under a new id (in the source's order: new ids sort after
+/// one another as they are made), each tool call as it stands.
+fn copy_history(
+    journal: &mut Journal,
+    messages: &[model::Message],
+    tool_calls: &[model::ToolCall],
+) {
+    for message in messages {
+        journal.save_message(model::MessagePart {
+            part: 0,
+            message: model::Message {
+                id: model::new_id(),
+                ..message.clone()
+            },
+            content_in_event: None,
+        });
+    }
+    for call in tool_calls {
+        journal.save_tool_call(call.clone());
+    }
+}
+
+/// Removes a conversation that never got going (see [`Origin`]).
+async fn forget_conversation(store: &dyn crate::store::Store, id: Uuid) {
+    if let Err(e) = store.delete_conversation(id).await {
+        tracing::warn!(conversation_id = %id, error = %e, "could not remove the conversation that failed to begin");
+    }
 }
 
 /// What a session task is made of besides its [`Setup`], however its agent

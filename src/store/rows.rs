@@ -113,6 +113,9 @@ pub struct ConversationRow {
     owner: Option<String>,
     agent_state: Option<Json<Value>>,
     node_id: Option<Uuid>,
+    forked_from: Option<Uuid>,
+    forked_at: Option<Uuid>,
+    adopted_session: Option<String>,
 }
 
 impl ConversationRow {
@@ -139,6 +142,13 @@ impl ConversationRow {
                     .and_then(|Json(v)| serde_json::from_value(v).ok())
                     .unwrap_or_default(),
                 node_id: self.node_id,
+                forked_from: self
+                    .forked_from
+                    .map(|conversation_id| crate::model::ForkedFrom {
+                        conversation_id,
+                        message_id: self.forked_at,
+                    }),
+                adopted_session: self.adopted_session,
             },
             self.current_turn_id,
         ))

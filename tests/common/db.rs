@@ -189,6 +189,8 @@ pub fn idle_conversation(owner: Option<&str>) -> acp_gateway::model::Conversatio
         owner: owner.map(str::to_owned),
         state: Default::default(),
         node_id: None,
+        forked_from: None,
+        adopted_session: None,
     }
 }
 
