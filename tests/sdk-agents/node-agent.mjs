@@ -76,6 +76,8 @@
 //                            updatedAt), newest first, filtered by cwd;
 //                            ACP_TEST_AGENT_LIST_PAGE=<n> sessions a page
 //                            (default 50), the cursor an offset
+//   ACP_TEST_AGENT_PIDS=1    appends its pid to STATE/pids when it starts
+//                            (tests check that every agent started ended)
 // ACP_TEST_AGENT_STATE=home keeps the state in $HOME/.node-agent-state: each
 // gateway user's home for the profile, so each user's sessions apart.
 
@@ -104,6 +106,9 @@ const STATE_DIR = (() => {
   fs.mkdirSync(inHome, { recursive: true });
   return inHome;
 })();
+if (STATE_DIR && process.env.ACP_TEST_AGENT_PIDS === "1") {
+  fs.appendFileSync(path.join(STATE_DIR, "pids"), `${process.pid}\n`);
+}
 const FORK = process.env.ACP_TEST_AGENT_FORK === "1";
 const LIST = process.env.ACP_TEST_AGENT_LIST === "1";
 const LIST_PAGE = Number.parseInt(process.env.ACP_TEST_AGENT_LIST_PAGE ?? "50", 10);

@@ -27,6 +27,7 @@ mod db_outage;
 mod docs;
 mod export;
 mod floods;
+mod fork_adopt;
 mod hostile_input;
 mod ide_story;
 mod isolation;
