@@ -2,6 +2,8 @@
 //! is `docs/api.md`; `openapi/openapi.yaml` describes it exactly.
 
 mod acp;
+mod forks;
+mod agent_sessions;
 mod policies;
 mod ws;
 mod conversations;
@@ -18,8 +20,6 @@ mod page;
 pub mod yaml11;
 mod body;
 mod budget;
-mod forks;
-mod agent_sessions;
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;

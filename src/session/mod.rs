@@ -30,8 +30,8 @@ pub mod command;
 pub mod transcript;
 pub mod pending;
 pub mod served;
-mod spawn;
 mod listing;
+mod spawn;
 
 use std::collections::HashMap;
 use std::future::Future;
