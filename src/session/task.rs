@@ -312,13 +312,28 @@ pub async fn start(
 
 /// Puts a fork's copied history in its first commit: each message whole,
 /// as one part, under a new id (in the source's order: new ids sort after
-/// one another as they are made), each tool call as it stands.
+/// one another as they are made), each tool call as it stands; and, for
+/// clients that build a conversation from its events, the same as the
+/// `session_update`s an agent replays (outside any turn), messages and tool
+/// calls in the order they began.
 fn copy_history(
     journal: &mut Journal,
     messages: &[model::Message],
     tool_calls: &[model::ToolCall],
 ) {
-    for message in messages {
+    let mut replay: Vec<(chrono::DateTime<chrono::Utc>, usize, Vec<Value>)> = Vec::new();
+    for (i, message) in messages.iter().enumerate() {
+        let kind = match message.role {
+            model::MessageRole::User => "user_message_chunk",
+            model::MessageRole::Agent => "agent_message_chunk",
+            model::MessageRole::Thought => "agent_thought_chunk",
+        };
+        let updates = message
+            .content
+            .iter()
+            .map(|block| serde_json::json!({"sessionUpdate": kind, "content": block}))
+            .collect();
+        replay.push((message.created_at, i, updates));
         journal.save_message(model::MessagePart {
             part: 0,
             message: model::Message {
@@ -328,8 +343,30 @@ fn copy_history(
             content_in_event: None,
         });
     }
-    for call in tool_calls {
+    for (i, call) in tool_calls.iter().enumerate() {
+        let mut update = serde_json::json!({
+            "sessionUpdate": "tool_call",
+            "toolCallId": call.tool_call_id,
+            "title": call.title.clone().unwrap_or_default(),
+        });
+        for (key, value) in [
+            ("kind", call.kind.clone().map(Value::String)),
+            ("status", call.status.clone().map(Value::String)),
+            ("content", call.content.clone()),
+            ("locations", call.locations.clone()),
+            ("rawInput", call.raw_input.clone()),
+            ("rawOutput", call.raw_output.clone()),
+        ] {
+            if let Some(value) = value {
+                update[key] = value;
+            }
+        }
+        replay.push((call.created_at, messages.len() + i, vec![update]));
         journal.save_tool_call(call.clone());
+    }
+    replay.sort_by_key(|(at, i, _)| (*at, *i));
+    for update in replay.into_iter().flat_map(|(_, _, updates)| updates) {
+        journal.session_update(update, None);
     }
 }
 

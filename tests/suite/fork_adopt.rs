@@ -158,9 +158,27 @@ async fn a_fork_holds_the_history_and_both_go_on_apart(db: TestDb) {
     let copied = messages(&gw, &fork_id).await;
     assert_eq!(said(&copied), said(&before));
     assert!(copied.iter().zip(&before).all(|(c, b)| c["id"] != b["id"]));
+    // And as events, replayed as an agent replays a session (outside any
+    // turn), for clients that build a conversation from them.
+    let replayed = gw.events(&fork_id).await;
+    assert_eq!(
+        streamed_text(&replayed, "user_message_chunk"),
+        "firstsecond",
+        "{replayed:?}"
+    );
+    assert_eq!(
+        streamed_text(&replayed, "agent_message_chunk"),
+        "You said: firstYou said: second"
+    );
+    assert!(replayed
+        .iter()
+        .filter(|e| e["type"] == "session_update")
+        .all(|e| e["data"]["turn_id"].is_null()));
 
     // Both go on, each in its own session.
-    let mut fork_ws = gw.conversation_ws(&fork_id, 0).await;
+    let mut fork_ws = gw
+        .conversation_ws(&fork_id, fork["last_seq"].as_i64().unwrap())
+        .await;
     let frames = turn(&gw, &mut fork_ws, &fork_id, "third").await;
     assert_eq!(
         streamed_text(&frames, "agent_message_chunk"),
@@ -635,7 +653,9 @@ async fn a_conversation_on_one_node_is_forked_through_another() {
         owner.map(|o| o.to_string()),
         b_ready["node_id"].as_str().map(str::to_owned)
     );
-    let mut fork_ws = a.conversation_ws(&fork_id, 0).await;
+    let mut fork_ws = a
+        .conversation_ws(&fork_id, fork["last_seq"].as_i64().unwrap())
+        .await;
     let frames = turn(&a, &mut fork_ws, &fork_id, "on b").await;
     assert_eq!(
         streamed_text(&frames, "agent_message_chunk"),
