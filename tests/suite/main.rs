@@ -44,6 +44,7 @@ mod permissions;
 mod policies;
 mod quick_start;
 mod qwen_serve;
+mod qwen_sessions;
 mod remote_agents;
 mod remote_http;
 mod remote_reconnect;
