@@ -23,11 +23,13 @@ use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::model::{
-    self, event_type, Conversation, ConversationStatus, ConversationView, Event, EventBody,
-    FileChange, Message, Page, Rule, ToolCall,
+    event_type, Conversation, ConversationView, Event, EventBody, FileChange, Message, Page, Rule,
+    ToolCall,
 };
-use crate::session::{Origin, Setting};
-use crate::workspace::cwd::conversation_cwd;
+use crate::session::Setting;
+use starting::NewConversation;
+
+mod starting;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -70,9 +72,6 @@ struct CreateBody {
     )]
     adopt: Option<String>,
 }
-
-/// An agent session id a request names, in characters.
-pub(super) const SESSION_ID_MAX_CHARS: usize = 256;
 
 /// A request's agent profile name: of the shape every profile's name has
 /// ([`limits::agent_name`]; 422 otherwise), 404 where no profile has it.
@@ -138,94 +137,18 @@ async fn create(
             .await?
         }
         Some(adopt) => {
-            limits::id("adopt", &adopt, SESSION_ID_MAX_CHARS)?;
-            let new = NewConversation::check(
+            starting::adopt(
                 &state,
                 &caller,
                 &body.agent,
                 body.title,
                 body.cwd.as_deref(),
-            )?;
-            let held = state
-                .store()
-                .session_holders(
-                    &new.profile.name,
-                    Some(&caller.user),
-                    std::slice::from_ref(&adopt),
-                )
-                .await?;
-            if let Some((_, holder)) = held.first() {
-                return Err(Error::conflict(
-                    "already_held",
-                    format!("the agent session {adopt:?} is held by conversation {holder} already"),
-                ));
-            }
-            state.auth().check_rate(&caller, Limited::Conversation)?;
-            let mut conversation = new.conversation(&caller);
-            conversation.adopted_session = Some(adopt);
-            state
-                .sessions()
-                .begin(new.profile, conversation, Vec::new(), Origin::Adopt)
-                .await?
+                adopt,
+            )
+            .await?
         }
     };
     Ok((StatusCode::CREATED, Json(conversation)))
-}
-
-/// A new conversation's profile, directory and title, checked as every
-/// start checks them.
-pub(super) struct NewConversation {
-    pub(super) profile: crate::config::AgentProfile,
-    cwd: std::path::PathBuf,
-    title: Option<String>,
-}
-
-impl NewConversation {
-    /// The agent's name (422, 404), the title (422) and the `cwd` (422,
-    /// 403, 404), as [`conversation_cwd`] takes it.
-    pub(super) fn check(
-        state: &AppState,
-        caller: &Caller,
-        agent: &str,
-        title: Option<String>,
-        cwd: Option<&str>,
-    ) -> Result<NewConversation> {
-        limits::agent_name("agent", agent)?;
-        if let Some(title) = &title {
-            limits::line("title", title, limits::TITLE_MAX_CHARS)?;
-        }
-        let profile = state
-            .config()
-            .agent(agent)
-            .ok_or_else(|| Error::NotFound(format!("no agent named {agent:?}")))?;
-        let cwd = conversation_cwd(&profile, cwd, Some(&caller.user))?;
-        Ok(NewConversation {
-            profile,
-            cwd,
-            title,
-        })
-    }
-
-    /// The conversation, not started yet.
-    pub(super) fn conversation(&self, caller: &Caller) -> Conversation {
-        let now = model::now();
-        Conversation {
-            id: model::new_id(),
-            agent: self.profile.name.clone(),
-            title: self.title.clone(),
-            cwd: self.cwd.to_string_lossy().into_owned(),
-            status: ConversationStatus::Starting,
-            acp_session_id: None,
-            last_seq: 0,
-            created_at: now,
-            updated_at: now,
-            owner: Some(caller.user.clone()),
-            state: Default::default(),
-            node_id: None,
-            forked_from: None,
-            adopted_session: None,
-        }
-    }
 }
 
 /// Starts a conversation of `caller`'s with the profile `agent`: what

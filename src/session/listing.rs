@@ -6,7 +6,8 @@
 use std::path::Path;
 
 use crate::acp::agent::AgentProcess;
-use crate::acp::client::{AgentSession, SessionPage};
+use crate::acp::client::sessions::SessionPage;
+use crate::acp::client::AgentSession;
 use crate::acp::rpc::{RpcConfig, RpcPeer};
 use crate::config::AgentProfile;
 use crate::error::{Error, Result};
