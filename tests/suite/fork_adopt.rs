@@ -597,7 +597,59 @@ async fn an_agents_own_sessions_are_listed_per_user_and_one_is_taken_over(db: Te
     all_ended(&db.state_dir().join("homes/bob/listing/.node-agent-state"));
 }
 
+/// Two adoptions of one session racing (as two nodes would): the database
+/// lets exactly one in; a closed conversation holds it no more; another
+/// user's session of the same id is another session.
+async fn the_database_lets_one_conversation_hold_an_adopted_session(db: TestDb) {
+    use acp_gateway::model::ConversationStatus;
+    let store = acp_gateway::store::open(&db.url).await.unwrap();
+    let adopting = |owner: &str| {
+        let mut c = idle_conversation(Some(owner));
+        c.agent = "listing".into();
+        c.adopted_session = Some("desk-1".into());
+        c
+    };
+    let (first, second) = (adopting("alice"), adopting("alice"));
+    let (a, b) = tokio::join!(
+        store.insert_conversation(&first),
+        store.insert_conversation(&second)
+    );
+    let refused = match (a, b) {
+        (Ok(()), Err(e)) | (Err(e), Ok(())) => e,
+        other => panic!("exactly one insert wins: {other:?}"),
+    };
+    let problem = refused.problem();
+    assert_eq!(
+        (problem.status, problem.code.as_str()),
+        (409, "already_held")
+    );
+    // Bob's session of that id is his own.
+    store.insert_conversation(&adopting("bob")).await.unwrap();
+    // Held: listed so.
+    let winner = store
+        .session_holders(
+            "listing",
+            Some("alice"),
+            &["desk-1".into(), "desk-2".into()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(winner.len(), 1);
+    assert!([first.id, second.id].contains(&winner[0].1));
+    // A closed conversation holds it no more.
+    let mut closed = adopting("carol");
+    closed.status = ConversationStatus::Closed;
+    store.insert_conversation(&closed).await.unwrap();
+    store.insert_conversation(&adopting("carol")).await.unwrap();
+    assert!(store
+        .session_holders("listing", Some("dave"), &["desk-1".into()])
+        .await
+        .unwrap()
+        .is_empty());
+}
+
 backend_tests!(
+    the_database_lets_one_conversation_hold_an_adopted_session,
     a_fork_holds_the_history_and_both_go_on_apart,
     a_fork_is_refused_where_it_cannot_be_made,
     an_agents_own_sessions_are_listed_per_user_and_one_is_taken_over,
