@@ -120,8 +120,15 @@ async fn list_sessions(
         .filter(|(_, dir, _)| conversation_cwd(&profile, Some(dir), Some(user)).is_ok())
         .collect();
     let ids: Vec<String> = mine.iter().map(|(id, _, _)| id.clone()).collect();
-    let held = state
-        .store()
+    let store = state.store();
+    // Where users share the agent's home (`sandbox = "off"`), what another
+    // user's conversations began is still theirs.
+    let theirs = store.sessions_of_others(&profile.name, user, &ids).await?;
+    let mine: Vec<_> = mine
+        .into_iter()
+        .filter(|(id, _, _)| !theirs.contains(id))
+        .collect();
+    let held = store
         .session_holders(&profile.name, Some(user), &ids)
         .await?;
     let items = mine

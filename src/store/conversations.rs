@@ -31,6 +31,16 @@ pub trait ConversationStore: Send + Sync {
         owner: Option<&str>,
         session_ids: &[String],
     ) -> Result<Vec<(String, Uuid)>>;
+    /// Of the agent sessions `session_ids` of the agent profile `agent`,
+    /// those a conversation of another user than `owner` was made with or
+    /// took over (open or closed): never `owner`'s to list or take, even
+    /// where users share the agent's home.
+    async fn sessions_of_others(
+        &self,
+        agent: &str,
+        owner: &str,
+        session_ids: &[String],
+    ) -> Result<Vec<String>>;
     async fn get_conversation(&self, id: Uuid) -> Result<Option<Conversation>>;
     /// Newest first; `before` is the last id of the previous page; `owner`
     /// limits the list to one user's conversations, `cwd` to those whose
@@ -199,6 +209,32 @@ macro_rules! impl_conversation_store {
                         let capabilities = state?.0.get("prompt_capabilities")?.clone();
                         capabilities.is_object().then_some(capabilities)
                     }))
+                }
+
+                async fn sessions_of_others(
+                    &self,
+                    agent: &str,
+                    owner: &str,
+                    session_ids: &[String],
+                ) -> Result<Vec<String>> {
+                    let mut theirs = Vec::new();
+                    for session in session_ids {
+                        let other: Option<(Uuid,)> = sqlx::query_as(
+                            "select id from conversations
+                             where agent = $1 and owner is not null and owner <> $2
+                               and (acp_session_id = $3 or adopted_session = $3)
+                             limit 1",
+                        )
+                        .bind(agent)
+                        .bind(owner)
+                        .bind(session)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                        if other.is_some() {
+                            theirs.push(session.clone());
+                        }
+                    }
+                    Ok(theirs)
                 }
 
                 async fn agent_session_capabilities(

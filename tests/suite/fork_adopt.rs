@@ -648,8 +648,60 @@ async fn the_database_lets_one_conversation_hold_an_adopted_session(db: TestDb) 
         .is_empty());
 }
 
+/// Where users share the agent's home (`sandbox = "off"`: no home per
+/// user), a session another user's conversation began is still theirs:
+/// neither listed nor taken over, even once closed.
+async fn another_users_session_is_neither_listed_nor_taken_where_homes_are_shared(db: TestDb) {
+    let state = tempfile::tempdir().unwrap();
+    let (_work, work) = workspace();
+    let mut shared = agent(
+        "shared",
+        state.path().to_str().unwrap(),
+        &work,
+        &[("ACP_TEST_AGENT_LIST", "1")],
+    );
+    shared.sandbox = acp_gateway::sandbox::SandboxMode::Off;
+    let operator = cli_token(&db, "root-op", "operator");
+    let gw = TestGateway::start(&db, vec![shared]).await;
+    let (alice, _) = gw.make_token(&operator, "alice", "user").await;
+    let (bob, _) = gw.make_token(&operator, "bob", "user").await;
+    let (alice, bob) = (gw.with_token(&alice), gw.with_token(&bob));
+    let (bobs, mut ws) = bob.open_conversation("shared").await;
+    turn(&bob, &mut ws, &bobs, "bob's own").await;
+    let session = bob.conversation(&bobs).await["acp_session_id"].clone();
+    let sessions = "/api/v1/agents/shared/sessions";
+    let (status, his) = bob.get(sessions).await;
+    assert_eq!(status, 200, "{his}");
+    assert_eq!(his["items"][0]["session_id"], session);
+    assert_eq!(his["items"][0]["held_by"], bobs.as_str());
+    let (status, hers) = alice.get(sessions).await;
+    assert_eq!(status, 200, "{hers}");
+    assert_eq!(hers["items"], json!([]));
+    let adopt = json!({"agent": "shared", "cwd": work, "adopt": session});
+    assert_problem(
+        alice.post("/api/v1/conversations", adopt.clone()).await,
+        404,
+        "",
+    );
+    let (status, _) = bob.delete(&format!("/api/v1/conversations/{bobs}")).await;
+    assert_eq!(status, 204);
+    ws.until_agent_gone().await;
+    assert_problem(
+        alice.post("/api/v1/conversations", adopt.clone()).await,
+        404,
+        "",
+    );
+    assert_eq!(conversation_count(&alice).await, 0);
+    // Bob himself may take it over again.
+    let (status, again) = bob.post("/api/v1/conversations", adopt).await;
+    assert_eq!(status, 201, "{again}");
+    gw.stop().await;
+    all_ended(state.path());
+}
+
 backend_tests!(
     the_database_lets_one_conversation_hold_an_adopted_session,
+    another_users_session_is_neither_listed_nor_taken_where_homes_are_shared,
     a_fork_holds_the_history_and_both_go_on_apart,
     a_fork_is_refused_where_it_cannot_be_made,
     an_agents_own_sessions_are_listed_per_user_and_one_is_taken_over,

@@ -83,8 +83,21 @@ pub(super) async fn adopt(
 ) -> Result<Conversation> {
     limits::id("adopt", &adopt, SESSION_ID_MAX_CHARS)?;
     let new = NewConversation::check(state, caller, agent, title, cwd)?;
-    let held = state
-        .store()
+    let store = state.store();
+    let theirs = store
+        .sessions_of_others(
+            &new.profile.name,
+            &caller.user,
+            std::slice::from_ref(&adopt),
+        )
+        .await?;
+    if !theirs.is_empty() {
+        // Another user's: as unknown as a session the agent does not have.
+        return Err(Error::NotFound(format!(
+            "the agent has no session {adopt:?} for this user"
+        )));
+    }
+    let held = store
         .session_holders(
             &new.profile.name,
             Some(&caller.user),
