@@ -71,8 +71,13 @@ async fn fork(
         item: source,
     }: Visible<Conversation>,
     headers: HeaderMap,
-    body: Bytes,
+    body: std::result::Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<impl IntoResponse> {
+    // As `AppJson` answers a body it cannot read (too large: 413).
+    let body = body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => Error::PayloadTooLarge("request body is too large".into()),
+        _ => Error::BadRequest(rejection.body_text()),
+    })?;
     let at = fork_body(&headers, &body)?.at;
     let not_supported = |detail: String| Error::conflict("not_supported", detail);
     let profile = state.config().agent(&source.agent).ok_or_else(|| {

@@ -313,6 +313,9 @@ async fn a_fork_is_refused_where_it_cannot_be_made(db: TestDb) {
         422,
         "",
     );
+    let big = json!({"at": "x".repeat(70 * 1024)});
+    let problem = assert_problem(alice.post(&fork(&id), big).await, 413, "");
+    assert_eq!(problem["code"], "payload_too_large");
     // Someone else's conversation, or none: 404.
     assert_problem(bob.post(&fork(&id), json!({})).await, 404, "");
     assert_problem(
