@@ -772,3 +772,45 @@ async fn a_conversation_on_one_node_is_forked_through_another() {
     b.stop();
     all_ended(state.path());
 }
+
+/// Two nodes on one Postgres take one session over at once: one gets it,
+/// the other 409 `already_held`, and only one conversation is left.
+#[tokio::test]
+async fn two_nodes_adopting_one_session_at_once_make_one_conversation() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let (_work, work) = workspace();
+    let listing = agent("listing", "home", &work, &[("ACP_TEST_AGENT_LIST", "1")]);
+    let start = || {
+        GatewayProcess::start_configured(
+            &db,
+            std::slice::from_ref(&listing),
+            "info",
+            "node_lease = \"1s\"\non_shutdown = \"cancel\"",
+        )
+    };
+    let (a, b) = (start(), start());
+    // The agent's home is made by a first listing.
+    let (status, page) = a.get("/api/v1/agents/listing/sessions").await;
+    assert_eq!(status, 200, "{page}");
+    session_begun_elsewhere(&db, "anonymous", "listing", "desk-1", &work, "at the desk");
+    let adopt = json!({"agent": "listing", "cwd": work, "adopt": "desk-1"});
+    let ((sa, ba), (sb, bb)) = tokio::join!(
+        a.post("/api/v1/conversations", adopt.clone()),
+        b.post("/api/v1/conversations", adopt.clone())
+    );
+    let mut statuses = [sa, sb];
+    statuses.sort();
+    assert_eq!(statuses, [201, 409], "{ba} {bb}");
+    let refused = if sa == 409 { &ba } else { &bb };
+    assert_eq!(refused["code"], "already_held", "{refused}");
+    let (_, list) = b.get("/api/v1/conversations").await;
+    assert_eq!(list["items"].as_array().unwrap().len(), 1, "{list}");
+    a.stop();
+    b.stop();
+    all_ended(
+        &db.state_dir()
+            .join("homes/anonymous/listing/.node-agent-state"),
+    );
+}
