@@ -1296,6 +1296,9 @@ async fn a_fork_and_a_session_begun_elsewhere_are_opened_from_the_page() {
         .wait_for_text("section.message.agent", "You said: first")
         .await;
     assert_eq!(browser.texts("section.message.user .text").await, ["first"]);
+    // The fork's view and its button pass axe-core as every view does.
+    let violations = browser.run(json!({"do": "axe"})).await;
+    assert_eq!(violations, json!([]), "fork: {violations:#}");
     let shot = browser.screenshot("fork.png", false).await;
     eprintln!("fork screenshot: {}", shot.display());
     let (_, list) = gw.get("/api/v1/conversations").await;
@@ -1341,6 +1344,8 @@ async fn a_fork_and_a_session_begun_elsewhere_are_opened_from_the_page() {
             .count(),
         1
     );
+    let violations = browser.run(json!({"do": "axe"})).await;
+    assert_eq!(violations, json!([]), "the agent's sessions: {violations:#}");
     let shot = browser.screenshot("agent-sessions.png", true).await;
     eprintln!("sessions screenshot: {}", shot.display());
     browser.click("button", "Continue").await;
