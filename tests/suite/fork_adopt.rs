@@ -702,7 +702,61 @@ async fn another_users_session_is_neither_listed_nor_taken_where_homes_are_share
     all_ended(state.path());
 }
 
+/// A source whose agent never said what it offers (a conversation of an
+/// earlier version): the fork's agent is started and asked; one that
+/// cannot fork is 409, one that does not know the session 502, and either
+/// way no conversation is left behind.
+async fn a_fork_the_agent_turns_down_once_started_leaves_nothing(db: TestDb) {
+    let state = tempfile::tempdir().unwrap();
+    let (_work, work) = workspace();
+    let path = state.path().to_str().unwrap();
+    let plain = agent("plain", path, &work, &[]);
+    let forking = agent("forking", path, &work, &[("ACP_TEST_AGENT_FORK", "1")]);
+    let gw = TestGateway::start(&db, vec![plain, forking]).await;
+    let store = acp_gateway::store::open(&db.url).await.unwrap();
+    for (agent, code, status) in [
+        ("plain", "not_supported", 409),
+        ("forking", "agent_failed", 502),
+    ] {
+        let mut source = idle_conversation(Some("anonymous"));
+        source.agent = agent.into();
+        source.cwd = work.to_string_lossy().into_owned();
+        source.acp_session_id = Some("sess_gone".into());
+        store.insert_conversation(&source).await.unwrap();
+        let count = conversation_count(&gw).await;
+        let (got, problem) = gw
+            .post(
+                &format!("/api/v1/conversations/{}/fork", source.id),
+                json!({}),
+            )
+            .await;
+        assert_eq!(
+            (got, problem["code"].as_str()),
+            (status, Some(code)),
+            "{problem}"
+        );
+        assert_eq!(
+            conversation_count(&gw).await,
+            count,
+            "{agent}: nothing left behind"
+        );
+    }
+    let asked: Vec<String> = calls(state.path())
+        .into_iter()
+        .filter(|(m, _)| m == "session/fork")
+        .map(|(_, p)| p["sessionId"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        asked,
+        ["sess_gone"],
+        "only the agent that forks is asked to"
+    );
+    gw.stop().await;
+    all_ended(state.path());
+}
+
 backend_tests!(
+    a_fork_the_agent_turns_down_once_started_leaves_nothing,
     the_database_lets_one_conversation_hold_an_adopted_session,
     another_users_session_is_neither_listed_nor_taken_where_homes_are_shared,
     a_fork_holds_the_history_and_both_go_on_apart,

@@ -1345,7 +1345,11 @@ async fn a_fork_and_a_session_begun_elsewhere_are_opened_from_the_page() {
         1
     );
     let violations = browser.run(json!({"do": "axe"})).await;
-    assert_eq!(violations, json!([]), "the agent's sessions: {violations:#}");
+    assert_eq!(
+        violations,
+        json!([]),
+        "the agent's sessions: {violations:#}"
+    );
     let shot = browser.screenshot("agent-sessions.png", true).await;
     eprintln!("sessions screenshot: {}", shot.display());
     browser.click("button", "Continue").await;
