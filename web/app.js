@@ -426,6 +426,73 @@ class ConversationsView {
     });
     const error = h("p.error", { role: "alert", hidden: true });
     const button = h("button.primary", { type: "submit" }, "Start");
+    // The agent's own sessions (begun elsewhere), to continue one.
+    const sessions = h("ul.sessions", { id: "agent-sessions", "aria-label": "The agent's sessions", hidden: true });
+    const more = h("button.quiet", { type: "button", id: "more-sessions", hidden: true }, "More sessions");
+    let cursor = null;
+    const listSessions = async (fresh) => {
+      error.hidden = true;
+      if (fresh) {
+        fill(sessions);
+        cursor = null;
+      }
+      const query = new URLSearchParams();
+      if (cwd.value.trim()) query.set("cwd", cwd.value.trim());
+      if (cursor) query.set("cursor", cursor);
+      try {
+        const page = await api("GET", `/api/v1/agents/${encodeURIComponent(agent.value)}/sessions?${query}`);
+        for (const s of page.items) sessions.append(sessionItem(s));
+        if (fresh && page.items.length === 0) sessions.append(h("li.empty", {}, "The agent keeps no session here."));
+        sessions.hidden = false;
+        cursor = page.next_cursor;
+        more.hidden = !cursor;
+      } catch (e) {
+        error.textContent = problemText(e);
+        error.hidden = false;
+      }
+    };
+    more.addEventListener("click", () => listSessions(false));
+    const sessionItem = (s) => {
+      const action = s.held_by
+        ? h("button.quiet", { type: "button", onclick: () => (location.hash = `#/c/${s.held_by}`) }, "Open")
+        : h(
+            "button.quiet",
+            {
+              type: "button",
+              onclick: async (event) => {
+                const go = event.currentTarget;
+                go.disabled = true;
+                error.hidden = true;
+                const body = { agent: agent.value, cwd: s.cwd, adopt: s.session_id };
+                if (title.value.trim()) body.title = title.value.trim();
+                try {
+                  const adopted = await api("POST", "/api/v1/conversations", body);
+                  location.hash = `#/c/${adopted.id}`;
+                } catch (e) {
+                  error.textContent = problemText(e);
+                  error.hidden = false;
+                  go.disabled = false;
+                }
+              },
+            },
+            "Continue",
+          );
+      return h(
+        "li.session",
+        { dataset: { session: s.session_id } },
+        h("strong", {}, s.title || s.session_id),
+        h("span.meta", {}, `${s.cwd}${s.updated_at ? ` · ${when(s.updated_at)}` : ""}${s.held_by ? " · open here" : ""}`),
+        action,
+      );
+    };
+    const browse = h(
+      "button.quiet",
+      { type: "button", id: "list-sessions", onclick: () => listSessions(true) },
+      "Continue a session…",
+    );
+    agent.addEventListener("change", () => {
+      sessions.hidden = more.hidden = true;
+    });
     api("GET", "/api/v1/agents")
       .then((agents) => {
         for (const a of agents.items) {
@@ -469,6 +536,9 @@ class ConversationsView {
       cwd,
       error,
       button,
+      browse,
+      sessions,
+      more,
     );
   }
 }
@@ -555,6 +625,15 @@ class ConversationView {
     this.turn = null; // the running turn's id
     this.heading = h("h1", {}, "Conversation");
     this.status = h("span.status", { id: "status" });
+    // Where this conversation came from (a fork, a session taken over).
+    this.origin = h("p.meta.origin", { id: "origin", hidden: true });
+    // On the newest message: a new conversation forked from this one
+    // (ACP forks a session whole, so only after the newest message).
+    this.forkButton = h(
+      "button.quiet.fork",
+      { type: "button", id: "fork", hidden: true, onclick: () => this.fork() },
+      "Fork from here",
+    );
     this.cancel = h(
       "button.danger",
       { type: "button", id: "cancel", disabled: true, onclick: () => this.cancelTurn() },
@@ -626,7 +705,7 @@ class ConversationView {
     this.usage = h("span.usage", { id: "usage" });
     fill(
       main,
-      h("div.head", {}, this.heading, h("p.meta", {}, this.status, this.usage)),
+      h("div.head", {}, this.heading, h("p.meta", {}, this.status, this.usage), this.origin),
       this.settings,
       this.timeline,
       form,
@@ -662,6 +741,9 @@ class ConversationView {
       this.usage.textContent = usageText(c.usage);
       this.commands = Array.isArray(c.available_commands) ? c.available_commands : [];
       this.capabilities = c.prompt_capabilities ?? {};
+      // Unknown (never started) is offered: the gateway says if it cannot.
+      this.forkButton.hidden = c.session_capabilities?.fork === false || c.status === "failed";
+      this.showOrigin(c);
     } catch (e) {
       this.error.textContent = problemText(e);
       this.error.hidden = false;
@@ -670,6 +752,37 @@ class ConversationView {
         this.live.stop();
         this.prompt.disabled = this.send.disabled = true;
       }
+    }
+  }
+
+  /** "Forked from …" or "Continues the agent's session …". */
+  showOrigin(c) {
+    if (c.forked_from) {
+      fill(
+        this.origin,
+        "Forked from ",
+        h("a", { href: `#/c/${c.forked_from.conversation_id}` }, "another conversation"),
+      );
+    } else if (c.adopted_session) {
+      fill(this.origin, `Continues the agent's session ${c.adopted_session}`);
+    }
+    this.origin.hidden = !(c.forked_from || c.adopted_session);
+  }
+
+  /** Forks the conversation after its newest message, and opens the fork. */
+  async fork() {
+    this.forkButton.disabled = true;
+    this.forkButton.textContent = "Forking…";
+    this.error.hidden = true;
+    try {
+      const forked = await api("POST", `/api/v1/conversations/${this.id}/fork`, {});
+      location.hash = `#/c/${forked.id}`;
+    } catch (e) {
+      this.error.textContent = problemText(e);
+      this.error.hidden = false;
+    } finally {
+      this.forkButton.disabled = false;
+      this.forkButton.textContent = "Fork from here";
     }
   }
 
@@ -1091,7 +1204,9 @@ class ConversationView {
     const label = { agent: "Agent", thought: "Thought", user: "You" }[kind];
     const el = h(kind === "user" ? "div.text" : "div.text.md");
     // Not a landmark each (many share one label): the visible "who" says it.
-    this.add(h(`section.message.${kind}`, {}, h("p.who", {}, label), el));
+    const section = this.add(h(`section.message.${kind}`, {}, h("p.who", {}, label), el));
+    // The fork is offered on the newest message: it moves along.
+    section.append(this.forkButton);
     this.open = { kind, turn, el };
     return el;
   }

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use agent_client_protocol_schema as acp_schema;
 use agent_client_protocol_schema::v1 as acp;
 
 use super::agent::{describe_exit, AgentProcess};
@@ -18,6 +17,8 @@ use super::incoming::Incoming;
 use super::rpc::{AnswerHold, Inbox, RpcError, RpcPeer};
 use crate::config::AgentProfile;
 use crate::model::AgentReport;
+
+pub mod sessions;
 
 /// How long we wait for the process after its stdout closed.
 pub const EXIT_AFTER_EOF: Duration = Duration::from_secs(3);
@@ -48,6 +49,26 @@ pub struct AgentSession {
     can_close: bool,
 }
 
+/// What a session is opened for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Open<'a> {
+    /// A new session (`session/new`).
+    New,
+    /// The conversation's earlier session (its id): restored where the
+    /// agent can, else a new session ([`Opened::Reset`]).
+    Restore(&'a str),
+    /// An agent session begun elsewhere (its id), taken over: `session/load`
+    /// (its history replayed, and kept for the conversation) where the agent
+    /// offers it, else `session/resume`. Never a new session instead: an
+    /// agent that offers neither fails with [`Error::NotSupported`], one that
+    /// does not know the session with [`Error::NoSession`].
+    Adopt(&'a str),
+    /// A new session forked from the agent's session of this id
+    /// (`session/fork`); an agent that does not offer it fails with
+    /// [`Error::NotSupported`].
+    Fork(&'a str),
+}
+
 /// How a session came to be open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Opened {
@@ -61,6 +82,8 @@ pub enum Opened {
     /// cannot restore it (neither `session/resume` nor `loadSession`, or it
     /// refused), so it forgot the earlier turns.
     Reset,
+    /// `session/fork` made the session from another.
+    Forked,
 }
 
 impl Opened {
@@ -68,7 +91,7 @@ impl Opened {
     /// whenever the agent restored the session (by either method).
     pub fn context(self) -> Option<&'static str> {
         match self {
-            Opened::New => None,
+            Opened::New | Opened::Forked => None,
             Opened::Resumed | Opened::Loaded => Some("loaded"),
             Opened::Reset => Some("reset"),
         }
@@ -84,8 +107,9 @@ pub struct Opening {
 }
 
 impl AgentSession {
-    /// `initialize`, then, to resume `earlier` (the session id a
-    /// conversation had), `session/resume` where the agent offers it, else
+    /// `initialize`, then what `how` asks (see [`Open`]): to resume an
+    /// earlier session (the id a conversation had), `session/resume` where
+    /// the agent offers it, else
     /// `session/load` where it offers that, else (or when it refuses)
     /// `session/new` in `cwd` with the profile's MCP servers. A new session
     /// is then put in the profile's `session_mode` and `session_config`. An
@@ -108,7 +132,7 @@ impl AgentSession {
         process: &mut AgentProcess,
         profile: &AgentProfile,
         cwd: &str,
-        earlier: Option<&str>,
+        how: Open<'_>,
         state: &mut AgentReport,
         incoming: &mut Inbox<Incoming>,
     ) -> Result<Opening> {
@@ -122,51 +146,71 @@ impl AgentSession {
             auth_method: profile.auth_method.as_deref(),
             authenticated: false,
         };
-        // Files and terminals only where the profile offers them; the
-        // methods of those it does not are answered "method not found".
-        let offered = acp::ClientCapabilities::default()
-            .fs(acp::FileSystemCapabilities::new()
-                .read_text_file(profile.client_fs)
-                .write_text_file(profile.client_fs))
-            .terminal(profile.client_terminal)
-            // A person answers the agent's questions (forms and URLs).
-            .elicitation(
-                acp::ElicitationCapabilities::new()
-                    .form(acp::ElicitationFormCapabilities::new())
-                    .url(acp::ElicitationUrlCapabilities::new()),
-            );
-        let init = acp::InitializeRequest::new(acp_schema::ProtocolVersion::V1)
-            .client_capabilities(offered)
-            .client_info(acp::Implementation::new(
-                "acp-gateway",
-                env!("CARGO_PKG_VERSION"),
-            ));
-        let init = shake
-            .call("initialize", to_json(&init), Replay::Keep)
-            .await?;
-        let init = shake.accepted("initialize", init)?;
-        shake.auth_methods = auth_methods(&init);
-        let init: acp::InitializeResponse = from_json("initialize", init)?;
-        if init.protocol_version != acp_schema::ProtocolVersion::V1 {
-            return Err(Error::Failed(format!(
-                "agent speaks ACP protocol version {}, the gateway speaks 1",
-                to_json(&init.protocol_version)
-            )));
-        }
+        let (init, offers) = shake.initialize(profile).await?;
         let capabilities = &init.agent_capabilities;
         state.prompt_capabilities = Some(to_json(&capabilities.prompt_capabilities));
-        let can_close = capabilities.session_capabilities.close.is_some();
+        state.session_capabilities = Some(to_json(&offers));
+        let can_close = offers.close;
         let session = |session_id: String| AgentSession {
             peer: peer.clone(),
             session_id,
             can_close,
         };
+        let earlier = match how {
+            Open::New => None,
+            Open::Restore(earlier) => Some(earlier),
+            Open::Adopt(adopted) => {
+                let (session_id, opened) =
+                    shake.adopt(profile, cwd, adopted, offers, state).await?;
+                return Ok(Opening {
+                    session: session(session_id),
+                    opened,
+                    early: shake.kept,
+                });
+            }
+            Open::Fork(source) => {
+                if !offers.fork {
+                    return Err(Error::NotSupported(
+                        "the agent does not offer session/fork \
+                         (agentCapabilities.sessionCapabilities.fork)"
+                            .into(),
+                    ));
+                }
+                let params = json!({
+                    "sessionId": source,
+                    "cwd": cwd,
+                    "mcpServers": profile.mcp_servers,
+                });
+                let answer = shake
+                    .call_authenticated("session/fork", params, Replay::Keep)
+                    .await?;
+                let answer = shake.accepted("session/fork", answer)?;
+                let session_id = answer
+                    .get("sessionId")
+                    .and_then(Value::as_str)
+                    .filter(|id| !id.is_empty())
+                    .ok_or_else(|| {
+                        Error::Failed("agent answered session/fork without a sessionId".into())
+                    })?
+                    .to_owned();
+                state.apply_opened(&answer, true);
+                return Ok(Opening {
+                    session: session(session_id),
+                    opened: Opened::Forked,
+                    early: shake.kept,
+                });
+            }
+        };
         if let Some(earlier) = earlier {
-            let resume = capabilities.session_capabilities.resume.is_some();
             let ways = [
-                (resume, "session/resume", Replay::Keep, Opened::Resumed),
                 (
-                    capabilities.load_session,
+                    offers.resume,
+                    "session/resume",
+                    Replay::Keep,
+                    Opened::Resumed,
+                ),
+                (
+                    offers.load,
                     "session/load",
                     Replay::DropHistory,
                     Opened::Loaded,

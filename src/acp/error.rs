@@ -18,6 +18,13 @@ pub enum Error {
     /// The agent did not answer in time.
     #[error("{0}")]
     Timeout(String),
+    /// The agent does not offer what was asked of it (a fork, a listing,
+    /// taking a session over): the crate's 409 `not_supported`.
+    #[error("{0}")]
+    NotSupported(String),
+    /// The agent does not know the session asked for: the crate's 404.
+    #[error("{0}")]
+    NoSession(String),
 }
 
 impl From<Error> for crate::error::Error {
@@ -25,6 +32,12 @@ impl From<Error> for crate::error::Error {
         match error {
             Error::Failed(detail) => crate::error::Error::AgentFailed(detail),
             Error::Timeout(detail) => crate::error::Error::AgentTimeout(detail),
+            Error::NotSupported(detail) => crate::error::Error::Conflict {
+                code: "not_supported",
+                detail,
+                extra: None,
+            },
+            Error::NoSession(detail) => crate::error::Error::NotFound(detail),
         }
     }
 }

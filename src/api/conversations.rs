@@ -23,12 +23,14 @@ use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::model::{
-    self, event_type, Conversation, ConversationStatus, ConversationView, Event, EventBody,
-    FileChange, Message, Page, Rule, ToolCall,
+    event_type, Conversation, ConversationView, Event, EventBody, FileChange, Message, Page, Rule,
+    ToolCall,
 };
 use crate::session::command::{Prompted, WhileRunning};
 use crate::session::Setting;
-use crate::workspace::cwd::conversation_cwd;
+use starting::NewConversation;
+
+mod starting;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -57,6 +59,19 @@ struct CreateBody {
     title: Option<String>,
     #[schema(schema_with = cwd_schema)]
     cwd: Option<String>,
+    /// An agent session begun elsewhere to take over (its `session_id` in
+    /// `GET /api/v1/agents/{name}/sessions`): the conversation loads it
+    /// (`session/load`, its history replayed into the conversation) or
+    /// resumes it (`session/resume`) and goes on from there. One of the
+    /// caller's, for this `cwd`; one held by an open conversation already is
+    /// 409 `already_held`; one the agent does not know (for this user and
+    /// `cwd`) is 404, and leaves no conversation behind.
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
+    )]
+    adopt: Option<String>,
 }
 
 /// A request's agent profile name: of the shape every profile's name has
@@ -97,7 +112,8 @@ pub(super) fn cwd_schema() -> utoipa::openapi::schema::Object {
     responses(
         (status = 201, description = "Started", body = ConversationView),
         (status = 403, description = "`cwd` is outside the profile's `allowed_roots`"),
-        (status = 404, description = "No such agent profile, or no directory at `cwd`"),
+        (status = 404, description = "No such agent profile, or no directory at `cwd`; with `adopt`: the agent has no such session for the caller in `cwd`"),
+        (status = 409, description = "With `adopt`: `already_held` (an open conversation holds that session), or `not_supported` (the agent offers neither `session/load` nor `session/resume`)"),
         (status = 422, description = "Invalid input"),
         (status = 429, description = "Too many new conversations for the user (`conversations_per_minute`), or all the agents the user may run are busy (`max_agents_per_user`); `Retry-After`"),
         (status = 502, description = "The agent could not be started (the detail says why, with its last stderr lines)"),
@@ -109,15 +125,30 @@ async fn create(
     Authed { state, caller }: Authed,
     AppJson(body): AppJson<CreateBody>,
 ) -> Result<impl IntoResponse> {
-    let conversation = start_conversation(
-        &state,
-        &caller,
-        &body.agent,
-        body.title,
-        body.cwd.as_deref(),
-        Vec::new(),
-    )
-    .await?;
+    let conversation = match body.adopt {
+        None => {
+            start_conversation(
+                &state,
+                &caller,
+                &body.agent,
+                body.title,
+                body.cwd.as_deref(),
+                Vec::new(),
+            )
+            .await?
+        }
+        Some(adopt) => {
+            starting::adopt(
+                &state,
+                &caller,
+                &body.agent,
+                body.title,
+                body.cwd.as_deref(),
+                adopt,
+            )
+            .await?
+        }
+    };
     Ok((StatusCode::CREATED, Json(conversation)))
 }
 
@@ -131,36 +162,13 @@ pub(super) async fn start_conversation(
     cwd: Option<&str>,
     client_mcp: Vec<agent_client_protocol_schema::v1::McpServer>,
 ) -> Result<Conversation> {
-    limits::agent_name("agent", agent)?;
-    if let Some(title) = &title {
-        limits::line("title", title, limits::TITLE_MAX_CHARS)?;
-    }
-    let profile = state
-        .config()
-        .agent(agent)
-        .ok_or_else(|| Error::NotFound(format!("no agent named {agent:?}")))?;
-    let cwd = conversation_cwd(&profile, cwd, Some(&caller.user))?;
+    let new = NewConversation::check(state, caller, agent, title, cwd)?;
     // Counted once the request would start an agent.
     state.auth().check_rate(caller, Limited::Conversation)?;
-    let now = model::now();
-    let conversation = Conversation {
-        id: model::new_id(),
-        agent: profile.name.clone(),
-        title,
-        cwd: cwd.to_string_lossy().into_owned(),
-        status: ConversationStatus::Starting,
-        acp_session_id: None,
-        last_seq: 0,
-        created_at: now,
-        updated_at: now,
-        owner: Some(caller.user.clone()),
-        state: Default::default(),
-        node_id: None,
-        queue: Vec::new(),
-    };
+    let conversation = new.conversation(caller);
     state
         .sessions()
-        .start(profile, conversation, client_mcp)
+        .start(new.profile, conversation, client_mcp)
         .await
 }
 

@@ -2,6 +2,8 @@
 //! is `docs/api.md`; `openapi/openapi.yaml` describes it exactly.
 
 mod acp;
+mod forks;
+mod agent_sessions;
 mod policies;
 mod ws;
 mod queue;
@@ -52,6 +54,8 @@ fn routes() -> OpenApiRouter<AppState> {
         .merge(actions::router())
         .merge(conversations::router())
         .merge(queue::router())
+        .merge(forks::router())
+        .merge(agent_sessions::router())
         .merge(search::router())
         .merge(permissions::router())
         .merge(questions::router())
@@ -213,6 +217,12 @@ struct Agent {
     /// The Linux capabilities its agents and their terminal commands keep
     /// (its `capabilities`): none by default.
     capabilities: Vec<String>,
+    /// What its agent offers for sessions (`fork`: conversations can be
+    /// forked; `list` with `load` or `resume`: its own sessions can be
+    /// listed and taken over), as its newest conversation's agent said in
+    /// `initialize`; `null` while none of its agents has started yet (the
+    /// gateway learns it then).
+    session_capabilities: Option<crate::model::SessionOffers>,
 }
 
 /// Agent profiles.
@@ -249,10 +259,22 @@ async fn list_agents(Authed { state, .. }: Authed) -> Json<Page<Agent>> {
         }
     }))
     .await;
+    let mut offered = Vec::with_capacity(profiles.len());
+    for a in &profiles {
+        // Not worth failing the list for: unknown.
+        let recorded = state.store().agent_session_capabilities(&a.name).await;
+        offered.push(
+            recorded
+                .ok()
+                .flatten()
+                .and_then(|v| serde_json::from_value(v).ok()),
+        );
+    }
     let items = profiles
         .into_iter()
         .zip(reachable)
-        .map(|(a, unreachable)| {
+        .zip(offered)
+        .map(|((a, unreachable), session_capabilities)| {
             let (sandbox, refused) = crate::sandbox::Effective::of(
                 a.sandbox,
                 a.allowed_tcp_ports.is_some(),
@@ -282,6 +304,7 @@ async fn list_agents(Authed { state, .. }: Authed) -> Json<Page<Agent>> {
                 available: reason.is_none(),
                 unavailable_reason: reason,
                 sandbox,
+                session_capabilities,
             }
         })
         .collect();

@@ -176,7 +176,7 @@ pub struct Problem {
     /// `unavailable`, `gone`, `internal_error`, `not_offered`,
     /// `not_a_websocket_handshake`, `not_configured`, `unresolvable_host`,
     /// `too_many_targets`, `not_acceptable`, `not_implemented`,
-    /// `acp_stream_open`.
+    /// `acp_stream_open`, `not_supported`, `already_held`.
     #[schema(example = "not_found")]
     code: String,
     /// With `already_resolved`: the request as it stands.

@@ -115,6 +115,34 @@ pub struct AgentReport {
     pub title: Option<String>,
     /// `PromptCapabilities` from the agent's answer to `initialize`.
     pub prompt_capabilities: Option<Value>,
+    /// What the agent's `initialize` offered for sessions, as
+    /// [`SessionOffers`] (a JSON object of booleans).
+    pub session_capabilities: Option<Value>,
+}
+
+/// What an agent offers for its sessions beyond prompts, as its
+/// `initialize` said (`agentCapabilities.loadSession` and
+/// `sessionCapabilities`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct SessionOffers {
+    /// `session/load`: an earlier session is loaded with its history replayed.
+    pub load: bool,
+    /// `session/resume`: an earlier session goes on, without its history.
+    pub resume: bool,
+    /// `session/list`: the agent lists its sessions.
+    pub list: bool,
+    /// `session/fork`: a session is forked into a new one.
+    pub fork: bool,
+    /// `session/close`.
+    pub close: bool,
+}
+
+impl SessionOffers {
+    /// As recorded in a report (`None`: never recorded).
+    pub fn of(report: &AgentReport) -> Option<SessionOffers> {
+        serde_json::from_value(report.session_capabilities.clone()?).ok()
+    }
 }
 
 /// Longest title kept from an agent (in characters).

@@ -8,7 +8,8 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::agent_report::{
-    AgentReport, AvailableCommand, PromptCapabilities, SessionConfigOption, SessionModeState, Usage,
+    AgentReport, AvailableCommand, PromptCapabilities, SessionConfigOption, SessionModeState,
+    SessionOffers, Usage,
 };
 use super::queue::QueuedPrompt;
 
@@ -82,6 +83,21 @@ pub struct Conversation {
     /// Prompts waiting for the running turn to end (see
     /// [`super::queue`]); not part of the API object (`…/queue` is).
     pub queue: Vec<QueuedPrompt>,
+    /// The conversation it was forked from, if it was.
+    pub forked_from: Option<ForkedFrom>,
+    /// The agent session begun elsewhere it took over (`adopt`), if it did.
+    pub adopted_session: Option<String>,
+}
+
+/// Where a forked conversation came from: the conversation, and the message
+/// its history was copied up to (`None`: the source had no message yet).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ForkedFrom {
+    /// The source conversation.
+    pub conversation_id: Uuid,
+    /// The source's last message the fork holds (its messages up to this one
+    /// were copied, with new ids); `null` where the source had none.
+    pub message_id: Option<Uuid>,
 }
 
 /// A conversation: one ACP session with one agent profile, plus its
@@ -122,6 +138,18 @@ pub struct ConversationView {
     /// `resource` blocks where `embeddedContext` is.
     #[schema(value_type = Option<PromptCapabilities>)]
     prompt_capabilities: Option<Value>,
+    /// What the agent offers for its sessions beyond prompts (from its
+    /// `initialize`): `fork` (`POST …/fork` works), `list` and `load` or
+    /// `resume` (its sessions can be listed and taken over). `null` until
+    /// its agent has started once.
+    #[schema(value_type = Option<SessionOffers>)]
+    session_capabilities: Option<Value>,
+    /// Set when this conversation was forked from another
+    /// (`POST /api/v1/conversations/{id}/fork`).
+    forked_from: Option<ForkedFrom>,
+    /// The agent's session id this conversation took over (`adopt`), when it
+    /// was made to continue a session begun elsewhere.
+    adopted_session: Option<String>,
 }
 
 impl From<Conversation> for ConversationView {
@@ -133,6 +161,7 @@ impl From<Conversation> for ConversationView {
             usage,
             title,
             prompt_capabilities,
+            session_capabilities,
         } = c.state;
         ConversationView {
             id: c.id,
@@ -149,6 +178,9 @@ impl From<Conversation> for ConversationView {
             available_commands,
             usage,
             prompt_capabilities,
+            session_capabilities,
+            forked_from: c.forked_from,
+            adopted_session: c.adopted_session,
         }
     }
 }
@@ -398,6 +430,8 @@ mod tests {
             state: offered(),
             node_id: None,
             queue: Vec::new(),
+            forked_from: None,
+            adopted_session: None,
         };
         c.state.title = Some("Agent's".into());
         let shown = serde_json::to_value(&c).unwrap();

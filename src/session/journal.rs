@@ -657,6 +657,8 @@ mod tests {
             state: Default::default(),
             node_id: None,
             queue: Vec::new(),
+            forked_from: None,
+            adopted_session: None,
         };
         store.insert_conversation(&conversation).await.unwrap();
         let outlets = Outlets {

@@ -12,7 +12,8 @@
 //! [`recover`] recovers what a previous run or a dead node left behind;
 //! `reattach` takes up the agents a previous run left under their shims;
 //! [`task`] is one conversation's `select!` loop, taking [`command`]s;
-//! `spawn` starts its agent; `mcp` keeps the MCP servers an ACP client
+//! `spawn` starts its agent; `listing` lists an agent's own sessions for a
+//! user (to take one over); `mcp` keeps the MCP servers an ACP client
 //! gave a conversation, for each start of its agent; [`transcript`] (pure) turns chunks into
 //! messages and tool-call states; [`queue`] (pure) the prompts waiting for
 //! the running turn; [`pending`] holds permission requests
@@ -31,6 +32,7 @@ pub mod transcript;
 pub mod queue;
 pub mod pending;
 pub mod served;
+mod listing;
 mod spawn;
 
 use std::collections::HashMap;
@@ -52,6 +54,7 @@ use crate::store::Store;
 use command::Handle;
 pub use command::Setting;
 use journal::Outlets;
+pub use task::Origin;
 use task::StartParams;
 
 /// The supervisor of every live conversation on this node: cheap to clone.
@@ -187,8 +190,23 @@ impl Sessions {
     pub async fn start(
         &self,
         profile: AgentProfile,
+        conversation: Conversation,
+        client_mcp: Vec<agent_client_protocol_schema::v1::McpServer>,
+    ) -> Result<Conversation> {
+        self.begin(profile, conversation, client_mcp, Origin::Plain)
+            .await
+    }
+
+    /// Starts a new `conversation` as [`Sessions::start`] does, begun as
+    /// `origin` says: forked from another conversation's agent session
+    /// (with its history), or taking over an agent session begun elsewhere
+    /// (see [`Origin`]). One that fails so is removed, not kept `failed`.
+    pub async fn begin(
+        &self,
+        profile: AgentProfile,
         mut conversation: Conversation,
         client_mcp: Vec<agent_client_protocol_schema::v1::McpServer>,
+        origin: Origin,
     ) -> Result<Conversation> {
         let id = conversation.id;
         self.inner.client_mcp.give(id, client_mcp);
@@ -197,7 +215,10 @@ impl Sessions {
         conversation.node_id = Some(self.inner.node.id());
         // Its first owner, at the epoch a new conversation has.
         let fence = self.inner.node.is_shared().then_some(0);
-        match self.launch(profile, conversation, false, fence).await {
+        match self
+            .launch(profile, conversation, false, fence, origin)
+            .await
+        {
             Ok((_, conversation)) => Ok(conversation),
             Err(e) => {
                 self.inner.client_mcp.forget(id);
@@ -213,6 +234,7 @@ impl Sessions {
         conversation: Conversation,
         resume: bool,
         fence: Option<i64>,
+        origin: Origin,
     ) -> Result<(Handle, Conversation)> {
         let id = conversation.id;
         let _slot = self.admit(conversation.owner.as_deref()).await?;
@@ -222,6 +244,7 @@ impl Sessions {
             conversation,
             resume,
             fence,
+            origin,
         })
         .await?;
         self.register(id, handle.clone(), task);

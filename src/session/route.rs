@@ -70,7 +70,10 @@ impl Sessions {
                     (self.stored(id).await?, epoch)
                 }
             };
-            match self.launch(profile, conversation, true, fence).await {
+            match self
+                .launch(profile, conversation, true, fence, super::Origin::Plain)
+                .await
+            {
                 Ok((session, _)) => Ok(Attached::Here(session)),
                 Err(e) => {
                     self.inner.node.release(id).await;

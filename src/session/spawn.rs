@@ -8,7 +8,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use crate::acp::agent::{AgentProcess, ShimSetup};
-use crate::acp::client::{AgentSession, Opened, Opening};
+use crate::acp::client::{AgentSession, Open, Opened, Opening};
 use crate::acp::incoming::Incoming;
 use crate::acp::link::ShimControl;
 use crate::acp::rpc::{Inbox, RpcConfig, RpcPeer};
@@ -45,12 +45,12 @@ pub(super) struct Enclosure<'a> {
 }
 
 /// Spawns the process and records it (or connects to the profile's remote
-/// agent: nothing to record), and opens the ACP session (loading `earlier`
-/// where the agent can).
+/// agent: nothing to record), and opens the ACP session as `how` says
+/// (see [`Open`]: new, restored, adopted or forked).
 pub(super) async fn connect(
     profile: &AgentProfile,
     conversation: &Conversation,
-    earlier: Option<&str>,
+    how: Open<'_>,
     state: &mut AgentReport,
     max_line_bytes: usize,
     store: &dyn Store,
@@ -94,7 +94,7 @@ pub(super) async fn connect(
         &mut process,
         profile,
         &conversation.cwd,
-        earlier,
+        how,
         state,
         &mut incoming,
     );

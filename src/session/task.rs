@@ -29,6 +29,7 @@ pub(super) mod reattached;
 mod settings;
 mod turns;
 mod parts;
+mod origin;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -51,7 +52,7 @@ use super::spawn::{
 };
 use super::transcript::Transcript;
 use crate::acp::agent::{AgentProcess, Cursor, ShimSetup};
-use crate::acp::client::{AgentSession, PromptCall, EXIT_AFTER_EOF};
+use crate::acp::client::{AgentSession, Open, PromptCall, EXIT_AFTER_EOF};
 use crate::acp::incoming::Incoming;
 use crate::acp::rpc::{Inbox, RpcError};
 use crate::config::{AgentProfile, ShutdownPlan};
@@ -63,6 +64,8 @@ use crate::store::{AgentLink, AgentProcessRecord, CommitQueue};
 use crate::telemetry;
 use crate::workspace::terminals::TerminalOutput;
 use crate::workspace::Workspace;
+pub use origin::Origin;
+use origin::{copy_history, forget_conversation};
 use output::{output_moved_on, ShimOutput};
 pub use parts::ExitCauses;
 use parts::{Change, Ending, Intake, Queue, Requests, Settings, Turns};
@@ -113,11 +116,14 @@ pub struct StartParams {
     /// The owner epoch this node claimed the conversation at (see
     /// [`crate::store::Batch::fence`]).
     pub fence: Option<i64>,
+    /// How a new conversation begins (not `resume`).
+    pub origin: Origin,
 }
 
 /// Starts the agent, opens its ACP session, and spawns the session task.
 /// A new conversation is persisted whatever happens, with its
-/// `agent_status` events; on failure its status is `failed`. A resumed one
+/// `agent_status` events; on failure its status is `failed` (a fork or an
+/// adoption that fails is removed instead). A resumed one
 /// (`resume`) keeps its status when the agent fails to start again, so a
 /// later prompt can try again; its `agent_status` says why.
 pub async fn start(
@@ -129,6 +135,7 @@ pub async fn start(
         mut conversation,
         resume,
         fence,
+        origin,
     } = params;
     let profile = crate::sandbox::profile::for_user(&profile, conversation.owner.as_deref());
     let id = conversation.id;
@@ -141,16 +148,39 @@ pub async fn start(
             .await?;
     }
     let mut journal = Journal::new(setup.outlets.clone(), &conversation, None).fenced_at(fence);
+    if let Origin::Fork {
+        messages,
+        tool_calls,
+        ..
+    } = &origin
+    {
+        copy_history(&mut journal, messages, tool_calls);
+    }
     journal.append(AgentStatus::new(AgentState::Starting, None));
-    journal.flush().await?;
+    if let Err(e) = journal.flush().await {
+        if origin.leaves_nothing() {
+            forget_conversation(journal.store(), id).await;
+        }
+        return Err(e);
+    }
 
     let earlier = conversation.acp_session_id.clone().filter(|_| resume);
+    let how = match (&earlier, &origin) {
+        (Some(earlier), _) => Open::Restore(earlier),
+        (None, _) if resume => Open::New,
+        (None, Origin::Plain) => Open::New,
+        (None, Origin::Fork { source_session, .. }) => Open::Fork(source_session),
+        (None, Origin::Adopt) => match &conversation.adopted_session {
+            Some(adopted) => Open::Adopt(adopted),
+            None => Open::New,
+        },
+    };
     let mut state = conversation.state.clone();
     let started = match agent_box_of(&profile, &conversation, &setup.homes) {
         Ok(agent_box) => connect(
             &profile,
             &conversation,
-            earlier.as_deref(),
+            how,
             &mut state,
             setup.max_line_bytes,
             journal.store(),
@@ -177,6 +207,11 @@ pub async fn start(
         agent_box,
     ) = match started {
         Ok(connected) => connected,
+        Err(err) if origin.leaves_nothing() => {
+            tracing::info!(parent: &span, error = %err, "the fork or adoption failed: the conversation is removed");
+            forget_conversation(journal.store(), id).await;
+            return Err(err);
+        }
         Err(err) => {
             tracing::warn!(parent: &span, error = %err, "agent failed to start");
             journal.append(AgentStatus::new(AgentState::Failed, Some(err.to_string())));

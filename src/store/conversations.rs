@@ -14,7 +14,33 @@ use crate::model::Conversation;
 /// Persistence of conversations (see the module).
 #[async_trait]
 pub trait ConversationStore: Send + Sync {
+    /// A new conversation. One that takes over an agent session that an open
+    /// conversation of the same owner and agent took over already
+    /// (`adopted_session`) is refused: 409 `already_held`, whichever node
+    /// tried first.
     async fn insert_conversation(&self, conversation: &Conversation) -> Result<()>;
+    /// Removes a conversation and everything of it: only for one that never
+    /// got going (a fork or an adoption its agent refused).
+    async fn delete_conversation(&self, id: Uuid) -> Result<()>;
+    /// Of the agent sessions `session_ids` of the agent profile `agent`,
+    /// those an open (not closed) conversation of `owner`'s holds (its
+    /// session, or the one it took over), each with that conversation's id.
+    async fn session_holders(
+        &self,
+        agent: &str,
+        owner: Option<&str>,
+        session_ids: &[String],
+    ) -> Result<Vec<(String, Uuid)>>;
+    /// Of the agent sessions `session_ids` of the agent profile `agent`,
+    /// those a conversation of another user than `owner` was made with or
+    /// took over (open or closed): never `owner`'s to list or take, even
+    /// where users share the agent's home.
+    async fn sessions_of_others(
+        &self,
+        agent: &str,
+        owner: &str,
+        session_ids: &[String],
+    ) -> Result<Vec<String>>;
     async fn get_conversation(&self, id: Uuid) -> Result<Option<Conversation>>;
     /// Newest first; `before` is the last id of the previous page; `owner`
     /// limits the list to one user's conversations, `cwd` to those whose
@@ -29,6 +55,10 @@ pub trait ConversationStore: Send + Sync {
     /// The ACP `promptCapabilities` the newest conversation of the agent
     /// profile `agent` whose agent answered `initialize` recorded.
     async fn agent_prompt_capabilities(&self, agent: &str) -> Result<Option<serde_json::Value>>;
+    /// What the newest conversation of the agent profile `agent` whose agent
+    /// answered `initialize` recorded it offers for sessions (see
+    /// [`crate::model::SessionOffers`]).
+    async fn agent_session_capabilities(&self, agent: &str) -> Result<Option<serde_json::Value>>;
     /// Conversations whose status says they were busy with their agent
     /// (starting, running a turn, awaiting a permission), each with the turn
     /// it was running.
@@ -54,8 +84,9 @@ macro_rules! impl_conversation_store {
                     sqlx::query(
                         "insert into conversations (id, agent, title, cwd, status,
                            acp_session_id, last_seq, created_at, updated_at, owner,
-                           agent_state, node_id)
-                         values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                           agent_state, node_id, forked_from, forked_at, adopted_session)
+                         values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
+                           $15)",
                     )
                     .bind(c.id)
                     .bind(&c.agent)
@@ -69,9 +100,59 @@ macro_rules! impl_conversation_store {
                     .bind(&c.owner)
                     .bind(JsonText::of(&c.state))
                     .bind(c.node_id)
+                    .bind(c.forked_from.as_ref().map(|f| f.conversation_id))
+                    .bind(c.forked_from.as_ref().and_then(|f| f.message_id))
+                    .bind(&c.adopted_session)
                     .execute(self.writer())
-                    .await?;
+                    .await
+                    .map_err($crate::error::Error::from)
+                    .map_err(|e| match e.is_unique_violation() {
+                        true => $crate::error::Error::conflict(
+                            "already_held",
+                            format!(
+                                "the agent session {:?} is held by another conversation already",
+                                c.adopted_session.as_deref().unwrap_or_default()
+                            ),
+                        ),
+                        false => e,
+                    })?;
                     Ok(())
+                }
+
+                async fn delete_conversation(&self, id: Uuid) -> Result<()> {
+                    sqlx::query("delete from conversations where id = $1")
+                        .bind(id)
+                        .execute(self.writer())
+                        .await?;
+                    Ok(())
+                }
+
+                async fn session_holders(
+                    &self,
+                    agent: &str,
+                    owner: Option<&str>,
+                    session_ids: &[String],
+                ) -> Result<Vec<(String, Uuid)>> {
+                    let mut held = Vec::new();
+                    // One query per session: a page of a listing is short.
+                    for session in session_ids {
+                        let holder: Option<(Uuid,)> = sqlx::query_as(
+                            "select id from conversations
+                             where agent = $1 and ($2 is null or owner = $2)
+                               and status <> 'closed'
+                               and (acp_session_id = $3 or adopted_session = $3)
+                             order by id desc limit 1",
+                        )
+                        .bind(agent)
+                        .bind(owner)
+                        .bind(session)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                        if let Some((id,)) = holder {
+                            held.push((session.clone(), id));
+                        }
+                    }
+                    Ok(held)
                 }
 
                 async fn get_conversation(&self, id: Uuid) -> Result<Option<Conversation>> {
@@ -127,6 +208,51 @@ macro_rules! impl_conversation_store {
                     Ok(states.into_iter().find_map(|(state,)| {
                         let capabilities = state?.0.get("prompt_capabilities")?.clone();
                         capabilities.is_object().then_some(capabilities)
+                    }))
+                }
+
+                async fn sessions_of_others(
+                    &self,
+                    agent: &str,
+                    owner: &str,
+                    session_ids: &[String],
+                ) -> Result<Vec<String>> {
+                    let mut theirs = Vec::new();
+                    for session in session_ids {
+                        let other: Option<(Uuid,)> = sqlx::query_as(
+                            "select id from conversations
+                             where agent = $1 and owner is not null and owner <> $2
+                               and (acp_session_id = $3 or adopted_session = $3)
+                             limit 1",
+                        )
+                        .bind(agent)
+                        .bind(owner)
+                        .bind(session)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                        if other.is_some() {
+                            theirs.push(session.clone());
+                        }
+                    }
+                    Ok(theirs)
+                }
+
+                async fn agent_session_capabilities(
+                    &self,
+                    agent: &str,
+                ) -> Result<Option<serde_json::Value>> {
+                    let states: Vec<(Option<sqlx::types::Json<serde_json::Value>>,)> =
+                        sqlx::query_as(
+                            "select agent_state from conversations
+                             where agent = $1 and agent_state is not null
+                             order by id desc limit 20",
+                        )
+                        .bind(agent)
+                        .fetch_all(&self.pool)
+                        .await?;
+                    Ok(states.into_iter().find_map(|(state,)| {
+                        let offers = state?.0.get("session_capabilities")?.clone();
+                        offers.is_object().then_some(offers)
                     }))
                 }
 

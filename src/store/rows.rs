@@ -114,6 +114,9 @@ pub struct ConversationRow {
     agent_state: Option<Json<Value>>,
     node_id: Option<Uuid>,
     prompt_queue: Option<Json<Value>>,
+    forked_from: Option<Uuid>,
+    forked_at: Option<Uuid>,
+    adopted_session: Option<String>,
 }
 
 impl ConversationRow {
@@ -149,6 +152,13 @@ impl ConversationRow {
                         Vec::new()
                     }),
                 },
+                forked_from: self
+                    .forked_from
+                    .map(|conversation_id| crate::model::ForkedFrom {
+                        conversation_id,
+                        message_id: self.forked_at,
+                    }),
+                adopted_session: self.adopted_session,
             },
             self.current_turn_id,
         ))

@@ -190,6 +190,8 @@ pub fn idle_conversation(owner: Option<&str>) -> acp_gateway::model::Conversatio
         state: Default::default(),
         node_id: None,
         queue: Vec::new(),
+        forked_from: None,
+        adopted_session: None,
     }
 }
 

@@ -74,12 +74,26 @@
 //   ACP_TEST_AGENT_AUTH=<id> offers the auth methods "api-key" and "browser";
 //                            session/new, load and resume answer auth_required
 //                            until authenticate with <id> succeeded
+//   ACP_TEST_AGENT_FORK=1    advertises sessionCapabilities.fork (needs STATE):
+//                            session/fork copies the session's history and
+//                            settings to a new session "fork_<uuid>"
+//   ACP_TEST_AGENT_LIST=1    advertises sessionCapabilities.list (needs STATE):
+//                            session/list pages through the sessions kept in
+//                            STATE (each with cwd, title: its first prompt,
+//                            updatedAt), newest first, filtered by cwd;
+//                            ACP_TEST_AGENT_LIST_PAGE=<n> sessions a page
+//                            (default 50), the cursor an offset
+//   ACP_TEST_AGENT_PIDS=1    appends its pid to STATE/pids when it starts
+//                            (tests check that every agent started ended)
+// ACP_TEST_AGENT_STATE=home keeps the state in $HOME/.node-agent-state: each
+// gateway user's home for the profile, so each user's sessions apart.
 
 import { Readable, Writable } from "node:stream";
 import { randomUUID } from "node:crypto";
 import * as path from "node:path";
 import * as fs from "node:fs";
 import * as acp from "@agentclientprotocol/sdk";
+import { z } from "zod";
 
 const AGENT_NAME = "acp-gateway-sdk-node-agent";
 
@@ -92,7 +106,19 @@ const log = (...args) => console.error(`[${AGENT_NAME}]`, ...args);
 const sessions = new Map();
 
 /** Where session histories are kept (loadSession), or null. */
-const STATE_DIR = process.env.ACP_TEST_AGENT_STATE || null;
+const STATE_DIR = (() => {
+  const dir = process.env.ACP_TEST_AGENT_STATE || null;
+  if (dir !== "home") return dir;
+  const inHome = path.join(process.env.HOME, ".node-agent-state");
+  fs.mkdirSync(inHome, { recursive: true });
+  return inHome;
+})();
+if (STATE_DIR && process.env.ACP_TEST_AGENT_PIDS === "1") {
+  fs.appendFileSync(path.join(STATE_DIR, "pids"), `${process.pid}\n`);
+}
+const FORK = process.env.ACP_TEST_AGENT_FORK === "1";
+const LIST = process.env.ACP_TEST_AGENT_LIST === "1";
+const LIST_PAGE = Number.parseInt(process.env.ACP_TEST_AGENT_LIST_PAGE ?? "50", 10);
 const RESUME = process.env.ACP_TEST_AGENT_RESUME === "1";
 const CLOSE = process.env.ACP_TEST_AGENT_CLOSE === "1";
 const AUTH = process.env.ACP_TEST_AGENT_AUTH || null;
@@ -176,6 +202,38 @@ function readHistory(sessionId) {
   } catch {
     return null;
   }
+}
+
+function metaFile(sessionId) {
+  return historyFile(sessionId).replace(/\.json$/, ".meta.json");
+}
+
+/** What session/list says of a session: { sessionId, cwd, title, updatedAt }. */
+function readMeta(sessionId) {
+  try {
+    return JSON.parse(fs.readFileSync(metaFile(sessionId), "utf8"));
+  } catch {
+    return null;
+  }
+}
+
+/** Records the session for session/list (only with STATE_DIR). */
+function touchMeta(sessionId, cwd, title) {
+  if (!STATE_DIR) return;
+  const meta = readMeta(sessionId) ?? { sessionId, cwd, title: null };
+  if (cwd) meta.cwd = cwd;
+  if (!meta.title && title) meta.title = title;
+  meta.updatedAt = new Date().toISOString();
+  fs.writeFileSync(metaFile(sessionId), JSON.stringify(meta));
+}
+
+/** Every session kept, newest first. */
+function keptSessions() {
+  return fs
+    .readdirSync(STATE_DIR)
+    .filter((f) => f.endsWith(".meta.json"))
+    .map((f) => JSON.parse(fs.readFileSync(path.join(STATE_DIR, f), "utf8")))
+    .sort((a, b) => (b.updatedAt ?? "").localeCompare(a.updatedAt ?? "") || a.sessionId.localeCompare(b.sessionId));
 }
 
 /** Remembers an update of the session's history (only with STATE_DIR). */
@@ -487,6 +545,8 @@ const app = acp
     log("initialize, client protocolVersion", params.protocolVersion);
     const sessionCapabilities = {};
     if (RESUME && STATE_DIR) sessionCapabilities.resume = {};
+    if (FORK && STATE_DIR) sessionCapabilities.fork = {};
+    if (LIST && STATE_DIR) sessionCapabilities.list = {};
     if (CLOSE) sessionCapabilities.close = {};
     return {
       protocolVersion: acp.PROTOCOL_VERSION,
@@ -519,6 +579,7 @@ const app = acp
     const settings = defaultSettings();
     sessions.set(sessionId, { cwd: params.cwd, turn: null, settings });
     if (STATE_DIR) fs.writeFileSync(historyFile(sessionId), "[]");
+    touchMeta(sessionId, params.cwd, null);
     log("session/new", sessionId, "cwd", params.cwd);
     // As real agents do: the commands follow the answer.
     setImmediate(() =>
@@ -558,6 +619,35 @@ const app = acp
     sessions.set(sessionId, { cwd: params.cwd, turn: null, settings });
     log("session/resume", sessionId);
     return { modes: modeState(settings), configOptions: configOptions(settings) };
+  })
+  // Unstable in the SDK: its stable builder needs the params' parser.
+  .onRequest("session/fork", z.looseObject({ sessionId: z.string(), cwd: z.string() }), ({ params }) => {
+    record("session/fork", params);
+    requireAuth();
+    const history = STATE_DIR ? readHistory(params.sessionId) : null;
+    if (!FORK || !history) throw acp.RequestError.resourceNotFound(params.sessionId);
+    const sessionId = `fork_${randomUUID()}`;
+    const settings = savedSettings(params.sessionId);
+    fs.writeFileSync(historyFile(sessionId), JSON.stringify(history));
+    saveSettings(sessionId, settings);
+    const title = readMeta(params.sessionId)?.title;
+    touchMeta(sessionId, params.cwd, title ? `${title} (forked)` : null);
+    sessions.set(sessionId, { cwd: params.cwd, turn: null, settings });
+    log("session/fork", params.sessionId, "->", sessionId);
+    return { sessionId, modes: modeState(settings), configOptions: configOptions(settings) };
+  })
+  .onRequest(acp.methods.agent.session.list, ({ params }) => {
+    record("session/list", params);
+    requireAuth();
+    if (!LIST || !STATE_DIR) throw acp.RequestError.methodNotFound("session/list");
+    const all = keptSessions().filter((s) => !params.cwd || s.cwd === params.cwd);
+    const from = params.cursor ? Number.parseInt(params.cursor, 10) : 0;
+    if (!Number.isInteger(from) || from < 0) {
+      throw acp.RequestError.invalidParams({ cursor: params.cursor }, "no such cursor");
+    }
+    const page = all.slice(from, from + LIST_PAGE);
+    const next = from + LIST_PAGE < all.length ? String(from + LIST_PAGE) : undefined;
+    return { sessions: page, ...(next ? { nextCursor: next } : {}) };
   })
   .onRequest(acp.methods.agent.session.close, ({ params }) => {
     record("session/close", params);
@@ -614,6 +704,7 @@ const app = acp
     session.turn = turn;
     try {
       const text = promptText(params.prompt);
+      touchMeta(sessionId, null, text.slice(0, 80));
       remember(sessionId, {
         sessionUpdate: "user_message_chunk",
         content: { type: "text", text },

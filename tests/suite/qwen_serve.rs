@@ -25,7 +25,7 @@ const REQUIRE_QWEN: &str = "ACP_GATEWAY_REQUIRE_QWEN";
 
 /// The `qwen` launcher, once installed; `None` (the test skips, saying so)
 /// where it is not and `ACP_GATEWAY_REQUIRE_QWEN` is unset.
-fn qwen_bin() -> Option<PathBuf> {
+pub(super) fn qwen_bin() -> Option<PathBuf> {
     let bin =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/real-agents/node_modules/.bin/qwen");
     if !bin.exists() && std::env::var_os(REQUIRE_QWEN).is_some() {
@@ -52,7 +52,7 @@ fn qwen_bin() -> Option<PathBuf> {
 /// holding `SHELL<<command>>` gets a `run_shell_command` tool call; the
 /// tool's result gets "The command ran."; anything else (qwen's own side
 /// requests included) gets "Hello from the fake model.", in pieces.
-struct FakeModel {
+pub(super) struct FakeModel {
     port: u16,
     /// Every request body, in order.
     requests: Arc<Mutex<Vec<Value>>>,
@@ -64,7 +64,7 @@ const GREETING: [&str; 4] = ["Hello ", "from the ", "fake ", "model."];
 const AFTER_TOOL: [&str; 2] = ["The command ", "ran."];
 
 impl FakeModel {
-    async fn start() -> FakeModel {
+    pub(super) async fn start() -> FakeModel {
         let requests = Arc::new(Mutex::new(Vec::new()));
         let seen = requests.clone();
         let app = axum::Router::new()
@@ -105,11 +105,11 @@ impl FakeModel {
         }
     }
 
-    fn base_url(&self) -> String {
+    pub(super) fn base_url(&self) -> String {
         format!("http://127.0.0.1:{}/v1", self.port)
     }
 
-    async fn stop(self) {
+    pub(super) async fn stop(self) {
         self.stop.cancel();
         // Connections qwen keeps alive are not waited for.
         self.task.abort();

@@ -1264,3 +1264,99 @@ async fn a_notification_on_this_device_answers_the_request_from_its_button() {
     assert_eq!(answered["decision"]["via"], "notification");
     browser.close().await;
 }
+
+/// "Fork from here" on the newest message opens the fork, which shows the
+/// history so far; the new-conversation form lists the agent's own
+/// sessions, and "Continue" takes one begun elsewhere over.
+#[tokio::test]
+async fn a_fork_and_a_session_begun_elsewhere_are_opened_from_the_page() {
+    let db = db().await;
+    let (_dir, work) = work_dir();
+    let mut sdk = sdk_agent(&work);
+    for (k, v) in [
+        ("ACP_TEST_AGENT_STATE", "home"),
+        ("ACP_TEST_AGENT_FORK", "1"),
+        ("ACP_TEST_AGENT_LIST", "1"),
+    ] {
+        sdk.env.insert(k.into(), v.into());
+    }
+    let gw = TestGateway::start(&db, vec![sdk]).await;
+    let Some(mut browser) = Browser::open(&gw).await else {
+        return;
+    };
+    let conversation = gw.create("sdk").await;
+    turn_ended(&gw, &conversation, "first").await;
+    browser.goto(&format!("/#/c/{conversation}")).await;
+    browser
+        .wait_for_text("section.message.agent", "You said: first")
+        .await;
+    browser.click("button", "Fork from here").await;
+    browser.wait_for_text("#origin", "Forked from").await;
+    browser.wait_for_text("h1", "(fork)").await;
+    browser
+        .wait_for_text("section.message.agent", "You said: first")
+        .await;
+    assert_eq!(browser.texts("section.message.user .text").await, ["first"]);
+    // The fork's view and its button pass axe-core as every view does.
+    let violations = browser.run(json!({"do": "axe"})).await;
+    assert_eq!(violations, json!([]), "fork: {violations:#}");
+    let shot = browser.screenshot("fork.png", false).await;
+    eprintln!("fork screenshot: {}", shot.display());
+    let (_, list) = gw.get("/api/v1/conversations").await;
+    let fork = list["items"][0].clone();
+    assert_eq!(
+        fork["forked_from"]["conversation_id"],
+        conversation.as_str()
+    );
+
+    // A session begun at the desk, in this user's home for the agent.
+    let state = db.state_dir().join("homes/anonymous/sdk/.node-agent-state");
+    std::fs::write(
+        state.join("desk-1.json"),
+        json!([
+            {"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": "hello from the desk"}},
+            {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "You said: hello from the desk"}}
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        state.join("desk-1.meta.json"),
+        json!({"sessionId": "desk-1", "cwd": work, "title": "At the desk",
+               "updatedAt": "2026-12-01T10:00:00.000Z"})
+        .to_string(),
+    )
+    .unwrap();
+    browser.goto("/#/conversations").await;
+    browser
+        .run(json!({"do": "wait", "selector": "#new-agent option", "state": "attached"}))
+        .await;
+    browser.click("button", "Continue a session…").await;
+    browser
+        .wait_for_text("li.session[data-session=desk-1]", "At the desk")
+        .await;
+    // The gateway's own conversations hold theirs: opened, not taken.
+    assert_eq!(
+        browser
+            .texts("li.session button")
+            .await
+            .iter()
+            .filter(|t| *t == "Continue")
+            .count(),
+        1
+    );
+    let violations = browser.run(json!({"do": "axe"})).await;
+    assert_eq!(
+        violations,
+        json!([]),
+        "the agent's sessions: {violations:#}"
+    );
+    let shot = browser.screenshot("agent-sessions.png", true).await;
+    eprintln!("sessions screenshot: {}", shot.display());
+    browser.click("button", "Continue").await;
+    browser.wait_for_text("#origin", "desk-1").await;
+    browser
+        .wait_for_text("section.message.agent", "You said: hello from the desk")
+        .await;
+    browser.close().await;
+}
