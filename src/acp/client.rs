@@ -136,16 +136,7 @@ impl AgentSession {
         state: &mut AgentReport,
         incoming: &mut Inbox<Incoming>,
     ) -> Result<Opening> {
-        let mut shake = Handshake {
-            peer: &peer,
-            process,
-            timeout: profile.startup_timeout,
-            incoming,
-            kept: Vec::new(),
-            auth_methods: Vec::new(),
-            auth_method: profile.auth_method.as_deref(),
-            authenticated: false,
-        };
+        let mut shake = Handshake::new(&peer, process, profile, incoming);
         let (init, offers) = shake.initialize(profile).await?;
         let capabilities = &init.agent_capabilities;
         state.prompt_capabilities = Some(to_json(&capabilities.prompt_capabilities));
@@ -384,6 +375,28 @@ struct Handshake<'a> {
     /// The profile's `auth_method`.
     auth_method: Option<&'a str>,
     authenticated: bool,
+}
+
+impl<'a> Handshake<'a> {
+    /// A handshake with the agent of `profile` on `peer`, before
+    /// `initialize`.
+    fn new(
+        peer: &'a RpcPeer,
+        process: &'a mut AgentProcess,
+        profile: &'a AgentProfile,
+        incoming: &'a mut Inbox<Incoming>,
+    ) -> Handshake<'a> {
+        Handshake {
+            peer,
+            process,
+            timeout: profile.startup_timeout,
+            incoming,
+            kept: Vec::new(),
+            auth_methods: Vec::new(),
+            auth_method: profile.auth_method.as_deref(),
+            authenticated: false,
+        }
+    }
 }
 
 impl Handshake<'_> {

@@ -4,15 +4,15 @@
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
-use super::extract::{exactly_one, AppJson, AppPath, AppQuery, Authed, Find, Visible};
+use super::extract::{AppJson, AppPath, AppQuery, Authed, Find, Visible};
 use super::openapi::{
-    ContentBlock, ConversationList, EventList, FileChangeList, MessageList, RuleList, ToolCallList,
+    ConversationList, EventList, FileChangeList, MessageList, RuleList, ToolCallList,
 };
 use super::page::{cut, newest_first, paged, paged_as, whole};
 use super::responses::{
@@ -26,17 +26,20 @@ use crate::model::{
     event_type, Conversation, ConversationView, Event, EventBody, FileChange, Message, Page, Rule,
     ToolCall,
 };
-use crate::session::command::{Prompted, WhileRunning};
 use crate::session::Setting;
+pub(crate) use paths::ConversationPath;
+pub(crate) use prompts::{edited_content, prompt_content, Started};
 use starting::NewConversation;
 
+mod prompts;
 mod starting;
+mod paths;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create, list))
         .routes(routes!(show, close))
-        .routes(routes!(prompt))
+        .routes(routes!(prompts::prompt))
         .routes(routes!(cancel))
         .routes(routes!(set_mode))
         .routes(routes!(set_config_option))
@@ -205,16 +208,6 @@ async fn list(
     Ok(Json(cut(items, limit, |c| c.id.to_string())))
 }
 
-/// The conversation a path names (`AppPath<Uuid>` reads it; this type only
-/// documents it: a field's doc comment is its parameter's description).
-#[derive(IntoParams)]
-#[into_params(parameter_in = Path)]
-#[allow(dead_code)]
-pub(super) struct ConversationPath {
-    /// The conversation
-    id: Uuid,
-}
-
 /// A remembered rule of a conversation, as a path names it (documentation
 /// only, as [`ConversationPath`]).
 #[derive(IntoParams)]
@@ -259,197 +252,6 @@ async fn show(Visible { item, .. }: Visible<Conversation>) -> Json<Conversation>
 async fn close(Visible { state, item, .. }: Visible<Conversation>) -> Result<StatusCode> {
     state.sessions().close(&item).await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// A prompt: exactly one of `text` and `content`.
-#[derive(Serialize, ToSchema)]
-#[serde(untagged)]
-#[schema(as = Prompt)]
-enum PromptBody {
-    Text(TextPrompt),
-    Content(ContentPrompt),
-}
-
-/// A prompt of plain text (one text block).
-#[derive(Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-struct TextPrompt {
-    text: String,
-    /// While a turn runs: queue the prompt (the default) or refuse it
-    /// (`false`: 409 `turn_in_progress`).
-    #[serde(default)]
-    queue: Option<bool>,
-    /// Cancel the running turn and send this prompt next, ahead of the
-    /// queue (default `false`).
-    #[serde(default)]
-    steer: Option<bool>,
-}
-
-/// A prompt of ACP content blocks.
-#[derive(Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-struct ContentPrompt {
-    /// 1 to 1000 blocks, each with a string `type`.
-    #[schema(value_type = Vec<ContentBlock>, min_items = 1, max_items = 1000)]
-    content: Vec<Value>,
-    /// While a turn runs: queue the prompt (the default) or refuse it
-    /// (`false`: 409 `turn_in_progress`).
-    #[serde(default)]
-    queue: Option<bool>,
-    /// Cancel the running turn and send this prompt next, ahead of the
-    /// queue (default `false`).
-    #[serde(default)]
-    steer: Option<bool>,
-}
-
-impl<'de> Deserialize<'de> for PromptBody {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        exactly_one(
-            d,
-            ("text", PromptBody::Text),
-            ("content", PromptBody::Content),
-        )
-    }
-}
-
-impl PromptBody {
-    /// Its content, checked, and what it does while a turn runs.
-    fn read(self) -> Result<(Vec<Value>, WhileRunning)> {
-        let (content, queue, steer) = match self {
-            PromptBody::Text(TextPrompt { text, queue, steer }) => {
-                (vec![json!({"type": "text", "text": text})], queue, steer)
-            }
-            PromptBody::Content(ContentPrompt {
-                content,
-                queue,
-                steer,
-            }) => (content, queue, steer),
-        };
-        let while_running = match (steer, queue) {
-            (Some(true), _) => WhileRunning::Steer,
-            (_, Some(false)) => WhileRunning::Refuse,
-            _ => WhileRunning::Queue,
-        };
-        Ok((prompt_content(content)?, while_running))
-    }
-}
-
-/// A prompt's content as a queued prompt's edit gives it (see `queue.rs`).
-pub(super) fn edited_content(
-    text: Option<String>,
-    content: Option<Vec<Value>>,
-) -> Result<Option<Vec<Value>>> {
-    match (text, content) {
-        (Some(_), Some(_)) => Err(Error::Unprocessable(
-            "give at most one of text or content".into(),
-        )),
-        (Some(text), None) => Ok(Some(vec![json!({"type": "text", "text": text})])),
-        (None, Some(content)) => prompt_content(content).map(Some),
-        (None, None) => Ok(None),
-    }
-}
-
-/// A prompt's ACP content blocks, checked as every prompt is (over REST or
-/// from an ACP client): 1 to 1000 blocks, each with a string `type`.
-pub(super) fn prompt_content(content: Vec<Value>) -> Result<Vec<Value>> {
-    if content.is_empty() {
-        return Err(Error::Unprocessable("content must not be empty".into()));
-    }
-    limits::count("content", content.len(), limits::PROMPT_MAX_BLOCKS)?;
-    for (i, block) in content.iter().enumerate() {
-        if block.get("type").and_then(Value::as_str).is_none() {
-            return Err(Error::Unprocessable(format!(
-                "content[{i}] must be an ACP ContentBlock with a string \"type\""
-            )));
-        }
-    }
-    Ok(content)
-}
-
-/// What became of a prompt: a turn started, or (while one runs) it was
-/// queued.
-#[derive(Serialize, ToSchema)]
-#[serde(untagged)]
-#[schema(as = PromptAccepted)]
-enum Accepted {
-    Started(Started),
-    Queued(Queued),
-}
-
-/// The turn a prompt started.
-#[derive(Serialize, ToSchema)]
-#[schema(as = TurnStartedAnswer)]
-pub(super) struct Started {
-    /// `false`.
-    queued: bool,
-    turn_id: Uuid,
-}
-
-impl Started {
-    pub(super) fn new(turn_id: Uuid) -> Started {
-        Started {
-            queued: false,
-            turn_id,
-        }
-    }
-}
-
-/// A prompt queued while a turn runs.
-#[derive(Serialize, ToSchema)]
-#[schema(as = PromptQueuedAnswer)]
-struct Queued {
-    /// `true`.
-    queued: bool,
-    /// The queued prompt's id (`…/queue/{prompt_id}`), which is also the id
-    /// of the turn it starts.
-    id: Uuid,
-    /// Its place in the queue: 0 starts next.
-    position: usize,
-}
-
-/// Starts a turn; it streams as events. An agent that has gone is started
-/// again first. While a turn runs, the prompt is queued (202 with
-/// `"queued": true`; it starts when that turn ends with `end_turn`), or
-/// refused with `"queue": false`, or (`"steer": true`) sent next: the
-/// running turn is cancelled.
-#[utoipa::path(
-    post, operation_id = "prompt", path = "/api/v1/conversations/{id}/prompts", tag = "conversations",
-    params(ConversationPath),
-    request_body = PromptBody,
-    responses(
-        (status = 202, description = "The turn started, or the prompt was queued", body = Accepted),
-        NoConversation,
-        (status = 409, description = "`turn_in_progress` (with `\"queue\": false`), `queue_full`, `conversation_closed` or `agent_unavailable`"),
-        (status = 422, description = "Invalid prompt"),
-        (status = 429, description = "Too many prompts for the token, or the agent has to be started again and all the agents the owner may run are busy (`max_agents_per_user`); `Retry-After`"),
-        (status = 502, description = "The agent could not be started again"),
-        AtCapacity,
-        AgentTimeout,
-    )
-)]
-async fn prompt(
-    Visible {
-        state,
-        caller,
-        item,
-    }: Visible<Conversation>,
-    AppJson(body): AppJson<PromptBody>,
-) -> Result<impl IntoResponse> {
-    let (content, while_running) = body.read()?;
-    state.auth().check_rate(&caller, Limited::Prompt)?;
-    let prompted = state
-        .sessions()
-        .prompt(&item, content, while_running, Some(caller.decided_by()))
-        .await?;
-    let accepted = match prompted {
-        Prompted::Started(turn_id) => Accepted::Started(Started::new(turn_id)),
-        Prompted::Queued { id, position } => Accepted::Queued(Queued {
-            queued: true,
-            id,
-            position,
-        }),
-    };
-    Ok((StatusCode::ACCEPTED, Json(accepted)))
 }
 
 /// Cancels the running turn (`session/cancel`; its pending permission

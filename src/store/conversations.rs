@@ -52,13 +52,21 @@ pub trait ConversationStore: Send + Sync {
         owner: Option<&str>,
         cwd: Option<&str>,
     ) -> Result<Vec<Conversation>>;
-    /// The ACP `promptCapabilities` the newest conversation of the agent
-    /// profile `agent` whose agent answered `initialize` recorded.
-    async fn agent_prompt_capabilities(&self, agent: &str) -> Result<Option<serde_json::Value>>;
     /// What the newest conversation of the agent profile `agent` whose agent
-    /// answered `initialize` recorded it offers for sessions (see
-    /// [`crate::model::SessionOffers`]).
-    async fn agent_session_capabilities(&self, agent: &str) -> Result<Option<serde_json::Value>>;
+    /// answered `initialize` recorded as `member` of its report (an object),
+    /// looking at a few of the newest: one whose agent never started
+    /// recorded none.
+    async fn agent_reported(&self, agent: &str, member: &str) -> Result<Option<serde_json::Value>>;
+    /// The ACP `promptCapabilities` the agent profile's newest conversation
+    /// recorded (see [`ConversationStore::agent_reported`]).
+    async fn agent_prompt_capabilities(&self, agent: &str) -> Result<Option<serde_json::Value>> {
+        self.agent_reported(agent, "prompt_capabilities").await
+    }
+    /// What the agent profile's newest conversation recorded its agent
+    /// offers for sessions (see [`crate::model::SessionOffers`]).
+    async fn agent_session_capabilities(&self, agent: &str) -> Result<Option<serde_json::Value>> {
+        self.agent_reported(agent, "session_capabilities").await
+    }
     /// Conversations whose status says they were busy with their agent
     /// (starting, running a turn, awaiting a permission), each with the turn
     /// it was running.
@@ -190,12 +198,11 @@ macro_rules! impl_conversation_store {
                     .collect()
                 }
 
-                async fn agent_prompt_capabilities(
+                async fn agent_reported(
                     &self,
                     agent: &str,
+                    member: &str,
                 ) -> Result<Option<serde_json::Value>> {
-                    // A few of the newest: one whose agent never started
-                    // recorded none.
                     let states: Vec<(Option<sqlx::types::Json<serde_json::Value>>,)> =
                         sqlx::query_as(
                             "select agent_state from conversations
@@ -206,8 +213,8 @@ macro_rules! impl_conversation_store {
                         .fetch_all(&self.pool)
                         .await?;
                     Ok(states.into_iter().find_map(|(state,)| {
-                        let capabilities = state?.0.get("prompt_capabilities")?.clone();
-                        capabilities.is_object().then_some(capabilities)
+                        let reported = state?.0.get(member)?.clone();
+                        reported.is_object().then_some(reported)
                     }))
                 }
 
@@ -235,25 +242,6 @@ macro_rules! impl_conversation_store {
                         }
                     }
                     Ok(theirs)
-                }
-
-                async fn agent_session_capabilities(
-                    &self,
-                    agent: &str,
-                ) -> Result<Option<serde_json::Value>> {
-                    let states: Vec<(Option<sqlx::types::Json<serde_json::Value>>,)> =
-                        sqlx::query_as(
-                            "select agent_state from conversations
-                             where agent = $1 and agent_state is not null
-                             order by id desc limit 20",
-                        )
-                        .bind(agent)
-                        .fetch_all(&self.pool)
-                        .await?;
-                    Ok(states.into_iter().find_map(|(state,)| {
-                        let offers = state?.0.get("session_capabilities")?.clone();
-                        offers.is_object().then_some(offers)
-                    }))
                 }
 
                 async fn live_conversations(&self) -> Result<Vec<(Conversation, Option<Uuid>)>> {

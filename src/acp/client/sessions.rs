@@ -46,16 +46,7 @@ impl AgentSession {
         cursor: Option<&str>,
         incoming: &mut Inbox<Incoming>,
     ) -> Result<SessionPage> {
-        let mut shake = Handshake {
-            peer: &peer,
-            process,
-            timeout: profile.startup_timeout,
-            incoming,
-            kept: Vec::new(),
-            auth_methods: Vec::new(),
-            auth_method: profile.auth_method.as_deref(),
-            authenticated: false,
-        };
+        let mut shake = Handshake::new(&peer, process, profile, incoming);
         let (_, offers) = shake.initialize(profile).await?;
         if !offers.list {
             return Err(Error::NotSupported(

@@ -83,23 +83,11 @@ impl Task {
             kind: Default::default(),
         };
         tracing::info!(permission_id = %permission.id, "agent asks permission");
-        if self
-            .turns
-            .turn
-            .as_ref()
-            .is_some_and(|turn| turn.cancel_requested)
-        {
+        if self.crossed_the_cancel() {
             // It crossed the turn's cancel: answered as the requests waiting
             // when the cancel was sent were (the ACP cancel rule), neither
             // by a person nor by a policy.
-            let decision = Decision::new(
-                Answer::Cancelled,
-                "system".into(),
-                Some("asked after the turn was cancelled".into()),
-            );
-            return self
-                .answer_at_once(request, permission, PermissionStatus::Cancelled, decision)
-                .await;
+            return self.cancelled_at_once(request, permission).await;
         }
         // With the database away: the policies as last seen, no remembered
         // answers (a person is asked rather than anything assumed).
@@ -198,20 +186,8 @@ impl Task {
             kind: WaitingKind::Question,
         };
         tracing::info!(question_id = %question.id, "agent asks a question");
-        if self
-            .turns
-            .turn
-            .as_ref()
-            .is_some_and(|turn| turn.cancel_requested)
-        {
-            let decision = Decision::new(
-                Answer::Cancelled,
-                "system".into(),
-                Some("asked after the turn was cancelled".into()),
-            );
-            return self
-                .answer_at_once(request, question, PermissionStatus::Cancelled, decision)
-                .await;
+        if self.crossed_the_cancel() {
+            return self.cancelled_at_once(request, question).await;
         }
         self.journal.add_permission_request(&question, None);
         self.requests.pending.park(question, request.responder);
@@ -246,6 +222,25 @@ impl Task {
         self.resolve(id, PermissionStatus::Approved, decision)
             .await
             .map(drop)
+    }
+
+    /// Whether a request asked now crossed the running turn's cancel.
+    fn crossed_the_cancel(&self) -> bool {
+        let turn = self.turns.turn.as_ref();
+        turn.is_some_and(|turn| turn.cancel_requested)
+    }
+
+    /// Answers a request that crossed the turn's cancel as the cancel rule
+    /// says: cancelled, by the system.
+    async fn cancelled_at_once(
+        &mut self,
+        request: IncomingRequest,
+        asked: PermissionRequest,
+    ) -> Result<()> {
+        let why = Some("asked after the turn was cancelled".into());
+        let decision = Decision::new(Answer::Cancelled, "system".into(), why);
+        self.answer_at_once(request, asked, PermissionStatus::Cancelled, decision)
+            .await
     }
 
     /// Answers a request as it arrives (by policy, or cancelled): requested
