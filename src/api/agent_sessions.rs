@@ -33,6 +33,7 @@ const CURSOR_MAX_CHARS: usize = 2048;
 #[allow(dead_code)]
 struct AgentPath {
     /// The agent profile's name
+    #[param(min_length = 1, max_length = 64, pattern = "^[a-z0-9_-]+$")]
     name: String,
 }
 
@@ -43,10 +44,14 @@ struct SessionsQuery {
     /// `allowed_roots`, else 403; there, else 404). Without it: every session
     /// the agent keeps for the caller whose directory the caller may use,
     /// the agent started in the profile's `cwd`.
-    #[param(min_length = 1, max_length = 1024)]
+    #[param(min_length = 1, max_length = 1024, pattern = "^/[^\\u0000]*$")]
     cwd: Option<String>,
     /// The `next_cursor` of the previous page (the agent's own, opaque).
-    #[param(min_length = 1, max_length = 2048)]
+    #[param(
+        min_length = 1,
+        max_length = 2048,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
+    )]
     cursor: Option<String>,
 }
 

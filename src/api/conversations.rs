@@ -28,7 +28,7 @@ use crate::model::{
 };
 use crate::session::Setting;
 pub(crate) use paths::ConversationPath;
-pub(crate) use prompts::{edited_content, prompt_content, Started};
+pub(crate) use prompts::{prompt_content, Started};
 use starting::NewConversation;
 
 mod prompts;

@@ -173,10 +173,12 @@ fn fork_body(headers: &HeaderMap, body: &[u8]) -> Result<ForkBody> {
             "expected a JSON body with Content-Type: application/json".into(),
         ));
     }
-    serde_json::from_slice(body).map_err(|e| match e.classify() {
+    // `null` is no body too (the document's body is optional).
+    let body: Option<ForkBody> = serde_json::from_slice(body).map_err(|e| match e.classify() {
         serde_json::error::Category::Data => Error::Unprocessable(e.to_string()),
         _ => Error::BadRequest(e.to_string()),
-    })
+    })?;
+    Ok(body.unwrap_or(ForkBody { at: None }))
 }
 
 /// "<title> (fork)", within the longest title.

@@ -6,21 +6,21 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::json;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
-use super::conversations::{edited_content, ConversationPath, Started};
+use super::conversations::{ConversationPath, Started};
 use super::extract::{AppJson, AppPath, Visible};
-use super::openapi::{ContentBlock, QueuedPromptList};
+use super::openapi::QueuedPromptList;
 use super::page::whole;
 use super::responses::{AgentTimeout, AtCapacity, NoConversation};
 use super::state::AppState;
 use crate::auth::Limited;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::{Conversation, Page, QueuedPrompt};
-use crate::session::queue::QueueEdit;
+use crate::session::queue::{QueueEdit, QUEUE_MAX};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -54,23 +54,45 @@ async fn list(Visible { item, .. }: Visible<Conversation>) -> Json<Page<QueuedPr
     whole(item.queue)
 }
 
-/// A change to a queued prompt: new content (at most one of `text` and
-/// `content`), a new place, or both.
+/// A change to a queued prompt: new text, a new place, or both.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(as = QueuedPromptChange)]
 struct EditBody {
-    /// The prompt's new text (one text block).
+    /// The prompt's new text (its content becomes this one text block).
     text: Option<String>,
-    /// The prompt's new ACP content blocks (1 to 1000).
-    #[schema(value_type = Option<Vec<ContentBlock>>, min_items = 1, max_items = 1000)]
-    content: Option<Vec<Value>>,
     /// Its new place: 0 starts next; past the end is last.
-    #[schema(minimum = 0)]
-    position: Option<usize>,
+    #[schema(minimum = 0, maximum = 19)]
+    #[serde(default, deserialize_with = "whole_position")]
+    position: Option<u32>,
 }
 
-/// Changes a queued prompt (its content, its place, or both), recorded as
+/// A place as JSON Schema's `integer` reads it: any number without a
+/// fractional part, so `3.0` is 3 (a generated client may send it so).
+fn whole_position<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<u32>, D::Error> {
+    use serde::de::Error as _;
+    let Some(number) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let whole = number.as_u64().or_else(|| {
+        number
+            .as_f64()
+            .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= f64::from(u32::MAX))
+            .map(|f| f as u64)
+    });
+    whole
+        .and_then(|n| u32::try_from(n).ok())
+        .map(Some)
+        .ok_or_else(|| {
+            D::Error::custom(format!(
+                "position must be a whole number from 0, not {number}"
+            ))
+        })
+}
+
+/// Changes a queued prompt (its text, its place, or both), recorded as
 /// `queue_changed`. A prompt that has started is 409 `already_started`.
 #[utoipa::path(
     patch, operation_id = "editQueuedPrompt", path = "/api/v1/conversations/{id}/queue/{prompt_id}", tag = "conversations",
@@ -92,11 +114,19 @@ async fn edit(
     AppPath((_id, prompt_id)): AppPath<(Uuid, Uuid)>,
     AppJson(body): AppJson<EditBody>,
 ) -> Result<Json<Page<QueuedPrompt>>> {
-    let content = edited_content(body.text, body.content)?;
+    let content = body
+        .text
+        .map(|text| vec![json!({"type": "text", "text": text})]);
+    if body.position.is_some_and(|p| p as usize >= QUEUE_MAX) {
+        return Err(Error::Unprocessable(format!(
+            "position must be 0 to {} (a queue holds at most {QUEUE_MAX})",
+            QUEUE_MAX - 1
+        )));
+    }
     let edit = QueueEdit::Change {
         prompt: prompt_id,
         content,
-        position: body.position,
+        position: body.position.map(|p| p as usize),
     };
     let changed = state
         .sessions()

@@ -93,21 +93,6 @@ impl PromptBody {
     }
 }
 
-/// A prompt's content as a queued prompt's edit gives it (see `queue.rs`).
-pub(crate) fn edited_content(
-    text: Option<String>,
-    content: Option<Vec<Value>>,
-) -> Result<Option<Vec<Value>>> {
-    match (text, content) {
-        (Some(_), Some(_)) => Err(Error::Unprocessable(
-            "give at most one of text or content".into(),
-        )),
-        (Some(text), None) => Ok(Some(vec![json!({"type": "text", "text": text})])),
-        (None, Some(content)) => prompt_content(content).map(Some),
-        (None, None) => Ok(None),
-    }
-}
-
 /// A prompt's ACP content blocks, checked as every prompt is (over REST or
 /// from an ACP client): 1 to 1000 blocks, each with a string `type`.
 pub(crate) fn prompt_content(content: Vec<Value>) -> Result<Vec<Value>> {
