@@ -20,6 +20,7 @@ const SHELL = [
   "/ui/dom.js",
   "/ui/live.js",
   "/ui/render.js",
+  "/ui/question.js",
   "/ui/markdown.js",
   "/ui/notify.js",
   "/ui/manifest.webmanifest",
