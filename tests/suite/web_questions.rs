@@ -313,3 +313,77 @@ async fn questions_in_a_conversation_are_declined_followed_live_and_a_url_questi
         .await;
     browser.close().await;
 }
+
+/// A yes/no question notified while nobody looks: the service worker shows
+/// it as the agent's question with Yes and No, and a tap on No answers it
+/// through its action URL (the agent gets `{"go": false}`).
+#[tokio::test]
+async fn a_yes_no_question_is_answered_from_its_notification_on_this_device() {
+    let Some((mut browser, origin)) = Browser::launch(None).await else {
+        return;
+    };
+    let db = crate::web_client::db().await;
+    let (receiver_url, mut received) = crate::web_client::receiver().await;
+    let mut config = Config::for_tests(&db, vec![node_sdk_profile("sdk")]);
+    config.notifications.base_url = Some(origin.clone());
+    config.notifications.grace = std::time::Duration::from_millis(100);
+    config.notifications.allow_private_targets = true;
+    let gw = TestGateway::start_with(config).await;
+    browser.run(json!({"do": "upstream", "url": gw.base})).await;
+    browser.goto("/#/settings").await;
+    browser.run(json!({"do": "sw_ready"})).await;
+    let (status, hook) = gw
+        .post(
+            "/api/v1/notification-targets",
+            json!({"kind": "webhook", "url": format!("{receiver_url}/hook"), "label": "hook"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{hook}");
+
+    // Nobody looks: the page leaves the app (its sockets close), the agent asks.
+    browser.goto("/ui/app.css").await;
+    let (conversation, mut ws) = gw.open_conversation("sdk").await;
+    let ask = json!({"mode": "form", "message": "Deploy to production now?",
+        "requestedSchema": {"type": "object", "properties": {"go": {"type": "boolean"}}}});
+    gw.prompt(&conversation, &format!("question {ask}")).await;
+    let question = asked(&mut ws).await;
+    let (path, _, body) = tokio::time::timeout(WAIT, received.recv())
+        .await
+        .expect("the gateway delivers to the webhook")
+        .unwrap();
+    assert_eq!(path, "/hook");
+    let notification: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(notification["request"]["id"], question["id"]);
+    assert_eq!(notification["request"]["kind"], "question");
+
+    browser
+        .run(json!({"do": "push", "data": notification}))
+        .await;
+    let shown = browser.run(json!({"do": "notifications"})).await;
+    assert_eq!(shown.as_array().unwrap().len(), 1, "{shown}");
+    assert_eq!(
+        shown[0]["title"], "The agent asks: Deploy to production now?",
+        "{shown}"
+    );
+    let no = r#"question-accept:{"go":false}"#;
+    assert_eq!(
+        shown[0]["actions"],
+        json!([r#"question-accept:{"go":true}"#, no]),
+        "{shown}"
+    );
+    browser
+        .run(json!({"do": "notification_click", "action": no}))
+        .await;
+    assert_eq!(
+        agent_got(&mut ws).await,
+        json!({"action": "accept", "content": {"go": false}})
+    );
+    let (_, answered) = gw
+        .get(&format!(
+            "/api/v1/questions/{}",
+            question["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(answered["answer"]["via"], "notification", "{answered}");
+    browser.close().await;
+}
