@@ -387,3 +387,99 @@ async fn a_yes_no_question_is_answered_from_its_notification_on_this_device() {
     assert_eq!(answered["answer"]["via"], "notification", "{answered}");
     browser.close().await;
 }
+
+/// Text, a URL, a date, a date and time, a long choice and a number: each
+/// its own kind of field, checked in the page, and sent as the schema says
+/// (the date and time in RFC 3339).
+#[tokio::test]
+async fn a_form_of_text_dates_a_long_choice_and_a_number_reaches_the_agent_as_filled_in() {
+    let Some(mut scene) = scene().await else {
+        return;
+    };
+    let crate::web_client::Scene { gw, browser, .. } = &mut scene;
+    let (conversation, mut ws) = gw.open_conversation("sdk").await;
+    let ask = json!({"mode": "form", "message": "Schedule the release",
+        "requestedSchema": {"type": "object", "properties": {
+            "name": {"type": "string", "title": "Service", "minLength": 2, "maxLength": 20,
+                     "pattern": "^[a-z-]+$"},
+            "site": {"type": "string", "title": "Dashboard", "format": "uri"},
+            "day": {"type": "string", "title": "Day", "format": "date"},
+            "at": {"type": "string", "title": "Start at", "format": "date-time"},
+            "size": {"type": "string", "title": "Size", "enum": ["xs", "s", "m", "l", "xl"]},
+            "share": {"type": "number", "title": "Share", "maximum": 1.5}
+        }, "required": ["name", "day"]}});
+    browser.goto(&format!("/#/c/{conversation}")).await;
+    browser.wait("#prompt").await;
+    gw.prompt(&conversation, &format!("question {ask}")).await;
+    asked(&mut ws).await;
+    browser.wait("article.question form").await;
+    let kinds = browser
+        .run(json!({"do": "attrs", "selector": "article.question input", "name": "type"}))
+        .await;
+    assert_eq!(
+        kinds,
+        json!(["text", "url", "date", "datetime-local", "number"])
+    );
+    assert_eq!(
+        browser.texts("article.question select option").await,
+        ["Choose…", "xs", "s", "m", "l", "xl"]
+    );
+    let step = browser
+        .run(json!({"do": "attrs", "selector": "article.question input[type=number]", "name": "step"}))
+        .await;
+    assert_eq!(step, json!(["any"]));
+
+    browser.fill("Service (required)", "a").await;
+    browser.click("button", "Submit").await;
+    browser
+        .wait_for_text("article.question .field-error", "At least 2 characters")
+        .await;
+    assert_eq!(
+        field_errors(browser).await,
+        ["At least 2 characters", "Required"]
+    );
+    browser.fill("Service (required)", "Billing API").await;
+    browser.fill("Day (required)", "2026-12-24").await;
+    browser.fill("Share", "2").await;
+    browser.click("button", "Submit").await;
+    browser
+        .wait_for_text("article.question .field-error", "Must be at most 1.5")
+        .await;
+    assert_eq!(
+        field_errors(browser).await,
+        ["Must match the pattern ^[a-z-]+$", "Must be at most 1.5"]
+    );
+    browser.fill("Service (required)", "billing-api").await;
+    browser.fill("Share", "0.5").await;
+    browser
+        .fill("Dashboard", "https://dash.example.org/release")
+        .await;
+    browser.fill("Start at", "2026-12-24T09:30").await;
+    browser
+        .run(json!({"do": "select", "label": "Size", "value": "xl"}))
+        .await;
+    fits(browser).await;
+    browser.click("button", "Submit").await;
+    let got = agent_got(&mut ws).await;
+    assert_eq!(got["action"], "accept", "{got}");
+    let content = &got["content"];
+    assert_eq!(content["name"], "billing-api");
+    assert_eq!(content["site"], "https://dash.example.org/release");
+    assert_eq!(content["day"], "2026-12-24");
+    assert_eq!(content["size"], "xl");
+    assert_eq!(content["share"], 0.5);
+    // The page's time zone's 09:30, as RFC 3339 in UTC.
+    let at = content["at"].as_str().unwrap();
+    assert!(
+        chrono::DateTime::parse_from_rfc3339(at).is_ok() && at.ends_with('Z'),
+        "{at}"
+    );
+    browser
+        .wait_for_text("article.question .decision", "Answered: Accepted by user:")
+        .await;
+    assert_eq!(
+        browser.texts("article.question dl.answer dt").await,
+        ["Service", "Dashboard", "Day", "Start at", "Size", "Share"]
+    );
+    browser.close().await;
+}
