@@ -404,6 +404,7 @@ async fn main() {
                 pending_only: false,
                 conversation_id: Some(uuid),
                 owner: None,
+                kind: None,
             })
             .await
             .unwrap();
