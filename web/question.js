@@ -187,11 +187,16 @@ function wrongWith(field, value, controls) {
       return s.format === "email" ? "Enter an email address" : "Enter a full address (https://…)";
     }
     if (typeof s.pattern === "string") {
+      // As written (Unicode), else as older patterns are; a pattern this
+      // browser cannot read is left to the gateway.
       let re = null;
-      try {
-        re = new RegExp(s.pattern, "u");
-      } catch {
-        // A pattern this browser cannot read: the gateway checks it.
+      for (const flags of ["u", ""]) {
+        try {
+          re = new RegExp(s.pattern, flags);
+          break;
+        } catch {
+          re = null;
+        }
       }
       if (re && !re.test(value)) return `Must match the pattern ${s.pattern}`;
     }
