@@ -46,6 +46,7 @@ const ASSETS: &[Asset] = &[
     asset!("dom.js", "text/javascript"),
     asset!("live.js", "text/javascript"),
     asset!("render.js", "text/javascript"),
+    asset!("question.js", "text/javascript"),
     asset!("markdown.js", "text/javascript"),
     asset!("notify.js", "text/javascript"),
     asset!("sw.js", "text/javascript"),

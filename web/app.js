@@ -1,4 +1,5 @@
-// acp-gateway's built-in web client: the permission inbox, conversations,
+// acp-gateway's built-in web client: the inbox (permission requests and
+// the agents' questions), conversations,
 // a conversation's live view. Plain modules, no build; everything it shows
 // comes from the API described in openapi/openapi.yaml.
 
@@ -7,6 +8,7 @@ import { h, fill, when } from "./dom.js";
 import { Live, connection } from "./live.js";
 import { markdown } from "./markdown.js";
 import { SettingsView, serviceWorker } from "./notify.js";
+import { questionCard, settleQuestion } from "./question.js";
 import {
   contentText,
   promptContent,
@@ -132,13 +134,14 @@ function signInView() {
 // ------------------------------------------------------------------ inbox
 
 /**
- * Every pending permission request the caller can see, live over
- * /api/v1/ws: the snapshot on each (re)connection, then requests as they
- * come and go.
+ * Every pending permission request and question the caller can see, live
+ * over /api/v1/ws: the snapshot on each (re)connection, then requests and
+ * questions as they come and go.
  */
 class Inbox {
   constructor() {
     this.pending = new Map();
+    this.questions = new Map();
     this.titles = new Map();
     this.list = null;
     this.live = new Live({
@@ -155,10 +158,15 @@ class Inbox {
   frame(frame) {
     if (frame.type === "snapshot") {
       this.pending = new Map(frame.pending_permissions.map((r) => [r.id, r]));
+      this.questions = new Map((frame.pending_questions ?? []).map((q) => [q.id, q]));
     } else if (frame.type === "permission_requested") {
       this.pending.set(frame.data.id, frame.data);
     } else if (frame.type === "permission_resolved") {
       this.pending.delete(frame.data.id);
+    } else if (frame.type === "question_asked") {
+      this.questions.set(frame.data.id, frame.data);
+    } else if (frame.type === "question_resolved") {
+      this.questions.delete(frame.data.id);
     } else {
       return;
     }
@@ -175,21 +183,28 @@ class Inbox {
   }
 
   render() {
-    const count = this.pending.size;
+    const count = this.pending.size + this.questions.size;
     inboxCount.hidden = count === 0;
     inboxCount.textContent = String(count);
     inboxCount.setAttribute("aria-label", `${count} waiting`);
     if (!this.list) return;
-    const requests = [...this.pending.values()].sort((a, b) =>
-      a.created_at < b.created_at ? -1 : a.created_at > b.created_at ? 1 : 0,
+    // Requests and questions in one list, the oldest first.
+    const waiting = [
+      ...[...this.pending.values()].map((item) => ({ item, question: false })),
+      ...[...this.questions.values()].map((item) => ({ item, question: true })),
+    ].sort((a, b) =>
+      a.item.created_at < b.item.created_at ? -1 : a.item.created_at > b.item.created_at ? 1 : 0,
     );
-    // Cards already shown stay (a tap in flight keeps its state).
-    const shown = new Map([...this.list.querySelectorAll("[data-request-id]")].map((c) => [c.dataset.requestId, c]));
-    const cards = requests.map(
-      (request) =>
-        shown.get(request.id) ??
-        permissionCard(request, answer, { conversation: this.title(request.conversation_id) }),
-    );
+    // Cards already shown stay (a tap in flight, or a form half filled in, keeps its state).
+    const shown = new Map([
+      ...[...this.list.querySelectorAll("[data-request-id]")].map((c) => [`r:${c.dataset.requestId}`, c]),
+      ...[...this.list.querySelectorAll("[data-question-id]")].map((c) => [`q:${c.dataset.questionId}`, c]),
+    ]);
+    const cards = waiting.map(({ item, question }) => {
+      const conversation = this.title(item.conversation_id);
+      if (question) return shown.get(`q:${item.id}`) ?? questionCard(item, { conversation });
+      return shown.get(`r:${item.id}`) ?? permissionCard(item, answer, { conversation });
+    });
     if (cards.length === 0) {
       fill(this.list, h("p.empty", {}, "Nothing is waiting for an answer."));
     } else {
@@ -618,6 +633,7 @@ class ConversationView {
     this.timeline = h("div.timeline", { id: "timeline", "aria-label": "Conversation" });
     this.toolCalls = new Map();
     this.requests = new Map();
+    this.questions = new Map();
     this.terminals = new Map();
     this.plan = null;
     this.open = null; // the message being streamed: {kind, turn, el}
@@ -1237,6 +1253,14 @@ class ConversationView {
         if (this.turn) this.showStatus("running");
         this.request(data);
         break;
+      case "question_asked":
+        this.showStatus("awaiting_permission");
+        this.question(data);
+        break;
+      case "question_resolved":
+        if (this.turn) this.showStatus("running");
+        this.question(data);
+        break;
       case "turn_ended": {
         this.turn = null;
         this.cancel.disabled = true;
@@ -1324,6 +1348,16 @@ class ConversationView {
     } else if (known) {
       settle(known, request);
     }
+  }
+
+  /** A question asked (a card to answer it), or answered (its card shows how). */
+  question(question) {
+    const known = this.questions.get(question.id);
+    if (known) {
+      if (question.status !== "pending") settleQuestion(known, question);
+      return;
+    }
+    this.questions.set(question.id, this.add(questionCard(question)));
   }
 
   terminalOutput(data) {

@@ -6,9 +6,9 @@
 //   (the next opening has what the gateway serves now). The API is never
 //   cached here, nor anything else.
 // - It shows a notification for each push the gateway sends (Web Push,
-//   end-to-end encrypted), with the request's options as buttons; a tap on
-//   one answers the request through its single-use action URL, a tap
-//   elsewhere opens the conversation.
+//   end-to-end encrypted), with the request's options (a question's one-tap
+//   answers) as buttons; a tap on one answers the request through its
+//   single-use action URL, a tap elsewhere opens the conversation.
 
 const SHELL_CACHE = "acp-gateway-shell-v1";
 /** Everything the page loads (src/web.rs embeds the same list). */
@@ -20,6 +20,7 @@ const SHELL = [
   "/ui/dom.js",
   "/ui/live.js",
   "/ui/render.js",
+  "/ui/question.js",
   "/ui/markdown.js",
   "/ui/notify.js",
   "/ui/manifest.webmanifest",
@@ -85,6 +86,11 @@ self.addEventListener("fetch", (event) => {
 function headline(n) {
   const where = n.conversation?.title || n.conversation?.agent || "acp-gateway";
   const what = n.request?.command || n.request?.title || "a tool call";
+  // An agent's question: what it asks (its actions, where it has any, are the answers).
+  if (n.request?.kind === "question" && n.count <= 1) {
+    if (n.event === "permission_waiting") return [`The agent asks: ${what}`, where];
+    if (n.event === "permission_reminder") return [`Still waiting: ${what}`, `${where}: cancelled soon if not answered`];
+  }
   switch (n.event) {
     case "permission_waiting":
       return n.count > 1

@@ -1,5 +1,5 @@
-//! `/api/v1/actions/{token}`: answering a permission request from a
-//! notification (see [`crate::notify::actions`]). The token is the only
+//! `/api/v1/actions/{token}`: answering a permission request, or a
+//! question in one tap, from a notification (see [`crate::notify::actions`]). The token is the only
 //! credential: no bearer token is needed, and nothing but this one answer is
 //! reachable with it.
 //!
@@ -9,6 +9,10 @@
 //! shows a page with one button that posts (and, for a reject, a box for the
 //! reason), so link previewers and mail scanners that fetch URLs answer
 //! nothing. A form post (the page's) is answered with a page too.
+//!
+//! A question's token accepts with the content it was minted for (a yes/no
+//! or one choice), through the same road as `POST …/questions/{id}/respond`;
+//! it takes no reason.
 
 use std::net::SocketAddr;
 use std::sync::{Mutex, OnceLock};
@@ -18,7 +22,7 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
@@ -28,8 +32,8 @@ use super::responses::TooManyFailedLookups;
 use super::state::AppState;
 use crate::error::{Error, Result};
 use crate::model::WaitingKind;
-use crate::model::{Answer, PermissionRequest, PermissionStatus};
-use crate::notify::actions::well_formed;
+use crate::model::{Answer, PermissionRequest, PermissionStatus, Question};
+use crate::notify::actions::{choices, question_content, well_formed};
 use crate::permissions::already_resolved;
 use crate::ratelimit::SlidingWindow;
 use crate::session::answer::Answerer;
@@ -129,13 +133,31 @@ fn is_reject(request: &PermissionRequest, option_id: &str) -> bool {
         .is_some_and(|k| k.starts_with("reject"))
 }
 
+/// The label of the token's option: the permission option's name, or a
+/// question's one-tap answer ("Yes", a choice's title).
 fn option_name(request: &PermissionRequest, option_id: &str) -> String {
+    choices(request)
+        .into_iter()
+        .find(|(id, _)| id == option_id)
+        .map(|(_, label)| label)
+        .unwrap_or_else(|| match request.kind {
+            WaitingKind::Permission => option_id.to_owned(),
+            WaitingKind::Question => "Accept".to_owned(),
+        })
+}
+
+/// What the notification was about: the tool call's title, or what the
+/// agent asks.
+fn subject(request: &PermissionRequest) -> &str {
+    let (key, otherwise) = match request.kind {
+        WaitingKind::Permission => ("title", "A tool call"),
+        WaitingKind::Question => ("message", "The agent asks a question"),
+    };
     request
-        .option(option_id)
-        .and_then(|o| o.get("name"))
-        .and_then(|n| n.as_str())
-        .unwrap_or(option_id)
-        .to_owned()
+        .tool_call
+        .get(key)
+        .and_then(|t| t.as_str())
+        .unwrap_or(otherwise)
 }
 
 /// A page with one button that answers: fetching it answers nothing.
@@ -182,11 +204,7 @@ async fn show(
             ),
         );
     };
-    let title = request
-        .tool_call
-        .get("title")
-        .and_then(|t| t.as_str())
-        .unwrap_or("A tool call");
+    let title = subject(&request);
     // A reject may say why: the agent is told (see `answer`).
     let reason = if is_reject(&request, &row.option_id) {
         format!(
@@ -198,10 +216,14 @@ async fn show(
     } else {
         String::new()
     };
+    let choice = escape(&option_name(&request, &row.option_id));
+    let answer = match request.kind {
+        WaitingKind::Permission => String::new(),
+        WaitingKind::Question => format!("<p>Your answer: <strong>{choice}</strong></p>"),
+    };
     let body = format!(
-        "<p>{}</p><form method=\"post\">{reason}<button type=\"submit\">{}</button></form>",
+        "<p>{}</p>{answer}<form method=\"post\">{reason}<button type=\"submit\">{choice}</button></form>",
         escape(title),
-        escape(&option_name(&request, &row.option_id)),
     );
     Ok(page(StatusCode::OK, "Answer the agent", &body))
 }
@@ -260,6 +282,24 @@ struct ActionBody {
         pattern = "^[^\\u0000-\\u0008\\u000b-\\u001f\\u007f-\\u009f]*$"
     )]
     reason: Option<String>,
+}
+
+/// What an action answered: the permission request, or the question.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+#[schema(as = ActionAnswered)]
+enum Answered {
+    Request(PermissionRequest),
+    Question(Question),
+}
+
+impl From<PermissionRequest> for Answered {
+    fn from(answered: PermissionRequest) -> Answered {
+        match answered.kind {
+            WaitingKind::Permission => Answered::Request(answered),
+            WaitingKind::Question => Answered::Question(Question::from(&answered)),
+        }
+    }
 }
 
 /// Whether the request is a form post (the action page's).
@@ -341,14 +381,14 @@ async fn body_reason(request: Request, form: bool) -> Result<Option<String>> {
         ),
     ),
     responses(
-        (status = 200, description = "Answered (a form post gets a page saying so)", content(
-            (PermissionRequest = "application/json"),
+        (status = 200, description = "Answered: the permission request, or for a question's action the Question (a form post gets a page saying so)", content(
+            (Answered = "application/json"),
             (String = "text/html"),
         )),
         (status = 404, description = "No such action (not one the gateway sent, or expired and swept)", content(
             (Problem = "application/problem+json"), (String = "text/html"),
         )),
-        (status = 409, description = "`already_resolved` (member `request`): someone answered first; `agent_gone`; or `agent_away` (a remote agent whose connection was lost has not asked again yet: try later)", content(
+        (status = 409, description = "`already_resolved` (member `request`, or `question` for a question's action): someone answered first; `agent_gone`; or `agent_away` (a remote agent whose connection was lost has not asked again yet: try later)", content(
             (Problem = "application/problem+json"), (String = "text/html"),
         )),
         (status = 410, description = "Used, expired, its request gone, or its user removed", content(
@@ -358,7 +398,7 @@ async fn body_reason(request: Request, form: bool) -> Result<Option<String>> {
             (Problem = "application/problem+json"), (String = "text/html"),
         )),
         (status = 415, description = "A body that is neither JSON nor a form"),
-        (status = 422, description = "A bad reason (over 2000 characters, or control characters other than newlines and tabs) or a body of other members: nothing is answered, and the token can still be used (as after a 400, 413 or 415)", content(
+        (status = 422, description = "A bad reason (over 2000 characters, or control characters other than newlines and tabs), a reason with a question's action (it takes none), or a body of other members: nothing is answered, and the token can still be used (as after a 400, 413 or 415)", content(
             (Problem = "application/problem+json"), (String = "text/html"),
         )),
         (status = 429, description = "The token is not usable and this address failed 20 lookups in the last minute (`Retry-After`); a usable token still answers", content(
@@ -374,7 +414,7 @@ async fn answer(
     let form = is_form(&request);
     let answered = answer_with(&state, &token, request, form).await;
     if !form {
-        return answered.map(|(a, _)| Json(a).into_response());
+        return answered.map(|(a, _)| Json(Answered::from(a)).into_response());
     }
     Ok(match answered {
         Ok((request, with_reason)) => answered_page(&request, with_reason),
@@ -397,10 +437,18 @@ async fn answer_with(
     // The reason is checked once the token is known (an unknown one is 404
     // whatever came with it), and before it is used: a bad one answers
     // nothing and leaves the token as it was.
-    if state.store().find_action_token(&hash).await?.is_none() {
+    let Some(known) = state.store().find_action_token(&hash).await? else {
         return Err(unknown(client));
-    }
+    };
     let reason = answer_reason(reason)?;
+    if reason.is_some() {
+        let asked = state.store().get_permission(known.request_id).await?;
+        if asked.is_some_and(|r| r.kind == WaitingKind::Question) {
+            return Err(Error::Unprocessable(
+                "reason: a question's answer takes no reason (send no body)".into(),
+            ));
+        }
+    }
     let now = crate::model::now();
     let Some((row, first)) = state.store().use_action_token(&hash, now).await? else {
         return Err(unknown(client));
@@ -417,10 +465,19 @@ async fn answer_with(
         .store()
         .get_permission(row.request_id)
         .await?
-        .ok_or_else(|| failed(client))?;
+        .ok_or_else(|| failed(client.clone()))?;
     if request.status != PermissionStatus::Pending {
         return Err(already_resolved(request));
     }
+    // A question's token holds the content it accepts with; one that does
+    // not (none is minted so) answers nothing.
+    let answer = match request.kind {
+        WaitingKind::Permission => Answer::Option(row.option_id.clone()),
+        WaitingKind::Question => Answer::Reply {
+            action: "accept".to_owned(),
+            content: Some(question_content(&row.option_id).ok_or_else(|| failed(client))?),
+        },
+    };
     let user = row.user_name.clone();
     let may_see = move |owner: Option<&str>| owner == Some(user.as_str());
     let with_reason = reason.is_some();
@@ -429,10 +486,9 @@ async fn answer_with(
         via: Some("notification".to_owned()),
         reason,
         steer: false,
-        kind: Some(WaitingKind::Permission),
+        kind: Some(request.kind),
         may_see: Some(&may_see),
     };
-    let answer = Answer::Option(row.option_id.clone());
     let answered = state.sessions().answer(request.id, &who, answer).await?;
     // The same answer given another way first reads back as success from
     // the shared road: only ours counts as this action's.
@@ -444,16 +500,19 @@ async fn answer_with(
 
 /// The page a form post gets once it answered.
 fn answered_page(request: &PermissionRequest, with_reason: bool) -> Response {
-    let title = request
-        .tool_call
-        .get("title")
-        .and_then(|t| t.as_str())
-        .unwrap_or("A tool call");
+    let title = subject(request);
     let decision = request.decision.as_ref();
-    let option = decision
-        .and_then(|d| d.option_id.as_deref())
-        .map(|id| option_name(request, id))
-        .unwrap_or_else(|| request.status.as_str().to_owned());
+    let option = match request.kind {
+        WaitingKind::Permission => decision
+            .and_then(|d| d.option_id.as_deref())
+            .map(|id| option_name(request, id)),
+        // The one-tap answer whose content was sent.
+        WaitingKind::Question => choices(request)
+            .into_iter()
+            .find(|(id, _)| question_content(id) == decision.and_then(|d| d.content.clone()))
+            .map(|(_, label)| label),
+    }
+    .unwrap_or_else(|| request.status.as_str().to_owned());
     let mut body = format!("<p>{}: {}.</p>", escape(title), escape(&option));
     if let Some(reason) = decision
         .and_then(|d| d.reason.as_deref())

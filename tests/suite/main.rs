@@ -63,6 +63,7 @@ mod steering;
 mod tls;
 mod turns;
 mod web_client;
+mod web_questions;
 mod web_steering;
 mod websocket;
 mod workspace;

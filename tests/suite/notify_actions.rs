@@ -430,7 +430,164 @@ async fn an_actions_json_body_may_carry_a_reason_and_a_bad_one_answers_nothing(d
     gw.stop().await;
 }
 
+/// A gateway whose agent (on the official npm SDK) asks `ask`, the question
+/// as `question_asked` showed it, and the notification about it.
+async fn asking(db: &TestDb, ask: Value) -> (TestGateway, Ws, Value, Outgoing) {
+    let mut config = Config::for_tests(db, vec![node_sdk_profile("node")]);
+    config.notifications.grace = Duration::from_millis(200);
+    config.notifications.base_url = Some(BASE.into());
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let gw = TestGateway::start_notifying(config, Some(Arc::new(Recorder(tx)))).await;
+    let (conversation, mut ws) = gw.open_conversation("node").await;
+    gw.prompt(&conversation, &format!("question {ask}")).await;
+    let question = ws.until_type("question_asked").await.pop().unwrap()["data"].clone();
+    let notified = tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .expect("notified in time")
+        .unwrap();
+    (gw, ws, question, notified)
+}
+
+/// What the agent says it got for its question, once its turn ended.
+async fn agent_got(ws: &mut Ws) -> Value {
+    let frames = ws.until_type("turn_ended").await;
+    serde_json::from_str(&streamed_text(&frames, "agent_message_chunk")).unwrap()
+}
+
+async fn a_yes_no_questions_action_answers_it_with_that_content(db: TestDb) {
+    let ask = json!({"mode": "form", "message": "Deploy to production now?",
+        "requestedSchema": {"type": "object", "properties": {"go": {"type": "boolean"}},
+                            "required": ["go"]}});
+    let (gw, mut ws, question, notified) = asking(&db, ask).await;
+    let request = notified.body.request.as_ref().unwrap();
+    assert_eq!(request.kind.as_deref(), Some("question"));
+    assert_eq!(request.title.as_deref(), Some("Deploy to production now?"));
+    let offered: Vec<(&str, &str)> = notified
+        .body
+        .actions
+        .iter()
+        .map(|a| (a.label.as_str(), a.option_id.as_str()))
+        .collect();
+    assert_eq!(
+        offered,
+        [
+            ("Yes", r#"question-accept:{"go":true}"#),
+            ("No", r#"question-accept:{"go":false}"#)
+        ]
+    );
+    let yes = path(action(&notified, r#"question-accept:{"go":true}"#));
+    let no = path(action(&notified, r#"question-accept:{"go":false}"#));
+
+    // The page: what the agent asks, the choice, one button; it answers nothing.
+    let html = page_of(&gw, &no).await;
+    assert!(html.contains("<p>Deploy to production now?</p>"), "{html}");
+    assert!(html.contains("Your answer: <strong>No</strong>"), "{html}");
+    assert!(
+        html.contains("<button type=\"submit\">No</button>"),
+        "{html}"
+    );
+    assert!(!html.contains("textarea"), "{html}");
+    let qid = question["id"].as_str().unwrap();
+    let (_, now) = gw.get(&format!("/api/v1/questions/{qid}")).await;
+    assert_eq!(now["status"], "pending");
+    // A question's answer takes no reason: 422, and the token still works.
+    let (status, problem) = gw.post(&no, json!({"reason": "not today"})).await;
+    assert_eq!(status, 422, "{problem}");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("no reason"),
+        "{problem}"
+    );
+
+    // Used: the question is accepted with that content, the agent gets it.
+    let (status, answered) = gw.post(&no, Value::Null).await;
+    assert_eq!(status, 200, "{answered}");
+    assert_eq!(answered["id"], question["id"]);
+    assert_eq!(answered["status"], "accepted");
+    assert_eq!(answered["answer"]["action"], "accept");
+    assert_eq!(answered["answer"]["content"], json!({"go": false}));
+    assert_eq!(answered["answer"]["decided_by"], "user:anonymous");
+    assert_eq!(answered["answer"]["via"], "notification");
+    assert_eq!(
+        agent_got(&mut ws).await,
+        json!({"action": "accept", "content": {"go": false}})
+    );
+    // A used token is gone; the other answer's: someone answered first.
+    // (Failed lookups from an address of this test's own: they count
+    // against a limit per address that the other tests share.)
+    let own = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 5]))
+        .build()
+        .unwrap();
+    let resp = own.post(gw.url(&no)).send().await.unwrap();
+    assert_eq!(resp.status(), 410);
+    let (status, problem) = gw.post(&yes, Value::Null).await;
+    assert_eq!(status, 409, "{problem}");
+    assert_eq!(problem["code"], "already_resolved");
+    assert_eq!(
+        problem["question"]["answer"]["content"],
+        json!({"go": false})
+    );
+    let resp = own.get(gw.url(&yes)).send().await.unwrap();
+    assert_eq!(resp.status(), 410);
+    gw.stop().await;
+}
+
+async fn a_choice_questions_action_page_answers_with_the_choice(db: TestDb) {
+    let ask = json!({"mode": "form", "message": "Which environment?",
+        "requestedSchema": {"type": "object", "properties": {"env": {"type": "string", "oneOf": [
+            {"const": "dev", "title": "Development"},
+            {"const": "stage", "title": "Staging"},
+            {"const": "prod", "title": "Production"}]}}}});
+    let (gw, mut ws, question, notified) = asking(&db, ask).await;
+    let labels: Vec<&str> = notified
+        .body
+        .actions
+        .iter()
+        .map(|a| a.label.as_str())
+        .collect();
+    assert_eq!(labels, ["Development", "Staging", "Production"]);
+    let staging = path(action(&notified, r#"question-accept:{"env":"stage"}"#));
+    let html = page_of(&gw, &staging).await;
+    assert!(
+        html.contains("Your answer: <strong>Staging</strong>"),
+        "{html}"
+    );
+    // The page's button (a form post) answers, and says so in a page.
+    let (status, html) = post_form(&gw, &staging, "").await;
+    assert_eq!(status, 200, "{html}");
+    assert!(html.contains("Which environment?: Staging."), "{html}");
+    assert_eq!(
+        agent_got(&mut ws).await,
+        json!({"action": "accept", "content": {"env": "stage"}})
+    );
+    let qid = question["id"].as_str().unwrap();
+    let (_, answered) = gw.get(&format!("/api/v1/questions/{qid}")).await;
+    assert_eq!(answered["answer"]["content"], json!({"env": "stage"}));
+    assert_eq!(answered["answer"]["via"], "notification");
+    gw.stop().await;
+}
+
+/// A form of more than one field, or a URL question, offers no one-tap answer.
+async fn a_question_without_one_tap_answers_has_no_actions(db: TestDb) {
+    let ask = json!({"mode": "url", "elicitationId": "e-1", "message": "Sign in",
+                     "url": "https://login.example.org/device"});
+    let (gw, _ws, _question, notified) = asking(&db, ask).await;
+    assert_eq!(
+        notified.body.request.as_ref().unwrap().kind.as_deref(),
+        Some("question")
+    );
+    assert!(
+        notified.body.actions.is_empty(),
+        "{:?}",
+        notified.body.actions
+    );
+    gw.stop().await;
+}
+
 backend_tests!(
+    a_yes_no_questions_action_answers_it_with_that_content,
+    a_choice_questions_action_page_answers_with_the_choice,
+    a_question_without_one_tap_answers_has_no_actions,
     an_expired_action_is_gone_and_swept,
     a_users_action_answers_as_them_and_ends_when_they_are_removed,
     an_action_answers_once_and_the_turn_goes_on,

@@ -45,7 +45,7 @@ impl Browser {
 
     /// A browser whose proxy has no gateway behind it yet (`upstream`
     /// gives it one), and the origin the page is served from.
-    async fn launch(gateway: Option<&str>) -> Option<(Browser, String)> {
+    pub(crate) async fn launch(gateway: Option<&str>) -> Option<(Browser, String)> {
         Browser::start(gateway, false).await
     }
 
@@ -175,7 +175,7 @@ impl Browser {
 }
 
 /// Postgres where it runs, else SQLite: the page does not depend on it.
-async fn db() -> TestDb {
+pub(crate) async fn db() -> TestDb {
     match TestDb::postgres().await {
         Some(db) => db,
         None => TestDb::sqlite().await,
@@ -1129,7 +1129,7 @@ async fn a_request_carrying_only_its_tool_call_id_shows_the_command_on_the_card(
 /// target: the notification's JSON body) and `/push` (a Web Push
 /// subscription's endpoint: an encrypted payload), each recorded as
 /// (path, content-encoding, body).
-async fn receiver() -> (
+pub(crate) async fn receiver() -> (
     String,
     tokio::sync::mpsc::UnboundedReceiver<(String, String, Vec<u8>)>,
 ) {
