@@ -969,7 +969,48 @@ async fn a_client_resuming_is_shown_the_request_that_waits(db: TestDb) {
         .all(|f| f["method"] != "session/request_permission"));
 }
 
+async fn an_agents_question_is_never_shown_to_the_editor_as_a_permission_request(db: TestDb) {
+    let gw = TestGateway::start(&db, vec![node_sdk_profile("demo")]).await;
+    let mut acp = Acp::open(&gw).await;
+    let session = acp.new_session().await;
+    let mut events = gw.conversation_ws(&session, 0).await;
+    let form = json!({"mode": "form", "message": "Go?",
+        "requestedSchema": {"properties": {"go": {"type": "boolean"}}}});
+    acp.request(
+        "session/prompt",
+        text_prompt(&session, &format!("question {form}")),
+    )
+    .await;
+    let asked = events.until_type("question_asked").await;
+    let question = asked.last().unwrap()["data"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    drop(acp);
+    // An editor coming back is shown what waits: not the question.
+    let mut again = Acp::open(&gw).await;
+    let resumed = again
+        .call("session/resume", json!({"sessionId": session, "cwd": "/"}))
+        .await;
+    assert!(resumed["result"].is_object(), "{resumed}");
+    let (status, _) = gw
+        .post(
+            &format!("/api/v1/questions/{question}/respond"),
+            json!({"action": "accept", "content": {"go": true}}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let more = again.until_method("session/update").await;
+    assert!(
+        more.iter()
+            .all(|f| f["method"] != "session/request_permission"),
+        "{more:#?}"
+    );
+    events.until_type("turn_ended").await;
+}
+
 backend_tests!(
+    an_agents_question_is_never_shown_to_the_editor_as_a_permission_request,
     a_session_streams_its_updates_in_order_and_the_prompt_ends_with_its_stop_reason,
     a_permission_request_is_answered_from_the_acp_client,
     a_request_answered_over_rest_is_withdrawn_from_every_acp_client,

@@ -21,7 +21,7 @@ use super::wire;
 use crate::api::state::AppState;
 use crate::bus::Subscription;
 use crate::error::Result;
-use crate::model::{Event, EventBody, PermissionStatus};
+use crate::model::{Event, EventBody, PermissionStatus, WaitingKind};
 use crate::store::PermissionFilter;
 
 /// Events read from the store per page while replaying.
@@ -365,7 +365,7 @@ impl Forward {
             pending_only: true,
             conversation_id: Some(self.id),
             owner: None,
-            kind: None,
+            kind: Some(WaitingKind::Permission),
         };
         let mut waiting = match self.state.store().list_permissions(&filter).await {
             Ok(waiting) => waiting,
@@ -376,7 +376,12 @@ impl Forward {
         };
         let here = self.state.sessions().waiting_here(|_| true);
         for request in here {
-            if request.conversation_id == self.id && !waiting.iter().any(|w| w.id == request.id) {
+            // A question is for the phone and the web client (see docs/ide.md).
+            let permission = request.kind == WaitingKind::Permission;
+            if permission
+                && request.conversation_id == self.id
+                && !waiting.iter().any(|w| w.id == request.id)
+            {
                 waiting.push(request);
             }
         }
