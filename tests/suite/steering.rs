@@ -173,6 +173,21 @@ async fn a_steering_prompt_cancels_the_turn_and_starts_ahead_of_the_queue(db: Te
     assert_eq!(ended["data"]["stop_reason"], "end_turn");
     // Then the queue goes on as it was.
     turn_of(&mut ws, "hello later").await;
+    // A prompt sent once the turn's cancel was asked for starts as it ends.
+    gw.prompt(&id, "hang").await;
+    let (status, _) = gw
+        .post(&format!("/api/v1/conversations/{id}/cancel"), json!({}))
+        .await;
+    assert_eq!(status, 202);
+    let next = send(&gw, &id, json!({"text": "hello after the cancel"})).await;
+    // Queued while the cancel was on its way (or started, were it done).
+    let (started, _) = turn_of(&mut ws, "hello after the cancel").await;
+    let turn = if next["queued"] == true {
+        &next["id"]
+    } else {
+        &next["turn_id"]
+    };
+    assert_eq!(&started["data"]["turn_id"], turn);
     // Steering with no turn running just starts one.
     let started = send(&gw, &id, json!({"text": "hello idle", "steer": true})).await;
     assert_eq!(started["queued"], false);

@@ -33,9 +33,12 @@ impl Task {
                 .await
                 .map(Prompted::Started);
         }
+        // A prompt sent after the turn's cancel was asked for is what the
+        // person wants next: it starts as that turn ends, as steering does.
+        let cancelling = self.turns.turn.as_ref().is_some_and(|t| t.cancel_requested);
         let steer = match while_running {
             WhileRunning::Refuse => return Err(turn_in_progress()),
-            WhileRunning::Queue => false,
+            WhileRunning::Queue => cancelling,
             WhileRunning::Steer => true,
         };
         let prompt = QueuedPrompt {
@@ -48,7 +51,7 @@ impl Task {
         };
         let id = prompt.id;
         let position = self.enqueue(prompt).await?;
-        if steer {
+        if steer && !cancelling {
             self.cancel_turn("turn cancelled: a person steered", None)
                 .await?;
         }
