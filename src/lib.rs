@@ -27,7 +27,8 @@
 //!   owns its agent, its parts in `task/` (what the agent sends, permission
 //!   requests, settings, turns, ending, the agent's output under a shim
 //!   acknowledged once committed); [`session::transcript`] (pure) turns
-//!   chunks into messages and tool-call states; [`session::pending`] holds
+//!   chunks into messages and tool-call states; [`session::queue`] (pure)
+//!   the prompt queue's rules; [`session::pending`] holds
 //!   the permission requests waiting for an answer; [`session::journal`] is
 //!   the single writer that assigns `seq`, commits, then publishes to the
 //!   [`bus`] (`journal/outage.rs` rides out a database outage, publishing
@@ -65,7 +66,8 @@
 //!   engine (pure: rules in, verdict out; its tests in `policy/`) on
 //!   [`permissions::shell`], which reads what a shell line runs (pure, on
 //!   `brush-parser`; `shell/`: words, the walk of the parsed line, programs
-//!   and the wrappers that run other programs).
+//!   and the wrappers that run other programs); [`permissions::question`]
+//!   (pure) checks an agent's question's schema and a person's reply to it.
 //! - [`bus`]: the live fan-out of events, per conversation and global.
 //! - [`store`]: persistence behind one trait ([`store::Store`]): Postgres and
 //!   SQLite, each with its own commit, and parts by job written once for
