@@ -8,7 +8,7 @@ use acp_gateway::config::AgentProfile;
 use serde_json::{json, Value};
 
 /// The pid of the agent process the gateway runs for `conversation`.
-async fn agent_pid(db: &TestDb, conversation: &str) -> i32 {
+pub(crate) async fn agent_pid(db: &TestDb, conversation: &str) -> i32 {
     let records = agent_process_records(db).await;
     let record = records
         .iter()
@@ -19,7 +19,7 @@ async fn agent_pid(db: &TestDb, conversation: &str) -> i32 {
 
 /// Kills a conversation's agent as an OOM killer would, and waits until the
 /// gateway has recorded that it is gone.
-async fn kill_agent(db: &TestDb, conversation: &str, ws: &mut Ws) {
+pub(crate) async fn kill_agent(db: &TestDb, conversation: &str, ws: &mut Ws) {
     let pid = agent_pid(db, conversation).await;
     let watch = ProcessWatch::new(pid);
     // SAFETY: kill has no memory-safety preconditions.

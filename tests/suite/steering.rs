@@ -304,6 +304,23 @@ async fn the_queue_survives_a_restart_and_is_edited_without_an_agent(db: TestDb)
     assert_eq!(started["data"]["turn_id"], a["id"]);
 }
 
+async fn a_queue_holds_when_the_agent_dies_and_resuming_starts_it_again(db: TestDb) {
+    let (gw, id, mut ws) = demo_conversation(&db).await;
+    let turn = gw.prompt(&id, "hang").await;
+    let queued = send(&gw, &id, json!({"text": "hello again"})).await;
+    crate::resume::kill_agent(&db, &id, &mut ws).await;
+    let events = gw.events(&id).await;
+    let held = events.iter().find(|e| e["type"] == "queue_held").unwrap();
+    assert_eq!(held["data"]["turn_id"], turn.as_str());
+    assert_eq!(held["data"]["stop_reason"], "error");
+    assert_eq!(queued_texts(&gw, &id).await, ["hello again"]);
+    let (status, resumed) = gw.post(&format!("{}/resume", queue(&id)), json!({})).await;
+    assert_eq!(status, 202, "{resumed}");
+    assert_eq!(resumed["turn_id"], queued["id"]);
+    let (_, ended) = turn_of(&mut ws, "hello again").await;
+    assert_eq!(ended["data"]["stop_reason"], "end_turn");
+}
+
 /// The request the demo agent asks in its `tool` scenario, once asked.
 async fn asked(ws: &mut Ws) -> String {
     let frames = ws.until_type("permission_requested").await;
@@ -423,6 +440,7 @@ backend_tests!(
     a_steering_prompt_cancels_the_turn_and_starts_ahead_of_the_queue,
     queued_prompts_are_edited_moved_and_removed_and_a_started_one_is_409,
     the_queue_survives_a_restart_and_is_edited_without_an_agent,
+    a_queue_holds_when_the_agent_dies_and_resuming_starts_it_again,
     a_reason_given_with_a_rejection_is_stored_and_reaches_the_agent_after_the_turn,
     a_steering_reason_cancels_the_turn_and_is_sent_at_once,
     bad_reasons_are_refused_and_answer_nothing,
