@@ -69,6 +69,8 @@
 //
 // More, from the environment:
 //   ACP_TEST_AGENT_RESUME=1  advertises sessionCapabilities.resume (needs STATE)
+//   ACP_TEST_AGENT_NO_LOAD=1 does not advertise loadSession (with STATE: an
+//                            agent that only resumes)
 //   ACP_TEST_AGENT_CLOSE=1   advertises sessionCapabilities.close
 //   ACP_TEST_AGENT_IMAGES=1  advertises promptCapabilities image and embeddedContext
 //   ACP_TEST_AGENT_AUTH=<id> offers the auth methods "api-key" and "browser";
@@ -120,6 +122,7 @@ const FORK = process.env.ACP_TEST_AGENT_FORK === "1";
 const LIST = process.env.ACP_TEST_AGENT_LIST === "1";
 const LIST_PAGE = Number.parseInt(process.env.ACP_TEST_AGENT_LIST_PAGE ?? "50", 10);
 const RESUME = process.env.ACP_TEST_AGENT_RESUME === "1";
+const NO_LOAD = process.env.ACP_TEST_AGENT_NO_LOAD === "1";
 const CLOSE = process.env.ACP_TEST_AGENT_CLOSE === "1";
 const AUTH = process.env.ACP_TEST_AGENT_AUTH || null;
 const IMAGES = process.env.ACP_TEST_AGENT_IMAGES === "1";
@@ -551,7 +554,7 @@ const app = acp
     return {
       protocolVersion: acp.PROTOCOL_VERSION,
       agentCapabilities: {
-        loadSession: STATE_DIR !== null,
+        loadSession: STATE_DIR !== null && !NO_LOAD,
         promptCapabilities: { image: IMAGES, audio: false, embeddedContext: IMAGES },
         sessionCapabilities,
       },

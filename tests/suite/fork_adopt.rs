@@ -368,6 +368,50 @@ fn session_begun_elsewhere(
     std::fs::write(dir.join(format!("{id}.meta.json")), meta.to_string()).unwrap();
 }
 
+async fn a_session_of_an_agent_that_only_resumes_is_taken_over_with_session_resume(db: TestDb) {
+    let (_work, work) = workspace();
+    let resuming = agent(
+        "resuming",
+        "home",
+        &work,
+        &[
+            ("ACP_TEST_AGENT_LIST", "1"),
+            ("ACP_TEST_AGENT_RESUME", "1"),
+            ("ACP_TEST_AGENT_NO_LOAD", "1"),
+        ],
+    );
+    let operator = cli_token(&db, "root-op", "operator");
+    let gw = TestGateway::start(&db, vec![resuming]).await;
+    let (alice, _) = gw.make_token(&operator, "alice", "user").await;
+    let alice = gw.with_token(&alice);
+    session_begun_elsewhere(
+        &db,
+        "alice",
+        "resuming",
+        "desk-r",
+        &work,
+        "begun at the desk",
+    );
+    let adopt = json!({"agent": "resuming", "cwd": work, "adopt": "desk-r"});
+    let (status, adopted) = alice.post("/api/v1/conversations", adopt).await;
+    assert_eq!(status, 201, "{adopted}");
+    let id = adopted["id"].as_str().unwrap().to_owned();
+    assert_eq!(adopted["adopted_session"], "desk-r");
+    let home = db
+        .state_dir()
+        .join("homes/alice/resuming/.node-agent-state");
+    let methods: Vec<String> = calls(&home).into_iter().map(|(m, _)| m).collect();
+    assert!(methods.iter().any(|m| m == "session/resume"), "{methods:?}");
+    assert!(!methods.iter().any(|m| m == "session/load"), "{methods:?}");
+    // No history is replayed by a resume; the session goes on.
+    let mut ws = alice.conversation_ws(&id, 0).await;
+    let frames = turn(&alice, &mut ws, &id, "from the phone").await;
+    assert_eq!(
+        streamed_text(&frames, "agent_message_chunk"),
+        "You said: from the phone"
+    );
+}
+
 async fn an_agents_own_sessions_are_listed_per_user_and_one_is_taken_over(db: TestDb) {
     let (_work, work) = workspace();
     let listing = agent(
@@ -762,6 +806,7 @@ backend_tests!(
     a_fork_holds_the_history_and_both_go_on_apart,
     a_fork_is_refused_where_it_cannot_be_made,
     an_agents_own_sessions_are_listed_per_user_and_one_is_taken_over,
+    a_session_of_an_agent_that_only_resumes_is_taken_over_with_session_resume,
 );
 
 /// Two nodes on one Postgres: a conversation whose agent runs on one is
