@@ -62,6 +62,7 @@
 //! | `sneak` | asks permission for an `execute` call titled `Tidy up` with no command, and while it waits updates the call with `rm -rf build`; says `answer: <outcome>` | `end_turn` |
 //! | `hasty` | answers the prompt and at once asks permission to read `notes.txt` (the answer to that is ignored) | `end_turn` |
 //! | `stderr` | five lines on stderr, then a message chunk | `end_turn` |
+//! | `question` | asks `Go on?` through `elicitation/create` (a form of one required boolean, `go`), and says `question answer: <result as JSON>` (`none` without one) | `end_turn` |
 //! | `mcp` | says `mcp servers: <name>, <name>` (or `mcp servers: none`): the names of the MCP servers `session/new` gave the session | `end_turn` |
 //! | `probe <path>` | really opens `<cwd>/<path>` (default the cwd) for reading, then for appending (nothing is written), and says `read <path>: ok` (or the error) and `write <path>: ok` (or the error) in one message chunk: what its box lets it touch | `end_turn` |
 //!

@@ -77,6 +77,7 @@ pub(super) enum Scenario {
     Stderr,
     Probe,
     Mcp,
+    Question,
 }
 
 impl Scenario {
@@ -112,6 +113,7 @@ impl Scenario {
             "stderr" => Self::Stderr,
             "probe" => Self::Probe,
             "mcp" => Self::Mcp,
+            "question" => Self::Question,
             _ => return None,
         })
     }
@@ -305,6 +307,7 @@ impl Turn {
             Scenario::Withdraw => self.withdraw().await,
             Scenario::Late => self.late().await,
             Scenario::Sneak => self.sneak().await,
+            Scenario::Question => self.question().await,
             Scenario::Hasty => self.hasty().await,
             Scenario::Stderr => self.stderr().await,
             Scenario::Probe => self.probe(args).await,
@@ -707,6 +710,29 @@ impl Turn {
         let answer = self.ask_once_then(call, Some(update)).await;
         let said = answer.map_or_else(|| "none".to_owned(), |a| a["outcome"].to_string());
         self.say(&format!("answer: {said}")).await?;
+        Ok(TurnEnd::Stop(END_TURN))
+    }
+
+    /// Scenario `question`: asks the person `Go on?` (`elicitation/create`,
+    /// a form of one required boolean, `go`) and says what it was answered
+    /// (`question answer: <result as JSON>`, `none` without one).
+    async fn question(&self) -> Result<TurnEnd, Cancelled> {
+        let params = json!({
+            "sessionId": self.session_id,
+            "mode": "form",
+            "message": "Go on?",
+            "requestedSchema": {
+                "type": "object",
+                "properties": {"go": {"type": "boolean"}},
+                "required": ["go"],
+            },
+        });
+        let (_, answer) = self.wire.request("elicitation/create", params).await;
+        let said = match answer.await {
+            Ok(Ok(result)) => result.to_string(),
+            _ => "none".to_owned(),
+        };
+        self.say(&format!("question answer: {said}")).await?;
         Ok(TurnEnd::Stop(END_TURN))
     }
 

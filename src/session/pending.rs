@@ -156,15 +156,13 @@ impl Pending {
         self.held.contains_key(&id)
     }
 
-    /// The held request for the tool call `tool_call_id` (the agent asks
-    /// again): it is no longer held, and no longer due.
-    pub fn asked_again(&mut self, tool_call_id: &str) -> Option<PermissionRequest> {
-        let id = self
-            .held
-            .values()
-            .filter(|r| r.tool_call.get("toolCallId").and_then(Value::as_str) == Some(tool_call_id))
-            .map(|r| r.id)
-            .min()?;
+    /// The (oldest) held request that `asks` says the agent asks again: it
+    /// is no longer held, and no longer due.
+    pub fn asked_again(
+        &mut self,
+        asks: impl Fn(&PermissionRequest) -> bool,
+    ) -> Option<PermissionRequest> {
+        let id = self.held.values().filter(|r| asks(r)).map(|r| r.id).min()?;
         self.deadlines.remove(id);
         self.held.remove(&id)
     }

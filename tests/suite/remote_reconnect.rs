@@ -259,6 +259,59 @@ async fn answer_once_asked_again(gw: &TestGateway, ws: &mut Ws, request: &str) {
     .await;
 }
 
+async fn a_question_waiting_when_the_connection_went_is_answered_once_the_agent_asks_again(
+    db: TestDb,
+) {
+    let server = ResumableServer::start(false).await;
+    let gw = TestGateway::start(&db, vec![remote_profile("remote", &server.url(), None)]).await;
+    let (id, mut ws) = gw.open_conversation("remote").await;
+    gw.prompt(&id, "question").await;
+    let frames = ws.until_type("question_asked").await;
+    let question = frames.last().unwrap()["data"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    server.cut();
+    let frames = ws.until_agent_gone().await;
+    assert!(
+        !frames.iter().any(|e| e["type"] == "question_resolved"),
+        "{frames:?}"
+    );
+    ws.until(|e| e["type"] == "agent_status" && e["data"]["status"] == "ready")
+        .await;
+    // The agent asks again: the same question, answerable now.
+    let respond = format!("/api/v1/questions/{question}/respond");
+    let answered = eventually(WAIT, async || {
+        let (status, body) = gw
+            .post(
+                &respond,
+                json!({"action": "accept", "content": {"go": true}}),
+            )
+            .await;
+        match status {
+            200 => Some(body),
+            409 if body["code"] == "agent_away" => None,
+            _ => panic!("{status}: {body}"),
+        }
+    })
+    .await
+    .expect("the question is answerable once the agent asks again");
+    assert_eq!(answered["status"], "accepted", "{answered}");
+    let said = r#"question answer: {"action":"accept","content":{"go":true}}"#;
+    ws.until(|e| {
+        e["type"] == "session_update"
+            && e["data"]["update"]["content"]["text"].as_str() == Some(said)
+    })
+    .await;
+    let (_, all) = gw
+        .get(&format!(
+            "/api/v1/questions?status=all&conversation_id={id}"
+        ))
+        .await;
+    assert_eq!(all["items"].as_array().unwrap().len(), 1, "{all}");
+    server.kill().await;
+}
+
 async fn a_gateway_restarted_while_the_agent_was_away_connects_again_and_the_request_waits(
     db: TestDb,
 ) {
@@ -344,6 +397,7 @@ async fn a_request_the_agent_does_not_ask_again_once_back_expires_saying_why(db:
 }
 
 backend_tests!(
+    a_question_waiting_when_the_connection_went_is_answered_once_the_agent_asks_again,
     a_request_waiting_when_the_connection_went_is_answered_once_the_agent_asks_again,
     a_request_the_agent_does_not_ask_again_once_back_expires_saying_why,
     a_gateway_restarted_while_the_agent_was_away_connects_again_and_the_request_waits,

@@ -64,7 +64,12 @@ impl Task {
         // A remote agent back after a lost connection asks again what it
         // asked before: the request people see already, answerable now.
         let call_id = tool_call.get("toolCallId").and_then(Value::as_str);
-        if let Some(held) = call_id.and_then(|id| self.requests.pending.asked_again(id)) {
+        let asks = |r: &PermissionRequest| {
+            r.kind == WaitingKind::Permission
+                && r.tool_call.get("toolCallId").and_then(Value::as_str) == call_id
+        };
+        let again = call_id.and_then(|_| self.requests.pending.asked_again(asks));
+        if let Some(held) = again {
             tracing::info!(permission_id = %held.id, "the remote agent asks again since it is back");
             self.requests.pending.park_restored(held, request.responder);
             self.keep_rpc_ids();
@@ -173,6 +178,18 @@ impl Task {
         if let Some(params) = params.as_object_mut() {
             params.remove("sessionId");
             params.remove("_meta");
+        }
+        // A remote agent back after a lost connection asks again what it
+        // asked before: the question people see already (the same URL
+        // interaction, or the same form), answerable now.
+        let asks =
+            |q: &PermissionRequest| q.kind == WaitingKind::Question && same_question(q, &params);
+        if let Some(held) = self.requests.pending.asked_again(asks) {
+            tracing::info!(question_id = %held.id, "the remote agent asks again since it is back");
+            self.requests.pending.park_restored(held, request.responder);
+            self.keep_rpc_ids();
+            self.journal.set_status(self.status_now());
+            return Ok(());
         }
         let question = PermissionRequest {
             id: model::new_id(),
@@ -541,5 +558,18 @@ impl Task {
         };
         self.journal.resolve(&resolution).await?;
         self.flush().await
+    }
+}
+
+/// Whether a held question is the one `params` asks: the same URL
+/// interaction (its `elicitationId`), or the same message and form.
+fn same_question(held: &PermissionRequest, params: &Value) -> bool {
+    let asked = &held.tool_call;
+    match params.get("elicitationId") {
+        Some(id) => asked.get("elicitationId") == Some(id),
+        None => {
+            asked.get("message") == params.get("message")
+                && asked.get("requestedSchema") == params.get("requestedSchema")
+        }
     }
 }
