@@ -1,6 +1,7 @@
-//! A person's answer to a permission request: the one road every answerer
-//! takes (the API's `respond`, a notification's action URL, and another
-//! node forwarding either). It looks in this node's index of waiting
+//! A person's answer to a permission request or to an agent's question
+//! (two kinds of one waiting item): the one road every answerer takes (the
+//! APIs' `respond`, a notification's action URL, and another node
+//! forwarding either). It looks in this node's index of waiting
 //! requests, then in the store, then asks the node that runs the
 //! conversation, each once; what no live agent holds is answered from the
 //! stored decision.
