@@ -150,6 +150,34 @@ impl Browser {
             .await;
     }
 
+    /// Waits until `selector`'s text is `text`.
+    pub(crate) async fn wait_text(&mut self, selector: &str, text: &str) {
+        self.run(json!({"do": "wait_text", "selector": selector, "text": text}))
+            .await;
+    }
+
+    pub(crate) async fn wait_hidden(&mut self, selector: &str) {
+        self.run(json!({"do": "wait", "selector": selector, "state": "hidden"}))
+            .await;
+    }
+
+    /// Asserts that nothing on the page is wider than the 375 px screen.
+    pub(crate) async fn fits_the_screen(&mut self) {
+        let width = self.run(json!({"do": "width"})).await;
+        assert_eq!(width["client"], 375, "{width}");
+        assert!(
+            width["scroll"].as_i64() <= width["client"].as_i64(),
+            "the page scrolls sideways: {width}"
+        );
+    }
+
+    /// Asserts that axe-core finds no violation on the page (`what` it
+    /// shows, for the message).
+    pub(crate) async fn no_axe_violation(&mut self, what: &str) {
+        let violations = self.run(json!({"do": "axe"})).await;
+        assert_eq!(violations, json!([]), "{what}: {violations:#}");
+    }
+
     pub(crate) async fn texts(&mut self, selector: &str) -> Vec<String> {
         let texts = self.run(json!({"do": "texts", "selector": selector})).await;
         serde_json::from_value(texts).unwrap()
@@ -807,8 +835,7 @@ async fn every_view_passes_axe_core() {
         browser.goto(path).await;
         browser.wait(ready).await;
         // Not even a minor violation: docs/web-client.md promises none.
-        let violations = browser.run(json!({"do": "axe"})).await;
-        assert_eq!(violations, json!([]), "{path}: {violations:#}");
+        browser.no_axe_violation(path).await;
     }
     browser.close().await;
 }
@@ -857,8 +884,7 @@ async fn a_search_on_the_page_finds_what_the_agent_said() {
     browser
         .wait_for_text("#search-status", "Nothing found.")
         .await;
-    let violations = browser.run(json!({"do": "axe"})).await;
-    assert_eq!(violations, json!([]), "{violations:#}");
+    browser.no_axe_violation("search").await;
     browser.close().await;
 }
 
@@ -1298,8 +1324,7 @@ async fn a_fork_and_a_session_begun_elsewhere_are_opened_from_the_page() {
         .await;
     assert_eq!(browser.texts("section.message.user .text").await, ["first"]);
     // The fork's view and its button pass axe-core as every view does.
-    let violations = browser.run(json!({"do": "axe"})).await;
-    assert_eq!(violations, json!([]), "fork: {violations:#}");
+    browser.no_axe_violation("fork").await;
     let shot = browser.screenshot("fork.png", false).await;
     eprintln!("fork screenshot: {}", shot.display());
     let (_, list) = gw.get("/api/v1/conversations").await;
@@ -1345,12 +1370,7 @@ async fn a_fork_and_a_session_begun_elsewhere_are_opened_from_the_page() {
             .count(),
         1
     );
-    let violations = browser.run(json!({"do": "axe"})).await;
-    assert_eq!(
-        violations,
-        json!([]),
-        "the agent's sessions: {violations:#}"
-    );
+    browser.no_axe_violation("the agent's sessions").await;
     let shot = browser.screenshot("agent-sessions.png", true).await;
     eprintln!("sessions screenshot: {}", shot.display());
     browser.click("button", "Continue").await;

@@ -53,27 +53,6 @@ async fn field_errors(browser: &mut Browser) -> Vec<String> {
     browser.texts("article.question .field-error:visible").await
 }
 
-async fn wait_text(browser: &mut Browser, selector: &str, text: &str) {
-    browser
-        .run(json!({"do": "wait_text", "selector": selector, "text": text}))
-        .await;
-}
-
-/// Nothing on the page is wider than the 375 px screen.
-async fn fits(browser: &mut Browser) {
-    let width = browser.run(json!({"do": "width"})).await;
-    assert_eq!(width["client"], 375, "{width}");
-    assert!(
-        width["scroll"].as_i64() <= width["client"].as_i64(),
-        "the page scrolls sideways: {width}"
-    );
-}
-
-async fn no_axe_violation(browser: &mut Browser, what: &str) {
-    let violations = browser.run(json!({"do": "axe"})).await;
-    assert_eq!(violations, json!([]), "{what}: {violations:#}");
-}
-
 #[tokio::test]
 async fn a_form_question_is_checked_in_the_page_and_by_the_gateway_then_answered_from_the_inbox() {
     let Some(mut scene) = scene().await else {
@@ -90,13 +69,13 @@ async fn a_form_question_is_checked_in_the_page_and_by_the_gateway_then_answered
 
     // Live in the inbox: the message, a control per field, required ones
     // marked, and Submit, Decline, Cancel.
-    wait_text(
-        browser,
-        "article.question h2",
-        "Which environment, and how many replicas?",
-    )
-    .await;
-    wait_text(browser, "#inbox-count", "1").await;
+    browser
+        .wait_text(
+            "article.question h2",
+            "Which environment, and how many replicas?",
+        )
+        .await;
+    browser.wait_text("#inbox-count", "1").await;
     let names = browser
         .run(json!({"do": "names", "selector": "article.question .options", "role": "button"}))
         .await;
@@ -140,8 +119,10 @@ async fn a_form_question_is_checked_in_the_page_and_by_the_gateway_then_answered
         browser.texts("article.question .field .hint").await,
         ["Who to tell when it is done"]
     );
-    fits(browser).await;
-    no_axe_violation(browser, "a form question in the inbox").await;
+    browser.fits_the_screen().await;
+    browser
+        .no_axe_violation("a form question in the inbox")
+        .await;
     let shot = browser.screenshot("question-form.png", true).await;
     eprintln!("question screenshot: {}", shot.display());
 
@@ -218,7 +199,7 @@ async fn a_form_question_is_checked_in_the_page_and_by_the_gateway_then_answered
             .await,
         json!([])
     );
-    fits(browser).await;
+    browser.fits_the_screen().await;
     browser.close().await;
 }
 
@@ -299,8 +280,10 @@ async fn questions_in_a_conversation_are_declined_followed_live_and_a_url_questi
         .run(json!({"do": "names", "selector": format!("{third} >> .options"), "role": "button"}))
         .await;
     assert_eq!(names, json!(["I opened it", "Decline"]));
-    fits(browser).await;
-    no_axe_violation(browser, "a conversation with questions").await;
+    browser.fits_the_screen().await;
+    browser
+        .no_axe_violation("a conversation with questions")
+        .await;
     let shot = browser.screenshot("question-url.png", true).await;
     eprintln!("URL question screenshot: {}", shot.display());
     browser.click("button", "I opened it").await;
@@ -458,7 +441,7 @@ async fn a_form_of_text_dates_a_long_choice_and_a_number_reaches_the_agent_as_fi
     browser
         .run(json!({"do": "select", "label": "Size", "value": "xl"}))
         .await;
-    fits(browser).await;
+    browser.fits_the_screen().await;
     browser.click("button", "Submit").await;
     let got = agent_got(&mut ws).await;
     assert_eq!(got["action"], "accept", "{got}");

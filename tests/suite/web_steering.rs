@@ -8,7 +8,7 @@
 use serde_json::{json, Value};
 
 use crate::common::*;
-use crate::web_client::{scene, Browser, Scene};
+use crate::web_client::{scene, Scene};
 
 /// The texts of the conversation's queue, as the API lists it.
 async fn queued(gw: &TestGateway, conversation: &str) -> Vec<String> {
@@ -37,33 +37,6 @@ async fn started(ws: &mut Ws, text: &str) -> Value {
     frames.last().unwrap()["data"]["turn_id"].clone()
 }
 
-async fn wait_text(browser: &mut Browser, selector: &str, text: &str) {
-    browser
-        .run(json!({"do": "wait_text", "selector": selector, "text": text}))
-        .await;
-}
-
-async fn wait_hidden(browser: &mut Browser, selector: &str) {
-    browser
-        .run(json!({"do": "wait", "selector": selector, "state": "hidden"}))
-        .await;
-}
-
-/// Nothing on the page is wider than the 375 px screen.
-async fn fits(browser: &mut Browser) {
-    let width = browser.run(json!({"do": "width"})).await;
-    assert_eq!(width["client"], 375, "{width}");
-    assert!(
-        width["scroll"].as_i64() <= width["client"].as_i64(),
-        "the page scrolls sideways: {width}"
-    );
-}
-
-async fn no_axe_violation(browser: &mut Browser, what: &str) {
-    let violations = browser.run(json!({"do": "axe"})).await;
-    assert_eq!(violations, json!([]), "{what}: {violations:#}");
-}
-
 #[tokio::test]
 async fn prompts_typed_during_a_turn_queue_above_the_input_and_are_edited_moved_removed_and_started(
 ) {
@@ -87,7 +60,7 @@ async fn prompts_typed_during_a_turn_queue_above_the_input_and_are_edited_moved_
         browser.click("button", "Send").await;
         browser.wait_for_text("#queue li .text", text).await;
     }
-    wait_text(browser, "#queue-head", "Queued (3)").await;
+    browser.wait_text("#queue-head", "Queued (3)").await;
     assert_eq!(
         browser.texts("#queue li .text").await,
         ["hello one", "hello two", "hello three"]
@@ -101,20 +74,26 @@ async fn prompts_typed_during_a_turn_queue_above_the_input_and_are_edited_moved_
         .run(json!({"do": "values", "selector": "#prompt"}))
         .await;
     assert_eq!(value, json!([""]));
-    fits(browser).await;
+    browser.fits_the_screen().await;
     let shot = browser.screenshot("queue.png", false).await;
     eprintln!("queue screenshot: {}", shot.display());
-    no_axe_violation(browser, "a conversation with a queue").await;
+    browser
+        .no_axe_violation("a conversation with a queue")
+        .await;
 
     // Edited, moved to the top, removed: each as the API has it.
     browser.click("button", "Edit: hello two").await;
     browser.fill("Edit the queued prompt", "hello TWO").await;
     browser.click("button", "Save").await;
-    wait_text(browser, "#queue li:nth-child(2) .text", "hello TWO").await;
+    browser
+        .wait_text("#queue li:nth-child(2) .text", "hello TWO")
+        .await;
     browser.click("button", "Top: hello three").await;
-    wait_text(browser, "#queue li:nth-child(1) .text", "hello three").await;
+    browser
+        .wait_text("#queue li:nth-child(1) .text", "hello three")
+        .await;
     browser.click("button", "Remove: hello one").await;
-    wait_text(browser, "#queue-head", "Queued (2)").await;
+    browser.wait_text("#queue-head", "Queued (2)").await;
     assert_eq!(
         browser.texts("#queue li .text").await,
         ["hello three", "hello TWO"]
@@ -146,7 +125,7 @@ async fn prompts_typed_during_a_turn_queue_above_the_input_and_are_edited_moved_
     browser
         .run(json!({"do": "wait", "selector": "p.turn-end >> nth=2"}))
         .await;
-    wait_hidden(browser, "section.queue").await;
+    browser.wait_hidden("section.queue").await;
     assert_eq!(
         browser.texts("section.message.user .text").await,
         ["work", "hello three", "hello TWO"]
@@ -154,7 +133,7 @@ async fn prompts_typed_during_a_turn_queue_above_the_input_and_are_edited_moved_
     let said = browser.texts("section.message.agent .text").await;
     assert_eq!(said.last().unwrap(), "You said: hello TWO", "{said:?}");
     assert!(queued(gw, &conversation).await.is_empty());
-    wait_hidden(browser, "#send-now").await;
+    browser.wait_hidden("#send-now").await;
     browser.close().await;
 }
 
@@ -193,8 +172,8 @@ async fn send_now_steers_and_a_held_queue_says_so_and_resumes() {
         browser.texts("section.message.user .text").await,
         ["hang", "hello now", "hello later"]
     );
-    wait_hidden(browser, "#send-now").await;
-    wait_hidden(browser, "section.queue").await;
+    browser.wait_hidden("#send-now").await;
+    browser.wait_hidden("section.queue").await;
 
     // A turn cancelled with a prompt waiting: the queue holds, the page
     // says so and offers Resume.
@@ -209,24 +188,24 @@ async fn send_now_steers_and_a_held_queue_says_so_and_resumes() {
         .await;
     browser.click("button", "Cancel").await;
     ws.until_type("queue_held").await;
-    wait_text(
-        browser,
-        "div.held span",
-        "The queue is paused (the turn ended: cancelled). 1 prompt waits.",
-    )
-    .await;
-    fits(browser).await;
+    browser
+        .wait_text(
+            "div.held span",
+            "The queue is paused (the turn ended: cancelled). 1 prompt waits.",
+        )
+        .await;
+    browser.fits_the_screen().await;
     let shot = browser.screenshot("queue-held.png", false).await;
     eprintln!("held queue screenshot: {}", shot.display());
-    no_axe_violation(browser, "a held queue").await;
+    browser.no_axe_violation("a held queue").await;
     assert_eq!(queued(gw, &conversation).await, ["hello after"]);
 
     browser.click("button", "Resume").await;
     let turn = started(&mut ws, "hello after").await;
     ws.until(|e| e["type"] == "turn_ended" && e["data"]["turn_id"] == turn)
         .await;
-    wait_hidden(browser, "div.held").await;
-    wait_hidden(browser, "section.queue").await;
+    browser.wait_hidden("div.held").await;
+    browser.wait_hidden("section.queue").await;
     browser
         .run(json!({"do": "wait", "selector": "p.turn-end >> nth=4"}))
         .await;
@@ -266,20 +245,22 @@ async fn a_reason_given_with_an_answer_is_shown_with_the_decision_and_reaches_th
         .await;
     let reason = "Keep the greeting as it is.\nIt is tested.";
     browser.fill("Reason", reason).await;
-    fits(browser).await;
+    browser.fits_the_screen().await;
     let shot = browser.screenshot("reason.png", false).await;
     eprintln!("reason screenshot: {}", shot.display());
-    no_axe_violation(browser, "a request with its reason box open").await;
+    browser
+        .no_axe_violation("a request with its reason box open")
+        .await;
     browser.click("button", "Reject").await;
 
     // Shown with the decision, stored with it, and the agent told why when
     // its turn ends.
-    wait_text(
-        browser,
-        "article.permission .decision-reason",
-        &format!("Reason: {reason}"),
-    )
-    .await;
+    browser
+        .wait_text(
+            "article.permission .decision-reason",
+            &format!("Reason: {reason}"),
+        )
+        .await;
     let (_, answered) = gw.get(&format!("/api/v1/permissions/{request}")).await;
     assert_eq!(answered["status"], "rejected");
     assert_eq!(answered["decision"]["reason"], reason);
@@ -297,12 +278,12 @@ async fn a_reason_given_with_an_answer_is_shown_with_the_decision_and_reaches_th
     // Opened again, the page shows it from the events.
     browser.goto("/#/conversations").await;
     browser.goto(&format!("/#/c/{conversation}")).await;
-    wait_text(
-        browser,
-        "article.permission .decision-reason",
-        &format!("Reason: {reason}"),
-    )
-    .await;
+    browser
+        .wait_text(
+            "article.permission .decision-reason",
+            &format!("Reason: {reason}"),
+        )
+        .await;
 
     // From the inbox, at once: the turn is stopped and the reason sent.
     gw.prompt(&conversation, "work").await;
