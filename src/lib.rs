@@ -92,6 +92,9 @@
 //!   start with and whether they can; [`process::child`] waits for and stops
 //!   one such tree; [`process::procs`] reads `/proc` and finds what a crashed
 //!   run's agents left running.
+//! - [`git`]: git and nothing of sessions: a conversation's worktree on a
+//!   repository, what differs in it from its base, committing, landing and
+//!   discarding, and what its box must grant; by running git itself.
 //! - [`config`]: the TOML config and its validation, data only, below every
 //!   part it configures: the gateway's settings, an agent profile
 //!   ([`config::profile`]), what a database URL names, read in one place
@@ -126,6 +129,7 @@ pub mod bus;
 pub mod store;
 pub mod sandbox;
 pub mod process;
+pub mod git;
 pub mod config;
 pub mod model;
 pub mod limits;

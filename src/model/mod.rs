@@ -17,10 +17,12 @@ pub mod conversation;
 pub mod question;
 pub mod permission;
 pub mod queue;
+pub mod changes;
 pub mod agent_report;
 pub mod stamp;
 
 pub use agent_report::*;
+pub use changes::*;
 pub use conversation::*;
 pub use event::*;
 pub use permission::*;
