@@ -121,6 +121,9 @@ pub struct Config {
     /// Where the gateway keeps its shims' sockets (default: the directory
     /// of the SQLite file, else the data directory).
     pub state_dir: Option<PathBuf>,
+    /// The git program worktrees are made and changes read with (default:
+    /// `git` on the gateway's `PATH`).
+    pub git: Option<PathBuf>,
     /// Run each agent under a shim (`acp-gateway shim`) that outlives the
     /// gateway, so a restart or a crash of the gateway ends no turn.
     #[serde(default = "default_true")]
@@ -652,6 +655,18 @@ impl Config {
     pub fn homes_dir(&self) -> PathBuf {
         let dir = self.state_dir().join("homes");
         std::path::absolute(&dir).unwrap_or(dir)
+    }
+
+    /// Where conversations' worktrees are made (`<state_dir>/worktrees`,
+    /// absolute).
+    pub fn worktrees_dir(&self) -> PathBuf {
+        let dir = self.state_dir().join("worktrees");
+        std::path::absolute(&dir).unwrap_or(dir)
+    }
+
+    /// The git program (`git`, default `git` on `PATH`).
+    pub fn git_program(&self) -> PathBuf {
+        self.git.clone().unwrap_or_else(|| PathBuf::from("git"))
     }
 
     /// `ws_buffer_bytes_per_user`, its default applied: a quarter of

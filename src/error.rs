@@ -58,6 +58,13 @@ pub enum Error {
     /// The agent could not be started or failed while starting.
     #[error("{0}")]
     AgentFailed(String),
+    /// A git repository or worktree is out of reach of this node, or git
+    /// failed on it (its words are in the detail).
+    #[error("{0}")]
+    Repository(String),
+    /// A path in the request leads out of where it must stay.
+    #[error("{0}")]
+    BadPath(String),
     /// The agent did not answer in time.
     #[error("{0}")]
     AgentTimeout(String),
@@ -177,6 +184,8 @@ impl Error {
             Error::Fenced(_) => (StatusCode::CONFLICT, "conversation_moved"),
             Error::Gone(_) => (StatusCode::GONE, "gone"),
             Error::AgentFailed(_) => (StatusCode::BAD_GATEWAY, "agent_failed"),
+            Error::Repository(_) => (StatusCode::BAD_GATEWAY, "repository_failed"),
+            Error::BadPath(_) => (StatusCode::BAD_REQUEST, "invalid_path"),
             Error::AgentTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, "agent_timeout"),
             Error::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Error::AtCapacity { .. } => (StatusCode::SERVICE_UNAVAILABLE, "at_capacity"),

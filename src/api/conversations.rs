@@ -29,10 +29,11 @@ use crate::model::{
 use crate::session::Setting;
 pub(crate) use paths::ConversationPath;
 pub(crate) use prompts::{prompt_content, Started};
-use starting::NewConversation;
+use starting::{NewConversation, OnRepository};
 
 mod prompts;
 mod starting;
+mod on_repository;
 mod paths;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -75,6 +76,52 @@ struct CreateBody {
         pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
     )]
     adopt: Option<String>,
+    /// A git repository to make the conversation on (default: the
+    /// profile's `repository`): it gets a worktree of its own
+    /// (`<state_dir>/worktrees/<id>`, its `cwd`) on a new branch from
+    /// `base`. Inside the profile's `allowed_roots` (403), a repository
+    /// (422); not with `cwd` (422).
+    #[schema(schema_with = repository_schema)]
+    repository: Option<String>,
+    /// The branch to start from and land on (default: the profile's
+    /// `base`, else the branch the repository has checked out); one that
+    /// is not there is 422.
+    #[schema(schema_with = branch_schema)]
+    base: Option<String>,
+    /// The conversation's new branch (default `acp/<the last 8 hex digits
+    /// of its id>`): in a folder (`feature/x`, not `x`, and not the base's
+    /// folder), since the agent's box may write that folder's refs; one
+    /// that exists is 409 `branch_exists`, one git refuses 422.
+    #[schema(schema_with = branch_schema)]
+    branch: Option<String>,
+}
+
+/// A request's repository: an absolute path, as a `cwd` is.
+pub(super) fn repository_schema() -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{SchemaType, Type};
+    utoipa::openapi::schema::ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+        .description(Some(
+            "An absolute path, 1 to 1024 characters, of a git repository (its top directory). \
+             One outside the profile's `allowed_roots` is 403; one that is not a repository, 422.",
+        ))
+        .min_length(Some(1))
+        .max_length(Some(limits::CWD_MAX_CHARS))
+        .pattern(Some(limits::PATH_PATTERN))
+        .build()
+}
+
+/// A request's branch name: one line of at most 200 bytes (git checks
+/// the rest: 422).
+pub(super) fn branch_schema() -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{SchemaType, Type};
+    utoipa::openapi::schema::ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+        .description(Some("A branch name, 1 to 200 characters, one line."))
+        .min_length(Some(1))
+        .max_length(Some(on_repository::BRANCH_MAX_CHARS))
+        .pattern(Some(limits::LINE_PATTERN))
+        .build()
 }
 
 /// A request's agent profile name: of the shape every profile's name has
@@ -128,17 +175,24 @@ async fn create(
     Authed { state, caller }: Authed,
     AppJson(body): AppJson<CreateBody>,
 ) -> Result<impl IntoResponse> {
+    let on = OnRepository {
+        base: body.base,
+        branch: body.branch,
+    };
     let conversation = match body.adopt {
         None => {
-            start_conversation(
-                &state,
-                &caller,
-                &body.agent,
-                body.title,
-                body.cwd.as_deref(),
-                Vec::new(),
-            )
-            .await?
+            let place = Place {
+                cwd: body.cwd.as_deref(),
+                repository: body.repository.as_deref(),
+                on,
+            };
+            start_conversation(&state, &caller, &body.agent, body.title, place, Vec::new()).await?
+        }
+        Some(_) if body.repository.is_some() || on.base.is_some() || on.branch.is_some() => {
+            return Err(Error::Unprocessable(
+                "a session taken over (adopt) goes on in its own cwd, not on a repository"
+                    .to_owned(),
+            ))
         }
         Some(adopt) => {
             starting::adopt(
@@ -162,17 +216,41 @@ pub(super) async fn start_conversation(
     caller: &Caller,
     agent: &str,
     title: Option<String>,
-    cwd: Option<&str>,
+    place: Place<'_>,
     client_mcp: Vec<agent_client_protocol_schema::v1::McpServer>,
 ) -> Result<Conversation> {
-    let new = NewConversation::check(state, caller, agent, title, cwd)?;
+    let new = NewConversation::check(
+        state,
+        caller,
+        agent,
+        title,
+        place.cwd,
+        place.repository,
+        place.on,
+    )?;
     // Counted once the request would start an agent.
     state.auth().check_rate(caller, Limited::Conversation)?;
-    let conversation = new.conversation(caller);
-    state
+    let mut conversation = new.conversation(caller);
+    new.make_worktree(state, &mut conversation).await?;
+    let worktree = conversation.worktree.clone();
+    let profile = new.profile.clone();
+    let started = state
         .sessions()
         .start(new.profile, conversation, client_mcp)
-        .await
+        .await;
+    if let (Err(_), Some(worktree)) = (&started, &worktree) {
+        on_repository::unmake_worktree(state, &profile, worktree).await;
+    }
+    started
+}
+
+/// Where a new conversation works: a `cwd`, or a worktree of its own on a
+/// repository (the profile's defaults where the request names neither).
+#[derive(Default)]
+pub(crate) struct Place<'a> {
+    pub(crate) cwd: Option<&'a str>,
+    pub(crate) repository: Option<&'a str>,
+    pub(crate) on: OnRepository,
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -241,17 +319,38 @@ async fn show(Visible { item, .. }: Visible<Conversation>) -> Json<Conversation>
 
 /// Closes a conversation: its agent session stops (`session/close` first,
 /// where the agent offers it); its history stays, its status is `closed`.
+/// One made on a repository loses its worktree; its branch stays (what the
+/// worktree held uncommitted is committed on it first) unless
+/// `discard_branch=true`.
 #[utoipa::path(
     delete, operation_id = "closeConversation", path = "/api/v1/conversations/{id}", tag = "conversations",
-    params(ConversationPath),
+    params(ConversationPath, CloseQuery),
     responses(
         (status = 204, description = "Closed"),
         NoConversation,
     )
 )]
-async fn close(Visible { state, item, .. }: Visible<Conversation>) -> Result<StatusCode> {
+async fn close(
+    Visible { state, item, .. }: Visible<Conversation>,
+    AppQuery(q): AppQuery<CloseQuery>,
+) -> Result<StatusCode> {
     state.sessions().close(&item).await?;
+    // Its agent is gone: its worktree goes (uncommitted work kept on the
+    // branch), and the branch too where the person discards it.
+    state
+        .sessions()
+        .remove_worktree(&item, q.discard_branch.unwrap_or(false))
+        .await;
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct CloseQuery {
+    /// A conversation made on a repository: delete its branch too (default
+    /// false: the branch stays, with whatever the worktree held uncommitted
+    /// committed on it).
+    discard_branch: Option<bool>,
 }
 
 /// Cancels the running turn (`session/cancel`; its pending permission

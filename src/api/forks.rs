@@ -89,6 +89,13 @@ async fn fork(
             ),
         )
     })?;
+    if source.worktree.is_some() {
+        // Two conversations in one worktree would step on each other.
+        return Err(not_supported(
+            "a conversation made on a repository is not forked: start another on the repository"
+                .into(),
+        ));
+    }
     if SessionOffers::of(&source.state).is_some_and(|offers| !offers.fork) {
         return Err(not_supported(format!(
             "the agent of profile {:?} does not offer session/fork",
@@ -141,6 +148,8 @@ async fn fork(
             message_id: messages.last().map(|m| m.id),
         }),
         adopted_session: None,
+        worktree: None,
+        changes: None,
     };
     let origin = Origin::Fork {
         source_session,

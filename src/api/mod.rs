@@ -7,6 +7,7 @@ mod agent_sessions;
 mod policies;
 mod ws;
 mod queue;
+mod changes;
 mod questions;
 mod conversations;
 mod tokens;
@@ -54,6 +55,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .merge(actions::router())
         .merge(conversations::router())
         .merge(queue::router())
+        .merge(changes::router())
         .merge(forks::router())
         .merge(agent_sessions::router())
         .merge(search::router())

@@ -42,6 +42,7 @@ use crate::store::TokenInfo;
         (name = "settings", description = "What an agent reports about its session, and changing it"),
         (name = "events", description = "The event log, over REST and WebSocket"),
         (name = "permissions", description = "The agents' permission requests and their answers"),
+        (name = "changes", description = "A conversation made on a repository: what its worktree changed, and committing, landing and discarding it"),
         (name = "questions", description = "The agents' questions to a person (ACP elicitation) and their answers"),
         (name = "policies", description = "Operator rules that answer permission requests"),
         (name = "tokens", description = "Bearer tokens and users (operators only)"),

@@ -79,6 +79,17 @@ pub struct AgentProfile {
     pub pass_env: Vec<String>,
     /// Default working directory of its sessions (absolute).
     pub cwd: Option<PathBuf>,
+    /// A git repository its conversations are made on by default: each
+    /// gets a worktree of its own on a new branch from `base` (a request's
+    /// `repository` wins; `{user}` is the user's name).
+    pub repository: Option<PathBuf>,
+    /// The branch a conversation's worktree starts from and lands on
+    /// (default: the repository's checked-out branch).
+    pub base: Option<String>,
+    /// Bases only an operator may land on (glob patterns of branch names,
+    /// e.g. `["main", "release/*"]`): a user's land there is 403.
+    #[serde(default)]
+    pub protected_bases: Vec<String>,
     /// MCP servers passed in `session/new`, in ACP's `McpServer` shape
     /// (checked when the config is loaded).
     #[serde(default)]
@@ -240,6 +251,9 @@ impl AgentProfile {
             env: BTreeMap::new(),
             pass_env: Vec::new(),
             cwd: None,
+            repository: None,
+            base: None,
+            protected_bases: Vec::new(),
             mcp_servers: Vec::new(),
             permission_timeout: None,
             on_timeout: Default::default(),
@@ -317,6 +331,19 @@ impl AgentProfile {
         if let Some(cwd) = &self.cwd {
             if !cwd.is_absolute() {
                 bail!("{key}.cwd: {:?} must be an absolute path", cwd);
+            }
+        }
+        if let Some(repository) = &self.repository {
+            if !repository.is_absolute() {
+                bail!("{key}.repository: {:?} must be an absolute path", repository);
+            }
+        }
+        if self.base.is_some() && self.repository.is_none() {
+            bail!("{key}.base: only with a repository");
+        }
+        for (j, pattern) in self.protected_bases.iter().enumerate() {
+            if let Err(e) = globset::Glob::new(pattern) {
+                bail!("{key}.protected_bases[{j}]: {pattern:?} is not a glob: {e}");
             }
         }
         for (j, name) in self.pass_env.iter().enumerate() {

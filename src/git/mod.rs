@@ -10,6 +10,9 @@
 //! with the old value), and its machine-readable output (`-z`). Git's
 //! on-disk formats are never read here.
 
+mod to_error;
+mod current;
+
 use std::path::{Path, PathBuf};
 
 use crate::model::{

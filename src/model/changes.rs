@@ -181,8 +181,18 @@ pub struct ChangesDiscarded {
 }
 
 /// One commit's author or committer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Signature {
     pub name: String,
     pub email: String,
+}
+
+impl Signature {
+    /// The gateway, as a commit's committer.
+    pub fn gateway() -> Signature {
+        Signature {
+            name: "acp-gateway".to_owned(),
+            email: "acp-gateway@localhost".to_owned(),
+        }
+    }
 }

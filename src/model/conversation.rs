@@ -11,6 +11,7 @@ use super::agent_report::{
     AgentReport, AvailableCommand, PromptCapabilities, SessionConfigOption, SessionModeState,
     SessionOffers, Usage,
 };
+use super::changes::{ChangeTotals, Worktree};
 use super::queue::QueuedPrompt;
 
 /// Lifecycle of a conversation.
@@ -87,6 +88,10 @@ pub struct Conversation {
     pub forked_from: Option<ForkedFrom>,
     /// The agent session begun elsewhere it took over (`adopt`), if it did.
     pub adopted_session: Option<String>,
+    /// The git worktree it was made on, if it was made on a repository.
+    pub worktree: Option<Worktree>,
+    /// How much its worktree differs from its base, as last recorded.
+    pub changes: Option<ChangeTotals>,
 }
 
 /// Where a forked conversation came from: the conversation, and the message
@@ -150,6 +155,41 @@ pub struct ConversationView {
     /// The agent's session id this conversation took over (`adopt`), when it
     /// was made to continue a session begun elsewhere.
     adopted_session: Option<String>,
+    /// The git worktree it works in, when it was made on a repository
+    /// (`repository`): its `cwd`, on a branch of its own.
+    worktree: Option<WorktreeView>,
+    /// How much its worktree differs from its base (files, lines, commits),
+    /// as recorded after its last turn, commit, land or discard; `null`
+    /// without a worktree or before the first record.
+    changes: Option<ChangeTotals>,
+}
+
+/// A conversation's worktree as the API shows it.
+#[derive(Serialize, ToSchema)]
+#[schema(as = Worktree)]
+pub struct WorktreeView {
+    /// The repository (its top directory).
+    repository: String,
+    /// The branch the work started from and lands on.
+    #[schema(example = "main")]
+    base: String,
+    /// The conversation's own branch.
+    #[schema(example = "acp/5f1c2a9e")]
+    branch: String,
+    /// The worktree's directory; gone once the conversation is closed (its
+    /// branch stays).
+    path: String,
+}
+
+impl From<Worktree> for WorktreeView {
+    fn from(w: Worktree) -> Self {
+        WorktreeView {
+            repository: w.repository,
+            base: w.base,
+            branch: w.branch,
+            path: w.path,
+        }
+    }
 }
 
 impl From<Conversation> for ConversationView {
@@ -181,6 +221,8 @@ impl From<Conversation> for ConversationView {
             session_capabilities,
             forked_from: c.forked_from,
             adopted_session: c.adopted_session,
+            worktree: c.worktree.map(WorktreeView::from),
+            changes: c.changes,
         }
     }
 }
@@ -432,6 +474,8 @@ mod tests {
             queue: Vec::new(),
             forked_from: None,
             adopted_session: None,
+            worktree: None,
+            changes: None,
         };
         c.state.title = Some("Agent's".into());
         let shown = serde_json::to_value(&c).unwrap();

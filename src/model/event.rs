@@ -28,6 +28,7 @@ use uuid::Uuid;
 use super::agent_report::SettingValue;
 use super::permission::{PermissionRequest, WaitingKind};
 use super::question::Question;
+use super::changes::{ChangesCommitted, ChangesDiscarded, ChangesLanded, ChangesUpdated};
 use super::queue::{QueueChanged, QueueHeld};
 
 mod session_update;
@@ -62,6 +63,10 @@ pub mod event_type {
     pub const QUEUE_HELD: &str = "queue_held";
     pub const QUESTION_ASKED: &str = "question_asked";
     pub const QUESTION_RESOLVED: &str = "question_resolved";
+    pub const CHANGES_UPDATED: &str = "changes_updated";
+    pub const CHANGES_COMMITTED: &str = "changes_committed";
+    pub const CHANGES_LANDED: &str = "changes_landed";
+    pub const CHANGES_DISCARDED: &str = "changes_discarded";
 }
 
 /// What an event says happened: its `type`, and its `data` typed.
@@ -97,6 +102,16 @@ pub enum EventBody {
     /// `queue_held`: a turn ended other than with `end_turn` while prompts
     /// were queued; they wait for a person.
     QueueHeld(QueueHeld),
+    /// `changes_updated`: after a turn, what differs from the base in the
+    /// conversation's worktree now (files, lines added and removed).
+    ChangesUpdated(ChangesUpdated),
+    /// `changes_committed`: a person committed what the worktree held.
+    ChangesCommitted(ChangesCommitted),
+    /// `changes_landed`: a person brought the branch into its base.
+    ChangesLanded(ChangesLanded),
+    /// `changes_discarded`: a person threw away what the worktree held
+    /// since its last commit.
+    ChangesDiscarded(ChangesDiscarded),
     /// `question_asked`: the agent asks a person a question (ACP
     /// elicitation); the question as stored.
     QuestionAsked(Question),
@@ -153,6 +168,10 @@ impl EventBody {
             EventBody::QueueHeld(_) => QUEUE_HELD,
             EventBody::QuestionAsked(_) => QUESTION_ASKED,
             EventBody::QuestionResolved(_) => QUESTION_RESOLVED,
+            EventBody::ChangesUpdated(_) => CHANGES_UPDATED,
+            EventBody::ChangesCommitted(_) => CHANGES_COMMITTED,
+            EventBody::ChangesLanded(_) => CHANGES_LANDED,
+            EventBody::ChangesDiscarded(_) => CHANGES_DISCARDED,
             EventBody::Verbatim { kind, .. } => kind,
         }
     }
@@ -245,6 +264,10 @@ impl EventBody {
             QUEUE_HELD => parse(data, EventBody::QueueHeld, kind),
             QUESTION_ASKED => parse(data, EventBody::QuestionAsked, kind),
             QUESTION_RESOLVED => parse(data, EventBody::QuestionResolved, kind),
+            CHANGES_UPDATED => parse(data, EventBody::ChangesUpdated, kind),
+            CHANGES_COMMITTED => parse(data, EventBody::ChangesCommitted, kind),
+            CHANGES_LANDED => parse(data, EventBody::ChangesLanded, kind),
+            CHANGES_DISCARDED => parse(data, EventBody::ChangesDiscarded, kind),
             _ => EventBody::Verbatim {
                 kind: kind.to_owned(),
                 data,
@@ -271,6 +294,10 @@ impl Serialize for EventBodyData<'_> {
             EventBody::QueueChanged(d) => d.serialize(s),
             EventBody::QueueHeld(d) => d.serialize(s),
             EventBody::QuestionAsked(d) | EventBody::QuestionResolved(d) => d.serialize(s),
+            EventBody::ChangesUpdated(d) => d.serialize(s),
+            EventBody::ChangesCommitted(d) => d.serialize(s),
+            EventBody::ChangesLanded(d) => d.serialize(s),
+            EventBody::ChangesDiscarded(d) => d.serialize(s),
             EventBody::Verbatim { data, .. } => data.serialize(s),
         }
     }
@@ -332,7 +359,11 @@ body_from!(
     FileWritten,
     TerminalOutput,
     QueueChanged,
-    QueueHeld
+    QueueHeld,
+    ChangesUpdated,
+    ChangesCommitted,
+    ChangesLanded,
+    ChangesDiscarded
 );
 
 /// `turn_started`: a prompt was accepted.
@@ -483,7 +514,7 @@ struct Documented {
 }
 
 /// The events as the OpenAPI document shows them, one schema per type.
-const DOCUMENTED: [Documented; 14] = {
+const DOCUMENTED: [Documented; 18] = {
     use event_type::*;
     [
         Documented {
@@ -557,6 +588,30 @@ const DOCUMENTED: [Documented; 14] = {
             kind: QUEUE_HELD,
             description: "`queue_held`: a turn ended other than with `end_turn` while prompts\nwere queued; they wait for a person.",
             data: component::<QueueHeld>,
+        },
+        Documented {
+            name: "ChangesUpdated",
+            kind: CHANGES_UPDATED,
+            description: "`changes_updated`: after a turn, what differs from the base in the\nconversation's worktree now (files, lines added and removed).",
+            data: component::<ChangesUpdated>,
+        },
+        Documented {
+            name: "ChangesCommitted",
+            kind: CHANGES_COMMITTED,
+            description: "`changes_committed`: a person committed what the worktree held.",
+            data: component::<ChangesCommitted>,
+        },
+        Documented {
+            name: "ChangesLanded",
+            kind: CHANGES_LANDED,
+            description: "`changes_landed`: a person brought the branch into its base.",
+            data: component::<ChangesLanded>,
+        },
+        Documented {
+            name: "ChangesDiscarded",
+            kind: CHANGES_DISCARDED,
+            description: "`changes_discarded`: a person threw away what the worktree held\nsince its last commit.",
+            data: component::<ChangesDiscarded>,
         },
         Documented {
             name: "QuestionAsked",

@@ -9,12 +9,14 @@ use super::{scripts, Home, Inputs, Rules};
 use crate::config::AgentProfile;
 
 /// `profile` as `user`'s conversations get it: each `{user}` in its `cwd`,
+/// `repository`,
 /// `allowed_roots`, `read_only_paths` and `read_write_paths` is the user's
 /// name (see [`with_user`]).
 pub fn for_user(profile: &AgentProfile, user: Option<&str>) -> AgentProfile {
     let each = |paths: &[PathBuf]| paths.iter().map(|p| with_user(p, user)).collect();
     AgentProfile {
         cwd: profile.cwd.as_deref().map(|cwd| with_user(cwd, user)),
+        repository: profile.repository.as_deref().map(|r| with_user(r, user)),
         allowed_roots: each(&profile.allowed_roots),
         read_only_paths: each(&profile.read_only_paths),
         read_write_paths: each(&profile.read_write_paths),

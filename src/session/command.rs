@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::queue::QueueEdit;
+use super::work::{ChangeDone, ChangeOp};
 use crate::error::Result;
 use crate::model::{AgentReport, Answer, PermissionRequest, QueueChanged};
 
@@ -88,6 +89,14 @@ pub enum Command {
         changed_by: String,
         #[serde(skip)]
         reply: Reply<Result<()>>,
+    },
+    /// A person's commit, land or discard in the conversation's worktree,
+    /// between turns; the reply is what it did.
+    Changes {
+        op: ChangeOp,
+        by: String,
+        #[serde(skip)]
+        reply: Reply<Result<ChangeDone>>,
     },
     /// Stop the agent if it is idle (to make room for another); the reply
     /// says whether it will stop. Only ever asked of this node's own tasks:
@@ -244,6 +253,11 @@ impl Handle {
     /// Changes a queued prompt.
     pub async fn edit_queue(&self, edit: QueueEdit, by: String) -> Option<Result<QueueChanged>> {
         self.ask(|reply| Command::Queue { edit, by, reply }).await
+    }
+
+    /// A person's commit, land or discard in the worktree.
+    pub async fn change_work(&self, op: ChangeOp, by: String) -> Option<Result<ChangeDone>> {
+        self.ask(|reply| Command::Changes { op, by, reply }).await
     }
 
     /// Starts the first queued prompt now.

@@ -204,6 +204,11 @@ impl Journal {
         &*self.outlets.store
     }
 
+    /// The store, to keep beyond a borrow of the journal.
+    pub fn store_handle(&self) -> std::sync::Arc<dyn Store> {
+        self.outlets.store.clone()
+    }
+
     pub fn conversation_id(&self) -> Uuid {
         self.conversation_id
     }
@@ -659,6 +664,8 @@ mod tests {
             queue: Vec::new(),
             forked_from: None,
             adopted_session: None,
+            worktree: None,
+            changes: None,
         };
         store.insert_conversation(&conversation).await.unwrap();
         let outlets = Outlets {

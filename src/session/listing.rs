@@ -49,6 +49,8 @@ impl Sessions {
             queue: Vec::new(),
             forked_from: None,
             adopted_session: None,
+            worktree: None,
+            changes: None,
         };
         let _slot = self.admit(Some(owner)).await?;
         let agent_box = agent_box_of(&profile, &probe, &self.inner.setup.homes)?;

@@ -23,6 +23,7 @@
 mod mcp;
 mod reattach;
 mod route;
+mod worktree;
 pub mod answer;
 pub mod recover;
 pub mod task;
@@ -34,6 +35,7 @@ pub mod pending;
 pub mod served;
 mod listing;
 mod spawn;
+pub mod work;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -55,6 +57,7 @@ use command::Handle;
 pub use command::Setting;
 use journal::Outlets;
 pub use task::Origin;
+pub use work::{ChangeDone, ChangeOp};
 use task::StartParams;
 
 /// The supervisor of every live conversation on this node: cheap to clone.
@@ -115,6 +118,7 @@ impl Sessions {
                     waiting: Default::default(),
                     shim: shim_setup(config),
                     homes: config.homes_dir(),
+                    git: config.git_program(),
                 },
                 node,
                 profiles,

@@ -445,7 +445,7 @@ impl Sessions {
     /// else here on what is stored (`write`, with a journal fenced at the
     /// claim this takes, under the gate a start takes too, so no session
     /// starts meanwhile), without starting its agent.
-    async fn unattended<T, F, Fut, W>(
+    pub(super) async fn unattended<T, F, Fut, W>(
         &self,
         conversation: &Conversation,
         command: F,
@@ -569,6 +569,10 @@ impl ClusterMember for Sessions {
                 } => {
                     self.change(&conversation, setting, changed_by).await?;
                     Value::Null
+                }
+                Command::Changes { op, by, .. } => {
+                    serde_json::to_value(self.change_work(&conversation, op, by).await?)
+                        .expect("changes serialize")
                 }
                 // Never sent to another node (it cannot be read from JSON).
                 Command::Release { .. } => {

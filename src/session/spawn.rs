@@ -197,6 +197,18 @@ pub(super) fn agent_box_of(
         .map_err(|e| cannot(format!("its home {}: {e}", home.dir.display())))?;
     // `homes` is beneath the state directory, which no box may hold.
     let state_dir = homes.parent().unwrap_or(homes);
+    // A worktree's box also grants what git needs to commit from it (its
+    // git directory, the objects, its branch's ref folder) and no other
+    // worktree of the repository.
+    let mut profile = profile.clone();
+    if let Some(worktree) = &conversation.worktree {
+        crate::git::prepare_box(worktree)
+            .map_err(|e| cannot(format!("its worktree's git folders: {e}")))?;
+        let paths = crate::git::box_paths(worktree);
+        profile.read_write_paths.extend(paths.read_write);
+        profile.read_only_paths.extend(paths.read_only);
+    }
+    let profile = &profile;
     let rules = effective.enforced.then(|| {
         sandbox::profile::rules(
             profile,

@@ -25,6 +25,7 @@ mod incoming;
 mod output;
 mod permissions;
 mod queue;
+mod changes;
 pub(super) mod reattached;
 mod settings;
 mod turns;
@@ -68,7 +69,7 @@ pub use origin::Origin;
 use origin::{copy_history, forget_conversation};
 use output::{output_moved_on, ShimOutput};
 pub use parts::ExitCauses;
-use parts::{Change, Ending, Intake, Queue, Requests, Settings, Turns};
+use parts::{Change, Ending, Intake, Queue, Requests, Settings, Turns, Work};
 
 /// Most events committed in one batch while an agent streams.
 const MAX_BATCH_EVENTS: usize = 512;
@@ -104,6 +105,8 @@ pub struct Setup {
     pub shim: Option<ShimSetup>,
     /// Where users' homes are made (`<state_dir>/homes`).
     pub homes: PathBuf,
+    /// The git program worktrees are read with.
+    pub git: PathBuf,
 }
 
 /// What starting one conversation's session takes besides the [`Setup`].
@@ -355,6 +358,10 @@ fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
         queue: Queue {
             prompts: conversation.queue.clone(),
         },
+        work: conversation.worktree.clone().map(|worktree| Work {
+            git: super::work::git_of(&setup.git, Some(&profile)),
+            worktree,
+        }),
         settings: Settings {
             state: parts.state,
             changes: FuturesUnordered::new(),
@@ -405,6 +412,9 @@ struct Task {
     settings: Settings,
     requests: Requests,
     ending: Ending,
+    /// The conversation's worktree and the git that reads it (`None`: not
+    /// made on a repository).
+    work: Option<Work>,
 }
 
 /// What woke the session loop.
@@ -564,7 +574,11 @@ impl Task {
                 if ends {
                     // The next queued prompt starts in the commit that
                     // ends this turn.
+                    let turn_ended = ended.is_some();
                     self.after_turn(ended).await?;
+                    if turn_ended {
+                        self.note_changes().await;
+                    }
                     self.flush().await?;
                 }
             }
@@ -677,6 +691,7 @@ impl Task {
                 changed_by,
                 reply,
             }),
+            Command::Changes { op, by, reply } => reply.send(self.change_work(op, &by).await),
             Command::Close { reply } => reply.send(()),
             Command::Release { reply } => reply.send(false),
         }

@@ -22,6 +22,11 @@ pub trait ConversationStore: Send + Sync {
     /// Removes a conversation and everything of it: only for one that never
     /// got going (a fork or an adoption its agent refused).
     async fn delete_conversation(&self, id: Uuid) -> Result<()>;
+
+    /// Records how much a conversation's worktree differs from its base
+    /// (what its newest `changes_*` event says), for the list to show.
+    async fn set_change_totals(&self, id: Uuid, totals: &crate::model::ChangeTotals)
+        -> Result<()>;
     /// Of the agent sessions `session_ids` of the agent profile `agent`,
     /// those an open (not closed) conversation of `owner`'s holds (its
     /// session, or the one it took over), each with that conversation's id.
@@ -92,9 +97,10 @@ macro_rules! impl_conversation_store {
                     sqlx::query(
                         "insert into conversations (id, agent, title, cwd, status,
                            acp_session_id, last_seq, created_at, updated_at, owner,
-                           agent_state, node_id, forked_from, forked_at, adopted_session)
+                           agent_state, node_id, forked_from, forked_at, adopted_session,
+                           worktree)
                          values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
-                           $15)",
+                           $15, $16)",
                     )
                     .bind(c.id)
                     .bind(&c.agent)
@@ -111,6 +117,7 @@ macro_rules! impl_conversation_store {
                     .bind(c.forked_from.as_ref().map(|f| f.conversation_id))
                     .bind(c.forked_from.as_ref().and_then(|f| f.message_id))
                     .bind(&c.adopted_session)
+                    .bind(c.worktree.as_ref().map(JsonText::of))
                     .execute(self.writer())
                     .await
                     .map_err($crate::error::Error::from)
@@ -130,6 +137,19 @@ macro_rules! impl_conversation_store {
                 async fn delete_conversation(&self, id: Uuid) -> Result<()> {
                     sqlx::query("delete from conversations where id = $1")
                         .bind(id)
+                        .execute(self.writer())
+                        .await?;
+                    Ok(())
+                }
+
+                async fn set_change_totals(
+                    &self,
+                    id: Uuid,
+                    totals: &$crate::model::ChangeTotals,
+                ) -> Result<()> {
+                    sqlx::query("update conversations set change_totals = $2 where id = $1")
+                        .bind(id)
+                        .bind(JsonText::of(totals))
                         .execute(self.writer())
                         .await?;
                     Ok(())

@@ -117,6 +117,8 @@ pub struct ConversationRow {
     forked_from: Option<Uuid>,
     forked_at: Option<Uuid>,
     adopted_session: Option<String>,
+    worktree: Option<Json<Value>>,
+    change_totals: Option<Json<Value>>,
 }
 
 impl ConversationRow {
@@ -159,6 +161,18 @@ impl ConversationRow {
                         message_id: self.forked_at,
                     }),
                 adopted_session: self.adopted_session,
+                // Written by this gateway when it made the worktree; one it
+                // cannot read is logged (the conversation goes on without).
+                worktree: self.worktree.and_then(|Json(v)| {
+                    serde_json::from_value(v)
+                        .inspect_err(|e| {
+                            tracing::error!(conversation_id = %self.id, error = %e, "unreadable worktree")
+                        })
+                        .ok()
+                }),
+                changes: self
+                    .change_totals
+                    .and_then(|Json(v)| serde_json::from_value(v).ok()),
             },
             self.current_turn_id,
         ))

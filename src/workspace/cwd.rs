@@ -47,11 +47,47 @@ pub fn conversation_cwd(
     // Outside the allowed roots, whether a directory exists is none of the
     // caller's business: checked first, and one answer for both. Inside,
     // nothing there (or a file) is 404.
-    check_allowed_root(&own, &cwd, &asked)?;
+    check_allowed_root(&own, &cwd, &asked, "cwd")?;
     if !cwd.is_dir() {
         return Err(Error::NotFound(format!("cwd {asked:?} is not a directory")));
     }
     Ok(std::fs::canonicalize(&cwd).map_err(anyhow::Error::from)?)
+}
+
+/// The repository a conversation of `user`'s with `profile` is made on:
+/// the one asked for, else the profile's (`{user}` filled in), else none;
+/// absolute, inside the `allowed_roots` (403 otherwise, there or not), a
+/// directory (422 otherwise: not a repository), and resolved.
+pub fn conversation_repository(
+    profile: &AgentProfile,
+    requested: Option<&str>,
+    user: Option<&str>,
+) -> Result<Option<PathBuf>> {
+    if let Some(requested) = requested {
+        crate::limits::path("repository", requested, crate::limits::CWD_MAX_CHARS)?;
+    }
+    let own = crate::sandbox::profile::for_user(profile, user);
+    let Some(asked) = requested
+        .map(PathBuf::from)
+        .or_else(|| own.repository.clone())
+    else {
+        return Ok(None);
+    };
+    if !asked.is_absolute() {
+        return Err(Error::Unprocessable(format!(
+            "repository {asked:?} must be an absolute path"
+        )));
+    }
+    let path = lexically_normal(&asked);
+    check_allowed_root(&own, &path, &asked, "repository")?;
+    if !path.is_dir() {
+        return Err(Error::Unprocessable(format!(
+            "repository {asked:?} is not a git repository (no such directory on this node)"
+        )));
+    }
+    Ok(Some(
+        std::fs::canonicalize(&path).map_err(anyhow::Error::from)?,
+    ))
 }
 
 /// A user's own workspace (the profile's `cwd` with `{user}`): made in
@@ -78,8 +114,9 @@ fn make_users_workspace(profile: &AgentProfile, dir: &Path) -> Result<()> {
 
 /// `allowed_roots`: where the cwd (lexically normal) leads, whether it
 /// is there or not ([`real_location`]), must be inside one of them.
-/// `asked` is the cwd as the caller wrote it, for the answer.
-fn check_allowed_root(profile: &AgentProfile, cwd: &Path, asked: &Path) -> Result<()> {
+/// `asked` is the path as the caller wrote it, and `what` its name, for
+/// the answer.
+fn check_allowed_root(profile: &AgentProfile, cwd: &Path, asked: &Path, what: &str) -> Result<()> {
     if profile.allowed_roots.is_empty() {
         return Ok(());
     }
@@ -93,7 +130,7 @@ fn check_allowed_root(profile: &AgentProfile, cwd: &Path, asked: &Path) -> Resul
         Ok(())
     } else {
         Err(Error::Forbidden(format!(
-            "cwd {asked:?} is outside the agent's allowed_roots"
+            "{what} {asked:?} is outside the agent's allowed_roots"
         )))
     }
 }

@@ -192,6 +192,8 @@ pub fn idle_conversation(owner: Option<&str>) -> acp_gateway::model::Conversatio
         queue: Vec::new(),
         forked_from: None,
         adopted_session: None,
+        worktree: None,
+        changes: None,
     }
 }
 

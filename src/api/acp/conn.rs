@@ -16,7 +16,7 @@ use uuid::Uuid;
 use super::accepts;
 use super::attach::{Attachment, Peer, Start};
 use super::wire::{self, Incoming};
-use crate::api::conversations::{prompt_content, start_conversation};
+use crate::api::conversations::{prompt_content, start_conversation, Place};
 use crate::api::state::AppState;
 use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
@@ -302,7 +302,10 @@ impl Conn {
             &self.caller,
             &agent,
             None,
-            Some(&p.cwd),
+            Place {
+                cwd: Some(&p.cwd),
+                ..Place::default()
+            },
             servers,
         )
         .await?;

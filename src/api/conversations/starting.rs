@@ -8,7 +8,9 @@ use crate::error::{Error, Result};
 use crate::limits;
 use crate::model::{self, Conversation, ConversationStatus};
 use crate::session::Origin;
-use crate::workspace::cwd::conversation_cwd;
+use crate::workspace::cwd::{conversation_cwd, conversation_repository};
+pub(crate) use super::on_repository::OnRepository;
+use super::on_repository::make_worktree;
 
 /// An agent session id a request names, in characters.
 pub(super) const SESSION_ID_MAX_CHARS: usize = 256;
@@ -19,32 +21,76 @@ pub(super) struct NewConversation {
     pub(super) profile: crate::config::AgentProfile,
     cwd: std::path::PathBuf,
     title: Option<String>,
+    /// The repository it is made on (its worktree is its `cwd`), if any.
+    repository: Option<std::path::PathBuf>,
+    on: OnRepository,
 }
 
 impl NewConversation {
-    /// The agent's name (422, 404), the title (422) and the `cwd` (422,
-    /// 403, 404), as [`conversation_cwd`] takes it.
+    /// The agent's name (422, 404), the title (422), and the `cwd` (422,
+    /// 403, 404) as [`conversation_cwd`] takes it or the repository (422,
+    /// 403) as [`conversation_repository`] does: a request's `cwd` wins
+    /// over its profile's `repository`; a request with both is 422.
     pub(super) fn check(
         state: &AppState,
         caller: &Caller,
         agent: &str,
         title: Option<String>,
         cwd: Option<&str>,
+        repository: Option<&str>,
+        on: OnRepository,
     ) -> Result<NewConversation> {
         limits::agent_name("agent", agent)?;
         if let Some(title) = &title {
             limits::line("title", title, limits::TITLE_MAX_CHARS)?;
         }
+        on.check()?;
+        if cwd.is_some() && repository.is_some() {
+            return Err(Error::Unprocessable(
+                "a conversation is made in a cwd or on a repository, not both".to_owned(),
+            ));
+        }
         let profile = state
             .config()
             .agent(agent)
             .ok_or_else(|| Error::NotFound(format!("no agent named {agent:?}")))?;
-        let cwd = conversation_cwd(&profile, cwd, Some(&caller.user))?;
+        let user = Some(caller.user.as_str());
+        let repository = match cwd {
+            Some(_) => None,
+            None => conversation_repository(&profile, repository, user)?,
+        };
+        if repository.is_none() && (on.base.is_some() || on.branch.is_some()) {
+            return Err(Error::Unprocessable(
+                "base and branch are for a conversation made on a repository".to_owned(),
+            ));
+        }
+        let cwd = match &repository {
+            // Its worktree, once made.
+            Some(repository) => repository.clone(),
+            None => conversation_cwd(&profile, cwd, user)?,
+        };
         Ok(NewConversation {
             profile,
             cwd,
             title,
+            repository,
+            on,
         })
+    }
+
+    /// Where it is made on a repository: its worktree, made now (and its
+    /// `cwd`).
+    pub(super) async fn make_worktree(
+        &self,
+        state: &AppState,
+        conversation: &mut Conversation,
+    ) -> Result<()> {
+        match &self.repository {
+            Some(repository) => {
+                make_worktree(state, &self.profile, conversation, repository, &self.on).await
+            }
+            None => Ok(()),
+        }
     }
 
     /// The conversation, not started yet.
@@ -66,6 +112,8 @@ impl NewConversation {
             queue: Vec::new(),
             forked_from: None,
             adopted_session: None,
+            worktree: None,
+            changes: None,
         }
     }
 }
@@ -83,7 +131,7 @@ pub(super) async fn adopt(
     adopt: String,
 ) -> Result<Conversation> {
     limits::id("adopt", &adopt, SESSION_ID_MAX_CHARS)?;
-    let new = NewConversation::check(state, caller, agent, title, cwd)?;
+    let new = NewConversation::check(state, caller, agent, title, cwd, None, OnRepository::default())?;
     let store = state.store();
     let theirs = store
         .sessions_of_others(

@@ -151,3 +151,10 @@ impl Ending {
         }
     }
 }
+
+/// The conversation's worktree, and git as its agent runs it
+/// (`changes.rs`).
+pub(super) struct Work {
+    pub(super) git: crate::git::Git,
+    pub(super) worktree: crate::model::Worktree,
+}
