@@ -338,9 +338,6 @@ impl AgentProfile {
                 bail!("{key}.repository: {:?} must be an absolute path", repository);
             }
         }
-        if self.base.is_some() && self.repository.is_none() {
-            bail!("{key}.base: only with a repository");
-        }
         for (j, pattern) in self.protected_bases.iter().enumerate() {
             if let Err(e) = globset::Glob::new(pattern) {
                 bail!("{key}.protected_bases[{j}]: {pattern:?} is not a glob: {e}");

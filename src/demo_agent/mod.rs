@@ -64,6 +64,8 @@
 //! | `stderr` | five lines on stderr, then a message chunk | `end_turn` |
 //! | `question` | asks `Go on?` through `elicitation/create` (a form of one required boolean, `go`), and says `question answer: <result as JSON>` (`none` without one) | `end_turn` |
 //! | `mcp` | says `mcp servers: <name>, <name>` (or `mcp servers: none`): the names of the MCP servers `session/new` gave the session | `end_turn` |
+//! | `save <name> <text>` | writes `<text>` and a newline to `<cwd>/<name>` with its own IO (its folders made) and says `saved <name>` (or the error) | `end_turn` |
+//! | `fs-save <name> <text>` | asks the client to write `<text>` and a newline to `<cwd>/<name>` (`fs/write_text_file`) and says `fs-saved <name>` (or the client's error) | `end_turn` |
 //! | `probe <path>` | really opens `<cwd>/<path>` (default the cwd) for reading, then for appending (nothing is written), and says `read <path>: ok` (or the error) and `write <path>: ok` (or the error) in one message chunk: what its box lets it touch | `end_turn` |
 //!
 //! Tool call ids are `call_1`, `call_2`, … unique within the process. Numeric arguments that
@@ -118,6 +120,7 @@ macro_rules! log {
 
 mod protocol;
 mod options;
+mod files;
 mod scenarios;
 mod wire;
 

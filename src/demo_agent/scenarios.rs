@@ -21,7 +21,7 @@ const PERMISSION_GRACE: Duration = Duration::from_secs(1);
 const SLOW_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Stop reasons this agent answers prompts with.
-const END_TURN: &str = "end_turn";
+pub(super) const END_TURN: &str = "end_turn";
 const CANCELLED: &str = "cancelled";
 const REFUSAL: &str = "refusal";
 
@@ -78,6 +78,8 @@ pub(super) enum Scenario {
     Probe,
     Mcp,
     Question,
+    Save,
+    FsSave,
 }
 
 impl Scenario {
@@ -114,6 +116,8 @@ impl Scenario {
             "probe" => Self::Probe,
             "mcp" => Self::Mcp,
             "question" => Self::Question,
+            "save" => Self::Save,
+            "fs-save" => Self::FsSave,
             _ => return None,
         })
     }
@@ -158,10 +162,10 @@ fn count_arg(args: &str, default: u64) -> u64 {
 
 /// The turn was cancelled by the client: unwinds a scenario through `?`.
 #[derive(Debug)]
-struct Cancelled;
+pub(super) struct Cancelled;
 
 /// How a turn ends.
-enum TurnEnd {
+pub(super) enum TurnEnd {
     /// Answer the prompt with this stop reason.
     Stop(&'static str),
     /// Answer the prompt with this stop reason, then at once send
@@ -312,6 +316,8 @@ impl Turn {
             Scenario::Stderr => self.stderr().await,
             Scenario::Probe => self.probe(args).await,
             Scenario::Mcp => self.mcp().await,
+            Scenario::Save => self.save(args).await,
+            Scenario::FsSave => self.fs_save(args).await,
         }
     }
 
@@ -986,7 +992,7 @@ impl Turn {
     }
 
     /// Streams a piece of the agent's reply.
-    async fn say(&self, text: &str) -> Result<(), Cancelled> {
+    pub(super) async fn say(&self, text: &str) -> Result<(), Cancelled> {
         self.stream(text_chunk("agent_message_chunk", text)).await
     }
 
