@@ -67,3 +67,4 @@ mod web_questions;
 mod web_steering;
 mod websocket;
 mod workspace;
+mod worktrees;
