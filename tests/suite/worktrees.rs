@@ -25,6 +25,7 @@ pub struct Repo {
 /// Runs git in `dir`; its output (asserting success).
 pub fn git(dir: &Path, args: &[&str]) -> String {
     let out = std::process::Command::new("git")
+        .args(["-c", "safe.directory=*"])
         .arg("-C")
         .arg(dir)
         .args(args)
