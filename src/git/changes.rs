@@ -52,15 +52,7 @@ pub(super) async fn changes(
                 let uncommitted = git
                     .at(&worktree.path)
                     .index(&index.path)
-                    .args([
-                        "diff",
-                        "--cached",
-                        "--name-only",
-                        "-z",
-                        "--no-renames",
-                        "HEAD",
-                        "--",
-                    ])
+                    .args(["diff", "--cached", "--name-only", "-z", "-M", "HEAD", "--"])
                     .ok();
                 let (diff, uncommitted) = tokio::join!(diff, uncommitted);
                 Ok::<_, GitError>((diff?, records(&uncommitted?).count() as u64))

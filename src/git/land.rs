@@ -130,7 +130,8 @@ async fn merge_tree(
     let tree = fields.next().map(lossy).unwrap_or_default();
     match output.status.code() {
         Some(0) if !tree.is_empty() => Ok(tree),
-        Some(1) => {
+        // Conflicts: the tree (with conflict markers) and then the files.
+        Some(1) if !tree.is_empty() && tree.bytes().all(|b| b.is_ascii_hexdigit()) => {
             let mut files: Vec<String> = fields.take_while(|f| !f.is_empty()).map(lossy).collect();
             files.dedup();
             Err(GitError::Conflict { files })

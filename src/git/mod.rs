@@ -576,12 +576,35 @@ impl Git {
             )));
         }
         self.check_branch(&top, base, branch).await?;
-        self.at(&top)
+        let path_was_there = path.exists();
+        let added = self
+            .at(&top)
             .args(["worktree", "add", "--quiet", "-b", branch, "--"])
             .arg(path)
             .arg(format!("refs/heads/{base}"))
             .ok()
-            .await?;
+            .await;
+        if let Err(e) = added {
+            // git makes the branch before the worktree: nothing may stay.
+            let reference = format!("refs/heads/{branch}");
+            let made = self
+                .at(&top)
+                .args(["show-ref", "--verify", "--quiet", &reference])
+                .answer()
+                .await;
+            if let Ok(Some(_)) = made {
+                let _ = self
+                    .at(&top)
+                    .args(["branch", "-D", "--", branch])
+                    .ok()
+                    .await;
+            }
+            if !path_was_there {
+                // Only if empty: what git made of it.
+                let _ = std::fs::remove_dir(path);
+            }
+            return Err(e);
+        }
         let path = canonical(path);
         let git_dir = self
             .at(&path)
