@@ -141,6 +141,8 @@ const STDERR_LIMIT: usize = 2000;
 pub(crate) struct Call<'a> {
     git: &'a Git,
     dir: PathBuf,
+    /// `-c` settings of this call alone.
+    config: Vec<&'static str>,
     args: Vec<OsString>,
     env: Vec<(&'static str, OsString)>,
     input: Option<Vec<u8>>,
@@ -159,6 +161,12 @@ impl<'a> Call<'a> {
     {
         self.args
             .extend(args.into_iter().map(|a| a.as_ref().to_owned()));
+        self
+    }
+
+    /// `-c name=value` for this call.
+    fn config(mut self, setting: &'static str) -> Self {
+        self.config.push(setting);
         self
     }
 
@@ -206,18 +214,21 @@ impl<'a> Call<'a> {
 
     fn command(&self) -> Result<tokio::process::Command, GitError> {
         let mut command = tokio::process::Command::new(&self.git.program);
+        command.args([
+            "-c",
+            "safe.directory=*",
+            "-c",
+            "core.hooksPath=/dev/null",
+            "-c",
+            "core.fsmonitor=false",
+            "-c",
+            "gc.auto=0",
+        ]);
+        for setting in &self.config {
+            command.args(["-c", setting]);
+        }
         command
-            .args([
-                "-c",
-                "safe.directory=*",
-                "-c",
-                "core.hooksPath=/dev/null",
-                "-c",
-                "core.fsmonitor=false",
-                "-c",
-                "gc.auto=0",
-                "-C",
-            ])
+            .arg("-C")
             .arg(&self.dir)
             .args(&self.args)
             .env_clear();
@@ -508,6 +519,7 @@ impl Git {
         Call {
             git: self,
             dir: dir.as_ref().to_owned(),
+            config: Vec::new(),
             args: Vec::new(),
             env: Vec::new(),
             input: None,
