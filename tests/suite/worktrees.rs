@@ -116,6 +116,8 @@ pub async fn turn_changes(gw: &Client, ws: &mut Ws, id: &str, text: &str) -> Val
     let frames = ws.until_type("changes_updated").await;
     let ended = frames.iter().find(|e| e["type"] == "turn_ended");
     assert!(ended.is_some(), "changes_updated comes after the turn's end");
+    let said = streamed_text(&frames, "agent_message_chunk");
+    assert!(!said.contains("could not"), "{said}");
     frames.last().unwrap()["data"].clone()
 }
 
@@ -438,8 +440,12 @@ async fn bad_repositories_bases_branches_and_paths_are_refused_clearly(db: TestD
         assert_eq!((status, problem["code"].as_str()), (400, Some("invalid_path")), "{path}: {problem}");
     }
     // A conversation without a worktree has no changes.
-    let plain_conversation = gw.create("demo").await;
-    let (status, problem) = gw.get(&changes_of(&plain_conversation)).await;
+    let (status, plain) = gw
+        .post("/api/v1/conversations", json!({"agent": "demo", "cwd": repo.root}))
+        .await;
+    assert_eq!(status, 201, "{plain}");
+    let plain_conversation = plain["id"].as_str().unwrap();
+    let (status, problem) = gw.get(&changes_of(plain_conversation)).await;
     assert_eq!((status, problem["code"].as_str()), (409, Some("no_worktree")), "{problem}");
     // A worktree this node cannot reach: 502 saying so.
     let (id, _ws, c) = on_repo(&gw, &repo, json!({})).await;
@@ -475,6 +481,7 @@ async fn commit_land_and_discard_wait_for_the_turn_and_a_protected_base_is_the_o
     let (id, mut ws, _) = on_repo(&alice, &repo, json!({})).await;
     commit_file(&alice, &mut ws, &id, "a.txt", "a").await;
     // While a turn runs: 409, nothing changed.
+    let op = gw.with_token(&operator);
     alice.prompt(&id, "hang").await;
     ws.until_type("turn_started").await;
     for (what, body) in [
@@ -482,7 +489,7 @@ async fn commit_land_and_discard_wait_for_the_turn_and_a_protected_base_is_the_o
         ("land", json!({"strategy": "merge"})),
         ("discard", json!({})),
     ] {
-        let (status, problem) = alice
+        let (status, problem) = op
             .post(&format!("{}/{what}", changes_of(&id)), body)
             .await;
         assert_eq!((status, problem["code"].as_str()), (409, Some("turn_in_progress")), "{what}: {problem}");
@@ -494,8 +501,7 @@ async fn commit_land_and_discard_wait_for_the_turn_and_a_protected_base_is_the_o
         .await;
     assert_eq!(status, 403, "{problem}");
     assert!(!repo.path.join("a.txt").exists());
-    let (status, landed) = gw
-        .with_token(&operator)
+    let (status, landed) = op
         .post(&format!("{}/land", changes_of(&id)), json!({"strategy": "merge"}))
         .await;
     assert_eq!(status, 200, "{landed}");
@@ -608,7 +614,7 @@ async fn git_failing_half_way_through_a_commit_or_a_land_changes_nothing(db: Tes
         .post(&format!("{}/commit", changes_of(&id)), json!({"message": "m"}))
         .await;
     assert_eq!(status, 200, "{body}");
-    for (step, strategy) in [("merge", "merge"), ("commit-tree", "squash"), ("merge-tree", "rebase")] {
+    for (step, strategy) in [("merge", "merge"), ("merge-tree", "merge"), ("commit-tree", "squash")] {
         std::fs::write(&fail, step).unwrap();
         let before = repo.snapshot(Some(&wt));
         let (status, problem) = gw
@@ -621,13 +627,21 @@ async fn git_failing_half_way_through_a_commit_or_a_land_changes_nothing(db: Tes
     std::fs::write(repo.path.join("other.txt"), "o\n").unwrap();
     repo.git(&["add", "-A"]);
     repo.git(&["commit", "-q", "-m", "meanwhile"]);
-    std::fs::write(&fail, "merge").unwrap();
-    let before = repo.snapshot(Some(&wt));
-    let (status, problem) = gw
+    for step in ["merge-tree", "commit-tree", "merge"] {
+        std::fs::write(&fail, step).unwrap();
+        let before = repo.snapshot(Some(&wt));
+        let (status, problem) = gw
+            .post(&format!("{}/land", changes_of(&id)), json!({"strategy": "rebase"}))
+            .await;
+        assert_eq!(status, 502, "{step}/rebase: {problem}");
+        assert_eq!(repo.snapshot(Some(&wt)), before, "{step}/rebase");
+    }
+    // Then it lands.
+    std::fs::write(&fail, "").unwrap();
+    let (status, landed) = gw
         .post(&format!("{}/land", changes_of(&id)), json!({"strategy": "rebase"}))
         .await;
-    assert_eq!(status, 502, "{problem}");
-    assert_eq!(repo.snapshot(Some(&wt)), before);
+    assert_eq!(status, 200, "{landed}");
 }
 
 backend_tests!(
