@@ -71,7 +71,16 @@ pub async fn run(backend: &str, db: &TestDb) {
     git(&repo, &["add", "-A"]);
     git(
         &repo,
-        &["-c", "user.name=b", "-c", "user.email=b@b", "commit", "-q", "-m", "files"],
+        &[
+            "-c",
+            "user.name=b",
+            "-c",
+            "user.email=b@b",
+            "commit",
+            "-q",
+            "-m",
+            "files",
+        ],
     );
     let profile = AgentProfile {
         allowed_roots: vec![root.clone()],
@@ -90,7 +99,15 @@ pub async fn run(backend: &str, db: &TestDb) {
         let add = timed(|| {
             git(
                 &repo,
-                &["worktree", "add", "-q", "-b", &format!("hand/{run}"), wt.to_str().unwrap(), "main"],
+                &[
+                    "worktree",
+                    "add",
+                    "-q",
+                    "-b",
+                    &format!("hand/{run}"),
+                    wt.to_str().unwrap(),
+                    "main",
+                ],
             )
         });
         change(&wt, changed);
@@ -99,7 +116,10 @@ pub async fn run(backend: &str, db: &TestDb) {
         // its changes listed.
         let sent = Instant::now();
         let (status, body) = gw
-            .post("/api/v1/conversations", json!({"agent": "demo", "repository": repo}))
+            .post(
+                "/api/v1/conversations",
+                json!({"agent": "demo", "repository": repo}),
+            )
             .await;
         let create = sent.elapsed().as_secs_f64() * 1000.0;
         assert_eq!(status, 201, "{body}");
@@ -109,7 +129,11 @@ pub async fn run(backend: &str, db: &TestDb) {
         let (status, listed) = gw.get(&format!("/api/v1/conversations/{id}/changes")).await;
         let list = sent.elapsed().as_secs_f64() * 1000.0;
         assert_eq!(status, 200, "{listed}");
-        assert_eq!(listed["totals"]["files"], changed as u64, "{}", listed["totals"]);
+        assert_eq!(
+            listed["totals"]["files"], changed as u64,
+            "{}",
+            listed["totals"]
+        );
         // The first run warms what later ones share.
         if run > 0 {
             git_create.push(add);
@@ -121,7 +145,10 @@ pub async fn run(backend: &str, db: &TestDb) {
             .delete(&format!("/api/v1/conversations/{id}?discard_branch=true"))
             .await;
         assert_eq!(status, 204);
-        git(&repo, &["worktree", "remove", "--force", wt.to_str().unwrap()]);
+        git(
+            &repo,
+            &["worktree", "remove", "--force", wt.to_str().unwrap()],
+        );
     }
     gw.stop();
     let median = |v: Vec<f64>| quantile(&sorted(v), 0.5);

@@ -14,8 +14,8 @@ use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::model::{
-    Changes, ChangesCommitted, ChangesDiscarded, ChangesLanded, Conversation,
-    ConversationStatus, LandStrategy, Signature, Worktree,
+    Changes, ChangesCommitted, ChangesDiscarded, ChangesLanded, Conversation, ConversationStatus,
+    LandStrategy, Signature, Worktree,
 };
 use crate::session::work::{git_of, no_worktree, source_of};
 use crate::session::{ChangeDone, ChangeOp};
@@ -54,11 +54,12 @@ fn worktree_of(conversation: &Conversation) -> Result<&Worktree> {
         (status = 502, description = "`repository_failed`: the repository or worktree is out of this node's reach, or git failed on it (the detail says which)"),
     )
 )]
-async fn changes(
-    Visible { state, item, .. }: Visible<Conversation>,
-) -> Result<Json<Changes>> {
+async fn changes(Visible { state, item, .. }: Visible<Conversation>) -> Result<Json<Changes>> {
     let worktree = worktree_of(&item)?;
-    let git = git_of(&state.config().git_program(), state.config().agent(&item.agent).as_ref());
+    let git = git_of(
+        &state.config().git_program(),
+        state.config().agent(&item.agent).as_ref(),
+    );
     Ok(Json(git.changes(worktree, source_of(&item)).await?))
 }
 
@@ -112,7 +113,10 @@ async fn diff(
             )));
         }
     }
-    let git = git_of(&state.config().git_program(), state.config().agent(&item.agent).as_ref());
+    let git = git_of(
+        &state.config().git_program(),
+        state.config().agent(&item.agent).as_ref(),
+    );
     let max = state.config().max_page_bytes;
     let diff = git
         .diff(worktree, source_of(&item), q.path.as_deref(), max)
@@ -130,7 +134,11 @@ async fn diff(
 #[schema(as = ChangesCommit)]
 struct CommitBody {
     /// The commit message: 1 to 10000 characters, lines allowed.
-    #[schema(min_length = 1, max_length = 10000, pattern = "^[^\\u0000-\\u0008\\u000b-\\u001f\\u007f-\\u009f]*[^\\u0000-\\u0020\\u007f-\\u00a0][^\\u0000-\\u0008\\u000b-\\u001f\\u007f-\\u009f]*$")]
+    #[schema(
+        min_length = 1,
+        max_length = 10000,
+        pattern = "^[^\\u0000-\\u0008\\u000b-\\u001f\\u007f-\\u009f]*[^\\u0000-\\u0020\\u007f-\\u00a0][^\\u0000-\\u0008\\u000b-\\u001f\\u007f-\\u009f]*$"
+    )]
     message: String,
 }
 
@@ -168,7 +176,11 @@ async fn commit(
         message: body.message,
         author: author(&caller),
     };
-    match state.sessions().change_work(&item, op, caller.decided_by()).await? {
+    match state
+        .sessions()
+        .change_work(&item, op, caller.decided_by())
+        .await?
+    {
         ChangeDone::Committed(c) => Ok(Json(c)),
         other => Err(unexpected(other)),
     }
@@ -182,7 +194,11 @@ struct LandBody {
     strategy: LandStrategy,
     /// The message of the merge or squash commit (default: one that names
     /// the branch).
-    #[schema(min_length = 1, max_length = 10000, pattern = "^[^\\u0000-\\u0008\\u000b-\\u001f\\u007f-\\u009f]*[^\\u0000-\\u0020\\u007f-\\u00a0][^\\u0000-\\u0008\\u000b-\\u001f\\u007f-\\u009f]*$")]
+    #[schema(
+        min_length = 1,
+        max_length = 10000,
+        pattern = "^[^\\u0000-\\u0008\\u000b-\\u001f\\u007f-\\u009f]*[^\\u0000-\\u0020\\u007f-\\u00a0][^\\u0000-\\u0008\\u000b-\\u001f\\u007f-\\u009f]*$"
+    )]
     message: Option<String>,
 }
 
@@ -230,7 +246,11 @@ async fn land(
         message: body.message,
         author: author(&caller),
     };
-    match state.sessions().change_work(&item, op, caller.decided_by()).await? {
+    match state
+        .sessions()
+        .change_work(&item, op, caller.decided_by())
+        .await?
+    {
         ChangeDone::Landed(l) => Ok(Json(l)),
         other => Err(unexpected(other)),
     }

@@ -335,7 +335,10 @@ impl AgentProfile {
         }
         if let Some(repository) = &self.repository {
             if !repository.is_absolute() {
-                bail!("{key}.repository: {:?} must be an absolute path", repository);
+                bail!(
+                    "{key}.repository: {:?} must be an absolute path",
+                    repository
+                );
             }
         }
         for (j, pattern) in self.protected_bases.iter().enumerate() {

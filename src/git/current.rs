@@ -30,8 +30,5 @@ impl Git {
 }
 
 fn not_a_repository(repository: &Path) -> GitError {
-    GitError::NotARepository(format!(
-        "{} is not a git repository",
-        repository.display()
-    ))
+    GitError::NotARepository(format!("{} is not a git repository", repository.display()))
 }

@@ -26,9 +26,9 @@ use utoipa::{PartialSchema, ToSchema};
 use uuid::Uuid;
 
 use super::agent_report::SettingValue;
+use super::changes::{ChangesCommitted, ChangesDiscarded, ChangesLanded, ChangesUpdated};
 use super::permission::{PermissionRequest, WaitingKind};
 use super::question::Question;
-use super::changes::{ChangesCommitted, ChangesDiscarded, ChangesLanded, ChangesUpdated};
 use super::queue::{QueueChanged, QueueHeld};
 
 mod session_update;

@@ -57,8 +57,8 @@ use command::Handle;
 pub use command::Setting;
 use journal::Outlets;
 pub use task::Origin;
-pub use work::{ChangeDone, ChangeOp};
 use task::StartParams;
+pub use work::{ChangeDone, ChangeOp};
 
 /// The supervisor of every live conversation on this node: cheap to clone.
 #[derive(Clone)]

@@ -364,7 +364,7 @@ fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
             prompts: conversation.queue.clone(),
         },
         work: conversation.worktree.clone().map(|worktree| Work {
-            git: super::work::git_of(&setup.git, Some(&profile)),
+            git: super::work::git_of(&setup.git, Some(profile)),
             worktree,
         }),
         settings: Settings {

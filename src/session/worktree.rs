@@ -7,9 +7,9 @@
 use super::command::{Command, Handle};
 use super::work::{carry_out, git_of, no_worktree, source_of, ChangeDone, ChangeOp};
 use super::Sessions;
+use crate::error::Result;
 use crate::git::Git;
 use crate::model::{ChangeTotals, Conversation, Signature};
-use crate::error::Result;
 
 impl Sessions {
     /// A person's commit, land or discard in the conversation's worktree
@@ -37,7 +37,8 @@ impl Sessions {
         let git = self.git_for(conversation);
         let done = self
             .unattended(conversation, session, remote, |journal, stored| {
-                let (op, by, git, worktree) = (op.clone(), by.clone(), git.clone(), worktree.clone());
+                let (op, by, git, worktree) =
+                    (op.clone(), by.clone(), git.clone(), worktree.clone());
                 Box::pin(async move {
                     let done = carry_out(&git, &worktree, source_of(&stored), &op, &by).await?;
                     journal.append(done.event());
@@ -88,4 +89,3 @@ impl Sessions {
         }
     }
 }
-

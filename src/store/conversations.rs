@@ -25,8 +25,7 @@ pub trait ConversationStore: Send + Sync {
 
     /// Records how much a conversation's worktree differs from its base
     /// (what its newest `changes_*` event says), for the list to show.
-    async fn set_change_totals(&self, id: Uuid, totals: &crate::model::ChangeTotals)
-        -> Result<()>;
+    async fn set_change_totals(&self, id: Uuid, totals: &crate::model::ChangeTotals) -> Result<()>;
     /// Of the agent sessions `session_ids` of the agent profile `agent`,
     /// those an open (not closed) conversation of `owner`'s holds (its
     /// session, or the one it took over), each with that conversation's id.

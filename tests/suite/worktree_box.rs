@@ -47,10 +47,16 @@ async fn a_boxed_sdk_agent_edits_and_commits_in_its_worktree_and_reaches_no_othe
     let gw = TestGateway::start(&db, vec![profile]).await;
     let create = || async {
         let (status, c) = gw
-            .post("/api/v1/conversations", json!({"agent": "sdk", "repository": repo.path}))
+            .post(
+                "/api/v1/conversations",
+                json!({"agent": "sdk", "repository": repo.path}),
+            )
             .await;
         assert_eq!(status, 201, "{c}");
-        (c["id"].as_str().unwrap().to_owned(), PathBuf::from(c["cwd"].as_str().unwrap()))
+        (
+            c["id"].as_str().unwrap().to_owned(),
+            PathBuf::from(c["cwd"].as_str().unwrap()),
+        )
     };
     let (one, wt_one) = create().await;
     let (_two, wt_two) = create().await;
@@ -65,7 +71,15 @@ async fn a_boxed_sdk_agent_edits_and_commits_in_its_worktree_and_reaches_no_othe
     assert!(answers[0]["error"].is_null(), "{answers:?}");
     let git = |args: &[&str]| {
         let mut step = vec![json!("run"), json!("git"), json!("-C"), json!(wt_one)];
-        step.extend(["-c", "user.name=Agent", "-c", "user.email=agent@example.com"].map(|a| json!(a)));
+        step.extend(
+            [
+                "-c",
+                "user.name=Agent",
+                "-c",
+                "user.email=agent@example.com",
+            ]
+            .map(|a| json!(a)),
+        );
         step.extend(args.iter().map(|a| json!(a)));
         json!(step)
     };
@@ -99,7 +113,10 @@ async fn a_boxed_sdk_agent_edits_and_commits_in_its_worktree_and_reaches_no_othe
         .get(&format!("/api/v1/conversations/{one}/changes"))
         .await;
     assert_eq!(status, 200, "{changes}");
-    assert_eq!(changes["commits"][0]["summary"], "The agent's own commit", "{changes}");
+    assert_eq!(
+        changes["commits"][0]["summary"], "The agent's own commit",
+        "{changes}"
+    );
     assert_eq!(changes["uncommitted"], 0, "{changes}");
     let paths: Vec<&str> = changes["files"]
         .as_array()
@@ -111,7 +128,10 @@ async fn a_boxed_sdk_agent_edits_and_commits_in_its_worktree_and_reaches_no_othe
     // The other worktree is as it was made.
     assert!(!wt_two.join("x.txt").exists());
     let (status, land) = gw
-        .post(&format!("/api/v1/conversations/{one}/changes/land"), json!({"strategy": "rebase"}))
+        .post(
+            &format!("/api/v1/conversations/{one}/changes/land"),
+            json!({"strategy": "rebase"}),
+        )
         .await;
     assert_eq!(status, 200, "{land}");
     assert!(repo.path.join("own.txt").exists() && repo.path.join("via-fs.txt").exists());

@@ -73,11 +73,17 @@ impl Repo {
     pub fn snapshot(&self, worktree: Option<&Path>) -> String {
         let mut shot = self.git(&["for-each-ref", "--format=%(refname) %(objectname)"]);
         shot += &format!("\nmain tree: {}", self.git(&["status", "--porcelain"]));
-        shot += &format!("\nmain index: {}", self.git(&["diff", "--cached", "--name-only"]));
+        shot += &format!(
+            "\nmain index: {}",
+            self.git(&["diff", "--cached", "--name-only"])
+        );
         if let Some(wt) = worktree {
             shot += &format!("\nworktree head: {}", git(wt, &["rev-parse", "HEAD"]));
             shot += &format!("\nworktree: {}", git(wt, &["status", "--porcelain"]));
-            shot += &format!("\nworktree index: {}", git(wt, &["diff", "--cached", "--name-only"]));
+            shot += &format!(
+                "\nworktree index: {}",
+                git(wt, &["diff", "--cached", "--name-only"])
+            );
         }
         shot
     }
@@ -115,7 +121,10 @@ pub async fn turn_changes(gw: &Client, ws: &mut Ws, id: &str, text: &str) -> Val
     gw.prompt(id, text).await;
     let frames = ws.until_type("changes_updated").await;
     let ended = frames.iter().find(|e| e["type"] == "turn_ended");
-    assert!(ended.is_some(), "changes_updated comes after the turn's end");
+    assert!(
+        ended.is_some(),
+        "changes_updated comes after the turn's end"
+    );
     let said = streamed_text(&frames, "agent_message_chunk");
     assert!(!said.contains("could not"), "{said}");
     frames.last().unwrap()["data"].clone()
@@ -164,10 +173,16 @@ async fn a_conversation_on_a_repository_works_in_its_own_worktree_and_shows_what
     assert_eq!(changes["uncommitted"], 2, "{changes}");
     assert_eq!(changes["commits"], json!([]));
     let notes = file(&changes, "notes.txt");
-    assert_eq!((notes["status"].as_str(), notes["added"].as_u64()), (Some("added"), Some(1)));
+    assert_eq!(
+        (notes["status"].as_str(), notes["added"].as_u64()),
+        (Some("added"), Some(1))
+    );
     let lib = file(&changes, "src/lib.rs");
     assert_eq!(lib["status"], "modified");
-    assert_eq!((lib["added"].as_u64(), lib["removed"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(
+        (lib["added"].as_u64(), lib["removed"].as_u64()),
+        (Some(1), Some(1))
+    );
     // The conversation (and the list) say how much.
     let shown = gw.conversation(&id).await;
     assert_eq!(shown["changes"]["files"], 2, "{shown}");
@@ -182,7 +197,10 @@ async fn a_conversation_on_a_repository_works_in_its_own_worktree_and_shows_what
     assert_eq!(diff["truncated"], false);
     let (_, all) = gw.get(&format!("{}/diff", changes_of(&id))).await;
     let all = all["diff"].as_str().unwrap();
-    assert!(all.contains("+pub fn two() {}") && all.contains("-pub fn one() {}"), "{all}");
+    assert!(
+        all.contains("+pub fn two() {}") && all.contains("-pub fn one() {}"),
+        "{all}"
+    );
     // The repository's own working tree is untouched.
     assert!(!repo.path.join("notes.txt").exists());
     assert_eq!(repo.git(&["status", "--porcelain"]), "");
@@ -200,7 +218,10 @@ async fn two_conversations_on_one_repository_work_side_by_side(db: TestDb) {
         turn_changes(&gw, &mut ws_one, &one, "save notes.txt from one"),
         turn_changes(&gw, &mut ws_two, &two, "save notes.txt from two"),
     );
-    assert_eq!((a["totals"]["files"].as_u64(), b["totals"]["files"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(
+        (a["totals"]["files"].as_u64(), b["totals"]["files"].as_u64()),
+        (Some(1), Some(1))
+    );
     for (id, says) in [(&one, "+from one"), (&two, "+from two")] {
         let (_, diff) = gw
             .get(&format!("{}/diff?path=notes.txt", changes_of(id)))
@@ -224,18 +245,27 @@ async fn a_person_commits_lands_and_discards_and_each_is_recorded(db: TestDb) {
     turn_changes(&gw, &mut ws, &id, "save notes.txt hello").await;
 
     let (status, committed) = gw
-        .post(&format!("{}/commit", changes_of(&id)), json!({"message": "Add notes"}))
+        .post(
+            &format!("{}/commit", changes_of(&id)),
+            json!({"message": "Add notes"}),
+        )
         .await;
     assert_eq!(status, 200, "{committed}");
     let by = committed["by"].as_str().unwrap().to_owned();
     assert!(by.starts_with("user:"), "{committed}");
     assert_eq!(committed["commit"]["summary"], "Add notes");
     let author = git(&worktree, &["log", "-1", "--format=%an|%cn"]);
-    assert_eq!(author, format!("{}|acp-gateway", by.trim_start_matches("user:")));
+    assert_eq!(
+        author,
+        format!("{}|acp-gateway", by.trim_start_matches("user:"))
+    );
     let frames = ws.until_type("changes_committed").await;
     assert_eq!(frames.last().unwrap()["data"]["by"], by.as_str());
     let (status, problem) = gw
-        .post(&format!("{}/commit", changes_of(&id)), json!({"message": "again"}))
+        .post(
+            &format!("{}/commit", changes_of(&id)),
+            json!({"message": "again"}),
+        )
         .await;
     assert_problem((status, problem), 409, "nothing to commit");
     let (_, changes) = gw.get(&changes_of(&id)).await;
@@ -246,19 +276,28 @@ async fn a_person_commits_lands_and_discards_and_each_is_recorded(db: TestDb) {
     // own working tree, which shows the result.
     let main_before = repo.git(&["rev-parse", "main"]);
     let (status, landed) = gw
-        .post(&format!("{}/land", changes_of(&id)), json!({"strategy": "merge"}))
+        .post(
+            &format!("{}/land", changes_of(&id)),
+            json!({"strategy": "merge"}),
+        )
         .await;
     assert_eq!(status, 200, "{landed}");
     assert_eq!(landed["from"], main_before.as_str());
     assert_eq!(landed["working_tree"], json!(repo.path));
     assert_eq!(landed["totals"]["files"], 0, "{landed}");
-    assert_eq!(std::fs::read_to_string(repo.path.join("notes.txt")).unwrap(), "hello\n");
+    assert_eq!(
+        std::fs::read_to_string(repo.path.join("notes.txt")).unwrap(),
+        "hello\n"
+    );
     assert_eq!(repo.git(&["rev-list", "--count", "--merges", "main"]), "1");
     assert_eq!(repo.git(&["status", "--porcelain"]), "");
     let frames = ws.until_type("changes_landed").await;
     assert_eq!(frames.last().unwrap()["data"]["strategy"], "merge");
     let (status, problem) = gw
-        .post(&format!("{}/land", changes_of(&id)), json!({"strategy": "merge"}))
+        .post(
+            &format!("{}/land", changes_of(&id)),
+            json!({"strategy": "merge"}),
+        )
         .await;
     assert_problem((status, problem), 409, "nothing to land");
 
@@ -270,7 +309,10 @@ async fn a_person_commits_lands_and_discards_and_each_is_recorded(db: TestDb) {
         .await;
     assert_eq!(status, 200, "{discarded}");
     assert!(!worktree.join("scratch.txt").exists());
-    assert_eq!(std::fs::read_to_string(worktree.join("README.md")).unwrap(), "# app\n");
+    assert_eq!(
+        std::fs::read_to_string(worktree.join("README.md")).unwrap(),
+        "# app\n"
+    );
     ws.until_type("changes_discarded").await;
     let kinds: Vec<String> = gw
         .events(&id)
@@ -279,7 +321,10 @@ async fn a_person_commits_lands_and_discards_and_each_is_recorded(db: TestDb) {
         .map(|e| e["type"].as_str().unwrap().to_owned())
         .filter(|t| t.starts_with("changes_") && t != "changes_updated")
         .collect();
-    assert_eq!(kinds, ["changes_committed", "changes_landed", "changes_discarded"]);
+    assert_eq!(
+        kinds,
+        ["changes_committed", "changes_landed", "changes_discarded"]
+    );
 }
 
 /// Commits `name` with `text` in the conversation's worktree, through the
@@ -287,7 +332,10 @@ async fn a_person_commits_lands_and_discards_and_each_is_recorded(db: TestDb) {
 async fn commit_file(gw: &Client, ws: &mut Ws, id: &str, name: &str, text: &str) {
     turn_changes(gw, ws, id, &format!("save {name} {text}")).await;
     let (status, body) = gw
-        .post(&format!("{}/commit", changes_of(id)), json!({"message": format!("Add {name}")}))
+        .post(
+            &format!("{}/commit", changes_of(id)),
+            json!({"message": format!("Add {name}")}),
+        )
         .await;
     assert_eq!(status, 200, "{body}");
 }
@@ -302,14 +350,20 @@ async fn squash_rebase_conflicts_and_a_dirty_base_tree_land_or_change_nothing(db
     commit_file(&gw, &mut ws, &id, "b.txt", "b").await;
     let before = repo.git(&["rev-parse", "main"]);
     let (status, landed) = gw
-        .post(&format!("{}/land", changes_of(&id)), json!({"strategy": "squash", "message": "A and B"}))
+        .post(
+            &format!("{}/land", changes_of(&id)),
+            json!({"strategy": "squash", "message": "A and B"}),
+        )
         .await;
     assert_eq!(status, 200, "{landed}");
     assert_eq!(repo.git(&["rev-parse", "main^"]), before);
     assert_eq!(repo.git(&["log", "-1", "--format=%s", "main"]), "A and B");
     assert!(repo.path.join("a.txt").exists() && repo.path.join("b.txt").exists());
     let (_, changes) = gw.get(&changes_of(&id)).await;
-    assert_eq!(changes["totals"]["files"], 0, "after a squash the branch starts again: {changes}");
+    assert_eq!(
+        changes["totals"]["files"], 0,
+        "after a squash the branch starts again: {changes}"
+    );
 
     // Rebase: main moved meanwhile; the branch's commits go on top.
     let (id, mut ws, _) = on_repo(&gw, &repo, json!({})).await;
@@ -318,10 +372,16 @@ async fn squash_rebase_conflicts_and_a_dirty_base_tree_land_or_change_nothing(db
     repo.git(&["add", "-A"]);
     repo.git(&["commit", "-q", "-m", "meanwhile"]);
     let (status, landed) = gw
-        .post(&format!("{}/land", changes_of(&id)), json!({"strategy": "rebase"}))
+        .post(
+            &format!("{}/land", changes_of(&id)),
+            json!({"strategy": "rebase"}),
+        )
         .await;
     assert_eq!(status, 200, "{landed}");
-    assert_eq!(repo.git(&["log", "-2", "--format=%s", "main"]), "Add c.txt\nmeanwhile");
+    assert_eq!(
+        repo.git(&["log", "-2", "--format=%s", "main"]),
+        "Add c.txt\nmeanwhile"
+    );
     assert_eq!(repo.git(&["rev-list", "--count", "--merges", "main"]), "0");
 
     // A conflict: 409 naming the file, nothing changed.
@@ -333,11 +393,22 @@ async fn squash_rebase_conflicts_and_a_dirty_base_tree_land_or_change_nothing(db
     let before = repo.snapshot(Some(&wt));
     for strategy in ["merge", "squash", "rebase"] {
         let (status, problem) = gw
-            .post(&format!("{}/land", changes_of(&id)), json!({"strategy": strategy}))
+            .post(
+                &format!("{}/land", changes_of(&id)),
+                json!({"strategy": strategy}),
+            )
             .await;
-        assert_eq!((status, problem["code"].as_str()), (409, Some("conflict")), "{problem}");
+        assert_eq!(
+            (status, problem["code"].as_str()),
+            (409, Some("conflict")),
+            "{problem}"
+        );
         assert_eq!(problem["files"], json!(["README.md"]), "{problem}");
-        assert_eq!(repo.snapshot(Some(&wt)), before, "{strategy} changed nothing");
+        assert_eq!(
+            repo.snapshot(Some(&wt)),
+            before,
+            "{strategy} changed nothing"
+        );
     }
 
     // The base's working tree has uncommitted changes: 409 naming them.
@@ -347,9 +418,16 @@ async fn squash_rebase_conflicts_and_a_dirty_base_tree_land_or_change_nothing(db
     std::fs::write(repo.path.join("src/lib.rs"), "pub fn dirty() {}\n").unwrap();
     let before = repo.snapshot(Some(&wt));
     let (status, problem) = gw
-        .post(&format!("{}/land", changes_of(&id)), json!({"strategy": "merge"}))
+        .post(
+            &format!("{}/land", changes_of(&id)),
+            json!({"strategy": "merge"}),
+        )
         .await;
-    assert_eq!((status, problem["code"].as_str()), (409, Some("uncommitted_changes")), "{problem}");
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (409, Some("uncommitted_changes")),
+        "{problem}"
+    );
     assert_eq!(problem["files"], json!(["src/lib.rs"]), "{problem}");
     assert_eq!(repo.snapshot(Some(&wt)), before);
     repo.git(&["checkout", "--", "src/lib.rs"]);
@@ -360,11 +438,17 @@ async fn squash_rebase_conflicts_and_a_dirty_base_tree_land_or_change_nothing(db
     commit_file(&gw, &mut ws, &id, "e.txt", "e").await;
     let main = repo.git(&["rev-parse", "main"]);
     let (status, landed) = gw
-        .post(&format!("{}/land", changes_of(&id)), json!({"strategy": "merge"}))
+        .post(
+            &format!("{}/land", changes_of(&id)),
+            json!({"strategy": "merge"}),
+        )
         .await;
     assert_eq!(status, 200, "{landed}");
     assert_eq!(landed["working_tree"], Value::Null);
-    assert_eq!(repo.git(&["rev-parse", "dev"]), landed["to"].as_str().unwrap());
+    assert_eq!(
+        repo.git(&["rev-parse", "dev"]),
+        landed["to"].as_str().unwrap()
+    );
     assert_eq!(repo.git(&["rev-parse", "main"]), main);
     assert!(!repo.path.join("e.txt").exists());
 }
@@ -397,10 +481,10 @@ async fn bad_repositories_bases_branches_and_paths_are_refused_clearly(db: TestD
     };
     let (status, problem) = create(json!({"agent": "demo", "repository": plain})).await;
     assert_eq!(status, 422, "{problem}");
-    let (status, problem) = create(json!({"agent": "demo", "repository": repo.root.join("nope")})).await;
-    assert_eq!(status, 422, "{problem}");
     let (status, problem) =
-        create(json!({"agent": "demo", "repository": elsewhere.path()})).await;
+        create(json!({"agent": "demo", "repository": repo.root.join("nope")})).await;
+    assert_eq!(status, 422, "{problem}");
+    let (status, problem) = create(json!({"agent": "demo", "repository": elsewhere.path()})).await;
     assert_eq!(status, 403, "{problem}");
     let (status, problem) =
         create(json!({"agent": "demo", "repository": repo.path, "base": "no-such-branch"})).await;
@@ -408,7 +492,11 @@ async fn bad_repositories_bases_branches_and_paths_are_refused_clearly(db: TestD
     repo.git(&["branch", "feature/taken"]);
     let (status, problem) =
         create(json!({"agent": "demo", "repository": repo.path, "branch": "feature/taken"})).await;
-    assert_eq!((status, problem["code"].as_str()), (409, Some("branch_exists")), "{problem}");
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (409, Some("branch_exists")),
+        "{problem}"
+    );
     for branch in ["top-level", "bad..name", "acp/x y", ""] {
         let (status, problem) =
             create(json!({"agent": "demo", "repository": repo.path, "branch": branch})).await;
@@ -423,8 +511,18 @@ async fn bad_repositories_bases_branches_and_paths_are_refused_clearly(db: TestD
     let worktrees = repo.path.join(".git/worktrees");
     std::fs::write(&worktrees, "not a folder").unwrap();
     let (status, problem) = create(json!({"agent": "demo", "repository": repo.path})).await;
-    assert_eq!((status, problem["code"].as_str()), (502, Some("repository_failed")), "{problem}");
-    assert!(problem["detail"].as_str().unwrap().contains(repo.path.to_str().unwrap()), "{problem}");
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (502, Some("repository_failed")),
+        "{problem}"
+    );
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains(repo.path.to_str().unwrap()),
+        "{problem}"
+    );
     std::fs::remove_file(&worktrees).unwrap();
     // Nothing was left behind by the refusals.
     let (_, list) = gw.get("/api/v1/conversations").await;
@@ -435,25 +533,47 @@ async fn bad_repositories_bases_branches_and_paths_are_refused_clearly(db: TestD
     let (id, _ws, _) = on_repo(&gw, &repo, json!({})).await;
     for path in ["../x", "/etc/passwd", "src/../../x"] {
         let (status, problem) = gw
-            .get(&format!("{}/diff?path={}", changes_of(&id), urlencode(path)))
+            .get(&format!(
+                "{}/diff?path={}",
+                changes_of(&id),
+                urlencode(path)
+            ))
             .await;
-        assert_eq!((status, problem["code"].as_str()), (400, Some("invalid_path")), "{path}: {problem}");
+        assert_eq!(
+            (status, problem["code"].as_str()),
+            (400, Some("invalid_path")),
+            "{path}: {problem}"
+        );
     }
     // A conversation without a worktree has no changes.
     let (status, plain) = gw
-        .post("/api/v1/conversations", json!({"agent": "demo", "cwd": repo.root}))
+        .post(
+            "/api/v1/conversations",
+            json!({"agent": "demo", "cwd": repo.root}),
+        )
         .await;
     assert_eq!(status, 201, "{plain}");
     let plain_conversation = plain["id"].as_str().unwrap();
     let (status, problem) = gw.get(&changes_of(plain_conversation)).await;
-    assert_eq!((status, problem["code"].as_str()), (409, Some("no_worktree")), "{problem}");
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (409, Some("no_worktree")),
+        "{problem}"
+    );
     // A worktree this node cannot reach: 502 saying so.
     let (id, _ws, c) = on_repo(&gw, &repo, json!({})).await;
     let wt = PathBuf::from(c["cwd"].as_str().unwrap());
     std::fs::rename(&wt, wt.with_extension("moved")).unwrap();
     let (status, problem) = gw.get(&changes_of(&id)).await;
-    assert_eq!((status, problem["code"].as_str()), (502, Some("repository_failed")), "{problem}");
-    assert!(problem["detail"].as_str().unwrap().contains("reach"), "{problem}");
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (502, Some("repository_failed")),
+        "{problem}"
+    );
+    assert!(
+        problem["detail"].as_str().unwrap().contains("reach"),
+        "{problem}"
+    );
     std::fs::rename(wt.with_extension("moved"), &wt).unwrap();
 }
 
@@ -489,20 +609,28 @@ async fn commit_land_and_discard_wait_for_the_turn_and_a_protected_base_is_the_o
         ("land", json!({"strategy": "merge"})),
         ("discard", json!({})),
     ] {
-        let (status, problem) = op
-            .post(&format!("{}/{what}", changes_of(&id)), body)
-            .await;
-        assert_eq!((status, problem["code"].as_str()), (409, Some("turn_in_progress")), "{what}: {problem}");
+        let (status, problem) = op.post(&format!("{}/{what}", changes_of(&id)), body).await;
+        assert_eq!(
+            (status, problem["code"].as_str()),
+            (409, Some("turn_in_progress")),
+            "{what}: {problem}"
+        );
     }
     alice.cancel_turn(&mut ws, &id).await;
     // `main` is protected: alice may not land there; an operator may.
     let (status, problem) = alice
-        .post(&format!("{}/land", changes_of(&id)), json!({"strategy": "merge"}))
+        .post(
+            &format!("{}/land", changes_of(&id)),
+            json!({"strategy": "merge"}),
+        )
         .await;
     assert_eq!(status, 403, "{problem}");
     assert!(!repo.path.join("a.txt").exists());
     let (status, landed) = op
-        .post(&format!("{}/land", changes_of(&id)), json!({"strategy": "merge"}))
+        .post(
+            &format!("{}/land", changes_of(&id)),
+            json!({"strategy": "merge"}),
+        )
         .await;
     assert_eq!(status, 200, "{landed}");
     assert_eq!(landed["by"], "user:root-op");
@@ -519,19 +647,34 @@ async fn closing_removes_the_worktree_keeps_the_branch_and_its_work_unless_disca
     let (status, _) = gw.delete(&format!("/api/v1/conversations/{id}")).await;
     assert_eq!(status, 204);
     assert!(!wt.exists(), "the worktree is removed");
-    assert_eq!(repo.git(&["worktree", "list", "--porcelain"]).matches("worktree ").count(), 1);
+    assert_eq!(
+        repo.git(&["worktree", "list", "--porcelain"])
+            .matches("worktree ")
+            .count(),
+        1
+    );
     // The uncommitted file is kept, committed on the branch.
     assert_eq!(repo.git(&["show", &format!("{branch}:notes.txt")]), "kept");
     let (status, changes) = gw.get(&changes_of(&id)).await;
     assert_eq!(status, 200, "{changes}");
     assert_eq!(file(&changes, "notes.txt")["status"], "added");
     let (status, problem) = gw
-        .post(&format!("{}/commit", changes_of(&id)), json!({"message": "m"}))
+        .post(
+            &format!("{}/commit", changes_of(&id)),
+            json!({"message": "m"}),
+        )
         .await;
-    assert_eq!((status, problem["code"].as_str()), (409, Some("conversation_closed")), "{problem}");
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (409, Some("conversation_closed")),
+        "{problem}"
+    );
     // Closed, its branch still lands.
     let (status, landed) = gw
-        .post(&format!("{}/land", changes_of(&id)), json!({"strategy": "merge"}))
+        .post(
+            &format!("{}/land", changes_of(&id)),
+            json!({"strategy": "merge"}),
+        )
         .await;
     assert_eq!(status, 200, "{landed}");
     assert!(repo.path.join("notes.txt").exists());
@@ -604,21 +747,38 @@ async fn git_failing_half_way_through_a_commit_or_a_land_changes_nothing(db: Tes
         std::fs::write(&fail, step).unwrap();
         let before = repo.snapshot(Some(&wt));
         let (status, problem) = gw
-            .post(&format!("{}/commit", changes_of(&id)), json!({"message": "m"}))
+            .post(
+                &format!("{}/commit", changes_of(&id)),
+                json!({"message": "m"}),
+            )
             .await;
-        assert_eq!((status, problem["code"].as_str()), (502, Some("repository_failed")), "{step}: {problem}");
+        assert_eq!(
+            (status, problem["code"].as_str()),
+            (502, Some("repository_failed")),
+            "{step}: {problem}"
+        );
         assert_eq!(repo.snapshot(Some(&wt)), before, "{step}");
     }
     std::fs::write(&fail, "").unwrap();
     let (status, body) = gw
-        .post(&format!("{}/commit", changes_of(&id)), json!({"message": "m"}))
+        .post(
+            &format!("{}/commit", changes_of(&id)),
+            json!({"message": "m"}),
+        )
         .await;
     assert_eq!(status, 200, "{body}");
-    for (step, strategy) in [("merge", "merge"), ("merge-tree", "merge"), ("commit-tree", "squash")] {
+    for (step, strategy) in [
+        ("merge", "merge"),
+        ("merge-tree", "merge"),
+        ("commit-tree", "squash"),
+    ] {
         std::fs::write(&fail, step).unwrap();
         let before = repo.snapshot(Some(&wt));
         let (status, problem) = gw
-            .post(&format!("{}/land", changes_of(&id)), json!({"strategy": strategy}))
+            .post(
+                &format!("{}/land", changes_of(&id)),
+                json!({"strategy": strategy}),
+            )
             .await;
         assert_eq!(status, 502, "{step}/{strategy}: {problem}");
         assert_eq!(repo.snapshot(Some(&wt)), before, "{step}/{strategy}");
@@ -631,7 +791,10 @@ async fn git_failing_half_way_through_a_commit_or_a_land_changes_nothing(db: Tes
         std::fs::write(&fail, step).unwrap();
         let before = repo.snapshot(Some(&wt));
         let (status, problem) = gw
-            .post(&format!("{}/land", changes_of(&id)), json!({"strategy": "rebase"}))
+            .post(
+                &format!("{}/land", changes_of(&id)),
+                json!({"strategy": "rebase"}),
+            )
             .await;
         assert_eq!(status, 502, "{step}/rebase: {problem}");
         assert_eq!(repo.snapshot(Some(&wt)), before, "{step}/rebase");
@@ -639,7 +802,10 @@ async fn git_failing_half_way_through_a_commit_or_a_land_changes_nothing(db: Tes
     // Then it lands.
     std::fs::write(&fail, "").unwrap();
     let (status, landed) = gw
-        .post(&format!("{}/land", changes_of(&id)), json!({"strategy": "rebase"}))
+        .post(
+            &format!("{}/land", changes_of(&id)),
+            json!({"strategy": "rebase"}),
+        )
         .await;
     assert_eq!(status, 200, "{landed}");
 }

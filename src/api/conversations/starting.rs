@@ -3,14 +3,14 @@
 //! (`adopt`).
 
 use super::super::state::AppState;
+use super::on_repository::make_worktree;
+pub(crate) use super::on_repository::OnRepository;
 use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::model::{self, Conversation, ConversationStatus};
 use crate::session::Origin;
 use crate::workspace::cwd::{conversation_cwd, conversation_repository};
-pub(crate) use super::on_repository::OnRepository;
-use super::on_repository::make_worktree;
 
 /// An agent session id a request names, in characters.
 pub(super) const SESSION_ID_MAX_CHARS: usize = 256;
@@ -137,7 +137,15 @@ pub(super) async fn adopt(
     adopt: String,
 ) -> Result<Conversation> {
     limits::id("adopt", &adopt, SESSION_ID_MAX_CHARS)?;
-    let new = NewConversation::check(state, caller, agent, title, cwd, None, OnRepository::default())?;
+    let new = NewConversation::check(
+        state,
+        caller,
+        agent,
+        title,
+        cwd,
+        None,
+        OnRepository::default(),
+    )?;
     let store = state.store();
     let theirs = store
         .sessions_of_others(
