@@ -36,35 +36,41 @@ pub(super) async fn changes(
         .text();
     let (diff, uncommitted, log, merge_base) = match source {
         Source::Worktree => {
-            let index = TempIndex::copy(git, worktree)?;
-            let added = git
+            // Most often nothing is untracked: then the worktree's own diff
+            // (its index only read) says it all in one pass over the files.
+            // The untracked files are looked for meanwhile; where there are
+            // some, a copy of the index takes everything and is diffed.
+            let tracked = git
                 .at(&worktree.path)
-                .index(&index.path)
-                .config("index.skipHash=true")
-                .args(["add", "-A"])
-                .ok();
-            // Every file's stat takes both cores: the rest waits for it.
-            added.await?;
-            let diff = git
-                .at(&worktree.path)
-                .index(&index.path)
-                .args(["diff", "--cached", "--merge-base", &base_ref])
+                .args(["diff", "--merge-base", &base_ref])
                 .args(["-z", "--raw", "--numstat", "-M", "--no-ext-diff", "--"])
                 .ok();
-            let (diff, log, merge_base) = tokio::join!(diff, log, merge_base);
-            let (diff, log, merge_base) = (diff?, log?, merge_base?);
+            let untracked = git
+                .at(&worktree.path)
+                .args(["ls-files", "-z", "--others", "--exclude-standard"])
+                .args(["--directory", "--no-empty-directory"])
+                .ok();
+            let (tracked, untracked, log, merge_base) =
+                tokio::join!(tracked, untracked, log, merge_base);
+            let (log, merge_base) = (log?, merge_base?);
             // Without commits of its own the branch is at the merge base:
             // what differs from it is all uncommitted.
-            let uncommitted = if records(&log).next().is_some() {
-                let out = git
-                    .at(&worktree.path)
-                    .index(&index.path)
-                    .args(["diff", "--cached", "--name-only", "-z", "-M", "HEAD", "--"])
-                    .ok()
-                    .await?;
-                records(&out).count() as u64
+            let own_commits = records(&log).next().is_some();
+            let (diff, uncommitted) = if records(&untracked?).next().is_none() {
+                let diff = tracked?;
+                let uncommitted = if own_commits {
+                    let out = git
+                        .at(&worktree.path)
+                        .args(["diff", "--name-only", "-z", "-M", "HEAD", "--"])
+                        .ok()
+                        .await?;
+                    records(&out).count() as u64
+                } else {
+                    parse_raw_numstat(&diff).len() as u64
+                };
+                (diff, uncommitted)
             } else {
-                parse_raw_numstat(&diff).len() as u64
+                everything_added(git, worktree, &base_ref, own_commits).await?
             };
             (diff, uncommitted, log, merge_base)
         }
@@ -115,6 +121,49 @@ pub(super) async fn changes(
         commits,
         uncommitted,
     })
+}
+
+/// The diff of the worktree with untracked files: a copy of its index
+/// takes everything (`add -A`) and is compared with the merge base; and
+/// how many files differ from HEAD (from the diff itself when the branch
+/// is at the merge base).
+async fn everything_added(
+    git: &Git,
+    worktree: &Worktree,
+    base_ref: &str,
+    own_commits: bool,
+) -> Result<(Vec<u8>, u64), GitError> {
+    let index = TempIndex::copy(git, worktree)?;
+    git.at(&worktree.path)
+        .index(&index.path)
+        .config("index.skipHash=true")
+        .args(["add", "-A"])
+        .ok()
+        .await?;
+    let diff = git
+        .at(&worktree.path)
+        .index(&index.path)
+        .args(["diff", "--cached", "--merge-base", base_ref])
+        .args(["-z", "--raw", "--numstat", "-M", "--no-ext-diff", "--"])
+        .ok();
+    let uncommitted = async {
+        if !own_commits {
+            return Ok(None);
+        }
+        git.at(&worktree.path)
+            .index(&index.path)
+            .args(["diff", "--cached", "--name-only", "-z", "-M", "HEAD", "--"])
+            .ok()
+            .await
+            .map(|out| Some(records(&out).count() as u64))
+    };
+    let (diff, uncommitted) = tokio::join!(diff, uncommitted);
+    let diff = diff?;
+    let uncommitted = match uncommitted? {
+        Some(n) => n,
+        None => parse_raw_numstat(&diff).len() as u64,
+    };
+    Ok((diff, uncommitted))
 }
 
 /// `git diff -z --raw --numstat`: the raw records of all files, then the

@@ -67,7 +67,14 @@ pub(super) async fn commit(
         .committer(committer)
         .ok()
         .await
-        .map_err(|e| moved_or(e, "the worktree's branch moved while committing"))?;
+        .map_err(|e| match e {
+            // Something else committed meanwhile: try again.
+            GitError::Failed(m) if m.contains("but expected") => GitError::Busy(format!(
+                "the branch {} moved while committing; nothing changed: {m}",
+                worktree.branch
+            )),
+            other => other.busy_if_locked(),
+        })?;
     // The index becomes what was committed (else, made to match HEAD).
     let real = Path::new(&worktree.git_dir).join("index");
     match std::fs::rename(&index.path, &real) {

@@ -984,3 +984,67 @@ async fn changes_on_ten_thousand_files_take_about_what_git_diff_stat_takes() {
         "{ours:?} vs {by_hand:?}"
     );
 }
+
+#[tokio::test]
+async fn a_bare_repository_takes_worktrees_and_lands_by_moving_its_branch() {
+    let place = Place::new();
+    let bare = place.root.join("bare.git");
+    run(
+        &place.root,
+        &[
+            "clone",
+            "-q",
+            "--bare",
+            place.repo.to_str().unwrap(),
+            bare.to_str().unwrap(),
+        ],
+    );
+    let path = place.root.join("on-bare");
+    let wt = git()
+        .add_worktree(&bare, "main", "acp/bare", &path)
+        .await
+        .unwrap();
+    assert_eq!(wt.repository, bare.to_str().unwrap());
+    assert_eq!(wt.common_dir, bare.to_str().unwrap());
+    write(&path, "new.txt", "new\n");
+    git()
+        .commit(&wt, "new", &person(), &gateway())
+        .await
+        .unwrap();
+    let landed = git()
+        .land(
+            &wt,
+            Source::Worktree,
+            LandStrategy::Merge,
+            None,
+            &person(),
+            &gateway(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(landed.working_tree, None);
+    assert_eq!(run(&bare, &["rev-parse", "main"]), landed.to);
+}
+
+#[tokio::test]
+async fn a_locked_stale_worktree_in_the_way_fails_naming_the_repository() {
+    let place = Place::new();
+    let wt = place.worktree("main", "acp/stale").await;
+    run(&place.repo, &["worktree", "lock", &wt.path]);
+    std::fs::remove_dir_all(&wt.path).unwrap();
+    // The same directory again, on another branch: git refuses a path a
+    // locked worktree still claims.
+    let e = git()
+        .add_worktree(&place.repo, "main", "acp/again", Path::new(&wt.path))
+        .await
+        .unwrap_err();
+    let GitError::Failed(message) = &e else {
+        panic!("{e:?}")
+    };
+    assert!(
+        message.contains(&format!("git worktree add in {}", place.repo.display())),
+        "{message}"
+    );
+    assert!(message.contains("locked"), "{message}");
+    assert_eq!(run(&place.repo, &["branch", "--list", "acp/again"]), "");
+}
