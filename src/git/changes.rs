@@ -50,24 +50,29 @@ pub(super) async fn changes(
                 .args(["ls-files", "-z", "--others", "--exclude-standard"])
                 .args(["--directory", "--no-empty-directory"])
                 .ok();
-            let (tracked, untracked, log, merge_base) =
-                tokio::join!(tracked, untracked, log, merge_base);
-            let (log, merge_base) = (log?, merge_base?);
             // Without commits of its own the branch is at the merge base:
-            // what differs from it is all uncommitted.
-            let own_commits = records(&log).next().is_some();
+            // what differs from it is all uncommitted. With some, what
+            // differs from HEAD is read as soon as that is known.
+            let log_and_uncommitted = async {
+                let log = log.await?;
+                if records(&log).next().is_none() {
+                    return Ok((log, None));
+                }
+                let out = git
+                    .at(&worktree.path)
+                    .args(["diff", "--name-only", "-z", "-M", "HEAD", "--"])
+                    .ok()
+                    .await?;
+                Ok::<_, GitError>((log, Some(records(&out).count() as u64)))
+            };
+            let (tracked, untracked, log_and_uncommitted, merge_base) =
+                tokio::join!(tracked, untracked, log_and_uncommitted, merge_base);
+            let ((log, uncommitted), merge_base) = (log_and_uncommitted?, merge_base?);
+            let own_commits = uncommitted.is_some();
             let (diff, uncommitted) = if records(&untracked?).next().is_none() {
                 let diff = tracked?;
-                let uncommitted = if own_commits {
-                    let out = git
-                        .at(&worktree.path)
-                        .args(["diff", "--name-only", "-z", "-M", "HEAD", "--"])
-                        .ok()
-                        .await?;
-                    records(&out).count() as u64
-                } else {
-                    parse_raw_numstat(&diff).len() as u64
-                };
+                let uncommitted =
+                    uncommitted.unwrap_or_else(|| parse_raw_numstat(&diff).len() as u64);
                 (diff, uncommitted)
             } else {
                 everything_added(git, worktree, &base_ref, own_commits).await?

@@ -1048,3 +1048,45 @@ async fn a_locked_stale_worktree_in_the_way_fails_naming_the_repository() {
     assert!(message.contains("locked"), "{message}");
     assert_eq!(run(&place.repo, &["branch", "--list", "acp/again"]), "");
 }
+
+#[tokio::test]
+async fn changes_count_uncommitted_files_with_and_without_commits_of_the_branch() {
+    let place = Place::new();
+    let wt = place.worktree("main", "acp/count").await;
+    let dir = Path::new(&wt.path);
+    // Nothing yet.
+    let changes = git().changes(&wt, Source::Worktree).await.unwrap();
+    assert_eq!((changes.totals.files, changes.uncommitted), (0, 0));
+    assert_eq!(changes.head, changes.merge_base);
+    // Tracked changes only, no commit of its own.
+    write(dir, "a.txt", "changed\n");
+    let changes = git().changes(&wt, Source::Worktree).await.unwrap();
+    assert_eq!((changes.totals.files, changes.uncommitted), (1, 1));
+    // A commit of its own, then a tracked change, nothing untracked.
+    run(
+        dir,
+        &[
+            "-c",
+            "user.name=A",
+            "-c",
+            "user.email=a@x",
+            "commit",
+            "-qam",
+            "a",
+        ],
+    );
+    write(dir, "b.txt", "changed\n");
+    let changes = git().changes(&wt, Source::Worktree).await.unwrap();
+    assert_eq!((changes.totals.files, changes.uncommitted), (2, 1));
+    assert_eq!(changes.totals.commits, 1);
+    // And an untracked file.
+    write(dir, "u.txt", "u\n");
+    let changes = git().changes(&wt, Source::Worktree).await.unwrap();
+    assert_eq!((changes.totals.files, changes.uncommitted), (3, 2));
+    // Staged by the agent, the real index is left as it was.
+    run(dir, &["add", "u.txt"]);
+    std::fs::remove_file(dir.join("u.txt")).unwrap();
+    let changes = git().changes(&wt, Source::Worktree).await.unwrap();
+    assert_eq!((changes.totals.files, changes.uncommitted), (2, 1));
+    assert_eq!(run(dir, &["diff", "--cached", "--name-only"]), "u.txt");
+}
