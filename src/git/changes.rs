@@ -48,7 +48,6 @@ pub(super) async fn changes(
             let untracked = git
                 .at(&worktree.path)
                 .args(["ls-files", "-z", "--others", "--exclude-standard"])
-                .args(["--directory", "--no-empty-directory"])
                 .ok();
             // Without commits of its own the branch is at the merge base:
             // what differs from it is all uncommitted. With some, what
@@ -69,13 +68,20 @@ pub(super) async fn changes(
                 tokio::join!(tracked, untracked, log_and_uncommitted, merge_base);
             let ((log, uncommitted), merge_base) = (log_and_uncommitted?, merge_base?);
             let own_commits = uncommitted.is_some();
-            let (diff, uncommitted) = if records(&untracked?).next().is_none() {
+            let untracked = untracked?;
+            let (diff, uncommitted) = if records(&untracked).next().is_none() {
                 let diff = tracked?;
                 let uncommitted =
                     uncommitted.unwrap_or_else(|| parse_raw_numstat(&diff).len() as u64);
                 (diff, uncommitted)
             } else {
-                everything_added(git, worktree, &base_ref, own_commits).await?
+                let only = match tracked {
+                    Ok(tracked) => {
+                        differing_paths(git, worktree, &base_ref, &tracked, &untracked).await?
+                    }
+                    Err(_) => None,
+                };
+                everything_added(git, worktree, &base_ref, only, own_commits).await?
             };
             (diff, uncommitted, log, merge_base)
         }
@@ -136,15 +142,23 @@ async fn everything_added(
     git: &Git,
     worktree: &Worktree,
     base_ref: &str,
+    only: Option<Vec<u8>>,
     own_commits: bool,
 ) -> Result<(Vec<u8>, u64), GitError> {
     let index = TempIndex::copy(git, worktree)?;
-    git.at(&worktree.path)
+    let add = git
+        .at(&worktree.path)
         .index(&index.path)
-        .config("index.skipHash=true")
-        .args(["add", "-A"])
-        .ok()
-        .await?;
+        .config("index.skipHash=true");
+    let add = match only {
+        // As `add -A` on those paths: each added as it is, or removed if
+        // gone (and passed over if neither in the index nor there).
+        Some(paths) => add
+            .args(["update-index", "--add", "--remove", "-z", "--stdin"])
+            .input(paths),
+        None => add.args(["add", "-A"]),
+    };
+    add.ok().await?;
     let diff = git
         .at(&worktree.path)
         .index(&index.path)
@@ -169,6 +183,46 @@ async fn everything_added(
         None => parse_raw_numstat(&diff).len() as u64,
     };
     Ok((diff, uncommitted))
+}
+
+/// At most this many paths are updated by name (more: `add -A`).
+const MAX_PATHSPECS: usize = 2000;
+
+/// The only paths `add -A` can change in a worktree's index as far as a
+/// diff with the merge base goes (NUL-terminated, for
+/// `update-index --stdin`): those whose file differs from the merge base
+/// (`tracked`, the worktree's diff), those whose index entry does, and the
+/// untracked ones. Any other path is the same in the merge base, the index
+/// and the worktree. `None`: too many, add everything.
+async fn differing_paths(
+    git: &Git,
+    worktree: &Worktree,
+    base_ref: &str,
+    tracked: &[u8],
+    untracked: &[u8],
+) -> Result<Option<Vec<u8>>, GitError> {
+    let staged = git
+        .at(&worktree.path)
+        .args(["diff", "--cached", "--merge-base", base_ref])
+        .args(["--name-only", "-z", "--no-renames", "--"])
+        .ok()
+        .await?;
+    let mut paths: Vec<Vec<u8>> = Vec::new();
+    for file in parse_raw_numstat(tracked) {
+        paths.push(file.path.into_bytes());
+        paths.extend(file.old_path.map(String::into_bytes));
+    }
+    paths.extend(records(&staged).map(<[u8]>::to_vec));
+    paths.extend(records(untracked).map(<[u8]>::to_vec));
+    if paths.len() > MAX_PATHSPECS || paths.iter().any(|p| lossy(p).contains('\u{fffd}')) {
+        return Ok(None);
+    }
+    let mut out = Vec::new();
+    for path in paths {
+        out.extend_from_slice(&path);
+        out.push(0);
+    }
+    Ok(Some(out))
 }
 
 /// `git diff -z --raw --numstat`: the raw records of all files, then the

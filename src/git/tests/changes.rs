@@ -287,4 +287,37 @@ async fn changes_count_uncommitted_files_with_and_without_commits_of_the_branch(
     let changes = git().changes(&wt, Source::Worktree).await.unwrap();
     assert_eq!((changes.totals.files, changes.uncommitted), (2, 1));
     assert_eq!(run(dir, &["diff", "--cached", "--name-only"]), "u.txt");
+    // Staged, then put back in the worktree, beside an untracked file: as
+    // `add -A` would have it, the same as the merge base.
+    run(dir, &["reset", "-q"]);
+    write(dir, "c.txt", "staged\n");
+    run(dir, &["add", "c.txt"]);
+    write(dir, "c.txt", &lines(20, "c"));
+    write(dir, "sub/v.txt", "v\n");
+    let changes = git().changes(&wt, Source::Worktree).await.unwrap();
+    let paths: Vec<_> = changes.files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(paths, ["a.txt", "b.txt", "sub/v.txt"]);
+    assert_eq!(changes.uncommitted, 2);
+    // Moved and removed with git itself (gone from the index and the
+    // tree), beside an untracked file.
+    run(dir, &["reset", "-q", "--hard"]);
+    run(dir, &["mv", "c.txt", "moved.txt"]);
+    run(dir, &["rm", "-q", "b.txt"]);
+    write(dir, "sub/v.txt", "v\n");
+    let changes = git().changes(&wt, Source::Worktree).await.unwrap();
+    let files: Vec<_> = changes
+        .files
+        .iter()
+        .map(|f| (f.path.as_str(), f.status))
+        .collect();
+    assert_eq!(
+        files,
+        [
+            ("a.txt", FileStatus::Modified),
+            ("b.txt", FileStatus::Deleted),
+            ("moved.txt", FileStatus::Renamed),
+            ("sub/v.txt", FileStatus::Added),
+        ]
+    );
+    assert_eq!(changes.uncommitted, 3);
 }
