@@ -21,6 +21,13 @@ pub(super) async fn commit(
         return Err(e);
     }
     let dir = Path::new(&worktree.path);
+    // The index is replaced at the end: not while another git holds it.
+    if Path::new(&worktree.git_dir).join("index.lock").exists() {
+        return Err(GitError::Busy(format!(
+            "another git runs in {} (its index.lock is there); nothing changed",
+            worktree.path
+        )));
+    }
     let parent = git
         .at(dir)
         .args(["rev-parse", "--verify", "HEAD^{commit}"])
@@ -222,7 +229,7 @@ pub(super) async fn land(
                 None => {
                     let out = git
                         .at(repo)
-                        .args(["log", "--reverse", "-z", "--format=%s"])
+                        .args(["log", "--reverse", "--no-merges", "-z", "--format=%s"])
                         .arg(format!("{base}..{head}"))
                         .arg("--")
                         .ok()

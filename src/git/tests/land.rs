@@ -433,6 +433,17 @@ async fn a_second_land_on_the_same_repository_at_once_is_busy() {
         .unwrap_err();
     assert!(matches!(e, GitError::Busy(_)), "{e:?}");
     std::fs::remove_file(lock).unwrap();
+    let lock = Path::new(&other.git_dir).join("index.lock");
+    std::fs::write(&lock, "").unwrap();
+    let e = git
+        .commit(&other, "x", &person, &gateway)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, GitError::Busy(_)), "{e:?}");
+    let e = git.discard(&other).await.unwrap_err();
+    assert!(matches!(e, GitError::Busy(_)), "{e:?}");
+    std::fs::remove_file(lock).unwrap();
+    assert!(Path::new(&other.path).join("loose.txt").exists());
 }
 
 #[tokio::test]

@@ -224,3 +224,43 @@ async fn a_locked_stale_worktree_in_the_way_fails_naming_the_repository() {
     assert!(message.contains("locked"), "{message}");
     assert_eq!(run(&place.repo, &["branch", "--list", "acp/again"]), "");
 }
+
+/// As root, git runs as the agent's user: what it writes is theirs.
+#[tokio::test]
+async fn git_runs_as_the_agents_user() {
+    let Some(nobody) = crate::sys::nobody_if_root() else {
+        return;
+    };
+    let place = Place::new();
+    // The temporary directory is root's: the user may enter it, and owns
+    // the repository.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&place.root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let chown = std::process::Command::new("chown")
+        .args(["-R", &format!("{}:{}", nobody.uid, nobody.gid)])
+        .arg(&place.repo)
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    let path = place.root.join("as-nobody");
+    std::fs::create_dir(&path).unwrap();
+    std::os::unix::fs::chown(&path, Some(nobody.uid), Some(nobody.gid)).unwrap();
+    let as_nobody = git().run_as(Some(nobody.clone()));
+    let wt = as_nobody
+        .add_worktree(&place.repo, "main", "acp/nobody", &path)
+        .await
+        .unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let owner = |p: &Path| std::fs::metadata(p).unwrap().uid();
+    assert_eq!(owner(&path.join("a.txt")), nobody.uid);
+    assert_eq!(owner(Path::new(&wt.git_dir)), nobody.uid);
+    write(&path, "new.txt", "new\n");
+    std::os::unix::fs::chown(path.join("new.txt"), Some(nobody.uid), Some(nobody.gid)).unwrap();
+    let changes = as_nobody.changes(&wt, Source::Worktree).await.unwrap();
+    assert_eq!(changes.totals.files, 1);
+    as_nobody
+        .commit(&wt, "new", &person(), &gateway())
+        .await
+        .unwrap();
+    assert_eq!(owner(&Path::new(&wt.git_dir).join("index")), nobody.uid);
+}
