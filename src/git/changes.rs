@@ -345,20 +345,37 @@ pub(super) async fn diff(
     let pathspec = path.map(|p| format!(":(literal){p}"));
     let (_index, call) = match source {
         Source::Worktree => {
-            let index = TempIndex::copy(git, worktree)?;
-            git.at(&worktree.path)
-                .index(&index.path)
-                .config("index.skipHash=true")
-                .args(["add", "-A"])
+            // Nothing untracked (there): the worktree's own diff. Else a
+            // copy of the index takes everything, and it is diffed.
+            let untracked = git
+                .at(&worktree.path)
+                .args(["ls-files", "-z", "--others", "--exclude-standard"])
+                .arg("--")
+                .args(&pathspec)
                 .ok()
                 .await?;
-            let call = git.at(&worktree.path).index(&index.path).args([
-                "diff",
-                "--cached",
-                "--merge-base",
-                &base_ref,
-            ]);
-            (Some(index), call)
+            if records(&untracked).next().is_none() {
+                let call = git
+                    .at(&worktree.path)
+                    .args(["diff", "--merge-base", &base_ref]);
+                (None, call)
+            } else {
+                let index = TempIndex::copy(git, worktree)?;
+                git.at(&worktree.path)
+                    .index(&index.path)
+                    .config("index.skipHash=true")
+                    .args(["add", "-A", "--"])
+                    .args(&pathspec)
+                    .ok()
+                    .await?;
+                let call = git.at(&worktree.path).index(&index.path).args([
+                    "diff",
+                    "--cached",
+                    "--merge-base",
+                    &base_ref,
+                ]);
+                (Some(index), call)
+            }
         }
         Source::Branch => {
             let call = git.at(&worktree.repository).args([

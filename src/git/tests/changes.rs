@@ -120,6 +120,17 @@ async fn a_diff_shows_one_file_or_all_cut_at_a_line() {
         one.text
     );
     assert!(one.text.ends_with("+one\n+two\n"), "{}", one.text);
+    // A tracked file, with untracked ones elsewhere.
+    let deleted = git()
+        .diff(&wt, Source::Worktree, Some("b.txt"), 100_000)
+        .await
+        .unwrap();
+    assert!(
+        deleted.text.contains("deleted file mode"),
+        "{}",
+        deleted.text
+    );
+    assert!(deleted.text.contains("-b 9\n"), "{}", deleted.text);
     let all = git()
         .diff(&wt, Source::Worktree, None, 100_000)
         .await
