@@ -36,35 +36,52 @@ pub(super) async fn changes(
         .text();
     let (diff, uncommitted, log, merge_base) = match source {
         Source::Worktree => {
-            let index = TempIndex::copy(git, worktree)?;
-            let added = git
+            // Most often nothing is untracked: then the worktree's own diff
+            // (its index only read) says it all in one pass over the files.
+            // The untracked files are looked for meanwhile; where there are
+            // some, a copy of the index takes everything and is diffed.
+            let tracked = git
                 .at(&worktree.path)
-                .index(&index.path)
-                .config("index.skipHash=true")
-                .args(["add", "-A"])
-                .ok();
-            // Every file's stat takes both cores: the rest waits for it.
-            added.await?;
-            let diff = git
-                .at(&worktree.path)
-                .index(&index.path)
-                .args(["diff", "--cached", "--merge-base", &base_ref])
+                .args(["diff", "--merge-base", &base_ref])
                 .args(["-z", "--raw", "--numstat", "-M", "--no-ext-diff", "--"])
                 .ok();
-            let (diff, log, merge_base) = tokio::join!(diff, log, merge_base);
-            let (diff, log, merge_base) = (diff?, log?, merge_base?);
+            let untracked = git
+                .at(&worktree.path)
+                .args(["ls-files", "-z", "--others", "--exclude-standard"])
+                .ok();
             // Without commits of its own the branch is at the merge base:
-            // what differs from it is all uncommitted.
-            let uncommitted = if records(&log).next().is_some() {
+            // what differs from it is all uncommitted. With some, what
+            // differs from HEAD is read as soon as that is known.
+            let log_and_uncommitted = async {
+                let log = log.await?;
+                if records(&log).next().is_none() {
+                    return Ok((log, None));
+                }
                 let out = git
                     .at(&worktree.path)
-                    .index(&index.path)
-                    .args(["diff", "--cached", "--name-only", "-z", "-M", "HEAD", "--"])
+                    .args(["diff", "--name-only", "-z", "-M", "HEAD", "--"])
                     .ok()
                     .await?;
-                records(&out).count() as u64
+                Ok::<_, GitError>((log, Some(records(&out).count() as u64)))
+            };
+            let (tracked, untracked, log_and_uncommitted, merge_base) =
+                tokio::join!(tracked, untracked, log_and_uncommitted, merge_base);
+            let ((log, uncommitted), merge_base) = (log_and_uncommitted?, merge_base?);
+            let own_commits = uncommitted.is_some();
+            let untracked = untracked?;
+            let (diff, uncommitted) = if records(&untracked).next().is_none() {
+                let diff = tracked?;
+                let uncommitted =
+                    uncommitted.unwrap_or_else(|| parse_raw_numstat(&diff).len() as u64);
+                (diff, uncommitted)
             } else {
-                parse_raw_numstat(&diff).len() as u64
+                let only = match tracked {
+                    Ok(tracked) => {
+                        differing_paths(git, worktree, &base_ref, &tracked, &untracked).await?
+                    }
+                    Err(_) => None,
+                };
+                everything_added(git, worktree, &base_ref, only, own_commits).await?
             };
             (diff, uncommitted, log, merge_base)
         }
@@ -115,6 +132,97 @@ pub(super) async fn changes(
         commits,
         uncommitted,
     })
+}
+
+/// The diff of the worktree with untracked files: a copy of its index
+/// takes everything (`add -A`) and is compared with the merge base; and
+/// how many files differ from HEAD (from the diff itself when the branch
+/// is at the merge base).
+async fn everything_added(
+    git: &Git,
+    worktree: &Worktree,
+    base_ref: &str,
+    only: Option<Vec<u8>>,
+    own_commits: bool,
+) -> Result<(Vec<u8>, u64), GitError> {
+    let index = TempIndex::copy(git, worktree)?;
+    let add = git
+        .at(&worktree.path)
+        .index(&index.path)
+        .config("index.skipHash=true");
+    let add = match only {
+        // As `add -A` on those paths: each added as it is, or removed if
+        // gone (and passed over if neither in the index nor there).
+        Some(paths) => add
+            .args(["update-index", "--add", "--remove", "-z", "--stdin"])
+            .input(paths),
+        None => add.args(["add", "-A"]),
+    };
+    add.ok().await?;
+    let diff = git
+        .at(&worktree.path)
+        .index(&index.path)
+        .args(["diff", "--cached", "--merge-base", base_ref])
+        .args(["-z", "--raw", "--numstat", "-M", "--no-ext-diff", "--"])
+        .ok();
+    let uncommitted = async {
+        if !own_commits {
+            return Ok(None);
+        }
+        git.at(&worktree.path)
+            .index(&index.path)
+            .args(["diff", "--cached", "--name-only", "-z", "-M", "HEAD", "--"])
+            .ok()
+            .await
+            .map(|out| Some(records(&out).count() as u64))
+    };
+    let (diff, uncommitted) = tokio::join!(diff, uncommitted);
+    let diff = diff?;
+    let uncommitted = match uncommitted? {
+        Some(n) => n,
+        None => parse_raw_numstat(&diff).len() as u64,
+    };
+    Ok((diff, uncommitted))
+}
+
+/// At most this many paths are updated by name (more: `add -A`).
+const MAX_PATHSPECS: usize = 2000;
+
+/// The only paths `add -A` can change in a worktree's index as far as a
+/// diff with the merge base goes (NUL-terminated, for
+/// `update-index --stdin`): those whose file differs from the merge base
+/// (`tracked`, the worktree's diff), those whose index entry does, and the
+/// untracked ones. Any other path is the same in the merge base, the index
+/// and the worktree. `None`: too many, add everything.
+async fn differing_paths(
+    git: &Git,
+    worktree: &Worktree,
+    base_ref: &str,
+    tracked: &[u8],
+    untracked: &[u8],
+) -> Result<Option<Vec<u8>>, GitError> {
+    let staged = git
+        .at(&worktree.path)
+        .args(["diff", "--cached", "--merge-base", base_ref])
+        .args(["--name-only", "-z", "--no-renames", "--"])
+        .ok()
+        .await?;
+    let mut paths: Vec<Vec<u8>> = Vec::new();
+    for file in parse_raw_numstat(tracked) {
+        paths.push(file.path.into_bytes());
+        paths.extend(file.old_path.map(String::into_bytes));
+    }
+    paths.extend(records(&staged).map(<[u8]>::to_vec));
+    paths.extend(records(untracked).map(<[u8]>::to_vec));
+    if paths.len() > MAX_PATHSPECS || paths.iter().any(|p| lossy(p).contains('\u{fffd}')) {
+        return Ok(None);
+    }
+    let mut out = Vec::new();
+    for path in paths {
+        out.extend_from_slice(&path);
+        out.push(0);
+    }
+    Ok(Some(out))
 }
 
 /// `git diff -z --raw --numstat`: the raw records of all files, then the
@@ -237,20 +345,37 @@ pub(super) async fn diff(
     let pathspec = path.map(|p| format!(":(literal){p}"));
     let (_index, call) = match source {
         Source::Worktree => {
-            let index = TempIndex::copy(git, worktree)?;
-            git.at(&worktree.path)
-                .index(&index.path)
-                .config("index.skipHash=true")
-                .args(["add", "-A"])
+            // Nothing untracked (there): the worktree's own diff. Else a
+            // copy of the index takes everything, and it is diffed.
+            let untracked = git
+                .at(&worktree.path)
+                .args(["ls-files", "-z", "--others", "--exclude-standard"])
+                .arg("--")
+                .args(&pathspec)
                 .ok()
                 .await?;
-            let call = git.at(&worktree.path).index(&index.path).args([
-                "diff",
-                "--cached",
-                "--merge-base",
-                &base_ref,
-            ]);
-            (Some(index), call)
+            if records(&untracked).next().is_none() {
+                let call = git
+                    .at(&worktree.path)
+                    .args(["diff", "--merge-base", &base_ref]);
+                (None, call)
+            } else {
+                let index = TempIndex::copy(git, worktree)?;
+                git.at(&worktree.path)
+                    .index(&index.path)
+                    .config("index.skipHash=true")
+                    .args(["add", "-A", "--"])
+                    .args(&pathspec)
+                    .ok()
+                    .await?;
+                let call = git.at(&worktree.path).index(&index.path).args([
+                    "diff",
+                    "--cached",
+                    "--merge-base",
+                    &base_ref,
+                ]);
+                (Some(index), call)
+            }
         }
         Source::Branch => {
             let call = git.at(&worktree.repository).args([

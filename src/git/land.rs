@@ -21,6 +21,13 @@ pub(super) async fn commit(
         return Err(e);
     }
     let dir = Path::new(&worktree.path);
+    // The index is replaced at the end: not while another git holds it.
+    if Path::new(&worktree.git_dir).join("index.lock").exists() {
+        return Err(GitError::Busy(format!(
+            "another git runs in {} (its index.lock is there); nothing changed",
+            worktree.path
+        )));
+    }
     let parent = git
         .at(dir)
         .args(["rev-parse", "--verify", "HEAD^{commit}"])
@@ -67,7 +74,14 @@ pub(super) async fn commit(
         .committer(committer)
         .ok()
         .await
-        .map_err(|e| moved_or(e, "the worktree's branch moved while committing"))?;
+        .map_err(|e| match e {
+            // Something else committed meanwhile: try again.
+            GitError::Failed(m) if m.contains("but expected") => GitError::Busy(format!(
+                "the branch {} moved while committing; nothing changed: {m}",
+                worktree.branch
+            )),
+            other => other.busy_if_locked(),
+        })?;
     // The index becomes what was committed (else, made to match HEAD).
     let real = Path::new(&worktree.git_dir).join("index");
     match std::fs::rename(&index.path, &real) {
@@ -215,7 +229,7 @@ pub(super) async fn land(
                 None => {
                     let out = git
                         .at(repo)
-                        .args(["log", "--reverse", "-z", "--format=%s"])
+                        .args(["log", "--reverse", "--no-merges", "-z", "--format=%s"])
                         .arg(format!("{base}..{head}"))
                         .arg("--")
                         .ok()
