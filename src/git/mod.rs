@@ -13,12 +13,21 @@
 mod to_error;
 mod current;
 
+use std::collections::HashSet;
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::sync::Mutex;
 
-use crate::model::{
-    BranchCommit, Changes, LandStrategy, Signature, Worktree,
-};
+use tokio::io::AsyncWriteExt;
+
+use crate::model::{BranchCommit, Changes, LandStrategy, Signature, Worktree};
 use crate::sys::SystemUser;
+
+mod changes;
+mod land;
+#[cfg(test)]
+mod tests;
 
 /// How git is run: which program, and as whom.
 #[derive(Debug, Clone)]
@@ -75,6 +84,23 @@ pub enum GitError {
     Failed(String),
 }
 
+impl GitError {
+    /// A failure because git's own lock was held becomes [`GitError::Busy`].
+    fn busy_if_locked(self) -> GitError {
+        match self {
+            GitError::Failed(message) if mentions_a_lock(&message) => GitError::Busy(message),
+            other => other,
+        }
+    }
+}
+
+/// Whether git's words say a lock file was in the way.
+fn mentions_a_lock(stderr: &str) -> bool {
+    stderr.contains("index.lock")
+        || stderr.contains("File exists")
+        || (stderr.contains("Unable to create") && stderr.contains(".lock"))
+}
+
 /// Where a worktree's changes are read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -111,6 +137,359 @@ pub struct BoxPaths {
     pub read_only: Vec<PathBuf>,
 }
 
+/// At most this much of git's stderr is told.
+const STDERR_LIMIT: usize = 2000;
+
+/// One git invocation being put together (see [`Git::at`]).
+pub(crate) struct Call<'a> {
+    git: &'a Git,
+    dir: PathBuf,
+    args: Vec<OsString>,
+    env: Vec<(&'static str, OsString)>,
+    input: Option<Vec<u8>>,
+}
+
+impl<'a> Call<'a> {
+    fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
+        self.args.push(arg.as_ref().to_owned());
+        self
+    }
+
+    fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.args
+            .extend(args.into_iter().map(|a| a.as_ref().to_owned()));
+        self
+    }
+
+    fn env(mut self, name: &'static str, value: impl AsRef<OsStr>) -> Self {
+        self.env.push((name, value.as_ref().to_owned()));
+        self
+    }
+
+    /// GIT_INDEX_FILE.
+    fn index(self, index: &Path) -> Self {
+        self.env("GIT_INDEX_FILE", index)
+    }
+
+    fn author(self, who: &Signature) -> Self {
+        self.env("GIT_AUTHOR_NAME", &who.name)
+            .env("GIT_AUTHOR_EMAIL", &who.email)
+    }
+
+    fn committer(self, who: &Signature) -> Self {
+        self.env("GIT_COMMITTER_NAME", &who.name)
+            .env("GIT_COMMITTER_EMAIL", &who.email)
+    }
+
+    /// Fed to git's stdin.
+    fn input(mut self, input: impl Into<Vec<u8>>) -> Self {
+        self.input = Some(input.into());
+        self
+    }
+
+    /// What the failure names: `git worktree add in /srv/repos/app`.
+    fn what(&self) -> String {
+        let words: Vec<String> = self
+            .args
+            .iter()
+            .take_while(|a| !a.to_string_lossy().starts_with('-'))
+            .take(if self.args.first().is_some_and(|a| a == "worktree") {
+                2
+            } else {
+                1
+            })
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        format!("git {} in {}", words.join(" "), self.dir.display())
+    }
+
+    fn command(&self) -> Result<tokio::process::Command, GitError> {
+        let mut command = tokio::process::Command::new(&self.git.program);
+        command
+            .args([
+                "-c",
+                "safe.directory=*",
+                "-c",
+                "core.hooksPath=/dev/null",
+                "-c",
+                "core.fsmonitor=false",
+                "-c",
+                "gc.auto=0",
+                "-C",
+            ])
+            .arg(&self.dir)
+            .args(&self.args)
+            .env_clear();
+        if let Some(path) = std::env::var_os("PATH") {
+            command.env("PATH", path);
+        }
+        command
+            .env("LC_ALL", "C")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_TERMINAL_PROMPT", "0")
+            .env("HOME", "/")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(if self.input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(user) = self
+            .git
+            .user
+            .as_ref()
+            .filter(|_| crate::sys::running_as_root())
+        {
+            crate::sandbox::capabilities::Shedding::new(
+                crate::sandbox::capabilities::CapSet::EMPTY,
+                Some(user),
+                None,
+            )
+            .map_err(|e| GitError::Failed(format!("cannot run git as {user}: {e}")))?
+            .on_child(&mut command);
+        }
+        Ok(command)
+    }
+
+    fn spawn_failed(&self, e: std::io::Error) -> GitError {
+        GitError::Failed(format!(
+            "{} failed: cannot run {}: {e}",
+            self.what(),
+            self.git.program.display()
+        ))
+    }
+
+    /// Runs it, whatever its exit status.
+    async fn output(self) -> Result<Output, GitError> {
+        let mut child = self.command()?.spawn().map_err(|e| self.spawn_failed(e))?;
+        if let Some(input) = &self.input {
+            if let Some(mut stdin) = child.stdin.take() {
+                // A git that does not read it all fails on its own.
+                let _ = stdin.write_all(input).await;
+            }
+        }
+        child
+            .wait_with_output()
+            .await
+            .map_err(|e| self.spawn_failed(e))
+    }
+
+    /// Runs it; its stdout if it succeeded, else [`GitError::Failed`]
+    /// naming it with git's words.
+    async fn ok(self) -> Result<Vec<u8>, GitError> {
+        let what = self.what();
+        let output = self.output().await?;
+        if output.status.success() {
+            Ok(output.stdout)
+        } else {
+            Err(failure(&what, &output))
+        }
+    }
+
+    /// Its stdout's first line, trimmed.
+    async fn text(self) -> Result<String, GitError> {
+        let out = self.ok().await?;
+        Ok(first_line(&out))
+    }
+
+    /// Whether it succeeded (for `--verify --quiet`, `--is-ancestor`: an
+    /// exit status of 1 is an answer); its first line if so.
+    async fn answer(self) -> Result<Option<String>, GitError> {
+        let what = self.what();
+        let output = self.output().await?;
+        match output.status.code() {
+            Some(0) => Ok(Some(first_line(&output.stdout))),
+            Some(1) if output.stderr.trim_ascii().is_empty() => Ok(None),
+            _ => Err(failure(&what, &output)),
+        }
+    }
+}
+
+fn first_line(out: &[u8]) -> String {
+    String::from_utf8_lossy(out)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_owned()
+}
+
+/// `git … in … failed: <git's stderr, trimmed>`.
+fn failure(what: &str, output: &Output) -> GitError {
+    GitError::Failed(format!("{what} failed: {}", stderr_of(output)))
+}
+
+fn stderr_of(output: &Output) -> String {
+    let text = String::from_utf8_lossy(&output.stderr);
+    let text = text.trim();
+    let text = if text.is_empty() {
+        match output.status.code() {
+            Some(code) => format!("exit status {code}"),
+            None => "killed by a signal".to_owned(),
+        }
+    } else {
+        text.to_owned()
+    };
+    cut(text, STDERR_LIMIT)
+}
+
+/// At most `limit` bytes, at a character's boundary.
+fn cut(mut text: String, limit: usize) -> String {
+    if text.len() > limit {
+        let mut end = limit;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}
+
+/// Splits `-z` output into its NUL-terminated records.
+fn records(out: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let out = out.strip_suffix(b"\0").unwrap_or(out);
+    out.split(|b| *b == 0).filter(|_| !out.is_empty())
+}
+
+fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The repositories (by common directory) where a commit, land or discard
+/// runs now in this process.
+static RUNNING: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+
+/// Holds a repository for one commit, land or discard; lets go when dropped.
+struct RepositoryHeld(PathBuf);
+
+impl RepositoryHeld {
+    fn take(worktree: &Worktree) -> Result<RepositoryHeld, GitError> {
+        let key = PathBuf::from(&worktree.common_dir);
+        let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+        if !running.get_or_insert_with(HashSet::new).insert(key.clone()) {
+            return Err(GitError::Busy(format!(
+                "another land, commit or discard runs on {}",
+                worktree.repository
+            )));
+        }
+        Ok(RepositoryHeld(key))
+    }
+}
+
+impl Drop for RepositoryHeld {
+    fn drop(&mut self) {
+        let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(running) = running.as_mut() {
+            running.remove(&self.0);
+        }
+    }
+}
+
+/// A copy of a worktree's index in its git directory, removed when dropped
+/// (unless it was made the index).
+struct TempIndex {
+    path: PathBuf,
+    kept: bool,
+}
+
+impl TempIndex {
+    fn copy(git: &Git, worktree: &Worktree) -> Result<TempIndex, GitError> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let git_dir = Path::new(&worktree.git_dir);
+        let path = git_dir.join(format!(
+            "acp-index-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let temp = TempIndex { path, kept: false };
+        let index = git_dir.join("index");
+        let failed = |e: std::io::Error| {
+            GitError::Failed(format!(
+                "cannot copy the index of the worktree {} ({}): {e}",
+                worktree.path,
+                index.display()
+            ))
+        };
+        match std::fs::copy(&index, &temp.path) {
+            Ok(_) => {}
+            // A worktree without an index yet: git makes one.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && git_dir.is_dir() => {
+                return Ok(temp)
+            }
+            Err(e) => return Err(failed(e)),
+        }
+        if let Some(user) = git.user.as_ref().filter(|_| crate::sys::running_as_root()) {
+            std::os::unix::fs::chown(&temp.path, Some(user.uid), Some(user.gid)).map_err(failed)?;
+        }
+        Ok(temp)
+    }
+}
+
+impl Drop for TempIndex {
+    fn drop(&mut self) {
+        if !self.kept {
+            let _ = std::fs::remove_file(&self.path);
+            let mut lock = self.path.clone().into_os_string();
+            lock.push(".lock");
+            let _ = std::fs::remove_file(lock);
+        }
+    }
+}
+
+/// The ref folder a branch lies in (`acp` for `acp/1a2b3c4d`).
+fn branch_folder(branch: &str) -> Option<&str> {
+    branch.rsplit_once('/').map(|(folder, _)| folder)
+}
+
+/// What a worktree that is not there answers.
+fn unreachable(worktree: &Worktree, source: Source) -> Option<GitError> {
+    let gone = |p: &str| !Path::new(p).is_dir();
+    let missing = match source {
+        Source::Worktree => gone(&worktree.path) || gone(&worktree.git_dir),
+        Source::Branch => false,
+    } || gone(&worktree.common_dir);
+    missing.then(|| {
+        GitError::Failed(format!(
+            "the worktree {} (or its repository {}) is not reachable from this node",
+            worktree.path, worktree.repository
+        ))
+    })
+}
+
+/// Files named by `git status --porcelain=v1 -z`.
+fn status_files(out: &[u8]) -> Vec<String> {
+    let mut files = Vec::new();
+    let mut records = records(out);
+    while let Some(record) = records.next() {
+        if record.len() < 4 {
+            continue;
+        }
+        files.push(lossy(&record[3..]));
+        // A rename or copy names where it came from next.
+        if matches!(record[0], b'R' | b'C') || matches!(record[1], b'R' | b'C') {
+            records.next();
+        }
+    }
+    files
+}
+
+fn canonical(path: &Path) -> String {
+    std::fs::canonicalize(path)
+        .unwrap_or_else(|_| path.to_owned())
+        .to_string_lossy()
+        .into_owned()
+}
+
 impl Git {
     pub fn new(program: impl Into<PathBuf>) -> Git {
         Git {
@@ -127,6 +506,26 @@ impl Git {
         }
     }
 
+    /// A git command run in `dir`.
+    fn at(&self, dir: impl AsRef<Path>) -> Call<'_> {
+        Call {
+            git: self,
+            dir: dir.as_ref().to_owned(),
+            args: Vec::new(),
+            env: Vec::new(),
+            input: None,
+        }
+    }
+
+    /// A commit's id, if `rev` names one.
+    async fn commit_id(&self, dir: &Path, rev: &str) -> Result<Option<String>, GitError> {
+        self.at(dir)
+            .args(["rev-parse", "--verify", "--quiet"])
+            .arg(format!("{rev}^{{commit}}"))
+            .answer()
+            .await
+    }
+
     /// Makes a worktree at `path` on a new branch `branch` from `base` in
     /// `repository`.
     pub async fn add_worktree(
@@ -136,8 +535,136 @@ impl Git {
         branch: &str,
         path: &Path,
     ) -> Result<Worktree, GitError> {
-        let _ = (repository, base, branch, path);
-        todo!()
+        let not_a_repository = || {
+            GitError::NotARepository(format!("{} is not a git repository", repository.display()))
+        };
+        if !repository.is_dir() {
+            return Err(not_a_repository());
+        }
+        let out = self
+            .at(repository)
+            .args([
+                "rev-parse",
+                "--is-bare-repository",
+                "--path-format=absolute",
+                "--git-common-dir",
+            ])
+            .ok()
+            .await
+            .map_err(|_| not_a_repository())?;
+        let out = String::from_utf8_lossy(&out);
+        let mut lines = out.lines();
+        let bare = lines.next() == Some("true");
+        let common_dir = lines.next().ok_or_else(not_a_repository)?.to_owned();
+        let top = if bare {
+            common_dir.clone()
+        } else {
+            self.at(repository)
+                .args(["rev-parse", "--show-toplevel"])
+                .text()
+                .await
+                .map_err(|_| not_a_repository())?
+        };
+        let top = PathBuf::from(canonical(Path::new(&top)));
+
+        if base.starts_with('-')
+            || self
+                .commit_id(&top, &format!("refs/heads/{base}"))
+                .await?
+                .is_none()
+        {
+            return Err(GitError::UnknownBase(format!(
+                "{} has no branch {base:?}",
+                top.display()
+            )));
+        }
+        self.check_branch(&top, base, branch).await?;
+        let path_was_there = path.exists();
+        let added = self
+            .at(&top)
+            .args(["worktree", "add", "--quiet", "-b", branch, "--"])
+            .arg(path)
+            .arg(format!("refs/heads/{base}"))
+            .ok()
+            .await;
+        if let Err(e) = added {
+            // git makes the branch before the worktree: nothing may stay.
+            let reference = format!("refs/heads/{branch}");
+            let made = self
+                .at(&top)
+                .args(["show-ref", "--verify", "--quiet", &reference])
+                .answer()
+                .await;
+            if let Ok(Some(_)) = made {
+                let _ = self
+                    .at(&top)
+                    .args(["branch", "-D", "--", branch])
+                    .ok()
+                    .await;
+            }
+            if !path_was_there {
+                // Only if empty: what git made of it.
+                let _ = std::fs::remove_dir(path);
+            }
+            return Err(e);
+        }
+        let path = canonical(path);
+        let git_dir = self
+            .at(&path)
+            .args(["rev-parse", "--path-format=absolute", "--git-dir"])
+            .text()
+            .await?;
+        Ok(Worktree {
+            repository: top.to_string_lossy().into_owned(),
+            base: base.to_owned(),
+            branch: branch.to_owned(),
+            path,
+            git_dir: canonical(Path::new(&git_dir)),
+            common_dir: canonical(Path::new(&common_dir)),
+        })
+    }
+
+    /// A branch name git accepts, in a folder that does not hold the base,
+    /// and not there yet.
+    async fn check_branch(&self, top: &Path, base: &str, branch: &str) -> Result<(), GitError> {
+        let invalid = |why: &str| GitError::InvalidBranch(format!("branch {branch:?} {why}"));
+        if branch.starts_with('-')
+            || !self
+                .at(top)
+                .args(["check-ref-format", "--branch", branch])
+                .output()
+                .await?
+                .status
+                .success()
+        {
+            return Err(invalid("is not a valid branch name"));
+        }
+        let Some(folder) = branch_folder(branch) else {
+            return Err(invalid(
+                "must lie in a folder (as acp/1a2b3c4d or feature/x): the agent's box grants \
+                 write access to its branch's folder, never to all branches",
+            ));
+        };
+        if base == folder || base.starts_with(&format!("{folder}/")) {
+            return Err(invalid(&format!(
+                "lies in the folder {folder:?}, which holds the base {base:?}: the agent's box \
+                 grants write access to that folder, so it could move the base"
+            )));
+        }
+        if self
+            .at(top)
+            .args(["show-ref", "--verify", "--quiet"])
+            .arg(format!("refs/heads/{branch}"))
+            .answer()
+            .await?
+            .is_some()
+        {
+            return Err(GitError::BranchExists(format!(
+                "{} already has a branch {branch:?}",
+                top.display()
+            )));
+        }
+        Ok(())
     }
 
     /// Removes a worktree (its directory and metadata); uncommitted work
@@ -149,14 +676,74 @@ impl Git {
         discard_branch: bool,
         committer: &Signature,
     ) -> Result<Option<String>, GitError> {
-        let _ = (worktree, discard_branch, committer);
-        todo!()
+        let repository = Path::new(&worktree.repository);
+        if !Path::new(&worktree.common_dir).is_dir() {
+            return Err(unreachable(worktree, Source::Branch).expect("the repository is gone"));
+        }
+        let there = Path::new(&worktree.path).is_dir() && Path::new(&worktree.git_dir).is_dir();
+        let mut kept = None;
+        if there {
+            if !discard_branch && !self.dirty_files(worktree).await?.is_empty() {
+                match self
+                    .commit(
+                        worktree,
+                        "Uncommitted work kept when the conversation was closed",
+                        committer,
+                        committer,
+                    )
+                    .await
+                {
+                    Ok(commit) => kept = Some(commit.id),
+                    Err(GitError::NothingToCommit) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            self.at(repository)
+                .args(["worktree", "remove", "--force", "--"])
+                .arg(&worktree.path)
+                .ok()
+                .await?;
+        } else {
+            self.at(repository).args(["worktree", "prune"]).ok().await?;
+        }
+        if discard_branch {
+            let reference = format!("refs/heads/{}", worktree.branch);
+            let exists = self
+                .at(repository)
+                .args(["show-ref", "--verify", "--quiet", &reference])
+                .answer()
+                .await?
+                .is_some();
+            if exists {
+                self.at(repository)
+                    .args(["branch", "-D", "--", &worktree.branch])
+                    .ok()
+                    .await?;
+            }
+        }
+        Ok(kept)
+    }
+
+    /// What the worktree holds that is not committed (tracked files
+    /// changed, untracked ones that are not ignored).
+    async fn dirty_files(&self, worktree: &Worktree) -> Result<Vec<String>, GitError> {
+        let out = self
+            .at(&worktree.path)
+            .args([
+                "status",
+                "--porcelain=v1",
+                "-z",
+                "--untracked-files=all",
+                "--no-renames",
+            ])
+            .ok()
+            .await?;
+        Ok(status_files(&out))
     }
 
     /// What differs from the base.
     pub async fn changes(&self, worktree: &Worktree, source: Source) -> Result<Changes, GitError> {
-        let _ = (worktree, source);
-        todo!()
+        changes::changes(self, worktree, source).await
     }
 
     /// The unified diff against the merge base, of one file or all.
@@ -167,8 +754,7 @@ impl Git {
         path: Option<&str>,
         max_bytes: usize,
     ) -> Result<Diff, GitError> {
-        let _ = (worktree, source, path, max_bytes);
-        todo!()
+        changes::diff(self, worktree, source, path, max_bytes).await
     }
 
     /// Commits everything in the worktree.
@@ -179,8 +765,10 @@ impl Git {
         author: &Signature,
         committer: &Signature,
     ) -> Result<BranchCommit, GitError> {
-        let _ = (worktree, message, author, committer);
-        todo!()
+        let _held = RepositoryHeld::take(worktree)?;
+        land::commit(self, worktree, message, author, committer)
+            .await
+            .map_err(GitError::busy_if_locked)
     }
 
     /// Brings the branch into its base.
@@ -193,26 +781,89 @@ impl Git {
         author: &Signature,
         committer: &Signature,
     ) -> Result<Landed, GitError> {
-        let _ = (worktree, source, strategy, message, author, committer);
-        todo!()
+        let _held = RepositoryHeld::take(worktree)?;
+        land::land(self, worktree, source, strategy, message, author, committer)
+            .await
+            .map_err(GitError::busy_if_locked)
     }
 
     /// Resets the worktree to its last commit; the commit's id.
     pub async fn discard(&self, worktree: &Worktree) -> Result<String, GitError> {
-        let _ = worktree;
-        todo!()
+        if let Some(e) = unreachable(worktree, Source::Worktree) {
+            return Err(e);
+        }
+        let _held = RepositoryHeld::take(worktree)?;
+        let run = async {
+            self.at(&worktree.path)
+                .args(["reset", "-q", "--hard", "HEAD"])
+                .ok()
+                .await?;
+            self.at(&worktree.path).args(["clean", "-fdq"]).ok().await?;
+            self.at(&worktree.path)
+                .args(["rev-parse", "--verify", "HEAD"])
+                .text()
+                .await
+        };
+        run.await.map_err(GitError::busy_if_locked)
     }
 }
 
 /// What a worktree's box grants (pure).
 pub fn box_paths(worktree: &Worktree) -> BoxPaths {
-    let _ = worktree;
-    BoxPaths::default()
+    let common = Path::new(&worktree.common_dir);
+    let mut read_write = vec![
+        PathBuf::from(&worktree.path),
+        PathBuf::from(&worktree.git_dir),
+        common.join("objects"),
+    ];
+    if let Some(folder) = branch_folder(&worktree.branch) {
+        read_write.push(common.join("refs/heads").join(folder));
+        read_write.push(common.join("logs/refs/heads").join(folder));
+    }
+    BoxPaths {
+        read_write,
+        read_only: vec![common.to_owned()],
+    }
 }
 
 /// Makes the directories [`box_paths`] names that git may have removed
 /// (an emptied ref folder), so that the box can be made.
 pub fn prepare_box(worktree: &Worktree) -> std::io::Result<()> {
-    let _ = worktree;
+    let common = Path::new(&worktree.common_dir);
+    let Some(folder) = branch_folder(&worktree.branch) else {
+        return Ok(());
+    };
+    for top in ["refs/heads", "logs/refs/heads"] {
+        let top = common.join(top);
+        let dir = top.join(folder);
+        if dir.is_dir() {
+            continue;
+        }
+        std::fs::create_dir_all(&dir)?;
+        // Made by the gateway: the folders it made belong to whom
+        // `refs/heads` belongs to (the repository's owner), as git's own.
+        if crate::sys::running_as_root() {
+            use std::os::unix::fs::MetadataExt;
+            let owner = std::fs::metadata(common.join("refs/heads"))?;
+            let mut made = dir.as_path();
+            while made != top && made.starts_with(&top) {
+                std::os::unix::fs::lchown(made, Some(owner.uid()), Some(owner.gid()))?;
+                match made.parent() {
+                    Some(parent) => made = parent,
+                    None => break,
+                }
+            }
+            if top.ends_with("logs/refs/heads") {
+                // logs/refs/heads itself may have been made just now.
+                for made in [
+                    common.join("logs/refs/heads"),
+                    common.join("logs/refs"),
+                    common.join("logs"),
+                ] {
+                    std::os::unix::fs::lchown(&made, Some(owner.uid()), Some(owner.gid()))?;
+                }
+            }
+        }
+    }
     Ok(())
 }

@@ -1,0 +1,307 @@
+//! What differs between a worktree (or its branch) and its base: the files
+//! with their line counts, the branch's commits, and a unified diff.
+
+use tokio::io::AsyncReadExt;
+
+use super::{lossy, records, unreachable, Diff, Git, GitError, Source, TempIndex};
+use crate::model::{BranchCommit, ChangeTotals, ChangedFile, Changes, FileStatus, Worktree};
+
+/// At most this many files are listed.
+const MAX_FILES: usize = 1000;
+/// At most this many commits are listed.
+const MAX_COMMITS: usize = 200;
+
+/// What [`Git::changes`] does.
+pub(super) async fn changes(
+    git: &Git,
+    worktree: &Worktree,
+    source: Source,
+) -> Result<Changes, GitError> {
+    if let Some(e) = unreachable(worktree, source) {
+        return Err(e);
+    }
+    let base_ref = format!("refs/heads/{}", worktree.base);
+    let branch_ref = format!("refs/heads/{}", worktree.branch);
+    let range = format!("{base_ref}..{branch_ref}");
+    let log = git
+        .at(&worktree.repository)
+        .args(["log", "-z", "--format=%H%x1f%an%x1f%aI%x1f%s"])
+        .arg(format!("-n{MAX_COMMITS}"))
+        .arg(&range)
+        .arg("--")
+        .ok();
+    let merge_base = git
+        .at(&worktree.repository)
+        .args(["merge-base", &base_ref, &branch_ref])
+        .text();
+    let (diff, uncommitted, log, merge_base) = match source {
+        Source::Worktree => {
+            let files = async {
+                let index = TempIndex::copy(git, worktree)?;
+                git.at(&worktree.path)
+                    .index(&index.path)
+                    .args(["add", "-A"])
+                    .ok()
+                    .await?;
+                let diff = git
+                    .at(&worktree.path)
+                    .index(&index.path)
+                    .args(["diff", "--cached", "--merge-base", &base_ref])
+                    .args(["-z", "--raw", "--numstat", "-M", "--no-ext-diff", "--"])
+                    .ok();
+                let uncommitted = git
+                    .at(&worktree.path)
+                    .index(&index.path)
+                    .args(["diff", "--cached", "--name-only", "-z", "-M", "HEAD", "--"])
+                    .ok();
+                let (diff, uncommitted) = tokio::join!(diff, uncommitted);
+                Ok::<_, GitError>((diff?, records(&uncommitted?).count() as u64))
+            };
+            let (files, log, merge_base) = tokio::join!(files, log, merge_base);
+            let (diff, uncommitted) = files?;
+            (diff, uncommitted, log?, merge_base?)
+        }
+        Source::Branch => {
+            let diff = git
+                .at(&worktree.repository)
+                .args(["diff", "--merge-base", &base_ref, &branch_ref])
+                .args(["-z", "--raw", "--numstat", "-M", "--no-ext-diff", "--"])
+                .ok();
+            let (diff, log, merge_base) = tokio::join!(diff, log, merge_base);
+            (diff?, 0, log?, merge_base?)
+        }
+    };
+    let mut files = parse_raw_numstat(&diff);
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    let commits = parse_log(&log)?;
+    let commit_count = if commits.len() < MAX_COMMITS {
+        commits.len() as u64
+    } else {
+        git.at(&worktree.repository)
+            .args(["rev-list", "--count", &range, "--"])
+            .text()
+            .await?
+            .parse()
+            .unwrap_or(commits.len() as u64)
+    };
+    let totals = ChangeTotals {
+        files: files.len() as u64,
+        added: files.iter().map(|f| f.added).sum(),
+        removed: files.iter().map(|f| f.removed).sum(),
+        commits: commit_count,
+    };
+    let truncated = files.len() > MAX_FILES;
+    files.truncate(MAX_FILES);
+    // The branch's tip: its newest commit the base lacks, or (none) the
+    // merge base itself.
+    let head = commits
+        .first()
+        .map_or_else(|| merge_base.clone(), |c| c.id.clone());
+    Ok(Changes {
+        base: worktree.base.clone(),
+        branch: worktree.branch.clone(),
+        merge_base,
+        head,
+        totals,
+        files,
+        truncated,
+        commits,
+        uncommitted,
+    })
+}
+
+/// `git diff -z --raw --numstat`: the raw records of all files, then the
+/// numstat records of the same files in the same order.
+pub(super) fn parse_raw_numstat(out: &[u8]) -> Vec<ChangedFile> {
+    let mut fields = records(out).peekable();
+    let mut files = Vec::new();
+    while let Some(record) = fields.next_if(|r| r.starts_with(b":")) {
+        let status = record.split(|b| *b == b' ').nth(4).unwrap_or(b"M");
+        let letter = status.first().copied().unwrap_or(b'M');
+        let first = lossy(fields.next().unwrap_or_default());
+        let (path, old_path) = if matches!(letter, b'R' | b'C') {
+            (lossy(fields.next().unwrap_or_default()), Some(first))
+        } else {
+            (first, None)
+        };
+        files.push(ChangedFile {
+            path,
+            old_path,
+            status: match letter {
+                b'A' => FileStatus::Added,
+                b'D' => FileStatus::Deleted,
+                b'R' => FileStatus::Renamed,
+                b'C' => FileStatus::Copied,
+                b'T' => FileStatus::TypeChanged,
+                _ => FileStatus::Modified,
+            },
+            added: 0,
+            removed: 0,
+            binary: false,
+        });
+    }
+    for file in files.iter_mut() {
+        let Some(record) = fields.next() else { break };
+        let mut parts = record.splitn(3, |b| *b == b'\t');
+        let (added, removed, path) = (parts.next(), parts.next(), parts.next());
+        if path == Some(b"") {
+            // A rename: its two paths follow.
+            fields.next();
+            fields.next();
+        }
+        match (added, removed) {
+            (Some(b"-"), Some(b"-")) => file.binary = true,
+            (Some(added), Some(removed)) => {
+                file.added = std::str::from_utf8(added)
+                    .ok()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
+                file.removed = std::str::from_utf8(removed)
+                    .ok()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
+            }
+            _ => {}
+        }
+    }
+    files
+}
+
+/// `git log -z --format=%H%x1f%an%x1f%aI%x1f%s`.
+pub(super) fn parse_log(out: &[u8]) -> Result<Vec<BranchCommit>, GitError> {
+    records(out)
+        .map(|record| {
+            let record = lossy(record);
+            let mut parts = record.splitn(4, '\u{1f}');
+            let (id, author, date, summary) = (
+                parts.next().unwrap_or(""),
+                parts.next().unwrap_or(""),
+                parts.next().unwrap_or(""),
+                parts.next().unwrap_or(""),
+            );
+            let authored_at = chrono::DateTime::parse_from_rfc3339(date)
+                .map_err(|e| {
+                    GitError::Failed(format!("git log gave a date {date:?} of {id}: {e}"))
+                })?
+                .with_timezone(&chrono::Utc);
+            Ok(BranchCommit {
+                id: id.trim().to_owned(),
+                summary: summary.to_owned(),
+                author: author.to_owned(),
+                authored_at,
+            })
+        })
+        .collect()
+}
+
+/// A path the diff may name: relative, inside the worktree.
+fn check_path(path: &str) -> Result<(), GitError> {
+    let bad = path.is_empty()
+        || path.len() > 4096
+        || path.contains('\0')
+        || path.starts_with('/')
+        || path.split('/').any(|part| part == "..");
+    if bad {
+        return Err(GitError::BadPath(format!(
+            "path {:?} leads out of the worktree (a path must be relative, /-separated, \
+             without .. and at most 4096 bytes)",
+            super::cut(path.to_owned(), 200)
+        )));
+    }
+    Ok(())
+}
+
+/// What [`Git::diff`] does.
+pub(super) async fn diff(
+    git: &Git,
+    worktree: &Worktree,
+    source: Source,
+    path: Option<&str>,
+    max_bytes: usize,
+) -> Result<Diff, GitError> {
+    if let Some(path) = path {
+        check_path(path)?;
+    }
+    if let Some(e) = unreachable(worktree, source) {
+        return Err(e);
+    }
+    let base_ref = format!("refs/heads/{}", worktree.base);
+    let options = ["-M", "--no-color", "--no-ext-diff", "--no-textconv"];
+    let pathspec = path.map(|p| format!(":(literal){p}"));
+    let (_index, call) = match source {
+        Source::Worktree => {
+            let index = TempIndex::copy(git, worktree)?;
+            git.at(&worktree.path)
+                .index(&index.path)
+                .args(["add", "-A"])
+                .ok()
+                .await?;
+            let call = git.at(&worktree.path).index(&index.path).args([
+                "diff",
+                "--cached",
+                "--merge-base",
+                &base_ref,
+            ]);
+            (Some(index), call)
+        }
+        Source::Branch => {
+            let call = git.at(&worktree.repository).args([
+                "diff",
+                "--merge-base",
+                &base_ref,
+                &format!("refs/heads/{}", worktree.branch),
+            ]);
+            (None, call)
+        }
+    };
+    let call = call.args(options).arg("--").args(pathspec);
+    let what = call.what();
+    let mut child = call.command()?.spawn().map_err(|e| call.spawn_failed(e))?;
+    let mut stderr = child.stderr.take().expect("piped");
+    let errors = tokio::spawn(async move {
+        let mut text = Vec::new();
+        let _ = (&mut stderr).take(64 * 1024).read_to_end(&mut text).await;
+        text
+    });
+    let mut stdout = child.stdout.take().expect("piped");
+    let mut text = Vec::with_capacity(max_bytes.min(1 << 20) + 1);
+    let read = (&mut stdout)
+        .take(max_bytes as u64 + 1)
+        .read_to_end(&mut text)
+        .await;
+    read.map_err(|e| GitError::Failed(format!("{what} failed: cannot read its output: {e}")))?;
+    if text.len() > max_bytes {
+        // More follows: stop git and cut at the last line's end that fits.
+        drop(stdout);
+        let _ = child.kill().await;
+        errors.abort();
+        let end = text[..max_bytes]
+            .iter()
+            .rposition(|b| *b == b'\n')
+            .map_or(0, |i| i + 1);
+        text.truncate(end);
+        return Ok(Diff {
+            text: lossy(&text),
+            truncated: true,
+        });
+    }
+    let status = child
+        .wait()
+        .await
+        .map_err(|e| GitError::Failed(format!("{what} failed: {e}")))?;
+    let stderr = errors.await.unwrap_or_default();
+    if !status.success() {
+        return Err(super::failure(
+            &what,
+            &std::process::Output {
+                status,
+                stdout: Vec::new(),
+                stderr,
+            },
+        ));
+    }
+    Ok(Diff {
+        text: lossy(&text),
+        truncated: false,
+    })
+}
