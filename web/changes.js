@@ -138,6 +138,8 @@ export class ChangesView {
   }
 
   event(event) {
+    // A turn changed the work since what was last done here.
+    if (event.type === "changes_updated") this.done.hidden = true;
     if (CHANGE_EVENTS.has(event.type)) this.reload();
     else if (event.type === "agent_status" && event.data?.status === "closed") this.showStatus("closed");
   }
