@@ -95,6 +95,8 @@ async fn a_conversations_changes_are_counted_shown_committed_landed_and_discarde
         .wait_text("li.conversation .changes", "1 file · +1 −0")
         .await;
     browser.fits_the_screen().await;
+    let shot = browser.screenshot("changes-list.png", false).await;
+    eprintln!("list screenshot: {}", shot.display());
 
     // The conversation links to its changes, counted too.
     browser.goto(&format!("/#/c/{id}")).await;
@@ -177,6 +179,9 @@ async fn a_conversations_changes_are_counted_shown_committed_landed_and_discarde
         .click("radio", "Merge (a merge commit on the base)")
         .await;
     browser.no_axe_violation("the land confirmation").await;
+    browser.fits_the_screen().await;
+    let shot = browser.screenshot("changes-land.png", false).await;
+    eprintln!("land screenshot: {}", shot.display());
     browser.click("button", "Land").await;
     let landed = data_of(&mut ws, "changes_landed").await;
     assert_eq!(landed["strategy"], "merge", "{landed}");
