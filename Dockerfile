@@ -26,8 +26,11 @@ RUN touch src/main.rs src/lib.rs \
 FROM debian:bookworm-slim AS runtime
 # Debian's current packages (security updates included), not pinned versions.
 # hadolint ignore=DL3008
-RUN apt-get update \
+# git (2.40 or later, from bookworm-backports) for conversations made on a repository.
+RUN echo "deb http://deb.debian.org/debian bookworm-backports main" > /etc/apt/sources.list.d/backports.list \
+    && apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates curl \
+    && apt-get install -y --no-install-recommends -t bookworm-backports git \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --user-group --create-home --home-dir /var/lib/acp-gateway acp \
     && mkdir -p /var/lib/acp-gateway/data /srv/work \

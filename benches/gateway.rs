@@ -36,7 +36,10 @@
 //!   not (see `gateway/sandbox.rs`);
 //! - an agent flooding its stdout with 1 GiB of what the gateway drops:
 //!   the time to the turn's end, the gateway's and the shim's peak memory
-//!   (see `gateway/flood.rs`).
+//!   (see `gateway/flood.rs`);
+//! - conversations on a repository of 10,000 files: creating one and
+//!   listing its changes after 100 files changed, against `git worktree
+//!   add` and `git diff --stat` by hand (see `gateway/worktrees.rs`).
 //!
 //! Sizes: BENCH_SIZES (comma-separated chunk counts; each run BENCH_RUNS times, 3 by
 //! default, and the median shown), BENCH_BACKENDS
@@ -44,7 +47,7 @@
 //! BENCH_REFERENCE=off skips the references (to profile the gateway alone).
 //! BENCH_ONLY picks scenarios (comma-separated: `reference`, `streaming`,
 //! `acp`, `remote`, `approvals`, `fanout`, `idle`, `cluster`, `notifications`, `shim`,
-//! `restart`, `sandbox`, `flood`; all when unset), e.g. `BENCH_ONLY=notifications cargo bench --bench gateway`.
+//! `restart`, `sandbox`, `flood`, `worktrees`; all when unset), e.g. `BENCH_ONLY=notifications cargo bench --bench gateway`.
 
 #[path = "gateway/acp.rs"]
 mod acp;
@@ -68,6 +71,8 @@ mod restart;
 mod sandbox;
 #[path = "gateway/shim.rs"]
 mod shim;
+#[path = "gateway/worktrees.rs"]
+mod worktrees;
 
 use std::time::Instant;
 
@@ -249,6 +254,9 @@ async fn main() {
         }
         if selected("flood") {
             flood::run(backend, &db).await;
+        }
+        if selected("worktrees") {
+            worktrees::run(backend, &db).await;
         }
         let notified = env_or("BENCH_NOTIFY_CONVERSATIONS", 200);
         if notified > 0 && selected("notifications") {

@@ -124,6 +124,9 @@ pub struct Config {
     /// The git program worktrees are made and changes read with (default:
     /// `git` on the gateway's `PATH`).
     pub git: Option<PathBuf>,
+    /// Where conversations' worktrees are made (default
+    /// `<state_dir>/worktrees`); on several nodes, storage they all reach.
+    pub worktrees_dir: Option<PathBuf>,
     /// Run each agent under a shim (`acp-gateway shim`) that outlives the
     /// gateway, so a restart or a crash of the gateway ends no turn.
     #[serde(default = "default_true")]
@@ -657,10 +660,13 @@ impl Config {
         std::path::absolute(&dir).unwrap_or(dir)
     }
 
-    /// Where conversations' worktrees are made (`<state_dir>/worktrees`,
-    /// absolute).
+    /// Where conversations' worktrees are made (`worktrees_dir`, default
+    /// `<state_dir>/worktrees`; absolute).
     pub fn worktrees_dir(&self) -> PathBuf {
-        let dir = self.state_dir().join("worktrees");
+        let dir = self
+            .worktrees_dir
+            .clone()
+            .unwrap_or_else(|| self.state_dir().join("worktrees"));
         std::path::absolute(&dir).unwrap_or(dir)
     }
 

@@ -36,30 +36,37 @@ pub(super) async fn changes(
         .text();
     let (diff, uncommitted, log, merge_base) = match source {
         Source::Worktree => {
-            let files = async {
-                let index = TempIndex::copy(git, worktree)?;
-                git.at(&worktree.path)
-                    .index(&index.path)
-                    .args(["add", "-A"])
-                    .ok()
-                    .await?;
-                let diff = git
-                    .at(&worktree.path)
-                    .index(&index.path)
-                    .args(["diff", "--cached", "--merge-base", &base_ref])
-                    .args(["-z", "--raw", "--numstat", "-M", "--no-ext-diff", "--"])
-                    .ok();
-                let uncommitted = git
+            let index = TempIndex::copy(git, worktree)?;
+            let added = git
+                .at(&worktree.path)
+                .index(&index.path)
+                .config("index.skipHash=true")
+                .args(["add", "-A"])
+                .ok();
+            // Every file's stat takes both cores: the rest waits for it.
+            added.await?;
+            let diff = git
+                .at(&worktree.path)
+                .index(&index.path)
+                .args(["diff", "--cached", "--merge-base", &base_ref])
+                .args(["-z", "--raw", "--numstat", "-M", "--no-ext-diff", "--"])
+                .ok();
+            let (diff, log, merge_base) = tokio::join!(diff, log, merge_base);
+            let (diff, log, merge_base) = (diff?, log?, merge_base?);
+            // Without commits of its own the branch is at the merge base:
+            // what differs from it is all uncommitted.
+            let uncommitted = if records(&log).next().is_some() {
+                let out = git
                     .at(&worktree.path)
                     .index(&index.path)
                     .args(["diff", "--cached", "--name-only", "-z", "-M", "HEAD", "--"])
-                    .ok();
-                let (diff, uncommitted) = tokio::join!(diff, uncommitted);
-                Ok::<_, GitError>((diff?, records(&uncommitted?).count() as u64))
+                    .ok()
+                    .await?;
+                records(&out).count() as u64
+            } else {
+                parse_raw_numstat(&diff).len() as u64
             };
-            let (files, log, merge_base) = tokio::join!(files, log, merge_base);
-            let (diff, uncommitted) = files?;
-            (diff, uncommitted, log?, merge_base?)
+            (diff, uncommitted, log, merge_base)
         }
         Source::Branch => {
             let diff = git
@@ -233,6 +240,7 @@ pub(super) async fn diff(
             let index = TempIndex::copy(git, worktree)?;
             git.at(&worktree.path)
                 .index(&index.path)
+                .config("index.skipHash=true")
                 .args(["add", "-A"])
                 .ok()
                 .await?;

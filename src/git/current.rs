@@ -9,22 +9,14 @@ impl Git {
     /// The branch checked out in `repository` (its `HEAD`); NotARepository
     /// where it is none, UnknownBase where `HEAD` is detached.
     pub async fn current_branch(&self, repository: &Path) -> Result<String, GitError> {
-        let output = tokio::process::Command::new(&self.program)
-            .arg("-c")
-            .arg("safe.directory=*")
-            .arg("-C")
-            .arg(repository)
+        if !repository.is_dir() {
+            return Err(not_a_repository(repository));
+        }
+        let output = self
+            .at(repository)
             .args(["symbolic-ref", "--short", "-q", "HEAD"])
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("LC_ALL", "C")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true)
             .output()
-            .await
-            .map_err(|e| GitError::Failed(format!("cannot run git: {e}")))?;
+            .await?;
         let named = String::from_utf8_lossy(&output.stdout).trim().to_owned();
         match (output.status.code(), named.is_empty()) {
             (Some(0), false) => Ok(named),
@@ -32,10 +24,14 @@ impl Git {
                 "{} has no branch checked out: name a base",
                 repository.display()
             ))),
-            _ => Err(GitError::NotARepository(format!(
-                "{} is not a git repository",
-                repository.display()
-            ))),
+            _ => Err(not_a_repository(repository)),
         }
     }
+}
+
+fn not_a_repository(repository: &Path) -> GitError {
+    GitError::NotARepository(format!(
+        "{} is not a git repository",
+        repository.display()
+    ))
 }

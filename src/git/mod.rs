@@ -10,9 +10,6 @@
 //! with the old value), and its machine-readable output (`-z`). Git's
 //! on-disk formats are never read here.
 
-mod to_error;
-mod current;
-
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
@@ -25,7 +22,9 @@ use crate::model::{BranchCommit, Changes, LandStrategy, Signature, Worktree};
 use crate::sys::SystemUser;
 
 mod changes;
+mod current;
 mod land;
+mod to_error;
 #[cfg(test)]
 mod tests;
 
@@ -144,6 +143,8 @@ const STDERR_LIMIT: usize = 2000;
 pub(crate) struct Call<'a> {
     git: &'a Git,
     dir: PathBuf,
+    /// `-c` settings of this call alone.
+    config: Vec<&'static str>,
     args: Vec<OsString>,
     env: Vec<(&'static str, OsString)>,
     input: Option<Vec<u8>>,
@@ -162,6 +163,12 @@ impl<'a> Call<'a> {
     {
         self.args
             .extend(args.into_iter().map(|a| a.as_ref().to_owned()));
+        self
+    }
+
+    /// `-c name=value` for this call.
+    fn config(mut self, setting: &'static str) -> Self {
+        self.config.push(setting);
         self
     }
 
@@ -209,18 +216,21 @@ impl<'a> Call<'a> {
 
     fn command(&self) -> Result<tokio::process::Command, GitError> {
         let mut command = tokio::process::Command::new(&self.git.program);
+        command.args([
+            "-c",
+            "safe.directory=*",
+            "-c",
+            "core.hooksPath=/dev/null",
+            "-c",
+            "core.fsmonitor=false",
+            "-c",
+            "gc.auto=0",
+        ]);
+        for setting in &self.config {
+            command.args(["-c", setting]);
+        }
         command
-            .args([
-                "-c",
-                "safe.directory=*",
-                "-c",
-                "core.hooksPath=/dev/null",
-                "-c",
-                "core.fsmonitor=false",
-                "-c",
-                "gc.auto=0",
-                "-C",
-            ])
+            .arg("-C")
             .arg(&self.dir)
             .args(&self.args)
             .env_clear();
@@ -511,6 +521,7 @@ impl Git {
         Call {
             git: self,
             dir: dir.as_ref().to_owned(),
+            config: Vec::new(),
             args: Vec::new(),
             env: Vec::new(),
             input: None,

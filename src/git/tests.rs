@@ -938,3 +938,49 @@ fn raw_and_numstat_records_are_read_together() {
     assert_eq!(files[2].old_path.as_deref(), Some("a"));
     assert_eq!(files[2].path, "c");
 }
+
+/// The measure of `changes`: within 1.5 times `git diff --stat` by hand on
+/// 10,000 files with 100 changed (`cargo test --lib git:: -- --ignored`).
+#[tokio::test]
+#[ignore = "a measure, not a check: slow"]
+async fn changes_on_ten_thousand_files_take_about_what_git_diff_stat_takes() {
+    let place = Place::new();
+    for i in 0..10_000 {
+        write(
+            &place.repo,
+            &format!("d{}/f{i}.txt", i % 100),
+            &lines(20, "x"),
+        );
+    }
+    run(&place.repo, &["add", "-A"]);
+    run(&place.repo, &["commit", "-qm", "many"]);
+    let wt = place.worktree("main", "acp/many").await;
+    let dir = Path::new(&wt.path);
+    for i in (0..10_000).step_by(100) {
+        write(dir, &format!("d{}/f{i}.txt", i % 100), &lines(21, "y"));
+    }
+    let median = |mut times: Vec<std::time::Duration>| {
+        times.sort();
+        times[times.len() / 2]
+    };
+    let mut by_hand = Vec::new();
+    let mut ours = Vec::new();
+    // Settled first: the files just written, the index refreshed.
+    run(dir, &["status", "--porcelain"]);
+    git().changes(&wt, Source::Worktree).await.unwrap();
+    for _ in 0..15 {
+        let start = std::time::Instant::now();
+        run(dir, &["diff", "--stat"]);
+        by_hand.push(start.elapsed());
+        let start = std::time::Instant::now();
+        let changes = git().changes(&wt, Source::Worktree).await.unwrap();
+        ours.push(start.elapsed());
+        assert_eq!(changes.totals.files, 100);
+    }
+    let (by_hand, ours) = (median(by_hand), median(ours));
+    eprintln!("git diff --stat: {by_hand:?}, changes: {ours:?}");
+    assert!(
+        ours.as_secs_f64() <= 1.5 * by_hand.as_secs_f64(),
+        "{ours:?} vs {by_hand:?}"
+    );
+}

@@ -326,7 +326,12 @@ fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
     let served = ClientServices::new(
         Workspace {
             cwd: PathBuf::from(&conversation.cwd),
-            allowed_roots: profile.allowed_roots.clone(),
+            // A worktree (made by the gateway, beneath its own directory)
+            // is its own root: files stay inside it.
+            allowed_roots: match conversation.worktree {
+                Some(_) => Vec::new(),
+                None => profile.allowed_roots.clone(),
+            },
             user,
             files: profile.client_fs && reachable,
             terminals: profile.client_terminal && reachable,

@@ -68,3 +68,5 @@ mod web_questions;
 mod web_steering;
 mod websocket;
 mod workspace;
+mod worktree_box;
+mod worktrees;

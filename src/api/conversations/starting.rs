@@ -59,6 +59,12 @@ impl NewConversation {
             Some(_) => None,
             None => conversation_repository(&profile, repository, user)?,
         };
+        if repository.is_some() && profile.url.is_some() {
+            return Err(Error::Unprocessable(format!(
+                "agent {agent:?} runs on another machine (url): its conversations cannot work in a \
+                 worktree on this one"
+            )));
+        }
         if repository.is_none() && (on.base.is_some() || on.branch.is_some()) {
             return Err(Error::Unprocessable(
                 "base and branch are for a conversation made on a repository".to_owned(),
