@@ -6,6 +6,7 @@
 import { api, ApiError, token, whenUnauthorized } from "./api.js";
 import { h, fill, when } from "./dom.js";
 import { Live, connection } from "./live.js";
+import { ChangesView, CHANGE_EVENTS, changesText } from "./changes.js";
 import { markdown } from "./markdown.js";
 import { SettingsView, serviceWorker } from "./notify.js";
 import { questionCard, settleQuestion } from "./question.js";
@@ -69,7 +70,9 @@ function route() {
   }
   inbox ??= new Inbox();
   const conversation = hash.match(/^#\/c\/([0-9a-f-]+)$/);
+  const changes = hash.match(/^#\/c\/([0-9a-f-]+)\/changes$/);
   if (conversation) current = new ConversationView(conversation[1]);
+  else if (changes) current = new ChangesView(main, changes[1], { problemText, onDenied: whenUnauthorizedNow });
   else if (hash === "#/conversations") current = new ConversationsView();
   else if (hash === "#/settings") current = new SettingsView(main, problemText);
   else current = inbox.view();
@@ -144,6 +147,8 @@ class Inbox {
     this.questions = new Map();
     this.titles = new Map();
     this.list = null;
+    // Others that follow every event the caller can see (the conversations' list).
+    this.listeners = new Set();
     this.live = new Live({
       path: () => "/api/v1/ws",
       onFrame: (frame) => this.frame(frame),
@@ -156,6 +161,7 @@ class Inbox {
   }
 
   frame(frame) {
+    for (const listener of this.listeners) listener(frame);
     if (frame.type === "snapshot") {
       this.pending = new Map(frame.pending_permissions.map((r) => [r.id, r]));
       this.questions = new Map((frame.pending_questions ?? []).map((q) => [q.id, q]));
@@ -315,9 +321,34 @@ class ConversationsView {
     this.found = h("p.meta", { role: "status", id: "search-status" });
     fill(main, h("h1", {}, "Conversations"), this.searchForm(), this.found, this.results, this.createForm(), this.list, this.more);
     this.load();
+    // A conversation's changes, as its events record them (all of them
+    // again on each connection: what came meanwhile was not heard).
+    this.onFrame = (frame) => {
+      if (frame.type === "snapshot") this.refreshChanges();
+      if (!CHANGE_EVENTS.has(frame.type) || !frame.data?.totals) return;
+      this.showRowChanges(frame.conversation_id, frame.data.totals);
+    };
+    inbox?.listeners.add(this.onFrame);
   }
 
-  stop() {}
+  stop() {
+    inbox?.listeners.delete(this.onFrame);
+  }
+
+  showRowChanges(id, totals) {
+    for (const row of this.list.querySelectorAll("li.conversation")) {
+      if (row.dataset.id === id) showChanges(row.querySelector(".changes"), totals);
+    }
+  }
+
+  async refreshChanges() {
+    try {
+      const page = await api("GET", "/api/v1/conversations?limit=50");
+      for (const c of page.items) if (c.worktree && c.changes) this.showRowChanges(c.id, c.changes);
+    } catch {
+      // The list's own load says what is wrong.
+    }
+  }
 
   /** Search across the caller's conversations: titles, and what was said. */
   searchForm() {
@@ -423,6 +454,7 @@ class ConversationsView {
         { href: `#/c/${c.id}` },
         h("strong", {}, c.title || "Untitled"),
         h("span.meta", {}, `${c.agent} · `, h(`span.status.${c.status}`, {}, c.status), ` · ${when(c.updated_at)}`),
+        showChanges(h("span.meta.changes"), c.worktree ? c.changes : null),
       ),
       c.status === "closed" ? null : remove,
     );
@@ -558,6 +590,13 @@ class ConversationsView {
   }
 }
 
+/** `el` saying how much a conversation changed ("3 files · +12 −4"), hidden where nothing is known. */
+function showChanges(el, totals) {
+  el.textContent = changesText(totals);
+  el.hidden = !el.textContent;
+  return el;
+}
+
 // ----------------------------------------------------------- conversation
 
 /** `text` with each of the search's words in it marked (as text, never markup). */
@@ -643,6 +682,15 @@ class ConversationView {
     this.status = h("span.status", { id: "status" });
     // Where this conversation came from (a fork, a session taken over).
     this.origin = h("p.meta.origin", { id: "origin", hidden: true });
+    // Made on a repository: what its worktree changed, on a page of its own.
+    this.changesCount = h("span.count-text");
+    this.changesLink = h(
+      "p.changes-link",
+      { hidden: true },
+      h("a", { href: `#/c/${id}/changes`, id: "changes-link" }, "Changes"),
+      " ",
+      this.changesCount,
+    );
     // On the newest message: a new conversation forked from this one
     // (ACP forks a session whole, so only after the newest message).
     this.forkButton = h(
@@ -721,7 +769,7 @@ class ConversationView {
     this.usage = h("span.usage", { id: "usage" });
     fill(
       main,
-      h("div.head", {}, this.heading, h("p.meta", {}, this.status, this.usage), this.origin),
+      h("div.head", {}, this.heading, h("p.meta", {}, this.status, this.usage), this.origin, this.changesLink),
       this.settings,
       this.timeline,
       form,
@@ -760,6 +808,8 @@ class ConversationView {
       // Unknown (never started) is offered: the gateway says if it cannot.
       this.forkButton.hidden = c.session_capabilities?.fork === false || c.status === "failed";
       this.showOrigin(c);
+      this.changesLink.hidden = !c.worktree;
+      this.changesCount.textContent = changesText(c.changes);
     } catch (e) {
       this.error.textContent = problemText(e);
       this.error.hidden = false;
@@ -1298,6 +1348,14 @@ class ConversationView {
         this.held = data;
         this.showHeld();
         break;
+      case "changes_updated":
+      case "changes_committed":
+      case "changes_landed":
+      case "changes_discarded":
+        this.changesLink.hidden = false;
+        this.changesCount.textContent = changesText(data.totals);
+        if (event.type !== "changes_updated") this.add(h("p.note", {}, changeNote(event.type, data)));
+        break;
       default:
         break;
     }
@@ -1375,6 +1433,14 @@ class ConversationView {
       terminal.output.after(h("p.note", {}, signal ? `Killed (${signal})` : `Exit code ${exitCode}`));
     }
   }
+}
+
+/** A commit, land or discard in the timeline, in words. */
+function changeNote(type, data) {
+  const by = data.by ? ` by ${data.by}` : "";
+  if (type === "changes_committed") return `Committed${by}: ${data.commit?.summary ?? ""}`;
+  if (type === "changes_landed") return `Landed on ${data.base} (${data.strategy})${by}`;
+  return `Uncommitted changes discarded${by}`;
 }
 
 function stripNulls(object) {

@@ -46,19 +46,24 @@ export function commandOf(toolCall) {
   return null;
 }
 
-/** A unified diff's lines, coloured by their first character. */
+/** Lines of a git diff's file header ("diff --git …", "index …", "new file mode …"). */
+const DIFF_HEADER = /^(diff --git |index |(new|deleted) file mode |old mode |new mode |similarity index |dissimilarity index |rename (from|to) |copy (from|to) |Binary files )/;
+
+/** A unified diff's lines, coloured by their first character (a hunk's @@ line apart). */
 export function unifiedDiff(text) {
   return h(
     "pre.diff",
     {},
     text.replace(/\n$/, "").split("\n").map((line) => {
-      const kind = line.startsWith("+++") || line.startsWith("---") || line.startsWith("@@")
-        ? "meta"
-        : line.startsWith("+")
-          ? "add"
-          : line.startsWith("-")
-            ? "del"
-            : "ctx";
+      const kind = line.startsWith("@@")
+        ? "meta.hunk"
+        : line.startsWith("+++") || line.startsWith("---") || DIFF_HEADER.test(line)
+          ? "meta"
+          : line.startsWith("+")
+            ? "add"
+            : line.startsWith("-")
+              ? "del"
+              : "ctx";
       return h(`span.${kind}`, {}, line + "\n");
     }),
   );

@@ -21,6 +21,7 @@ const SHELL = [
   "/ui/live.js",
   "/ui/render.js",
   "/ui/question.js",
+  "/ui/changes.js",
   "/ui/markdown.js",
   "/ui/notify.js",
   "/ui/manifest.webmanifest",
