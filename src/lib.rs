@@ -77,6 +77,9 @@
 //!   (`cluster_pg.rs`), export between them, and the search backlog that an
 //!   upgraded database's older messages are indexed from
 //!   ([`store::search_backlog`]).
+//! - [`git`]: git and nothing of sessions: a conversation's worktree on a
+//!   repository, what differs in it from its base, committing, landing and
+//!   discarding, and what its box must grant; by running git itself.
 //! - [`sandbox`]: each conversation's box: Landlock rules built from the
 //!   profile and the conversation (pure) and enforced between fork and exec
 //!   ([`sandbox::landlock`]), a profile's boxes ([`sandbox::profile`]: the
@@ -92,9 +95,6 @@
 //!   start with and whether they can; [`process::child`] waits for and stops
 //!   one such tree; [`process::procs`] reads `/proc` and finds what a crashed
 //!   run's agents left running.
-//! - [`git`]: git and nothing of sessions: a conversation's worktree on a
-//!   repository, what differs in it from its base, committing, landing and
-//!   discarding, and what its box must grant; by running git itself.
 //! - [`config`]: the TOML config and its validation, data only, below every
 //!   part it configures: the gateway's settings, an agent profile
 //!   ([`config::profile`]), what a database URL names, read in one place
@@ -127,9 +127,9 @@ pub mod auth;
 pub mod permissions;
 pub mod bus;
 pub mod store;
+pub mod git;
 pub mod sandbox;
 pub mod process;
-pub mod git;
 pub mod config;
 pub mod model;
 pub mod limits;

@@ -3,8 +3,8 @@
 
 use tokio::io::AsyncReadExt;
 
-use super::{lossy, records, unreachable, Diff, Git, GitError, Source, TempIndex};
-use crate::model::{BranchCommit, ChangeTotals, ChangedFile, Changes, FileStatus, Worktree};
+use super::{lossy, parse_log, records, unreachable, Diff, Git, GitError, Source, TempIndex};
+use crate::model::{ChangeTotals, ChangedFile, Changes, FileStatus, Worktree};
 
 /// At most this many files are listed.
 const MAX_FILES: usize = 1000;
@@ -282,33 +282,6 @@ pub(super) fn parse_raw_numstat(out: &[u8]) -> Vec<ChangedFile> {
     files
 }
 
-/// `git log -z --format=%H%x1f%an%x1f%aI%x1f%s`.
-pub(super) fn parse_log(out: &[u8]) -> Result<Vec<BranchCommit>, GitError> {
-    records(out)
-        .map(|record| {
-            let record = lossy(record);
-            let mut parts = record.splitn(4, '\u{1f}');
-            let (id, author, date, summary) = (
-                parts.next().unwrap_or(""),
-                parts.next().unwrap_or(""),
-                parts.next().unwrap_or(""),
-                parts.next().unwrap_or(""),
-            );
-            let authored_at = chrono::DateTime::parse_from_rfc3339(date)
-                .map_err(|e| {
-                    GitError::Failed(format!("git log gave a date {date:?} of {id}: {e}"))
-                })?
-                .with_timezone(&chrono::Utc);
-            Ok(BranchCommit {
-                id: id.trim().to_owned(),
-                summary: summary.to_owned(),
-                author: author.to_owned(),
-                authored_at,
-            })
-        })
-        .collect()
-}
-
 /// A path the diff may name: relative, inside the worktree.
 fn check_path(path: &str) -> Result<(), GitError> {
     let bad = path.is_empty()
@@ -437,4 +410,22 @@ pub(super) async fn diff(
         text: lossy(&text),
         truncated: false,
     })
+}
+
+impl Git {
+    /// What differs from the base.
+    pub async fn changes(&self, worktree: &Worktree, source: Source) -> Result<Changes, GitError> {
+        changes(self, worktree, source).await
+    }
+
+    /// The unified diff against the merge base, of one file or all.
+    pub async fn diff(
+        &self,
+        worktree: &Worktree,
+        source: Source,
+        path: Option<&str>,
+        max_bytes: usize,
+    ) -> Result<Diff, GitError> {
+        diff(self, worktree, source, path, max_bytes).await
+    }
 }

@@ -6,7 +6,10 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{lossy, records, status_files, unreachable, Git, GitError, Landed, Source, TempIndex};
+use super::{
+    lossy, parse_log, records, status_files, unreachable, Git, GitError, Landed, RepositoryHeld,
+    Source, TempIndex,
+};
 use crate::model::{BranchCommit, LandStrategy, Signature, Worktree};
 
 /// What [`Git::commit`] does (under the repository's hold).
@@ -102,7 +105,7 @@ pub(super) async fn commit(
         ])
         .ok()
         .await?;
-    super::changes::parse_log(&out)?
+    parse_log(&out)?
         .pop()
         .ok_or_else(|| GitError::Failed(format!("git log does not show the commit {id}")))
 }
@@ -473,4 +476,36 @@ async fn checked_out(git: &Git, repo: &Path, reference: &str) -> Result<Option<P
         }
     }
     Ok(None)
+}
+
+impl Git {
+    /// Commits everything in the worktree.
+    pub async fn commit(
+        &self,
+        worktree: &Worktree,
+        message: &str,
+        author: &Signature,
+        committer: &Signature,
+    ) -> Result<BranchCommit, GitError> {
+        let _held = RepositoryHeld::take(worktree)?;
+        commit(self, worktree, message, author, committer)
+            .await
+            .map_err(GitError::busy_if_locked)
+    }
+
+    /// Brings the branch into its base.
+    pub async fn land(
+        &self,
+        worktree: &Worktree,
+        source: Source,
+        strategy: LandStrategy,
+        message: Option<&str>,
+        author: &Signature,
+        committer: &Signature,
+    ) -> Result<Landed, GitError> {
+        let _held = RepositoryHeld::take(worktree)?;
+        land(self, worktree, source, strategy, message, author, committer)
+            .await
+            .map_err(GitError::busy_if_locked)
+    }
 }

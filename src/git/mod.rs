@@ -24,7 +24,7 @@ use std::sync::Mutex;
 
 use tokio::io::AsyncWriteExt;
 
-use crate::model::{BranchCommit, Changes, LandStrategy, Signature, Worktree};
+use crate::model::{BranchCommit, LandStrategy, Signature, Worktree};
 use crate::sys::SystemUser;
 
 mod changes;
@@ -544,52 +544,6 @@ impl Git {
             .await
     }
 
-    /// What differs from the base.
-    pub async fn changes(&self, worktree: &Worktree, source: Source) -> Result<Changes, GitError> {
-        changes::changes(self, worktree, source).await
-    }
-
-    /// The unified diff against the merge base, of one file or all.
-    pub async fn diff(
-        &self,
-        worktree: &Worktree,
-        source: Source,
-        path: Option<&str>,
-        max_bytes: usize,
-    ) -> Result<Diff, GitError> {
-        changes::diff(self, worktree, source, path, max_bytes).await
-    }
-
-    /// Commits everything in the worktree.
-    pub async fn commit(
-        &self,
-        worktree: &Worktree,
-        message: &str,
-        author: &Signature,
-        committer: &Signature,
-    ) -> Result<BranchCommit, GitError> {
-        let _held = RepositoryHeld::take(worktree)?;
-        land::commit(self, worktree, message, author, committer)
-            .await
-            .map_err(GitError::busy_if_locked)
-    }
-
-    /// Brings the branch into its base.
-    pub async fn land(
-        &self,
-        worktree: &Worktree,
-        source: Source,
-        strategy: LandStrategy,
-        message: Option<&str>,
-        author: &Signature,
-        committer: &Signature,
-    ) -> Result<Landed, GitError> {
-        let _held = RepositoryHeld::take(worktree)?;
-        land::land(self, worktree, source, strategy, message, author, committer)
-            .await
-            .map_err(GitError::busy_if_locked)
-    }
-
     /// Resets the worktree to its last commit; the commit's id.
     pub async fn discard(&self, worktree: &Worktree) -> Result<String, GitError> {
         if let Some(e) = unreachable(worktree, Source::Worktree) {
@@ -669,4 +623,31 @@ pub fn prepare_box(worktree: &Worktree) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `git log -z --format=%H%x1f%an%x1f%aI%x1f%s`.
+fn parse_log(out: &[u8]) -> Result<Vec<BranchCommit>, GitError> {
+    records(out)
+        .map(|record| {
+            let record = lossy(record);
+            let mut parts = record.splitn(4, '\u{1f}');
+            let (id, author, date, summary) = (
+                parts.next().unwrap_or(""),
+                parts.next().unwrap_or(""),
+                parts.next().unwrap_or(""),
+                parts.next().unwrap_or(""),
+            );
+            let authored_at = chrono::DateTime::parse_from_rfc3339(date)
+                .map_err(|e| {
+                    GitError::Failed(format!("git log gave a date {date:?} of {id}: {e}"))
+                })?
+                .with_timezone(&chrono::Utc);
+            Ok(BranchCommit {
+                id: id.trim().to_owned(),
+                summary: summary.to_owned(),
+                author: author.to_owned(),
+                authored_at,
+            })
+        })
+        .collect()
 }

@@ -4,8 +4,6 @@ use std::path::Path;
 
 use super::*;
 
-use super::changes::busy_worktree;
-
 #[tokio::test]
 async fn a_commit_takes_everything_and_then_there_is_nothing_to_commit() {
     let place = Place::new();

@@ -147,3 +147,30 @@ exec git "$@"
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     (Git::new(script), control)
 }
+
+/// A worktree with a commit on its branch and uncommitted work of every
+/// kind.
+pub(super) async fn busy_worktree(place: &Place) -> Worktree {
+    let wt = place.worktree("main", "acp/work").await;
+    let dir = Path::new(&wt.path);
+    write(dir, "a.txt", &(lines(10, "a") + "a more\n"));
+    run(
+        dir,
+        &[
+            "-c",
+            "user.name=Agent",
+            "-c",
+            "user.email=agent@x",
+            "commit",
+            "-qam",
+            "more a",
+        ],
+    );
+    // Uncommitted: b deleted, c renamed, new (untracked), binary, ignored.
+    std::fs::remove_file(dir.join("b.txt")).unwrap();
+    std::fs::rename(dir.join("c.txt"), dir.join("d.txt")).unwrap();
+    write(dir, "new/new.txt", "one\ntwo\n");
+    std::fs::write(dir.join("bin.dat"), [0u8, 1, 2, 3, 0, 255]).unwrap();
+    write(dir, "debug.log", "ignored\n");
+    wt
+}

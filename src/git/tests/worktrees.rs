@@ -4,8 +4,6 @@ use std::path::{Path, PathBuf};
 
 use super::*;
 
-use super::changes::busy_worktree;
-
 #[tokio::test]
 async fn a_worktree_is_made_beside_another_and_its_box_names_its_folders() {
     let place = Place::new();
