@@ -362,14 +362,14 @@ pub(super) async fn diff(
     };
     let call = call.args(options).arg("--").args(pathspec);
     let what = call.what();
-    let mut child = call.command()?.spawn().map_err(|e| call.spawn_failed(e))?;
-    let mut stderr = child.stderr.take().expect("piped");
+    let mut child = call.start()?;
+    let mut stderr = child.child_mut().stderr.take().expect("piped");
     let errors = tokio::spawn(async move {
         let mut text = Vec::new();
         let _ = (&mut stderr).take(64 * 1024).read_to_end(&mut text).await;
         text
     });
-    let mut stdout = child.stdout.take().expect("piped");
+    let mut stdout = child.child_mut().stdout.take().expect("piped");
     let mut text = Vec::with_capacity(max_bytes.min(1 << 20) + 1);
     let read = (&mut stdout)
         .take(max_bytes as u64 + 1)
@@ -379,7 +379,8 @@ pub(super) async fn diff(
     if text.len() > max_bytes {
         // More follows: stop git and cut at the last line's end that fits.
         drop(stdout);
-        let _ = child.kill().await;
+        child.kill();
+        child.wait().await;
         errors.abort();
         let end = text[..max_bytes]
             .iter()
@@ -391,10 +392,7 @@ pub(super) async fn diff(
             truncated: true,
         });
     }
-    let status = child
-        .wait()
-        .await
-        .map_err(|e| GitError::Failed(format!("{what} failed: {e}")))?;
+    let status = child.wait().await;
     let stderr = errors.await.unwrap_or_default();
     if !status.success() {
         return Err(super::failure(

@@ -24,7 +24,11 @@ impl Git {
                 "{} has no branch checked out: name a base",
                 repository.display()
             ))),
-            _ => Err(not_a_repository(repository)),
+            _ => Err(GitError::NotARepository(format!(
+                "{} is not a git repository: {}",
+                repository.display(),
+                String::from_utf8_lossy(&output.stderr).trim()
+            ))),
         }
     }
 }

@@ -25,6 +25,7 @@ use std::sync::Mutex;
 use tokio::io::AsyncWriteExt;
 
 use crate::model::{BranchCommit, LandStrategy, Signature, Worktree};
+use crate::process::child::Supervised;
 use crate::sys::SystemUser;
 
 mod changes;
@@ -284,19 +285,43 @@ impl<'a> Call<'a> {
         ))
     }
 
+    /// Starts it as the gateway starts every process of its own (see
+    /// [`crate::process::spawn`]: registered, so that the gateway's sweep
+    /// for orphans never takes it for one; killed with what it started when
+    /// dropped).
+    fn start(&self) -> Result<Supervised, GitError> {
+        let mut command = self.command()?;
+        Supervised::spawn(&mut command).map_err(|e| self.spawn_failed(e))
+    }
+
     /// Runs it, whatever its exit status.
     async fn output(self) -> Result<Output, GitError> {
-        let mut child = self.command()?.spawn().map_err(|e| self.spawn_failed(e))?;
-        if let Some(input) = &self.input {
-            if let Some(mut stdin) = child.stdin.take() {
+        use tokio::io::AsyncReadExt;
+        let mut child = self.start()?;
+        let stdin = child.child_mut().stdin.take();
+        let mut stdout = child.child_mut().stdout.take().expect("piped");
+        let mut stderr = child.child_mut().stderr.take().expect("piped");
+        let input = self.input.clone();
+        let feed = async move {
+            if let (Some(mut stdin), Some(input)) = (stdin, input) {
                 // A git that does not read it all fails on its own.
-                let _ = stdin.write_all(input).await;
+                let _ = stdin.write_all(&input).await;
             }
-        }
-        child
-            .wait_with_output()
-            .await
-            .map_err(|e| self.spawn_failed(e))
+        };
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let ((), read_out, read_err) = tokio::join!(
+            feed,
+            stdout.read_to_end(&mut out),
+            stderr.read_to_end(&mut err)
+        );
+        read_out.map_err(|e| self.spawn_failed(e))?;
+        read_err.map_err(|e| self.spawn_failed(e))?;
+        let status = child.wait().await;
+        Ok(Output {
+            status,
+            stdout: out,
+            stderr: err,
+        })
     }
 
     /// Runs it; its stdout if it succeeded, else [`GitError::Failed`]

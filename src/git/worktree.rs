@@ -31,7 +31,7 @@ impl Git {
             ])
             .ok()
             .await
-            .map_err(|_| not_a_repository())?;
+            .map_err(|e| because(not_a_repository(), e))?;
         let out = String::from_utf8_lossy(&out);
         let mut lines = out.lines();
         let bare = lines.next() == Some("true");
@@ -43,7 +43,7 @@ impl Git {
                 .args(["rev-parse", "--show-toplevel"])
                 .text()
                 .await
-                .map_err(|_| not_a_repository())?
+                .map_err(|e| because(not_a_repository(), e))?
         };
         let top = PathBuf::from(canonical(Path::new(&top)));
 
@@ -219,5 +219,13 @@ impl Git {
             .ok()
             .await?;
         Ok(status_files(&out))
+    }
+}
+
+/// `error`, with what git said (`why`) after it.
+fn because(error: GitError, why: GitError) -> GitError {
+    match error {
+        GitError::NotARepository(what) => GitError::NotARepository(format!("{what}: {why}")),
+        other => other,
     }
 }

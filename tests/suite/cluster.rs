@@ -345,6 +345,50 @@ async fn prompts_queued_edited_and_steered_on_another_node_reach_the_queue_of_th
 }
 
 #[tokio::test]
+async fn a_worktrees_changes_are_read_committed_and_landed_through_another_node() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let repo = super::worktrees::Repo::new();
+    let (a, b) = two_nodes(&db, &[super::worktrees::demo_on(&repo.root)]);
+    let (id, mut on_a, _) = super::worktrees::on_repo(&a, &repo, json!({})).await;
+    super::worktrees::turn_changes(&a, &mut on_a, &id, "save notes.txt from a").await;
+    let changes = format!("/api/v1/conversations/{id}/changes");
+    let (status, listed) = b.call("GET", &changes, None).await;
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(listed["files"][0]["path"], "notes.txt");
+    // While a turn runs on A, B's commit is refused there.
+    a.prompt(&id, "hang").await;
+    on_a.until_type("turn_started").await;
+    let commit = format!("{changes}/commit");
+    let (status, problem) = b
+        .call("POST", &commit, Some(json!({"message": "via b"})))
+        .await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (409, Some("turn_in_progress")),
+        "{problem}"
+    );
+    a.cancel_turn(&mut on_a, &id).await;
+    let (status, committed) = b
+        .call("POST", &commit, Some(json!({"message": "via b"})))
+        .await;
+    assert_eq!(status, 200, "{committed}");
+    let (status, landed) = b
+        .call(
+            "POST",
+            &format!("{changes}/land"),
+            Some(json!({"strategy": "merge"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{landed}");
+    assert!(repo.path.join("notes.txt").exists());
+    // The node that runs the agent did them: its agent is the only one.
+    on_a.until_type("changes_landed").await;
+    assert_eq!(agents_running(&b).await, 0);
+}
+
+#[tokio::test]
 async fn a_question_asked_on_one_node_is_in_the_others_inbox_and_answered_there() {
     let Some(db) = TestDb::postgres().await else {
         return;
