@@ -22,8 +22,17 @@ use crate::session::{ChangeDone, ChangeOp};
 
 /// A commit message, in characters.
 pub const MESSAGE_MAX_CHARS: usize = 10_000;
-/// A diff's `path`, in bytes.
-pub const DIFF_PATH_MAX_BYTES: usize = 4096;
+/// A diff's `path`, in characters.
+pub const DIFF_PATH_MAX_CHARS: usize = 1024;
+
+/// A diff's `path`: relative (not starting with `/`), no `..` part, no NUL
+/// (empty parts, `.` and names like `..x` are fine): what the git room
+/// takes, as a JSON Schema pattern (no look-around, so that every engine
+/// reads it alike).
+pub const DIFF_PATH_PATTERN: &str = concat!(
+    r"^(?:[^/.\u0000][^/\u0000]*|\.|\.[^/.\u0000][^/\u0000]*|\.\.[^/\u0000]+)",
+    r"(?:/(?:[^/.\u0000][^/\u0000]*|\.|\.[^/.\u0000][^/\u0000]*|\.\.[^/\u0000]+)?)*$",
+);
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -66,10 +75,21 @@ async fn changes(Visible { state, item, .. }: Visible<Conversation>) -> Result<J
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 struct DiffQuery {
-    /// One file's path, relative to the worktree (default: every file). One
-    /// that leads out of it (absolute, or with a `..` part) is 400.
-    #[param(min_length = 1, max_length = 4096, pattern = "^[^\\u0000]*$")]
+    /// One file's path, relative to the worktree (default: every file), 1
+    /// to 1024 characters. One that leads out of it (absolute, or with a
+    /// `..` part) is 400 `invalid_path`.
+    #[param(schema_with = diff_path_schema)]
     path: Option<String>,
+}
+
+/// A diff's `path` as the document states it ([`DIFF_PATH_PATTERN`]).
+fn diff_path_schema() -> utoipa::openapi::schema::Object {
+    utoipa::openapi::schema::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .min_length(Some(1))
+        .max_length(Some(DIFF_PATH_MAX_CHARS))
+        .pattern(Some(DIFF_PATH_PATTERN))
+        .build()
 }
 
 /// A unified diff.
@@ -107,9 +127,17 @@ async fn diff(
 ) -> Result<Json<DiffView>> {
     let worktree = worktree_of(&item)?;
     if let Some(path) = &q.path {
-        if path.is_empty() || path.len() > DIFF_PATH_MAX_BYTES || path.contains('\0') {
+        if path.is_empty() || path.chars().count() > DIFF_PATH_MAX_CHARS {
             return Err(Error::Unprocessable(format!(
-                "path must be 1 to {DIFF_PATH_MAX_BYTES} bytes, without NUL"
+                "path must be 1 to {DIFF_PATH_MAX_CHARS} characters"
+            )));
+        }
+        static SHAPE: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+            regex::Regex::new(DIFF_PATH_PATTERN).expect("the pattern compiles")
+        });
+        if !SHAPE.is_match(path) {
+            return Err(Error::BadPath(format!(
+                "path {path:?} leads out of the worktree (relative, without a .. part)"
             )));
         }
     }
@@ -167,10 +195,7 @@ async fn commit(
     AppJson(body): AppJson<CommitBody>,
 ) -> Result<Json<ChangesCommitted>> {
     worktree_of(&item)?;
-    limits::text("message", &body.message, MESSAGE_MAX_CHARS)?;
-    if body.message.trim().is_empty() {
-        return Err(Error::Unprocessable("message must not be empty".to_owned()));
-    }
+    check_message(&body.message)?;
     open_only(&item)?;
     let op = ChangeOp::Commit {
         message: body.message,
@@ -235,10 +260,7 @@ async fn land(
 ) -> Result<Json<ChangesLanded>> {
     let worktree = worktree_of(&item)?;
     if let Some(message) = &body.message {
-        limits::text("message", message, MESSAGE_MAX_CHARS)?;
-        if message.trim().is_empty() {
-            return Err(Error::Unprocessable("message must not be empty".to_owned()));
-        }
+        check_message(message)?;
     }
     check_protected(&state, &caller, &item, worktree)?;
     let op = ChangeOp::Land {
@@ -285,6 +307,16 @@ async fn discard(
     {
         ChangeDone::Discarded(d) => Ok(Json(d)),
         other => Err(unexpected(other)),
+    }
+}
+
+/// A commit message: 1 to 10000 characters over lines, not only white
+/// space (422).
+fn check_message(message: &str) -> Result<()> {
+    limits::text("message", message, MESSAGE_MAX_CHARS)?;
+    match message.trim().is_empty() {
+        true => Err(Error::Unprocessable("message must not be empty".to_owned())),
+        false => Ok(()),
     }
 }
 

@@ -328,6 +328,7 @@ async fn show(Visible { item, .. }: Visible<Conversation>) -> Json<Conversation>
     responses(
         (status = 204, description = "Closed"),
         NoConversation,
+        (status = 422, description = "Invalid query (`discard_branch` is `true` or `false`)"),
     )
 )]
 async fn close(

@@ -413,7 +413,10 @@ pub(super) async fn diff(
 impl Git {
     /// What differs from the base.
     pub async fn changes(&self, worktree: &Worktree, source: Source) -> Result<Changes, GitError> {
-        changes(self, worktree, source).await
+        match changes(self, worktree, source).await {
+            Err(GitError::Failed(why)) => Err(self.gone_or_failed(worktree, why).await),
+            done => done,
+        }
     }
 
     /// The unified diff against the merge base, of one file or all.
@@ -424,6 +427,9 @@ impl Git {
         path: Option<&str>,
         max_bytes: usize,
     ) -> Result<Diff, GitError> {
-        diff(self, worktree, source, path, max_bytes).await
+        match diff(self, worktree, source, path, max_bytes).await {
+            Err(GitError::Failed(why)) => Err(self.gone_or_failed(worktree, why).await),
+            done => done,
+        }
     }
 }

@@ -7,8 +7,8 @@
 use std::path::{Path, PathBuf};
 
 use super::{
-    lossy, parse_log, records, status_files, unreachable, Git, GitError, Landed, RepositoryHeld,
-    Source, TempIndex,
+    gone, lossy, parse_log, records, status_files, unreachable, Git, GitError, Landed,
+    RepositoryHeld, Source, TempIndex,
 };
 use crate::model::{BranchCommit, LandStrategy, Signature, Worktree};
 
@@ -197,18 +197,8 @@ pub(super) async fn land(
         git.commit_id(repo, &branch_ref),
         git.commit_id(repo, &base_ref)
     );
-    let head = head?.ok_or_else(|| {
-        GitError::Failed(format!(
-            "{} has no branch {:?}",
-            worktree.repository, worktree.branch
-        ))
-    })?;
-    let base = base?.ok_or_else(|| {
-        GitError::UnknownBase(format!(
-            "{} has no branch {:?}",
-            worktree.repository, worktree.base
-        ))
-    })?;
+    let head = head?.ok_or_else(|| gone(worktree, &worktree.branch))?;
+    let base = base?.ok_or_else(|| gone(worktree, &worktree.base))?;
     if is_ancestor(git, repo, &head, &base).await? {
         return Err(GitError::NothingToLand(format!(
             "{} has everything {} has",

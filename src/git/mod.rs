@@ -81,6 +81,10 @@ pub enum GitError {
     /// 409 `base_moved`: the base changed while landing; nothing changed.
     #[error("{0}")]
     BaseMoved(String),
+    /// 409 `branch_gone`: the conversation's branch or its base is no
+    /// longer in the repository (deleted since: a close that discarded it).
+    #[error("{0}")]
+    Gone(String),
     /// 400: a path that leads out of the worktree.
     #[error("{0}")]
     BadPath(String),
@@ -675,4 +679,26 @@ fn parse_log(out: &[u8]) -> Result<Vec<BranchCommit>, GitError> {
             })
         })
         .collect()
+}
+
+/// [`GitError::Gone`] for the worktree's `branch` (or base).
+fn gone(worktree: &Worktree, branch: &str) -> GitError {
+    GitError::Gone(format!(
+        "{} has no branch {branch:?} any more",
+        worktree.repository
+    ))
+}
+
+impl Git {
+    /// Why reading a worktree's changes failed: its branch or base gone
+    /// from the repository ([`GitError::Gone`]), else git's own words.
+    async fn gone_or_failed(&self, worktree: &Worktree, why: String) -> GitError {
+        let repo = Path::new(&worktree.repository);
+        for branch in [&worktree.branch, &worktree.base] {
+            if let Ok(None) = self.commit_id(repo, &format!("refs/heads/{branch}")).await {
+                return gone(worktree, branch);
+            }
+        }
+        GitError::Failed(why)
+    }
 }

@@ -27,6 +27,7 @@ impl From<GitError> for Error {
             GitError::NothingToLand(_) => Error::conflict("nothing_to_land", detail),
             GitError::Busy(_) => Error::conflict("repository_busy", detail),
             GitError::BaseMoved(_) => Error::conflict("base_moved", detail),
+            GitError::Gone(_) => Error::conflict("branch_gone", detail),
             GitError::BadPath(_) => Error::BadPath(detail),
             GitError::Failed(_) => Error::Repository(detail),
         }

@@ -93,13 +93,19 @@ pub fn conversation_repository(
 /// A user's own workspace (the profile's `cwd` with `{user}`): made in
 /// its parent, which the operator made, for the agent's user alone.
 fn make_users_workspace(profile: &AgentProfile, dir: &Path) -> Result<()> {
+    make_agents_dir(profile, dir)
+        .map_err(|e| Error::Unprocessable(format!("cannot make the workspace {dir:?}: {e}")))
+}
+
+/// Makes `dir` (its parent there) for the profile's agent's user alone:
+/// mode 0700, theirs where the gateway runs as root. One there already is
+/// left as it is.
+pub fn make_agents_dir(profile: &AgentProfile, dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    let failed =
-        |e: std::io::Error| Error::Unprocessable(format!("cannot make the workspace {dir:?}: {e}"));
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
-        Err(e) => return Err(failed(e)),
+        Err(e) => return Err(e),
     }
     let owner = profile
         .user
@@ -107,7 +113,7 @@ fn make_users_workspace(profile: &AgentProfile, dir: &Path) -> Result<()> {
         .and_then(|name| crate::sys::lookup_user(name).ok())
         .filter(|_| crate::sys::running_as_root());
     if let Some(owner) = owner {
-        std::os::unix::fs::chown(dir, Some(owner.uid), Some(owner.gid)).map_err(failed)?;
+        std::os::unix::fs::chown(dir, Some(owner.uid), Some(owner.gid))?;
     }
     Ok(())
 }

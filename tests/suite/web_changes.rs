@@ -6,45 +6,14 @@
 //! the file) and Discard, each confirmed in the page, and what the gateway
 //! refuses said with the files it names.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 
 use acp_gateway::config::AgentProfile;
 use serde_json::{json, Value};
 
 use crate::common::*;
 use crate::web_client::{db, Browser};
-
-/// Runs git in `dir`, asserting it succeeds; what it printed.
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args(args)
-        .current_dir(dir)
-        .env_remove("GIT_DIR")
-        .env_remove("GIT_WORK_TREE")
-        .output()
-        .expect("git runs");
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// A repository on `main` with one commit (its own name and email), in a
-/// directory of its own under `root`.
-fn repository(root: &Path) -> PathBuf {
-    let repo = root.join("project");
-    std::fs::create_dir(&repo).unwrap();
-    git(&repo, &["init", "-q", "-b", "main"]);
-    git(&repo, &["config", "user.name", "Test Person"]);
-    git(&repo, &["config", "user.email", "person@example.invalid"]);
-    std::fs::write(repo.join("README.md"), "# Project\n").unwrap();
-    git(&repo, &["add", "README.md"]);
-    git(&repo, &["commit", "-q", "-m", "First"]);
-    repo
-}
+use crate::worktrees::{git, Repo};
 
 /// Waits on `ws` for an event of `kind`; its data.
 async fn data_of(ws: &mut Ws, kind: &str) -> Value {
@@ -54,11 +23,10 @@ async fn data_of(ws: &mut Ws, kind: &str) -> Value {
 #[tokio::test]
 async fn a_conversations_changes_are_counted_shown_committed_landed_and_discarded_from_the_page() {
     let db = db().await;
-    let dir = tempfile::tempdir().unwrap();
-    let root = std::fs::canonicalize(dir.path()).unwrap();
-    let repo = repository(&root);
+    let made = Repo::new();
+    let repo = made.path.clone();
     let agent = AgentProfile {
-        allowed_roots: vec![root.clone()],
+        allowed_roots: vec![made.root.clone()],
         ..demo_profile("demo", &[])
     };
     let gw = TestGateway::start(&db, vec![agent]).await;

@@ -531,7 +531,7 @@ async fn bad_repositories_bases_branches_and_paths_are_refused_clearly(db: TestD
 
     // The diff's path stays in the worktree.
     let (id, _ws, _) = on_repo(&gw, &repo, json!({})).await;
-    for path in ["../x", "/etc/passwd", "src/../../x"] {
+    for path in ["../x", "/etc/passwd", "src/../../x", "a/.."] {
         let (status, problem) = gw
             .get(&format!(
                 "{}/diff?path={}",
@@ -544,6 +544,23 @@ async fn bad_repositories_bases_branches_and_paths_are_refused_clearly(db: TestD
             (400, Some("invalid_path")),
             "{path}: {problem}"
         );
+    }
+    // Paths the document calls fine are fine, whether or not there is such a file.
+    for path in [
+        "README.md",
+        "./README.md",
+        "src//lib.rs",
+        "..hidden",
+        "a/.../b",
+    ] {
+        let (status, body) = gw
+            .get(&format!(
+                "{}/diff?path={}",
+                changes_of(&id),
+                urlencode(path)
+            ))
+            .await;
+        assert_eq!(status, 200, "{path}: {body}");
     }
     // A conversation without a worktree has no changes.
     let (status, plain) = gw
@@ -687,6 +704,28 @@ async fn closing_removes_the_worktree_keeps_the_branch_and_its_work_unless_disca
         .await;
     assert_eq!(status, 204);
     assert_eq!(repo.git(&["branch", "--list", &branch]), "");
+    for (method, path) in [
+        ("GET", changes_of(&id)),
+        ("GET", format!("{}/diff", changes_of(&id))),
+    ] {
+        let (status, problem) = gw.call(method, &path, None).await;
+        assert_eq!(
+            (status, problem["code"].as_str()),
+            (409, Some("branch_gone")),
+            "{problem}"
+        );
+    }
+    let (status, problem) = gw
+        .post(
+            &format!("{}/land", changes_of(&id)),
+            json!({"strategy": "merge"}),
+        )
+        .await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (409, Some("branch_gone")),
+        "{problem}"
+    );
 }
 
 async fn worktrees_survive_a_restart_and_the_agent_goes_on_in_its_own(db: TestDb) {

@@ -105,18 +105,7 @@ fn worktree_dir(
         .create(&root)
         .map_err(failed)?;
     let dir = root.join(conversation.id.to_string());
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&dir)
-        .map_err(failed)?;
-    let owner = profile
-        .user
-        .as_deref()
-        .and_then(|name| crate::sys::lookup_user(name).ok())
-        .filter(|_| crate::sys::running_as_root());
-    if let Some(owner) = owner {
-        std::os::unix::fs::chown(&dir, Some(owner.uid), Some(owner.gid)).map_err(failed)?;
-    }
+    crate::workspace::cwd::make_agents_dir(profile, &dir).map_err(failed)?;
     Ok(dir)
 }
 
