@@ -162,6 +162,10 @@ async fn copy_conversation(
         to.insert_conversation(&row).await?;
     }
     to.commit(id, &batch).await?;
+    // A worktree's totals, as last recorded (its worktree goes with the row).
+    if let Some(totals) = &conversation.changes {
+        to.set_change_totals(id, totals).await?;
+    }
     let rules = from.list_rules(id).await?;
     for rule in &rules {
         to.upsert_rule(rule).await?;
