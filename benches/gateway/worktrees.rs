@@ -88,7 +88,7 @@ pub async fn run(backend: &str, db: &TestDb) {
     };
     let extra = "rate_limits = { prompts_per_minute = 1000000, connections_per_minute = 1000000, \
         conversations_per_minute = 1000000 }";
-    let gw = GatewayProcess::start_configured(db, &[profile], "warn", extra);
+    let gw = GatewayProcess::start_configured(db, &[profile], "info,sqlx=warn", extra);
     let by_hand = root.join("by-hand");
     std::fs::create_dir_all(&by_hand).unwrap();
     let (mut ours_create, mut git_create, mut ours_list, mut git_list) =

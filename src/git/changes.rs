@@ -1,6 +1,8 @@
 //! What differs between a worktree (or its branch) and its base: the files
 //! with their line counts, the branch's commits, and a unified diff.
 
+use std::path::Path;
+
 use tokio::io::AsyncReadExt;
 
 use super::{lossy, parse_log, records, unreachable, Diff, Git, GitError, Source, TempIndex};
@@ -34,7 +36,7 @@ pub(super) async fn changes(
         .at(&worktree.repository)
         .args(["merge-base", &base_ref, &branch_ref])
         .text();
-    let (diff, uncommitted, log, merge_base) = match source {
+    let (mut files, uncommitted, log, merge_base) = match source {
         Source::Worktree => {
             // Most often nothing is untracked: then the worktree's own diff
             // (its index only read) says it all in one pass over the files.
@@ -69,11 +71,21 @@ pub(super) async fn changes(
             let ((log, uncommitted), merge_base) = (log_and_uncommitted?, merge_base?);
             let own_commits = uncommitted.is_some();
             let untracked = untracked?;
-            let (diff, uncommitted) = if records(&untracked).next().is_none() {
-                let diff = tracked?;
-                let uncommitted =
-                    uncommitted.unwrap_or_else(|| parse_raw_numstat(&diff).len() as u64);
-                (diff, uncommitted)
+            let (files, uncommitted) = if records(&untracked).next().is_none() {
+                let files = parse_raw_numstat(&tracked?);
+                let uncommitted = uncommitted.unwrap_or(files.len() as u64);
+                (files, uncommitted)
+            } else if let Some(files) = tracked
+                .as_ref()
+                .ok()
+                .and_then(|tracked| with_untracked_read(worktree, tracked, &untracked))
+            {
+                // The tracked files' diff, and the new files read: what
+                // differs from HEAD is what did among the tracked files, and
+                // every new file.
+                let new = records(&untracked).count() as u64;
+                let uncommitted = uncommitted.unwrap_or(files.len() as u64 - new) + new;
+                (files, uncommitted)
             } else {
                 let only = match tracked {
                     Ok(tracked) => {
@@ -81,9 +93,11 @@ pub(super) async fn changes(
                     }
                     Err(_) => None,
                 };
-                everything_added(git, worktree, &base_ref, only, own_commits).await?
+                let (diff, uncommitted) =
+                    everything_added(git, worktree, &base_ref, only, own_commits).await?;
+                (parse_raw_numstat(&diff), uncommitted)
             };
-            (diff, uncommitted, log, merge_base)
+            (files, uncommitted, log, merge_base)
         }
         Source::Branch => {
             let diff = git
@@ -92,10 +106,9 @@ pub(super) async fn changes(
                 .args(["-z", "--raw", "--numstat", "-M", "--no-ext-diff", "--"])
                 .ok();
             let (diff, log, merge_base) = tokio::join!(diff, log, merge_base);
-            (diff?, 0, log?, merge_base?)
+            (parse_raw_numstat(&diff?), 0, log?, merge_base?)
         }
     };
-    let mut files = parse_raw_numstat(&diff);
     files.sort_by(|a, b| a.path.cmp(&b.path));
     let commits = parse_log(&log)?;
     let commit_count = if commits.len() < MAX_COMMITS {
@@ -132,6 +145,63 @@ pub(super) async fn changes(
         commits,
         uncommitted,
     })
+}
+
+/// The bytes git looks at to tell a binary file (a NUL among them).
+const BINARY_SNIFF: usize = 8000;
+
+/// The worktree's tracked files' diff (`tracked`) with its untracked files
+/// (`untracked`, from `ls-files --others`) added as git would show them new:
+/// each read for its lines (a NUL in its first 8000 bytes: binary; a
+/// symlink: one line, its target). `None` where only git can say (too many
+/// paths, a tracked file deleted (a new one may be it, renamed), a path
+/// that is not UTF-8 or is a folder of its own (a nested repository), one
+/// the tracked diff names too, one that cannot be read): then the index's
+/// copy takes everything.
+fn with_untracked_read(
+    worktree: &Worktree,
+    tracked: &[u8],
+    untracked: &[u8],
+) -> Option<Vec<ChangedFile>> {
+    let mut files = parse_raw_numstat(tracked);
+    let paths: Vec<&[u8]> = records(untracked).collect();
+    // A file gone beside a new one may be a rename, which git tells.
+    if paths.len() > MAX_PATHSPECS || files.iter().any(|f| f.status == FileStatus::Deleted) {
+        return None;
+    }
+    let root = Path::new(&worktree.path);
+    for path in paths {
+        let path = std::str::from_utf8(path).ok()?;
+        if path.ends_with('/')
+            || files
+                .iter()
+                .any(|f| f.path == path || f.old_path.as_deref() == Some(path))
+        {
+            return None;
+        }
+        let full = root.join(path);
+        let meta = std::fs::symlink_metadata(&full).ok()?;
+        let (lines, binary) = if meta.file_type().is_symlink() {
+            (1, false)
+        } else if meta.is_file() {
+            let content = std::fs::read(&full).ok()?;
+            let binary = content[..content.len().min(BINARY_SNIFF)].contains(&0);
+            let newlines = content.iter().filter(|b| **b == b'\n').count() as u64;
+            let unended = u64::from(content.last().is_some_and(|b| *b != b'\n'));
+            (newlines + unended, binary)
+        } else {
+            return None;
+        };
+        files.push(ChangedFile {
+            path: path.to_owned(),
+            old_path: None,
+            status: FileStatus::Added,
+            added: if binary { 0 } else { lines },
+            removed: 0,
+            binary,
+        });
+    }
+    Some(files)
 }
 
 /// The diff of the worktree with untracked files: a copy of its index

@@ -579,11 +579,11 @@ impl Task {
                 if ends {
                     // The next queued prompt starts in the commit that
                     // ends this turn.
-                    let turn_ended = ended.is_some();
-                    self.after_turn(ended).await?;
-                    if turn_ended {
+                    // What the turn changed, before what comes after it.
+                    if ended.is_some() {
                         self.note_changes().await;
                     }
+                    self.after_turn(ended).await?;
                     self.flush().await?;
                 }
             }

@@ -185,7 +185,6 @@ fn raw_and_numstat_records_are_read_together() {
     assert_eq!(files[2].path, "c");
 }
 
-
 #[tokio::test]
 async fn changes_count_uncommitted_files_with_and_without_commits_of_the_branch() {
     let place = Place::new();
@@ -259,4 +258,44 @@ async fn changes_count_uncommitted_files_with_and_without_commits_of_the_branch(
         ]
     );
     assert_eq!(changes.uncommitted, 3);
+}
+
+/// New files read by the gateway itself (text without a last newline, an
+/// empty one, a binary one, a symlink) count as git counts them once added.
+#[tokio::test]
+async fn new_files_beside_changed_ones_count_as_git_counts_them() {
+    let place = Place::new();
+    let wt = place.worktree("main", "acp/new").await;
+    let dir = Path::new(&wt.path);
+    write(dir, "a.txt", &(lines(10, "a") + "a more\n"));
+    write(dir, "fresh/unended.txt", "one\ntwo");
+    write(dir, "fresh/empty.txt", "");
+    std::fs::write(dir.join("fresh/blob.bin"), [0u8, 1, 2, 0, 3]).unwrap();
+    std::os::unix::fs::symlink("a.txt", dir.join("fresh/link")).unwrap();
+    let changes = git().changes(&wt, Source::Worktree).await.unwrap();
+    let ours: Vec<(String, u64, u64, bool)> = changes
+        .files
+        .iter()
+        .map(|f| (f.path.clone(), f.added, f.removed, f.binary))
+        .collect();
+    assert_eq!(changes.uncommitted, 5, "{ours:?}");
+    // What git says once they are all added.
+    run(dir, &["add", "-A"]);
+    let numstat = run(
+        dir,
+        &["diff", "--cached", "--merge-base", "main", "--numstat"],
+    );
+    let mut theirs: Vec<(String, u64, u64, bool)> = numstat
+        .lines()
+        .map(|line| {
+            let mut parts = line.split('\t');
+            let (added, removed) = (parts.next().unwrap(), parts.next().unwrap());
+            let path = parts.next().unwrap().to_owned();
+            let binary = added == "-";
+            let n = |s: &str| s.parse().unwrap_or(0);
+            (path, n(added), n(removed), binary)
+        })
+        .collect();
+    theirs.sort();
+    assert_eq!(ours, theirs);
 }
