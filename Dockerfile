@@ -24,9 +24,9 @@ RUN touch src/main.rs src/lib.rs \
     && cargo build --release --locked --bin acp-gateway
 
 FROM debian:bookworm-slim AS runtime
-# Debian's current packages (security updates included), not pinned versions.
-# hadolint ignore=DL3008
+# Debian's current packages (security updates included), not pinned versions;
 # git (2.40 or later, from bookworm-backports) for conversations made on a repository.
+# hadolint ignore=DL3008
 RUN echo "deb http://deb.debian.org/debian bookworm-backports main" > /etc/apt/sources.list.d/backports.list \
     && apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates curl \
