@@ -204,9 +204,19 @@ impl Journal {
         &*self.outlets.store
     }
 
-    /// The store, to keep beyond a borrow of the journal.
-    pub fn store_handle(&self) -> std::sync::Arc<dyn Store> {
-        self.outlets.store.clone()
+    /// Records how much the conversation's worktree differs from its base,
+    /// for the list (a failure is logged: the next record mends it). Holds
+    /// no borrow of the journal while it runs.
+    pub fn record_change_totals(
+        &self,
+        totals: &crate::model::ChangeTotals,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let (id, store, totals) = (self.conversation_id, self.outlets.store.clone(), *totals);
+        async move {
+            if let Err(e) = store.set_change_totals(id, &totals).await {
+                tracing::warn!(conversation_id = %id, error = %e, "could not record the worktree's change totals");
+            }
+        }
     }
 
     pub fn conversation_id(&self) -> Uuid {

@@ -9,7 +9,7 @@ use super::work::{carry_out, git_of, no_worktree, source_of, ChangeDone, ChangeO
 use super::Sessions;
 use crate::error::Result;
 use crate::git::Git;
-use crate::model::{ChangeTotals, Conversation, Signature};
+use crate::model::{Conversation, Signature};
 
 impl Sessions {
     /// A person's commit, land or discard in the conversation's worktree
@@ -35,20 +35,17 @@ impl Sessions {
             async move { session.change_work(op, by).await }
         };
         let git = self.git_for(conversation);
-        let done = self
-            .unattended(conversation, session, remote, |journal, stored| {
-                let (op, by, git, worktree) =
-                    (op.clone(), by.clone(), git.clone(), worktree.clone());
-                Box::pin(async move {
-                    let done = carry_out(&git, &worktree, source_of(&stored), &op, &by).await?;
-                    journal.append(done.event());
-                    journal.flush().await?;
-                    Ok(done)
-                })
+        self.unattended(conversation, session, remote, |journal, stored| {
+            let (op, by, git, worktree) = (op.clone(), by.clone(), git.clone(), worktree.clone());
+            Box::pin(async move {
+                let done = carry_out(&git, &worktree, source_of(&stored), &op, &by).await?;
+                journal.append(done.event());
+                journal.flush().await?;
+                journal.record_change_totals(&done.totals()).await;
+                Ok(done)
             })
-            .await?;
-        self.record_totals(conversation.id, &done.totals()).await;
-        Ok(done)
+        })
+        .await
     }
 
     /// git as this conversation's agent runs it.
@@ -57,14 +54,6 @@ impl Sessions {
             &self.inner.setup.git,
             self.inner.profiles.get(&conversation.agent),
         )
-    }
-
-    /// Records how much differs for the list (a failure is logged: the
-    /// next record mends it).
-    pub(super) async fn record_totals(&self, id: uuid::Uuid, totals: &ChangeTotals) {
-        if let Err(e) = self.store().set_change_totals(id, totals).await {
-            tracing::warn!(conversation_id = %id, error = %e, "could not record the worktree's change totals");
-        }
     }
 
     /// At close: the worktree is removed (what it held uncommitted is

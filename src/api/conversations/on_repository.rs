@@ -38,12 +38,8 @@ impl OnRepository {
 }
 
 /// git as a profile's conversations run it: as the agent's user.
-pub(crate) fn git_for(state: &AppState, profile: &AgentProfile) -> Git {
-    let user = profile
-        .user
-        .as_deref()
-        .and_then(|name| crate::sys::lookup_user(name).ok());
-    Git::new(state.config().git_program()).run_as(user)
+fn git_for(state: &AppState, profile: &AgentProfile) -> Git {
+    crate::session::work::git_of(&state.config().git_program(), Some(profile))
 }
 
 /// The conversation's own branch unless the request named one:

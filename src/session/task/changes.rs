@@ -3,7 +3,6 @@
 
 use super::Task;
 use crate::error::Result;
-use crate::model::ChangeTotals;
 use crate::session::work::{carry_out, no_worktree, summary, ChangeDone, ChangeOp};
 
 impl Task {
@@ -30,7 +29,7 @@ impl Task {
         .await?;
         self.journal.append(done.event());
         self.flush().await?;
-        self.record_totals(&done.totals()).await;
+        self.journal.record_change_totals(&done.totals()).await;
         Ok(done)
     }
 
@@ -43,25 +42,7 @@ impl Task {
         if let Some(updated) = summary(&work.git, &work.worktree).await {
             let totals = updated.totals;
             self.journal.append(updated);
-            self.record_totals(&totals).await;
-        }
-    }
-
-    /// How much differs, for the list (a failure is logged: the next
-    /// record mends it).
-    fn record_totals(
-        &self,
-        totals: &ChangeTotals,
-    ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let (id, store, totals) = (
-            self.journal.conversation_id(),
-            self.journal.store_handle(),
-            *totals,
-        );
-        async move {
-            if let Err(e) = store.set_change_totals(id, &totals).await {
-                tracing::warn!(conversation_id = %id, error = %e, "could not record the worktree's change totals");
-            }
+            self.journal.record_change_totals(&totals).await;
         }
     }
 }
