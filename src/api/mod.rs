@@ -13,6 +13,7 @@ mod conversations;
 mod tokens;
 mod notifications;
 mod search;
+mod usage;
 mod actions;
 mod permissions;
 mod extract;
@@ -59,6 +60,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .merge(forks::router())
         .merge(agent_sessions::router())
         .merge(search::router())
+        .merge(usage::router())
         .merge(permissions::router())
         .merge(questions::router())
         .merge(policies::router())

@@ -80,6 +80,8 @@ pub(super) enum Scenario {
     Question,
     Save,
     FsSave,
+    Cost,
+    CostWait,
 }
 
 impl Scenario {
@@ -118,6 +120,8 @@ impl Scenario {
             "question" => Self::Question,
             "save" => Self::Save,
             "fs-save" => Self::FsSave,
+            "cost" => Self::Cost,
+            "cost-wait" => Self::CostWait,
             _ => return None,
         })
     }
@@ -318,6 +322,8 @@ impl Turn {
             Scenario::Mcp => self.mcp().await,
             Scenario::Save => self.save(args).await,
             Scenario::FsSave => self.fs_save(args).await,
+            Scenario::Cost => self.cost(args, false).await,
+            Scenario::CostWait => self.cost(args, true).await,
         }
     }
 
@@ -645,7 +651,7 @@ impl Turn {
     }
 
     /// Scenario `hang`: waits for `session/cancel`.
-    async fn hang(&self) -> Result<TurnEnd, Cancelled> {
+    pub(super) async fn hang(&self) -> Result<TurnEnd, Cancelled> {
         log!("session {}: hanging until session/cancel", self.session_id);
         let mut stdin_closed = self.stdin_closed.clone();
         tokio::select! {
@@ -985,7 +991,7 @@ impl Turn {
     }
 
     /// Streams an update, paced and interruptible by cancellation.
-    async fn stream(&self, update: Value) -> Result<(), Cancelled> {
+    pub(super) async fn stream(&self, update: Value) -> Result<(), Cancelled> {
         self.pace().await?;
         self.notify(update).await;
         Ok(())
