@@ -22,8 +22,8 @@ pub struct CopyStats {
     pub tool_calls: usize,
     pub permission_requests: usize,
     pub rules: usize,
-    /// Usage records copied (of removed conversations too; those already
-    /// there are left alone).
+    /// Usage records copied (of removed conversations too; those the
+    /// target had already are left alone, and not counted).
     pub usage_records: usize,
     /// Notification targets copied (those already there are left alone).
     pub notification_targets: usize,
@@ -86,8 +86,7 @@ pub async fn copy_all(from: &dyn Store, to: &dyn Store) -> Result<CopyStats> {
         let page = from.usage_records_after(after, USAGE_PAGE).await?;
         let Some(last) = page.last() else { break };
         after = Some(last.id);
-        to.insert_usage_records(&page).await?;
-        stats.usage_records += page.len();
+        stats.usage_records += to.insert_usage_records(&page).await? as usize;
     }
     stats.vapid_same = match from.stored_vapid_keys().await? {
         Some(keys) => to.vapid_keys(keys.clone()).await? == keys,

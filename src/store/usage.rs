@@ -42,8 +42,8 @@ pub trait UsageStore: Send + Sync {
         limit: i64,
     ) -> Result<Vec<UsageRecord>>;
     /// Writes records as they are (export); one already stored (by id) is
-    /// left as it is.
-    async fn insert_usage_records(&self, records: &[UsageRecord]) -> Result<()>;
+    /// left as it is. How many were written.
+    async fn insert_usage_records(&self, records: &[UsageRecord]) -> Result<u64>;
 }
 
 /// A `usage_records` row.
@@ -221,10 +221,11 @@ macro_rules! impl_usage_store {
                     Ok(rows.into_iter().map(UsageRecord::from).collect())
                 }
 
-                async fn insert_usage_records(&self, records: &[UsageRecord]) -> Result<()> {
+                async fn insert_usage_records(&self, records: &[UsageRecord]) -> Result<u64> {
                     let mut tx = self.writer().begin().await?;
+                    let mut written = 0;
                     for r in records {
-                        sqlx::query($crate::store::usage::INSERT_USAGE)
+                        written += sqlx::query($crate::store::usage::INSERT_USAGE)
                             .bind(r.id)
                             .bind(r.conversation_id)
                             .bind(r.turn_id)
@@ -238,10 +239,11 @@ macro_rules! impl_usage_store {
                             .bind(r.cost_currency.as_deref().map(text_col))
                             .bind(r.delta)
                             .execute(&mut *tx)
-                            .await?;
+                            .await?
+                            .rows_affected();
                     }
                     tx.commit().await?;
-                    Ok(())
+                    Ok(written)
                 }
             }
         };

@@ -22,11 +22,14 @@ async fn history(gw: &TestGateway) -> Value {
     let (_, permissions) = gw.get("/api/v1/permissions?status=all").await;
     let (_, targets) = gw.get("/api/v1/notification-targets").await;
     let (_, vapid) = gw.get("/api/v1/notifications/vapid-public-key").await;
+    // What was spent, of a removed conversation too (its times are now's).
+    let (_, usage) = gw.get("/api/v1/usage?group_by=conversation").await;
+    let usage = json!({"rows": usage["rows"], "totals": usage["totals"]});
     // Found by a word its agent said, and by one of its prompts.
     let (_, said) = gw.get("/api/v1/search?q=w299").await;
     let (_, prompted) = gw.get("/api/v1/search?q=status").await;
     json!({"conversations": conversations, "permissions": permissions,
-           "notification_targets": targets, "vapid": vapid,
+           "notification_targets": targets, "vapid": vapid, "usage": usage,
            "search": [said, prompted]})
 }
 
@@ -54,7 +57,7 @@ async fn make_history(db: &TestDb) {
         .unwrap()
         .to_owned();
     let mut ws = gw.conversation_ws(&id, 0).await;
-    for prompt in ["hello", "plan", "long 300", "unknown"] {
+    for prompt in ["hello", "plan", "long 300", "unknown", "cost 0.25 0.75"] {
         gw.prompt(&id, prompt).await;
         ws.until_type("turn_ended").await;
     }
@@ -86,6 +89,23 @@ async fn make_history(db: &TestDb) {
         .await;
     assert_eq!(status, 201, "{target}");
     gw.stop().await;
+    // Spend of a conversation removed since: kept, and exported.
+    let store = acp_gateway::store::open(&db.url).await.unwrap();
+    let removed = acp_gateway::model::UsageRecord {
+        id: acp_gateway::model::new_id(),
+        conversation_id: acp_gateway::model::new_id(),
+        turn_id: None,
+        owner: None,
+        agent: "demo".into(),
+        at: acp_gateway::model::now(),
+        seq: Some(7),
+        used: Some(1),
+        size: Some(2),
+        cost_amount: Some(2.5),
+        cost_currency: Some("EUR".into()),
+        delta: 2.5,
+    };
+    assert_eq!(store.insert_usage_records(&[removed]).await.unwrap(), 1);
 }
 
 #[tokio::test]
@@ -99,6 +119,11 @@ async fn an_export_round_trip_preserves_every_event_message_tool_call_and_reques
     let original = history(&gw).await;
     gw.stop().await;
     assert_eq!(original["conversations"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        original["usage"]["totals"],
+        json!([{"amount": 2.5, "currency": "EUR"}, {"amount": 0.75, "currency": "USD"}])
+    );
+    assert_eq!(original["usage"]["rows"].as_array().unwrap().len(), 2);
     for found in original["search"].as_array().unwrap() {
         assert_eq!(found["items"].as_array().unwrap().len(), 1, "{found}");
     }
@@ -128,6 +153,7 @@ async fn an_export_round_trip_preserves_every_event_message_tool_call_and_reques
     // SQLite → Postgres.
     let report = export(&lite, &pg);
     assert!(report.contains("exported 2 conversations"), "{report}");
+    assert!(report.contains(" 3 usage records"), "{report}");
     let gw = TestGateway::start(&pg, vec![]).await;
     assert_eq!(history(&gw).await, original);
     gw.stop().await;
@@ -138,6 +164,7 @@ async fn an_export_round_trip_preserves_every_event_message_tool_call_and_reques
         report.contains("exported 0 conversations (2 already there)"),
         "{report}"
     );
+    assert!(report.contains(" 0 usage records"), "{report}");
 
     // And back: Postgres → a fresh SQLite file.
     let back = TestDb::sqlite().await;

@@ -263,7 +263,255 @@ async fn every_report_is_kept_with_its_increase_per_turn(db: TestDb) {
     );
 }
 
+/// A new conversation of `client`'s with `agent`, whose one turn is
+/// `prompt`, ended: its id.
+async fn spent_in(client: &Client, agent: &str, prompt: &str) -> String {
+    let id = client.create(agent).await;
+    let mut ws = client.conversation_ws(&id, 0).await;
+    client.prompt(&id, prompt).await;
+    let frames = ws.until_type("turn_ended").await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
+    id
+}
+
+/// `GET /api/v1/usage?<query>` as `client` (asserting 200): its rows as
+/// `[key, currency, amount, reports, turns]`, and its totals.
+async fn usage(client: &Client, query: &str) -> (Vec<Value>, Value) {
+    let (status, body) = client.get(&format!("/api/v1/usage?{query}")).await;
+    assert_eq!(status, 200, "{query}: {body}");
+    let rows = body["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            json!([
+                r["key"],
+                r["currency"],
+                r["amount"],
+                r["reports"],
+                r["turns"]
+            ])
+        })
+        .collect();
+    (rows, body["totals"].clone())
+}
+
+/// A user sees their own spend, by any grouping; an operator everyone's,
+/// or one user's; agent and conversation narrow it; a span without reports
+/// is empty; each conversation, read or listed, shows its own.
+async fn spend_is_summed_by_each_key_a_user_seeing_their_own(db: TestDb) {
+    let operator = cli_token(&db, "root", "operator");
+    let (alice, bob) = (
+        cli_token(&db, "alice", "user"),
+        cli_token(&db, "bob", "user"),
+    );
+    let gw = TestGateway::start(
+        &db,
+        vec![demo_profile("demo", &[]), demo_profile("other", &[])],
+    )
+    .await;
+    let (op, alice, bob) = (
+        gw.with_token(&operator),
+        gw.with_token(&alice),
+        gw.with_token(&bob),
+    );
+    let first_day = chrono::Utc::now().date_naive().to_string();
+    let a1 = spent_in(&alice, "demo", "cost 0.5").await;
+    let b1 = spent_in(&bob, "demo", "cost 0.25 0.75").await;
+    let b2 = spent_in(&bob, "other", "cost 1").await;
+    let last_day = chrono::Utc::now().date_naive().to_string();
+
+    let (rows, totals) = usage(&alice, "").await;
+    assert_eq!(rows, [json!([null, "USD", 0.5, 1, 1])]);
+    assert_eq!(totals, json!([{"amount": 0.5, "currency": "USD"}]));
+    let (rows, _) = usage(&alice, "group_by=user&user=alice").await;
+    assert_eq!(rows, [json!(["alice", "USD", 0.5, 1, 1])]);
+    assert_problem(
+        alice.get("/api/v1/usage?user=bob").await,
+        403,
+        "only operators",
+    );
+    let (rows, totals) = usage(&bob, "group_by=agent").await;
+    assert_eq!(
+        rows,
+        [
+            json!(["demo", "USD", 0.75, 2, 1]),
+            json!(["other", "USD", 1.0, 1, 1])
+        ]
+    );
+    assert_eq!(totals, json!([{"amount": 1.75, "currency": "USD"}]));
+
+    let (rows, totals) = usage(&op, "group_by=user").await;
+    assert_eq!(
+        rows,
+        [
+            json!(["alice", "USD", 0.5, 1, 1]),
+            json!(["bob", "USD", 1.75, 3, 2])
+        ]
+    );
+    assert_eq!(totals, json!([{"amount": 2.25, "currency": "USD"}]));
+    let (rows, _) = usage(&op, "group_by=user&user=bob").await;
+    assert_eq!(rows, [json!(["bob", "USD", 1.75, 3, 2])]);
+    let (rows, _) = usage(&op, "group_by=conversation").await;
+    assert_eq!(
+        rows,
+        [
+            json!([a1, "USD", 0.5, 1, 1]),
+            json!([b1, "USD", 0.75, 2, 1]),
+            json!([b2, "USD", 1.0, 1, 1])
+        ]
+    );
+    let (rows, _) = usage(&op, "group_by=day").await;
+    let day = rows[0][0].as_str().unwrap();
+    assert!(day == first_day || day == last_day, "{day}");
+    let all_in_one: usize = rows.iter().map(|r| r[3].as_u64().unwrap() as usize).sum();
+    assert_eq!(all_in_one, 4);
+    let (_, totals) = usage(&op, "agent=other").await;
+    assert_eq!(totals, json!([{"amount": 1.0, "currency": "USD"}]));
+    let (_, totals) = usage(&op, &format!("conversation={b1}")).await;
+    assert_eq!(totals, json!([{"amount": 0.75, "currency": "USD"}]));
+    // Another user's conversation adds nothing to a user's own.
+    let (rows, _) = usage(&alice, &format!("conversation={b1}")).await;
+    assert!(rows.is_empty());
+    let (status, body) = op
+        .get("/api/v1/usage?from=2020-01-01T00:00:00Z&to=2020-12-31T00:00:00%2B02:00")
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        json!({"from": "2020-01-01T00:00:00Z", "to": "2020-12-30T22:00:00Z",
+               "group_by": null, "rows": [], "totals": []})
+    );
+
+    assert_eq!(
+        alice.conversation(&a1).await["spend"],
+        json!([{"amount": 0.5, "currency": "USD"}])
+    );
+    let (_, listed) = bob.get("/api/v1/conversations").await;
+    let spends: Vec<_> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["id"].as_str().unwrap().to_owned(), c["spend"].clone()))
+        .collect();
+    assert_eq!(
+        spends,
+        [
+            (b2, json!([{"amount": 1.0, "currency": "USD"}])),
+            (b1, json!([{"amount": 0.75, "currency": "USD"}]))
+        ]
+    );
+}
+
+/// What `GET /api/v1/usage` does not take is 422, saying why.
+async fn bad_usage_queries_are_refused(db: TestDb) {
+    let gw = TestGateway::start(&db, vec![demo_profile("demo", &[])]).await;
+    for (query, says) in [
+        ("from=yesterday", "from must be an RFC 3339 time"),
+        ("to=2026-13-01T00:00:00Z", "to must be an RFC 3339 time"),
+        (
+            "from=2026-02-01T00:00:00Z&to=2026-01-01T00:00:00Z",
+            "from must not be after to",
+        ),
+        (
+            "from=2025-01-01T00:00:00Z&to=2026-02-01T00:00:00Z",
+            "at most 366 days apart",
+        ),
+        (
+            "group_by=month",
+            "group_by must be user, agent, conversation or day",
+        ),
+        ("conversation=nope", "conversation"),
+    ] {
+        let problem = assert_problem(gw.get(&format!("/api/v1/usage?{query}")).await, 422, says);
+        assert_eq!(problem["status"], 422, "{query}");
+    }
+    // 366 days is still one span.
+    let (status, body) = gw
+        .get("/api/v1/usage?from=2025-01-01T00:00:00Z&to=2026-01-02T00:00:00Z")
+        .await;
+    assert_eq!(status, 200, "{body}");
+}
+
+/// The SDK agent's reports, through a restart of the gateway (its agent
+/// loads its session and counts on): the cost reported before survives
+/// with the conversation, a currency change counts whole, and the
+/// conversation's spend is per currency.
+async fn an_sdk_agents_reports_count_on_across_a_restart(db: TestDb) {
+    let state = tempfile::tempdir().unwrap();
+    let mut profile = node_sdk_profile("sdk");
+    profile.env.insert(
+        "ACP_TEST_AGENT_STATE".into(),
+        state.path().to_str().unwrap().into(),
+    );
+    let gw = TestGateway::start(&db, vec![profile]).await;
+    let (id, mut ws) = gw.open_conversation("sdk").await;
+    gw.prompt(&id, "cost 0.25 0.75 0.5:EUR 1.25:EUR").await;
+    let first = ws.until_type("turn_ended").await;
+    let t1 = turn_of(&first);
+    let eur = |amount: f64| Some((amount, "EUR".to_owned()));
+    assert_eq!(
+        kept(&db, &id).await,
+        [
+            (t1, usd(0.25), 0.25),
+            (t1, usd(0.75), 0.5),
+            (t1, eur(0.5), 0.5),
+            (t1, eur(1.25), 0.75),
+        ]
+    );
+
+    let gw = gw.restart().await;
+    let last_seq = gw.conversation(&id).await["last_seq"].as_i64().unwrap();
+    let mut ws = gw.conversation_ws(&id, last_seq).await;
+    gw.prompt(&id, "cost 1.5:EUR 0.5").await;
+    let second = ws.until_type("turn_ended").await;
+    let ready = second
+        .iter()
+        .find(|e| e["type"] == "agent_status" && e["data"]["status"] == "ready")
+        .expect("the agent started again");
+    assert_eq!(ready["data"]["context"], "loaded", "{ready}");
+    let t2 = turn_of(&second);
+    let records = kept(&db, &id).await;
+    assert_eq!(records[4..], [(t2, eur(1.5), 0.25), (t2, usd(0.5), 0.5)]);
+    assert_eq!(
+        gw.conversation(&id).await["spend"],
+        json!([{"amount": 1.5, "currency": "EUR"}, {"amount": 1.25, "currency": "USD"}])
+    );
+}
+
 backend_tests!(
     the_store_sums_usage_per_group_and_currency,
-    every_report_is_kept_with_its_increase_per_turn
+    every_report_is_kept_with_its_increase_per_turn,
+    spend_is_summed_by_each_key_a_user_seeing_their_own,
+    bad_usage_queries_are_refused,
+    an_sdk_agents_reports_count_on_across_a_restart,
 );
+
+/// Spend is in the database, not in a node's memory: what a conversation
+/// running on node A spent (asked there, or through node B) is what `GET
+/// /usage` and the conversation say on node B.
+#[tokio::test]
+async fn spend_recorded_on_one_node_is_seen_on_another() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let agents = [demo_profile("demo", &[])];
+    let start = || GatewayProcess::start_configured(&db, &agents, "info", "node_lease = \"1s\"");
+    let (a, b) = (start(), start());
+    let id = a.create("demo").await;
+    let mut ws = a.conversation_ws(&id, 0).await;
+    a.prompt(&id, "cost 0.25 0.5").await;
+    ws.until_type("turn_ended").await;
+    let (rows, totals) = usage(&b, "group_by=conversation").await;
+    assert_eq!(rows, [json!([id, "USD", 0.5, 2, 1])]);
+    assert_eq!(totals, json!([{"amount": 0.5, "currency": "USD"}]));
+    // A prompt through B runs on A; B sees what it spent.
+    b.prompt(&id, "cost 1").await;
+    ws.until_type("turn_ended").await;
+    let (rows, _) = usage(&b, "group_by=conversation").await;
+    assert_eq!(rows, [json!([id, "USD", 1.0, 3, 2])]);
+    assert_eq!(
+        b.conversation(&id).await["spend"],
+        json!([{"amount": 1.0, "currency": "USD"}])
+    );
+}
