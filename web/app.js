@@ -10,6 +10,7 @@ import { ChangesView, CHANGE_EVENTS, changesText } from "./changes.js";
 import { markdown } from "./markdown.js";
 import { SettingsView, serviceWorker } from "./notify.js";
 import { questionCard, settleQuestion } from "./question.js";
+import { UsageView, spendText } from "./usage.js";
 import {
   contentText,
   promptContent,
@@ -59,6 +60,7 @@ function route() {
     const here =
       (link.dataset.nav === "inbox" && hash === "#/") ||
       (link.dataset.nav === "conversations" && hash.startsWith("#/c")) ||
+      (link.dataset.nav === "usage" && hash === "#/usage") ||
       (link.dataset.nav === "settings" && hash === "#/settings");
     if (here) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
@@ -74,6 +76,7 @@ function route() {
   if (conversation) current = new ConversationView(conversation[1]);
   else if (changes) current = new ChangesView(main, changes[1], { problemText, onDenied: whenUnauthorizedNow });
   else if (hash === "#/conversations") current = new ConversationsView();
+  else if (hash === "#/usage") current = new UsageView(main, { problemText });
   else if (hash === "#/settings") current = new SettingsView(main, problemText);
   else current = inbox.view();
   main.focus({ preventScroll: true });
@@ -455,6 +458,7 @@ class ConversationsView {
         h("strong", {}, c.title || "Untitled"),
         h("span.meta", {}, `${c.agent} · `, h(`span.status.${c.status}`, {}, c.status), ` · ${when(c.updated_at)}`),
         showChanges(h("span.meta.changes"), c.worktree ? c.changes : null),
+        showSpend(h("span.meta.spend"), c.spend),
       ),
       c.status === "closed" ? null : remove,
     );
@@ -588,6 +592,14 @@ class ConversationsView {
       more,
     );
   }
+}
+
+/** `el` saying what a conversation's agent spent ("Spent 0.75 USD"), hidden where it reported no cost. */
+function showSpend(el, spend) {
+  const text = spendText(spend);
+  el.textContent = text ? `Spent ${text}` : "";
+  el.hidden = !text;
+  return el;
 }
 
 /** `el` saying how much a conversation changed ("3 files · +12 −4"), hidden where nothing is known. */
@@ -767,9 +779,10 @@ class ConversationView {
     // The session's settings (mode, the agent's options) and what it used.
     this.settings = h("div.settings", { role: "group", "aria-label": "Session settings" });
     this.usage = h("span.usage", { id: "usage" });
+    this.spend = h("span.spend", { id: "spend", hidden: true });
     fill(
       main,
-      h("div.head", {}, this.heading, h("p.meta", {}, this.status, this.usage), this.origin, this.changesLink),
+      h("div.head", {}, this.heading, h("p.meta", {}, this.status, this.usage, this.spend), this.origin, this.changesLink),
       this.settings,
       this.timeline,
       form,
@@ -803,6 +816,7 @@ class ConversationView {
       this.showStatus(c.status);
       this.showSettings(c);
       this.usage.textContent = usageText(c.usage);
+      showSpend(this.spend, c.spend);
       this.commands = Array.isArray(c.available_commands) ? c.available_commands : [];
       this.capabilities = c.prompt_capabilities ?? {};
       // Unknown (never started) is offered: the gateway says if it cannot.

@@ -67,6 +67,7 @@ mod web_changes;
 mod web_client;
 mod web_questions;
 mod web_steering;
+mod web_usage;
 mod websocket;
 mod workspace;
 mod worktree_box;
