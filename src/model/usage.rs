@@ -14,6 +14,10 @@ use uuid::Uuid;
 /// have three, an agent's own unit (`credits`) a few more.
 const CURRENCY_MAX_CHARS: usize = 32;
 
+/// The largest amount taken for a cost: far above any session's, and far
+/// below what summing many of them could overflow.
+pub const MAX_COST_AMOUNT: f64 = 1e12;
+
 /// An amount of money in one currency: what an agent reports as ACP `cost`
 /// (`{amount, currency}`), and what is spent in one currency.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -26,13 +30,14 @@ pub struct Spend {
 }
 
 impl Spend {
-    /// An ACP `cost` object, when it is one: a finite amount not below
-    /// zero and a currency that is a non-empty string (cut to a bound).
+    /// An ACP `cost` object, when it is one: an amount from zero to
+    /// [`MAX_COST_AMOUNT`] and a currency that is a non-empty string (cut
+    /// to a bound).
     pub fn of_cost(cost: &Value) -> Option<Spend> {
         let amount = cost
             .get("amount")?
             .as_f64()
-            .filter(|a| a.is_finite() && *a >= 0.0)?;
+            .filter(|a| (0.0..=MAX_COST_AMOUNT).contains(a))?;
         let currency = cost
             .get("currency")?
             .as_str()
@@ -228,6 +233,7 @@ mod tests {
         for cost in [
             Value::Null,
             json!({"amount": -1, "currency": "USD"}),
+            json!({"amount": 1e300, "currency": "USD"}),
             json!({"amount": "1", "currency": "USD"}),
             json!({"amount": 1}),
             json!({"amount": 1, "currency": " "}),

@@ -479,7 +479,54 @@ async fn an_sdk_agents_reports_count_on_across_a_restart(db: TestDb) {
     );
 }
 
+/// `cost-wait` reports, then goes on until cancelled: what it reported is
+/// kept, in its turn, and the turn ends `cancelled`.
+async fn a_turn_cancelled_while_spending_keeps_what_it_reported(db: TestDb) {
+    let (gw, id, mut ws) = demo_conversation(&db).await;
+    gw.prompt(&id, "cost-wait 0.25 0.5").await;
+    let frames = ws
+        .until(|e| {
+            e["type"] == "session_update" && e["data"]["update"]["content"]["text"] == "cost 0.5 "
+        })
+        .await;
+    let turn = turn_of(&frames);
+    let frames = gw.cancel_turn(&mut ws, &id).await;
+    assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "cancelled");
+    assert_eq!(
+        kept(&db, &id).await,
+        [(turn, usd(0.25), 0.25), (turn, usd(0.5), 0.25)]
+    );
+}
+
+/// Costs that are none (not a number, below zero, absurdly large, no
+/// currency) are kept as reports without a cost, adding nothing; the next
+/// real one counts whole.
+async fn costs_that_are_none_count_as_reports_without_one(db: TestDb) {
+    let gw = TestGateway::start(&db, vec![node_sdk_profile("sdk")]).await;
+    let (id, mut ws) = gw.open_conversation("sdk").await;
+    gw.prompt(&id, "cost abc -1 1e300 0.5: 0.5").await;
+    let frames = ws.until_type("turn_ended").await;
+    let turn = turn_of(&frames);
+    let none = (turn, None, 0.0);
+    assert_eq!(
+        kept(&db, &id).await,
+        [
+            none.clone(),
+            none.clone(),
+            none.clone(),
+            none,
+            (turn, usd(0.5), 0.5)
+        ]
+    );
+    assert_eq!(
+        gw.conversation(&id).await["spend"],
+        json!([{"amount": 0.5, "currency": "USD"}])
+    );
+}
+
 backend_tests!(
+    a_turn_cancelled_while_spending_keeps_what_it_reported,
+    costs_that_are_none_count_as_reports_without_one,
     the_store_sums_usage_per_group_and_currency,
     every_report_is_kept_with_its_increase_per_turn,
     spend_is_summed_by_each_key_a_user_seeing_their_own,

@@ -325,4 +325,38 @@ mod tests {
         let row = store.get_conversation(id).await.unwrap().unwrap();
         assert_eq!(row.last_seq, 3);
     }
+
+    /// A usage report whose event's seq turns out taken (the journal was
+    /// behind what is stored) is kept with the seq its event moved to.
+    #[tokio::test]
+    async fn a_usage_record_moves_with_its_event() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut journal, outlets) = journal_in(dir.path()).await;
+        let (store, id) = (outlets.store, journal.conversation_id());
+        let theirs = Event {
+            seq: 1,
+            conversation_id: id,
+            at: crate::model::now(),
+            body: EventBody::Verbatim {
+                kind: "written_elsewhere".into(),
+                data: json!({}),
+            },
+        };
+        let taken = Batch {
+            events: vec![theirs],
+            ..Batch::default()
+        };
+        store.commit(id, &taken).await.unwrap();
+        let update = json!({"sessionUpdate": "usage_update", "used": 1, "size": 2,
+            "cost": {"amount": 0.5, "currency": "USD"}});
+        let reading = crate::model::UsageReading::read(&update, None).unwrap();
+        journal.usage_update(update, None, reading);
+        journal.flush().await.unwrap();
+        let records = store.usage_records(id).await.unwrap();
+        assert_eq!(records.len(), 1, "{records:?}");
+        assert_eq!((records[0].seq, records[0].delta), (Some(2), 0.5));
+        let stored = store.list_events(id, 1, 10).await.unwrap();
+        assert_eq!(stored[0].seq, 2);
+        assert_eq!(stored[0].body.kind(), "session_update");
+    }
 }
