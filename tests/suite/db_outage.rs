@@ -497,7 +497,9 @@ async fn a_request_the_notifier_met_during_a_database_failure_is_notified_once_i
     );
     // For the turn's start, then for the request (or, deferred, a retry).
     for _ in 0..2 {
-        let pid = waiting_for_a_lock(&db, "select * from conversations where id = $1").await;
+        // The conversation read with what it spent (`get_conversation`).
+        let reading = "select c.*, % as spend from conversations c%where c.id = $1";
+        let pid = waiting_for_a_lock(&db, reading).await;
         terminate(&db, pid).await;
     }
 
