@@ -18,10 +18,12 @@ pub mod question;
 pub mod permission;
 pub mod queue;
 pub mod changes;
+pub mod budget;
 pub mod agent_report;
 pub mod stamp;
 
 pub use agent_report::*;
+pub use budget::*;
 pub use changes::*;
 pub use conversation::*;
 pub use event::*;
