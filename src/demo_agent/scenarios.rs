@@ -80,6 +80,7 @@ pub(super) enum Scenario {
     Question,
     Save,
     FsSave,
+    Spend,
 }
 
 impl Scenario {
@@ -118,6 +119,7 @@ impl Scenario {
             "question" => Self::Question,
             "save" => Self::Save,
             "fs-save" => Self::FsSave,
+            "spend" => Self::Spend,
             _ => return None,
         })
     }
@@ -177,14 +179,14 @@ pub(super) enum TurnEnd {
 
 /// What the client answered to a permission request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Answer {
+pub(super) enum Answer {
     Allowed,
     Rejected,
     Cancelled,
 }
 
 /// A tool call a scenario pretends to make.
-struct ToolCall {
+pub(super) struct ToolCall {
     id: String,
     title: String,
     kind: &'static str,
@@ -318,6 +320,7 @@ impl Turn {
             Scenario::Mcp => self.mcp().await,
             Scenario::Save => self.save(args).await,
             Scenario::FsSave => self.fs_save(args).await,
+            Scenario::Spend => self.spend(args).await,
         }
     }
 
@@ -495,7 +498,7 @@ impl Turn {
     }
 
     /// A tool call that writes `content` to `name` in the working directory.
-    fn write_call(&self, name: &str, content: &str) -> ToolCall {
+    pub(super) fn write_call(&self, name: &str, content: &str) -> ToolCall {
         let path = self.cwd.join(name).display().to_string();
         ToolCall {
             id: self.next_tool_call_id(),
@@ -800,7 +803,7 @@ impl Turn {
     /// as its answer arrives. With `withdraw`, each request is withdrawn right after it is
     /// sent. Returns the answers in the order of `calls`, or `Cancelled` if the turn was
     /// cancelled (the tool calls are resolved either way).
-    async fn run_tool_calls(
+    pub(super) async fn run_tool_calls(
         &self,
         calls: &[ToolCall],
         withdraw: bool,
@@ -951,7 +954,7 @@ impl Turn {
     }
 
     /// Completes when the turn is cancelled.
-    async fn until_cancelled(&self) {
+    pub(super) async fn until_cancelled(&self) {
         let mut cancelled = self.cancelled.clone();
         if cancelled.wait_for(|cancelled| *cancelled).await.is_err() {
             // The session dropped its signal: no cancel can come any more.
@@ -985,7 +988,7 @@ impl Turn {
     }
 
     /// Streams an update, paced and interruptible by cancellation.
-    async fn stream(&self, update: Value) -> Result<(), Cancelled> {
+    pub(super) async fn stream(&self, update: Value) -> Result<(), Cancelled> {
         self.pace().await?;
         self.notify(update).await;
         Ok(())
