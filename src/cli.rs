@@ -124,7 +124,8 @@ pub async fn export(config: Option<&Path>, to: &str) -> anyhow::Result<()> {
     let stats = store::export::copy_all(&*from, &*target).await?;
     println!(
         "exported {} conversations ({} already there): {} events, {} messages, \
-         {} tool calls, {} permission requests, {} rules, {} notification targets",
+         {} tool calls, {} permission requests, {} rules, {} notification targets, \
+         {} budget exceptions, {} budget notices",
         stats.conversations,
         stats.skipped,
         stats.events,
@@ -132,7 +133,9 @@ pub async fn export(config: Option<&Path>, to: &str) -> anyhow::Result<()> {
         stats.tool_calls,
         stats.permission_requests,
         stats.rules,
-        stats.notification_targets
+        stats.notification_targets,
+        stats.budget_exceptions,
+        stats.budget_notices
     );
     if !stats.vapid_same {
         println!(

@@ -476,3 +476,48 @@ backend_tests!(
     budgets_refuse_bad_input,
     a_budget_holds_an_sdk_agent_that_reports_cost,
 );
+
+/// The spend is the database's: a budget spent through one node refuses
+/// prompts on another, for that conversation and the owner's others.
+#[tokio::test]
+async fn a_budget_spent_on_one_node_holds_on_another() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let budgets = r#"
+[[budgets]]
+id = "daily"
+scope = "user"
+limit = { amount = 1.0, currency = "USD" }
+window = "day"
+"#;
+    let start = || {
+        GatewayProcess::start_configured(
+            &db,
+            &[demo_profile("demo", &[])],
+            "info",
+            &format!("node_lease = \"1s\"\n{budgets}"),
+        )
+    };
+    let (a, b) = (start(), start());
+    let id = a.create("demo").await;
+    let mut ws = a.conversation_ws(&id, 0).await;
+    a.prompt(&id, "spend 0.9 1.5").await;
+    let exceeded = ws.until_type("budget_exceeded").await.pop().unwrap();
+    assert_eq!(exceeded["data"]["spent"], 1.5);
+    ws.until_type("turn_ended").await;
+    // The same owner's other conversation, made and prompted on the other
+    // node, and the first one prompted there.
+    let other = b.create("demo").await;
+    assert_spent(b.try_prompt(&other, "hello").await, "daily");
+    assert_spent(b.try_prompt(&id, "hello").await, "daily");
+    // One notice for both nodes.
+    let events = a.events(&id).await;
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e["type"] == "budget_exceeded")
+            .count(),
+        1
+    );
+}
