@@ -150,6 +150,7 @@ async fn fork(
         adopted_session: None,
         worktree: None,
         changes: None,
+        spend: Vec::new(),
     };
     let origin = Origin::Fork {
         source_session,

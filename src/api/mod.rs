@@ -14,6 +14,7 @@ mod tokens;
 mod budgets;
 mod notifications;
 mod search;
+mod usage;
 mod actions;
 mod permissions;
 mod extract;
@@ -60,6 +61,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .merge(forks::router())
         .merge(agent_sessions::router())
         .merge(search::router())
+        .merge(usage::router())
         .merge(permissions::router())
         .merge(questions::router())
         .merge(policies::router())

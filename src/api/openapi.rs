@@ -44,6 +44,7 @@ use crate::store::TokenInfo;
         (name = "permissions", description = "The agents' permission requests and their answers"),
         (name = "changes", description = "A conversation made on a repository: what its worktree changed, and committing, landing and discarding it"),
         (name = "questions", description = "The agents' questions to a person (ACP elicitation) and their answers"),
+        (name = "usage", description = "What the agents spent, from every usage report they sent"),
         (name = "policies", description = "Operator rules that answer permission requests"),
         (name = "tokens", description = "Bearer tokens and users (operators only)"),
         (name = "budgets", description = "What agents may spend (`[[budgets]]`), where the caller stands, and operators' exceptions"),

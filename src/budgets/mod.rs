@@ -148,14 +148,16 @@ impl Budgets {
         match &budget.limit {
             BudgetLimit::Turns { .. } => Ok(self.store.turns_started(&scope).await? as f64),
             BudgetLimit::Cost { currency, .. } => {
-                let spent = temp_spent(
-                    scope.owner.as_deref(),
-                    scope.conversation,
-                    scope.agent.as_deref(),
-                    scope.from,
-                    scope.to,
-                )
-                .await?;
+                let spent = self
+                    .store
+                    .spent(
+                        scope.owner.as_deref(),
+                        scope.conversation,
+                        scope.agent.as_deref(),
+                        scope.from,
+                        scope.to,
+                    )
+                    .await?;
                 Ok(spent
                     .into_iter()
                     .find(|(c, _)| c == currency)
@@ -237,15 +239,4 @@ pub fn exceeded(standing: &BudgetStanding) -> Error {
             "resets_at": standing.resets_at,
         }),
     }
-}
-
-// TEMP until the usage records are merged.
-async fn temp_spent(
-    _: Option<&str>,
-    _: Option<uuid::Uuid>,
-    _: Option<&str>,
-    _: Option<DateTime<Utc>>,
-    _: Option<DateTime<Utc>>,
-) -> Result<Vec<(String, f64)>> {
-    Ok(Vec::new())
 }

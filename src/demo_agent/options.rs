@@ -10,7 +10,7 @@ usage: acp-demo-agent [--chunk-delay-ms N] [--fail-on METHOD] [--hang-on METHOD]
                       [--exit-on METHOD] [--stdout-banner] [--scenario WORD] [--resumable]
 A scripted ACP agent speaking JSON-RPC on stdin/stdout. The first word of each prompt picks
 a scenario: tool, write, execute, codex, gemini, read, edit, parallel, plan, long, slow, crash, garbage,
-unknown, hang, child, refuse, error, withdraw, stderr; any other text is echoed.";
+unknown, hang, child, refuse, error, withdraw, stderr, cost, cost-wait; any other text is echoed.";
 
 /// Why the command line was not accepted.
 pub(super) enum ArgsError {

@@ -81,6 +81,8 @@ pub(super) enum Scenario {
     Save,
     FsSave,
     Spend,
+    Cost,
+    CostWait,
 }
 
 impl Scenario {
@@ -120,6 +122,8 @@ impl Scenario {
             "save" => Self::Save,
             "fs-save" => Self::FsSave,
             "spend" => Self::Spend,
+            "cost" => Self::Cost,
+            "cost-wait" => Self::CostWait,
             _ => return None,
         })
     }
@@ -321,6 +325,8 @@ impl Turn {
             Scenario::Save => self.save(args).await,
             Scenario::FsSave => self.fs_save(args).await,
             Scenario::Spend => self.spend(args).await,
+            Scenario::Cost => self.cost(args, false).await,
+            Scenario::CostWait => self.cost(args, true).await,
         }
     }
 
@@ -648,7 +654,7 @@ impl Turn {
     }
 
     /// Scenario `hang`: waits for `session/cancel`.
-    async fn hang(&self) -> Result<TurnEnd, Cancelled> {
+    pub(super) async fn hang(&self) -> Result<TurnEnd, Cancelled> {
         log!("session {}: hanging until session/cancel", self.session_id);
         let mut stdin_closed = self.stdin_closed.clone();
         tokio::select! {

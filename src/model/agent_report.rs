@@ -6,6 +6,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
+use super::usage::{Spend, UsageReading};
+
 // The ACP objects a conversation carries, as the OpenAPI document shows
 // them: the members clients use, as ACP defines them (the gateway passes
 // on whatever else an agent sends).
@@ -118,6 +120,12 @@ pub struct AgentReport {
     /// What the agent's `initialize` offered for sessions, as
     /// [`SessionOffers`] (a JSON object of booleans).
     pub session_capabilities: Option<Value>,
+    /// The last cost the agent reported (cumulative for its session), kept
+    /// across usage reports without one: what the next report's cost
+    /// increase is counted from (see [`UsageReading::read`]). Not part of
+    /// the API object (`usage` is).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_cost: Option<Spend>,
 }
 
 /// What an agent offers for its sessions beyond prompts, as its
@@ -149,6 +157,17 @@ impl SessionOffers {
 const AGENT_TITLE_MAX_CHARS: usize = 500;
 
 impl AgentReport {
+    /// What `update` says if it is a `usage_update`, with the cost increase
+    /// it stands for after what the agent reported before; read before the
+    /// update is applied.
+    pub fn usage_reading(&self, update: &Value) -> Option<UsageReading> {
+        // A conversation recorded before `last_cost` was kept has its
+        // latest report's.
+        let reported = || self.usage.as_ref()?.get("cost").and_then(Spend::of_cost);
+        let previous = self.last_cost.clone().or_else(reported);
+        UsageReading::read(update, previous.as_ref())
+    }
+
     /// Applies an update from `session/update`; whether anything changed.
     /// Other kinds of update, and malformed ones, change nothing.
     pub fn apply_update(&mut self, update: &Value) -> bool {
@@ -169,7 +188,12 @@ impl AgentReport {
                 if let Some(map) = usage.as_object_mut() {
                     map.remove("sessionUpdate");
                 }
-                replace(&mut self.usage, Some(usage))
+                let cost = usage.get("cost").and_then(Spend::of_cost);
+                let cost_changed = cost.is_some() && cost != self.last_cost;
+                if cost_changed {
+                    self.last_cost = cost;
+                }
+                replace(&mut self.usage, Some(usage)) || cost_changed
             }
             Some("session_info_update") => match update.get("title") {
                 Some(Value::String(title)) => {
@@ -201,6 +225,7 @@ impl AgentReport {
             self.config_options = options;
             self.available_commands = None;
             self.usage = None;
+            self.last_cost = None;
         } else {
             if modes.is_some() {
                 self.modes = modes;

@@ -13,6 +13,7 @@ use super::agent_report::{
 };
 use super::changes::{ChangeTotals, Worktree};
 use super::queue::QueuedPrompt;
+use super::usage::Spend;
 
 /// Lifecycle of a conversation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -92,6 +93,9 @@ pub struct Conversation {
     pub worktree: Option<Worktree>,
     /// How much its worktree differs from its base, as last recorded.
     pub changes: Option<ChangeTotals>,
+    /// What its agent spent, per currency (see [`super::usage`]); empty
+    /// where nothing was, or where it was not read.
+    pub spend: Vec<Spend>,
 }
 
 /// Where a forked conversation came from: the conversation, and the message
@@ -162,6 +166,10 @@ pub struct ConversationView {
     /// as recorded after its last turn, commit, land or discard; `null`
     /// without a worktree or before the first record.
     changes: Option<ChangeTotals>,
+    /// What its agent spent so far, per currency (the sum of the cost
+    /// increases of its usage reports: see `GET /api/v1/usage`); `[]`
+    /// where its agent reported no cost.
+    spend: Vec<Spend>,
 }
 
 /// A conversation's worktree as the API shows it.
@@ -202,6 +210,7 @@ impl From<Conversation> for ConversationView {
             title,
             prompt_capabilities,
             session_capabilities,
+            last_cost: _,
         } = c.state;
         ConversationView {
             id: c.id,
@@ -223,6 +232,7 @@ impl From<Conversation> for ConversationView {
             adopted_session: c.adopted_session,
             worktree: c.worktree.map(WorktreeView::from),
             changes: c.changes,
+            spend: c.spend,
         }
     }
 }
@@ -476,6 +486,7 @@ mod tests {
             adopted_session: None,
             worktree: None,
             changes: None,
+            spend: Vec::new(),
         };
         c.state.title = Some("Agent's".into());
         let shown = serde_json::to_value(&c).unwrap();

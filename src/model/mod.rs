@@ -20,6 +20,7 @@ pub mod queue;
 pub mod changes;
 pub mod budget;
 pub mod agent_report;
+pub mod usage;
 pub mod stamp;
 
 pub use agent_report::*;
@@ -31,6 +32,7 @@ pub use permission::*;
 pub use question::*;
 pub use queue::*;
 pub use stamp::*;
+pub use usage::*;
 
 /// A list in the contract's shape: one page of items, and the cursor of
 /// the next page (`None`: this is the last).

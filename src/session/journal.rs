@@ -30,7 +30,7 @@ use crate::error::Result;
 use crate::model::{
     self, AgentReport, AgentStatus, ChunkKind, Conversation, ConversationStatus, Decision, Event,
     EventBody, MessagePart, PermissionRequest, PermissionStatus, QueuedPrompt, SessionUpdate,
-    ToolCall, TurnEnded,
+    ToolCall, TurnEnded, UsageReading, UsageRecord,
 };
 use crate::store::{AgentLink, Batch, CommitQueue, ConversationPatch, Resolution, Store};
 use crate::telemetry;
@@ -59,8 +59,11 @@ pub struct Journal {
     state: Option<AgentReport>,
     /// The prompt queue, once it changed (written with the next commit).
     queue: Option<Vec<QueuedPrompt>>,
-    /// The conversation's owner, carried along with published events.
+    /// The conversation's owner, carried along with published events (and
+    /// its usage records: spend is the owner's).
     owner: Option<String>,
+    /// The conversation's agent profile, for its usage records.
+    agent: String,
     /// What has not been committed yet.
     batch: Batch,
     dirty: bool,
@@ -121,6 +124,7 @@ impl Journal {
             state: None,
             queue: None,
             owner: conversation.owner.clone(),
+            agent: conversation.agent.clone(),
             batch: Batch::default(),
             dirty: false,
             urgent: false,
@@ -269,6 +273,32 @@ impl Journal {
         self.event(EventBody::SessionUpdate(SessionUpdate::new(
             turn_id, update,
         )));
+    }
+
+    /// Like [`Journal::session_update`] for a `usage_update`, which is also
+    /// kept as a usage record (`reading`: what it says, with its cost
+    /// increase), written in the same commit as its event.
+    pub fn usage_update(&mut self, update: Value, turn_id: Option<Uuid>, reading: UsageReading) {
+        self.session_update(update, turn_id);
+        let (cost_amount, cost_currency) = match reading.cost {
+            Some(cost) => (Some(cost.amount), Some(cost.currency)),
+            None => (None, None),
+        };
+        let at = self.batch.events.last().map_or_else(model::now, |e| e.at);
+        self.batch.usage.push(UsageRecord {
+            id: model::new_id(),
+            conversation_id: self.conversation_id,
+            turn_id,
+            owner: self.owner.clone(),
+            agent: self.agent.clone(),
+            at,
+            seq: Some(self.last_seq),
+            used: reading.used,
+            size: reading.size,
+            cost_amount,
+            cost_currency,
+            delta: reading.delta,
+        });
     }
 
     /// Like [`Journal::session_update`] for a message chunk, but a plain
@@ -614,6 +644,13 @@ impl Journal {
         for event in &mut self.batch.events {
             event.seq += shift;
         }
+        // The usage records of the events that moved move with them.
+        for record in &mut self.batch.usage {
+            match &mut record.seq {
+                Some(seq) if *seq >= first => *seq += shift,
+                _ => {}
+            }
+        }
         self.last_seq += shift;
         self.published = self.published.min(newest);
         if let Some(patch) = &mut self.batch.conversation {
@@ -676,6 +713,7 @@ mod tests {
             adopted_session: None,
             worktree: None,
             changes: None,
+            spend: Vec::new(),
         };
         store.insert_conversation(&conversation).await.unwrap();
         let outlets = Outlets {

@@ -11,7 +11,7 @@ use super::processes::AgentLink;
 use crate::error::Result;
 use crate::model::{
     AgentReport, ConversationStatus, Decision, Event, MessagePart, PermissionRequest,
-    PermissionStatus, QueuedPrompt, ToolCall,
+    PermissionStatus, QueuedPrompt, ToolCall, UsageRecord,
 };
 
 /// What one commit changes in a conversation.
@@ -25,6 +25,9 @@ pub struct Batch {
     pub tool_calls: Vec<ToolCall>,
     /// Permission requests to insert.
     pub new_permissions: Vec<PermissionRequest>,
+    /// The agent's usage reports to keep, each with the `session_update`
+    /// event that carried it (one of `events`, or one written before).
+    pub usage: Vec<UsageRecord>,
     /// New conversation state, if it changed. Without it, the conversation's
     /// `last_seq` still moves up to the batch's events (see
     /// [`Store::commit`]).
@@ -91,6 +94,7 @@ impl Batch {
             + self.messages.len()
             + self.tool_calls.len()
             + self.new_permissions.len()
+            + self.usage.len()
             + usize::from(self.conversation.is_some())
     }
 
@@ -99,6 +103,7 @@ impl Batch {
             && self.messages.is_empty()
             && self.tool_calls.is_empty()
             && self.new_permissions.is_empty()
+            && self.usage.is_empty()
             && self.conversation.is_none()
     }
 }
@@ -143,7 +148,7 @@ impl Resolution {
 /// log (each backend's own, see `sql.rs`), and the parts by job, each its
 /// supertrait written once for both backends: conversations, search,
 /// events, messages and tool calls, permission requests and rules, agent
-/// processes, notifications (their targets, outbox, attempts and keys),
+/// processes, usage, notifications (their targets, outbox, attempts and keys),
 /// users and tokens, and the cluster's tables.
 #[async_trait]
 pub trait Store:
@@ -153,6 +158,7 @@ pub trait Store:
     + super::messages::MessageStore
     + super::permissions::PermissionStore
     + super::processes::ProcessStore
+    + super::usage::UsageStore
     + super::notify::TargetStore
     + super::notify::OutboxStore
     + super::notify::AttemptStore

@@ -45,8 +45,9 @@ pub trait ConversationStore: Send + Sync {
         owner: &str,
         session_ids: &[String],
     ) -> Result<Vec<String>>;
+    /// A conversation, with what it spent.
     async fn get_conversation(&self, id: Uuid) -> Result<Option<Conversation>>;
-    /// Newest first; `before` is the last id of the previous page; `owner`
+    /// Newest first, each with what it spent; `before` is the last id of the previous page; `owner`
     /// limits the list to one user's conversations, `cwd` to those whose
     /// working directory is exactly that path.
     async fn list_conversations(
@@ -81,6 +82,9 @@ pub trait ConversationStore: Send + Sync {
 
 /// Implements [`ConversationStore`] for a backend type with a `pool` field
 /// (for reads) and a `writer()` method (the pool every write goes through).
+/// The invoking module defines `CONVERSATION_SPEND`: the SQL of what
+/// conversation `c` spent, a JSON array of `{currency, amount}` (see
+/// [`crate::store::usage`]), read and listed with it.
 macro_rules! impl_conversation_store {
     ($store:ty) => {
         const _: () = {
@@ -183,9 +187,11 @@ macro_rules! impl_conversation_store {
                 }
 
                 async fn get_conversation(&self, id: Uuid) -> Result<Option<Conversation>> {
-                    sqlx::query_as::<_, ConversationRow>(
-                        "select * from conversations where id = $1",
-                    )
+                    let sql = format!(
+                        "select c.*, {CONVERSATION_SPEND} as spend from conversations c
+                         where c.id = $1"
+                    );
+                    sqlx::query_as::<_, ConversationRow>(&sql)
                     .bind(id)
                     .fetch_optional(&self.pool)
                     .await?
@@ -200,12 +206,13 @@ macro_rules! impl_conversation_store {
                     owner: Option<&str>,
                     cwd: Option<&str>,
                 ) -> Result<Vec<Conversation>> {
-                    sqlx::query_as::<_, ConversationRow>(
-                        "select * from conversations
-                         where ($1 is null or id < $1) and ($3 is null or owner = $3)
-                           and ($4 is null or cwd = $4)
-                         order by id desc limit $2",
-                    )
+                    let sql = format!(
+                        "select c.*, {CONVERSATION_SPEND} as spend from conversations c
+                         where ($1 is null or c.id < $1) and ($3 is null or c.owner = $3)
+                           and ($4 is null or c.cwd = $4)
+                         order by c.id desc limit $2"
+                    );
+                    sqlx::query_as::<_, ConversationRow>(&sql)
                     .bind(before)
                     .bind(limit)
                     .bind(owner)

@@ -22,6 +22,9 @@ pub struct CopyStats {
     pub tool_calls: usize,
     pub permission_requests: usize,
     pub rules: usize,
+    /// Usage records copied (of removed conversations too; those already
+    /// there are left alone).
+    pub usage_records: usize,
     /// Notification targets copied (those already there are left alone).
     pub notification_targets: usize,
     /// Budgets' exceptions and notices copied (those already there are
@@ -37,8 +40,12 @@ pub struct CopyStats {
 /// Conversations read per page.
 const PAGE: i64 = 100;
 
+/// Usage records read per page.
+const USAGE_PAGE: i64 = 1000;
+
 /// Copies every conversation with its events, messages, tool calls,
-/// permission requests and remembered rules; the notification targets and
+/// permission requests and remembered rules; every usage record (what
+/// agents spent, kept when a conversation is removed); the notification targets and
 /// the VAPID key pair (Web Push subscriptions are made against it); the
 /// budgets' exceptions and notices. A conversation the target
 /// already holds with the same history is skipped, so an interrupted export
@@ -78,6 +85,14 @@ pub async fn copy_all(from: &dyn Store, to: &dyn Store) -> Result<CopyStats> {
             let turn = turns.get(&conversation.id).copied().flatten();
             copy_conversation(from, to, conversation, turn, fresh, &mut stats).await?;
         }
+    }
+    let mut after = None;
+    loop {
+        let page = from.usage_records_after(after, USAGE_PAGE).await?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.id);
+        to.insert_usage_records(&page).await?;
+        stats.usage_records += page.len();
     }
     stats.vapid_same = match from.stored_vapid_keys().await? {
         Some(keys) => to.vapid_keys(keys.clone()).await? == keys,
@@ -169,6 +184,8 @@ async fn copy_conversation(
             queue: Some(conversation.queue.clone()),
         }),
         lane: CommitQueue::Person,
+        // Copied on their own, with those of removed conversations.
+        usage: Vec::new(),
     };
     // The row first (the rest refers to it), then everything in one transaction.
     if fresh {

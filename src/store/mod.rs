@@ -13,8 +13,9 @@
 //! request, which append to the event log) is in parts by job, its
 //! supertraits: [`conversations`], [`search`], [`events`], [`messages`]
 //! (and tool calls), [`permissions`] (requests, rules and policies),
-//! [`processes`] (agent processes), [`notify`] (notifications), [`tokens`]
-//! (users and tokens), [`budgets`] (budgets' exceptions and notices) and [`cluster`]. Each part but the cluster's is
+//! [`processes`] (agent processes), [`usage`] (what agents spent),
+//! [`notify`] (notifications), [`tokens`] (users and tokens), [`budgets`]
+//! (budgets' exceptions and notices) and [`cluster`]. Each part but the cluster's is
 //! written once for both backends (`sql.rs` says how); what differs is in
 //! [`postgres`] and [`sqlite`], each with its own commit.
 //!
@@ -39,6 +40,7 @@ pub mod events;
 pub mod messages;
 pub mod permissions;
 pub mod processes;
+pub mod usage;
 mod rows;
 mod page;
 pub mod tokens;
@@ -58,6 +60,7 @@ pub use processes::{AgentLink, AgentProcessRecord};
 pub use search::{search_words, SEARCH_TEXT_MAX};
 pub use sqlite::SqliteStore;
 pub use tokens::{TokenInfo, TokenStore};
+pub use usage::UsageStore;
 
 /// Opens the store a database URL names (`postgres://…` or `sqlite://PATH`),
 /// creating the database if needed and applying its migrations.

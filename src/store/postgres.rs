@@ -145,7 +145,8 @@ fn search_query(words: &[String]) -> String {
 ///   (the conversation's row stays locked until the end);
 /// - without the conversation's state (a piece of a refused batch), its
 ///   `last_seq` still moves up to the batch's events;
-/// - every table's rows in one `unnest` each. Rows one statement may not
+/// - every table's rows in one `unnest` each (usage records included:
+///   written in the same commit as the events that carried them). Rows one statement may not
 ///   touch twice are merged first, as a statement a row would leave them: a
 ///   tool call updated twice in the batch is its last state with its first
 ///   `turn_id` and `created_at`; a message's search text is its parts
@@ -156,6 +157,7 @@ fn search_query(words: &[String]) -> String {
 async fn write_batch(pool: &PgPool, conversation_id: Uuid, batch: &Batch) -> Result<()> {
     let asks = &batch.new_permissions;
     let events = &batch.events;
+    let usage = &batch.usage;
     let (mut firsts, mut parts, mut texts) = (Vec::new(), Vec::new(), SearchTexts::default());
     for part in &batch.messages {
         if part.part == 0 {
@@ -223,6 +225,18 @@ async fn write_batch(pool: &PgPool, conversation_id: Uuid, batch: &Batch) -> Res
          ), linked as (
             update agent_processes set link = $45
             where conversation_id = $1 and $45 is not null and (select go from go)
+         ), spent as (
+            insert into usage_records (id, conversation_id, turn_id, owner, agent, at, seq,
+              used, size, cost_amount, cost_currency, delta)
+            select u.id, $1, u.turn_id, u.owner, u.agent, u.at, u.seq, u.used, u.size,
+              u.cost_amount, u.cost_currency, u.delta
+            from unnest($48::uuid[], $49::uuid[], $50::text[], $51::text[], $52::timestamptz[],
+              $53::bigint[], $54::bigint[], $55::bigint[], $56::float8[], $57::text[],
+              $58::float8[])
+              as u (id, turn_id, owner, agent, at, seq, used, size, cost_amount, cost_currency,
+                delta)
+            where (select go from go)
+            on conflict (id) do nothing
          )
          select go from go"
     ))
@@ -278,7 +292,18 @@ async fn write_batch(pool: &PgPool, conversation_id: Uuid, batch: &Batch) -> Res
     .bind(patch.and_then(|p| p.state.as_ref().map(JsonText::of)))
     .bind(batch.link.as_ref().map(JsonText::of))
     .bind(patch.and_then(|p| p.queue.as_ref().map(JsonText::of)))
-    .bind(col(asks, |p| p.kind.as_str()));
+    .bind(col(asks, |p| p.kind.as_str()))
+    .bind(col(usage, |u| u.id))
+    .bind(col(usage, |u| u.turn_id))
+    .bind(col(usage, |u| u.owner.as_deref()))
+    .bind(col(usage, |u| text_col(&u.agent)))
+    .bind(col(usage, |u| u.at))
+    .bind(col(usage, |u| u.seq))
+    .bind(col(usage, |u| u.used))
+    .bind(col(usage, |u| u.size))
+    .bind(col(usage, |u| u.cost_amount))
+    .bind(col(usage, |u| u.cost_currency.as_deref().map(text_col)))
+    .bind(col(usage, |u| u.delta));
     let written: bool = query
         .try_map(|row: sqlx::postgres::PgRow| sqlx::Row::try_get(&row, 0))
         .fetch_one(pool)
@@ -398,6 +423,20 @@ async fn resolve_at_once(
         .await?;
     Ok(resolved.then_some(event))
 }
+
+/// A usage record's day (UTC, `YYYY-MM-DD`).
+const USAGE_DAY: &str = "to_char(at at time zone 'UTC', 'YYYY-MM-DD')";
+
+/// The selected usage records' cost increases summed (0 for none).
+const USAGE_SUM: &str = "coalesce(sum(delta), 0)";
+
+/// What conversation `c` spent, per currency: a JSON array of `{currency,
+/// amount}` ordered by currency (`null`: nothing).
+const CONVERSATION_SPEND: &str = "(select json_agg(json_build_object('currency', s.currency,
+       'amount', s.amount) order by s.currency)
+     from (select cost_currency as currency, sum(delta) as amount from usage_records u
+           where u.conversation_id = c.id and u.cost_currency is not null
+           group by cost_currency) s)";
 
 impl_store!(PgStore, PgConnection);
 // A claim is void once its node's lease ran out (or its row is gone).

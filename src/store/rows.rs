@@ -119,6 +119,9 @@ pub struct ConversationRow {
     adopted_session: Option<String>,
     worktree: Option<Json<Value>>,
     change_totals: Option<Json<Value>>,
+    /// What it spent (`[{currency, amount}]`), where the query read it.
+    #[sqlx(default)]
+    spend: Option<Json<Vec<crate::model::Spend>>>,
 }
 
 impl ConversationRow {
@@ -173,6 +176,7 @@ impl ConversationRow {
                 changes: self
                     .change_totals
                     .and_then(|Json(v)| serde_json::from_value(v).ok()),
+                spend: self.spend.map(|Json(s)| s).unwrap_or_default(),
             },
             self.current_turn_id,
         ))

@@ -17,7 +17,7 @@ use super::rows::{text_col, JsonText};
 use super::search::{search_text, SEARCH_TEXT_MAX};
 use super::sql::{impl_store, search_text_append, tool_call_update};
 use crate::error::Result;
-use crate::model::{Event, MessagePart, PermissionRequest, ToolCall};
+use crate::model::{Event, MessagePart, PermissionRequest, ToolCall, UsageRecord};
 
 /// Migrations embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -143,6 +143,9 @@ async fn write_batch(writer: &SqlitePool, conversation_id: Uuid, batch: &Batch) 
     }
     for call in &batch.tool_calls {
         upsert_tool_call(&mut tx, conversation_id, call).await?;
+    }
+    for record in &batch.usage {
+        insert_usage(&mut tx, conversation_id, record).await?;
     }
     match (&batch.conversation, batch.events.last()) {
         (Some(patch), _) => update_conversation(&mut tx, conversation_id, patch).await?,
@@ -278,6 +281,47 @@ async fn upsert_tool_call(
     .await?;
     Ok(())
 }
+
+/// A usage report kept (see [`super::usage`]); idempotent, as a commit
+/// retried after its answer was lost writes it again.
+async fn insert_usage(
+    tx: &mut SqliteConnection,
+    conversation_id: Uuid,
+    r: &UsageRecord,
+) -> Result<()> {
+    sqlx::query(super::usage::INSERT_USAGE)
+        .bind(r.id)
+        .bind(conversation_id)
+        .bind(r.turn_id)
+        .bind(r.owner.as_deref())
+        .bind(text_col(&r.agent))
+        .bind(r.at)
+        .bind(r.seq)
+        .bind(r.used)
+        .bind(r.size)
+        .bind(r.cost_amount)
+        .bind(r.cost_currency.as_deref().map(text_col))
+        .bind(r.delta)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+/// A usage record's day (UTC, `YYYY-MM-DD`): its time is stored as RFC 3339
+/// text in UTC.
+const USAGE_DAY: &str = "substr(at, 1, 10)";
+
+/// The selected usage records' cost increases summed, as a float (`total`
+/// is one, 0.0 for none; `sum` of whole numbers is an integer).
+const USAGE_SUM: &str = "total(delta)";
+
+/// What conversation `c` spent, per currency: a JSON array of `{currency,
+/// amount}` ordered by currency (`[]`: nothing).
+const CONVERSATION_SPEND: &str = "(select json_group_array(json_object('currency', s.currency,
+       'amount', s.amount))
+     from (select cost_currency as currency, total(delta) as amount from usage_records u
+           where u.conversation_id = c.id and u.cost_currency is not null
+           group by cost_currency order by cost_currency) s)";
 
 impl_store!(SqliteStore, SqliteConnection);
 // One node at a time: a claim of another node is one of a previous run.

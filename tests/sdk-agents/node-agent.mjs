@@ -19,6 +19,11 @@
 //            (the session's mode and configuration options as it holds them)
 //   usage -> a usage_update and a session_info_update (title "Usage report"),
 //            then echoes
+//   cost <a>[:<currency>] <b>… -> for each figure a usage_update with the
+//            session's cost so far {amount: <a>, currency: <currency> (USD
+//            when not given)}, used growing by 100 a report, size 200000,
+//            each followed by an agent_message_chunk "cost <a> "; stopReason
+//            end_turn (cancelled once session/cancel arrived)
 //   capabilities -> one agent_message_chunk: the clientCapabilities the
 //            gateway sent in initialize, as JSON
 //   work  -> a thought, a plan, an edit tool call with a diff that asks
@@ -741,6 +746,26 @@ const app = acp
           chunk(sessionId, `mode=${mode} model=${model} brave=${brave}`),
         );
         stopReason = "end_turn";
+      } else if (firstWord === "cost") {
+        let used = 0;
+        stopReason = "end_turn";
+        for (const figure of text.trim().split(/\s+/).slice(1)) {
+          if (turn.cancelled) break;
+          const [amount, currency = "USD"] = figure.split(":");
+          used += 100;
+          const update = {
+            sessionUpdate: "usage_update",
+            used,
+            size: 200000,
+            cost: { amount: Number(amount), currency },
+          };
+          await client.notify(acp.methods.client.session.update, { sessionId, update });
+          await client.notify(
+            acp.methods.client.session.update,
+            chunk(sessionId, `cost ${figure} `),
+          );
+        }
+        if (turn.cancelled) stopReason = "cancelled";
       } else if (firstWord === "usage") {
         for (const update of [
           {

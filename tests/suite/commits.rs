@@ -4,7 +4,7 @@
 
 use acp_gateway::model::{
     self, ConversationStatus, Event, EventBody, Message, MessagePart, MessageRole,
-    PermissionStatus, ToolCall,
+    PermissionStatus, ToolCall, UsageRecord,
 };
 use acp_gateway::store::{AgentLink, AgentProcessRecord, Batch, ConversationPatch, Store};
 use serde_json::json;
@@ -35,7 +35,7 @@ async fn conversation(store: &dyn Store) -> Uuid {
 /// What one turn's first moments write, for `conversation`: a request, a
 /// message in two parts (both with text to search), a tool call announced
 /// then updated with another title, turn and time, another tool call,
-/// events, the state and the link.
+/// events, usage records, the state and the link.
 fn writes(conversation: Uuid, ids: &Ids) -> Vec<Batch> {
     let at = |ms| model::now() + chrono::Duration::milliseconds(ms);
     let event = |seq| Event {
@@ -77,6 +77,20 @@ fn writes(conversation: Uuid, ids: &Ids) -> Vec<Batch> {
         output_to: to,
         ..AgentLink::default()
     };
+    let usage = |seq, amount: Option<f64>, delta| UsageRecord {
+        id: model::new_id(),
+        conversation_id: conversation,
+        turn_id: Some(ids.turn),
+        owner: Some("ann".into()),
+        agent: "demo".into(),
+        at: at(seq),
+        seq: Some(seq),
+        used: Some(seq * 100),
+        size: Some(1000),
+        cost_amount: amount,
+        cost_currency: amount.map(|_| "US\0D".into()),
+        delta,
+    };
     vec![
         Batch {
             events: vec![event(1)],
@@ -89,6 +103,7 @@ fn writes(conversation: Uuid, ids: &Ids) -> Vec<Batch> {
             events: vec![event(2)],
             messages: vec![part(1, "meadow")],
             tool_calls: vec![call("t1", "read", Some(ids.turn), 2)],
+            usage: vec![usage(2, Some(0.25), 0.25)],
             conversation: Some(patch(2)),
             ..Batch::default()
         },
@@ -109,6 +124,7 @@ fn writes(conversation: Uuid, ids: &Ids) -> Vec<Batch> {
                 created_at: ids.at,
                 kind: Default::default(),
             }],
+            usage: vec![usage(3, None, 0.0), usage(3, Some(0.5), 0.25)],
             conversation: Some(patch(3)),
             link: Some(link(30)),
             ..Batch::default()
@@ -125,6 +141,7 @@ fn as_one(batches: Vec<Batch>) -> Batch {
         whole.messages.extend(b.messages);
         whole.tool_calls.extend(b.tool_calls);
         whole.new_permissions.extend(b.new_permissions);
+        whole.usage.extend(b.usage);
         whole.conversation = b.conversation.or(whole.conversation);
         whole.link = b.link.or(whole.link);
     }
@@ -196,6 +213,21 @@ async fn a_batch_is_written_as_its_writes_one_by_one(db: TestDb) {
             .find(|p| p.conversation_id == c)
             .and_then(AgentProcessRecord::agent_link);
         assert_eq!(link.map(|l| l.output_to), Some(30));
+        let usage = store.usage_records(c).await.unwrap();
+        let kept: Vec<_> = usage
+            .iter()
+            .map(|u| (u.seq, u.cost_amount, u.cost_currency.as_deref(), u.delta))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                (Some(2), Some(0.25), Some("US\u{FFFD}D"), 0.25),
+                (Some(3), None, None, 0.0),
+                (Some(3), Some(0.5), Some("US\u{FFFD}D"), 0.25)
+            ]
+        );
+        assert_eq!(row.spend.len(), 1, "{:?}", row.spend);
+        assert_eq!(row.spend[0].amount, 0.5);
     }
     // Both found by words of both parts, with the message's whole text.
     let found = store
@@ -230,6 +262,7 @@ async fn a_fenced_batch_writes_none_of_its_tables(db: TestDb) {
     assert!(store.list_messages(c).await.unwrap().is_empty());
     assert!(store.list_tool_calls(c).await.unwrap().is_empty());
     assert!(store.get_permission(ids.request).await.unwrap().is_none());
+    assert!(store.usage_records(c).await.unwrap().is_empty());
     let row = store.get_conversation(c).await.unwrap().unwrap();
     assert_eq!((row.last_seq, row.status), (0, ConversationStatus::Idle));
     let process = store.list_agent_processes().await.unwrap();

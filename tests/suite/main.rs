@@ -63,6 +63,7 @@ mod spending;
 mod steering;
 mod tls;
 mod turns;
+mod usage;
 mod web_changes;
 mod web_client;
 mod web_questions;

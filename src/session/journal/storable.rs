@@ -107,7 +107,7 @@ macro_rules! piece {
 impl Journal {
     /// Writes the batch one piece per transaction, in order (requests before
     /// the events announcing them, events in `seq` order, then messages, tool
-    /// calls and the conversation's state), publishing each event once it is
+    /// calls, usage records and the conversation's state), publishing each event once it is
     /// stored. A piece refused again is replaced by a form the database can
     /// hold: an event keeps its `seq` and `type` and says in `data.unstorable`
     /// why its content is missing; a message, tool call or request keeps its
@@ -176,6 +176,13 @@ impl Journal {
             self.commit_piece(piece!(tool_calls: call.clone()), [stand_in])
                 .await?;
             self.batch.tool_calls.remove(0);
+        }
+        // Usage records hold nothing the database refuses (agents' strings
+        // are stored as `text_col` makes them) and are written idempotently:
+        // no stand-in.
+        while let Some(record) = self.batch.usage.first() {
+            self.commit_piece(piece!(usage: record.clone()), []).await?;
+            self.batch.usage.remove(0);
         }
         let patch = Batch {
             conversation: self.batch.conversation.take(),

@@ -167,8 +167,13 @@ impl Task {
             return;
         };
         let turn_id = self.turns.id();
+        // Read before the report takes it: its cost increase is counted
+        // from the cost reported before.
+        let usage = self.settings.state.usage_reading(&update);
         self.report_changed(&update);
-        if self.transcript.apply(&update, turn_id) {
+        if let Some(reading) = usage {
+            self.journal.usage_update(update, turn_id, reading);
+        } else if self.transcript.apply(&update, turn_id) {
             self.journal.chunk(update, turn_id);
         } else {
             self.journal.session_update(update, turn_id);
