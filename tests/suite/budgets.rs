@@ -94,6 +94,27 @@ async fn answer(client: &Client, request: &Value, option: &str) {
     assert_eq!(status, 200, "{body}");
 }
 
+/// Reads `ws` until it has seen an event of each of `kinds`, in whatever
+/// order they come (a budget's notice and the turn's end race); the last
+/// of each.
+async fn until_each(ws: &mut Ws, kinds: &[&str]) -> Vec<Value> {
+    let mut frames: Vec<Value> = Vec::new();
+    while !kinds.iter().all(|k| frames.iter().any(|f| f["type"] == *k)) {
+        frames.push(ws.next().await);
+    }
+    kinds
+        .iter()
+        .map(|k| {
+            frames
+                .iter()
+                .rev()
+                .find(|f| f["type"] == *k)
+                .unwrap()
+                .clone()
+        })
+        .collect()
+}
+
 /// Asserts a 402 `budget_exceeded` naming `budget`; the problem.
 fn assert_spent((status, problem): (u16, Value), budget: &str) -> Value {
     assert_eq!(status, 402, "{problem}");
@@ -199,11 +220,15 @@ async fn a_turn_that_spends_a_finish_turn_budget_finishes_and_its_queue_holds(db
         .await;
     assert_eq!((status, &queued["queued"]), (202, &json!(true)), "{queued}");
     answer(&t.alice, &first, "allow-once").await;
-    let frames = ws.until_type("budget_exceeded").await;
-    assert_eq!(frames.last().unwrap()["data"]["on_exceed"], "finish_turn");
     // The turn goes on: the agent asks again, and finishes once answered.
-    let second = ws.until_type("permission_requested").await.pop().unwrap();
-    answer(&t.alice, &second, "allow-once").await;
+    let [exceeded, second] =
+        &until_each(&mut ws, &["budget_exceeded", "permission_requested"]).await[..]
+    else {
+        unreachable!()
+    };
+    assert_eq!(exceeded["data"]["on_exceed"], "finish_turn");
+    assert_ne!(second["data"]["id"], first["data"]["id"]);
+    answer(&t.alice, second, "allow-once").await;
     let frames = ws.until_type("turn_ended").await;
     assert_eq!(frames.last().unwrap()["data"]["stop_reason"], "end_turn");
     // What was queued waits for a person, held by the budget.
@@ -242,10 +267,10 @@ async fn a_budget_warns_at_80_percent_and_tells_the_owner_and_the_operators(db: 
     .await;
     let (id, mut ws) = open(&t.alice).await;
     t.alice.prompt(&id, "spend 0.85").await;
-    let frames = ws.until_type("budget_warning").await;
-    let warning = &frames.last().unwrap()["data"];
-    assert_eq!(warning["spent"], 0.85);
-    ws.until_type("turn_ended").await;
+    let [warning, _] = &until_each(&mut ws, &["budget_warning", "turn_ended"]).await[..] else {
+        unreachable!()
+    };
+    assert_eq!(warning["data"]["spent"], 0.85);
     // The owner and the operator, each away, are told.
     let mut told = Vec::new();
     for _ in 0..2 {
@@ -275,7 +300,7 @@ async fn a_budget_warns_at_80_percent_and_tells_the_owner_and_the_operators(db: 
     );
     // Then the budget is spent: told too.
     t.alice.prompt(&id, "spend 1.2").await;
-    ws.until_type("budget_exceeded").await;
+    until_each(&mut ws, &["budget_exceeded", "turn_ended"]).await;
     let mut told = Vec::new();
     for _ in 0..2 {
         let outgoing = tokio::time::timeout(WAIT, t.notified.recv())
@@ -303,8 +328,7 @@ async fn an_operator_exception_lifts_a_budget_until_removed(db: TestDb) {
     .await;
     let (id, mut ws) = open(&t.alice).await;
     t.alice.prompt(&id, "spend 1.5").await;
-    ws.until_type("budget_exceeded").await;
-    ws.until_type("turn_ended").await;
+    until_each(&mut ws, &["budget_exceeded", "turn_ended"]).await;
     assert_spent(t.alice.try_prompt(&id, "hello").await, "daily");
 
     // Users may not lift it.
@@ -353,11 +377,15 @@ async fn a_turns_budget_holds_agents_that_report_no_cost(db: TestDb) {
     )
     .await;
     let (id, mut ws) = open(&t.alice).await;
-    for _ in 0..2 {
-        t.alice.prompt(&id, "hello").await;
-        let ended = ws.until_type("turn_ended").await.pop().unwrap();
-        assert_eq!(ended["data"]["stop_reason"], "end_turn");
-    }
+    t.alice.prompt(&id, "hello").await;
+    let ended = ws.until_type("turn_ended").await.pop().unwrap();
+    assert_eq!(ended["data"]["stop_reason"], "end_turn");
+    // The second uses it up: told, not cancelled.
+    t.alice.prompt(&id, "hello").await;
+    let [ended, _] = &until_each(&mut ws, &["turn_ended", "budget_exceeded"]).await[..] else {
+        unreachable!()
+    };
+    assert_eq!(ended["data"]["stop_reason"], "end_turn");
     let problem = assert_spent(t.alice.try_prompt(&id, "hello").await, "turns");
     assert_eq!(problem["spent"], 2.0);
     assert_eq!(problem["limit"], json!({"turns": 2}));
@@ -459,10 +487,11 @@ async fn a_budget_holds_an_sdk_agent_that_reports_cost(db: TestDb) {
     let id = alice.create("node").await;
     let mut ws = alice.conversation_ws(&id, 0).await;
     alice.prompt(&id, "usage").await;
-    let exceeded = ws.until_type("budget_exceeded").await.pop().unwrap();
+    let [exceeded, _] = &until_each(&mut ws, &["budget_exceeded", "turn_ended"]).await[..] else {
+        unreachable!()
+    };
     assert_eq!(exceeded["data"]["budget"], "tiny");
     assert_eq!(exceeded["data"]["spent"], 0.12);
-    ws.until_type("turn_ended").await;
     assert_spent(alice.try_prompt(&id, "hello").await, "tiny");
 }
 
@@ -503,9 +532,10 @@ window = "day"
     let id = a.create("demo").await;
     let mut ws = a.conversation_ws(&id, 0).await;
     a.prompt(&id, "spend 0.9 1.5").await;
-    let exceeded = ws.until_type("budget_exceeded").await.pop().unwrap();
+    let [exceeded, _] = &until_each(&mut ws, &["budget_exceeded", "turn_ended"]).await[..] else {
+        unreachable!()
+    };
     assert_eq!(exceeded["data"]["spent"], 1.5);
-    ws.until_type("turn_ended").await;
     // The same owner's other conversation, made and prompted on the other
     // node, and the first one prompted there.
     let other = b.create("demo").await;
