@@ -495,6 +495,54 @@ async fn a_budget_holds_an_sdk_agent_that_reports_cost(db: TestDb) {
     assert_spent(alice.try_prompt(&id, "hello").await, "tiny");
 }
 
+/// `acp-gateway export` copies what budgets keep: the spend (usage
+/// records), the exceptions and the notices recorded.
+async fn the_export_carries_budgets_exceptions_notices_and_spend(db: TestDb) {
+    let daily = || {
+        vec![budget(
+            "daily",
+            BudgetScope::User,
+            usd(1.0),
+            OnExceed::Cancel,
+        )]
+    };
+    let t = team(&db, daily()).await;
+    let (id, mut ws) = open(&t.alice).await;
+    t.alice.prompt(&id, "spend 1.5").await;
+    until_each(&mut ws, &["budget_exceeded", "turn_ended"]).await;
+    let (status, _) = t
+        .operator
+        .post("/api/v1/budgets/daily/exceptions", json!({"user": "bob"}))
+        .await;
+    assert_eq!(status, 201);
+    drop(ws);
+    t.gw.stop().await;
+
+    let target = TestDb::sqlite().await;
+    let report = crate::export::export(&db, &target);
+    assert!(
+        report.contains("1 budget exceptions, 1 budget notices"),
+        "{report}"
+    );
+    let mut config = Config::for_tests(&target, vec![demo_profile("demo", &[])]);
+    config.budgets = daily();
+    let gw = TestGateway::start_with(config).await;
+    // The tokens were not copied: the target runs open, as its operator.
+    let (status, list) = gw.get("/api/v1/budgets/daily/exceptions").await;
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(list["items"][0]["user"], "bob", "{list}");
+    // Alice's spend came along: her conversation is held there too.
+    assert_spent(gw.try_prompt(&id, "hello").await, "daily");
+    let events = gw.events(&id).await;
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e["type"] == "budget_exceeded")
+            .count(),
+        1
+    );
+}
+
 backend_tests!(
     a_turn_that_spends_a_budget_is_cancelled_and_new_prompts_get_402,
     a_turn_that_spends_a_finish_turn_budget_finishes_and_its_queue_holds,
@@ -504,6 +552,7 @@ backend_tests!(
     a_context_budget_stops_a_conversation_whose_context_is_full,
     budgets_refuse_bad_input,
     a_budget_holds_an_sdk_agent_that_reports_cost,
+    the_export_carries_budgets_exceptions_notices_and_spend,
 );
 
 /// The spend is the database's: a budget spent through one node refuses
