@@ -218,6 +218,12 @@ impl Gateway {
         if let Some(notifier) = self.notifier.take() {
             self.tasks.spawn(notifier.run(self.shutdown.clone()));
         }
+        let budgets = crate::budgets::watch::Watch {
+            budgets: self.state.budgets().clone(),
+            sessions: self.state.sessions().clone(),
+            bus: self.state.bus().clone(),
+        };
+        self.tasks.spawn(budgets.run(self.shutdown.clone()));
         self.tasks.spawn(crate::store::search_backlog::run(
             self.state.sessions().outlets().store.clone(),
             self.shutdown.clone(),

@@ -124,8 +124,8 @@ pub async fn export(config: Option<&Path>, to: &str) -> anyhow::Result<()> {
     let stats = store::export::copy_all(&*from, &*target).await?;
     println!(
         "exported {} conversations ({} already there): {} events, {} messages, \
-         {} tool calls, {} permission requests, {} rules, {} usage records, \
-         {} notification targets",
+         {} tool calls, {} permission requests, {} rules, {} usage records, {} notification targets, \
+         {} budget exceptions, {} budget notices",
         stats.conversations,
         stats.skipped,
         stats.events,
@@ -134,7 +134,9 @@ pub async fn export(config: Option<&Path>, to: &str) -> anyhow::Result<()> {
         stats.permission_requests,
         stats.rules,
         stats.usage_records,
-        stats.notification_targets
+        stats.notification_targets,
+        stats.budget_exceptions,
+        stats.budget_notices
     );
     if !stats.vapid_same {
         println!(

@@ -23,8 +23,10 @@ use serde::{Deserialize, Serialize};
 pub mod profile;
 pub mod url;
 pub mod addresses;
+pub mod budgets;
 mod paths;
 
+pub use budgets::Budget;
 pub use paths::data_dir;
 pub use profile::{AgentProfile, Transport};
 
@@ -146,6 +148,9 @@ pub struct Config {
     /// Serve HTTPS (and `wss://`) with this certificate instead of plain
     /// HTTP; its files are read again when they change.
     pub tls: Option<TlsFiles>,
+    /// What agents may spend (see [`budgets`]).
+    #[serde(default)]
+    pub budgets: Vec<Budget>,
 }
 
 /// `tls = { cert_file, key_file }`: PEM files, the certificate chain (leaf
@@ -598,6 +603,8 @@ impl Config {
             }
             agent.validate(&key)?;
         }
+        let profiles: Vec<&str> = self.agents.iter().map(|a| a.name.as_str()).collect();
+        budgets::validate(&self.budgets, &profiles)?;
         Ok(())
     }
 

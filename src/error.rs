@@ -55,6 +55,10 @@ pub enum Error {
         /// Extra members merged into the problem body (e.g. the current request).
         extra: Option<Value>,
     },
+    /// A budget is spent (402 `budget_exceeded`): `extra` says which, its
+    /// limit, what was spent and when it resets.
+    #[error("{detail}")]
+    BudgetExceeded { detail: String, extra: Value },
     /// The agent could not be started or failed while starting.
     #[error("{0}")]
     AgentFailed(String),
@@ -183,6 +187,7 @@ impl Error {
             Error::Conflict { code, .. } => (StatusCode::CONFLICT, code),
             Error::Fenced(_) => (StatusCode::CONFLICT, "conversation_moved"),
             Error::Gone(_) => (StatusCode::GONE, "gone"),
+            Error::BudgetExceeded { .. } => (StatusCode::PAYMENT_REQUIRED, "budget_exceeded"),
             Error::AgentFailed(_) => (StatusCode::BAD_GATEWAY, "agent_failed"),
             Error::Repository(_) => (StatusCode::BAD_GATEWAY, "repository_failed"),
             Error::BadPath(_) => (StatusCode::BAD_REQUEST, "invalid_path"),
@@ -221,6 +226,7 @@ impl Error {
         };
         let extra = match self {
             Error::Conflict { extra, .. } => extra,
+            Error::BudgetExceeded { extra, .. } => Some(extra),
             _ => None,
         };
         Problem {

@@ -15,6 +15,10 @@
 //!   only. [`web`]: the built-in web client (`web/`), served at `/`.
 //! - [`notify`]: notifications that reach a person (what they carry, and the
 //!   hand-over from the rules that find them due to the durable outbox).
+//! - [`budgets`]: how much agents may spend (`[[budgets]]`): held where a
+//!   prompt enters, and watched as agents report their spend (a turn that
+//!   crosses one is cancelled or let finish); the rules pure
+//!   ([`budgets::rules`]).
 //! - [`session`]: conversations at work. [`session::Sessions`] (`mod.rs`)
 //!   is the registry of live conversations and their admission (limits);
 //!   `route.rs` runs a command here or forwards it to the node that owns the
@@ -118,6 +122,7 @@ pub mod cli;
 pub mod api;
 pub mod web;
 pub mod notify;
+pub mod budgets;
 pub mod session;
 pub mod acp;
 pub mod shim;

@@ -1362,6 +1362,10 @@ class ConversationView {
         this.held = data;
         this.showHeld();
         break;
+      case "budget_warning":
+      case "budget_exceeded":
+        this.add(h("p.note.budget", { role: "status" }, budgetNote(event.type, data)));
+        break;
       case "changes_updated":
       case "changes_committed":
       case "changes_landed":
@@ -1450,6 +1454,19 @@ class ConversationView {
 }
 
 /** A commit, land or discard in the timeline, in words. */
+/** What a budget's notice says: which budget, how much of it is spent, and when it resets. */
+function budgetNote(type, data) {
+  const limit = data.limit ?? {};
+  const unit = limit.currency ? ` ${limit.currency}` : limit.turns !== undefined ? " turns" : " tokens in context";
+  const of = limit.amount ?? limit.turns ?? limit.context;
+  const figure = (n) => (typeof n === "number" ? String(Math.round(n * 100) / 100) : "?");
+  const resets = data.resets_at ? `; it resets ${new Date(data.resets_at).toLocaleString()}` : "";
+  const spent = `${figure(data.spent)} of ${figure(of)}${unit}`;
+  if (type === "budget_warning") return `Budget ${data.budget}: ${spent} spent${resets}.`;
+  const stop = data.on_exceed === "finish_turn" ? "the turn may finish" : "the turn was cancelled";
+  return `Budget ${data.budget} is spent (${spent}): ${stop}; new prompts wait until it resets or an operator lifts it${resets}.`;
+}
+
 function changeNote(type, data) {
   const by = data.by ? ` by ${data.by}` : "";
   if (type === "changes_committed") return `Committed${by}: ${data.commit?.summary ?? ""}`;

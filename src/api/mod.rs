@@ -11,6 +11,7 @@ mod changes;
 mod questions;
 mod conversations;
 mod tokens;
+mod budgets;
 mod notifications;
 mod search;
 mod usage;
@@ -65,6 +66,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .merge(questions::router())
         .merge(policies::router())
         .merge(tokens::router())
+        .merge(budgets::router())
         .merge(notifications::router())
         .merge(ws::router())
         .merge(acp::router())

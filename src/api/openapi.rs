@@ -47,6 +47,7 @@ use crate::store::TokenInfo;
         (name = "usage", description = "What the agents spent, from every usage report they sent"),
         (name = "policies", description = "Operator rules that answer permission requests"),
         (name = "tokens", description = "Bearer tokens and users (operators only)"),
+        (name = "budgets", description = "What agents may spend (`[[budgets]]`), where the caller stands, and operators' exceptions"),
         (name = "acp", description = "The gateway as an ACP agent: ACP clients (IDEs, SDK clients) over WebSocket"),
         (name = "notifications", description = "Where a user is notified, what was delivered, and answering a permission request from a notification (single-use action URLs, no bearer token)"),
     )

@@ -15,7 +15,7 @@ use super::conversations::{ConversationPath, Started};
 use super::extract::{AppJson, AppPath, Visible};
 use super::openapi::QueuedPromptList;
 use super::page::whole;
-use super::responses::{AgentTimeout, AtCapacity, NoConversation};
+use super::responses::{AgentTimeout, AtCapacity, BudgetSpent, NoConversation};
 use super::state::AppState;
 use crate::auth::Limited;
 use crate::error::{Error, Result};
@@ -171,6 +171,7 @@ async fn remove(
     responses(
         (status = 202, description = "The first queued prompt started", body = Started),
         NoConversation,
+        BudgetSpent,
         (status = 409, description = "`queue_empty`, `turn_in_progress`, `conversation_closed` or `agent_unavailable`"),
         (status = 429, description = "Too many prompts for the token, or all the agents the owner may run are busy; `Retry-After`"),
         (status = 502, description = "The agent could not be started again"),
@@ -186,6 +187,7 @@ async fn resume(
     }: Visible<Conversation>,
 ) -> Result<impl IntoResponse> {
     state.auth().check_rate(&caller, Limited::Prompt)?;
+    state.budgets().admit(&item).await?;
     let turn_id = state.sessions().resume_queue(&item).await?;
     Ok((StatusCode::ACCEPTED, Json(Started::new(turn_id))))
 }

@@ -22,6 +22,14 @@ pub fn no_content_if(found: bool, missing: impl FnOnce() -> Error) -> Result<Sta
     }
 }
 
+/// A budget that holds the conversation is spent (`[[budgets]]`).
+#[derive(IntoResponses)]
+#[response(
+    status = 402,
+    description = "`budget_exceeded`: a budget that holds the conversation is spent; the problem names it (`budget`, `scope`, `key`) and says its `limit`, what was `spent` and when it `resets_at`"
+)]
+pub struct BudgetSpent;
+
 /// A conversation in the path that does not exist, or is not the caller's.
 #[derive(IntoResponses)]
 #[response(status = 404, description = "No such conversation")]

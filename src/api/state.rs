@@ -44,6 +44,8 @@ struct Services {
     remote_checks: RemoteChecks,
     /// Open ACP client connections per user.
     acp_connections: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+    /// What agents may spend.
+    budgets: crate::budgets::Budgets,
 }
 
 /// One of a user's ACP client connections, counted while it is held.
@@ -82,8 +84,11 @@ type RemoteCheck = (std::time::Instant, Option<String>);
 impl AppState {
     pub fn new(config: Config, auth: Auth, sessions: Sessions, outbox: Arc<Outbox>) -> Self {
         let send_budget = SendBudget::new(config.ws_buffer_bytes, config.ws_buffer_per_user());
+        let budgets =
+            crate::budgets::Budgets::new(&config.budgets, sessions.outlets().store.clone());
         AppState {
             inner: Arc::new(Services {
+                budgets,
                 send_budget,
                 config,
                 auth,
@@ -161,6 +166,11 @@ impl AppState {
     /// The live conversations, and every command to one.
     pub fn sessions(&self) -> &Sessions {
         &self.inner.sessions
+    }
+
+    /// What agents may spend.
+    pub fn budgets(&self) -> &crate::budgets::Budgets {
+        &self.inner.budgets
     }
 
     pub fn store(&self) -> &dyn Store {

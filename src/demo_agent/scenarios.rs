@@ -80,6 +80,7 @@ pub(super) enum Scenario {
     Question,
     Save,
     FsSave,
+    Spend,
     Cost,
     CostWait,
 }
@@ -120,6 +121,7 @@ impl Scenario {
             "question" => Self::Question,
             "save" => Self::Save,
             "fs-save" => Self::FsSave,
+            "spend" => Self::Spend,
             "cost" => Self::Cost,
             "cost-wait" => Self::CostWait,
             _ => return None,
@@ -181,14 +183,14 @@ pub(super) enum TurnEnd {
 
 /// What the client answered to a permission request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Answer {
+pub(super) enum Answer {
     Allowed,
     Rejected,
     Cancelled,
 }
 
 /// A tool call a scenario pretends to make.
-struct ToolCall {
+pub(super) struct ToolCall {
     id: String,
     title: String,
     kind: &'static str,
@@ -322,6 +324,7 @@ impl Turn {
             Scenario::Mcp => self.mcp().await,
             Scenario::Save => self.save(args).await,
             Scenario::FsSave => self.fs_save(args).await,
+            Scenario::Spend => self.spend(args).await,
             Scenario::Cost => self.cost(args, false).await,
             Scenario::CostWait => self.cost(args, true).await,
         }
@@ -501,7 +504,7 @@ impl Turn {
     }
 
     /// A tool call that writes `content` to `name` in the working directory.
-    fn write_call(&self, name: &str, content: &str) -> ToolCall {
+    pub(super) fn write_call(&self, name: &str, content: &str) -> ToolCall {
         let path = self.cwd.join(name).display().to_string();
         ToolCall {
             id: self.next_tool_call_id(),
@@ -806,7 +809,7 @@ impl Turn {
     /// as its answer arrives. With `withdraw`, each request is withdrawn right after it is
     /// sent. Returns the answers in the order of `calls`, or `Cancelled` if the turn was
     /// cancelled (the tool calls are resolved either way).
-    async fn run_tool_calls(
+    pub(super) async fn run_tool_calls(
         &self,
         calls: &[ToolCall],
         withdraw: bool,
@@ -957,7 +960,7 @@ impl Turn {
     }
 
     /// Completes when the turn is cancelled.
-    async fn until_cancelled(&self) {
+    pub(super) async fn until_cancelled(&self) {
         let mut cancelled = self.cancelled.clone();
         if cancelled.wait_for(|cancelled| *cancelled).await.is_err() {
             // The session dropped its signal: no cancel can come any more.

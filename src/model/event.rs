@@ -26,6 +26,7 @@ use utoipa::{PartialSchema, ToSchema};
 use uuid::Uuid;
 
 use super::agent_report::SettingValue;
+use super::budget::BudgetNotice;
 use super::changes::{ChangesCommitted, ChangesDiscarded, ChangesLanded, ChangesUpdated};
 use super::permission::{PermissionRequest, WaitingKind};
 use super::question::Question;
@@ -67,6 +68,8 @@ pub mod event_type {
     pub const CHANGES_COMMITTED: &str = "changes_committed";
     pub const CHANGES_LANDED: &str = "changes_landed";
     pub const CHANGES_DISCARDED: &str = "changes_discarded";
+    pub const BUDGET_WARNING: &str = "budget_warning";
+    pub const BUDGET_EXCEEDED: &str = "budget_exceeded";
 }
 
 /// What an event says happened: its `type`, and its `data` typed.
@@ -112,6 +115,11 @@ pub enum EventBody {
     /// `changes_discarded`: a person threw away what the worktree held
     /// since its last commit.
     ChangesDiscarded(ChangesDiscarded),
+    /// `budget_warning`: 80 % of a budget is spent.
+    BudgetWarning(BudgetNotice),
+    /// `budget_exceeded`: a budget is spent; no new prompt in its scope
+    /// starts until its window ends.
+    BudgetExceeded(BudgetNotice),
     /// `question_asked`: the agent asks a person a question (ACP
     /// elicitation); the question as stored.
     QuestionAsked(Question),
@@ -172,6 +180,8 @@ impl EventBody {
             EventBody::ChangesCommitted(_) => CHANGES_COMMITTED,
             EventBody::ChangesLanded(_) => CHANGES_LANDED,
             EventBody::ChangesDiscarded(_) => CHANGES_DISCARDED,
+            EventBody::BudgetWarning(_) => BUDGET_WARNING,
+            EventBody::BudgetExceeded(_) => BUDGET_EXCEEDED,
             EventBody::Verbatim { kind, .. } => kind,
         }
     }
@@ -268,6 +278,8 @@ impl EventBody {
             CHANGES_COMMITTED => parse(data, EventBody::ChangesCommitted, kind),
             CHANGES_LANDED => parse(data, EventBody::ChangesLanded, kind),
             CHANGES_DISCARDED => parse(data, EventBody::ChangesDiscarded, kind),
+            BUDGET_WARNING => parse(data, EventBody::BudgetWarning, kind),
+            BUDGET_EXCEEDED => parse(data, EventBody::BudgetExceeded, kind),
             _ => EventBody::Verbatim {
                 kind: kind.to_owned(),
                 data,
@@ -298,6 +310,7 @@ impl Serialize for EventBodyData<'_> {
             EventBody::ChangesCommitted(d) => d.serialize(s),
             EventBody::ChangesLanded(d) => d.serialize(s),
             EventBody::ChangesDiscarded(d) => d.serialize(s),
+            EventBody::BudgetWarning(d) | EventBody::BudgetExceeded(d) => d.serialize(s),
             EventBody::Verbatim { data, .. } => data.serialize(s),
         }
     }
@@ -514,7 +527,7 @@ struct Documented {
 }
 
 /// The events as the OpenAPI document shows them, one schema per type.
-const DOCUMENTED: [Documented; 18] = {
+const DOCUMENTED: [Documented; 20] = {
     use event_type::*;
     [
         Documented {
@@ -612,6 +625,18 @@ const DOCUMENTED: [Documented; 18] = {
             kind: CHANGES_DISCARDED,
             description: "`changes_discarded`: a person threw away what the worktree held\nsince its last commit.",
             data: component::<ChangesDiscarded>,
+        },
+        Documented {
+            name: "BudgetWarning",
+            kind: BUDGET_WARNING,
+            description: "`budget_warning`: 80 % of a budget is spent (once per budget, scope\nand window).",
+            data: component::<BudgetNotice>,
+        },
+        Documented {
+            name: "BudgetExceeded",
+            kind: BUDGET_EXCEEDED,
+            description: "`budget_exceeded`: a budget is spent (once per budget, scope and\nwindow): the turn that crossed it is cancelled or finishes as\n`on_exceed` says, and no new prompt in its scope starts until the\nwindow ends.",
+            data: component::<BudgetNotice>,
         },
         Documented {
             name: "QuestionAsked",

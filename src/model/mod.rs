@@ -18,11 +18,13 @@ pub mod question;
 pub mod permission;
 pub mod queue;
 pub mod changes;
+pub mod budget;
 pub mod agent_report;
 pub mod usage;
 pub mod stamp;
 
 pub use agent_report::*;
+pub use budget::*;
 pub use changes::*;
 pub use conversation::*;
 pub use event::*;

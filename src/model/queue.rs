@@ -44,8 +44,9 @@ pub struct QueueChanged {
 }
 
 /// `queue_held`: a turn ended other than with `end_turn` (cancelled,
-/// refused, an error, the agent gone) while prompts were queued: they wait
-/// until a person sends one (`POST …/queue/resume`) or a new prompt.
+/// refused, an error, the agent gone), or a budget was spent during it,
+/// while prompts were queued: they wait until a person sends one
+/// (`POST …/queue/resume`) or a new prompt.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct QueueHeld {
     /// The turn that ended.
@@ -53,4 +54,8 @@ pub struct QueueHeld {
     pub stop_reason: String,
     /// How many prompts wait.
     pub queued: u32,
+    /// The budget spent during the turn, which holds the queue (absent:
+    /// the turn's end holds it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<String>,
 }

@@ -419,6 +419,7 @@ mod tests {
     #[test]
     fn the_message_carries_the_headline_strings_and_collapse_keys() {
         let n = Notification {
+            budget: None,
             actions: vec![Action {
                 label: "Allow once".into(),
                 option_id: "allow".into(),

@@ -53,18 +53,24 @@ pub enum NotificationEvent {
     /// Prompts were queued and the turn ended other than with `end_turn`:
     /// they wait for a person.
     QueueHeld,
+    /// A budget is 80 % spent (to the owner and the operators).
+    BudgetWarning,
+    /// A budget is spent (to the owner and the operators).
+    BudgetExceeded,
     /// `POST /api/v1/notification-targets/{id}/test`.
     Test,
 }
 
 impl NotificationEvent {
     /// The events a target gets when it names none.
-    pub const ALL: [NotificationEvent; 5] = [
+    pub const ALL: [NotificationEvent; 7] = [
         NotificationEvent::PermissionWaiting,
         NotificationEvent::PermissionReminder,
         NotificationEvent::TurnEnded,
         NotificationEvent::AgentFailed,
         NotificationEvent::QueueHeld,
+        NotificationEvent::BudgetWarning,
+        NotificationEvent::BudgetExceeded,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -74,6 +80,8 @@ impl NotificationEvent {
             Self::TurnEnded => "turn_ended",
             Self::AgentFailed => "agent_failed",
             Self::QueueHeld => "queue_held",
+            Self::BudgetWarning => "budget_warning",
+            Self::BudgetExceeded => "budget_exceeded",
             Self::Test => "test",
         }
     }
@@ -103,6 +111,38 @@ pub struct Notification {
     pub count: u32,
     /// One per option of `request`: a single-use URL answering it.
     pub actions: Vec<Action>,
+    /// The budget a `budget_warning` or `budget_exceeded` is about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<crate::model::BudgetStanding>,
+}
+
+impl Notification {
+    /// What a budget notification says of its budget: what was spent of
+    /// it, and when it resets.
+    pub fn budget_line(&self) -> String {
+        let Some(b) = &self.budget else {
+            return "a budget".to_owned();
+        };
+        let figure = |n: f64| {
+            let text = format!("{n:.2}");
+            text.trim_end_matches('0').trim_end_matches('.').to_owned()
+        };
+        let unit = match &b.limit {
+            crate::model::BudgetLimit::Cost { currency, .. } => format!(" {currency}"),
+            crate::model::BudgetLimit::Turns { .. } => " turns".to_owned(),
+            crate::model::BudgetLimit::Context { .. } => " tokens in context".to_owned(),
+        };
+        let resets = b
+            .resets_at
+            .map(|at| format!("; resets {}", at.format("%Y-%m-%d %H:%M UTC")))
+            .unwrap_or_default();
+        format!(
+            "Budget {}: {} of {}{unit} spent{resets}",
+            b.budget,
+            figure(b.spent),
+            figure(b.limit.figure())
+        )
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -199,6 +239,7 @@ pub(crate) fn sample(event: NotificationEvent, count: u32) -> Notification {
         }),
         turn: None,
         count,
+        budget: None,
         actions: vec![],
     }
 }

@@ -384,6 +384,7 @@ impl Notifier {
                 turn_id: turn,
                 stop_reason,
                 queued,
+                ..
             }) => state.rules.observe(
                 Fact::QueueHeld {
                     conversation,
@@ -408,8 +409,17 @@ impl Notifier {
                 },
                 now,
             ),
+            EventBody::BudgetWarning(notice) => {
+                self.budget(state, (conversation, seq), user, false, notice)
+                    .await
+            }
+            EventBody::BudgetExceeded(notice) => {
+                self.budget(state, (conversation, seq), user, true, notice)
+                    .await
+            }
             EventBody::AgentStatus(AgentStatus {
                 status: AgentState::Failed,
+
                 detail,
                 ..
             }) => {
@@ -430,6 +440,37 @@ impl Notifier {
             }
             _ => Vec::new(),
         }
+    }
+
+    /// A budget 80 % or all spent (`exceeded`), as the event `at` (its
+    /// conversation and seq) says: told to the owner and the operators.
+    async fn budget(
+        &self,
+        state: &mut State,
+        (conversation, seq): (Uuid, i64),
+        owner: String,
+        exceeded: bool,
+        notice: crate::model::BudgetNotice,
+    ) -> Vec<Due> {
+        let mut users = vec![owner];
+        match self.store.operators().await {
+            Ok(operators) => users.extend(operators),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the operators to tell of a budget")
+            }
+        }
+        users.sort();
+        users.dedup();
+        state.rules.observe(
+            Fact::Budget {
+                conversation,
+                seq,
+                users,
+                exceeded,
+                notice,
+            },
+            Utc::now(),
+        )
     }
 
     /// Builds the notification's body and enqueues it.
@@ -515,6 +556,21 @@ impl Notifier {
                 }),
                 *queued,
             ),
+            Due::Budget {
+                conversation,
+                exceeded,
+                ..
+            } => (
+                if *exceeded {
+                    NotificationEvent::BudgetExceeded
+                } else {
+                    NotificationEvent::BudgetWarning
+                },
+                Some(*conversation),
+                None,
+                None,
+                0,
+            ),
             Due::AgentFailed {
                 conversation,
                 turn,
@@ -554,6 +610,10 @@ impl Notifier {
             turn,
             count,
             actions,
+            budget: match &due {
+                Due::Budget { notice, .. } => Some(notice.standing.clone()),
+                _ => None,
+            },
         };
         // What the agent wrote, of any length, cut to its bounds.
         super::fit::bound(&mut body);
@@ -657,6 +717,8 @@ fn rules_look_at(kind: &str) -> bool {
             | event_type::QUEUE_HELD
             | event_type::QUESTION_ASKED
             | event_type::QUESTION_RESOLVED
+            | event_type::BUDGET_WARNING
+            | event_type::BUDGET_EXCEEDED
     )
 }
 

@@ -93,6 +93,18 @@ pub fn message(topic: &str, n: &Notification) -> Value {
             vec!["pause_button"],
             3,
         ),
+        NotificationEvent::BudgetWarning => (
+            format!("Budget nearly spent: {place}"),
+            n.budget_line(),
+            vec!["moneybag"],
+            3,
+        ),
+        NotificationEvent::BudgetExceeded => (
+            format!("Budget spent: {place}"),
+            n.budget_line(),
+            vec!["money_with_wings"],
+            4,
+        ),
         NotificationEvent::Test => (
             "acp-gateway".to_owned(),
             "A test notification: this target works.".to_owned(),

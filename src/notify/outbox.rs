@@ -467,6 +467,7 @@ impl Outbox {
             request: None,
             turn: None,
             count: 0,
+            budget: None,
             actions: Vec::new(),
         };
         let text = serde_json::to_string(&body).expect("a notification serializes");
@@ -650,6 +651,7 @@ mod tests {
                 summary: Some("secret".into()),
             }),
             count: 1,
+            budget: None,
             actions: vec![],
         };
         for kind in ["webhook", "ntfy", "fcm"] {

@@ -100,6 +100,17 @@ pub fn headline(notification: &Notification) -> (String, String) {
                 format!("{agent}'s turn ended ({why}); {waiting}. Resume or send a new prompt."),
             )
         }
+        NotificationEvent::BudgetWarning => (
+            format!("Budget nearly spent: {place}"),
+            notification.budget_line(),
+        ),
+        NotificationEvent::BudgetExceeded => (
+            format!("Budget spent: {place}"),
+            format!(
+                "{}. New prompts wait until it resets or an operator lifts it.",
+                notification.budget_line()
+            ),
+        ),
         NotificationEvent::Test => (
             "Test notification".to_string(),
             "acp-gateway can reach this device".to_string(),

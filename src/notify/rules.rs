@@ -16,6 +16,9 @@
 //! - `queue_held`: a turn ended other than with `end_turn` while prompts
 //!   were queued (they wait for a person), owner away.
 //!
+//! - `budget_warning`, `budget_exceeded`: a budget 80 % or all spent, told
+//!   to the conversation's owner and every operator, each while away.
+//!
 //! Nothing while the owner is present, nothing twice for the same key.
 
 use std::collections::{HashMap, HashSet};
@@ -81,6 +84,16 @@ pub enum Fact {
         turn: Option<Uuid>,
         detail: Option<String>,
     },
+    /// A budget is 80 % spent (`exceeded`: all of it), as the event `seq`
+    /// of the conversation says; told to `users` (the owner and the
+    /// operators).
+    Budget {
+        conversation: Uuid,
+        seq: i64,
+        users: Vec<String>,
+        exceeded: bool,
+        notice: crate::model::BudgetNotice,
+    },
 }
 
 /// A notification the rules find due.
@@ -115,6 +128,13 @@ pub enum Due {
         stop_reason: String,
         queued: u32,
     },
+    Budget {
+        user: String,
+        conversation: Uuid,
+        seq: i64,
+        exceeded: bool,
+        notice: crate::model::BudgetNotice,
+    },
 }
 
 impl Due {
@@ -128,6 +148,13 @@ impl Due {
             Due::Reminder { request, .. } => vec![format!("permission_reminder:{request}")],
             Due::TurnEnded { turn, .. } => vec![format!("turn_ended:{turn}")],
             Due::QueueHeld { turn, .. } => vec![format!("queue_held:{turn}")],
+            // One per user: several are told of the same event.
+            Due::Budget {
+                user,
+                conversation,
+                seq,
+                ..
+            } => vec![format!("budget:{conversation}:{seq}:{user}")],
             Due::AgentFailed {
                 conversation,
                 seq,
@@ -146,7 +173,8 @@ impl Due {
             | Due::Reminder { user, .. }
             | Due::TurnEnded { user, .. }
             | Due::AgentFailed { user, .. }
-            | Due::QueueHeld { user, .. } => user,
+            | Due::QueueHeld { user, .. }
+            | Due::Budget { user, .. } => user,
         }
     }
 }
@@ -265,6 +293,28 @@ impl Rules {
                     turn,
                     stop_reason,
                 })
+            }
+            Fact::Budget {
+                conversation,
+                seq,
+                users,
+                exceeded,
+                notice,
+            } => {
+                let mut due = Vec::new();
+                for user in users {
+                    if self.is_present(&user) {
+                        continue;
+                    }
+                    due.extend(self.once(Due::Budget {
+                        user,
+                        conversation,
+                        seq,
+                        exceeded,
+                        notice: notice.clone(),
+                    }));
+                }
+                due
             }
             Fact::QueueHeld {
                 conversation,

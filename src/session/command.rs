@@ -98,11 +98,55 @@ pub enum Command {
         #[serde(skip)]
         reply: Reply<Result<ChangeDone>>,
     },
+    /// A budget's word on the conversation (see [`BudgetWord`]); the reply
+    /// once its notices are committed and its stop asked for.
+    Budget {
+        word: BudgetWord,
+        #[serde(skip)]
+        reply: Reply<Result<()>>,
+    },
     /// Stop the agent if it is idle (to make room for another); the reply
     /// says whether it will stop. Only ever asked of this node's own tasks:
     /// it is never sent to another node.
     #[serde(skip)]
     Release { reply: Reply<bool> },
+}
+
+/// What a budget says to a conversation (see `crate::budgets`): the
+/// notices to record in its log, and whether to stop: cancel the running
+/// turn (`cancel`) or let it finish (`finish_turn`), the queue held after
+/// it either way, so that no queued prompt starts on its own while the
+/// budget is spent.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct BudgetWord {
+    /// The budget's `id`.
+    pub budget: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<crate::model::BudgetNotice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exceeded: Option<crate::model::BudgetNotice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<crate::model::OnExceed>,
+}
+
+impl BudgetWord {
+    /// The events it records.
+    pub fn events(&self) -> impl Iterator<Item = crate::model::EventBody> + '_ {
+        let warning = self
+            .warning
+            .clone()
+            .map(crate::model::EventBody::BudgetWarning);
+        let exceeded = self
+            .exceeded
+            .clone()
+            .map(crate::model::EventBody::BudgetExceeded);
+        warning.into_iter().chain(exceeded)
+    }
+
+    /// The budget whose spend stops the conversation, if it does.
+    pub fn stopping(&self) -> Option<&str> {
+        self.stop.map(|_| self.budget.as_str())
+    }
 }
 
 impl Command {
@@ -258,6 +302,11 @@ impl Handle {
     /// A person's commit, land or discard in the worktree.
     pub async fn change_work(&self, op: ChangeOp, by: String) -> Option<Result<ChangeDone>> {
         self.ask(|reply| Command::Changes { op, by, reply }).await
+    }
+
+    /// A budget's word on the conversation.
+    pub async fn budget(&self, word: BudgetWord) -> Option<Result<()>> {
+        self.ask(|reply| Command::Budget { word, reply }).await
     }
 
     /// Starts the first queued prompt now.

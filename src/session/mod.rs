@@ -24,6 +24,7 @@ mod mcp;
 mod reattach;
 mod route;
 mod worktree;
+mod budget;
 pub mod answer;
 pub mod recover;
 pub mod task;

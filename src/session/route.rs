@@ -574,6 +574,10 @@ impl ClusterMember for Sessions {
                     serde_json::to_value(self.change_work(&conversation, op, by).await?)
                         .expect("changes serialize")
                 }
+                Command::Budget { word, .. } => {
+                    self.budget(&conversation, word).await?;
+                    Value::Null
+                }
                 // Never sent to another node (it cannot be read from JSON).
                 Command::Release { .. } => {
                     return Err(Error::Internal(anyhow::anyhow!(

@@ -26,6 +26,7 @@ mod output;
 mod permissions;
 mod queue;
 mod changes;
+mod budget;
 pub(super) mod reattached;
 mod settings;
 mod turns;
@@ -362,6 +363,7 @@ fn assemble(parts: Assembly<'_>) -> (Handle, Task) {
         turns: Turns::default(),
         queue: Queue {
             prompts: conversation.queue.clone(),
+            held_by_budget: None,
         },
         work: conversation.worktree.clone().map(|worktree| Work {
             git: super::work::git_of(&setup.git, Some(profile)),
@@ -697,6 +699,7 @@ impl Task {
                 reply,
             }),
             Command::Changes { op, by, reply } => reply.send(self.change_work(op, &by).await),
+            Command::Budget { word, reply } => reply.send(self.budget(word).await),
             Command::Close { reply } => reply.send(()),
             Command::Release { reply } => reply.send(false),
         }

@@ -164,6 +164,7 @@ pub trait Store:
     + super::notify::AttemptStore
     + super::notify::NotifyKeyStore
     + super::tokens::TokenStore
+    + super::budgets::BudgetStore
     + super::cluster::Clustered
     + Send
     + Sync

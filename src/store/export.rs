@@ -27,6 +27,10 @@ pub struct CopyStats {
     pub usage_records: usize,
     /// Notification targets copied (those already there are left alone).
     pub notification_targets: usize,
+    /// Budgets' exceptions and notices copied (those already there are
+    /// left alone, an exception replaced by the source's).
+    pub budget_exceptions: usize,
+    pub budget_notices: usize,
     /// The VAPID key pair: the target now has the source's (copied, or it
     /// had it already), or `false`: the target has a key of its own, kept,
     /// and browsers subscribed with the source's must subscribe again.
@@ -42,7 +46,8 @@ const USAGE_PAGE: i64 = 1000;
 /// Copies every conversation with its events, messages, tool calls,
 /// permission requests and remembered rules; every usage record (what
 /// agents spent, kept when a conversation is removed); the notification targets and
-/// the VAPID key pair (Web Push subscriptions are made against it). A conversation the target
+/// the VAPID key pair (Web Push subscriptions are made against it); the
+/// budgets' exceptions and notices. A conversation the target
 /// already holds with the same history is skipped, so an interrupted export
 /// can be run again; one it holds with a different history is an error.
 pub async fn copy_all(from: &dyn Store, to: &dyn Store) -> Result<CopyStats> {
@@ -95,6 +100,18 @@ pub async fn copy_all(from: &dyn Store, to: &dyn Store) -> Result<CopyStats> {
     for target in from.all_targets().await? {
         if to.insert_target(&target).await? {
             stats.notification_targets += 1;
+        }
+    }
+    for exception in from.all_budget_exceptions().await? {
+        to.put_budget_exception(&exception).await?;
+        stats.budget_exceptions += 1;
+    }
+    for n in from.budget_notices().await? {
+        if to
+            .note_budget(&n.budget_id, &n.scope_key, n.window_start, &n.kind, n.at)
+            .await?
+        {
+            stats.budget_notices += 1;
         }
     }
     Ok(stats)

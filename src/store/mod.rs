@@ -14,8 +14,8 @@
 //! supertraits: [`conversations`], [`search`], [`events`], [`messages`]
 //! (and tool calls), [`permissions`] (requests, rules and policies),
 //! [`processes`] (agent processes), [`usage`] (what agents spent),
-//! [`notify`] (notifications), [`tokens`]
-//! (users and tokens) and [`cluster`]. Each part but the cluster's is
+//! [`notify`] (notifications), [`tokens`] (users and tokens), [`budgets`]
+//! (budgets' exceptions and notices) and [`cluster`]. Each part but the cluster's is
 //! written once for both backends (`sql.rs` says how); what differs is in
 //! [`postgres`] and [`sqlite`], each with its own commit.
 //!
@@ -44,11 +44,13 @@ pub mod usage;
 mod rows;
 mod page;
 pub mod tokens;
+pub mod budgets;
 pub mod notify;
 pub mod cluster;
 
 pub use crate::config::url::{redact_url, sqlite_file, Backend};
 pub use backend::{Batch, CommitQueue, ConversationPatch, Resolution, Store};
+pub use budgets::{BudgetStore, SpendScope};
 pub use cluster::{ClusterStore, Clustered};
 pub use notify::ActionToken;
 pub use page::{json_size, Bounded};

@@ -213,6 +213,7 @@ macro_rules! impl_store {
         $crate::store::processes::impl_process_store!($store);
         $crate::store::usage::impl_usage_store!($store);
         $crate::store::tokens::impl_token_store!($store);
+        $crate::store::budgets::impl_budget_store!($store);
     };
 }
 

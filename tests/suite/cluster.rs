@@ -8,7 +8,7 @@ use crate::common::*;
 use serde_json::{json, Value};
 
 /// Two nodes on `db`, each with `agents`.
-fn two_nodes(
+pub(crate) fn two_nodes(
     db: &TestDb,
     agents: &[acp_gateway::config::AgentProfile],
 ) -> (GatewayProcess, GatewayProcess) {

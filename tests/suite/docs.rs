@@ -78,6 +78,11 @@ fn the_configuration_reference_is_accepted_and_complete() {
         serde_introspect::<PolicyRule>(),
     );
     assert_all_set(
+        "[[budgets]]",
+        &keys(&raw["budgets"][0]),
+        serde_introspect::<acp_gateway::config::Budget>(),
+    );
+    assert_all_set(
         "max_auto_per",
         &keys(&raw["policies"][0]["max_auto_per"]),
         serde_introspect::<RateLimit>(),

@@ -33,7 +33,7 @@ async fn history(gw: &TestGateway) -> Value {
            "search": [said, prompted]})
 }
 
-fn export(from: &TestDb, to: &TestDb) -> String {
+pub(crate) fn export(from: &TestDb, to: &TestDb) -> String {
     let config = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(config.path(), format!("database_url = {:?}\n", from.url)).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_acp-gateway"))

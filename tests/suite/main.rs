@@ -17,6 +17,7 @@ mod api_errors;
 mod architecture;
 mod auth;
 mod auth_hardening;
+mod budgets;
 mod capabilities;
 mod cluster;
 mod commits;

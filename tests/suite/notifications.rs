@@ -119,6 +119,7 @@ fn waiting(user: &str, key: &str) -> Outgoing {
             }),
             turn: None,
             count: 1,
+            budget: None,
             actions: vec![
                 Action {
                     label: "Allow once".into(),

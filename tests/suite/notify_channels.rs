@@ -111,6 +111,7 @@ fn permission_waiting() -> Notification {
         }),
         turn: None,
         count: 1,
+        budget: None,
         actions: vec![
             Action {
                 label: "Allow once".into(),

@@ -491,6 +491,7 @@ impl Conn {
             .auth()
             .check_rate(&self.caller, Limited::Prompt)?;
         let conversation = self.conversation(p.session_id).await?;
+        self.state.budgets().admit(&conversation).await?;
         let known = conversation.state.prompt_capabilities.as_ref();
         accepts::check(&content, known, &conversation.agent)?;
         attachment.prompting(&content);

@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::super::extract::{exactly_one, AppJson, Visible};
 use super::super::openapi::ContentBlock;
-use super::super::responses::{AgentTimeout, AtCapacity, NoConversation};
+use super::super::responses::{AgentTimeout, AtCapacity, BudgetSpent, NoConversation};
 use super::paths::ConversationPath;
 use crate::auth::Limited;
 use crate::error::{Error, Result};
@@ -163,6 +163,7 @@ pub(super) struct Queued {
     responses(
         (status = 202, description = "The turn started, or the prompt was queued", body = Accepted),
         NoConversation,
+        BudgetSpent,
         (status = 409, description = "`turn_in_progress` (with `\"queue\": false`), `queue_full`, `conversation_closed` or `agent_unavailable`"),
         (status = 422, description = "Invalid prompt"),
         (status = 429, description = "Too many prompts for the token, or the agent has to be started again and all the agents the owner may run are busy (`max_agents_per_user`); `Retry-After`"),
@@ -181,6 +182,7 @@ pub(super) async fn prompt(
 ) -> Result<impl IntoResponse> {
     let (content, while_running) = body.read()?;
     state.auth().check_rate(&caller, Limited::Prompt)?;
+    state.budgets().admit(&item).await?;
     let prompted = state
         .sessions()
         .prompt(&item, content, while_running, Some(caller.decided_by()))

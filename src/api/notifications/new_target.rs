@@ -385,15 +385,19 @@ pub enum EventName {
     TurnEnded,
     AgentFailed,
     QueueHeld,
+    BudgetWarning,
+    BudgetExceeded,
 }
 
 impl EventName {
-    const ALL: [EventName; 5] = [
+    const ALL: [EventName; 7] = [
         EventName::PermissionWaiting,
         EventName::PermissionReminder,
         EventName::TurnEnded,
         EventName::AgentFailed,
         EventName::QueueHeld,
+        EventName::BudgetWarning,
+        EventName::BudgetExceeded,
     ];
 
     pub fn event(self) -> NotificationEvent {
@@ -403,6 +407,8 @@ impl EventName {
             EventName::TurnEnded => NotificationEvent::TurnEnded,
             EventName::AgentFailed => NotificationEvent::AgentFailed,
             EventName::QueueHeld => NotificationEvent::QueueHeld,
+            EventName::BudgetWarning => NotificationEvent::BudgetWarning,
+            EventName::BudgetExceeded => NotificationEvent::BudgetExceeded,
         }
     }
 
@@ -425,7 +431,7 @@ impl<'de> Deserialize<'de> for Events {
             EventName::named(name).ok_or_else(|| {
                 D::Error::custom(format_args!(
                     "names {name:?}: not one of permission_waiting, permission_reminder, \
-                     turn_ended, agent_failed, queue_held"
+                     turn_ended, agent_failed, queue_held, budget_warning, budget_exceeded"
                 ))
             })
         });

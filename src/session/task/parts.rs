@@ -68,6 +68,9 @@ pub(super) struct Ended {
 #[derive(Default)]
 pub(super) struct Queue {
     pub(super) prompts: Vec<QueuedPrompt>,
+    /// The budget that holds the queue after the running turn, however it
+    /// ends (see `budget.rs`).
+    pub(super) held_by_budget: Option<String>,
 }
 
 /// A turn in progress.

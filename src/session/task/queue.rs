@@ -113,6 +113,10 @@ impl Task {
         let Some(ended) = ended else {
             return Ok(());
         };
+        if self.queue.held_by_budget.is_some() {
+            self.hold_queue(&ended);
+            return Ok(());
+        }
         match queue::next_after(&mut self.queue.prompts, &ended.stop_reason) {
             Some(next) => self.start_queued(next).await.map(drop),
             None => {
@@ -124,6 +128,7 @@ impl Task {
 
     /// Says that the queue holds after `ended`, where prompts wait.
     pub(super) fn hold_queue(&mut self, ended: &Ended) {
+        let budget = self.queue.held_by_budget.take();
         if self.queue.prompts.is_empty() {
             return;
         }
@@ -132,6 +137,7 @@ impl Task {
             turn_id: ended.turn_id,
             stop_reason: ended.stop_reason.clone(),
             queued: self.queue.prompts.len() as u32,
+            budget,
         });
     }
 
