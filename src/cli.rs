@@ -124,7 +124,8 @@ pub async fn export(config: Option<&Path>, to: &str) -> anyhow::Result<()> {
     let stats = store::export::copy_all(&*from, &*target).await?;
     println!(
         "exported {} conversations ({} already there): {} events, {} messages, \
-         {} tool calls, {} permission requests, {} rules, {} notification targets",
+         {} tool calls, {} permission requests, {} rules, {} notification targets, \
+         {} share links",
         stats.conversations,
         stats.skipped,
         stats.events,
@@ -132,7 +133,8 @@ pub async fn export(config: Option<&Path>, to: &str) -> anyhow::Result<()> {
         stats.tool_calls,
         stats.permission_requests,
         stats.rules,
-        stats.notification_targets
+        stats.notification_targets,
+        stats.share_links
     );
     if !stats.vapid_same {
         println!(

@@ -10,6 +10,7 @@ import { ChangesView, CHANGE_EVENTS, changesText } from "./changes.js";
 import { markdown } from "./markdown.js";
 import { SettingsView, serviceWorker } from "./notify.js";
 import { questionCard, settleQuestion } from "./question.js";
+import { SharePanel } from "./sharing.js";
 import {
   contentText,
   promptContent,
@@ -767,9 +768,12 @@ class ConversationView {
     // The session's settings (mode, the agent's options) and what it used.
     this.settings = h("div.settings", { role: "group", "aria-label": "Session settings" });
     this.usage = h("span.usage", { id: "usage" });
+    // A read-only link to this conversation, for its owner (see sharing.js).
+    this.share = new SharePanel(id);
     fill(
       main,
       h("div.head", {}, this.heading, h("p.meta", {}, this.status, this.usage), this.origin, this.changesLink),
+      this.share.el,
       this.settings,
       this.timeline,
       form,

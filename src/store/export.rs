@@ -24,6 +24,9 @@ pub struct CopyStats {
     pub rules: usize,
     /// Notification targets copied (those already there are left alone).
     pub notification_targets: usize,
+    /// Share links copied, as they are (only their tokens' hashes exist;
+    /// those already there are left alone).
+    pub share_links: usize,
     /// The VAPID key pair: the target now has the source's (copied, or it
     /// had it already), or `false`: the target has a key of its own, kept,
     /// and browsers subscribed with the source's must subscribe again.
@@ -34,7 +37,8 @@ pub struct CopyStats {
 const PAGE: i64 = 100;
 
 /// Copies every conversation with its events, messages, tool calls,
-/// permission requests and remembered rules; the notification targets and
+/// permission requests, remembered rules and share links (their hashes:
+/// a link made before works after); the notification targets and
 /// the VAPID key pair (Web Push subscriptions are made against it). A conversation the target
 /// already holds with the same history is skipped, so an interrupted export
 /// can be run again; one it holds with a different history is an error.
@@ -81,6 +85,11 @@ pub async fn copy_all(from: &dyn Store, to: &dyn Store) -> Result<CopyStats> {
     for target in from.all_targets().await? {
         if to.insert_target(&target).await? {
             stats.notification_targets += 1;
+        }
+    }
+    for link in from.all_share_links().await? {
+        if to.insert_share_link(&link).await? {
+            stats.share_links += 1;
         }
     }
     Ok(stats)

@@ -14,7 +14,8 @@
 //! supertraits: [`conversations`], [`search`], [`events`], [`messages`]
 //! (and tool calls), [`permissions`] (requests, rules and policies),
 //! [`processes`] (agent processes), [`notify`] (notifications), [`tokens`]
-//! (users and tokens) and [`cluster`]. Each part but the cluster's is
+//! (users and tokens), [`share_links`] (read-only links to a conversation)
+//! and [`cluster`]. Each part but the cluster's is
 //! written once for both backends (`sql.rs` says how); what differs is in
 //! [`postgres`] and [`sqlite`], each with its own commit.
 //!
@@ -42,6 +43,7 @@ pub mod processes;
 mod rows;
 mod page;
 pub mod tokens;
+pub mod share_links;
 pub mod notify;
 pub mod cluster;
 
@@ -55,6 +57,7 @@ pub use postgres::PgStore;
 pub use processes::{AgentLink, AgentProcessRecord};
 pub use search::{search_words, SEARCH_TEXT_MAX};
 pub use sqlite::SqliteStore;
+pub use share_links::{ShareLink, ShareLinkStore};
 pub use tokens::{TokenInfo, TokenStore};
 
 /// Opens the store a database URL names (`postgres://…` or `sqlite://PATH`),

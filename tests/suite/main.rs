@@ -57,6 +57,7 @@ mod sdk_agents;
 mod search;
 mod session_settings;
 mod shim;
+mod share_links;
 mod shutdown;
 mod spending;
 mod steering;
