@@ -415,10 +415,12 @@ pub(super) async fn serve_conversation(
                         }
                         if seq > last + 1 {
                             replay(&state, budget, id, &mut socket, &mut last, Some(seq), viewer).await?;
-                        } else if viewer {
-                            send(budget, &mut socket, for_viewer(&published.json)).await?;
                         } else {
-                            send(budget, &mut socket, published.json.clone()).await?;
+                            let text = match viewer {
+                                true => for_viewer(&published.json),
+                                false => published.json.clone(),
+                            };
+                            send(budget, &mut socket, text).await?;
                             last = seq;
                         }
                     }
