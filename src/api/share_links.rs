@@ -316,7 +316,10 @@ async fn revoke(
         state.auth().close_share(link_id);
     }
     no_content_if(revoked.is_some(), || {
-        Error::NotFound(format!("conversation {} has no share link {link_id}", item.id))
+        Error::NotFound(format!(
+            "conversation {} has no share link {link_id}",
+            item.id
+        ))
     })
 }
 
@@ -467,7 +470,11 @@ async fn shared_events(
             state.config().max_page_bytes,
         )
         .await?;
-    Ok(paged_as(page, |e| e.seq.to_string(), |e| Some(viewer_event(e))))
+    Ok(paged_as(
+        page,
+        |e| e.seq.to_string(),
+        |e| Some(viewer_event(e)),
+    ))
 }
 
 #[derive(Deserialize, IntoParams)]

@@ -56,8 +56,8 @@ pub use permissions::{PermissionFilter, PolicySet};
 pub use postgres::PgStore;
 pub use processes::{AgentLink, AgentProcessRecord};
 pub use search::{search_words, SEARCH_TEXT_MAX};
-pub use sqlite::SqliteStore;
 pub use share_links::{ShareLink, ShareLinkStore};
+pub use sqlite::SqliteStore;
 pub use tokens::{TokenInfo, TokenStore};
 
 /// Opens the store a database URL names (`postgres://…` or `sqlite://PATH`),

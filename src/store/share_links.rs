@@ -151,7 +151,13 @@ macro_rules! impl_share_link_store {
                         for id in chunk {
                             query = query.bind(*id);
                         }
-                        found.extend(query.fetch_all(&self.pool).await?.into_iter().map(|(id,)| id));
+                        found.extend(
+                            query
+                                .fetch_all(&self.pool)
+                                .await?
+                                .into_iter()
+                                .map(|(id,)| id),
+                        );
                     }
                     Ok(found)
                 }

@@ -66,6 +66,7 @@ mod turns;
 mod web_changes;
 mod web_client;
 mod web_questions;
+mod web_share;
 mod web_steering;
 mod websocket;
 mod workspace;

@@ -50,7 +50,10 @@ impl World {
             Some(e) => json!({ "expires_in": e }),
             None => json!({}),
         };
-        let (status, link) = self.gw.post_as(&self.links(), Some(&self.alice), body).await;
+        let (status, link) = self
+            .gw
+            .post_as(&self.links(), Some(&self.alice), body)
+            .await;
         assert_eq!(status, 201, "{link}");
         link
     }
@@ -80,22 +83,24 @@ async fn refused_upgrade(gw: &TestGateway, path: &str) -> u16 {
 
 async fn share_links_are_off_by_default(db: TestDb) {
     let w = world(&db, false).await;
-    let (status, problem) = w
-        .gw
-        .post_as(&w.links(), Some(&w.alice), json!({"expires_in": "1h"}))
-        .await;
+    let (status, problem) =
+        w.gw.post_as(&w.links(), Some(&w.alice), json!({"expires_in": "1h"}))
+            .await;
     assert_eq!(status, 403, "{problem}");
     assert_eq!(problem["code"], "share_links_disabled");
     assert!(
-        problem["detail"].as_str().unwrap().contains("share_links = true"),
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("share_links = true"),
         "{problem}"
     );
     // The operator too: it is the gateway's setting, not a right.
-    let (status, problem) = w
-        .gw
-        .post_as(&w.links(), Some(&w.operator), json!({}))
-        .await;
-    assert_eq!(problem["code"], "share_links_disabled", "{status} {problem}");
+    let (status, problem) = w.gw.post_as(&w.links(), Some(&w.operator), json!({})).await;
+    assert_eq!(
+        problem["code"], "share_links_disabled",
+        "{status} {problem}"
+    );
     // Listing says there are none.
     let (status, list) = w.gw.get_as(&w.links(), Some(&w.alice)).await;
     assert_eq!((status, list["items"].clone()), (200, json!([])));
@@ -126,11 +131,25 @@ async fn a_link_shows_the_history_and_live_events_and_nothing_else(db: TestDb) {
     assert_eq!(shared["id"], w.conversation.as_str());
     assert_eq!(shared["agent"], "demo");
     assert_eq!(shared["link_expires_at"], link["expires_at"]);
-    let mut members: Vec<&str> = shared.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+    let mut members: Vec<&str> = shared
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
     members.sort();
     assert_eq!(
         members,
-        ["agent", "created_at", "id", "last_seq", "link_expires_at", "status", "title", "updated_at"]
+        [
+            "agent",
+            "created_at",
+            "id",
+            "last_seq",
+            "link_expires_at",
+            "status",
+            "title",
+            "updated_at"
+        ]
     );
     // Its history, as the owner's, but for what says more of the server.
     let owners = w.gw.with_token(&w.alice).events(&w.conversation).await;
@@ -142,7 +161,10 @@ async fn a_link_shows_the_history_and_live_events_and_nothing_else(db: TestDb) {
         assert_eq!(seen["seq"], stored["seq"]);
         assert_eq!(seen["type"], stored["type"]);
         if seen["type"] == "agent_status" {
-            assert!(seen["data"].get("detail").is_none() || seen["data"]["detail"].is_null(), "{seen}");
+            assert!(
+                seen["data"].get("detail").is_none() || seen["data"]["detail"].is_null(),
+                "{seen}"
+            );
         } else {
             assert_eq!(seen, stored);
         }
@@ -152,12 +174,16 @@ async fn a_link_shows_the_history_and_live_events_and_nothing_else(db: TestDb) {
 
     // Live: the history, then what happens next, in order.
     let mut viewer = shared_ws(&w.gw, &token, 0).await;
-    let replayed = viewer.until(|e| e["seq"] == owners.last().unwrap()["seq"]).await;
+    let replayed = viewer
+        .until(|e| e["seq"] == owners.last().unwrap()["seq"])
+        .await;
     assert_eq!(replayed.len(), owners.len());
     // A viewer's frames change nothing (presence included) and do not end it.
     viewer
         .stream
-        .send(WsMessage::Text(r#"{"type":"presence","visible":true}"#.into()))
+        .send(WsMessage::Text(
+            r#"{"type":"presence","visible":true}"#.into(),
+        ))
         .await
         .unwrap();
     viewer
@@ -165,7 +191,9 @@ async fn a_link_shows_the_history_and_live_events_and_nothing_else(db: TestDb) {
         .send(WsMessage::Text(r#"{"type":"prompt","text":"hi"}"#.into()))
         .await
         .unwrap();
-    w.gw.with_token(&w.alice).prompt(&w.conversation, "hello").await;
+    w.gw.with_token(&w.alice)
+        .prompt(&w.conversation, "hello")
+        .await;
     let live = viewer.until_type("turn_ended").await;
     assert_eq!(live[0]["type"], "turn_started");
     assert_consecutive(&live, owners.last().unwrap()["seq"].as_i64().unwrap());
@@ -181,36 +209,44 @@ async fn a_link_shows_the_history_and_live_events_and_nothing_else(db: TestDb) {
         assert_eq!(status, 401, "{path}: {problem}");
     }
     let other = w.gw.with_token(&w.alice).create("demo").await;
-    let (status, _) = w
-        .gw
-        .post_as(
+    let (status, _) =
+        w.gw.post_as(
             &format!("/api/v1/conversations/{other}/prompts"),
             Some(&token),
             json!({"text": "hi"}),
         )
         .await;
     assert_eq!(status, 401);
-    let url = w
-        .gw
-        .url(&format!("/api/v1/conversations/{other}/ws?access_token={token}"))
+    let url =
+        w.gw.url(&format!(
+            "/api/v1/conversations/{other}/ws?access_token={token}"
+        ))
         .replacen("http://", "ws://", 1);
     match tokio_tungstenite::connect_async(url).await {
         Err(tokio_tungstenite::tungstenite::Error::Http(r)) => assert_eq!(r.status(), 401),
-        other => panic!("the link's token opened another socket: {:?}", other.map(|_| ())),
+        other => panic!(
+            "the link's token opened another socket: {:?}",
+            other.map(|_| ())
+        ),
     }
     // Nor does a bearer token change what a link shows: one link, one conversation.
-    let (status, shared_with_bearer) = w
-        .gw
-        .get_as(&format!("/api/v1/shared/{token}"), Some(&w.operator))
-        .await;
-    assert_eq!((status, shared_with_bearer["id"].clone()), (200, json!(w.conversation)));
+    let (status, shared_with_bearer) =
+        w.gw.get_as(&format!("/api/v1/shared/{token}"), Some(&w.operator))
+            .await;
+    assert_eq!(
+        (status, shared_with_bearer["id"].clone()),
+        (200, json!(w.conversation))
+    );
 
     // Who may see the links: the owner and operators; bob finds no conversation.
     let (status, list) = w.gw.get_as(&w.links(), Some(&w.alice)).await;
     assert_eq!(status, 200, "{list}");
     let items = list["items"].as_array().unwrap();
     assert_eq!(items.len(), 1);
-    assert!(items[0].get("token").is_none() && items[0].get("url").is_none(), "{list}");
+    assert!(
+        items[0].get("token").is_none() && items[0].get("url").is_none(),
+        "{list}"
+    );
     assert_eq!(items[0]["id"], link["id"]);
     assert_eq!(w.gw.get_as(&w.links(), Some(&w.operator)).await.0, 200);
     for (method, body) in [("GET", None), ("POST", Some(json!({})))] {
@@ -220,14 +256,16 @@ async fn a_link_shows_the_history_and_live_events_and_nothing_else(db: TestDb) {
     let revoke = format!("{}/{}", w.links(), link["id"].as_str().unwrap());
     assert_eq!(w.gw.delete_as(&revoke, Some(&w.bob)).await.0, 404);
     // Made by the operator too.
-    let (status, by_operator) = w
-        .gw
-        .post_as(&w.links(), Some(&w.operator), json!({}))
-        .await;
-    assert_eq!((status, by_operator["created_by"].clone()), (201, json!("user:root-op")));
+    let (status, by_operator) = w.gw.post_as(&w.links(), Some(&w.operator), json!({})).await;
+    assert_eq!(
+        (status, by_operator["created_by"].clone()),
+        (201, json!("user:root-op"))
+    );
 
     // The web client's read-only page, for any token (it asks the API).
-    let page = reqwest::get(w.gw.url(&format!("/s/{token}"))).await.unwrap();
+    let page = reqwest::get(w.gw.url(&format!("/s/{token}")))
+        .await
+        .unwrap();
     assert_eq!(page.status(), 200);
     assert_eq!(page.headers()["referrer-policy"], "no-referrer");
     assert!(page.text().await.unwrap().contains("/ui/shared.js"));
@@ -239,7 +277,11 @@ async fn a_revoked_link_closes_its_sockets_at_once_and_answers_404(db: TestDb) {
     let token = link["token"].as_str().unwrap().to_owned();
     let made = chrono::DateTime::parse_from_rfc3339(link["created_at"].as_str().unwrap()).unwrap();
     let ends = chrono::DateTime::parse_from_rfc3339(link["expires_at"].as_str().unwrap()).unwrap();
-    assert_eq!(ends - made, chrono::Duration::hours(24), "24 hours by default");
+    assert_eq!(
+        ends - made,
+        chrono::Duration::hours(24),
+        "24 hours by default"
+    );
     let mut first = shared_ws(&w.gw, &token, 0).await;
     let mut second = shared_ws(&w.gw, &token, 0).await;
     first.until_type("turn_ended").await;
@@ -262,17 +304,32 @@ async fn a_revoked_link_closes_its_sockets_at_once_and_answers_404(db: TestDb) {
     let never = format!("acpgw_share_{}", "0".repeat(64));
     let (_, unknown) = public(&w.gw, &format!("/api/v1/shared/{never}")).await;
     assert_eq!(revoked, unknown);
-    assert_eq!(public(&w.gw, &format!("/api/v1/shared/{token}/events")).await.0, 404);
-    assert_eq!(refused_upgrade(&w.gw, &format!("/api/v1/shared/{token}/ws")).await, 404);
+    assert_eq!(
+        public(&w.gw, &format!("/api/v1/shared/{token}/events"))
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        refused_upgrade(&w.gw, &format!("/api/v1/shared/{token}/ws")).await,
+        404
+    );
     // Listed as revoked; revoking again is no error; another id is 404.
     let (_, list) = w.gw.get_as(&w.links(), Some(&w.alice)).await;
-    let states: Vec<_> = list["items"].as_array().unwrap().iter().map(|l| l["state"].clone()).collect();
+    let states: Vec<_> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["state"].clone())
+        .collect();
     assert_eq!(states, [json!("revoked"), json!("active")]);
     assert_eq!(w.gw.delete_as(&revoke, Some(&w.alice)).await.0, 204);
     let unknown_link = format!("{}/{}", w.links(), uuid::Uuid::now_v7());
     assert_eq!(w.gw.delete_as(&unknown_link, Some(&w.alice)).await.0, 404);
     // The other link's socket is still open and live.
-    w.gw.with_token(&w.alice).prompt(&w.conversation, "hello").await;
+    w.gw.with_token(&w.alice)
+        .prompt(&w.conversation, "hello")
+        .await;
     other.until_type("turn_ended").await;
 }
 
@@ -288,7 +345,10 @@ async fn an_expired_link_closes_its_sockets_and_answers_404(db: TestDb) {
     let (status, expired) = public(&w.gw, &format!("/api/v1/shared/{token}")).await;
     assert_eq!(status, 404);
     let never = format!("acpgw_share_{}", "1".repeat(64));
-    assert_eq!(expired, public(&w.gw, &format!("/api/v1/shared/{never}")).await.1);
+    assert_eq!(
+        expired,
+        public(&w.gw, &format!("/api/v1/shared/{never}")).await.1
+    );
     let (_, list) = w.gw.get_as(&w.links(), Some(&w.alice)).await;
     assert_eq!(list["items"][0]["state"], "expired");
 }
@@ -308,17 +368,15 @@ async fn bad_bodies_and_hostile_tokens_are_refused(db: TestDb) {
         assert_eq!(status, 422, "{body}: {problem}");
         assert_eq!(problem["code"], "invalid_request");
     }
-    let (status, _) = w
-        .gw
-        .with_token(&w.alice)
-        .post_raw(&w.links(), "application/json", "{")
-        .await;
+    let (status, _) =
+        w.gw.with_token(&w.alice)
+            .post_raw(&w.links(), "application/json", "{")
+            .await;
     assert_eq!(status, 400);
-    let (status, _) = w
-        .gw
-        .with_token(&w.alice)
-        .post_raw(&w.links(), "text/plain", "{}")
-        .await;
+    let (status, _) =
+        w.gw.with_token(&w.alice)
+            .post_raw(&w.links(), "text/plain", "{}")
+            .await;
     assert_eq!(status, 415);
     // Nothing was made.
     let (_, list) = w.gw.get_as(&w.links(), Some(&w.alice)).await;
@@ -340,7 +398,10 @@ async fn bad_bodies_and_hostile_tokens_are_refused(db: TestDb) {
         assert_eq!(status, 404, "{hostile}: {problem}");
     }
     // The link still works.
-    assert_eq!(public(&w.gw, &format!("/api/v1/shared/{token}")).await.0, 200);
+    assert_eq!(
+        public(&w.gw, &format!("/api/v1/shared/{token}")).await.0,
+        200
+    );
 }
 
 async fn failed_lookups_are_limited_per_address_but_a_usable_link_still_answers(db: TestDb) {
@@ -349,14 +410,21 @@ async fn failed_lookups_are_limited_per_address_but_a_usable_link_still_answers(
     let token = link["token"].as_str().unwrap();
     for n in 0..20 {
         let unknown = format!("acpgw_share_{:064x}", n);
-        assert_eq!(public(&w.gw, &format!("/api/v1/shared/{unknown}")).await.0, 404);
+        assert_eq!(
+            public(&w.gw, &format!("/api/v1/shared/{unknown}")).await.0,
+            404
+        );
     }
-    let response = reqwest::get(w.gw.url(&format!("/api/v1/shared/acpgw_share_{}", "9".repeat(64))))
-        .await
-        .unwrap();
+    let response =
+        reqwest::get(w.gw.url(&format!("/api/v1/shared/acpgw_share_{}", "9".repeat(64))))
+            .await
+            .unwrap();
     assert_eq!(response.status(), 429);
     assert!(response.headers().contains_key("retry-after"));
-    assert_eq!(public(&w.gw, &format!("/api/v1/shared/{token}")).await.0, 200);
+    assert_eq!(
+        public(&w.gw, &format!("/api/v1/shared/{token}")).await.0,
+        200
+    );
     let mut viewer = shared_ws(&w.gw, token, 0).await;
     viewer.until_type("turn_ended").await;
 }
@@ -385,7 +453,11 @@ async fn export_keeps_share_links(db: TestDb) {
         .args(["--to", &target.url])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let said = String::from_utf8(out.stdout).unwrap();
     assert!(said.contains("2 share links"), "{said}");
     let mut config = Config::for_tests(&target, vec![demo_profile("demo", &[])]);
@@ -398,7 +470,12 @@ async fn export_keeps_share_links(db: TestDb) {
     assert_eq!(status, 200);
     assert!(!page["items"].as_array().unwrap().is_empty());
     let revoked_token = revoked["token"].as_str().unwrap();
-    assert_eq!(public(&there, &format!("/api/v1/shared/{revoked_token}")).await.0, 404);
+    assert_eq!(
+        public(&there, &format!("/api/v1/shared/{revoked_token}"))
+            .await
+            .0,
+        404
+    );
 }
 
 backend_tests!(
@@ -431,7 +508,10 @@ async fn a_link_revoked_on_one_node_closes_its_sockets_on_another() {
     a.prompt(&id, "hello").await;
     ws.until_type("turn_ended").await;
     let (status, link) = a
-        .post(&format!("/api/v1/conversations/{id}/share-links"), json!({"expires_in": "1h"}))
+        .post(
+            &format!("/api/v1/conversations/{id}/share-links"),
+            json!({"expires_in": "1h"}),
+        )
         .await;
     assert_eq!(status, 201, "{link}");
     let token = link["token"].as_str().unwrap();
