@@ -518,9 +518,12 @@ async fn shared_ws(
     let id = conversation.id;
     let after = q.after.unwrap_or(0).max(0);
     let revoked = state.auth().on_share_revocation(link.id);
+    // Counted open until the socket ends (or the upgrade never happens);
+    // then its expiry's timer ends too.
     let open = Open {
         state: state.clone(),
         link: link.id,
+        ended: revoked.clone(),
     };
     // Its expiry closes it, on this node's clock.
     let lasts = (link.expires_at - crate::model::now())
@@ -536,18 +539,8 @@ async fn shared_ws(
     // Its own share of the buffer budget (no user is named `share:…`).
     let budget = state.send_budget().join(&holder.user);
     let run = move |state, socket| async move {
-        let served = serve_conversation(
-            state,
-            id,
-            after,
-            revoked.clone(),
-            Audience::Viewer,
-            &budget,
-            socket,
-        )
-        .await;
-        // Ends the expiry's timer.
-        revoked.cancel();
+        let served =
+            serve_conversation(state, id, after, revoked, Audience::Viewer, &budget, socket).await;
         drop(budget);
         drop(open);
         if let Err(e) = served {
@@ -561,10 +554,13 @@ async fn shared_ws(
 struct Open {
     state: AppState,
     link: Uuid,
+    /// Cancelled when it ends: its expiry's timer ends with it.
+    ended: tokio_util::sync::CancellationToken,
 }
 
 impl Drop for Open {
     fn drop(&mut self) {
+        self.ended.cancel();
         self.state.auth().share_socket_closed(self.link);
     }
 }

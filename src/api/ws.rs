@@ -474,6 +474,10 @@ const NOT_FOR_VIEWERS: [&str; 2] = [
     crate::model::event_type::TERMINAL_OUTPUT,
 ];
 
+/// [`NOT_FOR_VIEWERS`] as an event's JSON text names them.
+const NOT_FOR_VIEWERS_JSON: [&str; 2] =
+    ["\"type\":\"agent_status\"", "\"type\":\"terminal_output\""];
+
 /// An event as a share link's holder sees it: `agent_status` without its
 /// `detail`, `terminal_output` without its `cwd`; the rest as it is.
 pub(super) fn viewer_event(mut event: Event) -> Event {
@@ -497,9 +501,9 @@ pub(super) fn viewer_event(mut event: Event) -> Event {
 /// near the start), else shared as it is.
 fn for_viewer(json: &Utf8Bytes) -> Utf8Bytes {
     let head = &json.as_bytes()[..json.len().min(160)];
-    let named = NOT_FOR_VIEWERS.iter().any(|kind| {
-        memchr::memmem::find(head, format!("\"type\":\"{kind}\"").as_bytes()).is_some()
-    });
+    let named = NOT_FOR_VIEWERS_JSON
+        .iter()
+        .any(|kind| memchr::memmem::find(head, kind.as_bytes()).is_some());
     if !named {
         return json.clone();
     }
@@ -672,4 +676,39 @@ async fn serve_inbox(
     .await;
     close_for(&mut socket, &result).await;
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_viewer_sees_no_agent_stderr_nor_terminal_directory_and_the_rest_as_it_is() {
+        let at = "2026-12-04T10:00:00Z";
+        let id = Uuid::nil();
+        for (kind, data) in [
+            (
+                "agent_status",
+                json!({"status": "failed", "detail": "secret stderr"}),
+            ),
+            (
+                "terminal_output",
+                json!({"terminal_id": "t", "output": "", "cwd": "/srv/secret", "command": ["ls"]}),
+            ),
+        ] {
+            let text =
+                json!({"seq": 1, "conversation_id": id, "type": kind, "at": at, "data": data})
+                    .to_string();
+            let seen = for_viewer(&Utf8Bytes::from(text.clone()));
+            assert!(!seen.as_str().contains("secret"), "{seen}");
+            assert!(NOT_FOR_VIEWERS.contains(&kind));
+            let typed: Event = serde_json::from_str(&text).unwrap();
+            let shown = serde_json::to_string(&viewer_event(typed)).unwrap();
+            assert!(!shown.contains("secret"), "{shown}");
+        }
+        let other = json!({"seq": 2, "conversation_id": id, "type": "turn_ended", "at": at,
+                           "data": {"turn_id": id, "stop_reason": "end_turn", "error": null}})
+        .to_string();
+        assert_eq!(for_viewer(&Utf8Bytes::from(other.clone())).as_str(), other);
+    }
 }

@@ -4,6 +4,7 @@
 //! never made and its sockets close (on other nodes too); `export` keeps it.
 
 use crate::common::*;
+use crate::openapi::Contract;
 use futures::SinkExt;
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
@@ -478,7 +479,77 @@ async fn export_keeps_share_links(db: TestDb) {
     );
 }
 
+/// What the share link routes answer is what the document says.
+async fn share_link_answers_match_the_document(db: TestDb) {
+    let contract = Contract::new();
+    let off = world(&db, false).await;
+    let create = "/api/v1/conversations/{id}/share-links";
+    contract.answer(
+        "post",
+        create,
+        &off.gw
+            .post_as(&off.links(), Some(&off.alice), json!({}))
+            .await,
+    );
+    off.gw.stop().await;
+    let w = world(&db, true).await;
+    let made =
+        w.gw.post_as(&w.links(), Some(&w.alice), json!({"expires_in": "1h"}))
+            .await;
+    contract.answer("post", create, &made);
+    contract.answer(
+        "post",
+        create,
+        &w.gw
+            .post_as(&w.links(), Some(&w.alice), json!({"expires_in": "40d"}))
+            .await,
+    );
+    contract.answer(
+        "post",
+        create,
+        &w.gw.post_as(&w.links(), Some(&w.bob), json!({})).await,
+    );
+    contract.answer(
+        "get",
+        create,
+        &w.gw.get_as(&w.links(), Some(&w.alice)).await,
+    );
+    let token = made.1["token"].as_str().unwrap();
+    let shared = "/api/v1/shared/{token}";
+    contract.answer(
+        "get",
+        shared,
+        &public(&w.gw, &format!("/api/v1/shared/{token}")).await,
+    );
+    contract.answer("get", shared, &public(&w.gw, "/api/v1/shared/nope").await);
+    let events = "/api/v1/shared/{token}/events";
+    let page = public(&w.gw, &format!("/api/v1/shared/{token}/events")).await;
+    contract.answer("get", events, &page);
+    for event in page.1["items"].as_array().unwrap() {
+        contract.schema("Event", event);
+    }
+    contract.answer(
+        "get",
+        events,
+        &public(&w.gw, &format!("/api/v1/shared/{token}/events?limit=0")).await,
+    );
+    let revoke = "/api/v1/conversations/{id}/share-links/{link_id}";
+    let one = format!("{}/{}", w.links(), made.1["id"].as_str().unwrap());
+    contract.answer(
+        "delete",
+        revoke,
+        &w.gw.delete_as(&one, Some(&w.alice)).await,
+    );
+    let none = format!("{}/{}", w.links(), uuid::Uuid::now_v7());
+    contract.answer(
+        "delete",
+        revoke,
+        &w.gw.delete_as(&none, Some(&w.alice)).await,
+    );
+}
+
 backend_tests!(
+    share_link_answers_match_the_document,
     share_links_are_off_by_default,
     a_link_shows_the_history_and_live_events_and_nothing_else,
     a_revoked_link_closes_its_sockets_at_once_and_answers_404,
