@@ -479,6 +479,37 @@ async fn export_keeps_share_links(db: TestDb) {
     );
 }
 
+async fn links_made_before_stop_working_while_share_links_are_off(db: TestDb) {
+    let w = world(&db, true).await;
+    let link = w.share(Some("1h")).await;
+    let token = link["token"].as_str().unwrap().to_owned();
+    let links = w.links();
+    let mut config = w.gw.stop().await;
+    config.share_links = false;
+    let off = TestGateway::start_with(config.clone()).await;
+    for path in [
+        format!("/api/v1/shared/{token}"),
+        format!("/api/v1/shared/{token}/events"),
+    ] {
+        assert_eq!(public(&off, &path).await.0, 404, "{path}");
+    }
+    assert_eq!(
+        refused_upgrade(&off, &format!("/api/v1/shared/{token}/ws")).await,
+        404
+    );
+    // Its owner still sees it listed (and could revoke it).
+    let (status, list) = off.get_as(&links, Some(&w.alice)).await;
+    assert_eq!(
+        (status, list["items"][0]["state"].clone()),
+        (200, json!("active"))
+    );
+    off.stop().await;
+    // On again, it works again (it has not expired).
+    config.share_links = true;
+    let on = TestGateway::start_with(config).await;
+    assert_eq!(public(&on, &format!("/api/v1/shared/{token}")).await.0, 200);
+}
+
 /// What the share link routes answer is what the document says.
 async fn share_link_answers_match_the_document(db: TestDb) {
     let contract = Contract::new();
@@ -550,6 +581,7 @@ async fn share_link_answers_match_the_document(db: TestDb) {
 
 backend_tests!(
     share_link_answers_match_the_document,
+    links_made_before_stop_working_while_share_links_are_off,
     share_links_are_off_by_default,
     a_link_shows_the_history_and_live_events_and_nothing_else,
     a_revoked_link_closes_its_sockets_at_once_and_answers_404,
