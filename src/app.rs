@@ -308,7 +308,8 @@ impl Gateway {
 }
 
 /// Closes the WebSockets of revoked tokens, removed users and users whose
-/// role changed, within [`REVOCATION_CHECK`] of the change.
+/// role changed, and those of share links revoked on another node, within
+/// [`REVOCATION_CHECK`] of the change.
 async fn close_revoked_websockets(state: AppState, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(REVOCATION_CHECK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -317,6 +318,7 @@ async fn close_revoked_websockets(state: AppState, shutdown: CancellationToken) 
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
+        close_revoked_shares(&state).await;
         if !state.auth().watching() {
             continue;
         }
@@ -324,6 +326,19 @@ async fn close_revoked_websockets(state: AppState, shutdown: CancellationToken) 
             Ok(active) => state.auth().close_revoked(&active),
             Err(e) => tracing::warn!(error = %e, "could not check tokens for revocation"),
         }
+    }
+}
+
+/// Closes the WebSockets of share links revoked on another node (those
+/// revoked on this one closed at once; expired ones close on their own).
+async fn close_revoked_shares(state: &AppState) {
+    let asked = state.auth().watched_shares();
+    if asked.is_empty() {
+        return;
+    }
+    match state.store().unrevoked_share_links(&asked).await {
+        Ok(unrevoked) => state.auth().close_revoked_shares(&asked, &unrevoked),
+        Err(e) => tracing::warn!(error = %e, "could not check share links for revocation"),
     }
 }
 

@@ -33,6 +33,28 @@ pub fn new_token() -> String {
     )
 }
 
+/// The prefix of a share link's token (see `crate::api`'s share links):
+/// not a bearer token, and told apart from one at a glance.
+pub const SHARE_TOKEN_PREFIX: &str = "acpgw_share_";
+
+/// A new random share link token: [`SHARE_TOKEN_PREFIX`] and 64 random hex
+/// digits. Like a bearer token, only its [`hash_token`] is stored.
+pub fn new_share_token() -> String {
+    format!(
+        "{SHARE_TOKEN_PREFIX}{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// Whether `token` could be one [`new_share_token`] made (anything else is
+/// not looked up).
+pub fn share_token_well_formed(token: &str) -> bool {
+    token.strip_prefix(SHARE_TOKEN_PREFIX).is_some_and(|hex| {
+        hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    })
+}
+
 /// What is stored of a token.
 pub fn hash_token(token: &str) -> String {
     Sha256::digest(token.as_bytes())
@@ -129,6 +151,26 @@ pub struct Auth {
     /// role they were opened with and the signal that closes them when the
     /// token is revoked or the role changes (see [`Auth::close_revoked`]).
     watched: Mutex<HashMap<Option<uuid::Uuid>, Watched>>,
+    /// Share links with open WebSockets on this node, each with the signal
+    /// that closes them when the link is revoked (see
+    /// [`Auth::close_share`]).
+    shares: Mutex<HashMap<uuid::Uuid, SharedSockets>>,
+    /// Failed lookups of share links per client address.
+    share_failures: Mutex<SlidingWindow<String>>,
+}
+
+/// Failed lookups of share links (unknown, expired or revoked tokens)
+/// allowed per client address per [`SHARE_FAILURE_WINDOW`], as for action
+/// URLs; beyond, a lookup that fails answers 429 until the window moves on.
+/// A usable link is never refused for them.
+const SHARE_FAILURES: u32 = 20;
+const SHARE_FAILURE_WINDOW: Duration = Duration::from_secs(60);
+
+/// The WebSockets of one share link on this node.
+#[derive(Debug)]
+struct SharedSockets {
+    closed: CancellationToken,
+    open: usize,
 }
 
 /// The WebSockets of one token.
@@ -166,6 +208,8 @@ impl Auth {
             limits,
             hits: Mutex::new(SlidingWindow::default()),
             watched: Mutex::new(HashMap::new()),
+            shares: Mutex::new(HashMap::new()),
+            share_failures: Mutex::new(SlidingWindow::default()),
         }
     }
 
@@ -241,6 +285,73 @@ impl Auth {
         });
     }
 
+    /// One more open WebSocket of the share link `link`: what it returns is
+    /// cancelled when the link is revoked, here ([`Auth::close_share`]) or
+    /// on another node (found by [`Auth::close_revoked_shares`]); the
+    /// socket says [`Auth::share_socket_closed`] when it ends.
+    pub fn on_share_revocation(&self, link: uuid::Uuid) -> CancellationToken {
+        let mut shares = self.shares.lock().unwrap();
+        let entry = shares.entry(link).or_insert_with(|| SharedSockets {
+            closed: CancellationToken::new(),
+            open: 0,
+        });
+        entry.open += 1;
+        entry.closed.child_token()
+    }
+
+    /// One WebSocket of the share link `link` ended.
+    pub fn share_socket_closed(&self, link: uuid::Uuid) {
+        let mut shares = self.shares.lock().unwrap();
+        if let Some(entry) = shares.get_mut(&link) {
+            entry.open = entry.open.saturating_sub(1);
+            if entry.open == 0 {
+                shares.remove(&link);
+            }
+        }
+    }
+
+    /// Closes every WebSocket of the share link `link` (it was revoked).
+    pub fn close_share(&self, link: uuid::Uuid) {
+        if let Some(entry) = self.shares.lock().unwrap().remove(&link) {
+            tracing::info!(share_link_id = %link, "share link revoked: closing its websockets");
+            entry.closed.cancel();
+        }
+    }
+
+    /// The share links with WebSockets open on this node.
+    pub fn watched_shares(&self) -> Vec<uuid::Uuid> {
+        self.shares.lock().unwrap().keys().copied().collect()
+    }
+
+    /// Of the share links `asked` about, closes the WebSockets of those not
+    /// `unrevoked` (revoked, maybe on another node, or gone).
+    pub fn close_revoked_shares(&self, asked: &[uuid::Uuid], unrevoked: &[uuid::Uuid]) {
+        for link in asked {
+            if !unrevoked.contains(link) {
+                self.close_share(*link);
+            }
+        }
+    }
+
+    /// Counts a failed lookup of a share link by `client` (its address):
+    /// 429 once it failed [`SHARE_FAILURES`] times in the last minute (a
+    /// lookup refused so is not counted, so `Retry-After` holds).
+    pub fn share_lookup_failed(&self, client: &str) -> Result<()> {
+        self.share_failures
+            .lock()
+            .unwrap()
+            .try_hit(
+                client.to_owned(),
+                SHARE_FAILURES,
+                SHARE_FAILURE_WINDOW,
+                Instant::now(),
+            )
+            .map_err(|wait| Error::TooManyRequests {
+                detail: "too many unknown share links from this address; try again later".into(),
+                retry_after: wait.as_secs_f64().ceil().max(1.0) as u64,
+            })
+    }
+
     /// Counts one request of `kind` for the caller; 429 with the seconds to
     /// wait when over the limit.
     pub fn check_rate(&self, caller: &Caller, kind: Limited) -> Result<()> {
@@ -287,6 +398,18 @@ mod tests {
         assert_eq!(hash_token(&a), hash_token(&a));
         assert_ne!(hash_token(&a), hash_token(&b));
         assert!(!hash_token(&a).contains(&a[6..]));
+    }
+
+    #[test]
+    fn share_tokens_are_random_prefixed_and_checked_before_any_lookup() {
+        let (a, b) = (new_share_token(), new_share_token());
+        assert_ne!(a, b);
+        assert!(share_token_well_formed(&a), "{a}");
+        assert!(!share_token_well_formed(&new_token()));
+        assert!(!share_token_well_formed(&a[..a.len() - 1]));
+        assert!(!share_token_well_formed(&format!("{a}0")));
+        assert!(!share_token_well_formed(&a.to_uppercase()));
+        assert!(!share_token_well_formed(""));
     }
 
     #[tokio::test(start_paused = true)]

@@ -125,7 +125,7 @@ pub async fn export(config: Option<&Path>, to: &str) -> anyhow::Result<()> {
     println!(
         "exported {} conversations ({} already there): {} events, {} messages, \
          {} tool calls, {} permission requests, {} rules, {} usage records, {} notification targets, \
-         {} budget exceptions, {} budget notices",
+         {} budget exceptions, {} budget notices, {} share links",
         stats.conversations,
         stats.skipped,
         stats.events,
@@ -136,7 +136,8 @@ pub async fn export(config: Option<&Path>, to: &str) -> anyhow::Result<()> {
         stats.usage_records,
         stats.notification_targets,
         stats.budget_exceptions,
-        stats.budget_notices
+        stats.budget_notices,
+        stats.share_links
     );
     if !stats.vapid_same {
         println!(

@@ -120,6 +120,11 @@ pub struct Config {
     /// Notifications that reach a person (see `crate::notify`).
     #[serde(default)]
     pub notifications: Notifications,
+    /// Read-only share links of conversations (`POST …/share-links`): off
+    /// unless set. Off, no link can be made and those made before answer
+    /// 404 (until it is set again, if they have not expired).
+    #[serde(default)]
+    pub share_links: bool,
     /// Where the gateway keeps its shims' sockets (default: the directory
     /// of the SQLite file, else the data directory).
     pub state_dir: Option<PathBuf>,

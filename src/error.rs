@@ -23,6 +23,10 @@ pub enum Error {
     /// Valid credentials, not enough rights.
     #[error("{0}")]
     Forbidden(String),
+    /// Not allowed, for a reason a client can tell apart by `code` (e.g.
+    /// `share_links_disabled`).
+    #[error("{detail}")]
+    Refused { code: &'static str, detail: String },
     /// Over a rate limit; try again after `retry_after` seconds.
     #[error("{detail}")]
     TooManyRequests { detail: String, retry_after: u64 },
@@ -174,6 +178,7 @@ impl Error {
             Error::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             Error::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
             Error::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            Error::Refused { code, .. } => (StatusCode::FORBIDDEN, code),
             Error::TooManyRequests { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             Error::BadRequest(_) => (StatusCode::BAD_REQUEST, "malformed_json"),
             Error::NotAHandshake(_) => (StatusCode::BAD_REQUEST, "not_a_websocket_handshake"),

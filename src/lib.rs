@@ -77,7 +77,8 @@
 //!   SQLite, each with its own commit, and parts by job written once for
 //!   both ([`store::conversations`], [`store::search`], [`store::events`],
 //!   [`store::messages`], [`store::permissions`], [`store::processes`],
-//!   [`store::usage`], [`store::notify`], [`store::tokens`]), the cluster's Postgres-only part
+//!   [`store::usage`], [`store::notify`], [`store::tokens`], [`store::share_links`]), the
+//!   cluster's Postgres-only part
 //!   (`cluster_pg.rs`), export between them, and the search backlog that an
 //!   upgraded database's older messages are indexed from
 //!   ([`store::search_backlog`]).

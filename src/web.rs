@@ -51,6 +51,10 @@ const ASSETS: &[Asset] = &[
     asset!("usage.js", "text/javascript"),
     asset!("markdown.js", "text/javascript"),
     asset!("notify.js", "text/javascript"),
+    // Share links: the owner's control, and the read-only page.
+    asset!("sharing.js", "text/javascript"),
+    asset!("shared.html", "text/html"),
+    asset!("shared.js", "text/javascript"),
     asset!("sw.js", "text/javascript"),
     // Installing it to a home screen.
     asset!("manifest.webmanifest", "application/manifest+json"),
@@ -74,10 +78,17 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
                    connect-src 'self'; manifest-src 'self'; base-uri 'none'; form-action 'self'; \
                    frame-ancestors 'none'";
 
-/// `GET /` (the page) and `GET /ui/{file}` (what it loads).
+/// `GET /` (the page), `GET /s/{token}` (a share link's read-only page) and
+/// `GET /ui/{file}` (what they load).
 pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
         .route("/", get(|headers: HeaderMap| async move { serve("index.html", &headers) }))
+        // A share link's read-only page: the same for every token (the
+        // page asks the API, which answers 404 for one that does not work).
+        .route(
+            "/s/{token}",
+            get(|headers: HeaderMap| async move { serve("shared.html", &headers) }),
+        )
         // At the root, so that its scope is the whole app.
         .route("/sw.js", get(|headers: HeaderMap| async move { serve("sw.js", &headers) }))
         .route(

@@ -11,6 +11,7 @@ import { markdown } from "./markdown.js";
 import { SettingsView, serviceWorker } from "./notify.js";
 import { questionCard, settleQuestion } from "./question.js";
 import { UsageView, spendText } from "./usage.js";
+import { SharePanel } from "./sharing.js";
 import {
   contentText,
   promptContent,
@@ -780,9 +781,12 @@ class ConversationView {
     this.settings = h("div.settings", { role: "group", "aria-label": "Session settings" });
     this.usage = h("span.usage", { id: "usage" });
     this.spend = h("span.spend", { id: "spend", hidden: true });
+    // A read-only link to this conversation, for its owner (see sharing.js).
+    this.share = new SharePanel(id);
     fill(
       main,
       h("div.head", {}, this.heading, h("p.meta", {}, this.status, this.usage, this.spend), this.origin, this.changesLink),
+      this.share.el,
       this.settings,
       this.timeline,
       form,

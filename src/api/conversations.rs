@@ -602,7 +602,7 @@ async fn files(
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-struct EventsQuery {
+pub(super) struct EventsQuery {
     /// Events with a greater seq (default 0: from the first).
     #[param(minimum = 0)]
     after: Option<i64>,
@@ -613,7 +613,7 @@ struct EventsQuery {
 
 impl EventsQuery {
     /// `after` and `limit`, defaulted and checked.
-    fn checked(&self) -> Result<(i64, i64)> {
+    pub(super) fn checked(&self) -> Result<(i64, i64)> {
         let after = self.after.unwrap_or(0);
         if after < 0 {
             return Err(Error::Unprocessable("after must not be negative".into()));

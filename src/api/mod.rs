@@ -5,6 +5,7 @@ mod acp;
 mod forks;
 mod agent_sessions;
 mod policies;
+mod share_links;
 mod ws;
 mod queue;
 mod changes;
@@ -68,6 +69,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .merge(tokens::router())
         .merge(budgets::router())
         .merge(notifications::router())
+        .merge(share_links::router())
         .merge(ws::router())
         .merge(acp::router())
 }

@@ -49,6 +49,7 @@ use crate::store::TokenInfo;
         (name = "tokens", description = "Bearer tokens and users (operators only)"),
         (name = "budgets", description = "What agents may spend (`[[budgets]]`), where the caller stands, and operators' exceptions"),
         (name = "acp", description = "The gateway as an ACP agent: ACP clients (IDEs, SDK clients) over WebSocket"),
+        (name = "share-links", description = "Read-only share links of a conversation: made, listed and revoked by its owner, and what their holders see (no bearer token); off unless the operator enables `share_links`"),
         (name = "notifications", description = "Where a user is notified, what was delivered, and answering a permission request from a notification (single-use action URLs, no bearer token)"),
     )
 )]
@@ -179,7 +180,8 @@ pub struct Problem {
     /// `unavailable`, `gone`, `internal_error`, `not_offered`,
     /// `not_a_websocket_handshake`, `not_configured`, `unresolvable_host`,
     /// `too_many_targets`, `not_acceptable`, `not_implemented`,
-    /// `acp_stream_open`, `not_supported`, `already_held`.
+    /// `acp_stream_open`, `not_supported`, `already_held`,
+    /// `share_links_disabled`.
     #[schema(example = "not_found")]
     code: String,
     /// With `already_resolved`: the request as it stands.

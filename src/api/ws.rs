@@ -31,7 +31,7 @@ use super::responses::{NoConversation, WebSocketRefused};
 use super::state::AppState;
 use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
-use crate::model::{Conversation, Question, WaitingKind};
+use crate::model::{Conversation, Event, EventBody, Question, WaitingKind};
 use crate::notify::presence::PresenceClient;
 use crate::store::PermissionFilter;
 use crate::telemetry;
@@ -124,6 +124,19 @@ impl Handshake {
     /// the connection (1009).
     pub(super) fn max_message_size(self, bytes: usize) -> Handshake {
         Handshake(self.0.max_message_size(bytes).max_frame_size(bytes))
+    }
+
+    /// Accepts the upgrade (offering no subprotocol) and serves the
+    /// socket, tracked for shutdown.
+    pub(super) fn serve<F>(
+        self,
+        state: AppState,
+        run: impl FnOnce(AppState, WebSocket) -> F + Send + 'static,
+    ) -> Response
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        BearerProtocol(None).serve(self, state, run)
     }
 }
 
@@ -246,8 +259,9 @@ async fn conversation_ws(
     let revoked = state.auth().on_revocation(&caller);
     let presence = state.presence().client(&caller.user);
     let budget = state.send_budget().join(&caller.user);
+    let audience = Audience::Caller(presence);
     let run = move |state, socket| async move {
-        let served = serve_conversation(state, id, after, revoked, presence, &budget, socket).await;
+        let served = serve_conversation(state, id, after, revoked, audience, &budget, socket).await;
         // The socket is gone by now, and with it the bytes queued in it.
         drop(budget);
         if let Err(e) = served {
@@ -257,15 +271,25 @@ async fn conversation_ws(
     Ok(protocol.serve(upgrade, state, run))
 }
 
+/// Whom a conversation's WebSocket serves: a caller of the API (their
+/// presence frames count), or the holder of a share link (read-only: its
+/// frames are ignored, and it sees events as [`for_viewer`] makes them).
+pub(super) enum Audience {
+    Caller(PresenceClient),
+    Viewer,
+}
+
 /// Why a socket loop stopped.
 #[derive(Debug, thiserror::Error)]
-enum WsEnd {
+pub(super) enum WsEnd {
     #[error("client gone")]
     ClientGone,
     #[error("client too slow")]
     TooSlow,
     #[error("token revoked or its role changed")]
     Revoked,
+    #[error("share link revoked or expired")]
+    LinkEnded,
     #[error("over the buffer budget")]
     OverBudget,
     #[error("evicted to make room in the buffer budget")]
@@ -318,6 +342,7 @@ async fn send_frame(
 /// Sends stored events after `*last` up to `until` (inclusive, or all), a
 /// page at a time: each page (at most `max_page_bytes`) reserved in the budget
 /// while it is sent.
+#[allow(clippy::too_many_arguments)]
 async fn replay(
     state: &AppState,
     budget: &SocketBudget,
@@ -325,6 +350,7 @@ async fn replay(
     socket: &mut WebSocket,
     last: &mut i64,
     until: Option<i64>,
+    viewer: bool,
 ) -> Result<(), WsEnd> {
     let max_bytes = state.config().max_page_bytes;
     loop {
@@ -340,6 +366,7 @@ async fn replay(
                 return Ok(());
             }
             let seq = event.seq;
+            let event = if viewer { viewer_event(event) } else { event };
             let text = serde_json::to_string(&event).expect("events serialize");
             drop(event);
             let len = text.len();
@@ -354,21 +381,30 @@ async fn replay(
     }
 }
 
-async fn serve_conversation(
+/// Serves a conversation's events on `socket` until the client goes, it
+/// falls behind or over the budget, `revoked` (then `ended`), or the
+/// gateway stops.
+pub(super) async fn serve_conversation(
     state: AppState,
     id: Uuid,
     after: i64,
     revoked: CancellationToken,
-    mut presence: PresenceClient,
+    mut audience: Audience,
     budget: &SocketBudget,
     mut socket: WebSocket,
 ) -> Result<(), WsEnd> {
     let _open = telemetry::WebSocketOpen::new();
+    let viewer = matches!(audience, Audience::Viewer);
+    let ended = if viewer {
+        WsEnd::LinkEnded
+    } else {
+        WsEnd::Revoked
+    };
     let mut sub = state.bus().subscribe(id);
     let mut last = after;
     let shutdown = state.closing().clone();
     let result = async {
-        replay(&state, budget, id, &mut socket, &mut last, None).await?;
+        replay(&state, budget, id, &mut socket, &mut last, None, viewer).await?;
         loop {
             tokio::select! {
                 received = sub.rx.recv() => match received {
@@ -378,23 +414,27 @@ async fn serve_conversation(
                             continue;
                         }
                         if seq > last + 1 {
-                            replay(&state, budget, id, &mut socket, &mut last, Some(seq)).await?;
+                            replay(&state, budget, id, &mut socket, &mut last, Some(seq), viewer).await?;
                         } else {
-                            send(budget, &mut socket, published.json.clone()).await?;
+                            let text = match viewer {
+                                true => for_viewer(&published.json),
+                                false => published.json.clone(),
+                            };
+                            send(budget, &mut socket, text).await?;
                             last = seq;
                         }
                     }
                     Err(RecvError::Lagged(_)) => {
-                        replay(&state, budget, id, &mut socket, &mut last, None).await?
+                        replay(&state, budget, id, &mut socket, &mut last, None, viewer).await?
                     }
                     Err(RecvError::Closed) => return Ok(()),
                 },
-                incoming = socket.recv() => client_frame(incoming, &mut presence)?,
-                _ = revoked.cancelled() => return Err(WsEnd::Revoked),
+                incoming = socket.recv() => client_frame(incoming, &mut audience)?,
+                _ = revoked.cancelled() => return Err(ended),
                 _ = budget.evicted() => return Err(WsEnd::Evicted),
                 _ = shutdown.cancelled() => {
                     // Everything stored by now, then goodbye.
-                    replay(&state, budget, id, &mut socket, &mut last, None).await?;
+                    replay(&state, budget, id, &mut socket, &mut last, None, viewer).await?;
                     return Ok(());
                 }
             }
@@ -411,15 +451,68 @@ async fn serve_conversation(
 /// matter.
 fn client_frame(
     frame: Option<Result<Message, axum::Error>>,
-    presence: &mut PresenceClient,
+    audience: &mut Audience,
 ) -> Result<(), WsEnd> {
     match frame {
         Some(Ok(Message::Close(_))) | Some(Err(_)) | None => Err(WsEnd::ClientGone),
         Some(Ok(Message::Text(text))) => {
-            presence.frame(text.as_str());
+            // A share link's holder is nobody's presence.
+            if let Audience::Caller(presence) = audience {
+                presence.frame(text.as_str());
+            }
             Ok(())
         }
         Some(Ok(_)) => Ok(()),
+    }
+}
+
+/// The types of event that carry what a share link's holder must not see:
+/// `agent_status` (its `detail`: the agent's exit and last stderr lines),
+/// `terminal_output` (its `cwd`: a directory of the server).
+const NOT_FOR_VIEWERS: [&str; 2] = [
+    crate::model::event_type::AGENT_STATUS,
+    crate::model::event_type::TERMINAL_OUTPUT,
+];
+
+/// [`NOT_FOR_VIEWERS`] as an event's JSON text names them.
+const NOT_FOR_VIEWERS_JSON: [&str; 2] =
+    ["\"type\":\"agent_status\"", "\"type\":\"terminal_output\""];
+
+/// An event as a share link's holder sees it: `agent_status` without its
+/// `detail`, `terminal_output` without its `cwd`; the rest as it is.
+pub(super) fn viewer_event(mut event: Event) -> Event {
+    match &mut event.body {
+        EventBody::AgentStatus(status) => status.detail = None,
+        EventBody::TerminalOutput(output) => output.cwd = None,
+        EventBody::Verbatim { kind, data } if NOT_FOR_VIEWERS.contains(&kind.as_str()) => {
+            if let Some(data) = data.as_object_mut() {
+                data.remove("detail");
+                data.remove("cwd");
+            }
+        }
+        _ => {}
+    }
+    event
+}
+
+/// A published event's text as a share link's holder sees it (see
+/// [`viewer_event`]): read again only where its type is one of
+/// [`NOT_FOR_VIEWERS`] (the type comes after `seq` and `conversation_id`,
+/// near the start), else shared as it is.
+fn for_viewer(json: &Utf8Bytes) -> Utf8Bytes {
+    let head = &json.as_bytes()[..json.len().min(160)];
+    let named = NOT_FOR_VIEWERS_JSON
+        .iter()
+        .any(|kind| memchr::memmem::find(head, kind.as_bytes()).is_some());
+    if !named {
+        return json.clone();
+    }
+    match serde_json::from_str::<Event>(json.as_str()) {
+        Ok(event) => serde_json::to_string(&viewer_event(event))
+            .expect("events serialize")
+            .into(),
+        // Not an event: nothing of one is sent.
+        Err(_) => Utf8Bytes::from_static("{}"),
     }
 }
 
@@ -434,6 +527,11 @@ async fn close_for(socket: &mut WebSocket, result: &Result<(), WsEnd>) {
         Err(WsEnd::Revoked) => (
             CLOSE_POLICY_VIOLATION,
             "token revoked or its role changed",
+            CLOSE_TIMEOUT,
+        ),
+        Err(WsEnd::LinkEnded) => (
+            CLOSE_POLICY_VIOLATION,
+            "share link revoked or expired",
             CLOSE_TIMEOUT,
         ),
         Err(WsEnd::Evicted) => {
@@ -508,7 +606,7 @@ async fn serve_inbox(
     mut socket: WebSocket,
 ) -> Result<(), WsEnd> {
     let _open = telemetry::WebSocketOpen::new();
-    let mut presence = state.presence().client(&caller.user);
+    let mut presence = Audience::Caller(state.presence().client(&caller.user));
     // Subscribe before taking the snapshot so nothing falls between them.
     let mut rx = state.bus().subscribe_all();
     let shutdown = state.closing().clone();
@@ -578,4 +676,39 @@ async fn serve_inbox(
     .await;
     close_for(&mut socket, &result).await;
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_viewer_sees_no_agent_stderr_nor_terminal_directory_and_the_rest_as_it_is() {
+        let at = "2026-12-04T10:00:00Z";
+        let id = Uuid::nil();
+        for (kind, data) in [
+            (
+                "agent_status",
+                json!({"status": "failed", "detail": "secret stderr"}),
+            ),
+            (
+                "terminal_output",
+                json!({"terminal_id": "t", "output": "", "cwd": "/srv/secret", "command": ["ls"]}),
+            ),
+        ] {
+            let text =
+                json!({"seq": 1, "conversation_id": id, "type": kind, "at": at, "data": data})
+                    .to_string();
+            let seen = for_viewer(&Utf8Bytes::from(text.clone()));
+            assert!(!seen.as_str().contains("secret"), "{seen}");
+            assert!(NOT_FOR_VIEWERS.contains(&kind));
+            let typed: Event = serde_json::from_str(&text).unwrap();
+            let shown = serde_json::to_string(&viewer_event(typed)).unwrap();
+            assert!(!shown.contains("secret"), "{shown}");
+        }
+        let other = json!({"seq": 2, "conversation_id": id, "type": "turn_ended", "at": at,
+                           "data": {"turn_id": id, "stop_reason": "end_turn", "error": null}})
+        .to_string();
+        assert_eq!(for_viewer(&Utf8Bytes::from(other.clone())).as_str(), other);
+    }
 }

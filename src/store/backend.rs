@@ -165,6 +165,7 @@ pub trait Store:
     + super::notify::NotifyKeyStore
     + super::tokens::TokenStore
     + super::budgets::BudgetStore
+    + super::share_links::ShareLinkStore
     + super::cluster::Clustered
     + Send
     + Sync

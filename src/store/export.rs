@@ -31,6 +31,9 @@ pub struct CopyStats {
     /// left alone, an exception replaced by the source's).
     pub budget_exceptions: usize,
     pub budget_notices: usize,
+    /// Share links copied, as they are (only their tokens' hashes exist;
+    /// those already there are left alone).
+    pub share_links: usize,
     /// The VAPID key pair: the target now has the source's (copied, or it
     /// had it already), or `false`: the target has a key of its own, kept,
     /// and browsers subscribed with the source's must subscribe again.
@@ -44,8 +47,9 @@ const PAGE: i64 = 100;
 const USAGE_PAGE: i64 = 1000;
 
 /// Copies every conversation with its events, messages, tool calls,
-/// permission requests and remembered rules; every usage record (what
-/// agents spent, kept when a conversation is removed); the notification targets and
+/// permission requests, remembered rules and share links (their hashes:
+/// a link made before works after); every usage record (what agents spent,
+/// kept when a conversation is removed); the notification targets and
 /// the VAPID key pair (Web Push subscriptions are made against it); the
 /// budgets' exceptions and notices. A conversation the target
 /// already holds with the same history is skipped, so an interrupted export
@@ -112,6 +116,11 @@ pub async fn copy_all(from: &dyn Store, to: &dyn Store) -> Result<CopyStats> {
             .await?
         {
             stats.budget_notices += 1;
+        }
+    }
+    for link in from.all_share_links().await? {
+        if to.insert_share_link(&link).await? {
+            stats.share_links += 1;
         }
     }
     Ok(stats)

@@ -15,7 +15,8 @@
 //! (and tool calls), [`permissions`] (requests, rules and policies),
 //! [`processes`] (agent processes), [`usage`] (what agents spent),
 //! [`notify`] (notifications), [`tokens`] (users and tokens), [`budgets`]
-//! (budgets' exceptions and notices) and [`cluster`]. Each part but the cluster's is
+//! (budgets' exceptions and notices), [`share_links`] (read-only links to a
+//! conversation) and [`cluster`]. Each part but the cluster's is
 //! written once for both backends (`sql.rs` says how); what differs is in
 //! [`postgres`] and [`sqlite`], each with its own commit.
 //!
@@ -45,6 +46,7 @@ mod rows;
 mod page;
 pub mod tokens;
 pub mod budgets;
+pub mod share_links;
 pub mod notify;
 pub mod cluster;
 
@@ -58,6 +60,7 @@ pub use permissions::{PermissionFilter, PolicySet};
 pub use postgres::PgStore;
 pub use processes::{AgentLink, AgentProcessRecord};
 pub use search::{search_words, SEARCH_TEXT_MAX};
+pub use share_links::{ShareLink, ShareLinkStore};
 pub use sqlite::SqliteStore;
 pub use tokens::{TokenInfo, TokenStore};
 pub use usage::UsageStore;

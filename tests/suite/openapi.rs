@@ -178,12 +178,12 @@ fn the_reference_names_every_operation_event_and_problem_code() {
 }
 
 /// The document's schemas, to check real answers against.
-struct Contract {
+pub(crate) struct Contract {
     doc: serde_json::Value,
 }
 
 impl Contract {
-    fn new() -> Contract {
+    pub(crate) fn new() -> Contract {
         Contract {
             doc: serde_json::to_value(acp_gateway::api::openapi()).unwrap(),
         }
@@ -201,7 +201,7 @@ impl Contract {
     }
 
     /// Asserts `instance` matches the named component schema.
-    fn schema(&self, name: &str, instance: &serde_json::Value) {
+    pub(crate) fn schema(&self, name: &str, instance: &serde_json::Value) {
         let schema = serde_json::json!({"$ref": format!("#/components/schemas/{name}")});
         let violations = self.violations(&schema, instance);
         assert!(
@@ -212,7 +212,12 @@ impl Contract {
 
     /// Asserts an answer is documented for the operation, with a body that
     /// matches its schema.
-    fn answer(&self, method: &str, path: &str, (status, body): &(u16, serde_json::Value)) {
+    pub(crate) fn answer(
+        &self,
+        method: &str,
+        path: &str,
+        (status, body): &(u16, serde_json::Value),
+    ) {
         let response = &self.doc["paths"][path][method]["responses"][status.to_string()];
         assert!(
             response.is_object(),

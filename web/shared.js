@@ -1,0 +1,247 @@
+// The read-only page of a shared conversation (/s/<token>): its history and
+// live events, as a share link shows them, with no token and no controls.
+// The link's token is the page's address; it goes only to this gateway's
+// /api/v1/shared/<token> routes.
+
+import { h, fill } from "./dom.js";
+import { markdown } from "./markdown.js";
+import { contentText, promptContent, toolCallBody, planList, unifiedDiff, decisionText } from "./render.js";
+import { answerText } from "./question.js";
+
+const main = document.getElementById("main");
+const liveIndicator = document.getElementById("live");
+const token = decodeURIComponent(location.pathname.replace(/^\/s\//, "").split("/")[0] ?? "");
+const base = `/api/v1/shared/${encodeURIComponent(token)}`;
+
+/** The page once the link no longer works (or never did). */
+function ended(text) {
+  live?.stop();
+  liveIndicator.textContent = "";
+  fill(
+    main,
+    h("div.head", {}, h("h1", {}, "This link does not work")),
+    h("p.error", { role: "alert", id: "ended" }, text),
+  );
+}
+
+const ENDED = "The link is unknown, expired or revoked. Ask whoever shared it for a new one.";
+
+/** A WebSocket that comes back after a dropped network, resuming after the last event. */
+class SharedLive {
+  constructor(onFrame) {
+    this.onFrame = onFrame;
+    this.after = 0;
+    this.delay = 250;
+    this.stopped = false;
+    this.open();
+  }
+
+  open() {
+    const url = new URL(`${base}/ws?after=${this.after}`, location.href);
+    url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+    const ws = new WebSocket(url);
+    this.ws = ws;
+    let opened = false;
+    ws.onopen = () => {
+      opened = true;
+      this.delay = 250;
+      liveIndicator.textContent = "Live";
+    };
+    ws.onmessage = (message) => {
+      let frame;
+      try {
+        frame = JSON.parse(message.data);
+      } catch {
+        return;
+      }
+      if (typeof frame.seq === "number") {
+        if (frame.seq <= this.after) return;
+        this.after = frame.seq;
+      }
+      this.onFrame(frame);
+    };
+    ws.onclose = async (event) => {
+      if (this.stopped || this.ws !== ws) return;
+      liveIndicator.textContent = "Reconnecting…";
+      // Revoked or expired: the gateway closes with 1008.
+      if (event.code === 1008) return ended(ENDED);
+      // A browser does not say why an upgrade failed: ask.
+      if (!opened) {
+        const response = await fetch(base, { headers: { Accept: "application/json" } }).catch(() => null);
+        if (response?.status === 404) return ended(ENDED);
+      }
+      setTimeout(() => this.open(), this.delay);
+      this.delay = Math.min(this.delay * 2, 5000);
+    };
+  }
+
+  stop() {
+    this.stopped = true;
+    if (this.ws) {
+      this.ws.onclose = null;
+      this.ws.close();
+    }
+  }
+}
+
+/** The timeline: what the conversation view shows, without anything to press. */
+class Timeline {
+  constructor(conversation) {
+    this.el = h("div.timeline", { id: "timeline", "aria-label": "Conversation" });
+    this.status = h("span.status", { id: "status" });
+    this.toolCalls = new Map();
+    this.cards = new Map();
+    this.terminals = new Map();
+    this.open = null;
+    this.plan = null;
+    const expires = new Date(conversation.link_expires_at);
+    fill(
+      main,
+      h(
+        "div.head",
+        {},
+        h("h1", { id: "title" }, conversation.title || "Untitled"),
+        h(
+          "p.meta",
+          {},
+          this.status,
+          " ",
+          h("span.agent", {}, conversation.agent),
+          " · ",
+          h("span", { id: "expires" }, `Link works until ${expires.toLocaleString()}`),
+        ),
+      ),
+      this.el,
+    );
+    document.title = `${conversation.title || "Shared conversation"} · acp-gateway`;
+    this.showStatus(conversation.status);
+  }
+
+  showStatus(status) {
+    this.status.className = `status ${status}`;
+    this.status.textContent = String(status).replace("_", " ");
+  }
+
+  add(el) {
+    const following = window.innerHeight + window.scrollY >= document.body.scrollHeight - 120;
+    this.el.append(el);
+    if (following) window.scrollTo(0, document.body.scrollHeight);
+    return el;
+  }
+
+  message(kind, turn) {
+    if (this.open && this.open.kind === kind && this.open.turn === turn) return this.open;
+    const label = { agent: "Agent", thought: "Thought", user: "Prompt" }[kind];
+    const el = h(kind === "user" ? "div.text" : "div.text.md");
+    this.add(h(`section.message.${kind}`, {}, h("p.who", {}, label), el));
+    this.open = { kind, turn, el, raw: "" };
+    return this.open;
+  }
+
+  event(event) {
+    const data = event.data ?? {};
+    if (event.type !== "session_update") this.open = null;
+    switch (event.type) {
+      case "turn_started":
+        this.showStatus("running");
+        fill(this.message("user", data.turn_id).el, promptContent(data.content));
+        this.open = null;
+        break;
+      case "session_update":
+        this.update(data.turn_id, data.update ?? {});
+        break;
+      case "permission_requested":
+      case "permission_resolved":
+      case "question_asked":
+      case "question_resolved":
+        this.waiting(event.type, data);
+        break;
+      case "turn_ended": {
+        this.showStatus("idle");
+        const why = data.stop_reason === "end_turn" ? "Done" : `Ended: ${data.stop_reason}`;
+        this.add(h("p.turn-end", {}, data.error ? `${why} — ${data.error}` : why));
+        break;
+      }
+      case "agent_status":
+        this.add(h("p.note", {}, `Agent ${data.status}`));
+        break;
+      case "file_written":
+        this.add(h("section.card.file", { "aria-label": `Wrote ${data.path}` }, h("h2", {}, `Wrote ${data.path}`), unifiedDiff(data.diff ?? "")));
+        break;
+      case "terminal_output":
+        this.terminal(data);
+        break;
+      default:
+        break;
+    }
+  }
+
+  update(turn, update) {
+    const kind = update.sessionUpdate;
+    if (kind === "agent_message_chunk" || kind === "agent_thought_chunk" || kind === "user_message_chunk") {
+      const who = kind === "agent_message_chunk" ? "agent" : kind === "user_message_chunk" ? "user" : "thought";
+      const open = this.message(who, turn);
+      const text = contentText([update.content]);
+      if (who === "user") {
+        open.el.append(text);
+      } else {
+        open.raw += text;
+        fill(open.el, markdown(open.raw));
+      }
+      return;
+    }
+    this.open = null;
+    if (kind === "tool_call" || kind === "tool_call_update") {
+      const known = this.toolCalls.get(update.toolCallId);
+      const merged = { ...(known?.data ?? {}), ...Object.fromEntries(Object.entries(update).filter(([, v]) => v != null)) };
+      const el = known?.el ?? this.add(h("section.card.tool"));
+      fill(el, h("h2", {}, merged.title ?? "Tool call"), toolCallBody(merged));
+      el.setAttribute("aria-label", `Tool: ${merged.title ?? "tool call"}`);
+      el.dataset.status = merged.status ?? "";
+      this.toolCalls.set(update.toolCallId, { el, data: merged });
+    } else if (kind === "plan") {
+      const list = planList(update.entries);
+      if (this.plan?.isConnected && this.plan.dataset.turn === String(turn)) this.plan.replaceWith(list);
+      else this.add(list);
+      list.dataset.turn = String(turn);
+      this.plan = list;
+    }
+  }
+
+  /** A permission request or a question, and later how it was answered: no buttons. */
+  waiting(type, data) {
+    const question = type.startsWith("question");
+    const title = question ? data.message ?? "The agent asks a question" : data.tool_call?.title ?? "The agent asks permission";
+    const outcome = data.status === "pending" ? "Waiting for an answer" : question ? answerText(data) : decisionText(data);
+    this.showStatus(data.status === "pending" ? "awaiting_permission" : "running");
+    const card = this.cards.get(data.id) ?? this.add(h("article.card.permission", { "aria-label": question ? "Question" : "Permission" }));
+    fill(card, h("h2", {}, title), question ? null : toolCallBody({ ...(data.tool_call ?? {}), status: undefined }), h("p.decision", {}, outcome));
+    this.cards.set(data.id, card);
+  }
+
+  terminal(data) {
+    let terminal = this.terminals.get(data.terminal_id);
+    if (!terminal) {
+      const output = h("pre.output");
+      const title = data.command ? `$ ${data.command.join(" ")}` : "Terminal";
+      this.add(h("section.card.terminal", { "aria-label": "Terminal" }, h("h2", {}, title), output));
+      terminal = { output };
+      this.terminals.set(data.terminal_id, terminal);
+    }
+    terminal.output.append(data.output ?? "");
+  }
+}
+
+let live = null;
+
+async function start() {
+  const response = await fetch(base, { headers: { Accept: "application/json" } }).catch(() => null);
+  if (!response) return ended("The gateway cannot be reached. Check the connection and reload.");
+  if (!response.ok) {
+    return ended(response.status === 429 ? "Too many tries from this address: wait a minute and reload." : ENDED);
+  }
+  const timeline = new Timeline(await response.json());
+  live = new SharedLive((event) => timeline.event(event));
+}
+
+start();
