@@ -124,7 +124,7 @@ pub async fn export(config: Option<&Path>, to: &str) -> anyhow::Result<()> {
     let stats = store::export::copy_all(&*from, &*target).await?;
     println!(
         "exported {} conversations ({} already there): {} events, {} messages, \
-         {} tool calls, {} permission requests, {} rules, {} notification targets",
+         {} tool calls, {} permission requests, {} rules, {} members, {} notification targets",
         stats.conversations,
         stats.skipped,
         stats.events,
@@ -132,6 +132,7 @@ pub async fn export(config: Option<&Path>, to: &str) -> anyhow::Result<()> {
         stats.tool_calls,
         stats.permission_requests,
         stats.rules,
+        stats.members,
         stats.notification_targets
     );
     if !stats.vapid_same {

@@ -10,6 +10,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use super::conversations::ConversationPath;
 use super::extract::{AppJson, AppQuery, Visible};
 use super::state::AppState;
+use crate::access::Access;
 use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::limits;
@@ -187,13 +188,15 @@ struct CommitBody {
     )
 )]
 async fn commit(
-    Visible {
+    visible: Visible<Conversation>,
+    AppJson(body): AppJson<CommitBody>,
+) -> Result<Json<ChangesCommitted>> {
+    visible.require(Access::Collaborator, "commit its changes")?;
+    let Visible {
         state,
         caller,
         item,
-    }: Visible<Conversation>,
-    AppJson(body): AppJson<CommitBody>,
-) -> Result<Json<ChangesCommitted>> {
+    } = visible;
     worktree_of(&item)?;
     check_message(&body.message)?;
     open_only(&item)?;
@@ -251,13 +254,15 @@ struct LandBody {
     )
 )]
 async fn land(
-    Visible {
+    visible: Visible<Conversation>,
+    AppJson(body): AppJson<LandBody>,
+) -> Result<Json<ChangesLanded>> {
+    visible.require(Access::Owner, "land its changes")?;
+    let Visible {
         state,
         caller,
         item,
-    }: Visible<Conversation>,
-    AppJson(body): AppJson<LandBody>,
-) -> Result<Json<ChangesLanded>> {
+    } = visible;
     let worktree = worktree_of(&item)?;
     if let Some(message) = &body.message {
         check_message(message)?;
@@ -291,13 +296,13 @@ async fn land(
         (status = 502, description = "`repository_failed`"),
     )
 )]
-async fn discard(
-    Visible {
+async fn discard(visible: Visible<Conversation>) -> Result<Json<ChangesDiscarded>> {
+    visible.require(Access::Owner, "discard its changes")?;
+    let Visible {
         state,
         caller,
         item,
-    }: Visible<Conversation>,
-) -> Result<Json<ChangesDiscarded>> {
+    } = visible;
     worktree_of(&item)?;
     open_only(&item)?;
     match state

@@ -19,6 +19,7 @@ use super::responses::{
     no_content_if, AgentTimeout, AtCapacity, InvalidPage, NoConversation, NoRule, SettingChange,
 };
 use super::state::AppState;
+use crate::access::Access;
 use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
 use crate::limits;
@@ -281,7 +282,7 @@ async fn list(
     let owner = caller.owner_filter();
     let items = state
         .store()
-        .list_conversations(limit + 1, before, owner.as_deref(), None)
+        .list_conversations(limit + 1, before, owner.as_deref(), None, true)
         .await?;
     Ok(Json(cut(items, limit, |c| c.id.to_string())))
 }
@@ -332,9 +333,11 @@ async fn show(Visible { item, .. }: Visible<Conversation>) -> Json<Conversation>
     )
 )]
 async fn close(
-    Visible { state, item, .. }: Visible<Conversation>,
+    visible: Visible<Conversation>,
     AppQuery(q): AppQuery<CloseQuery>,
 ) -> Result<StatusCode> {
+    visible.require(Access::Owner, "close it")?;
+    let Visible { state, item, .. } = visible;
     state.sessions().close(&item).await?;
     // Its agent is gone: its worktree goes (uncommitted work kept on the
     // branch), and the branch too where the person discards it.
@@ -365,7 +368,9 @@ struct CloseQuery {
         (status = 409, description = "`conversation_closed`"),
     )
 )]
-async fn cancel(Visible { state, item, .. }: Visible<Conversation>) -> Result<impl IntoResponse> {
+async fn cancel(visible: Visible<Conversation>) -> Result<impl IntoResponse> {
+    visible.require(Access::Collaborator, "cancel its turn")?;
+    let Visible { state, item, .. } = visible;
     state.sessions().cancel(&item).await?;
     Ok((StatusCode::ACCEPTED, Json(json!({}))))
 }
@@ -491,6 +496,7 @@ async fn set_config_option(
 
 /// Asks the agent for `setting`, and answers the conversation as it is then.
 async fn change(visible: Visible<Conversation>, setting: Setting) -> Result<Json<Conversation>> {
+    visible.require(Access::Collaborator, "change its mode or options")?;
     let Visible {
         state,
         caller,
@@ -709,7 +715,9 @@ fn no_rule(id: Uuid, rule_id: Uuid) -> Error {
         NoConversation,
     )
 )]
-async fn forget_rules(Visible { state, item, .. }: Visible<Conversation>) -> Result<StatusCode> {
+async fn forget_rules(visible: Visible<Conversation>) -> Result<StatusCode> {
+    visible.require(Access::Owner, "forget its rules")?;
+    let Visible { state, item, .. } = visible;
     let id = item.id;
     for rule in state.store().list_rules(id).await? {
         state.store().delete_rule(id, rule.id).await?;
@@ -727,9 +735,11 @@ async fn forget_rules(Visible { state, item, .. }: Visible<Conversation>) -> Res
     )
 )]
 async fn forget_rule(
-    Visible { state, .. }: Visible<Conversation>,
+    visible: Visible<Conversation>,
     AppPath((id, rule_id)): AppPath<(Uuid, Uuid)>,
 ) -> Result<StatusCode> {
+    visible.require(Access::Owner, "forget its rules")?;
+    let Visible { state, .. } = visible;
     let deleted = state.store().delete_rule(id, rule_id).await?;
     no_content_if(deleted, || no_rule(id, rule_id))
 }

@@ -16,8 +16,10 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::state::AppState;
+use crate::access::Access;
 use crate::auth::Caller;
 use crate::error::Error;
+use crate::model::Conversation;
 
 impl FromRequestParts<AppState> for Caller {
     type Rejection = Error;
@@ -36,6 +38,21 @@ pub struct Visible<T> {
     pub state: AppState,
     pub caller: Caller,
     pub item: T,
+}
+
+impl Visible<Conversation> {
+    /// How far the caller may act in the conversation: they see it, so at
+    /// least as a viewer (see [`crate::access`]).
+    pub fn access(&self) -> Access {
+        let owner = self.item.owner.as_deref();
+        Access::of(&self.caller, owner, self.item.sharing.role).unwrap_or(Access::Viewer)
+    }
+
+    /// 403 `forbidden` unless the caller may act as `needed` here, to do
+    /// `what` (said in the refusal).
+    pub fn require(&self, needed: Access, what: &str) -> Result<(), Error> {
+        self.access().require(needed, what)
+    }
 }
 
 /// What a path can name by `{id}`, and how to find it for a caller.

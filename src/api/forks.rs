@@ -21,6 +21,7 @@ use super::conversations::ConversationPath;
 use super::extract::Visible;
 use super::responses::AgentTimeout;
 use super::state::AppState;
+use crate::access::Access;
 use crate::auth::Limited;
 use crate::error::{Error, Result};
 use crate::limits;
@@ -65,14 +66,16 @@ struct ForkBody {
     )
 )]
 async fn fork(
-    Visible {
-        state,
-        caller,
-        item: source,
-    }: Visible<Conversation>,
+    visible: Visible<Conversation>,
     headers: HeaderMap,
     body: std::result::Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<impl IntoResponse> {
+    visible.require(Access::Owner, "fork it")?;
+    let Visible {
+        state,
+        caller,
+        item: source,
+    } = visible;
     // As `AppJson` answers a body it cannot read (too large: 413).
     let body = body.map_err(|rejection| match rejection.status() {
         StatusCode::PAYLOAD_TOO_LARGE => Error::PayloadTooLarge("request body is too large".into()),
@@ -150,6 +153,7 @@ async fn fork(
         adopted_session: None,
         worktree: None,
         changes: None,
+        sharing: Default::default(),
     };
     let origin = Origin::Fork {
         source_session,

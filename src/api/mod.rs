@@ -7,6 +7,7 @@ mod agent_sessions;
 mod policies;
 mod ws;
 mod queue;
+mod members;
 mod changes;
 mod questions;
 mod conversations;
@@ -55,6 +56,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .merge(actions::router())
         .merge(conversations::router())
         .merge(queue::router())
+        .merge(members::router())
         .merge(changes::router())
         .merge(forks::router())
         .merge(agent_sessions::router())

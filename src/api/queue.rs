@@ -17,6 +17,7 @@ use super::openapi::QueuedPromptList;
 use super::page::whole;
 use super::responses::{AgentTimeout, AtCapacity, NoConversation};
 use super::state::AppState;
+use crate::access::Access;
 use crate::auth::Limited;
 use crate::error::{Error, Result};
 use crate::model::{Conversation, Page, QueuedPrompt};
@@ -106,14 +107,16 @@ fn whole_position<'de, D: serde::Deserializer<'de>>(
     )
 )]
 async fn edit(
-    Visible {
-        state,
-        caller,
-        item,
-    }: Visible<Conversation>,
+    visible: Visible<Conversation>,
     AppPath((_id, prompt_id)): AppPath<(Uuid, Uuid)>,
     AppJson(body): AppJson<EditBody>,
 ) -> Result<Json<Page<QueuedPrompt>>> {
+    visible.require(Access::Collaborator, "edit its queue")?;
+    let Visible {
+        state,
+        caller,
+        item,
+    } = visible;
     let content = body
         .text
         .map(|text| vec![json!({"type": "text", "text": text})]);
@@ -147,13 +150,15 @@ async fn edit(
     )
 )]
 async fn remove(
-    Visible {
+    visible: Visible<Conversation>,
+    AppPath((_id, prompt_id)): AppPath<(Uuid, Uuid)>,
+) -> Result<StatusCode> {
+    visible.require(Access::Collaborator, "edit its queue")?;
+    let Visible {
         state,
         caller,
         item,
-    }: Visible<Conversation>,
-    AppPath((_id, prompt_id)): AppPath<(Uuid, Uuid)>,
-) -> Result<StatusCode> {
+    } = visible;
     let edit = QueueEdit::Remove { prompt: prompt_id };
     state
         .sessions()
@@ -178,13 +183,13 @@ async fn remove(
         AgentTimeout,
     )
 )]
-async fn resume(
-    Visible {
+async fn resume(visible: Visible<Conversation>) -> Result<impl IntoResponse> {
+    visible.require(Access::Collaborator, "resume its queue")?;
+    let Visible {
         state,
         caller,
         item,
-    }: Visible<Conversation>,
-) -> Result<impl IntoResponse> {
+    } = visible;
     state.auth().check_rate(&caller, Limited::Prompt)?;
     let turn_id = state.sessions().resume_queue(&item).await?;
     Ok((StatusCode::ACCEPTED, Json(Started::new(turn_id))))

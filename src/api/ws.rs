@@ -11,6 +11,7 @@
 //! published early, sends the last of it again ([`crate::bus::EventBus::remind`]):
 //! a client still sees every event once and in order, only later.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
@@ -30,8 +31,9 @@ use super::extract::{bearer_subprotocol, AppQuery, Authed, Visible};
 use super::responses::{NoConversation, WebSocketRefused};
 use super::state::AppState;
 use crate::auth::{Caller, Limited};
+use crate::bus::Published;
 use crate::error::{Error, Result};
-use crate::model::{Conversation, Question, WaitingKind};
+use crate::model::{Conversation, MemberRole, Question, WaitingKind};
 use crate::notify::presence::PresenceClient;
 use crate::store::PermissionFilter;
 use crate::telemetry;
@@ -246,8 +248,15 @@ async fn conversation_ws(
     let revoked = state.auth().on_revocation(&caller);
     let presence = state.presence().client(&caller.user);
     let budget = state.send_budget().join(&caller.user);
+    // A member's: it closes once their membership is gone.
+    let member = item.sharing.role.map(|_| caller.user.clone());
     let run = move |state, socket| async move {
-        let served = serve_conversation(state, id, after, revoked, presence, &budget, socket).await;
+        let watch = Watch {
+            revoked,
+            member,
+            presence,
+        };
+        let served = serve_conversation(state, id, after, watch, &budget, socket).await;
         // The socket is gone by now, and with it the bytes queued in it.
         drop(budget);
         if let Err(e) = served {
@@ -266,6 +275,8 @@ enum WsEnd {
     TooSlow,
     #[error("token revoked or its role changed")]
     Revoked,
+    #[error("membership of the conversation removed")]
+    Unshared,
     #[error("over the buffer budget")]
     OverBudget,
     #[error("evicted to make room in the buffer budget")]
@@ -354,20 +365,40 @@ async fn replay(
     }
 }
 
+/// What ends a conversation's socket besides the client and the gateway:
+/// its token revoked, or (a member's) the membership gone.
+struct Watch {
+    revoked: CancellationToken,
+    /// The member whose socket it is (`None`: its owner's or an
+    /// operator's).
+    member: Option<String>,
+    presence: PresenceClient,
+}
+
 async fn serve_conversation(
     state: AppState,
     id: Uuid,
     after: i64,
-    revoked: CancellationToken,
-    mut presence: PresenceClient,
+    watch: Watch,
     budget: &SocketBudget,
     mut socket: WebSocket,
 ) -> Result<(), WsEnd> {
     let _open = telemetry::WebSocketOpen::new();
+    let Watch {
+        revoked,
+        member,
+        mut presence,
+    } = watch;
     let mut sub = state.bus().subscribe(id);
     let mut last = after;
     let shutdown = state.closing().clone();
     let result = async {
+        if let Some(user) = &member {
+            // Removed between the handshake and the subscription.
+            if state.store().get_member(id, user).await?.is_none() {
+                return Err(WsEnd::Unshared);
+            }
+        }
         replay(&state, budget, id, &mut socket, &mut last, None).await?;
         loop {
             tokio::select! {
@@ -376,6 +407,11 @@ async fn serve_conversation(
                         let seq = published.seq;
                         if seq <= last {
                             continue;
+                        }
+                        if let (Some(user), Some(note)) = (&member, &published.member) {
+                            if &note.user == user && note.role.is_none() {
+                                return Err(WsEnd::Unshared);
+                            }
                         }
                         if seq > last + 1 {
                             replay(&state, budget, id, &mut socket, &mut last, Some(seq)).await?;
@@ -403,6 +439,26 @@ async fn serve_conversation(
     .await;
     close_for(&mut socket, &result).await;
     result
+}
+
+/// Whether an event goes to the caller's inbox: one of a conversation they
+/// own (any, for an operator) or answer in as a member. A `member_*` event
+/// naming them updates `shared` first (and goes too where they could
+/// answer before or after it).
+fn inboxed(caller: &Caller, shared: &mut HashMap<Uuid, MemberRole>, published: &Published) -> bool {
+    if caller.can_see(published.owner.as_deref()) {
+        return true;
+    }
+    let id = published.conversation_id;
+    let before = shared.get(&id).is_some_and(|r| r.answers());
+    if let Some(note) = published.member.as_ref().filter(|n| n.user == caller.user) {
+        match note.role {
+            Some(role) => shared.insert(id, role),
+            None => shared.remove(&id),
+        };
+        return before || note.role.is_some_and(MemberRole::answers);
+    }
+    before
 }
 
 /// What a frame from the client means: commands go over REST, pings are
@@ -434,6 +490,11 @@ async fn close_for(socket: &mut WebSocket, result: &Result<(), WsEnd>) {
         Err(WsEnd::Revoked) => (
             CLOSE_POLICY_VIOLATION,
             "token revoked or its role changed",
+            CLOSE_TIMEOUT,
+        ),
+        Err(WsEnd::Unshared) => (
+            CLOSE_POLICY_VIOLATION,
+            "membership of the conversation removed",
             CLOSE_TIMEOUT,
         ),
         Err(WsEnd::Evicted) => {
@@ -513,6 +574,15 @@ async fn serve_inbox(
     let mut rx = state.bus().subscribe_all();
     let shutdown = state.closing().clone();
     let result = async {
+        // The conversations shared with the caller, each with their role
+        // (kept up to date by the `member_*` events naming them): those
+        // they answer in are in their inbox.
+        let mut shared: HashMap<Uuid, MemberRole> = state
+            .store()
+            .memberships(&caller.user)
+            .await?
+            .into_iter()
+            .collect();
         let mut pending = state
             .store()
             .list_permissions(&PermissionFilter {
@@ -522,6 +592,11 @@ async fn serve_inbox(
                 kind: None,
             })
             .await?;
+        // A viewer's are not theirs to answer.
+        let viewed = |id: &Uuid, shared: &HashMap<Uuid, MemberRole>| {
+            !caller.is_operator() && shared.get(id).is_some_and(|role| !role.answers())
+        };
+        pending.retain(|r| !viewed(&r.conversation_id, &shared));
         // With those waiting here that the database does not hold yet:
         // asked while it was away, their events went out before this
         // socket was open.
@@ -552,7 +627,7 @@ async fn serve_inbox(
         loop {
             tokio::select! {
                 received = rx.recv() => match received {
-                    Ok(published) if caller.can_see(published.owner.as_deref()) => {
+                    Ok(published) if inboxed(&caller, &mut shared, &published) => {
                         send(budget, &mut socket, published.json.clone()).await?
                     }
                     Ok(_) => {}
@@ -566,7 +641,7 @@ async fn serve_inbox(
                 _ = shutdown.cancelled() => {
                     // What was published before the sessions ended, then goodbye.
                     while let Ok(published) = rx.try_recv() {
-                        if caller.can_see(published.owner.as_deref()) {
+                        if inboxed(&caller, &mut shared, &published) {
                             send(budget, &mut socket, published.json.clone()).await?;
                         }
                     }

@@ -12,6 +12,7 @@ use super::agent_report::{
     SessionOffers, Usage,
 };
 use super::changes::{ChangeTotals, Worktree};
+use super::members::{MemberRole, Sharing};
 use super::queue::QueuedPrompt;
 
 /// Lifecycle of a conversation.
@@ -92,6 +93,9 @@ pub struct Conversation {
     pub worktree: Option<Worktree>,
     /// How much its worktree differs from its base, as last recorded.
     pub changes: Option<ChangeTotals>,
+    /// Who it is shared with, as its reader sees it (see
+    /// [`super::members`]).
+    pub sharing: Sharing,
 }
 
 /// Where a forked conversation came from: the conversation, and the message
@@ -162,6 +166,12 @@ pub struct ConversationView {
     /// as recorded after its last turn, commit, land or discard; `null`
     /// without a worktree or before the first record.
     changes: Option<ChangeTotals>,
+    /// How many users it is shared with (`POST …/members`); 0: none.
+    members: i64,
+    /// The caller's role where the conversation is shared with them (not
+    /// theirs: someone else's); `null` for its owner (and an operator who
+    /// is not a member).
+    role: Option<MemberRole>,
 }
 
 /// A conversation's worktree as the API shows it.
@@ -223,6 +233,8 @@ impl From<Conversation> for ConversationView {
             adopted_session: c.adopted_session,
             worktree: c.worktree.map(WorktreeView::from),
             changes: c.changes,
+            members: c.sharing.members,
+            role: c.sharing.role,
         }
     }
 }
@@ -476,6 +488,7 @@ mod tests {
             adopted_session: None,
             worktree: None,
             changes: None,
+            sharing: Default::default(),
         };
         c.state.title = Some("Agent's".into());
         let shown = serde_json::to_value(&c).unwrap();

@@ -27,6 +27,7 @@ use uuid::Uuid;
 
 use super::agent_report::SettingValue;
 use super::changes::{ChangesCommitted, ChangesDiscarded, ChangesLanded, ChangesUpdated};
+use super::members::MemberChange;
 use super::permission::{PermissionRequest, WaitingKind};
 use super::question::Question;
 use super::queue::{QueueChanged, QueueHeld};
@@ -67,6 +68,9 @@ pub mod event_type {
     pub const CHANGES_COMMITTED: &str = "changes_committed";
     pub const CHANGES_LANDED: &str = "changes_landed";
     pub const CHANGES_DISCARDED: &str = "changes_discarded";
+    pub const MEMBER_ADDED: &str = "member_added";
+    pub const MEMBER_CHANGED: &str = "member_changed";
+    pub const MEMBER_REMOVED: &str = "member_removed";
 }
 
 /// What an event says happened: its `type`, and its `data` typed.
@@ -117,6 +121,12 @@ pub enum EventBody {
     QuestionAsked(Question),
     /// `question_resolved`: the question with its answer.
     QuestionResolved(Question),
+    /// `member_added`: the conversation was shared with a user.
+    MemberAdded(MemberChange),
+    /// `member_changed`: a member's role changed.
+    MemberChanged(MemberChange),
+    /// `member_removed`: a member was removed (with the role they had).
+    MemberRemoved(MemberChange),
     /// An event whose `data` is not its type's shape, kept verbatim: a
     /// stand-in for one the database refused (`data.unstorable` says why),
     /// or one read back in a shape this gateway does not know. Not in the
@@ -172,6 +182,9 @@ impl EventBody {
             EventBody::ChangesCommitted(_) => CHANGES_COMMITTED,
             EventBody::ChangesLanded(_) => CHANGES_LANDED,
             EventBody::ChangesDiscarded(_) => CHANGES_DISCARDED,
+            EventBody::MemberAdded(_) => MEMBER_ADDED,
+            EventBody::MemberChanged(_) => MEMBER_CHANGED,
+            EventBody::MemberRemoved(_) => MEMBER_REMOVED,
             EventBody::Verbatim { kind, .. } => kind,
         }
     }
@@ -268,6 +281,9 @@ impl EventBody {
             CHANGES_COMMITTED => parse(data, EventBody::ChangesCommitted, kind),
             CHANGES_LANDED => parse(data, EventBody::ChangesLanded, kind),
             CHANGES_DISCARDED => parse(data, EventBody::ChangesDiscarded, kind),
+            MEMBER_ADDED => parse(data, EventBody::MemberAdded, kind),
+            MEMBER_CHANGED => parse(data, EventBody::MemberChanged, kind),
+            MEMBER_REMOVED => parse(data, EventBody::MemberRemoved, kind),
             _ => EventBody::Verbatim {
                 kind: kind.to_owned(),
                 data,
@@ -298,6 +314,9 @@ impl Serialize for EventBodyData<'_> {
             EventBody::ChangesCommitted(d) => d.serialize(s),
             EventBody::ChangesLanded(d) => d.serialize(s),
             EventBody::ChangesDiscarded(d) => d.serialize(s),
+            EventBody::MemberAdded(d)
+            | EventBody::MemberChanged(d)
+            | EventBody::MemberRemoved(d) => d.serialize(s),
             EventBody::Verbatim { data, .. } => data.serialize(s),
         }
     }
@@ -373,6 +392,12 @@ pub struct TurnStarted {
     pub turn_id: Uuid,
     /// The user's prompt: ACP content blocks.
     pub content: Vec<Value>,
+    /// Who prompted (`user:<name>`; a queued prompt: who queued it; a
+    /// reason given with an answer: who answered). Absent where the
+    /// gateway itself prompted, and from events recorded before it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub by: Option<String>,
 }
 
 /// `turn_ended`: the agent answered `session/prompt`, or the turn ended
@@ -514,7 +539,7 @@ struct Documented {
 }
 
 /// The events as the OpenAPI document shows them, one schema per type.
-const DOCUMENTED: [Documented; 18] = {
+const DOCUMENTED: [Documented; 21] = {
     use event_type::*;
     [
         Documented {
@@ -624,6 +649,24 @@ const DOCUMENTED: [Documented; 18] = {
             kind: QUESTION_RESOLVED,
             description: "`question_resolved`: the question with its answer.",
             data: component::<Question>,
+        },
+        Documented {
+            name: "MemberAdded",
+            kind: MEMBER_ADDED,
+            description: "`member_added`: the conversation was shared with a user.",
+            data: component::<MemberChange>,
+        },
+        Documented {
+            name: "MemberChanged",
+            kind: MEMBER_CHANGED,
+            description: "`member_changed`: a member's role changed.",
+            data: component::<MemberChange>,
+        },
+        Documented {
+            name: "MemberRemoved",
+            kind: MEMBER_REMOVED,
+            description: "`member_removed`: a member was removed (with the role they had).",
+            data: component::<MemberChange>,
         },
     ]
 };
@@ -793,6 +836,7 @@ mod tests {
                     TurnStarted {
                         turn_id: turn,
                         content: vec![json!({"type": "text", "text": "hi"})],
+                        by: None,
                     },
                 ),
                 format!(

@@ -676,6 +676,7 @@ mod tests {
             adopted_session: None,
             worktree: None,
             changes: None,
+            sharing: Default::default(),
         };
         store.insert_conversation(&conversation).await.unwrap();
         let outlets = Outlets {

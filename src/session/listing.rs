@@ -51,6 +51,7 @@ impl Sessions {
             adopted_session: None,
             worktree: None,
             changes: None,
+            sharing: Default::default(),
         };
         let _slot = self.admit(Some(owner)).await?;
         let agent_box = agent_box_of(&profile, &probe, &self.inner.setup.homes)?;

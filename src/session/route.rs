@@ -557,7 +557,7 @@ impl ClusterMember for Sessions {
                         reason,
                         steer,
                         kind: None,
-                        may_see: None,
+                        caller: None,
                     };
                     serde_json::to_value(self.answer(request, &who, answer).await?)
                         .expect("requests serialize")
@@ -573,6 +573,10 @@ impl ClusterMember for Sessions {
                 Command::Changes { op, by, .. } => {
                     serde_json::to_value(self.change_work(&conversation, op, by).await?)
                         .expect("changes serialize")
+                }
+                Command::Members { op, by, .. } => {
+                    serde_json::to_value(self.change_members(&conversation, op, by).await?)
+                        .expect("members serialize")
                 }
                 // Never sent to another node (it cannot be read from JSON).
                 Command::Release { .. } => {

@@ -158,6 +158,7 @@ pub trait Store:
     + super::notify::AttemptStore
     + super::notify::NotifyKeyStore
     + super::tokens::TokenStore
+    + super::members::MemberStore
     + super::cluster::Clustered
     + Send
     + Sync

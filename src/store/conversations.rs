@@ -47,14 +47,16 @@ pub trait ConversationStore: Send + Sync {
     ) -> Result<Vec<String>>;
     async fn get_conversation(&self, id: Uuid) -> Result<Option<Conversation>>;
     /// Newest first; `before` is the last id of the previous page; `owner`
-    /// limits the list to one user's conversations, `cwd` to those whose
-    /// working directory is exactly that path.
+    /// limits the list to one user's conversations (with `shared`, and
+    /// those shared with them: each then with their role), `cwd` to those
+    /// whose working directory is exactly that path.
     async fn list_conversations(
         &self,
         limit: i64,
         before: Option<Uuid>,
         owner: Option<&str>,
         cwd: Option<&str>,
+        shared: bool,
     ) -> Result<Vec<Conversation>>;
     /// What the newest conversation of the agent profile `agent` whose agent
     /// answered `initialize` recorded as `member` of its report (an object),
@@ -183,10 +185,12 @@ macro_rules! impl_conversation_store {
                 }
 
                 async fn get_conversation(&self, id: Uuid) -> Result<Option<Conversation>> {
-                    sqlx::query_as::<_, ConversationRow>(
-                        "select * from conversations where id = $1",
-                    )
-                    .bind(id)
+                    let sql = format!(
+                        "select c.*, {} from conversations c where c.id = $1",
+                        $crate::store::members::sharing_columns("null"),
+                    );
+                    sqlx::query_as::<_, ConversationRow>(&sql)
+                        .bind(id)
                     .fetch_optional(&self.pool)
                     .await?
                     .map(ConversationRow::into_conversation)
@@ -199,17 +203,23 @@ macro_rules! impl_conversation_store {
                     before: Option<Uuid>,
                     owner: Option<&str>,
                     cwd: Option<&str>,
+                    shared: bool,
                 ) -> Result<Vec<Conversation>> {
-                    sqlx::query_as::<_, ConversationRow>(
-                        "select * from conversations
-                         where ($1 is null or id < $1) and ($3 is null or owner = $3)
-                           and ($4 is null or cwd = $4)
-                         order by id desc limit $2",
-                    )
+                    let sql = format!(
+                        "select c.*, {} from conversations c
+                         where ($1 is null or c.id < $1)
+                           and ($3 is null or c.owner = $3 or ($5 and {}))
+                           and ($4 is null or c.cwd = $4)
+                         order by c.id desc limit $2",
+                        $crate::store::members::sharing_columns("$3"),
+                        $crate::store::members::shared_with("$3"),
+                    );
+                    sqlx::query_as::<_, ConversationRow>(&sql)
                     .bind(before)
                     .bind(limit)
                     .bind(owner)
                     .bind(cwd)
+                    .bind(shared)
                     .fetch_all(&self.pool)
                     .await?
                     .into_iter()

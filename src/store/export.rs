@@ -22,6 +22,8 @@ pub struct CopyStats {
     pub tool_calls: usize,
     pub permission_requests: usize,
     pub rules: usize,
+    /// Members of shared conversations.
+    pub members: usize,
     /// Notification targets copied (those already there are left alone).
     pub notification_targets: usize,
     /// The VAPID key pair: the target now has the source's (copied, or it
@@ -34,7 +36,7 @@ pub struct CopyStats {
 const PAGE: i64 = 100;
 
 /// Copies every conversation with its events, messages, tool calls,
-/// permission requests and remembered rules; the notification targets and
+/// permission requests, remembered rules and members; the notification targets and
 /// the VAPID key pair (Web Push subscriptions are made against it). A conversation the target
 /// already holds with the same history is skipped, so an interrupted export
 /// can be run again; one it holds with a different history is an error.
@@ -48,7 +50,9 @@ pub async fn copy_all(from: &dyn Store, to: &dyn Store) -> Result<CopyStats> {
     let mut stats = CopyStats::default();
     let mut cursor = None;
     loop {
-        let page = from.list_conversations(PAGE, cursor, None, None).await?;
+        let page = from
+            .list_conversations(PAGE, cursor, None, None, false)
+            .await?;
         let Some(last) = page.last() else { break };
         cursor = Some(last.id);
         for conversation in &page {
@@ -170,6 +174,12 @@ async fn copy_conversation(
     for rule in &rules {
         to.upsert_rule(rule).await?;
     }
+    // Who it is shared with (their events are in its history).
+    let members = from.list_members(id).await?;
+    for member in &members {
+        to.put_member(id, member).await?;
+    }
+    stats.members += members.len();
     stats.conversations += 1;
     stats.events += batch.events.len();
     stats.messages += batch.messages.len();

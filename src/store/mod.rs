@@ -14,7 +14,8 @@
 //! supertraits: [`conversations`], [`search`], [`events`], [`messages`]
 //! (and tool calls), [`permissions`] (requests, rules and policies),
 //! [`processes`] (agent processes), [`notify`] (notifications), [`tokens`]
-//! (users and tokens) and [`cluster`]. Each part but the cluster's is
+//! (users and tokens), [`members`] (conversations shared with other
+//! users) and [`cluster`]. Each part but the cluster's is
 //! written once for both backends (`sql.rs` says how); what differs is in
 //! [`postgres`] and [`sqlite`], each with its own commit.
 //!
@@ -42,12 +43,14 @@ pub mod processes;
 mod rows;
 mod page;
 pub mod tokens;
+pub mod members;
 pub mod notify;
 pub mod cluster;
 
 pub use crate::config::url::{redact_url, sqlite_file, Backend};
 pub use backend::{Batch, CommitQueue, ConversationPatch, Resolution, Store};
 pub use cluster::{ClusterStore, Clustered};
+pub use members::MemberStore;
 pub use notify::ActionToken;
 pub use page::{json_size, Bounded};
 pub use permissions::{PermissionFilter, PolicySet};

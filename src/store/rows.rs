@@ -119,6 +119,12 @@ pub struct ConversationRow {
     adopted_session: Option<String>,
     worktree: Option<Json<Value>>,
     change_totals: Option<Json<Value>>,
+    /// How many members it has, where the query counts them.
+    #[sqlx(default)]
+    members: Option<i64>,
+    /// The reader's role as a member, where the query finds it.
+    #[sqlx(default)]
+    member_role: Option<String>,
 }
 
 impl ConversationRow {
@@ -173,6 +179,13 @@ impl ConversationRow {
                 changes: self
                     .change_totals
                     .and_then(|Json(v)| serde_json::from_value(v).ok()),
+                sharing: crate::model::Sharing {
+                    members: self.members.unwrap_or(0),
+                    role: self
+                        .member_role
+                        .as_deref()
+                        .and_then(crate::model::MemberRole::parse),
+                },
             },
             self.current_turn_id,
         ))

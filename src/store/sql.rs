@@ -212,6 +212,7 @@ macro_rules! impl_store {
         $crate::store::permissions::impl_permission_store!($store);
         $crate::store::processes::impl_process_store!($store);
         $crate::store::tokens::impl_token_store!($store);
+        $crate::store::members::impl_member_store!($store);
     };
 }
 

@@ -194,6 +194,7 @@ pub fn idle_conversation(owner: Option<&str>) -> acp_gateway::model::Conversatio
         adopted_session: None,
         worktree: None,
         changes: None,
+        sharing: Default::default(),
     }
 }
 

@@ -14,6 +14,7 @@ use super::super::extract::{exactly_one, AppJson, Visible};
 use super::super::openapi::ContentBlock;
 use super::super::responses::{AgentTimeout, AtCapacity, NoConversation};
 use super::paths::ConversationPath;
+use crate::access::Access;
 use crate::auth::Limited;
 use crate::error::{Error, Result};
 use crate::limits;
@@ -172,13 +173,15 @@ pub(super) struct Queued {
     )
 )]
 pub(super) async fn prompt(
-    Visible {
+    visible: Visible<Conversation>,
+    AppJson(body): AppJson<PromptBody>,
+) -> Result<impl IntoResponse> {
+    visible.require(Access::Collaborator, "prompt")?;
+    let Visible {
         state,
         caller,
         item,
-    }: Visible<Conversation>,
-    AppJson(body): AppJson<PromptBody>,
-) -> Result<impl IntoResponse> {
+    } = visible;
     let (content, while_running) = body.read()?;
     state.auth().check_rate(&caller, Limited::Prompt)?;
     let prompted = state

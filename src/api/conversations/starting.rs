@@ -120,6 +120,7 @@ impl NewConversation {
             adopted_session: None,
             worktree: None,
             changes: None,
+            sharing: Default::default(),
         }
     }
 }
