@@ -33,6 +33,7 @@ mod ide_story;
 mod isolation;
 mod journal;
 mod keep_alive;
+mod members;
 mod notifications;
 mod notify_actions;
 mod notify_channels;
