@@ -48,6 +48,7 @@ const ASSETS: &[Asset] = &[
     asset!("render.js", "text/javascript"),
     asset!("question.js", "text/javascript"),
     asset!("changes.js", "text/javascript"),
+    asset!("members.js", "text/javascript"),
     asset!("markdown.js", "text/javascript"),
     asset!("notify.js", "text/javascript"),
     asset!("sw.js", "text/javascript"),

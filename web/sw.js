@@ -22,6 +22,7 @@ const SHELL = [
   "/ui/render.js",
   "/ui/question.js",
   "/ui/changes.js",
+  "/ui/members.js",
   "/ui/markdown.js",
   "/ui/notify.js",
   "/ui/manifest.webmanifest",

@@ -488,6 +488,37 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_request_is_due_to_each_who_answers_it_by_their_own_presence() {
+        let mut rules = rules();
+        let (request, conversation) = (Uuid::now_v7(), Uuid::now_v7());
+        for user in ["alice", "abe", "cole"] {
+            let fact = Fact::Asked {
+                request,
+                conversation,
+                user: user.into(),
+                at: t(0),
+                timeout_at: None,
+            };
+            assert!(rules.observe(fact, t(0)).is_empty());
+        }
+        presence(&mut rules, "abe", true, 0);
+        // Cole no longer answers there: nothing more of it is his.
+        let left = Fact::Left {
+            conversation,
+            user: "cole".into(),
+        };
+        assert!(rules.observe(left, t(1_000)).is_empty());
+        assert_eq!(rules.due(t(15_000)), vec![waiting("alice", &[request])]);
+        // Abe's grace passed while he was here: due as he goes away, once.
+        let due = presence(&mut rules, "abe", false, 20_000);
+        assert_eq!(due, vec![waiting("abe", &[request])]);
+        assert!(rules.due(t(30_000)).is_empty());
+        // Answered: forgotten for everyone.
+        rules.observe(Fact::Answered { request }, t(31_000));
+        assert_eq!(rules.next_deadline(), None);
+    }
+
+    #[test]
     fn a_request_answered_within_the_grace_is_never_due() {
         let mut rules = rules();
         let r = asked(&mut rules, "alice", 0, None);

@@ -65,6 +65,7 @@ mod tls;
 mod turns;
 mod web_changes;
 mod web_client;
+mod web_members;
 mod web_questions;
 mod web_steering;
 mod websocket;

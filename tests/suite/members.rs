@@ -533,6 +533,71 @@ async fn notified_any(rx: &mut mpsc::UnboundedReceiver<Outgoing>) -> Outgoing {
         .unwrap()
 }
 
+/// Two nodes on one Postgres: a membership added, changed and removed
+/// through either node takes effect on the other (its REST, its sockets).
+#[tokio::test]
+async fn membership_changed_on_one_node_takes_effect_on_the_other() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let alice = cli_token(&db, "alice", "user");
+    let vera = cli_token(&db, "vera", "user");
+    let start = || {
+        GatewayProcess::start_configured(
+            &db,
+            &[demo_profile("demo", &[])],
+            "info",
+            "node_lease = \"1s\"",
+        )
+    };
+    let (a, b) = (start(), start());
+    let (alice_a, alice_b) = (a.with_token(&alice), b.with_token(&alice));
+    let vera_b = b.with_token(&vera);
+    let id = alice_a.create("demo").await;
+    let path = format!("/api/v1/conversations/{id}");
+    assert_eq!(vera_b.get(&path).await.0, 404);
+
+    // Shared through A: B shows it to the viewer, and streams it live.
+    let (status, member) = alice_a
+        .post(&members(&id), json!({"user": "vera", "role": "viewer"}))
+        .await;
+    assert_eq!(status, 201, "{member}");
+    assert_eq!(vera_b.conversation(&id).await["role"], "viewer");
+    let mut vera_ws = vera_b.conversation_ws(&id, 0).await;
+    alice_a.prompt(&id, "hello").await;
+    let started = vera_ws.until_type("turn_started").await.pop().unwrap();
+    assert_eq!(started["data"]["by"], "user:alice");
+    vera_ws.until_type("turn_ended").await;
+    assert_problem(vera_b.try_prompt(&id, "hello").await, 403, "collaborator");
+
+    // Changed through B (the node that does not run it): a collaborator
+    // prompts through B, recorded as theirs.
+    let (status, changed) = alice_b
+        .call(
+            "PATCH",
+            &format!("{}/vera", members(&id)),
+            Some(json!({"role": "collaborator"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{changed}");
+    let (status, body) = vera_b.try_prompt(&id, "hello").await;
+    assert_eq!(status, 202, "{body}");
+    let started = vera_ws.until_type("turn_started").await.pop().unwrap();
+    assert_eq!(started["data"]["by"], "user:vera");
+    vera_ws.until_type("turn_ended").await;
+
+    // Removed through A: B closes the member's socket at once and shows
+    // them nothing more.
+    assert_eq!(
+        alice_a.delete(&format!("{}/vera", members(&id))).await.0,
+        204
+    );
+    let (frames, code) = vera_ws.until_closed().await;
+    assert_eq!(code, 1008, "{frames:?}");
+    assert_eq!(vera_b.get(&path).await.0, 404);
+    assert_eq!(vera_b.try_prompt(&id, "hello").await.0, 404);
+}
+
 backend_tests!(
     each_role_may_do_what_it_may_and_is_refused_the_rest,
     sockets_follow_membership_and_a_removal_closes_them_at_once,
