@@ -486,7 +486,7 @@ async fn answer_with(
         request.conversation_id,
         owner.as_deref(),
     );
-    if !access.await?.is_some_and(|a| a >= Access::Approver) {
+    if access.await?.is_none_or(|a| a < Access::Approver) {
         return Err(failed(client));
     }
     // A question's token holds the content it accepts with; one that does

@@ -8,9 +8,8 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::conversations::ConversationPath;
-use super::extract::{AppJson, AppQuery, Visible};
+use super::extract::{Acting, AppJson, AppQuery, Visible, COLLABORATOR, OWNER};
 use super::state::AppState;
-use crate::access::Access;
 use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::limits;
@@ -188,10 +187,9 @@ struct CommitBody {
     )
 )]
 async fn commit(
-    visible: Visible<Conversation>,
+    Acting(visible): Acting<COLLABORATOR>,
     AppJson(body): AppJson<CommitBody>,
 ) -> Result<Json<ChangesCommitted>> {
-    visible.require(Access::Collaborator, "commit its changes")?;
     let Visible {
         state,
         caller,
@@ -254,10 +252,9 @@ struct LandBody {
     )
 )]
 async fn land(
-    visible: Visible<Conversation>,
+    Acting(visible): Acting<OWNER>,
     AppJson(body): AppJson<LandBody>,
 ) -> Result<Json<ChangesLanded>> {
-    visible.require(Access::Owner, "land its changes")?;
     let Visible {
         state,
         caller,
@@ -296,8 +293,7 @@ async fn land(
         (status = 502, description = "`repository_failed`"),
     )
 )]
-async fn discard(visible: Visible<Conversation>) -> Result<Json<ChangesDiscarded>> {
-    visible.require(Access::Owner, "discard its changes")?;
+async fn discard(Acting(visible): Acting<OWNER>) -> Result<Json<ChangesDiscarded>> {
     let Visible {
         state,
         caller,

@@ -10,7 +10,9 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
-use super::extract::{AppJson, AppPath, AppQuery, Authed, Find, Visible};
+use super::extract::{
+    Acting, AppJson, AppPath, AppQuery, Authed, Find, Visible, COLLABORATOR, OWNER,
+};
 use super::openapi::{
     ConversationList, EventList, FileChangeList, MessageList, RuleList, ToolCallList,
 };
@@ -19,7 +21,6 @@ use super::responses::{
     no_content_if, AgentTimeout, AtCapacity, InvalidPage, NoConversation, NoRule, SettingChange,
 };
 use super::state::AppState;
-use crate::access::Access;
 use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
 use crate::limits;
@@ -333,10 +334,9 @@ async fn show(Visible { item, .. }: Visible<Conversation>) -> Json<Conversation>
     )
 )]
 async fn close(
-    visible: Visible<Conversation>,
+    Acting(visible): Acting<OWNER>,
     AppQuery(q): AppQuery<CloseQuery>,
 ) -> Result<StatusCode> {
-    visible.require(Access::Owner, "close it")?;
     let Visible { state, item, .. } = visible;
     state.sessions().close(&item).await?;
     // Its agent is gone: its worktree goes (uncommitted work kept on the
@@ -368,8 +368,7 @@ struct CloseQuery {
         (status = 409, description = "`conversation_closed`"),
     )
 )]
-async fn cancel(visible: Visible<Conversation>) -> Result<impl IntoResponse> {
-    visible.require(Access::Collaborator, "cancel its turn")?;
+async fn cancel(Acting(visible): Acting<COLLABORATOR>) -> Result<impl IntoResponse> {
     let Visible { state, item, .. } = visible;
     state.sessions().cancel(&item).await?;
     Ok((StatusCode::ACCEPTED, Json(json!({}))))
@@ -405,7 +404,7 @@ struct ModeBody {
     )
 )]
 async fn set_mode(
-    visible: Visible<Conversation>,
+    Acting(visible): Acting<COLLABORATOR>,
     AppJson(body): AppJson<ModeBody>,
 ) -> Result<Json<Conversation>> {
     limits::id("mode_id", &body.mode_id, limits::SETTING_ID_MAX_CHARS)?;
@@ -474,7 +473,7 @@ impl ToSchema for SettingChoice {
     )
 )]
 async fn set_config_option(
-    visible: Visible<Conversation>,
+    Acting(visible): Acting<COLLABORATOR>,
     AppJson(body): AppJson<ConfigOptionBody>,
 ) -> Result<Json<Conversation>> {
     limits::id("config_id", &body.config_id, limits::SETTING_ID_MAX_CHARS)?;
@@ -496,7 +495,6 @@ async fn set_config_option(
 
 /// Asks the agent for `setting`, and answers the conversation as it is then.
 async fn change(visible: Visible<Conversation>, setting: Setting) -> Result<Json<Conversation>> {
-    visible.require(Access::Collaborator, "change its mode or options")?;
     let Visible {
         state,
         caller,
@@ -715,8 +713,7 @@ fn no_rule(id: Uuid, rule_id: Uuid) -> Error {
         NoConversation,
     )
 )]
-async fn forget_rules(visible: Visible<Conversation>) -> Result<StatusCode> {
-    visible.require(Access::Owner, "forget its rules")?;
+async fn forget_rules(Acting(visible): Acting<OWNER>) -> Result<StatusCode> {
     let Visible { state, item, .. } = visible;
     let id = item.id;
     for rule in state.store().list_rules(id).await? {
@@ -735,10 +732,9 @@ async fn forget_rules(visible: Visible<Conversation>) -> Result<StatusCode> {
     )
 )]
 async fn forget_rule(
-    visible: Visible<Conversation>,
+    Acting(visible): Acting<OWNER>,
     AppPath((id, rule_id)): AppPath<(Uuid, Uuid)>,
 ) -> Result<StatusCode> {
-    visible.require(Access::Owner, "forget its rules")?;
     let Visible { state, .. } = visible;
     let deleted = state.store().delete_rule(id, rule_id).await?;
     no_content_if(deleted, || no_rule(id, rule_id))

@@ -18,10 +18,9 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
 use super::conversations::ConversationPath;
-use super::extract::Visible;
+use super::extract::{Acting, Visible, OWNER};
 use super::responses::AgentTimeout;
 use super::state::AppState;
-use crate::access::Access;
 use crate::auth::Limited;
 use crate::error::{Error, Result};
 use crate::limits;
@@ -66,11 +65,10 @@ struct ForkBody {
     )
 )]
 async fn fork(
-    visible: Visible<Conversation>,
+    Acting(visible): Acting<OWNER>,
     headers: HeaderMap,
     body: std::result::Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<impl IntoResponse> {
-    visible.require(Access::Owner, "fork it")?;
     let Visible {
         state,
         caller,

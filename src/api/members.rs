@@ -14,12 +14,11 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
 use super::conversations::ConversationPath;
-use super::extract::{AppJson, AppPath, Visible};
+use super::extract::{Acting, AppJson, AppPath, Visible, OWNER};
 use super::openapi::MemberList;
 use super::page::whole;
 use super::responses::NoConversation;
 use super::state::AppState;
-use crate::access::Access;
 use crate::auth::valid_user_name;
 use crate::error::{Error, Result};
 use crate::model::{Conversation, Member, MemberOp, MemberRole, Page};
@@ -89,10 +88,9 @@ async fn list(Visible { state, item, .. }: Visible<Conversation>) -> Result<Json
     )
 )]
 async fn add(
-    visible: Visible<Conversation>,
+    Acting(visible): Acting<OWNER>,
     AppJson(body): AppJson<AddBody>,
 ) -> Result<impl IntoResponse> {
-    visible.require(Access::Owner, "share it")?;
     let Visible {
         state,
         caller,
@@ -140,11 +138,10 @@ async fn add(
     )
 )]
 async fn change(
-    visible: Visible<Conversation>,
+    Acting(visible): Acting<OWNER>,
     AppPath((_id, user)): AppPath<(Uuid, String)>,
     AppJson(body): AppJson<ChangeBody>,
 ) -> Result<Json<Member>> {
-    visible.require(Access::Owner, "change its members")?;
     let Visible {
         state,
         caller,
@@ -175,10 +172,9 @@ async fn change(
     )
 )]
 async fn remove(
-    visible: Visible<Conversation>,
+    Acting(visible): Acting<OWNER>,
     AppPath((_id, user)): AppPath<(Uuid, String)>,
 ) -> Result<StatusCode> {
-    visible.require(Access::Owner, "change its members")?;
     let Visible {
         state,
         caller,

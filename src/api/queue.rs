@@ -12,12 +12,11 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
 use super::conversations::{ConversationPath, Started};
-use super::extract::{AppJson, AppPath, Visible};
+use super::extract::{Acting, AppJson, AppPath, Visible, COLLABORATOR};
 use super::openapi::QueuedPromptList;
 use super::page::whole;
 use super::responses::{AgentTimeout, AtCapacity, NoConversation};
 use super::state::AppState;
-use crate::access::Access;
 use crate::auth::Limited;
 use crate::error::{Error, Result};
 use crate::model::{Conversation, Page, QueuedPrompt};
@@ -107,11 +106,10 @@ fn whole_position<'de, D: serde::Deserializer<'de>>(
     )
 )]
 async fn edit(
-    visible: Visible<Conversation>,
+    Acting(visible): Acting<COLLABORATOR>,
     AppPath((_id, prompt_id)): AppPath<(Uuid, Uuid)>,
     AppJson(body): AppJson<EditBody>,
 ) -> Result<Json<Page<QueuedPrompt>>> {
-    visible.require(Access::Collaborator, "edit its queue")?;
     let Visible {
         state,
         caller,
@@ -150,10 +148,9 @@ async fn edit(
     )
 )]
 async fn remove(
-    visible: Visible<Conversation>,
+    Acting(visible): Acting<COLLABORATOR>,
     AppPath((_id, prompt_id)): AppPath<(Uuid, Uuid)>,
 ) -> Result<StatusCode> {
-    visible.require(Access::Collaborator, "edit its queue")?;
     let Visible {
         state,
         caller,
@@ -183,8 +180,7 @@ async fn remove(
         AgentTimeout,
     )
 )]
-async fn resume(visible: Visible<Conversation>) -> Result<impl IntoResponse> {
-    visible.require(Access::Collaborator, "resume its queue")?;
+async fn resume(Acting(visible): Acting<COLLABORATOR>) -> Result<impl IntoResponse> {
     let Visible {
         state,
         caller,

@@ -603,7 +603,9 @@ async fn serve_inbox(
         let stored: std::collections::HashSet<Uuid> = pending.iter().map(|r| r.id).collect();
         let unstored: Vec<_> = state
             .sessions()
-            .waiting_here(|owner| caller.can_see(owner))
+            .waiting_here(|id, owner| {
+                caller.can_see(owner) || shared.get(&id).is_some_and(|r| r.answers())
+            })
             .into_iter()
             .filter(|r| !stored.contains(&r.id))
             .collect();

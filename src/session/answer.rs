@@ -74,18 +74,22 @@ impl Answerer<'_> {
 
 impl Sessions {
     /// The requests waiting in live sessions on this node whose
-    /// conversations `can_see` (given the owner) lets the caller see: what
+    /// conversations `can_see` (given their id and owner) lets the caller
+    /// see: what
     /// an inbox's snapshot adds to the database's pending requests, which
     /// lack those asked while the database was away until they are
     /// committed (their events went out before).
-    pub fn waiting_here(&self, can_see: impl Fn(Option<&str>) -> bool) -> Vec<PermissionRequest> {
+    pub fn waiting_here(
+        &self,
+        can_see: impl Fn(Uuid, Option<&str>) -> bool,
+    ) -> Vec<PermissionRequest> {
         self.inner
             .setup
             .waiting
             .lock()
             .unwrap()
             .values()
-            .filter(|w| can_see(w.owner.as_deref()))
+            .filter(|w| can_see(w.request.conversation_id, w.owner.as_deref()))
             .map(|w| w.request.clone())
             .collect()
     }

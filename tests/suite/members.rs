@@ -165,6 +165,9 @@ async fn each_role_may_do_what_it_may_and_is_refused_the_rest(db: TestDb) {
             403,
             "collaborator",
         );
+        // Refused before the body is read: a bad one is 403 all the same.
+        let bad = client.post(&c("/prompts"), json!({"bogus": 1})).await;
+        assert_problem(bad, 403, "collaborator");
     }
     // Only the owner (or an operator) closes, shares, forks or forgets.
     for client in [&s.vera, &s.abe, &s.cole] {

@@ -10,15 +10,13 @@ use serde_json::{json, Value};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::super::extract::{exactly_one, AppJson, Visible};
+use super::super::extract::{exactly_one, Acting, AppJson, Visible, COLLABORATOR};
 use super::super::openapi::ContentBlock;
 use super::super::responses::{AgentTimeout, AtCapacity, NoConversation};
 use super::paths::ConversationPath;
-use crate::access::Access;
 use crate::auth::Limited;
 use crate::error::{Error, Result};
 use crate::limits;
-use crate::model::Conversation;
 use crate::session::command::{Prompted, WhileRunning};
 
 /// A prompt: exactly one of `text` and `content`.
@@ -173,10 +171,9 @@ pub(super) struct Queued {
     )
 )]
 pub(super) async fn prompt(
-    visible: Visible<Conversation>,
+    Acting(visible): Acting<COLLABORATOR>,
     AppJson(body): AppJson<PromptBody>,
 ) -> Result<impl IntoResponse> {
-    visible.require(Access::Collaborator, "prompt")?;
     let Visible {
         state,
         caller,
