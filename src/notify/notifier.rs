@@ -459,16 +459,20 @@ impl Notifier {
     /// the requests waiting there are due to them from now on, or nothing
     /// more of it is.
     fn member_changed(&self, state: &mut State, conversation: Uuid, user: String, answers: bool) {
-        let Some(known) = state.conversations.get_mut(&conversation) else {
-            return;
-        };
-        known.answering.retain(|u| *u != user);
         if !answers {
+            if let Some(known) = state.conversations.get_mut(&conversation) {
+                known.answering.retain(|u| *u != user);
+            }
             state
                 .rules
                 .observe(Fact::Left { conversation, user }, Utc::now());
             return;
         }
+        // Read when a request of it is asked, with its members then.
+        let Some(known) = state.conversations.get_mut(&conversation) else {
+            return;
+        };
+        known.answering.retain(|u| *u != user);
         known.answering.push(user.clone());
         let waiting: Vec<PermissionRequest> = state
             .requests
