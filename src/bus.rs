@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use tokio::sync::{broadcast, mpsc};
 use uuid::Uuid;
 
-use crate::model::Event;
+use crate::model::{Event, EventBody, MemberRole};
 
 /// An event's JSON text (its only copy on the bus: an event may be
 /// megabytes long), shared by all subscribers.
@@ -35,6 +35,31 @@ pub struct Published {
     /// Committed by another node and relayed here (this node does not
     /// notify for it: its own node does).
     pub relayed: bool,
+    /// The change of membership it records (`member_*`), for the sockets
+    /// of the member it names.
+    pub member: Option<MemberNote>,
+}
+
+/// A member of a conversation and their role now (`None`: removed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemberNote {
+    pub user: String,
+    pub role: Option<MemberRole>,
+}
+
+impl MemberNote {
+    /// What a `member_*` event says of its member.
+    pub fn of(body: &EventBody) -> Option<MemberNote> {
+        let (change, role) = match body {
+            EventBody::MemberAdded(c) | EventBody::MemberChanged(c) => (c, Some(c.role)),
+            EventBody::MemberRemoved(c) => (c, None),
+            _ => return None,
+        };
+        Some(MemberNote {
+            user: change.user.clone(),
+            role,
+        })
+    }
 }
 
 /// A cheap-to-clone handle to the fan-out.
@@ -129,6 +154,7 @@ impl EventBus {
                     .into(),
                 owner: owner.map(str::to_owned),
                 relayed,
+                member: MemberNote::of(&event.body),
             });
             drop(event);
             match &mut span {
@@ -176,6 +202,7 @@ impl EventBus {
                     .into(),
                 owner: owner.map(str::to_owned),
                 relayed: false,
+                member: MemberNote::of(&event.body),
             }));
         }
     }

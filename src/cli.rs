@@ -124,8 +124,8 @@ pub async fn export(config: Option<&Path>, to: &str) -> anyhow::Result<()> {
     let stats = store::export::copy_all(&*from, &*target).await?;
     println!(
         "exported {} conversations ({} already there): {} events, {} messages, \
-         {} tool calls, {} permission requests, {} rules, {} usage records, {} notification targets, \
-         {} budget exceptions, {} budget notices, {} share links",
+         {} tool calls, {} permission requests, {} rules, {} members, {} usage records, \
+         {} notification targets, {} budget exceptions, {} budget notices, {} share links",
         stats.conversations,
         stats.skipped,
         stats.events,
@@ -133,6 +133,7 @@ pub async fn export(config: Option<&Path>, to: &str) -> anyhow::Result<()> {
         stats.tool_calls,
         stats.permission_requests,
         stats.rules,
+        stats.members,
         stats.usage_records,
         stats.notification_targets,
         stats.budget_exceptions,

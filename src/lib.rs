@@ -64,6 +64,8 @@
 //!   and `relay.rs` commands and events between nodes, `run.rs` its tracked
 //!   tasks); on SQLite, one node holding the file's lock (`lock.rs`). Its SQL
 //!   is the store's ([`store::cluster`]).
+//! - [`access`]: what a caller may do in a conversation (its owner, an
+//!   operator, or a member with a role: the one place that decides).
 //! - [`auth`]: bearer tokens, roles, who a token names, per-token rate limits.
 //! - [`permissions`]: answers to permission requests, timeouts, and the
 //!   policies in force; [`permissions::policy`] is the operator auto-approve
@@ -129,6 +131,7 @@ pub mod acp;
 pub mod shim;
 pub mod workspace;
 pub mod cluster;
+pub mod access;
 pub mod auth;
 pub mod permissions;
 pub mod bus;

@@ -49,6 +49,7 @@ const ASSETS: &[Asset] = &[
     asset!("question.js", "text/javascript"),
     asset!("changes.js", "text/javascript"),
     asset!("usage.js", "text/javascript"),
+    asset!("members.js", "text/javascript"),
     asset!("markdown.js", "text/javascript"),
     asset!("notify.js", "text/javascript"),
     // Share links: the owner's control, and the read-only page.

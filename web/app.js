@@ -8,6 +8,7 @@ import { h, fill, when } from "./dom.js";
 import { Live, connection } from "./live.js";
 import { ChangesView, CHANGE_EVENTS, changesText } from "./changes.js";
 import { markdown } from "./markdown.js";
+import { MembersPanel, person, sharedBadge } from "./members.js";
 import { SettingsView, serviceWorker } from "./notify.js";
 import { questionCard, settleQuestion } from "./question.js";
 import { UsageView, spendText } from "./usage.js";
@@ -458,10 +459,12 @@ class ConversationsView {
         { href: `#/c/${c.id}` },
         h("strong", {}, c.title || "Untitled"),
         h("span.meta", {}, `${c.agent} · `, h(`span.status.${c.status}`, {}, c.status), ` · ${when(c.updated_at)}`),
+        sharedBadge(c),
         showChanges(h("span.meta.changes"), c.worktree ? c.changes : null),
         showSpend(h("span.meta.spend"), c.spend),
       ),
-      c.status === "closed" ? null : remove,
+      // Only its owner (or an operator) deletes it.
+      c.status === "closed" || c.role ? null : remove,
     );
     return item;
   }
@@ -783,9 +786,19 @@ class ConversationView {
     this.spend = h("span.spend", { id: "spend", hidden: true });
     // A read-only link to this conversation, for its owner (see sharing.js).
     this.share = new SharePanel(id);
+    // Who it is shared with (its owner manages them).
+    this.members = new MembersPanel(id, { problemText });
     fill(
       main,
-      h("div.head", {}, this.heading, h("p.meta", {}, this.status, this.usage, this.spend), this.origin, this.changesLink),
+      h(
+        "div.head",
+        {},
+        this.heading,
+        h("p.meta", {}, this.status, this.usage, this.spend),
+        this.origin,
+        this.changesLink,
+        this.members.el,
+      ),
       this.share.el,
       this.settings,
       this.timeline,
@@ -828,6 +841,7 @@ class ConversationView {
       this.showOrigin(c);
       this.changesLink.hidden = !c.worktree;
       this.changesCount.textContent = changesText(c.changes);
+      this.members.show(c);
     } catch (e) {
       this.error.textContent = problemText(e);
       this.error.hidden = false;
@@ -1295,6 +1309,12 @@ class ConversationView {
     return el;
   }
 
+  /** Names who sent the prompt just shown. */
+  prompter(name) {
+    const who = this.open?.el?.parentElement?.querySelector("p.who");
+    if (who) who.textContent = name;
+  }
+
   event(event) {
     const data = event.data ?? {};
     if (event.type !== "session_update") this.open = null;
@@ -1308,7 +1328,16 @@ class ConversationView {
         this.held = null;
         this.showHeld();
         fill(this.message("user", data.turn_id), promptContent(data.content));
+        // Who prompted, where it was recorded (a shared conversation has
+        // several people who may).
+        if (data.by) this.prompter(person(data.by));
         this.open = null;
+        break;
+      case "member_added":
+      case "member_changed":
+      case "member_removed":
+        this.members.load();
+        this.add(h("p.note.member", {}, memberNote(event.type, data)));
         break;
       case "session_update":
         this.update(data.turn_id, data.update ?? {});
@@ -1457,7 +1486,6 @@ class ConversationView {
   }
 }
 
-/** A commit, land or discard in the timeline, in words. */
 /** What a budget's notice says: which budget, how much of it is spent, and when it resets. */
 function budgetNote(type, data) {
   const limit = data.limit ?? {};
@@ -1471,6 +1499,15 @@ function budgetNote(type, data) {
   return `Budget ${data.budget} is spent (${spent}): ${stop}; new prompts wait until it resets or an operator lifts it${resets}.`;
 }
 
+/** "alice shared it with bob (viewer)", and so on, for a `member_*` event. */
+function memberNote(type, data) {
+  const by = person(data.by);
+  if (type === "member_added") return `${by} shared it with ${data.user} (${data.role})`;
+  if (type === "member_changed") return `${by} made ${data.user} ${data.role === "approver" ? "an" : "a"} ${data.role}`;
+  return `${by} removed ${data.user}`;
+}
+
+/** A commit, land or discard in the timeline, in words. */
 function changeNote(type, data) {
   const by = data.by ? ` by ${data.by}` : "";
   if (type === "changes_committed") return `Committed${by}: ${data.commit?.summary ?? ""}`;

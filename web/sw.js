@@ -23,6 +23,7 @@ const SHELL = [
   "/ui/question.js",
   "/ui/changes.js",
   "/ui/usage.js",
+  "/ui/members.js",
   "/ui/markdown.js",
   "/ui/notify.js",
   "/ui/sharing.js",

@@ -30,9 +30,11 @@ use super::openapi::Problem;
 use super::permissions::answer_reason;
 use super::responses::TooManyFailedLookups;
 use super::state::AppState;
+use crate::access::Access;
+use crate::auth::Caller;
 use crate::error::{Error, Result};
-use crate::model::WaitingKind;
 use crate::model::{Answer, PermissionRequest, PermissionStatus, Question};
+use crate::model::{Role, WaitingKind};
 use crate::notify::actions::{choices, question_content, well_formed};
 use crate::permissions::already_resolved;
 use crate::ratelimit::SlidingWindow;
@@ -168,7 +170,7 @@ fn subject(request: &PermissionRequest) -> &str {
     responses(
         (status = 200, description = "A page with one button that `POST`s this URL", content_type = "text/html", body = String),
         (status = 404, description = "No such action (not one the gateway sent, or expired and swept)", content_type = "text/html", body = String),
-        (status = 410, description = "Used, expired, its request answered, or its user removed", content_type = "text/html", body = String),
+        (status = 410, description = "Used, expired, its request answered, its user removed, or their membership of a shared conversation gone", content_type = "text/html", body = String),
         TooManyFailedLookups,
     )
 )]
@@ -391,7 +393,7 @@ async fn body_reason(request: Request, form: bool) -> Result<Option<String>> {
         (status = 409, description = "`already_resolved` (member `request`, or `question` for a question's action): someone answered first; `agent_gone`; or `agent_away` (a remote agent whose connection was lost has not asked again yet: try later)", content(
             (Problem = "application/problem+json"), (String = "text/html"),
         )),
-        (status = 410, description = "Used, expired, its request gone, or its user removed", content(
+        (status = 410, description = "Used, expired, its request gone, its user removed, or their membership of a shared conversation gone", content(
             (Problem = "application/problem+json"), (String = "text/html"),
         )),
         (status = 413, description = "A body over 64 KiB", content(
@@ -469,6 +471,24 @@ async fn answer_with(
     if request.status != PermissionStatus::Pending {
         return Err(already_resolved(request));
     }
+    // Minted for a member whose membership is gone since, or no longer
+    // lets them answer (only the owner's links are theirs for good).
+    let holder = Caller {
+        user: row.user_name.clone(),
+        role: Role::User,
+        token_id: None,
+    };
+    let conversation = state.store().get_conversation(request.conversation_id);
+    let owner = conversation.await?.and_then(|c| c.owner);
+    let access = Access::find(
+        state.store(),
+        &holder,
+        request.conversation_id,
+        owner.as_deref(),
+    );
+    if access.await?.is_none_or(|a| a < Access::Approver) {
+        return Err(failed(client));
+    }
     // A question's token holds the content it accepts with; one that does
     // not (none is minted so) answers nothing.
     let answer = match request.kind {
@@ -478,8 +498,6 @@ async fn answer_with(
             content: Some(question_content(&row.option_id).ok_or_else(|| failed(client))?),
         },
     };
-    let user = row.user_name.clone();
-    let may_see = move |owner: Option<&str>| owner == Some(user.as_str());
     let with_reason = reason.is_some();
     let who = Answerer {
         decided_by: format!("user:{}", row.user_name),
@@ -487,7 +505,7 @@ async fn answer_with(
         reason,
         steer: false,
         kind: Some(request.kind),
-        may_see: Some(&may_see),
+        caller: Some(&holder),
     };
     let answered = state.sessions().answer(request.id, &who, answer).await?;
     // The same answer given another way first reads back as success from

@@ -8,7 +8,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::conversations::ConversationPath;
-use super::extract::{AppJson, AppQuery, Visible};
+use super::extract::{Acting, AppJson, AppQuery, Visible, COLLABORATOR, OWNER};
 use super::state::AppState;
 use crate::auth::Caller;
 use crate::error::{Error, Result};
@@ -187,13 +187,14 @@ struct CommitBody {
     )
 )]
 async fn commit(
-    Visible {
+    Acting(visible): Acting<COLLABORATOR>,
+    AppJson(body): AppJson<CommitBody>,
+) -> Result<Json<ChangesCommitted>> {
+    let Visible {
         state,
         caller,
         item,
-    }: Visible<Conversation>,
-    AppJson(body): AppJson<CommitBody>,
-) -> Result<Json<ChangesCommitted>> {
+    } = visible;
     worktree_of(&item)?;
     check_message(&body.message)?;
     open_only(&item)?;
@@ -251,13 +252,14 @@ struct LandBody {
     )
 )]
 async fn land(
-    Visible {
+    Acting(visible): Acting<OWNER>,
+    AppJson(body): AppJson<LandBody>,
+) -> Result<Json<ChangesLanded>> {
+    let Visible {
         state,
         caller,
         item,
-    }: Visible<Conversation>,
-    AppJson(body): AppJson<LandBody>,
-) -> Result<Json<ChangesLanded>> {
+    } = visible;
     let worktree = worktree_of(&item)?;
     if let Some(message) = &body.message {
         check_message(message)?;
@@ -291,13 +293,12 @@ async fn land(
         (status = 502, description = "`repository_failed`"),
     )
 )]
-async fn discard(
-    Visible {
+async fn discard(Acting(visible): Acting<OWNER>) -> Result<Json<ChangesDiscarded>> {
+    let Visible {
         state,
         caller,
         item,
-    }: Visible<Conversation>,
-) -> Result<Json<ChangesDiscarded>> {
+    } = visible;
     worktree_of(&item)?;
     open_only(&item)?;
     match state

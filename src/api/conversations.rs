@@ -10,7 +10,9 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
-use super::extract::{AppJson, AppPath, AppQuery, Authed, Find, Visible};
+use super::extract::{
+    Acting, AppJson, AppPath, AppQuery, Authed, Find, Visible, COLLABORATOR, OWNER,
+};
 use super::openapi::{
     ConversationList, EventList, FileChangeList, MessageList, RuleList, ToolCallList,
 };
@@ -281,7 +283,7 @@ async fn list(
     let owner = caller.owner_filter();
     let items = state
         .store()
-        .list_conversations(limit + 1, before, owner.as_deref(), None)
+        .list_conversations(limit + 1, before, owner.as_deref(), None, true)
         .await?;
     Ok(Json(cut(items, limit, |c| c.id.to_string())))
 }
@@ -332,9 +334,10 @@ async fn show(Visible { item, .. }: Visible<Conversation>) -> Json<Conversation>
     )
 )]
 async fn close(
-    Visible { state, item, .. }: Visible<Conversation>,
+    Acting(visible): Acting<OWNER>,
     AppQuery(q): AppQuery<CloseQuery>,
 ) -> Result<StatusCode> {
+    let Visible { state, item, .. } = visible;
     state.sessions().close(&item).await?;
     // Its agent is gone: its worktree goes (uncommitted work kept on the
     // branch), and the branch too where the person discards it.
@@ -365,7 +368,8 @@ struct CloseQuery {
         (status = 409, description = "`conversation_closed`"),
     )
 )]
-async fn cancel(Visible { state, item, .. }: Visible<Conversation>) -> Result<impl IntoResponse> {
+async fn cancel(Acting(visible): Acting<COLLABORATOR>) -> Result<impl IntoResponse> {
+    let Visible { state, item, .. } = visible;
     state.sessions().cancel(&item).await?;
     Ok((StatusCode::ACCEPTED, Json(json!({}))))
 }
@@ -400,7 +404,7 @@ struct ModeBody {
     )
 )]
 async fn set_mode(
-    visible: Visible<Conversation>,
+    Acting(visible): Acting<COLLABORATOR>,
     AppJson(body): AppJson<ModeBody>,
 ) -> Result<Json<Conversation>> {
     limits::id("mode_id", &body.mode_id, limits::SETTING_ID_MAX_CHARS)?;
@@ -469,7 +473,7 @@ impl ToSchema for SettingChoice {
     )
 )]
 async fn set_config_option(
-    visible: Visible<Conversation>,
+    Acting(visible): Acting<COLLABORATOR>,
     AppJson(body): AppJson<ConfigOptionBody>,
 ) -> Result<Json<Conversation>> {
     limits::id("config_id", &body.config_id, limits::SETTING_ID_MAX_CHARS)?;
@@ -709,7 +713,8 @@ fn no_rule(id: Uuid, rule_id: Uuid) -> Error {
         NoConversation,
     )
 )]
-async fn forget_rules(Visible { state, item, .. }: Visible<Conversation>) -> Result<StatusCode> {
+async fn forget_rules(Acting(visible): Acting<OWNER>) -> Result<StatusCode> {
+    let Visible { state, item, .. } = visible;
     let id = item.id;
     for rule in state.store().list_rules(id).await? {
         state.store().delete_rule(id, rule.id).await?;
@@ -727,9 +732,10 @@ async fn forget_rules(Visible { state, item, .. }: Visible<Conversation>) -> Res
     )
 )]
 async fn forget_rule(
-    Visible { state, .. }: Visible<Conversation>,
+    Acting(visible): Acting<OWNER>,
     AppPath((id, rule_id)): AppPath<(Uuid, Uuid)>,
 ) -> Result<StatusCode> {
+    let Visible { state, .. } = visible;
     let deleted = state.store().delete_rule(id, rule_id).await?;
     no_content_if(deleted, || no_rule(id, rule_id))
 }

@@ -1,6 +1,7 @@
 //! Extractors: the [`Caller`] a request's token names (see [`crate::auth`]),
 //! with the state ([`Authed`]), an [`Operator`]'s request, what a path's
-//! `{id}` names as the caller may see it ([`Visible`]), and
+//! `{id}` names as the caller may see it ([`Visible`]), a conversation the
+//! caller may act in as a collaborator or its owner ([`Acting`]), and
 //! bodies, paths and queries where every bad input gets the same
 //! problem+json shape: malformed JSON → 400, wrong shape → 422, not JSON →
 //! 415, too large → 413, an id that is not a UUID → 404.
@@ -16,8 +17,10 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::state::AppState;
+use crate::access::Access;
 use crate::auth::Caller;
 use crate::error::Error;
+use crate::model::Conversation;
 
 impl FromRequestParts<AppState> for Caller {
     type Rejection = Error;
@@ -36,6 +39,47 @@ pub struct Visible<T> {
     pub state: AppState,
     pub caller: Caller,
     pub item: T,
+}
+
+impl Visible<Conversation> {
+    /// How far the caller may act in the conversation: they see it, so at
+    /// least as a viewer (see [`crate::access`]).
+    pub fn access(&self) -> Access {
+        let owner = self.item.owner.as_deref();
+        Access::of(&self.caller, owner, self.item.sharing.role).unwrap_or(Access::Viewer)
+    }
+
+    /// 403 `forbidden` unless the caller may act as `needed` here, to do
+    /// `what` (said in the refusal).
+    pub fn require(&self, needed: Access, what: &str) -> Result<(), Error> {
+        self.access().require(needed, what)
+    }
+}
+
+/// [`Acting`]'s levels: a conversation's member with the role
+/// `collaborator` or more, or its owner (or an operator).
+pub const COLLABORATOR: u8 = 2;
+pub const OWNER: u8 = 3;
+
+/// A conversation the caller may act in at `LEVEL` ([`COLLABORATOR`],
+/// [`OWNER`]): one they may not see is 404 (as [`Visible`]), one they may
+/// see but not act in so is 403 `forbidden` naming the role needed, before
+/// the body is read (a handler that takes an `Acting` cannot forget to
+/// ask).
+pub struct Acting<const LEVEL: u8>(pub Visible<Conversation>);
+
+impl<const LEVEL: u8> FromRequestParts<AppState> for Acting<LEVEL> {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Error> {
+        let visible = Visible::<Conversation>::from_request_parts(parts, state).await?;
+        let needed = match LEVEL {
+            COLLABORATOR => Access::Collaborator,
+            _ => Access::Owner,
+        };
+        visible.require(needed, "do this")?;
+        Ok(Acting(visible))
+    }
 }
 
 /// What a path can name by `{id}`, and how to find it for a caller.

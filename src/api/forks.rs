@@ -18,7 +18,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
 use super::conversations::ConversationPath;
-use super::extract::Visible;
+use super::extract::{Acting, Visible, OWNER};
 use super::responses::AgentTimeout;
 use super::state::AppState;
 use crate::auth::Limited;
@@ -65,14 +65,15 @@ struct ForkBody {
     )
 )]
 async fn fork(
-    Visible {
-        state,
-        caller,
-        item: source,
-    }: Visible<Conversation>,
+    Acting(visible): Acting<OWNER>,
     headers: HeaderMap,
     body: std::result::Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<impl IntoResponse> {
+    let Visible {
+        state,
+        caller,
+        item: source,
+    } = visible;
     // As `AppJson` answers a body it cannot read (too large: 413).
     let body = body.map_err(|rejection| match rejection.status() {
         StatusCode::PAYLOAD_TOO_LARGE => Error::PayloadTooLarge("request body is too large".into()),
@@ -151,6 +152,7 @@ async fn fork(
         worktree: None,
         changes: None,
         spend: Vec::new(),
+        sharing: Default::default(),
     };
     let origin = Origin::Fork {
         source_session,

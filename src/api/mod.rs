@@ -8,6 +8,7 @@ mod policies;
 mod share_links;
 mod ws;
 mod queue;
+mod members;
 mod changes;
 mod questions;
 mod conversations;
@@ -58,6 +59,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .merge(actions::router())
         .merge(conversations::router())
         .merge(queue::router())
+        .merge(members::router())
         .merge(changes::router())
         .merge(forks::router())
         .merge(agent_sessions::router())

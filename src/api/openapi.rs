@@ -10,8 +10,8 @@ use utoipa::openapi::{Content, RefOr};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::model::{
-    ConversationView, Event, FileChange, Message, PermissionRequest, Question, QueuedPrompt, Rule,
-    ToolCall,
+    ConversationView, Event, FileChange, Member, Message, PermissionRequest, Question,
+    QueuedPrompt, Rule, ToolCall,
 };
 use crate::store::TokenInfo;
 
@@ -39,6 +39,7 @@ use crate::store::TokenInfo;
         (name = "health", description = "Liveness, readiness and metrics (no token needed)"),
         (name = "agents", description = "The agent profiles this gateway runs"),
         (name = "conversations", description = "ACP sessions with their persisted history"),
+        (name = "members", description = "Conversations shared with other users, each with a role"),
         (name = "settings", description = "What an agent reports about its session, and changing it"),
         (name = "events", description = "The event log, over REST and WebSocket"),
         (name = "permissions", description = "The agents' permission requests and their answers"),
@@ -231,6 +232,10 @@ list!(
 list!(
     /// A conversation's queued prompts, the next first.
     QueuedPromptList, QueuedPrompt
+);
+list!(
+    /// A conversation's members, in the order they were added.
+    MemberList, Member
 );
 list!(
     /// Permission requests, oldest first.

@@ -224,14 +224,13 @@ async fn respond(
     AppJson(body): AppJson<RespondBody>,
 ) -> Result<Json<PermissionRequest>> {
     let (answer, reason, steer) = body.answer()?;
-    let may_see = |owner: Option<&str>| caller.can_see(owner);
     let who = Answerer {
         decided_by: caller.decided_by(),
         via: None,
         reason,
         steer,
         kind: Some(WaitingKind::Permission),
-        may_see: Some(&may_see),
+        caller: Some(&caller),
     };
     let answered = state.sessions().answer(id, &who, answer).await?;
     Ok(Json(answered))

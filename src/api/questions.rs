@@ -136,14 +136,13 @@ async fn respond(
         action: action.to_owned(),
         content: body.content.filter(|c| !c.is_null()),
     };
-    let may_see = |owner: Option<&str>| caller.can_see(owner);
     let who = Answerer {
         decided_by: caller.decided_by(),
         via: None,
         reason: None,
         steer: false,
         kind: Some(WaitingKind::Question),
-        may_see: Some(&may_see),
+        caller: Some(&caller),
     };
     let answered = state.sessions().answer(id, &who, answer).await?;
     Ok(Json(Question::from(&answered)))

@@ -12,7 +12,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 use uuid::Uuid;
 
 use super::conversations::{ConversationPath, Started};
-use super::extract::{AppJson, AppPath, Visible};
+use super::extract::{Acting, AppJson, AppPath, Visible, COLLABORATOR};
 use super::openapi::QueuedPromptList;
 use super::page::whole;
 use super::responses::{AgentTimeout, AtCapacity, BudgetSpent, NoConversation};
@@ -106,14 +106,15 @@ fn whole_position<'de, D: serde::Deserializer<'de>>(
     )
 )]
 async fn edit(
-    Visible {
-        state,
-        caller,
-        item,
-    }: Visible<Conversation>,
+    Acting(visible): Acting<COLLABORATOR>,
     AppPath((_id, prompt_id)): AppPath<(Uuid, Uuid)>,
     AppJson(body): AppJson<EditBody>,
 ) -> Result<Json<Page<QueuedPrompt>>> {
+    let Visible {
+        state,
+        caller,
+        item,
+    } = visible;
     let content = body
         .text
         .map(|text| vec![json!({"type": "text", "text": text})]);
@@ -147,13 +148,14 @@ async fn edit(
     )
 )]
 async fn remove(
-    Visible {
+    Acting(visible): Acting<COLLABORATOR>,
+    AppPath((_id, prompt_id)): AppPath<(Uuid, Uuid)>,
+) -> Result<StatusCode> {
+    let Visible {
         state,
         caller,
         item,
-    }: Visible<Conversation>,
-    AppPath((_id, prompt_id)): AppPath<(Uuid, Uuid)>,
-) -> Result<StatusCode> {
+    } = visible;
     let edit = QueueEdit::Remove { prompt: prompt_id };
     state
         .sessions()
@@ -179,13 +181,12 @@ async fn remove(
         AgentTimeout,
     )
 )]
-async fn resume(
-    Visible {
+async fn resume(Acting(visible): Acting<COLLABORATOR>) -> Result<impl IntoResponse> {
+    let Visible {
         state,
         caller,
         item,
-    }: Visible<Conversation>,
-) -> Result<impl IntoResponse> {
+    } = visible;
     state.auth().check_rate(&caller, Limited::Prompt)?;
     state.budgets().admit(&item).await?;
     let turn_id = state.sessions().resume_queue(&item).await?;

@@ -42,7 +42,7 @@ use super::openapi::EventList;
 use super::page::paged_as;
 use super::responses::{no_content_if, InvalidPage, NoConversation, WebSocketRefused};
 use super::state::AppState;
-use super::ws::{serve_conversation, viewer_event, Audience, Handshake, HandshakeHeaders};
+use super::ws::{serve_conversation, viewer_event, Audience, Handshake, HandshakeHeaders, Watch};
 use crate::auth::{Caller, Limited};
 use crate::error::{Error, Result};
 use crate::model::{Conversation, ConversationStatus, Event, Page, Role};
@@ -539,8 +539,12 @@ async fn shared_ws(
     // Its own share of the buffer budget (no user is named `share:…`).
     let budget = state.send_budget().join(&holder.user);
     let run = move |state, socket| async move {
-        let served =
-            serve_conversation(state, id, after, revoked, Audience::Viewer, &budget, socket).await;
+        let watch = Watch {
+            revoked,
+            member: None,
+            audience: Audience::Viewer,
+        };
+        let served = serve_conversation(state, id, after, watch, &budget, socket).await;
         drop(budget);
         drop(open);
         if let Err(e) = served {

@@ -223,6 +223,24 @@ impl AppState {
     /// The conversation, if it exists and the caller may see it (another
     /// user's conversation is "not found", not "forbidden").
     pub async fn visible_conversation(&self, caller: &Caller, id: Uuid) -> Result<Conversation> {
+        let missing = || Error::NotFound(format!("no conversation {id}"));
+        let mut conversation = self
+            .store()
+            .get_conversation(id)
+            .await?
+            .ok_or_else(missing)?;
+        if caller.can_see(conversation.owner.as_deref()) {
+            return Ok(conversation);
+        }
+        // Shared with them, with their role: else "not found".
+        let member = self.store().get_member(id, &caller.user).await?;
+        conversation.sharing.role = Some(member.ok_or_else(missing)?.role);
+        Ok(conversation)
+    }
+
+    /// A conversation the caller owns (or any, for an operator): what the
+    /// ACP front door serves, to members not at all ("not found").
+    pub async fn owned_conversation(&self, caller: &Caller, id: Uuid) -> Result<Conversation> {
         self.store()
             .get_conversation(id)
             .await?

@@ -11,6 +11,7 @@
 //! published early, sends the last of it again ([`crate::bus::EventBus::remind`]):
 //! a client still sees every event once and in order, only later.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
@@ -30,8 +31,9 @@ use super::extract::{bearer_subprotocol, AppQuery, Authed, Visible};
 use super::responses::{NoConversation, WebSocketRefused};
 use super::state::AppState;
 use crate::auth::{Caller, Limited};
+use crate::bus::Published;
 use crate::error::{Error, Result};
-use crate::model::{Conversation, Event, EventBody, Question, WaitingKind};
+use crate::model::{Conversation, Event, EventBody, MemberRole, Question, WaitingKind};
 use crate::notify::presence::PresenceClient;
 use crate::store::PermissionFilter;
 use crate::telemetry;
@@ -259,9 +261,15 @@ async fn conversation_ws(
     let revoked = state.auth().on_revocation(&caller);
     let presence = state.presence().client(&caller.user);
     let budget = state.send_budget().join(&caller.user);
-    let audience = Audience::Caller(presence);
+    // A member's: it closes once their membership is gone.
+    let member = item.sharing.role.map(|_| caller.user.clone());
     let run = move |state, socket| async move {
-        let served = serve_conversation(state, id, after, revoked, audience, &budget, socket).await;
+        let watch = Watch {
+            revoked,
+            member,
+            audience: Audience::Caller(presence),
+        };
+        let served = serve_conversation(state, id, after, watch, &budget, socket).await;
         // The socket is gone by now, and with it the bytes queued in it.
         drop(budget);
         if let Err(e) = served {
@@ -290,6 +298,8 @@ pub(super) enum WsEnd {
     Revoked,
     #[error("share link revoked or expired")]
     LinkEnded,
+    #[error("membership of the conversation removed")]
+    Unshared,
     #[error("over the buffer budget")]
     OverBudget,
     #[error("evicted to make room in the buffer budget")]
@@ -381,19 +391,34 @@ async fn replay(
     }
 }
 
+/// What ends a conversation's socket besides the client and the gateway:
+/// its token revoked (or its share link ended), or (a member's) the
+/// membership gone; and whom it serves.
+pub(super) struct Watch {
+    pub(super) revoked: CancellationToken,
+    /// The member whose socket it is (`None`: its owner's, an operator's
+    /// or a share link's).
+    pub(super) member: Option<String>,
+    pub(super) audience: Audience,
+}
+
 /// Serves a conversation's events on `socket` until the client goes, it
-/// falls behind or over the budget, `revoked` (then `ended`), or the
+/// falls behind or over the budget, what `watch` watches ends it, or the
 /// gateway stops.
 pub(super) async fn serve_conversation(
     state: AppState,
     id: Uuid,
     after: i64,
-    revoked: CancellationToken,
-    mut audience: Audience,
+    watch: Watch,
     budget: &SocketBudget,
     mut socket: WebSocket,
 ) -> Result<(), WsEnd> {
     let _open = telemetry::WebSocketOpen::new();
+    let Watch {
+        revoked,
+        member,
+        mut audience,
+    } = watch;
     let viewer = matches!(audience, Audience::Viewer);
     let ended = if viewer {
         WsEnd::LinkEnded
@@ -404,6 +429,12 @@ pub(super) async fn serve_conversation(
     let mut last = after;
     let shutdown = state.closing().clone();
     let result = async {
+        if let Some(user) = &member {
+            // Removed between the handshake and the subscription.
+            if state.store().get_member(id, user).await?.is_none() {
+                return Err(WsEnd::Unshared);
+            }
+        }
         replay(&state, budget, id, &mut socket, &mut last, None, viewer).await?;
         loop {
             tokio::select! {
@@ -412,6 +443,11 @@ pub(super) async fn serve_conversation(
                         let seq = published.seq;
                         if seq <= last {
                             continue;
+                        }
+                        if let (Some(user), Some(note)) = (&member, &published.member) {
+                            if &note.user == user && note.role.is_none() {
+                                return Err(WsEnd::Unshared);
+                            }
                         }
                         if seq > last + 1 {
                             replay(&state, budget, id, &mut socket, &mut last, Some(seq), viewer).await?;
@@ -443,6 +479,26 @@ pub(super) async fn serve_conversation(
     .await;
     close_for(&mut socket, &result).await;
     result
+}
+
+/// Whether an event goes to the caller's inbox: one of a conversation they
+/// own (any, for an operator) or answer in as a member. A `member_*` event
+/// naming them updates `shared` first (and goes too where they could
+/// answer before or after it).
+fn inboxed(caller: &Caller, shared: &mut HashMap<Uuid, MemberRole>, published: &Published) -> bool {
+    if caller.can_see(published.owner.as_deref()) {
+        return true;
+    }
+    let id = published.conversation_id;
+    let before = shared.get(&id).is_some_and(|r| r.answers());
+    if let Some(note) = published.member.as_ref().filter(|n| n.user == caller.user) {
+        match note.role {
+            Some(role) => shared.insert(id, role),
+            None => shared.remove(&id),
+        };
+        return before || note.role.is_some_and(MemberRole::answers);
+    }
+    before
 }
 
 /// What a frame from the client means: commands go over REST, pings are
@@ -534,6 +590,11 @@ async fn close_for(socket: &mut WebSocket, result: &Result<(), WsEnd>) {
             "share link revoked or expired",
             CLOSE_TIMEOUT,
         ),
+        Err(WsEnd::Unshared) => (
+            CLOSE_POLICY_VIOLATION,
+            "membership of the conversation removed",
+            CLOSE_TIMEOUT,
+        ),
         Err(WsEnd::Evicted) => {
             telemetry::websocket_over_budget();
             (
@@ -611,6 +672,15 @@ async fn serve_inbox(
     let mut rx = state.bus().subscribe_all();
     let shutdown = state.closing().clone();
     let result = async {
+        // The conversations shared with the caller, each with their role
+        // (kept up to date by the `member_*` events naming them): those
+        // they answer in are in their inbox.
+        let mut shared: HashMap<Uuid, MemberRole> = state
+            .store()
+            .memberships(&caller.user)
+            .await?
+            .into_iter()
+            .collect();
         let mut pending = state
             .store()
             .list_permissions(&PermissionFilter {
@@ -620,13 +690,20 @@ async fn serve_inbox(
                 kind: None,
             })
             .await?;
+        // A viewer's are not theirs to answer.
+        let viewed = |id: &Uuid, shared: &HashMap<Uuid, MemberRole>| {
+            !caller.is_operator() && shared.get(id).is_some_and(|role| !role.answers())
+        };
+        pending.retain(|r| !viewed(&r.conversation_id, &shared));
         // With those waiting here that the database does not hold yet:
         // asked while it was away, their events went out before this
         // socket was open.
         let stored: std::collections::HashSet<Uuid> = pending.iter().map(|r| r.id).collect();
         let unstored: Vec<_> = state
             .sessions()
-            .waiting_here(|owner| caller.can_see(owner))
+            .waiting_here(|id, owner| {
+                caller.can_see(owner) || shared.get(&id).is_some_and(|r| r.answers())
+            })
             .into_iter()
             .filter(|r| !stored.contains(&r.id))
             .collect();
@@ -650,7 +727,7 @@ async fn serve_inbox(
         loop {
             tokio::select! {
                 received = rx.recv() => match received {
-                    Ok(published) if caller.can_see(published.owner.as_deref()) => {
+                    Ok(published) if inboxed(&caller, &mut shared, &published) => {
                         send(budget, &mut socket, published.json.clone()).await?
                     }
                     Ok(_) => {}
@@ -664,7 +741,7 @@ async fn serve_inbox(
                 _ = shutdown.cancelled() => {
                     // What was published before the sessions ended, then goodbye.
                     while let Ok(published) = rx.try_recv() {
-                        if caller.can_see(published.owner.as_deref()) {
+                        if inboxed(&caller, &mut shared, &published) {
                             send(budget, &mut socket, published.json.clone()).await?;
                         }
                     }

@@ -12,6 +12,7 @@ use super::agent_report::{
     SessionOffers, Usage,
 };
 use super::changes::{ChangeTotals, Worktree};
+use super::members::{MemberRole, Sharing};
 use super::queue::QueuedPrompt;
 use super::usage::Spend;
 
@@ -96,6 +97,9 @@ pub struct Conversation {
     /// What its agent spent, per currency (see [`super::usage`]); empty
     /// where nothing was, or where it was not read.
     pub spend: Vec<Spend>,
+    /// Who it is shared with, as its reader sees it (see
+    /// [`super::members`]).
+    pub sharing: Sharing,
 }
 
 /// Where a forked conversation came from: the conversation, and the message
@@ -170,6 +174,12 @@ pub struct ConversationView {
     /// increases of its usage reports: see `GET /api/v1/usage`); `[]`
     /// where its agent reported no cost.
     spend: Vec<Spend>,
+    /// How many users it is shared with (`POST …/members`); 0: none.
+    members: i64,
+    /// The caller's role where the conversation is shared with them (not
+    /// theirs: someone else's); `null` for its owner (and an operator who
+    /// is not a member).
+    role: Option<MemberRole>,
 }
 
 /// A conversation's worktree as the API shows it.
@@ -233,6 +243,8 @@ impl From<Conversation> for ConversationView {
             worktree: c.worktree.map(WorktreeView::from),
             changes: c.changes,
             spend: c.spend,
+            members: c.sharing.members,
+            role: c.sharing.role,
         }
     }
 }
@@ -487,6 +499,7 @@ mod tests {
             worktree: None,
             changes: None,
             spend: Vec::new(),
+            sharing: Default::default(),
         };
         c.state.title = Some("Agent's".into());
         let shown = serde_json::to_value(&c).unwrap();

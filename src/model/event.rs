@@ -28,6 +28,7 @@ use uuid::Uuid;
 use super::agent_report::SettingValue;
 use super::budget::BudgetNotice;
 use super::changes::{ChangesCommitted, ChangesDiscarded, ChangesLanded, ChangesUpdated};
+use super::members::MemberChange;
 use super::permission::{PermissionRequest, WaitingKind};
 use super::question::Question;
 use super::queue::{QueueChanged, QueueHeld};
@@ -70,6 +71,9 @@ pub mod event_type {
     pub const CHANGES_DISCARDED: &str = "changes_discarded";
     pub const BUDGET_WARNING: &str = "budget_warning";
     pub const BUDGET_EXCEEDED: &str = "budget_exceeded";
+    pub const MEMBER_ADDED: &str = "member_added";
+    pub const MEMBER_CHANGED: &str = "member_changed";
+    pub const MEMBER_REMOVED: &str = "member_removed";
 }
 
 /// What an event says happened: its `type`, and its `data` typed.
@@ -125,6 +129,12 @@ pub enum EventBody {
     QuestionAsked(Question),
     /// `question_resolved`: the question with its answer.
     QuestionResolved(Question),
+    /// `member_added`: the conversation was shared with a user.
+    MemberAdded(MemberChange),
+    /// `member_changed`: a member's role changed.
+    MemberChanged(MemberChange),
+    /// `member_removed`: a member was removed (with the role they had).
+    MemberRemoved(MemberChange),
     /// An event whose `data` is not its type's shape, kept verbatim: a
     /// stand-in for one the database refused (`data.unstorable` says why),
     /// or one read back in a shape this gateway does not know. Not in the
@@ -182,6 +192,9 @@ impl EventBody {
             EventBody::ChangesDiscarded(_) => CHANGES_DISCARDED,
             EventBody::BudgetWarning(_) => BUDGET_WARNING,
             EventBody::BudgetExceeded(_) => BUDGET_EXCEEDED,
+            EventBody::MemberAdded(_) => MEMBER_ADDED,
+            EventBody::MemberChanged(_) => MEMBER_CHANGED,
+            EventBody::MemberRemoved(_) => MEMBER_REMOVED,
             EventBody::Verbatim { kind, .. } => kind,
         }
     }
@@ -280,6 +293,9 @@ impl EventBody {
             CHANGES_DISCARDED => parse(data, EventBody::ChangesDiscarded, kind),
             BUDGET_WARNING => parse(data, EventBody::BudgetWarning, kind),
             BUDGET_EXCEEDED => parse(data, EventBody::BudgetExceeded, kind),
+            MEMBER_ADDED => parse(data, EventBody::MemberAdded, kind),
+            MEMBER_CHANGED => parse(data, EventBody::MemberChanged, kind),
+            MEMBER_REMOVED => parse(data, EventBody::MemberRemoved, kind),
             _ => EventBody::Verbatim {
                 kind: kind.to_owned(),
                 data,
@@ -311,6 +327,9 @@ impl Serialize for EventBodyData<'_> {
             EventBody::ChangesLanded(d) => d.serialize(s),
             EventBody::ChangesDiscarded(d) => d.serialize(s),
             EventBody::BudgetWarning(d) | EventBody::BudgetExceeded(d) => d.serialize(s),
+            EventBody::MemberAdded(d)
+            | EventBody::MemberChanged(d)
+            | EventBody::MemberRemoved(d) => d.serialize(s),
             EventBody::Verbatim { data, .. } => data.serialize(s),
         }
     }
@@ -386,6 +405,12 @@ pub struct TurnStarted {
     pub turn_id: Uuid,
     /// The user's prompt: ACP content blocks.
     pub content: Vec<Value>,
+    /// Who prompted (`user:<name>`; a queued prompt: who queued it; a
+    /// reason given with an answer: who answered). Absent where the
+    /// gateway itself prompted, and from events recorded before it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub by: Option<String>,
 }
 
 /// `turn_ended`: the agent answered `session/prompt`, or the turn ended
@@ -527,7 +552,7 @@ struct Documented {
 }
 
 /// The events as the OpenAPI document shows them, one schema per type.
-const DOCUMENTED: [Documented; 20] = {
+const DOCUMENTED: [Documented; 23] = {
     use event_type::*;
     [
         Documented {
@@ -649,6 +674,24 @@ const DOCUMENTED: [Documented; 20] = {
             kind: QUESTION_RESOLVED,
             description: "`question_resolved`: the question with its answer.",
             data: component::<Question>,
+        },
+        Documented {
+            name: "MemberAdded",
+            kind: MEMBER_ADDED,
+            description: "`member_added`: the conversation was shared with a user.",
+            data: component::<MemberChange>,
+        },
+        Documented {
+            name: "MemberChanged",
+            kind: MEMBER_CHANGED,
+            description: "`member_changed`: a member's role changed.",
+            data: component::<MemberChange>,
+        },
+        Documented {
+            name: "MemberRemoved",
+            kind: MEMBER_REMOVED,
+            description: "`member_removed`: a member was removed (with the role they had).",
+            data: component::<MemberChange>,
         },
     ]
 };
@@ -818,6 +861,7 @@ mod tests {
                     TurnStarted {
                         turn_id: turn,
                         content: vec![json!({"type": "text", "text": "hi"})],
+                        by: None,
                     },
                 ),
                 format!(

@@ -1,7 +1,8 @@
 //! The gateway's own objects as the API reference (`docs/api.md`) names
 //! them, one file per job: [`conversation`] (a conversation, its messages
 //! and tool calls), [`permission`] (requests, answers, rules, roles,
-//! policies), [`queue`] (prompts waiting for the running turn), [`policy_input`] (what a policy rule may say, as the API and
+//! policies), [`queue`] (prompts waiting for the running turn), [`members`] (a
+//! conversation shared with other users), [`policy_input`] (what a policy rule may say, as the API and
 //! the config file take it), [`agent_report`] (what the agent reported
 //! about its session), [`event`] (the event log) and [`stamp`] (new ids,
 //! the time now). ACP objects inside them (updates, tool calls, content
@@ -17,6 +18,7 @@ pub mod conversation;
 pub mod question;
 pub mod permission;
 pub mod queue;
+pub mod members;
 pub mod changes;
 pub mod budget;
 pub mod agent_report;
@@ -28,6 +30,7 @@ pub use budget::*;
 pub use changes::*;
 pub use conversation::*;
 pub use event::*;
+pub use members::*;
 pub use permission::*;
 pub use question::*;
 pub use queue::*;

@@ -72,6 +72,10 @@ pub struct Notifier {
 struct Known {
     conversation: Conversation,
     last_turn: Option<Uuid>,
+    /// Its members who answer its requests (approvers, collaborators):
+    /// each is notified of them as its owner is (kept up to date by the
+    /// `member_*` events).
+    answering: Vec<String>,
 }
 
 struct State {
@@ -264,9 +268,15 @@ impl Notifier {
             let Some(conversation) = self.store.get_conversation(id).await? else {
                 return Ok(None);
             };
+            let members = self.store.list_members(id).await?;
             slot.insert(Known {
                 conversation,
                 last_turn: None,
+                answering: members
+                    .into_iter()
+                    .filter(|m| m.role.answers())
+                    .map(|m| m.user)
+                    .collect(),
             });
         }
         Ok(state.conversations.get(&id))
@@ -276,7 +286,7 @@ impl Notifier {
         let Some(known) = state.conversations.get(&request.conversation_id) else {
             return;
         };
-        let Some(user) = known.conversation.owner.clone() else {
+        let Some(owner) = known.conversation.owner.clone() else {
             return;
         };
         let timeout_at = self
@@ -285,14 +295,18 @@ impl Notifier {
             .and_then(|p| p.permission_timeout)
             .and_then(|t| chrono::Duration::from_std(t).ok())
             .map(|t| request.created_at + t);
-        let fact = Fact::Asked {
-            request: request.id,
-            conversation: request.conversation_id,
-            user,
-            at: request.created_at,
-            timeout_at,
-        };
-        state.rules.observe(fact, Utc::now());
+        // Due to its owner and to each member who answers there.
+        let users = std::iter::once(owner).chain(known.answering.iter().cloned());
+        for user in users.collect::<Vec<_>>() {
+            let fact = Fact::Asked {
+                request: request.id,
+                conversation: request.conversation_id,
+                user,
+                at: request.created_at,
+                timeout_at,
+            };
+            state.rules.observe(fact, Utc::now());
+        }
         state.requests.insert(request.id, request);
     }
 
@@ -356,6 +370,15 @@ impl Notifier {
                 if state.conversations.contains_key(&conversation) {
                     self.asked(state, request);
                 }
+                Vec::new()
+            }
+            EventBody::MemberAdded(change) | EventBody::MemberChanged(change) => {
+                let answers = change.role.answers();
+                self.member_changed(state, conversation, change.user, answers);
+                Vec::new()
+            }
+            EventBody::MemberRemoved(change) => {
+                self.member_changed(state, conversation, change.user, false);
                 Vec::new()
             }
             EventBody::PermissionResolved(request) => {
@@ -471,6 +494,48 @@ impl Notifier {
             },
             Utc::now(),
         )
+    }
+
+    /// `user` answers in the conversation now (`answers`), or no longer:
+    /// the requests waiting there are due to them from now on, or nothing
+    /// more of it is.
+    fn member_changed(&self, state: &mut State, conversation: Uuid, user: String, answers: bool) {
+        if !answers {
+            if let Some(known) = state.conversations.get_mut(&conversation) {
+                known.answering.retain(|u| *u != user);
+            }
+            state
+                .rules
+                .observe(Fact::Left { conversation, user }, Utc::now());
+            return;
+        }
+        // Read when a request of it is asked, with its members then.
+        let Some(known) = state.conversations.get_mut(&conversation) else {
+            return;
+        };
+        known.answering.retain(|u| *u != user);
+        known.answering.push(user.clone());
+        let waiting: Vec<PermissionRequest> = state
+            .requests
+            .values()
+            .filter(|r| r.conversation_id == conversation)
+            .cloned()
+            .collect();
+        let timeout = self
+            .config
+            .agent(&known.conversation.agent)
+            .and_then(|p| p.permission_timeout)
+            .and_then(|t| chrono::Duration::from_std(t).ok());
+        for request in waiting {
+            let fact = Fact::Asked {
+                request: request.id,
+                conversation,
+                user: user.clone(),
+                at: request.created_at,
+                timeout_at: timeout.map(|t| request.created_at + t),
+            };
+            state.rules.observe(fact, Utc::now());
+        }
     }
 
     /// Builds the notification's body and enqueues it.
@@ -719,6 +784,9 @@ fn rules_look_at(kind: &str) -> bool {
             | event_type::QUESTION_RESOLVED
             | event_type::BUDGET_WARNING
             | event_type::BUDGET_EXCEEDED
+            | event_type::MEMBER_ADDED
+            | event_type::MEMBER_CHANGED
+            | event_type::MEMBER_REMOVED
     )
 }
 
@@ -742,6 +810,7 @@ fn stand_in_turn(kind: &str, data: &Value) -> Option<EventBody> {
         event_type::TURN_STARTED => Some(EventBody::TurnStarted(TurnStarted {
             turn_id,
             content: Vec::new(),
+            by: None,
         })),
         event_type::TURN_ENDED => Some(EventBody::TurnEnded(TurnEnded {
             turn_id,

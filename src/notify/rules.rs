@@ -20,6 +20,11 @@
 //!   to the conversation's owner and every operator, each while away.
 //!
 //! Nothing while the owner is present, nothing twice for the same key.
+//!
+//! A request is due to each user who may answer it, keyed by (request,
+//! user): the owner, and each member of a shared conversation who answers
+//! there (approver, collaborator), each with their own presence and grace.
+//! A member who leaves ([`Fact::Left`]) gets nothing more of it.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -53,6 +58,9 @@ pub enum Fact {
     },
     /// A request was answered (or withdrawn, timed out, expired).
     Answered { request: Uuid },
+    /// `user` no longer answers in `conversation` (their membership was
+    /// removed, or is a viewer's now): nothing more of it is due to them.
+    Left { conversation: Uuid, user: String },
     /// Whether any client of `user` is present now.
     Presence { user: String, present: bool },
     TurnStarted {
@@ -182,6 +190,7 @@ impl Due {
 #[derive(Debug, Clone)]
 struct Waiting {
     user: String,
+    conversation: Uuid,
     at: DateTime<Utc>,
     waiting_at: DateTime<Utc>,
     /// When a reminder is due, until `timeout_at`.
@@ -193,10 +202,16 @@ struct Waiting {
 #[derive(Debug)]
 pub struct Rules {
     settings: Settings,
-    pending: HashMap<Uuid, Waiting>,
+    /// By (request, user): one request is due to each who may answer it.
+    pending: HashMap<(Uuid, String), Waiting>,
     turns: HashMap<Uuid, (Uuid, DateTime<Utc>)>,
     present: HashSet<String>,
     sent: HashSet<String>,
+}
+
+/// What `sent` holds of `key` for `user` (a request's keys are theirs).
+fn sent_key(user: &str, key: &str) -> String {
+    format!("{user}\n{key}")
 }
 
 fn add(at: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
@@ -224,10 +239,10 @@ impl Rules {
         match fact {
             Fact::Asked {
                 request,
+                conversation,
                 user,
                 at,
                 timeout_at,
-                ..
             } => {
                 let waiting_at = add(at, self.settings.grace);
                 let reminder = timeout_at.and_then(|timeout_at| {
@@ -235,20 +250,37 @@ impl Rules {
                     let remind_at = timeout_at - before;
                     (remind_at > waiting_at).then_some((remind_at, timeout_at))
                 });
-                self.pending.entry(request).or_insert(Waiting {
-                    user,
-                    at,
-                    waiting_at,
-                    reminder,
-                });
+                self.pending
+                    .entry((request, user.clone()))
+                    .or_insert(Waiting {
+                        user,
+                        conversation,
+                        at,
+                        waiting_at,
+                        reminder,
+                    });
                 Vec::new()
             }
             Fact::Answered { request } => {
                 // It cannot be due again: what was sent of it is forgotten.
-                if self.pending.remove(&request).is_some() {
-                    self.sent.remove(&format!("permission_waiting:{request}"));
-                    self.sent.remove(&format!("permission_reminder:{request}"));
+                let users: Vec<String> = self
+                    .pending
+                    .keys()
+                    .filter(|(r, _)| *r == request)
+                    .map(|(_, u)| u.clone())
+                    .collect();
+                for user in users {
+                    self.pending.remove(&(request, user.clone()));
+                    self.sent
+                        .remove(&sent_key(&user, &format!("permission_waiting:{request}")));
+                    self.sent
+                        .remove(&sent_key(&user, &format!("permission_reminder:{request}")));
                 }
+                Vec::new()
+            }
+            Fact::Left { conversation, user } => {
+                self.pending
+                    .retain(|_, w| w.conversation != conversation || w.user != user);
                 Vec::new()
             }
             Fact::Presence { user, present } => {
@@ -357,7 +389,7 @@ impl Rules {
     }
 
     fn once(&mut self, due: Due) -> Vec<Due> {
-        let keys = due.keys();
+        let keys: Vec<String> = due.keys().iter().map(|k| sent_key(due.user(), k)).collect();
         if keys.iter().all(|k| self.sent.contains(k)) {
             return Vec::new();
         }
@@ -377,15 +409,16 @@ impl Rules {
         let mut waiting: HashMap<&str, Vec<(DateTime<Utc>, Uuid)>> = HashMap::new();
         let mut reminders = Vec::new();
         let mut missed = Vec::new();
-        for (id, w) in &self.pending {
+        for ((id, _), w) in &self.pending {
             if self.present.contains(&w.user) || only.is_some_and(|u| u != w.user) {
                 continue;
             }
-            if w.waiting_at <= horizon && !self.sent.contains(&format!("permission_waiting:{id}")) {
+            let waiting_key = sent_key(&w.user, &format!("permission_waiting:{id}"));
+            if w.waiting_at <= horizon && !self.sent.contains(&waiting_key) {
                 waiting.entry(&w.user).or_default().push((w.at, *id));
             }
             if let Some((remind_at, timeout_at)) = w.reminder {
-                let key = format!("permission_reminder:{id}");
+                let key = sent_key(&w.user, &format!("permission_reminder:{id}"));
                 if remind_at <= horizon && !self.sent.contains(&key) {
                     if now < timeout_at {
                         reminders.push((w.at, w.user.clone(), *id));
@@ -416,7 +449,8 @@ impl Rules {
                 .map(|(_, user, request)| Due::Reminder { user, request }),
         );
         for d in &due {
-            self.sent.extend(d.keys());
+            let user = d.user();
+            self.sent.extend(d.keys().iter().map(|k| sent_key(user, k)));
         }
         due
     }
@@ -427,12 +461,13 @@ impl Rules {
         self.pending
             .iter()
             .filter(|(_, w)| !self.present.contains(&w.user))
-            .flat_map(|(id, w)| {
-                let waiting = (!self.sent.contains(&format!("permission_waiting:{id}")))
-                    .then_some(w.waiting_at);
+            .flat_map(|((id, _), w)| {
+                let key = |kind: &str| sent_key(&w.user, &format!("{kind}:{id}"));
+                let waiting =
+                    (!self.sent.contains(&key("permission_waiting"))).then_some(w.waiting_at);
                 let reminder = w
                     .reminder
-                    .filter(|_| !self.sent.contains(&format!("permission_reminder:{id}")))
+                    .filter(|_| !self.sent.contains(&key("permission_reminder")))
                     .map(|(at, _)| at);
                 waiting.into_iter().chain(reminder)
             })
@@ -499,6 +534,37 @@ mod tests {
         assert_eq!(due, vec![waiting("alice", &[r])]);
         assert_eq!(due[0].keys(), vec![format!("permission_waiting:{r}")]);
         assert!(rules.due(t(20_000)).is_empty());
+        assert_eq!(rules.next_deadline(), None);
+    }
+
+    #[test]
+    fn a_shared_request_is_due_to_each_who_answers_it_by_their_own_presence() {
+        let mut rules = rules();
+        let (request, conversation) = (Uuid::now_v7(), Uuid::now_v7());
+        for user in ["alice", "abe", "cole"] {
+            let fact = Fact::Asked {
+                request,
+                conversation,
+                user: user.into(),
+                at: t(0),
+                timeout_at: None,
+            };
+            assert!(rules.observe(fact, t(0)).is_empty());
+        }
+        presence(&mut rules, "abe", true, 0);
+        // Cole no longer answers there: nothing more of it is his.
+        let left = Fact::Left {
+            conversation,
+            user: "cole".into(),
+        };
+        assert!(rules.observe(left, t(1_000)).is_empty());
+        assert_eq!(rules.due(t(15_000)), vec![waiting("alice", &[request])]);
+        // Abe's grace passed while he was here: due as he goes away, once.
+        let due = presence(&mut rules, "abe", false, 20_000);
+        assert_eq!(due, vec![waiting("abe", &[request])]);
+        assert!(rules.due(t(30_000)).is_empty());
+        // Answered: forgotten for everyone.
+        rules.observe(Fact::Answered { request }, t(31_000));
         assert_eq!(rules.next_deadline(), None);
     }
 

@@ -10,12 +10,12 @@ use uuid::Uuid;
 
 use super::command::{AnswerNote, Command};
 use super::Sessions;
+use crate::access::Access;
+use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::model::{Answer, PermissionRequest, PermissionStatus, WaitingKind};
 use crate::permissions::{agent_away, answer_without_agent, validate_answer};
-
-/// Whether someone may see a conversation with this owner.
-pub type MaySee<'a> = &'a (dyn Fn(Option<&str>) -> bool + Sync);
+use crate::store::Store;
 
 /// Who answers a permission request, and how it came.
 pub struct Answerer<'a> {
@@ -31,10 +31,11 @@ pub struct Answerer<'a> {
     /// other kind is 404, as if it did not exist); `None`: either (another
     /// node checked).
     pub kind: Option<WaitingKind>,
-    /// Whether they may see a conversation with this owner (a request they
-    /// may not see is 404, as if it did not exist); `None`: whoever handed
-    /// the answer on checked it (another node).
-    pub may_see: Option<MaySee<'a>>,
+    /// Who they are, for their access to the request's conversation (see
+    /// [`crate::access`]): one they may not see is 404, as if it did not
+    /// exist; one they see but may not answer in (a viewer), 403. `None`:
+    /// whoever handed the answer on checked it (another node).
+    pub caller: Option<&'a Caller>,
 }
 
 impl Answerer<'_> {
@@ -47,8 +48,22 @@ impl Answerer<'_> {
         }
     }
 
-    fn sees(&self, owner: Option<&str>) -> bool {
-        self.may_see.is_none_or(|may_see| may_see(owner))
+    /// Whether they may answer in the conversation `id` of `owner`'s:
+    /// `missing` where they may not see it, 403 where they only view it.
+    async fn may_answer(
+        &self,
+        store: &dyn Store,
+        id: Uuid,
+        owner: Option<&str>,
+        missing: impl Fn() -> Error,
+    ) -> Result<()> {
+        let Some(caller) = self.caller else {
+            return Ok(());
+        };
+        match Access::find(store, caller, id, owner).await? {
+            None => Err(missing()),
+            Some(access) => access.require(Access::Approver, "answer its requests and questions"),
+        }
     }
 
     /// Whether they answer an item of `kind`.
@@ -59,18 +74,22 @@ impl Answerer<'_> {
 
 impl Sessions {
     /// The requests waiting in live sessions on this node whose
-    /// conversations `can_see` (given the owner) lets the caller see: what
+    /// conversations `can_see` (given their id and owner) lets the caller
+    /// see: what
     /// an inbox's snapshot adds to the database's pending requests, which
     /// lack those asked while the database was away until they are
     /// committed (their events went out before).
-    pub fn waiting_here(&self, can_see: impl Fn(Option<&str>) -> bool) -> Vec<PermissionRequest> {
+    pub fn waiting_here(
+        &self,
+        can_see: impl Fn(Uuid, Option<&str>) -> bool,
+    ) -> Vec<PermissionRequest> {
         self.inner
             .setup
             .waiting
             .lock()
             .unwrap()
             .values()
-            .filter(|w| can_see(w.owner.as_deref()))
+            .filter(|w| can_see(w.request.conversation_id, w.owner.as_deref()))
             .map(|w| w.request.clone())
             .collect()
     }
@@ -103,9 +122,11 @@ impl Sessions {
         };
         let mut asked_here = false;
         if let Some((conversation_id, owner, kind)) = held {
-            if !who.sees(owner.as_deref()) || !who.answers(kind) {
+            if !who.answers(kind) {
                 return Err(missing());
             }
+            who.may_answer(self.store(), conversation_id, owner.as_deref(), missing)
+                .await?;
             if let Some(answered) = self.answer_here(conversation_id, id, who, &answer).await {
                 return answered;
             }
@@ -117,12 +138,16 @@ impl Sessions {
         if !who.answers(request.kind) {
             return Err(missing());
         }
-        if who.may_see.is_some() {
+        if who.caller.is_some() {
             let conversation = self.store().get_conversation(request.conversation_id);
             let owner = conversation.await?.ok_or_else(missing)?.owner;
-            if !who.sees(owner.as_deref()) {
-                return Err(missing());
-            }
+            who.may_answer(
+                self.store(),
+                request.conversation_id,
+                owner.as_deref(),
+                missing,
+            )
+            .await?;
         }
         if request.status != PermissionStatus::Pending {
             return answer_without_agent(request, &answer);

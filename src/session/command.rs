@@ -16,7 +16,7 @@ use uuid::Uuid;
 use super::queue::QueueEdit;
 use super::work::{ChangeDone, ChangeOp};
 use crate::error::Result;
-use crate::model::{AgentReport, Answer, PermissionRequest, QueueChanged};
+use crate::model::{AgentReport, Answer, Member, MemberOp, PermissionRequest, QueueChanged};
 
 /// A command for a conversation, as the task gets it and as one node sends
 /// it to another (`{"kind": "prompt", …}`). Each carries its own reply, of
@@ -104,6 +104,14 @@ pub enum Command {
         word: BudgetWord,
         #[serde(skip)]
         reply: Reply<Result<()>>,
+    },
+    /// A person's change of the conversation's members; the reply is the
+    /// member as they are now (removed: as they were).
+    Members {
+        op: MemberOp,
+        by: String,
+        #[serde(skip)]
+        reply: Reply<Result<Member>>,
     },
     /// Stop the agent if it is idle (to make room for another); the reply
     /// says whether it will stop. Only ever asked of this node's own tasks:
@@ -307,6 +315,11 @@ impl Handle {
     /// A budget's word on the conversation.
     pub async fn budget(&self, word: BudgetWord) -> Option<Result<()>> {
         self.ask(|reply| Command::Budget { word, reply }).await
+    }
+
+    /// A person's change of the conversation's members.
+    pub async fn change_members(&self, op: MemberOp, by: String) -> Option<Result<Member>> {
+        self.ask(|reply| Command::Members { op, by, reply }).await
     }
 
     /// Starts the first queued prompt now.

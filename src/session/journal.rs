@@ -714,6 +714,7 @@ mod tests {
             worktree: None,
             changes: None,
             spend: Vec::new(),
+            sharing: Default::default(),
         };
         store.insert_conversation(&conversation).await.unwrap();
         let outlets = Outlets {

@@ -52,6 +52,7 @@ impl Sessions {
             worktree: None,
             changes: None,
             spend: Vec::new(),
+            sharing: Default::default(),
         };
         let _slot = self.admit(Some(owner)).await?;
         let agent_box = agent_box_of(&profile, &probe, &self.inner.setup.homes)?;

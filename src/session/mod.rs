@@ -8,7 +8,9 @@
 //!
 //! Inside: `route` runs the API's commands here or forwards them to the
 //! node that owns the conversation (and serves those forwarded here);
-//! [`answer`] is the one road of a person's answer to a permission request;
+//! [`answer`] is the one road of a person's answer to a permission request
+//! (checking the answerer's access: see [`crate::access`]); `sharing` and
+//! [`members`] change who a conversation is shared with, by its one writer;
 //! [`recover`] recovers what a previous run or a dead node left behind;
 //! `reattach` takes up the agents a previous run left under their shims;
 //! [`task`] is one conversation's `select!` loop, taking [`command`]s;
@@ -25,9 +27,11 @@ mod reattach;
 mod route;
 mod worktree;
 mod budget;
+mod sharing;
 pub mod answer;
 pub mod recover;
 pub mod task;
+pub mod members;
 pub mod journal;
 pub mod command;
 pub mod transcript;

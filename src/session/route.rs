@@ -557,7 +557,7 @@ impl ClusterMember for Sessions {
                         reason,
                         steer,
                         kind: None,
-                        may_see: None,
+                        caller: None,
                     };
                     serde_json::to_value(self.answer(request, &who, answer).await?)
                         .expect("requests serialize")
@@ -577,6 +577,10 @@ impl ClusterMember for Sessions {
                 Command::Budget { word, .. } => {
                     self.budget(&conversation, word).await?;
                     Value::Null
+                }
+                Command::Members { op, by, .. } => {
+                    serde_json::to_value(self.change_members(&conversation, op, by).await?)
+                        .expect("members serialize")
                 }
                 // Never sent to another node (it cannot be read from JSON).
                 Command::Release { .. } => {

@@ -700,6 +700,14 @@ impl Task {
             }),
             Command::Changes { op, by, reply } => reply.send(self.change_work(op, &by).await),
             Command::Budget { word, reply } => reply.send(self.budget(word).await),
+            Command::Members { op, by, reply } => {
+                // What was buffered before the change is committed before it.
+                let done = match self.flush().await {
+                    Ok(()) => crate::session::members::apply(&mut self.journal, op, &by).await,
+                    Err(e) => Err(e),
+                };
+                reply.send(done)
+            }
             Command::Close { reply } => reply.send(()),
             Command::Release { reply } => reply.send(false),
         }

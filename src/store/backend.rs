@@ -166,6 +166,7 @@ pub trait Store:
     + super::tokens::TokenStore
     + super::budgets::BudgetStore
     + super::share_links::ShareLinkStore
+    + super::members::MemberStore
     + super::cluster::Clustered
     + Send
     + Sync

@@ -47,15 +47,18 @@ pub trait ConversationStore: Send + Sync {
     ) -> Result<Vec<String>>;
     /// A conversation, with what it spent.
     async fn get_conversation(&self, id: Uuid) -> Result<Option<Conversation>>;
-    /// Newest first, each with what it spent; `before` is the last id of the previous page; `owner`
-    /// limits the list to one user's conversations, `cwd` to those whose
-    /// working directory is exactly that path.
+    /// Newest first, each with what it spent; `before` is the last id of
+    /// the previous page; `owner` limits the list to one user's
+    /// conversations (with `shared`, and those shared with them: each then
+    /// with their role), `cwd` to those whose working directory is exactly
+    /// that path.
     async fn list_conversations(
         &self,
         limit: i64,
         before: Option<Uuid>,
         owner: Option<&str>,
         cwd: Option<&str>,
+        shared: bool,
     ) -> Result<Vec<Conversation>>;
     /// What the newest conversation of the agent profile `agent` whose agent
     /// answered `initialize` recorded as `member` of its report (an object),
@@ -188,11 +191,12 @@ macro_rules! impl_conversation_store {
 
                 async fn get_conversation(&self, id: Uuid) -> Result<Option<Conversation>> {
                     let sql = format!(
-                        "select c.*, {CONVERSATION_SPEND} as spend from conversations c
-                         where c.id = $1"
+                        "select c.*, {CONVERSATION_SPEND} as spend, {} from conversations c
+                         where c.id = $1",
+                        $crate::store::members::sharing_columns("null"),
                     );
                     sqlx::query_as::<_, ConversationRow>(&sql)
-                    .bind(id)
+                        .bind(id)
                     .fetch_optional(&self.pool)
                     .await?
                     .map(ConversationRow::into_conversation)
@@ -205,18 +209,23 @@ macro_rules! impl_conversation_store {
                     before: Option<Uuid>,
                     owner: Option<&str>,
                     cwd: Option<&str>,
+                    shared: bool,
                 ) -> Result<Vec<Conversation>> {
                     let sql = format!(
-                        "select c.*, {CONVERSATION_SPEND} as spend from conversations c
-                         where ($1 is null or c.id < $1) and ($3 is null or c.owner = $3)
+                        "select c.*, {CONVERSATION_SPEND} as spend, {} from conversations c
+                         where ($1 is null or c.id < $1)
+                           and ($3 is null or c.owner = $3 or ($5 and {}))
                            and ($4 is null or c.cwd = $4)
-                         order by c.id desc limit $2"
+                         order by c.id desc limit $2",
+                        $crate::store::members::sharing_columns("$3"),
+                        $crate::store::members::shared_with("$3"),
                     );
                     sqlx::query_as::<_, ConversationRow>(&sql)
                     .bind(before)
                     .bind(limit)
                     .bind(owner)
                     .bind(cwd)
+                    .bind(shared)
                     .fetch_all(&self.pool)
                     .await?
                     .into_iter()

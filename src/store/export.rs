@@ -25,6 +25,8 @@ pub struct CopyStats {
     /// Usage records copied (of removed conversations too; those the
     /// target had already are left alone, and not counted).
     pub usage_records: usize,
+    /// Members of shared conversations.
+    pub members: usize,
     /// Notification targets copied (those already there are left alone).
     pub notification_targets: usize,
     /// Budgets' exceptions and notices copied (those already there are
@@ -47,11 +49,11 @@ const PAGE: i64 = 100;
 const USAGE_PAGE: i64 = 1000;
 
 /// Copies every conversation with its events, messages, tool calls,
-/// permission requests, remembered rules and share links (their hashes:
-/// a link made before works after); every usage record (what agents spent,
-/// kept when a conversation is removed); the notification targets and
-/// the VAPID key pair (Web Push subscriptions are made against it); the
-/// budgets' exceptions and notices. A conversation the target
+/// permission requests, remembered rules, members and share links (their
+/// hashes: a link made before works after); every usage record (what
+/// agents spent, kept when a conversation is removed); the notification
+/// targets and the VAPID key pair (Web Push subscriptions are made against
+/// it); the budgets' exceptions and notices. A conversation the target
 /// already holds with the same history is skipped, so an interrupted export
 /// can be run again; one it holds with a different history is an error.
 pub async fn copy_all(from: &dyn Store, to: &dyn Store) -> Result<CopyStats> {
@@ -64,7 +66,9 @@ pub async fn copy_all(from: &dyn Store, to: &dyn Store) -> Result<CopyStats> {
     let mut stats = CopyStats::default();
     let mut cursor = None;
     loop {
-        let page = from.list_conversations(PAGE, cursor, None, None).await?;
+        let page = from
+            .list_conversations(PAGE, cursor, None, None, false)
+            .await?;
         let Some(last) = page.last() else { break };
         cursor = Some(last.id);
         for conversation in &page {
@@ -212,6 +216,12 @@ async fn copy_conversation(
     for rule in &rules {
         to.upsert_rule(rule).await?;
     }
+    // Who it is shared with (their events are in its history).
+    let members = from.list_members(id).await?;
+    for member in &members {
+        to.put_member(id, member).await?;
+    }
+    stats.members += members.len();
     stats.conversations += 1;
     stats.events += batch.events.len();
     stats.messages += batch.messages.len();

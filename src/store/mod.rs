@@ -16,7 +16,8 @@
 //! [`processes`] (agent processes), [`usage`] (what agents spent),
 //! [`notify`] (notifications), [`tokens`] (users and tokens), [`budgets`]
 //! (budgets' exceptions and notices), [`share_links`] (read-only links to a
-//! conversation) and [`cluster`]. Each part but the cluster's is
+//! conversation), [`members`] (conversations shared with other users) and
+//! [`cluster`]. Each part but the cluster's is
 //! written once for both backends (`sql.rs` says how); what differs is in
 //! [`postgres`] and [`sqlite`], each with its own commit.
 //!
@@ -47,6 +48,7 @@ mod page;
 pub mod tokens;
 pub mod budgets;
 pub mod share_links;
+pub mod members;
 pub mod notify;
 pub mod cluster;
 
@@ -54,6 +56,7 @@ pub use crate::config::url::{redact_url, sqlite_file, Backend};
 pub use backend::{Batch, CommitQueue, ConversationPatch, Resolution, Store};
 pub use budgets::{BudgetStore, SpendScope};
 pub use cluster::{ClusterStore, Clustered};
+pub use members::MemberStore;
 pub use notify::ActionToken;
 pub use page::{json_size, Bounded};
 pub use permissions::{PermissionFilter, PolicySet};

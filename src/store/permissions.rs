@@ -18,7 +18,8 @@ use crate::model::{PermissionRequest, Rule, WaitingKind};
 pub struct PermissionFilter {
     pub pending_only: bool,
     pub conversation_id: Option<Uuid>,
-    /// Only requests of this user's conversations.
+    /// Only requests of this user's conversations (and those shared with
+    /// them).
     pub owner: Option<String>,
     /// Only permission requests, or only questions (`None`: both).
     pub kind: Option<WaitingKind>,
@@ -105,24 +106,26 @@ macro_rules! impl_permission_store {
                     filter: &PermissionFilter,
                 ) -> Result<Vec<PermissionRequest>> {
                     // Ids are UUIDv7: their order is the order of creation.
-                    sqlx::query_as::<_, PermissionRow>(
+                    let sql = format!(
                         "select p.* from permission_requests p
                          join conversations c on c.id = p.conversation_id
                          where ($1 = false or p.status = 'pending')
                            and ($2 is null or p.conversation_id = $2)
-                           and ($3 is null or c.owner = $3)
+                           and ($3 is null or c.owner = $3 or {})
                            and ($4 is null or p.kind = $4)
                          order by p.id",
-                    )
-                    .bind(filter.pending_only)
-                    .bind(filter.conversation_id)
-                    .bind(&filter.owner)
-                    .bind(filter.kind.map(WaitingKind::as_str))
-                    .fetch_all(&self.pool)
-                    .await?
-                    .into_iter()
-                    .map(PermissionRequest::try_from)
-                    .collect()
+                        $crate::store::members::shared_with("$3"),
+                    );
+                    sqlx::query_as::<_, PermissionRow>(&sql)
+                        .bind(filter.pending_only)
+                        .bind(filter.conversation_id)
+                        .bind(&filter.owner)
+                        .bind(filter.kind.map(WaitingKind::as_str))
+                        .fetch_all(&self.pool)
+                        .await?
+                        .into_iter()
+                        .map(PermissionRequest::try_from)
+                        .collect()
                 }
 
                 async fn count_pending_permissions(&self) -> Result<i64> {

@@ -122,6 +122,12 @@ pub struct ConversationRow {
     /// What it spent (`[{currency, amount}]`), where the query read it.
     #[sqlx(default)]
     spend: Option<Json<Vec<crate::model::Spend>>>,
+    /// How many members it has, where the query counts them.
+    #[sqlx(default)]
+    members: Option<i64>,
+    /// The reader's role as a member, where the query finds it.
+    #[sqlx(default)]
+    member_role: Option<String>,
 }
 
 impl ConversationRow {
@@ -177,6 +183,13 @@ impl ConversationRow {
                     .change_totals
                     .and_then(|Json(v)| serde_json::from_value(v).ok()),
                 spend: self.spend.map(|Json(s)| s).unwrap_or_default(),
+                sharing: crate::model::Sharing {
+                    members: self.members.unwrap_or(0),
+                    role: self
+                        .member_role
+                        .as_deref()
+                        .and_then(crate::model::MemberRole::parse),
+                },
             },
             self.current_turn_id,
         ))

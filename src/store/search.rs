@@ -121,16 +121,20 @@ macro_rules! impl_search_store {
                     let matched = SEARCH_MATCH;
                     // The title shown: the user's, else the agent's.
                     let agent_title = AGENT_TITLE;
+                    // Those shared with the reader too, with their role.
+                    let sharing = $crate::store::members::sharing_columns("$4");
+                    let shared = $crate::store::members::shared_with("$4");
                     // Each conversation's first matching message, found once; a
                     // conversation counts where it has one or its title holds `q`.
                     let found = format!(
                         "select * from (
-                           select c.*,
+                           select c.*, {sharing},
                              (select s.body from search_texts s
                               where s.conversation_id = c.id and {matched}
                               order by s.message_id limit 1) as found
                            from conversations c
-                           where ($3 is null or c.id < $3) and ($4 is null or c.owner = $4)
+                           where ($3 is null or c.id < $3)
+                             and ($4 is null or c.owner = $4 or {shared})
                          ) c
                          where c.found is not null
                             or lower(coalesce(c.title, {agent_title}, '')) like $2 escape '\\'

@@ -215,6 +215,7 @@ macro_rules! impl_store {
         $crate::store::tokens::impl_token_store!($store);
         $crate::store::budgets::impl_budget_store!($store);
         $crate::store::share_links::impl_share_link_store!($store);
+        $crate::store::members::impl_member_store!($store);
     };
 }
 

@@ -195,6 +195,7 @@ pub fn idle_conversation(owner: Option<&str>) -> acp_gateway::model::Conversatio
         worktree: None,
         changes: None,
         spend: Vec::new(),
+        sharing: Default::default(),
     }
 }
 

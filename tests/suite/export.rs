@@ -17,6 +17,7 @@ async fn history(gw: &TestGateway) -> Value {
             "messages": gw.get(&part("messages")).await.1,
             "tool_calls": gw.get(&part("tool-calls")).await.1,
             "rules": gw.get(&part("rules")).await.1,
+            "members": gw.get(&part("members")).await.1,
         }));
     }
     let (_, permissions) = gw.get("/api/v1/permissions?status=all").await;
@@ -106,6 +107,15 @@ async fn make_history(db: &TestDb) {
         delta: 2.5,
     };
     assert_eq!(store.insert_usage_records(&[removed]).await.unwrap(), 1);
+    // Each shared with a member (written as the session writes them).
+    db.execute(
+        "insert into conversation_members
+           select id, 'bob', 'approver', 'user:anonymous', now() from conversations",
+        "insert into conversation_members
+           select id, 'bob', 'approver', 'user:anonymous', '2026-12-01 10:00:00+00:00'
+           from conversations",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -149,6 +159,11 @@ async fn an_export_round_trip_preserves_every_event_message_tool_call_and_reques
             .len(),
         1
     );
+
+    for c in original["conversations"].as_array().unwrap() {
+        assert_eq!(c["conversation"]["members"], 1, "{c}");
+        assert_eq!(c["members"]["items"][0]["user"], "bob", "{c}");
+    }
 
     // SQLite → Postgres.
     let report = export(&lite, &pg);

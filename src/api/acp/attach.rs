@@ -374,7 +374,7 @@ impl Forward {
                 Vec::new()
             }
         };
-        let here = self.state.sessions().waiting_here(|_| true);
+        let here = self.state.sessions().waiting_here(|_, _| true);
         for request in here {
             // A question is for the phone and the web client (see docs/ide.md).
             let permission = request.kind == WaitingKind::Permission;

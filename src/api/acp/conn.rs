@@ -243,7 +243,7 @@ impl Conn {
 
     /// The conversation as the caller may see it now.
     async fn conversation(&self, id: Uuid) -> Result<Conversation> {
-        let found = self.state.visible_conversation(&self.caller, id).await;
+        let found = self.state.owned_conversation(&self.caller, id).await;
         found.map_err(|_| unknown_session(id))
     }
 
@@ -455,7 +455,13 @@ impl Conn {
         let mut items = self
             .state
             .store()
-            .list_conversations(LIST_PAGE + 1, before, owner.as_deref(), p.cwd.as_deref())
+            .list_conversations(
+                LIST_PAGE + 1,
+                before,
+                owner.as_deref(),
+                p.cwd.as_deref(),
+                false,
+            )
             .await?;
         let more = items.len() as i64 > LIST_PAGE;
         items.truncate(LIST_PAGE as usize);
@@ -568,14 +574,13 @@ impl Conn {
         };
         let conn = self.clone();
         tokio::spawn(self.state.track_socket(async move {
-            let may_see = |owner: Option<&str>| conn.caller.can_see(owner);
             let who = Answerer {
                 decided_by: conn.caller.decided_by(),
                 via: Some("acp".into()),
                 reason: None,
                 steer: false,
                 kind: Some(WaitingKind::Permission),
-                may_see: Some(&may_see),
+                caller: Some(&conn.caller),
             };
             if let Err(e) = conn.state.sessions().answer(request, &who, answer).await {
                 tracing::debug!(%conversation_id, %request, error = %e, "an ACP client's answer was refused");

@@ -10,14 +10,13 @@ use serde_json::{json, Value};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::super::extract::{exactly_one, AppJson, Visible};
+use super::super::extract::{exactly_one, Acting, AppJson, Visible, COLLABORATOR};
 use super::super::openapi::ContentBlock;
 use super::super::responses::{AgentTimeout, AtCapacity, BudgetSpent, NoConversation};
 use super::paths::ConversationPath;
 use crate::auth::Limited;
 use crate::error::{Error, Result};
 use crate::limits;
-use crate::model::Conversation;
 use crate::session::command::{Prompted, WhileRunning};
 
 /// A prompt: exactly one of `text` and `content`.
@@ -173,13 +172,14 @@ pub(super) struct Queued {
     )
 )]
 pub(super) async fn prompt(
-    Visible {
+    Acting(visible): Acting<COLLABORATOR>,
+    AppJson(body): AppJson<PromptBody>,
+) -> Result<impl IntoResponse> {
+    let Visible {
         state,
         caller,
         item,
-    }: Visible<Conversation>,
-    AppJson(body): AppJson<PromptBody>,
-) -> Result<impl IntoResponse> {
+    } = visible;
     let (content, while_running) = body.read()?;
     state.auth().check_rate(&caller, Limited::Prompt)?;
     state.budgets().admit(&item).await?;

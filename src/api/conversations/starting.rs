@@ -121,6 +121,7 @@ impl NewConversation {
             worktree: None,
             changes: None,
             spend: Vec::new(),
+            sharing: Default::default(),
         }
     }
 }

@@ -29,7 +29,7 @@ impl Task {
     ) -> Result<Prompted> {
         if self.turns.turn.is_none() {
             return self
-                .start_turn(model::new_id(), content)
+                .start_turn(model::new_id(), content, by)
                 .await
                 .map(Prompted::Started);
         }
@@ -148,7 +148,9 @@ impl Task {
         self.journal
             .append(queue::started(&self.queue.prompts, &next));
         self.journal.set_queue(&self.queue.prompts);
-        match self.start_turn(next.id, next.content.clone()).await {
+        // Who queued it prompted ("system": the gateway did).
+        let by = Some(next.queued_by.clone()).filter(|by| by.starts_with("user:"));
+        match self.start_turn(next.id, next.content.clone(), by).await {
             Ok(turn_id) => Ok(turn_id),
             Err(e) => {
                 tracing::warn!(error = %e, prompt_id = %next.id, "the queued prompt could not start; it stays first");
@@ -172,7 +174,11 @@ impl Task {
     ) -> Result<()> {
         let content = vec![json!({"type": "text", "text": queue::reason_text(request, reason)})];
         if self.turns.turn.is_none() {
-            return self.start_turn(model::new_id(), content).await.map(drop);
+            let by = Some(by.to_owned());
+            return self
+                .start_turn(model::new_id(), content, by)
+                .await
+                .map(drop);
         }
         let prompt = QueuedPrompt {
             id: model::new_id(),

@@ -15,13 +15,20 @@ use crate::model::{PermissionStatus, TurnEnded, TurnStarted};
 impl Task {
     /// Starts the turn `turn_id` (no other runs: see `queue.rs`); its id
     /// once `turn_started` is committed.
-    pub(super) async fn start_turn(&mut self, turn_id: Uuid, content: Vec<Value>) -> Result<Uuid> {
+    /// `by` is who prompted (`user:<name>`), recorded with it.
+    pub(super) async fn start_turn(
+        &mut self,
+        turn_id: Uuid,
+        content: Vec<Value>,
+        by: Option<String>,
+    ) -> Result<Uuid> {
         debug_assert!(self.turns.turn.is_none());
         self.turns.turn = Some(Turn::new(turn_id));
         self.journal.set_turn(Some(turn_id));
         self.journal.append(TurnStarted {
             turn_id,
             content: content.clone(),
+            by,
         });
         let turn_started = self.journal.last_seq();
         // Its id is committed with the turn, before it goes out: a gateway
