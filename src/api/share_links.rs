@@ -68,13 +68,10 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// or an operator (403 for anyone else who can see it). The one place that
 /// says so.
 fn may_share(caller: &Caller, conversation: &Conversation) -> Result<()> {
-    if caller.is_operator() || conversation.owner.as_deref() == Some(caller.user.as_str()) {
-        Ok(())
-    } else {
-        Err(Error::Forbidden(
-            "only the conversation's owner or an operator may share it".into(),
-        ))
-    }
+    let owner = conversation.owner.as_deref();
+    crate::access::Access::of(caller, owner, conversation.sharing.role)
+        .unwrap_or(crate::access::Access::Viewer)
+        .require(crate::access::Access::Owner, "share it by link")
 }
 
 /// 403 `share_links_disabled` unless the operator set `share_links = true`.
