@@ -84,7 +84,9 @@ pub fn search_text(content: &[serde_json::Value]) -> String {
 /// (the SQL of the title an agent gave conversation `c`, from its
 /// `agent_state`), `SEARCH_MATCH` (the SQL condition under which a
 /// `search_texts s` row matches the full-text query bound as `$1`) and `fn
-/// search_query(&[String]) -> String` (that query, from a search's words).
+/// search_query(&[String]) -> String` (that query, from a search's words);
+/// and `CONVERSATION_SPEND`, as for
+/// [`impl_conversation_store!`](super::conversations).
 macro_rules! impl_search_store {
     ($store:ty) => {
         const _: () = {
@@ -125,9 +127,10 @@ macro_rules! impl_search_store {
                     let sharing = $crate::store::members::sharing_columns("$4");
                     let shared = $crate::store::members::shared_with("$4");
                     // Each conversation's first matching message, found once; a
-                    // conversation counts where it has one or its title holds `q`.
+                    // conversation counts where it has one or its title holds `q`;
+                    // each found with what it spent.
                     let found = format!(
-                        "select * from (
+                        "select c.*, {CONVERSATION_SPEND} as spend from (
                            select c.*, {sharing},
                              (select s.body from search_texts s
                               where s.conversation_id = c.id and {matched}

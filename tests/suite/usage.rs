@@ -387,6 +387,13 @@ async fn spend_is_summed_by_each_key_a_user_seeing_their_own(db: TestDb) {
         alice.conversation(&a1).await["spend"],
         json!([{"amount": 0.5, "currency": "USD"}])
     );
+    let (status, found) = alice.get("/api/v1/search?q=cost").await;
+    assert_eq!(status, 200, "{found}");
+    assert_eq!(
+        found["items"][0]["conversation"]["spend"],
+        json!([{"amount": 0.5, "currency": "USD"}]),
+        "{found}"
+    );
     let (_, listed) = bob.get("/api/v1/conversations").await;
     let spends: Vec<_> = listed["items"]
         .as_array()
