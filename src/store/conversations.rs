@@ -190,8 +190,11 @@ macro_rules! impl_conversation_store {
                 }
 
                 async fn get_conversation(&self, id: Uuid) -> Result<Option<Conversation>> {
+                    // Its sharing before its spend: `… as spend from
+                    // conversations c where c.id = $1` is how the reading of
+                    // one conversation is known (tests/suite/db_outage.rs).
                     let sql = format!(
-                        "select c.*, {CONVERSATION_SPEND} as spend, {} from conversations c
+                        "select c.*, {}, {CONVERSATION_SPEND} as spend from conversations c
                          where c.id = $1",
                         $crate::store::members::sharing_columns("null"),
                     );
