@@ -67,13 +67,16 @@ fn failures() -> &'static Mutex<SlidingWindow<String>> {
     FAILURES.get_or_init(Default::default)
 }
 
-/// The client's address (all clients behind one proxy share it).
-fn client(request: &Request) -> String {
-    request
+/// The client's address (all clients behind one proxy share it), as this
+/// node counts it: with the node's id, so that gateways sharing a process
+/// (in tests) keep apart counts, as separate processes do.
+fn client(state: &AppState, request: &Request) -> String {
+    let ip = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip().to_string())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    format!("{}/{ip}", state.sessions().node().id())
 }
 
 /// A failed lookup by `client`: counted, and answered `answer` (404 or
@@ -179,7 +182,7 @@ async fn show(
     axum::extract::Path(token): axum::extract::Path<String>,
     request: Request,
 ) -> Result<Response> {
-    let client = client(&request);
+    let client = client(&state, &request);
     let Some(found) = lookup(&state, &token).await? else {
         return failure(
             client,
@@ -430,7 +433,7 @@ async fn answer_with(
     request: Request,
     form: bool,
 ) -> Result<(PermissionRequest, bool)> {
-    let client = client(&request);
+    let client = client(state, &request);
     if !well_formed(token) {
         return Err(unknown(client));
     }

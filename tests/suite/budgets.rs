@@ -543,6 +543,43 @@ async fn the_export_carries_budgets_exceptions_notices_and_spend(db: TestDb) {
     );
 }
 
+/// An ACP client (an IDE through the gateway's `/acp`) is held as REST
+/// clients are: its prompt in a spent budget's scope is a JSON-RPC error
+/// carrying the 402 problem.
+async fn an_acp_clients_prompt_is_refused_once_the_budget_is_spent(db: TestDb) {
+    let mut config = Config::for_tests(&db, vec![demo_profile("demo", &[])]);
+    config.budgets = vec![budget(
+        "mine",
+        BudgetScope::Conversation,
+        usd(1.0),
+        OnExceed::Cancel,
+    )];
+    let gw = TestGateway::start_with(config).await;
+    let mut acp = crate::acp_server::Acp::open(&gw).await;
+    let session = acp.new_session().await;
+    let mut ws = gw.conversation_ws(&session, 0).await;
+    let ended = acp
+        .call(
+            "session/prompt",
+            crate::acp_server::text_prompt(&session, "spend 1.5"),
+        )
+        .await;
+    assert_eq!(ended["result"]["stopReason"], "end_turn", "{ended}");
+    ws.until_type("budget_exceeded").await;
+    let refused = acp
+        .call(
+            "session/prompt",
+            crate::acp_server::text_prompt(&session, "hello"),
+        )
+        .await;
+    assert_eq!(refused["error"]["code"], -32000, "{refused}");
+    assert_eq!(refused["error"]["data"]["status"], 402, "{refused}");
+    assert_eq!(
+        refused["error"]["data"]["code"], "budget_exceeded",
+        "{refused}"
+    );
+}
+
 backend_tests!(
     a_turn_that_spends_a_budget_is_cancelled_and_new_prompts_get_402,
     a_turn_that_spends_a_finish_turn_budget_finishes_and_its_queue_holds,
@@ -553,6 +590,7 @@ backend_tests!(
     budgets_refuse_bad_input,
     a_budget_holds_an_sdk_agent_that_reports_cost,
     the_export_carries_budgets_exceptions_notices_and_spend,
+    an_acp_clients_prompt_is_refused_once_the_budget_is_spent,
 );
 
 /// The spend is the database's: a budget spent through one node refuses
