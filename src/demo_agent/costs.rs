@@ -1,10 +1,13 @@
 //! Scenarios that report what the turn cost, as agents do with ACP
 //! `usage_update`: `cost <a> <b> …` and `cost-wait <a> <b> …` (the same,
-//! then waiting for `session/cancel`, for a turn that goes on spending).
+//! then waiting for `session/cancel`, for a turn that goes on spending),
+//! and `spend <step…>`, for budgets: a number is the session's cost so far,
+//! `u<N>` the tokens in its context, `ask` a permission request waited
+//! for, `wait` a wait for `session/cancel`.
 
 use serde_json::{json, Value};
 
-use super::scenarios::{Cancelled, Turn, TurnEnd, END_TURN};
+use super::scenarios::{Answer, Cancelled, Turn, TurnEnd, END_TURN};
 
 /// The context window the usage reports give.
 const CONTEXT_SIZE: u64 = 200_000;
@@ -26,6 +29,40 @@ impl Turn {
         if wait {
             return self.hang().await;
         }
+        Ok(TurnEnd::Stop(END_TURN))
+    }
+
+    /// Scenario `spend <step…>` (see the module).
+    pub(super) async fn spend(&self, args: &str) -> Result<TurnEnd, Cancelled> {
+        for (i, step) in args.split_whitespace().enumerate() {
+            match step {
+                "ask" => {
+                    let call = self.write_call(&format!("spend-{i}.txt"), "spent");
+                    let answers = self
+                        .run_tool_calls(std::slice::from_ref(&call), false)
+                        .await?;
+                    if answers[0] == Answer::Cancelled {
+                        return Err(Cancelled);
+                    }
+                }
+                "wait" => return self.hang().await,
+                _ => {
+                    let used = step.strip_prefix('u').and_then(|n| n.parse::<u64>().ok());
+                    let update = match (used, step.parse::<f64>()) {
+                        (Some(used), _) => json!({
+                            "sessionUpdate": "usage_update", "used": used, "size": CONTEXT_SIZE,
+                        }),
+                        (None, Ok(amount)) => usage_update(amount, 1000),
+                        (None, Err(_)) => {
+                            self.say(&format!("not a step: {step}")).await?;
+                            continue;
+                        }
+                    };
+                    self.stream(update).await?;
+                }
+            }
+        }
+        self.say("spent").await?;
         Ok(TurnEnd::Stop(END_TURN))
     }
 }

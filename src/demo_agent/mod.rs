@@ -125,7 +125,6 @@ mod protocol;
 mod options;
 mod files;
 mod costs;
-mod spend;
 mod scenarios;
 mod wire;
 

@@ -960,7 +960,7 @@ impl Turn {
     }
 
     /// Completes when the turn is cancelled.
-    pub(super) async fn until_cancelled(&self) {
+    async fn until_cancelled(&self) {
         let mut cancelled = self.cancelled.clone();
         if cancelled.wait_for(|cancelled| *cancelled).await.is_err() {
             // The session dropped its signal: no cancel can come any more.

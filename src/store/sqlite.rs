@@ -289,19 +289,7 @@ async fn insert_usage(
     conversation_id: Uuid,
     r: &UsageRecord,
 ) -> Result<()> {
-    sqlx::query(super::usage::INSERT_USAGE)
-        .bind(r.id)
-        .bind(conversation_id)
-        .bind(r.turn_id)
-        .bind(r.owner.as_deref())
-        .bind(text_col(&r.agent))
-        .bind(r.at)
-        .bind(r.seq)
-        .bind(r.used)
-        .bind(r.size)
-        .bind(r.cost_amount)
-        .bind(r.cost_currency.as_deref().map(text_col))
-        .bind(r.delta)
+    super::usage::bind_usage!(sqlx::query(super::usage::INSERT_USAGE), r, conversation_id)
         .execute(tx)
         .await?;
     Ok(())

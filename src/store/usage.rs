@@ -225,22 +225,14 @@ macro_rules! impl_usage_store {
                     let mut tx = self.writer().begin().await?;
                     let mut written = 0;
                     for r in records {
-                        written += sqlx::query($crate::store::usage::INSERT_USAGE)
-                            .bind(r.id)
-                            .bind(r.conversation_id)
-                            .bind(r.turn_id)
-                            .bind(r.owner.as_deref())
-                            .bind(text_col(&r.agent))
-                            .bind(r.at)
-                            .bind(r.seq)
-                            .bind(r.used)
-                            .bind(r.size)
-                            .bind(r.cost_amount)
-                            .bind(r.cost_currency.as_deref().map(text_col))
-                            .bind(r.delta)
-                            .execute(&mut *tx)
-                            .await?
-                            .rows_affected();
+                        written += $crate::store::usage::bind_usage!(
+                            sqlx::query($crate::store::usage::INSERT_USAGE),
+                            r,
+                            r.conversation_id
+                        )
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected();
                     }
                     tx.commit().await?;
                     Ok(written)
@@ -257,4 +249,24 @@ pub(super) const INSERT_USAGE: &str = "insert into usage_records (id, conversati
      values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
      on conflict (id) do nothing";
 
-pub(crate) use impl_usage_store;
+/// [`INSERT_USAGE`]'s parameters bound from the record `$r`, written for
+/// the conversation `$conversation` (`text_col` in scope).
+macro_rules! bind_usage {
+    ($query:expr, $r:expr, $conversation:expr) => {
+        $query
+            .bind($r.id)
+            .bind($conversation)
+            .bind($r.turn_id)
+            .bind($r.owner.as_deref())
+            .bind(text_col(&$r.agent))
+            .bind($r.at)
+            .bind($r.seq)
+            .bind($r.used)
+            .bind($r.size)
+            .bind($r.cost_amount)
+            .bind($r.cost_currency.as_deref().map(text_col))
+            .bind($r.delta)
+    };
+}
+
+pub(crate) use {bind_usage, impl_usage_store};
