@@ -83,8 +83,8 @@ async fn list(Visible { state, item, .. }: Visible<Conversation>) -> Result<Json
         (status = 201, description = "Shared", body = Member),
         (status = 403, description = "The caller is a member, not its owner or an operator"),
         NoConversation,
-        (status = 409, description = "`already_member`: it is shared with that user already (`PATCH` changes a role)"),
-        (status = 422, description = "Invalid input: no such user, or its owner"),
+        (status = 409, description = "`already_member`: it is shared with that user already (`PATCH` changes a role); `unknown_user`: no such user (now); `is_owner`: the user owns it"),
+        (status = 422, description = "Invalid input: not a user name, or an unknown role"),
     )
 )]
 async fn add(
@@ -102,16 +102,19 @@ async fn add(
         ));
     }
     if item.owner.as_deref() == Some(body.user.as_str()) {
-        return Err(Error::Unprocessable(format!(
-            "{:?} owns the conversation: it is theirs already",
-            body.user
-        )));
+        return Err(Error::conflict(
+            "is_owner",
+            format!(
+                "{:?} owns the conversation: it is theirs already",
+                body.user
+            ),
+        ));
     }
     if !state.store().known_user(&body.user).await? {
-        return Err(Error::Unprocessable(format!(
-            "no user named {:?}",
-            body.user
-        )));
+        return Err(Error::conflict(
+            "unknown_user",
+            format!("no user named {:?}", body.user),
+        ));
     }
     let op = MemberOp::Add {
         user: body.user,

@@ -237,14 +237,14 @@ async fn each_role_may_do_what_it_may_and_is_refused_the_rest(db: TestDb) {
         s.alice
             .post(&members(id), json!({"user": "nobody", "role": "viewer"}))
             .await,
-        422,
+        409,
         "no user",
     );
     assert_problem(
         s.alice
             .post(&members(id), json!({"user": "alice", "role": "viewer"}))
             .await,
-        422,
+        409,
         "owns",
     );
     assert_problem(
