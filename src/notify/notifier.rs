@@ -244,15 +244,21 @@ impl Notifier {
             state.requests.remove(&request);
             state.rules.observe(Fact::Answered { request }, Utc::now());
         }
+        // Each conversation read again, once: which node runs it, and who
+        // answers there, may have changed since it was remembered.
+        let mut read = std::collections::HashSet::new();
         for request in pending {
-            let known = match self.known(state, request.conversation_id).await {
-                Ok(Some(known)) => known,
-                Ok(None) => continue,
-                Err(e) => {
+            let id = request.conversation_id;
+            if read.insert(id) {
+                if let Err(e) = self.read(state, id).await {
                     tracing::warn!(error = %e, "could not read a conversation to notify about; trying again");
                     state.catch_up_again = true;
+                    read.remove(&id);
                     continue;
                 }
+            }
+            let Some(known) = state.conversations.get(&id) else {
+                continue;
             };
             let own = !self.node.is_shared() || known.conversation.node_id == Some(self.node.id());
             if own {
@@ -264,22 +270,39 @@ impl Notifier {
     /// The conversation, read once (`None`: there is no such conversation;
     /// an error: the store failed, and nothing is remembered).
     async fn known<'a>(&self, state: &'a mut State, id: Uuid) -> Result<Option<&'a Known>> {
-        if let std::collections::hash_map::Entry::Vacant(slot) = state.conversations.entry(id) {
-            let Some(conversation) = self.store.get_conversation(id).await? else {
-                return Ok(None);
-            };
-            let members = self.store.list_members(id).await?;
-            slot.insert(Known {
-                conversation,
-                last_turn: None,
-                answering: members
-                    .into_iter()
-                    .filter(|m| m.role.answers())
-                    .map(|m| m.user)
-                    .collect(),
-            });
+        if !state.conversations.contains_key(&id) {
+            self.read(state, id).await?;
         }
         Ok(state.conversations.get(&id))
+    }
+
+    /// The conversation and its answering members read again (what was
+    /// remembered of it may be stale: it ran on another node meanwhile,
+    /// whose membership changes this node does not follow). When the store
+    /// fails, what was remembered is kept and the error returned.
+    async fn read(&self, state: &mut State, id: Uuid) -> Result<()> {
+        let Some(conversation) = self.store.get_conversation(id).await? else {
+            state.conversations.remove(&id);
+            return Ok(());
+        };
+        let answering = self
+            .store
+            .list_members(id)
+            .await?
+            .into_iter()
+            .filter(|m| m.role.answers())
+            .map(|m| m.user)
+            .collect();
+        let last_turn = state.conversations.get(&id).and_then(|k| k.last_turn);
+        state.conversations.insert(
+            id,
+            Known {
+                conversation,
+                last_turn,
+                answering,
+            },
+        );
+        Ok(())
     }
 
     fn asked(&self, state: &mut State, request: PermissionRequest) {
@@ -326,12 +349,19 @@ impl Notifier {
             }
             return Vec::new();
         }
+        // Read again at each of these: this node runs the conversation now,
+        // and may not have while its members changed. Should the store fail,
+        // what is remembered of it serves; else the event waits for it.
         if needs_conversation(&event.body) {
-            if let Err(e) = self.known(state, conversation).await {
-                tracing::warn!(conversation_id = %conversation, error = %e,
-                    "could not read a conversation to notify about; trying again");
-                state.deferred.insert(conversation, vec![(event, user)]);
-                return Vec::new();
+            if let Err(e) = self.read(state, conversation).await {
+                if !state.conversations.contains_key(&conversation) {
+                    tracing::warn!(conversation_id = %conversation, error = %e,
+                        "could not read a conversation to notify about; trying again");
+                    state.deferred.insert(conversation, vec![(event, user)]);
+                    return Vec::new();
+                }
+                tracing::debug!(conversation_id = %conversation, error = %e,
+                    "could not read a conversation again; notifying with what is remembered");
             }
         }
         let (seq, at) = (event.seq, event.at);

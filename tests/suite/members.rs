@@ -601,6 +601,89 @@ async fn membership_changed_on_one_node_takes_effect_on_the_other() {
     assert_eq!(vera_b.try_prompt(&id, "hello").await.0, 404);
 }
 
+/// Whether a node holds the conversation, as the database says.
+async fn held(db: &TestDb, id: &str) -> bool {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query_scalar::<_, Option<uuid::Uuid>>(
+        "select node_id from conversations where id = $1::uuid",
+    )
+    .bind(id)
+    .fetch_one(&mut conn)
+    .await
+    .unwrap()
+    .is_some()
+}
+
+/// Two nodes: B notified of a conversation's request when it ran it, then
+/// A ran it and an approver was added there (B follows none of that), then
+/// B runs it again. The approver is notified of its next request by B: B
+/// reads who answers there again, not what it remembered from before.
+#[tokio::test]
+async fn an_approver_added_while_another_node_ran_the_conversation_is_notified_by_the_next() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let operator = cli_token(&db, "root-op", "operator");
+    let node = |tx: mpsc::UnboundedSender<Outgoing>| {
+        let mut agent = demo_profile("demo", &[]);
+        // Let go once idle, for the other node to take.
+        agent.idle_timeout = Duration::from_millis(300);
+        let mut config = Config::for_tests(&db, vec![agent]);
+        config.notifications.grace = Duration::from_millis(200);
+        config.notifications.base_url = Some("https://gateway.example".into());
+        TestGateway::start_notifying(config, Some(Arc::new(Recorder(tx))))
+    };
+    let (tx_a, _rx_a) = mpsc::unbounded_channel();
+    let (tx_b, mut rx_b) = mpsc::unbounded_channel();
+    let (a, b) = (node(tx_a).await, node(tx_b).await);
+    let alice = a.make_token(&operator, "alice", "user").await.0;
+    a.make_token(&operator, "abe", "user").await;
+    let (alice_a, alice_b) = (a.with_token(&alice), b.with_token(&alice));
+    let (status, created) = alice_b
+        .post("/api/v1/conversations", json!({"agent": "demo"}))
+        .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    let mut ws = alice_a.conversation_ws(&id, 0).await;
+    let ask = async |client: &Client, ws: &mut Ws| {
+        client.prompt(&id, "tool").await;
+        ws.until_type("permission_requested").await.pop().unwrap()["data"]["id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let answer_and_let_go = async |request: &str, ws: &mut Ws| {
+        assert_eq!(respond(&alice_a, request).await.0, 200);
+        ws.until_type("turn_ended").await;
+        eventually(WAIT, async || (!held(&db, &id).await).then_some(()))
+            .await
+            .expect("the conversation is let go once idle");
+    };
+
+    // Run by B, which notifies its owner (no one else answers there yet).
+    let request = ask(&alice_b, &mut ws).await;
+    notified(&mut rx_b, &request, &["alice"]).await;
+    answer_and_let_go(&request, &mut ws).await;
+
+    // Run by A; abe becomes an approver there.
+    let request = ask(&alice_a, &mut ws).await;
+    let (status, member) = alice_a
+        .post(&members(&id), json!({"user": "abe", "role": "approver"}))
+        .await;
+    assert_eq!(status, 201, "{member}");
+    answer_and_let_go(&request, &mut ws).await;
+
+    // Run by B again: abe is notified too.
+    let request = ask(&alice_b, &mut ws).await;
+    notified(&mut rx_b, &request, &["alice", "abe"]).await;
+    assert_eq!(respond(&alice_b, &request).await.0, 200);
+    ws.until_type("turn_ended").await;
+    drop(ws);
+    a.stop().await;
+    b.stop().await;
+}
+
 backend_tests!(
     each_role_may_do_what_it_may_and_is_refused_the_rest,
     sockets_follow_membership_and_a_removal_closes_them_at_once,
