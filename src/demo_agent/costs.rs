@@ -1,9 +1,8 @@
-//! Scenarios that report what the turn cost, as agents do with ACP
-//! `usage_update`: `cost <a> <b> …` and `cost-wait <a> <b> …` (the same,
-//! then waiting for `session/cancel`, for a turn that goes on spending),
-//! and `spend <step…>`, for budgets: a number is the session's cost so far,
-//! `u<N>` the tokens in its context, `ask` a permission request waited
-//! for, `wait` a wait for `session/cancel`.
+//! The scenario that reports what the turn cost, as agents do with ACP
+//! `usage_update`: `cost <step…>`, where a number is the session's cost so
+//! far, `u<N>` the tokens in its context, `ask` a permission request waited
+//! for, and `wait` a wait for `session/cancel` (a turn that goes on
+//! spending). `cost-wait <step…>` is `cost <step…> wait`.
 
 use serde_json::{json, Value};
 
@@ -12,32 +11,40 @@ use super::scenarios::{Answer, Cancelled, Turn, TurnEnd, END_TURN};
 /// The context window the usage reports give.
 const CONTEXT_SIZE: u64 = 200_000;
 
-impl Turn {
-    /// Scenarios `cost <a> <b> …` and (`wait`) `cost-wait <a> <b> …`: for
-    /// each figure a `usage_update` with the session's cost so far `{amount:
-    /// <figure>, currency: "USD"}` (cumulative, as given: a lower figure is
-    /// a new count) and tokens used growing by 1000 a report, each
-    /// followed by a message chunk `cost <figure>`; then `end_turn`, or
-    /// (`wait`) nothing more until `session/cancel`. Words that are not
-    /// numbers are skipped (with a note on stderr).
-    pub(super) async fn cost(&self, args: &str, wait: bool) -> Result<TurnEnd, Cancelled> {
-        for (i, figure) in figures(args).into_iter().enumerate() {
-            self.stream(usage_update(figure, 1000 * (i as u64 + 1)))
-                .await?;
-            self.say(&format!("cost {figure} ")).await?;
-        }
-        if wait {
-            return self.hang().await;
-        }
-        Ok(TurnEnd::Stop(END_TURN))
-    }
+/// One step of the scenario.
+#[derive(Debug, PartialEq)]
+enum Step {
+    /// A `usage_update` with the session's cost so far, in US dollars.
+    Cost(f64),
+    /// A `usage_update` with the tokens in the context, and no cost.
+    Used(u64),
+    Ask,
+    Wait,
+}
 
-    /// Scenario `spend <step…>` (see the module).
-    pub(super) async fn spend(&self, args: &str) -> Result<TurnEnd, Cancelled> {
-        for (i, step) in args.split_whitespace().enumerate() {
+impl Turn {
+    /// Scenario `cost <step…>` (see the module; `wait`: `cost-wait`). Each
+    /// cost is cumulative, as given (a lower figure is a new count), with
+    /// tokens used growing by 1000 a report, and followed by a message
+    /// chunk `cost <figure> `. Words that are no step are skipped (with a
+    /// note on stderr).
+    pub(super) async fn cost(&self, args: &str, wait: bool) -> Result<TurnEnd, Cancelled> {
+        let mut reports = 0;
+        for (i, step) in steps(args).into_iter().enumerate() {
             match step {
-                "ask" => {
-                    let call = self.write_call(&format!("spend-{i}.txt"), "spent");
+                Step::Cost(amount) => {
+                    reports += 1;
+                    self.stream(usage_update(amount, 1000 * reports)).await?;
+                    self.say(&format!("cost {amount} ")).await?;
+                }
+                Step::Used(used) => {
+                    self.stream(json!({
+                        "sessionUpdate": "usage_update", "used": used, "size": CONTEXT_SIZE,
+                    }))
+                    .await?;
+                }
+                Step::Ask => {
+                    let call = self.write_call(&format!("cost-{i}.txt"), "spent");
                     let answers = self
                         .run_tool_calls(std::slice::from_ref(&call), false)
                         .await?;
@@ -45,37 +52,36 @@ impl Turn {
                         return Err(Cancelled);
                     }
                 }
-                "wait" => return self.hang().await,
-                _ => {
-                    let used = step.strip_prefix('u').and_then(|n| n.parse::<u64>().ok());
-                    let update = match (used, step.parse::<f64>()) {
-                        (Some(used), _) => json!({
-                            "sessionUpdate": "usage_update", "used": used, "size": CONTEXT_SIZE,
-                        }),
-                        (None, Ok(amount)) => usage_update(amount, 1000),
-                        (None, Err(_)) => {
-                            self.say(&format!("not a step: {step}")).await?;
-                            continue;
-                        }
-                    };
-                    self.stream(update).await?;
-                }
+                Step::Wait => return self.hang().await,
             }
         }
-        self.say("spent").await?;
+        if wait {
+            return self.hang().await;
+        }
         Ok(TurnEnd::Stop(END_TURN))
     }
 }
 
-/// The figures of the arguments, in order.
-fn figures(args: &str) -> Vec<f64> {
+/// The steps of the arguments, in order.
+fn steps(args: &str) -> Vec<Step> {
     args.split_whitespace()
-        .filter_map(|word| match word.parse::<f64>() {
-            Ok(figure) if figure.is_finite() => Some(figure),
-            _ => {
-                log!("`{word}` is not an amount, skipping it");
-                None
+        .filter_map(|word| {
+            let step = match word {
+                "ask" => Some(Step::Ask),
+                "wait" => Some(Step::Wait),
+                _ => match word.strip_prefix('u') {
+                    Some(n) => n.parse().ok().map(Step::Used),
+                    None => word
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|f| f.is_finite())
+                        .map(Step::Cost),
+                },
+            };
+            if step.is_none() {
+                log!("`{word}` is not a step, skipping it");
             }
+            step
         })
         .collect()
 }
@@ -95,9 +101,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn figures_are_the_numbers_given() {
-        assert_eq!(figures("0.1 x 0.25  2"), [0.1, 0.25, 2.0]);
-        assert!(figures("").is_empty());
-        assert!(figures("inf NaN").is_empty());
+    fn the_steps_are_those_given() {
+        assert_eq!(
+            steps("0.1 x 0.25 u500 ask  2 wait"),
+            [
+                Step::Cost(0.1),
+                Step::Cost(0.25),
+                Step::Used(500),
+                Step::Ask,
+                Step::Cost(2.0),
+                Step::Wait
+            ]
+        );
+        assert!(steps("").is_empty());
+        assert!(steps("inf NaN u-1 uu").is_empty());
     }
 }

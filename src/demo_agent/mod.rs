@@ -66,9 +66,8 @@
 //! | `mcp` | says `mcp servers: <name>, <name>` (or `mcp servers: none`): the names of the MCP servers `session/new` gave the session | `end_turn` |
 //! | `save <name> <text>` | writes `<text>` and a newline to `<cwd>/<name>` with its own IO (its folders made) and says `saved <name>` (or the error) | `end_turn` |
 //! | `fs-save <name> <text>` | asks the client to write `<text>` and a newline to `<cwd>/<name>` (`fs/write_text_file`) and says `fs-saved <name>` (or the client's error) | `end_turn` |
-//! | `cost <a> <b> …` | for each figure a `usage_update` with the session's cost so far `{"amount": <figure>, "currency": "USD"}` (cumulative: a lower figure starts a new count), `used` growing by 1000 a report and `size` 200000, each followed by a message chunk `cost <figure> ` | `end_turn` |
-//! | `cost-wait <a> <b> …` | like `cost`, then nothing more until `session/cancel` (or stdin closes): a turn that goes on spending | `cancelled` |
-//! | `spend <step…>` | plays the steps in order: a number sends `usage_update` with the session's cost so far (`{amount, currency: "USD"}`, used 1000, size 200000), `u<N>` one with `used` N and no cost, `ask` asks permission for a tool call (like `tool`) and waits for the answer, `wait` waits until `session/cancel`; then says `spent` | `end_turn`, or `cancelled` |
+//! | `cost <step…>` | plays the steps in order: a number sends a `usage_update` with the session's cost so far `{"amount": <figure>, "currency": "USD"}` (cumulative: a lower figure starts a new count), `used` growing by 1000 a report and `size` 200000, then a message chunk `cost <figure> `; `u<N>` one with `used` N and no cost; `ask` asks permission for a tool call (like `tool`) and waits for the answer; `wait` waits until `session/cancel` | `end_turn`, or `cancelled` |
+//! | `cost-wait <step…>` | `cost <step…> wait`: a turn that goes on spending | `cancelled` |
 //! | `probe <path>` | really opens `<cwd>/<path>` (default the cwd) for reading, then for appending (nothing is written), and says `read <path>: ok` (or the error) and `write <path>: ok` (or the error) in one message chunk: what its box lets it touch | `end_turn` |
 //!
 //! Tool call ids are `call_1`, `call_2`, … unique within the process. Numeric arguments that

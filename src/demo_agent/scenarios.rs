@@ -80,7 +80,6 @@ pub(super) enum Scenario {
     Question,
     Save,
     FsSave,
-    Spend,
     Cost,
     CostWait,
 }
@@ -121,7 +120,6 @@ impl Scenario {
             "question" => Self::Question,
             "save" => Self::Save,
             "fs-save" => Self::FsSave,
-            "spend" => Self::Spend,
             "cost" => Self::Cost,
             "cost-wait" => Self::CostWait,
             _ => return None,
@@ -324,7 +322,6 @@ impl Turn {
             Scenario::Mcp => self.mcp().await,
             Scenario::Save => self.save(args).await,
             Scenario::FsSave => self.fs_save(args).await,
-            Scenario::Spend => self.spend(args).await,
             Scenario::Cost => self.cost(args, false).await,
             Scenario::CostWait => self.cost(args, true).await,
         }

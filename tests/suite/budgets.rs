@@ -150,7 +150,7 @@ async fn a_turn_that_spends_a_budget_is_cancelled_and_new_prompts_get_402(db: Te
     let (id, mut ws) = open(&t.alice).await;
     let (other, _) = open(&t.alice).await;
     let (bobs, mut bob_ws) = open(&t.bob).await;
-    t.alice.prompt(&id, "spend 0.5 1.5 wait").await;
+    t.alice.prompt(&id, "cost 0.5 1.5 wait").await;
     let frames = ws.until_type("budget_exceeded").await;
     let notice = &frames.last().unwrap()["data"];
     assert_eq!(notice["budget"], "daily");
@@ -208,7 +208,7 @@ async fn a_turn_that_spends_a_finish_turn_budget_finishes_and_its_queue_holds(db
     )
     .await;
     let (id, mut ws) = open(&t.alice).await;
-    t.alice.prompt(&id, "spend ask 1.5 ask").await;
+    t.alice.prompt(&id, "cost ask 1.5 ask").await;
     let first = ws.until_type("permission_requested").await.pop().unwrap();
     // Queued while the budget is not spent yet.
     let (status, queued) = t
@@ -266,7 +266,7 @@ async fn a_budget_warns_at_80_percent_and_tells_the_owner_and_the_operators(db: 
     )
     .await;
     let (id, mut ws) = open(&t.alice).await;
-    t.alice.prompt(&id, "spend 0.85").await;
+    t.alice.prompt(&id, "cost 0.85").await;
     let [warning, _] = &until_each(&mut ws, &["budget_warning", "turn_ended"]).await[..] else {
         unreachable!()
     };
@@ -287,7 +287,7 @@ async fn a_budget_warns_at_80_percent_and_tells_the_owner_and_the_operators(db: 
     told.sort();
     assert_eq!(told, ["alice", "root"]);
     // Under the limit: prompts go on.
-    t.alice.prompt(&id, "spend 0.9").await;
+    t.alice.prompt(&id, "cost 0.9").await;
     ws.until_type("turn_ended").await;
     // The warning is not said twice in the window.
     let events = t.alice.events(&id).await;
@@ -299,7 +299,7 @@ async fn a_budget_warns_at_80_percent_and_tells_the_owner_and_the_operators(db: 
         1
     );
     // Then the budget is spent: told too.
-    t.alice.prompt(&id, "spend 1.2").await;
+    t.alice.prompt(&id, "cost 1.2").await;
     until_each(&mut ws, &["budget_exceeded", "turn_ended"]).await;
     let mut told = Vec::new();
     for _ in 0..2 {
@@ -327,7 +327,7 @@ async fn an_operator_exception_lifts_a_budget_until_removed(db: TestDb) {
     )
     .await;
     let (id, mut ws) = open(&t.alice).await;
-    t.alice.prompt(&id, "spend 1.5").await;
+    t.alice.prompt(&id, "cost 1.5").await;
     until_each(&mut ws, &["budget_exceeded", "turn_ended"]).await;
     assert_spent(t.alice.try_prompt(&id, "hello").await, "daily");
 
@@ -347,7 +347,7 @@ async fn an_operator_exception_lifts_a_budget_until_removed(db: TestDb) {
     assert_eq!(mine["items"][0]["excepted"], true);
 
     // Lifted: alice prompts and spends on, unstopped.
-    t.alice.prompt(&id, "spend 2.0 ask").await;
+    t.alice.prompt(&id, "cost 2.0 ask").await;
     let request = ws.until_type("permission_requested").await.pop().unwrap();
     answer(&t.alice, &request, "allow-once").await;
     let ended = ws.until_type("turn_ended").await.pop().unwrap();
@@ -412,7 +412,7 @@ async fn a_context_budget_stops_a_conversation_whose_context_is_full(db: TestDb)
     .await;
     let (id, mut ws) = open(&t.alice).await;
     let (other, mut other_ws) = open(&t.alice).await;
-    t.alice.prompt(&id, "spend u500 u1500 wait").await;
+    t.alice.prompt(&id, "cost u500 u1500 wait").await;
     let exceeded = ws.until_type("budget_exceeded").await.pop().unwrap();
     assert_eq!(exceeded["data"]["spent"], 1500.0);
     assert_eq!(exceeded["data"]["resets_at"], Value::Null);
@@ -508,7 +508,7 @@ async fn the_export_carries_budgets_exceptions_notices_and_spend(db: TestDb) {
     };
     let t = team(&db, daily()).await;
     let (id, mut ws) = open(&t.alice).await;
-    t.alice.prompt(&id, "spend 1.5").await;
+    t.alice.prompt(&id, "cost 1.5").await;
     until_each(&mut ws, &["budget_exceeded", "turn_ended"]).await;
     let (status, _) = t
         .operator
@@ -561,7 +561,7 @@ async fn an_acp_clients_prompt_is_refused_once_the_budget_is_spent(db: TestDb) {
     let ended = acp
         .call(
             "session/prompt",
-            crate::acp_server::text_prompt(&session, "spend 1.5"),
+            crate::acp_server::text_prompt(&session, "cost 1.5"),
         )
         .await;
     assert_eq!(ended["result"]["stopReason"], "end_turn", "{ended}");
@@ -618,7 +618,7 @@ window = "day"
     let (a, b) = (start(), start());
     let id = a.create("demo").await;
     let mut ws = a.conversation_ws(&id, 0).await;
-    a.prompt(&id, "spend 0.9 1.5").await;
+    a.prompt(&id, "cost 0.9 1.5").await;
     let [exceeded, _] = &until_each(&mut ws, &["budget_exceeded", "turn_ended"]).await[..] else {
         unreachable!()
     };
