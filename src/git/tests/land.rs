@@ -390,6 +390,142 @@ async fn a_land_failing_midway_changes_nothing() {
     assert_eq!(place.state(&[dir]), before);
 }
 
+/// The base moves while a land runs (another process commits on it, just
+/// before the step named): 409 `base_moved`, and nothing of the land is
+/// anywhere: the base keeps what moved it, the branch and trees as they
+/// were.
+#[tokio::test]
+async fn the_base_moving_while_landing_is_base_moved_and_changes_nothing() {
+    let place = Place::new();
+    let wt = landable(&place, true).await;
+    let dir = Path::new(&wt.path);
+    let head = run(&place.repo, &["rev-parse", "acp/work"]);
+    let (moving, _) = failing_git(&place);
+    let commit_in_the_tree = format!(
+        "git -C '{}' -c user.name=Other -c user.email=o@x commit -q --allow-empty -m moved",
+        place.repo.display()
+    );
+    // Checked out in the repository's tree: moved before the land looks at
+    // the tree (a merge needs merge-tree: main moved), and between that
+    // look and the fast-forward.
+    for (step, strategy) in [
+        ("merge-tree", LandStrategy::Merge),
+        ("merge", LandStrategy::Merge),
+        ("commit-tree", LandStrategy::Squash),
+    ] {
+        let main = run(&place.repo, &["rev-parse", "main"]);
+        before(&place, step, &commit_in_the_tree);
+        let e = moving
+            .land(&wt, Source::Worktree, strategy, None, &person(), &gateway())
+            .await
+            .unwrap_err();
+        assert!(matches!(e, GitError::BaseMoved(_)), "{step}: {e:?}");
+        assert!(!place.root.join(format!("before-{step}")).exists());
+        assert_eq!(run(&place.repo, &["rev-parse", "main^"]), main, "{step}");
+        assert_eq!(
+            run(&place.repo, &["log", "-1", "--format=%s", "main"]),
+            "moved"
+        );
+        assert_eq!(run(&place.repo, &["status", "--porcelain"]), "");
+        assert_eq!(run(&place.repo, &["rev-parse", "acp/work"]), head);
+        assert_eq!(run(dir, &["status", "--porcelain"]), "");
+    }
+
+    // Checked out nowhere: the compare-and-swap of the ref refuses.
+    run(&place.repo, &["checkout", "-q", "--detach"]);
+    let main = run(&place.repo, &["rev-parse", "main"]);
+    let elsewhere = run(
+        &place.repo,
+        &[
+            "commit-tree",
+            "main^{tree}",
+            "-p",
+            "main",
+            "-m",
+            "elsewhere",
+        ],
+    );
+    before(
+        &place,
+        "commit-tree",
+        &format!(
+            "git -C '{}' update-ref refs/heads/main {elsewhere} {main}",
+            place.repo.display()
+        ),
+    );
+    let state = place.state(&[dir]);
+    let e = moving
+        .land(
+            &wt,
+            Source::Branch,
+            LandStrategy::Squash,
+            None,
+            &person(),
+            &gateway(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, GitError::BaseMoved(_)), "{e:?}");
+    // All as it was, but for what moved main.
+    let expected: Vec<String> = state
+        .iter()
+        .map(|s| {
+            s.replace(
+                &format!("refs/heads/main {main}"),
+                &format!("refs/heads/main {elsewhere}"),
+            )
+        })
+        .collect();
+    assert_eq!(place.state(&[dir]), expected);
+}
+
+/// The land went in, but the branch could not start again from the new
+/// base: the error says both, the base has the land and the branch is
+/// where it was (its work is in the base, nothing is lost).
+#[tokio::test]
+async fn a_land_whose_branch_cannot_be_moved_says_that_it_landed() {
+    let place = Place::new();
+    let wt = landable(&place, true).await;
+    let dir = Path::new(&wt.path);
+    let (failing, control) = failing_git(&place);
+    // The worktree's branch (reset) and, landing from the branch, its ref
+    // (update-ref: the base is checked out, so the base moves by merge).
+    for (step, source) in [("reset", Source::Worktree), ("update-ref", Source::Branch)] {
+        let main = run(&place.repo, &["rev-parse", "main"]);
+        let head = run(&place.repo, &["rev-parse", "acp/work"]);
+        std::fs::write(&control, step).unwrap();
+        let e = failing
+            .land(
+                &wt,
+                source,
+                LandStrategy::Squash,
+                None,
+                &person(),
+                &gateway(),
+            )
+            .await
+            .unwrap_err();
+        let landed = run(&place.repo, &["rev-parse", "main"]);
+        assert_ne!(landed, main, "{step}");
+        assert_eq!(run(&place.repo, &["rev-parse", "main^"]), main, "{step}");
+        let said = e.to_string();
+        assert!(
+            said.contains(&format!("the branch landed on main (now {landed})"))
+                && said.contains("acp/work could not be moved to it")
+                && said.contains(&format!("{step} fails on purpose")),
+            "{step}: {said}"
+        );
+        assert_eq!(run(&place.repo, &["rev-parse", "acp/work"]), head, "{step}");
+        assert_eq!(run(dir, &["rev-parse", "HEAD"]), head, "{step}");
+        assert_eq!(run(&place.repo, &["status", "--porcelain"]), "");
+        // The base has the branch's work.
+        assert_eq!(run(&place.repo, &["show", "main:x.txt"]), "x", "{step}");
+        // Back as it was, for the next.
+        std::fs::write(&control, "").unwrap();
+        run(&place.repo, &["reset", "-q", "--hard", &main]);
+    }
+}
+
 #[tokio::test]
 async fn a_second_land_on_the_same_repository_at_once_is_busy() {
     let place = Place::new();

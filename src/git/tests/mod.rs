@@ -119,7 +119,8 @@ pub(super) fn git() -> Git {
 }
 
 /// A git that fails the subcommand named in the file it returns, and runs
-/// the real git otherwise.
+/// the real git otherwise; before a subcommand for which [`before`] left a
+/// script, it runs that script once (as another process would, meanwhile).
 pub(super) fn failing_git(place: &Place) -> (Git, PathBuf) {
     let control = place.root.join("fail");
     let script = place.root.join("git-wrapper");
@@ -128,24 +129,35 @@ pub(super) fn failing_git(place: &Place) -> (Git, PathBuf) {
         format!(
             r#"#!/bin/sh
 fail=$(cat '{}' 2>/dev/null)
+sub=
 skip=
 for a in "$@"; do
   if [ -n "$skip" ]; then skip=; continue; fi
   case "$a" in
     -c|-C) skip=1 ;;
     -*) ;;
-    *) if [ "$a" = "$fail" ]; then echo "fatal: $a fails on purpose" >&2; exit 1; fi; break ;;
+    *) sub="$a"; break ;;
   esac
 done
+before='{}/before-'"$sub"
+if [ -n "$sub" ] && [ -f "$before" ]; then sh "$before" >&2 && rm -f "$before"; fi
+if [ -n "$sub" ] && [ "$sub" = "$fail" ]; then echo "fatal: $sub fails on purpose" >&2; exit 1; fi
 exec git "$@"
 "#,
-            control.display()
+            control.display(),
+            place.root.display()
         ),
     )
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     (Git::new(script), control)
+}
+
+/// Has [`failing_git`] run `script` (sh, with the real git) once, before
+/// its next `step`.
+pub(super) fn before(place: &Place, step: &str, script: &str) {
+    std::fs::write(place.root.join(format!("before-{step}")), script).unwrap();
 }
 
 /// A worktree with a commit on its branch and uncommitted work of every
