@@ -17,6 +17,10 @@ prompt's text (same as node-agent.mjs):
            ["read", path], ["list", dir]; one agent_message_chunk per step,
            a JSON line {"step", "ok": true, "value"} or {"step", "ok": false,
            "code"} (EACCES, ENOENT, ...), as node-agent.mjs's probe
+  cost <a[:CUR]> ... -> per figure a usage_update with the session's cost
+           so far {amount: a, currency: CUR (default USD)}, used growing by
+           100, size 200000, then an agent_message_chunk "cost <figure> ";
+           stopReason end_turn (as node-agent.mjs's cost)
   other -> agent_message_chunk updates "You " + "said: " + "<text>",
            stopReason end_turn
 session/cancel cancels any running turn of that session.
@@ -48,11 +52,13 @@ from acp import (
 )
 from acp.schema import (
     AgentCapabilities,
+    Cost,
     Implementation,
     PermissionOption,
     PromptCapabilities,
     ToolCallLocation,
     ToolCallUpdate,
+    UsageUpdate,
 )
 
 AGENT_NAME = "acp-gateway-sdk-python-agent"
@@ -119,6 +125,8 @@ class TestAgent:
                 stop_reason = await self._tool_turn(session, session_id, turn)
             elif first_word == "hang":
                 stop_reason = await self._hang_turn(session_id, turn)
+            elif first_word == "cost":
+                stop_reason = await self._cost_turn(session_id, words[1:], turn)
             elif first_word == "probe":
                 stop_reason = await self._probe_turn(session_id, text.strip()[len("probe"):])
             else:
@@ -152,6 +160,20 @@ class TestAgent:
             await self._conn.session_update(session_id=session_id,
                                             update=update_agent_message_text(json.dumps(line) + "\n"))
         return "end_turn"
+
+    async def _cost_turn(self, session_id: str, figures: list[str], turn: Turn) -> str:
+        used = 0
+        for figure in figures:
+            if turn.cancelled.is_set():
+                return "cancelled"
+            amount, _, currency = figure.partition(":")
+            used += 100
+            update = UsageUpdate(session_update="usage_update", used=used, size=200000,
+                                 cost=Cost(amount=float(amount), currency=currency or "USD"))
+            await self._conn.session_update(session_id=session_id, update=update)
+            await self._conn.session_update(session_id=session_id,
+                                            update=update_agent_message_text(f"cost {figure} "))
+        return "cancelled" if turn.cancelled.is_set() else "end_turn"
 
     async def _echo_turn(self, session_id: str, text: str, turn: Turn) -> str:
         for piece in ("You ", "said: ", text):

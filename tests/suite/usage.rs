@@ -486,6 +486,29 @@ async fn an_sdk_agents_reports_count_on_across_a_restart(db: TestDb) {
     );
 }
 
+/// The Python SDK's agent reports its cost (as the npm one does): each
+/// report kept with its increase, the conversation's spend per currency.
+async fn the_python_sdk_agents_reports_are_kept(db: TestDb) {
+    let gw = TestGateway::start(&db, vec![python_sdk_profile("py")]).await;
+    let (id, mut ws) = gw.open_conversation("py").await;
+    gw.prompt(&id, "cost 0.25 0.75 0.5:EUR").await;
+    let frames = ws.until_type("turn_ended").await;
+    let turn = turn_of(&frames);
+    assert_eq!(
+        kept(&db, &id).await,
+        [
+            (turn, usd(0.25), 0.25),
+            (turn, usd(0.75), 0.5),
+            (turn, Some((0.5, "EUR".to_owned())), 0.5),
+        ]
+    );
+    assert_eq!(
+        gw.conversation(&id).await["spend"],
+        json!([{"amount": 0.5, "currency": "EUR"}, {"amount": 0.75, "currency": "USD"}])
+    );
+    gw.stop().await;
+}
+
 /// `cost-wait` reports, then goes on until cancelled: what it reported is
 /// kept, in its turn, and the turn ends `cancelled`.
 async fn a_turn_cancelled_while_spending_keeps_what_it_reported(db: TestDb) {
@@ -539,6 +562,7 @@ backend_tests!(
     spend_is_summed_by_each_key_a_user_seeing_their_own,
     bad_usage_queries_are_refused,
     an_sdk_agents_reports_count_on_across_a_restart,
+    the_python_sdk_agents_reports_are_kept,
 );
 
 /// Spend is in the database, not in a node's memory: what a conversation
