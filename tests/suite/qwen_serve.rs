@@ -178,6 +178,31 @@ fn completion(body: &Value) -> String {
     out
 }
 
+/// A port free now on loopback, from 20000 up to the kernel's ephemeral
+/// range (where the kernel gives no port of its own accord), tried from a
+/// place that depends on the process and the moment, so that tests running
+/// at once seldom try the same.
+fn free_port_below_the_ephemeral_range() -> u16 {
+    let low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    let (first, span) = (20000u16, low.saturating_sub(20000).max(1));
+    let seed = std::process::id()
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+    for i in 0..u32::from(span) {
+        let port = first + ((seed.wrapping_add(i)) % u32::from(span)) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    probe.local_addr().unwrap().port()
+}
+
 /// `qwen serve` on a port of the test's choosing, in a process group of its
 /// own; it and everything it started are killed by `kill`, or when this is
 /// dropped (a failed test).
@@ -228,11 +253,10 @@ impl QwenServe {
         let tmp = home.path().join("tmp");
         std::fs::create_dir(&tmp).unwrap();
         // A free port, chosen here (qwen takes a number, not a listener;
-        // see `ready` for one taken meanwhile).
-        let port = {
-            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            probe.local_addr().unwrap().port()
-        };
+        // see `ready` for one taken meanwhile), below the kernel's
+        // ephemeral range: while it is killed and started again on it,
+        // no other test's connection or port-0 listener can take it.
+        let port = free_port_below_the_ephemeral_range();
         QwenServe::spawn_in(bin, model, token, Arc::new(home), Arc::new(workspace), port)
     }
 
