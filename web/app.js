@@ -18,8 +18,8 @@ import {
   promptContent,
   decisionText,
   permissionCard,
-  planList,
-  toolCallBody,
+  showPlan,
+  showToolCall,
   unifiedDiff,
 } from "./render.js";
 
@@ -1432,21 +1432,9 @@ class ConversationView {
       this.refresh();
       return;
     }
-    if (kind === "tool_call" || kind === "tool_call_update") {
-      const known = this.toolCalls.get(update.toolCallId);
-      const merged = { ...(known?.data ?? {}), ...stripNulls(update) };
-      const el = known?.el ?? this.add(h("section.card.tool"));
-      fill(el, h("h2", {}, merged.title ?? "Tool call"), toolCallBody(merged));
-      el.setAttribute("aria-label", `Tool: ${merged.title ?? "tool call"}`);
-      el.dataset.status = merged.status ?? "";
-      this.toolCalls.set(update.toolCallId, { el, data: merged });
-    } else if (kind === "plan") {
-      const list = planList(update.entries);
-      if (this.plan?.isConnected && this.plan.dataset.turn === String(turn)) this.plan.replaceWith(list);
-      else this.add(list);
-      list.dataset.turn = String(turn);
-      this.plan = list;
-    }
+    const add = (el) => this.add(el);
+    if (kind === "tool_call" || kind === "tool_call_update") showToolCall(this.toolCalls, update, add);
+    else if (kind === "plan") this.plan = showPlan(this.plan, update.entries, turn, add);
   }
 
   request(request) {
@@ -1513,10 +1501,6 @@ function changeNote(type, data) {
   if (type === "changes_committed") return `Committed${by}: ${data.commit?.summary ?? ""}`;
   if (type === "changes_landed") return `Landed on ${data.base} (${data.strategy})${by}`;
   return `Uncommitted changes discarded${by}`;
-}
-
-function stripNulls(object) {
-  return Object.fromEntries(Object.entries(object).filter(([, v]) => v !== null && v !== undefined));
 }
 
 // Started once every class above is defined.

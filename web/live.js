@@ -16,18 +16,30 @@ export const connection = {
   },
 };
 
+/** Why a socket could not open, asked of the API: it sends the page to sign in if the token is the reason. */
+function askWhy() {
+  api("GET", "/api/v1/agents").catch(() => {});
+}
+
 export class Live {
   /**
    * path(after) gives the URL to open; onFrame gets every parsed frame;
    * onDenied is called when the gateway closes for a revoked token (1008).
    * With `resumable`, frames with a `seq` at or below the last one seen are
-   * dropped and the next connection asks only for what follows.
+   * dropped and the next connection asks only for what follows. `connect`
+   * opens the socket (by default with the page's token); `onRefused` is
+   * called when a connection could not be opened at all (a browser does not
+   * say why: by default the API is asked, which sends the page to sign in
+   * if the token is the reason); it is tried again either way, unless
+   * stopped meanwhile.
    */
-  constructor({ path, onFrame, onDenied = () => {}, resumable = false }) {
+  constructor({ path, onFrame, onDenied = () => {}, resumable = false, connect = socket, onRefused = askWhy }) {
     this.path = path;
     this.onFrame = onFrame;
     this.onDenied = onDenied;
     this.resumable = resumable;
+    this.connect = connect;
+    this.onRefused = onRefused;
     this.after = 0;
     this.ws = null;
     this.stopped = false;
@@ -49,7 +61,7 @@ export class Live {
       this.ws.onclose = null;
       this.ws.close();
     }
-    const ws = socket(this.path(this.after));
+    const ws = this.connect(this.path(this.after));
     this.ws = ws;
     let opened = false;
     ws.onopen = () => {
@@ -79,9 +91,7 @@ export class Live {
         this.onDenied();
         return;
       }
-      // A browser does not say why an upgrade failed: ask the API, which
-      // sends the page to sign in if the token is the reason.
-      if (!opened) api("GET", "/api/v1/agents").catch(() => {});
+      if (!opened) this.onRefused();
       this.timer = setTimeout(() => this.open(), this.delay);
       this.delay = Math.min(this.delay * 2, 5000);
     };

@@ -1,7 +1,7 @@
 // How ACP objects look on the page: tool calls, permission requests, diffs,
 // plans, content blocks. Everything goes in as text.
 
-import { h } from "./dom.js";
+import { h, fill } from "./dom.js";
 
 /** The text of content blocks (other kinds named in brackets). */
 export function contentText(blocks) {
@@ -216,4 +216,33 @@ export function permissionCard(request, answer, { conversation } = {}) {
     h("p.error", { role: "alert", hidden: true }),
   );
   return card;
+}
+
+/**
+ * A tool call's card, made (placed with `add`) or brought up to date by
+ * `update` (its `tool_call` or `tool_call_update`: what it leaves out, or
+ * sends as null, stays as it was); `calls` holds each call's card and what
+ * is known of it, by id.
+ */
+export function showToolCall(calls, update, add) {
+  const known = calls.get(update.toolCallId);
+  const given = Object.fromEntries(Object.entries(update).filter(([, v]) => v !== null && v !== undefined));
+  const merged = { ...(known?.data ?? {}), ...given };
+  const el = known?.el ?? add(h("section.card.tool"));
+  fill(el, h("h2", {}, merged.title ?? "Tool call"), toolCallBody(merged));
+  el.setAttribute("aria-label", `Tool: ${merged.title ?? "tool call"}`);
+  el.dataset.status = merged.status ?? "";
+  calls.set(update.toolCallId, { el, data: merged });
+}
+
+/**
+ * A turn's plan: it replaces `shown` (the last plan) where that is still
+ * on the page and of the same turn, else is placed with `add`. The list.
+ */
+export function showPlan(shown, entries, turn, add) {
+  const list = planList(entries);
+  if (shown?.isConnected && shown.dataset.turn === String(turn)) shown.replaceWith(list);
+  else add(list);
+  list.dataset.turn = String(turn);
+  return list;
 }

@@ -5,8 +5,9 @@
 
 import { h, fill } from "./dom.js";
 import { markdown } from "./markdown.js";
-import { contentText, promptContent, toolCallBody, planList, unifiedDiff, decisionText } from "./render.js";
+import { contentText, promptContent, toolCallBody, showPlan, showToolCall, unifiedDiff, decisionText } from "./render.js";
 import { answerText } from "./question.js";
+import { Live, connection } from "./live.js";
 
 const main = document.getElementById("main");
 const liveIndicator = document.getElementById("live");
@@ -25,64 +26,6 @@ function ended(text) {
 }
 
 const ENDED = "The link is unknown, expired or revoked. Ask whoever shared it for a new one.";
-
-/** A WebSocket that comes back after a dropped network, resuming after the last event. */
-class SharedLive {
-  constructor(onFrame) {
-    this.onFrame = onFrame;
-    this.after = 0;
-    this.delay = 250;
-    this.stopped = false;
-    this.open();
-  }
-
-  open() {
-    const url = new URL(`${base}/ws?after=${this.after}`, location.href);
-    url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
-    const ws = new WebSocket(url);
-    this.ws = ws;
-    let opened = false;
-    ws.onopen = () => {
-      opened = true;
-      this.delay = 250;
-      liveIndicator.textContent = "Live";
-    };
-    ws.onmessage = (message) => {
-      let frame;
-      try {
-        frame = JSON.parse(message.data);
-      } catch {
-        return;
-      }
-      if (typeof frame.seq === "number") {
-        if (frame.seq <= this.after) return;
-        this.after = frame.seq;
-      }
-      this.onFrame(frame);
-    };
-    ws.onclose = async (event) => {
-      if (this.stopped || this.ws !== ws) return;
-      liveIndicator.textContent = "Reconnecting…";
-      // Revoked or expired: the gateway closes with 1008.
-      if (event.code === 1008) return ended(ENDED);
-      // A browser does not say why an upgrade failed: ask.
-      if (!opened) {
-        const response = await fetch(base, { headers: { Accept: "application/json" } }).catch(() => null);
-        if (response?.status === 404) return ended(ENDED);
-      }
-      setTimeout(() => this.open(), this.delay);
-      this.delay = Math.min(this.delay * 2, 5000);
-    };
-  }
-
-  stop() {
-    this.stopped = true;
-    if (this.ws) {
-      this.ws.onclose = null;
-      this.ws.close();
-    }
-  }
-}
 
 /** The timeline: what the conversation view shows, without anything to press. */
 class Timeline {
@@ -191,21 +134,9 @@ class Timeline {
       return;
     }
     this.open = null;
-    if (kind === "tool_call" || kind === "tool_call_update") {
-      const known = this.toolCalls.get(update.toolCallId);
-      const merged = { ...(known?.data ?? {}), ...Object.fromEntries(Object.entries(update).filter(([, v]) => v != null)) };
-      const el = known?.el ?? this.add(h("section.card.tool"));
-      fill(el, h("h2", {}, merged.title ?? "Tool call"), toolCallBody(merged));
-      el.setAttribute("aria-label", `Tool: ${merged.title ?? "tool call"}`);
-      el.dataset.status = merged.status ?? "";
-      this.toolCalls.set(update.toolCallId, { el, data: merged });
-    } else if (kind === "plan") {
-      const list = planList(update.entries);
-      if (this.plan?.isConnected && this.plan.dataset.turn === String(turn)) this.plan.replaceWith(list);
-      else this.add(list);
-      list.dataset.turn = String(turn);
-      this.plan = list;
-    }
+    const add = (el) => this.add(el);
+    if (kind === "tool_call" || kind === "tool_call_update") showToolCall(this.toolCalls, update, add);
+    else if (kind === "plan") this.plan = showPlan(this.plan, update.entries, turn, add);
   }
 
   /** A permission request or a question, and later how it was answered: no buttons. */
@@ -241,7 +172,27 @@ async function start() {
     return ended(response.status === 429 ? "Too many tries from this address: wait a minute and reload." : ENDED);
   }
   const timeline = new Timeline(await response.json());
-  live = new SharedLive((event) => timeline.event(event));
+  connection.listeners.add((up) => {
+    liveIndicator.textContent = up ? "Live" : "Reconnecting…";
+  });
+  live = new Live({
+    path: (after) => `${base}/ws?after=${after}`,
+    onFrame: (event) => timeline.event(event),
+    resumable: true,
+    // No token goes with it: the link is all it needs.
+    connect: (path) => {
+      const url = new URL(path, location.href);
+      url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+      return new WebSocket(url);
+    },
+    // Revoked or expired: the gateway closes with 1008.
+    onDenied: () => ended(ENDED),
+    // A browser does not say why an upgrade failed: ask.
+    onRefused: async () => {
+      const response = await fetch(base, { headers: { Accept: "application/json" } }).catch(() => null);
+      if (response?.status === 404) ended(ENDED);
+    },
+  });
 }
 
 start();
