@@ -175,7 +175,7 @@ async fn a_websocket_on_another_node_gets_every_event_in_order() {
 
 /// Waits (bounded) until no node holds the conversation, as its node does
 /// once its agent is gone (checked in the database every 20 ms).
-async fn until_released(db: &TestDb, id: &str) {
+pub(crate) async fn until_released(db: &TestDb, id: &str) {
     eventually(WAIT, async || owner(db, id).await.is_none().then_some(()))
         .await
         .expect("the conversation is let go");

@@ -601,20 +601,6 @@ async fn membership_changed_on_one_node_takes_effect_on_the_other() {
     assert_eq!(vera_b.try_prompt(&id, "hello").await.0, 404);
 }
 
-/// Whether a node holds the conversation, as the database says.
-async fn held(db: &TestDb, id: &str) -> bool {
-    use sqlx::Connection;
-    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    sqlx::query_scalar::<_, Option<uuid::Uuid>>(
-        "select node_id from conversations where id = $1::uuid",
-    )
-    .bind(id)
-    .fetch_one(&mut conn)
-    .await
-    .unwrap()
-    .is_some()
-}
-
 /// Two nodes: B notified of a conversation's request when it ran it, then
 /// A ran it and an approver was added there (B follows none of that), then
 /// B runs it again. The approver is notified of its next request by B: B
@@ -656,9 +642,7 @@ async fn an_approver_added_while_another_node_ran_the_conversation_is_notified_b
     let answer_and_let_go = async |request: &str, ws: &mut Ws| {
         assert_eq!(respond(&alice_a, request).await.0, 200);
         ws.until_type("turn_ended").await;
-        eventually(WAIT, async || (!held(&db, &id).await).then_some(()))
-            .await
-            .expect("the conversation is let go once idle");
+        crate::cluster::until_released(&db, &id).await;
     };
 
     // Run by B, which notifies its owner (no one else answers there yet).

@@ -66,6 +66,14 @@ async fn a_commit_failing_midway_changes_nothing() {
     }
 }
 
+/// Lands `wt` (by the person, committed by the gateway) where it must be
+/// refused: the error.
+async fn refused(git: &Git, wt: &Worktree, source: Source, strategy: LandStrategy) -> GitError {
+    git.land(wt, source, strategy, None, &person(), &gateway())
+        .await
+        .unwrap_err()
+}
+
 /// The repository with `main` checked out in its own tree, and a worktree
 /// on `acp/work` with one commit (x.txt) that main lacks; main has a
 /// commit of its own (y.txt) when `main_moves`.
@@ -144,17 +152,7 @@ async fn a_merge_lands_in_the_tree_where_the_base_is_checked_out() {
     assert_eq!(run(&place.repo, &["rev-parse", "acp/work"]), head);
     let changes = git().changes(&wt, Source::Worktree).await.unwrap();
     assert_eq!(changes.totals.commits, 0);
-    let e = git()
-        .land(
-            &wt,
-            Source::Worktree,
-            LandStrategy::Merge,
-            None,
-            &person(),
-            &gateway(),
-        )
-        .await
-        .unwrap_err();
+    let e = refused(&git(), &wt, Source::Worktree, LandStrategy::Merge).await;
     assert!(matches!(e, GitError::NothingToLand(_)), "{e:?}");
 }
 
@@ -290,10 +288,7 @@ async fn a_land_is_refused_on_a_dirty_tree_or_a_conflict_and_changes_nothing() {
         LandStrategy::Squash,
         LandStrategy::Rebase,
     ] {
-        let e = git()
-            .land(&wt, Source::Worktree, strategy, None, &person(), &gateway())
-            .await
-            .unwrap_err();
+        let e = refused(&git(), &wt, Source::Worktree, strategy).await;
         assert_eq!(
             e,
             GitError::Dirty {
@@ -306,17 +301,7 @@ async fn a_land_is_refused_on_a_dirty_tree_or_a_conflict_and_changes_nothing() {
     run(&place.repo, &["checkout", "-q", "b.txt"]);
     // The worktree's own uncommitted work.
     write(dir, "loose.txt", "loose\n");
-    let e = git()
-        .land(
-            &wt,
-            Source::Worktree,
-            LandStrategy::Merge,
-            None,
-            &person(),
-            &gateway(),
-        )
-        .await
-        .unwrap_err();
+    let e = refused(&git(), &wt, Source::Worktree, LandStrategy::Merge).await;
     assert!(
         matches!(&e, GitError::Dirty { tree, files } if tree == &wt.path && files == &["loose.txt"]),
         "{e:?}"
@@ -331,10 +316,7 @@ async fn a_land_is_refused_on_a_dirty_tree_or_a_conflict_and_changes_nothing() {
         LandStrategy::Squash,
         LandStrategy::Rebase,
     ] {
-        let e = git()
-            .land(&wt, Source::Worktree, strategy, None, &person(), &gateway())
-            .await
-            .unwrap_err();
+        let e = refused(&git(), &wt, Source::Worktree, strategy).await;
         assert_eq!(
             e,
             GitError::Conflict {
@@ -361,10 +343,7 @@ async fn a_land_failing_midway_changes_nothing() {
     ] {
         std::fs::write(&control, step).unwrap();
         let before = place.state(&[dir]);
-        let e = failing
-            .land(&wt, Source::Worktree, strategy, None, &person(), &gateway())
-            .await
-            .unwrap_err();
+        let e = refused(&failing, &wt, Source::Worktree, strategy).await;
         assert!(
             e.to_string().contains(&format!("{step} fails on purpose")),
             "{e}"
@@ -375,17 +354,7 @@ async fn a_land_failing_midway_changes_nothing() {
     run(&place.repo, &["checkout", "-q", "--detach"]);
     std::fs::write(&control, "update-ref").unwrap();
     let before = place.state(&[dir]);
-    let e = failing
-        .land(
-            &wt,
-            Source::Branch,
-            LandStrategy::Squash,
-            None,
-            &person(),
-            &gateway(),
-        )
-        .await
-        .unwrap_err();
+    let e = refused(&failing, &wt, Source::Branch, LandStrategy::Squash).await;
     assert!(e.to_string().contains("update-ref fails on purpose"), "{e}");
     assert_eq!(place.state(&[dir]), before);
 }
@@ -415,10 +384,7 @@ async fn the_base_moving_while_landing_is_base_moved_and_changes_nothing() {
     ] {
         let main = run(&place.repo, &["rev-parse", "main"]);
         before(&place, step, &commit_in_the_tree);
-        let e = moving
-            .land(&wt, Source::Worktree, strategy, None, &person(), &gateway())
-            .await
-            .unwrap_err();
+        let e = refused(&moving, &wt, Source::Worktree, strategy).await;
         assert!(matches!(e, GitError::BaseMoved(_)), "{step}: {e:?}");
         assert!(!place.root.join(format!("before-{step}")).exists());
         assert_eq!(run(&place.repo, &["rev-parse", "main^"]), main, "{step}");
@@ -454,17 +420,7 @@ async fn the_base_moving_while_landing_is_base_moved_and_changes_nothing() {
         ),
     );
     let state = place.state(&[dir]);
-    let e = moving
-        .land(
-            &wt,
-            Source::Branch,
-            LandStrategy::Squash,
-            None,
-            &person(),
-            &gateway(),
-        )
-        .await
-        .unwrap_err();
+    let e = refused(&moving, &wt, Source::Branch, LandStrategy::Squash).await;
     assert!(matches!(e, GitError::BaseMoved(_)), "{e:?}");
     // All as it was, but for what moved main.
     let expected: Vec<String> = state
@@ -494,17 +450,7 @@ async fn a_land_whose_branch_cannot_be_moved_says_that_it_landed() {
         let main = run(&place.repo, &["rev-parse", "main"]);
         let head = run(&place.repo, &["rev-parse", "acp/work"]);
         std::fs::write(&control, step).unwrap();
-        let e = failing
-            .land(
-                &wt,
-                source,
-                LandStrategy::Squash,
-                None,
-                &person(),
-                &gateway(),
-            )
-            .await
-            .unwrap_err();
+        let e = refused(&failing, &wt, source, LandStrategy::Squash).await;
         let landed = run(&place.repo, &["rev-parse", "main"]);
         assert_ne!(landed, main, "{step}");
         assert_eq!(run(&place.repo, &["rev-parse", "main^"]), main, "{step}");
